@@ -1,0 +1,47 @@
+/* sim.h - xpyd_sim, a simulated vLLM engine: configuration and entry point of the server. */
+#ifndef SIM_H
+#define SIM_H
+
+#include <stdint.h>
+
+enum sim_role { SIM_ROLE_BOTH = 0, SIM_ROLE_PREFILL, SIM_ROLE_DECODE };
+enum sim_handoff { SIM_HANDOFF_KV_PARAMS = 0, SIM_HANDOFF_STORE, SIM_HANDOFF_BOOTSTRAP, SIM_HANDOFF_NONE };
+
+struct sim_config {
+    int role;
+    char host[256];
+    int port;
+    char model[256];
+    long max_model_len;
+    uint64_t seed;
+    int dp_size;
+    int dp_internal;
+    long prefill_us_per_token;
+    long decode_us_per_token;
+    long max_batch;
+    int handoff;
+    char store_dir[512];
+    long store_wait_ms;
+    long handoff_timeout_ms;
+    long lease_ms;
+    long kv_bytes_per_token;
+    int bootstrap_port;       /* 0: the HTTP port serves bootstrap pulls */
+    double fail_rate;
+    int status_code;          /* 0: off */
+    long fail_after_tokens;   /* -1: off */
+    long stall_ms;
+    long startup_delay_ms;
+    double eos_prob;
+    long max_body_bytes;
+    int log_level;
+};
+
+/* Fills the documented defaults. */
+void sim_config_defaults(struct sim_config *c);
+/* Runs the simulator until SIGINT/SIGTERM. Returns a process exit code. */
+int sim_run(const struct sim_config *c);
+
+const char *sim_role_name(int role);
+const char *sim_handoff_name(int h);
+
+#endif

@@ -1,0 +1,102 @@
+/* sim_tokens.c - token model of xpyd_sim (see sim_tokens.h for the rule). */
+#include "sim_tokens.h"
+
+#include "xpyd_util.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+int sim_prompt_add_id(struct sim_prompt *p, uint32_t id)
+{
+    if (p->n == p->cap) {
+        size_t nc = p->cap ? p->cap * 2 : 64;
+        uint32_t *ni = realloc(p->ids, nc * sizeof *ni);
+        if (!ni)
+            return -ENOMEM;
+        p->ids = ni;
+        p->cap = nc;
+    }
+    p->ids[p->n++] = id;
+    return 0;
+}
+
+static int is_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+}
+
+int sim_prompt_add_text(struct sim_prompt *p, const char *text, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        while (i < len && is_space(text[i]))
+            i++;
+        size_t start = i;
+        while (i < len && !is_space(text[i]))
+            i++;
+        if (i > start) {
+            uint32_t id = (uint32_t)(xpyd_fnv64(XPYD_FNV_INIT, text + start, i - start) % SIM_VOCAB);
+            if (sim_prompt_add_id(p, id))
+                return -ENOMEM;
+        }
+    }
+    return 0;
+}
+
+void sim_prompt_finish(struct sim_prompt *p)
+{
+    p->hash = xpyd_fnv64(XPYD_FNV_INIT, p->ids, p->n * sizeof *p->ids);
+}
+
+void sim_prompt_free(struct sim_prompt *p)
+{
+    free(p->ids);
+    memset(p, 0, sizeof *p);
+}
+
+uint32_t sim_gen_token(uint64_t prompt_hash, uint64_t seed, size_t pos)
+{
+    return (uint32_t)(xpyd_mix64(prompt_hash ^ xpyd_mix64(seed + 0x5151u) ^ ((uint64_t)pos << 1)) % SIM_VOCAB);
+}
+
+int sim_gen_eos(uint64_t prompt_hash, uint64_t seed, size_t pos, double eos_prob)
+{
+    if (eos_prob <= 0)
+        return 0;
+    uint64_t r = xpyd_mix64(prompt_hash ^ xpyd_mix64(seed + 0xe05u) ^ ((uint64_t)pos * 2 + 1));
+    return (double)(r >> 11) / 9007199254740992.0 < eos_prob;
+}
+
+size_t sim_token_text(uint32_t id, char *out, size_t cap)
+{
+    static const char cons[] = "bcdfghjklmnprstvwz";
+    static const char vow[] = "aeiou";
+    size_t n = 0;
+    out[n++] = ' ';
+    uint32_t v = id;
+    int syll = 1 + (int)(v % 3);
+    v /= 3;
+    for (int s = 0; s < syll && n + 3 < cap; s++) {
+        out[n++] = cons[v % 18];
+        v /= 18;
+        out[n++] = vow[v % 5];
+        v /= 5;
+        if (v == 0)
+            v = id * 2654435761u;
+    }
+    out[n] = '\0';
+    return n;
+}
+
+void sim_kv_fill(const struct sim_prompt *p, size_t bytes_per_token, unsigned char *out)
+{
+    for (size_t j = 0; j < p->n; j++) {
+        uint64_t x = xpyd_mix64(((uint64_t)p->ids[j] << 32) ^ j);
+        for (size_t b = 0; b < bytes_per_token; b++) {
+            if (b % 8 == 0 && b)
+                x = xpyd_mix64(x);
+            out[j * bytes_per_token + b] = (unsigned char)(x >> ((b % 8) * 8));
+        }
+    }
+}

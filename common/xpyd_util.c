@@ -1,0 +1,143 @@
+/* xpyd_util.c - clocks, logging, hashing and parsing helpers shared by every xpyd binary. */
+#include "xpyd_util.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int xpyd_log_level = XPYD_LOG_INFO;
+
+uint64_t xpyd_now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+int64_t xpyd_wall_s(void)
+{
+    return (int64_t)time(NULL);
+}
+
+static const char *const level_names[] = {"none", "error", "warn", "info", "debug"};
+
+int xpyd_log_level_parse(const char *s)
+{
+    for (int i = 0; i < 5; i++)
+        if (strcmp(s, level_names[i]) == 0)
+            return i;
+    return -1;
+}
+
+void xpyd_log(int level, const char *fmt, ...)
+{
+    if (level > xpyd_log_level || level <= XPYD_LOG_NONE)
+        return;
+    char line[2048];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    int n = snprintf(line, sizeof line, "ts=%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ level=%s ", tm.tm_year + 1900,
+                     tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
+                     level_names[level]);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < sizeof line)
+        vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", line);
+}
+
+uint64_t xpyd_fnv64(uint64_t h, const void *data, size_t len)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+uint64_t xpyd_mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+int xpyd_parse_hostport(const char *s, char *host, size_t hostcap, int *port)
+{
+    const char *hs = s, *he, *colon = NULL;
+    if (!s || !*s || hostcap == 0)
+        return -EINVAL;
+    if (*s == '[') {
+        hs = s + 1;
+        he = strchr(hs, ']');
+        if (!he)
+            return -EINVAL;
+        if (he[1] == ':')
+            colon = he + 1;
+        else if (he[1] != '\0')
+            return -EINVAL;
+    } else {
+        colon = strrchr(s, ':');
+        if (colon && strchr(s, ':') != colon)
+            return -EINVAL; /* bare IPv6 without brackets is ambiguous */
+        he = colon ? colon : s + strlen(s);
+    }
+    size_t hl = (size_t)(he - hs);
+    if (hl == 0 || hl >= hostcap)
+        return -EINVAL;
+    memcpy(host, hs, hl);
+    host[hl] = '\0';
+    if (colon) {
+        long p;
+        if (xpyd_parse_long(colon + 1, 1, 65535, &p) != 0)
+            return -EINVAL;
+        *port = (int)p;
+    }
+    return 0;
+}
+
+int xpyd_parse_long(const char *s, long lo, long hi, long *out)
+{
+    if (!s || !*s)
+        return -EINVAL;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end)
+        return -EINVAL;
+    if (v < lo || v > hi)
+        return -ERANGE;
+    *out = v;
+    return 0;
+}
+
+int xpyd_parse_double(const char *s, double lo, double hi, double *out)
+{
+    if (!s || !*s)
+        return -EINVAL;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || *end)
+        return -EINVAL;
+    if (!(v >= lo && v <= hi))
+        return -ERANGE;
+    *out = v;
+    return 0;
+}
+
+void *xpyd_check_alloc(void *p)
+{
+    if (!p) {
+        fprintf(stderr, "xpyd: out of memory\n");
+        abort();
+    }
+    return p;
+}

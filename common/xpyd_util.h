@@ -1,0 +1,44 @@
+/* xpyd_util.h - small shared helpers: clocks, logging, hashing, host:port parsing. */
+#ifndef XPYD_UTIL_H
+#define XPYD_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* Monotonic clock in microseconds. Any thread. */
+uint64_t xpyd_now_us(void);
+/* Wall clock in seconds since the epoch. Any thread. */
+int64_t xpyd_wall_s(void);
+
+enum xpyd_log_level { XPYD_LOG_NONE = 0, XPYD_LOG_ERROR, XPYD_LOG_WARN, XPYD_LOG_INFO, XPYD_LOG_DEBUG };
+extern int xpyd_log_level;
+/* Writes one line to stderr: "ts=... level=... <msg>". Any thread. */
+void xpyd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#define XLOG_ERR(...) xpyd_log(XPYD_LOG_ERROR, __VA_ARGS__)
+#define XLOG_WARN(...) xpyd_log(XPYD_LOG_WARN, __VA_ARGS__)
+#define XLOG_INFO(...) xpyd_log(XPYD_LOG_INFO, __VA_ARGS__)
+#define XLOG_DEBUG(...) xpyd_log(XPYD_LOG_DEBUG, __VA_ARGS__)
+
+/* Parses a log level name (error|warn|info|debug); returns -1 when unknown. */
+int xpyd_log_level_parse(const char *s);
+
+/* FNV-1a 64-bit over bytes, chained from h (start with XPYD_FNV_INIT). */
+#define XPYD_FNV_INIT 14695981039346656037ULL
+uint64_t xpyd_fnv64(uint64_t h, const void *data, size_t len);
+/* SplitMix64 step: a good 64-bit mixer for deterministic pseudo-random streams. */
+uint64_t xpyd_mix64(uint64_t x);
+
+/* Parses "host:port", "[v6]:port" or "host" (port left as is) into host (NUL-terminated, without
+ * brackets, at most hostcap-1 bytes) and *port. Returns 0, or -EINVAL on a malformed string. */
+int xpyd_parse_hostport(const char *s, char *host, size_t hostcap, int *port);
+
+/* Strict integer parsing: the whole string must be a number in [lo, hi]. 0 or -EINVAL/-ERANGE. */
+int xpyd_parse_long(const char *s, long lo, long hi, long *out);
+int xpyd_parse_double(const char *s, double lo, double hi, double *out);
+
+/* Out-of-memory policy for executables: print and abort. Returns p otherwise. */
+void *xpyd_check_alloc(void *p);
+#define XPYD_XALLOC(p) xpyd_check_alloc(p)
+
+#endif
