@@ -34,6 +34,7 @@ struct sim_config {
     double eos_prob;
     long max_body_bytes;
     int log_level;
+    char port_file[512];      /* written with the bound port once listening (for --port 0) */
 };
 
 /* Fills the documented defaults. */

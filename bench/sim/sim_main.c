@@ -38,7 +38,8 @@ static void usage(FILE *f)
           "A simulated vLLM engine (OpenAI API, PD handoff, DP ranks, faults) for testing xpyd without GPUs.\n\n"
           "  --role prefill|decode|both   engine role in PD disaggregation (default both)\n"
           "  --host ADDR                  listen address (default 127.0.0.1; IPv6 like ::1 works)\n"
-          "  --port N                     listen port (default 8000; 0 is not allowed)\n"
+          "  --port N                     listen port (default 8000; 0 = any free port, dp-size 1 or internal only)\n"
+          "  --port-file PATH             write the bound port here once listening (readiness for scripts)\n"
           "  --model NAME                 served model name (default sim-model)\n"
           "  --max-model-len N            context length: prompt + max_tokens limit (default 8192)\n"
           "  --seed N                     seed of the generated tokens; prefill and decode must share it (default 0)\n"
@@ -70,7 +71,7 @@ static void usage(FILE *f)
 enum {
     O_ROLE = 1000, O_HOST, O_PORT, O_MODEL, O_MML, O_SEED, O_DP, O_DPMODE, O_PUS, O_DUS, O_BATCH, O_HANDOFF,
     O_STORE, O_STOREWAIT, O_HTO, O_LEASE, O_KVB, O_BPORT, O_FRATE, O_STATUS, O_FAT, O_STALL, O_STARTUP, O_EOS,
-    O_MAXBODY, O_LOG
+    O_MAXBODY, O_LOG, O_PORTFILE
 };
 
 static int set_long(const char *name, const char *v, long lo, long hi, long *out)
@@ -93,7 +94,7 @@ static int parse_args(int argc, char **argv, struct sim_config *c)
         {"kv-bytes-per-token", 1, 0, O_KVB}, {"bootstrap-port", 1, 0, O_BPORT}, {"fail-rate", 1, 0, O_FRATE},
         {"status-code", 1, 0, O_STATUS}, {"fail-after-tokens", 1, 0, O_FAT}, {"stall-ms", 1, 0, O_STALL},
         {"startup-delay-ms", 1, 0, O_STARTUP}, {"eos-prob", 1, 0, O_EOS}, {"max-body-bytes", 1, 0, O_MAXBODY},
-        {"log-level", 1, 0, O_LOG}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"log-level", 1, 0, O_LOG}, {"port-file", 1, 0, O_PORTFILE}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o;
     long v;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -107,7 +108,7 @@ static int parse_args(int argc, char **argv, struct sim_config *c)
             else bad = 1;
             break;
         case O_HOST: snprintf(c->host, sizeof c->host, "%s", a); break;
-        case O_PORT: bad = set_long("port", a, 1, 65535, &v); c->port = (int)v; break;
+        case O_PORT: bad = set_long("port", a, 0, 65535, &v); c->port = (int)v; break;
         case O_MODEL: snprintf(c->model, sizeof c->model, "%s", a); break;
         case O_MML: bad = set_long("max-model-len", a, 1, 1L << 30, &c->max_model_len); break;
         case O_SEED: bad = set_long("seed", a, 0, 0x7fffffffffffffffL, &v); c->seed = (uint64_t)v; break;
@@ -140,6 +141,7 @@ static int parse_args(int argc, char **argv, struct sim_config *c)
         case O_STARTUP: bad = set_long("startup-delay-ms", a, 0, 600000, &c->startup_delay_ms); break;
         case O_EOS: bad = xpyd_parse_double(a, 0, 1, &c->eos_prob) != 0; break;
         case O_MAXBODY: bad = set_long("max-body-bytes", a, 1024, 1L << 30, &c->max_body_bytes); break;
+        case O_PORTFILE: snprintf(c->port_file, sizeof c->port_file, "%s", a); break;
         case O_LOG: c->log_level = xpyd_log_level_parse(a); bad = c->log_level < 0; break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
@@ -151,6 +153,10 @@ static int parse_args(int argc, char **argv, struct sim_config *c)
     }
     if (optind < argc) {
         fprintf(stderr, "xpyd_sim: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (c->port == 0 && !c->dp_internal && c->dp_size > 1) {
+        fprintf(stderr, "xpyd_sim: --port 0 needs --dp-size 1 or --dp-mode internal\n");
         return -1;
     }
     if (!c->dp_internal && c->port + c->dp_size - 1 > 65535) {

@@ -19,6 +19,8 @@
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/listener.h>
+#include <netinet/in.h>
 #include <evhtp/evhtp.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -43,6 +45,7 @@ struct sim_rank {
     int idx;
     evhtp_t *htp; /* external DP: this rank's own server; internal: NULL (rank 0 owns sim->htp) */
     char engine_id[128];
+    int port;             /* the port this rank is reached on */
     long running;
     TAILQ_HEAD(, sreq) waiting;
     long waiting_n;
@@ -369,7 +372,7 @@ static int prefill_register_kv_params(struct sreq *r)
     cJSON_AddStringToObject(o, "remote_engine_id", r->rank->engine_id);
     cJSON_AddStringToObject(o, "remote_request_id", rid);
     cJSON_AddStringToObject(o, "remote_host", s->cfg.host);
-    cJSON_AddNumberToObject(o, "remote_port", s->cfg.bootstrap_port ? s->cfg.bootstrap_port : s->cfg.port);
+    cJSON_AddNumberToObject(o, "remote_port", s->cfg.bootstrap_port ? s->cfg.bootstrap_port : r->rank->port);
     cJSON_AddNumberToObject(o, "tp_size", 1);
     r->kv_out = o;
     return 0;
@@ -1182,6 +1185,13 @@ static evhtp_t *make_server(struct sim *s, struct sim_rank *rk, int port, int kv
         evhtp_free(h);
         return NULL;
     }
+    if (port == 0) { /* ephemeral: learn what the kernel gave us */
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        getsockname(evconnlistener_get_fd(h->server), (struct sockaddr *)&ss, &sl);
+        s->cfg.port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                     : ((struct sockaddr_in *)&ss)->sin_port);
+    }
     return h;
 }
 
@@ -1236,6 +1246,7 @@ int sim_run(const struct sim_config *cfg)
             if (!rk->htp)
                 goto out;
         }
+        rk->port = (cfg->dp_internal || port == 0) ? s->cfg.port : port;
     }
     if (cfg->bootstrap_port) {
         s->bootstrap_htp = make_server(s, &s->ranks[0], cfg->bootstrap_port, 1);
@@ -1249,9 +1260,19 @@ int sim_run(const struct sim_config *cfg)
     s->sig_term = evsignal_new(s->base, SIGTERM, on_signal, s);
     event_add(s->sig_int, NULL);
     event_add(s->sig_term, NULL);
+    if (cfg->port_file[0]) {
+        char tmp[600];
+        snprintf(tmp, sizeof tmp, "%s.tmp", cfg->port_file);
+        FILE *pf = fopen(tmp, "w");
+        if (!pf || fprintf(pf, "%d\n", s->cfg.port) < 0 || fclose(pf) != 0 || rename(tmp, cfg->port_file) != 0) {
+            XLOG_ERR("msg=\"cannot write port file\" path=%s", cfg->port_file);
+            goto out;
+        }
+    }
     XLOG_INFO("msg=\"xpyd_sim ready\" role=%s host=%s port=%d dp=%d dp_mode=%s handoff=%s model=%s",
-              sim_role_name(cfg->role), cfg->host, cfg->port, cfg->dp_size,
+              sim_role_name(cfg->role), cfg->host, s->cfg.port, cfg->dp_size,
               cfg->dp_internal ? "internal" : "external", sim_handoff_name(cfg->handoff), cfg->model);
+    fflush(stderr);
     event_base_dispatch(s->base);
     rc = 0;
 out:
@@ -1265,7 +1286,7 @@ out:
     if (s->sig_term)
         event_free(s->sig_term);
     sim_lease_clear(&s->leases);
-    XLOG_INFO("msg=\"xpyd_sim stopped\" port=%d", cfg->port);
+    XLOG_INFO("msg=\"xpyd_sim stopped\" port=%d", s->cfg.port);
     /* Connections still open are reclaimed by the OS at exit; evhtp has no safe bulk close for them. */
     free(s->ranks);
     free(s);

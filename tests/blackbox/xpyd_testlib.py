@@ -1,0 +1,280 @@
+"""xpyd_testlib - helpers for black-box tests: start the real binaries on ephemeral loopback ports,
+poll them for readiness (never fixed sleeps), talk HTTP byte-exactly, and always stop them.
+
+Only the Python standard library is used, so the tests need nothing beyond Debian's python3.
+"""
+import atexit
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import unittest
+
+BIN = os.environ.get("XPYD_BIN") or os.path.join(os.path.dirname(__file__), "..", "..", "build", "bin")
+_LIVE = []
+
+
+def free_port():
+    """A port that was free a moment ago (for binaries that need a fixed port, e.g. DP external)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def free_port_range(n):
+    """A base port such that base..base+n-1 were all free a moment ago."""
+    for _ in range(200):
+        base = free_port()
+        if base + n > 65000:
+            continue
+        socks = []
+        try:
+            for i in range(n):
+                s = socket.socket()
+                s.bind(("127.0.0.1", base + i))
+                socks.append(s)
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+def wait_until(pred, timeout=10.0, interval=0.01, what="condition"):
+    """Polls pred() until it returns a truthy value; returns it, or raises AssertionError on timeout."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = pred()
+            if last:
+                return last
+        except (OSError, http.client.HTTPException, ValueError) as e:
+            last = e
+        time.sleep(interval)
+    raise AssertionError("timed out waiting for %s (last: %r)" % (what, last))
+
+
+class Proc:
+    """A binary under test. Started with a port file so an ephemeral port can be used; stop() is idempotent
+    and also runs at interpreter exit, so nothing is left behind when a test fails."""
+
+    def __init__(self, name, args, port_flag=True, ready_path="/health", env=None):
+        self.tmp = tempfile.mkdtemp(prefix="xpyd-test-")
+        self.port_file = os.path.join(self.tmp, "port")
+        self.log_path = os.path.join(self.tmp, "log")
+        argv = [os.path.join(BIN, name)] + list(args)
+        if port_flag:
+            argv += ["--port-file", self.port_file]
+        self.log = open(self.log_path, "w+b")
+        self.p = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                  env=dict(os.environ, **(env or {})))
+        _LIVE.append(self)
+        self.port = None
+        if port_flag:
+            self.port = wait_until(self._read_port, timeout=20, what="%s port file" % name)
+            if ready_path:
+                wait_until(lambda: request(self.port, "GET", ready_path)[0] < 500, timeout=20,
+                           what="%s readiness" % name)
+
+    def _read_port(self):
+        if self.p.poll() is not None:
+            raise AssertionError("process exited with %s: %s" % (self.p.returncode, self.output()))
+        try:
+            with open(self.port_file) as f:
+                return int(f.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def output(self):
+        self.log.flush()
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def signal(self, sig):
+        self.p.send_signal(sig)
+
+    def stop(self, timeout=10):
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        if self in _LIVE:
+            _LIVE.remove(self)
+        self.log.close()
+        return self.p.returncode
+
+
+@atexit.register
+def _stop_all():
+    for p in list(_LIVE):
+        p.stop()
+
+
+def sim(*args):
+    return Proc("xpyd_sim", ["--port", "0", "--log-level", "warn"] + list(args))
+
+
+def request(port, method, path, body=None, headers=None, timeout=10, host="127.0.0.1"):
+    """One HTTP request; returns (status, headers dict with lower-case names, body bytes)."""
+    c = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        h = {"Content-Type": "application/json"} if body is not None else {}
+        h.update(headers or {})
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        data = r.read()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+    finally:
+        c.close()
+
+
+def post_json(port, path, body, headers=None, timeout=10):
+    st, h, data = request(port, "POST", path, body, headers, timeout)
+    try:
+        return st, h, json.loads(data) if data else None
+    except ValueError:
+        return st, h, data
+
+
+class Stream:
+    """A streaming request read incrementally: events() yields each SSE event's payload as it arrives."""
+
+    def __init__(self, port, path, body, headers=None, timeout=10, host="127.0.0.1", lazy=False):
+        """Sends the request; unless lazy, also waits for the response head (lazy: on first events())."""
+        self.c = http.client.HTTPConnection(host, port, timeout=timeout)
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        self.c.request("POST", path, body=json.dumps(body), headers=h)
+        self.r = None
+        self.raw = b""
+        self._buf = b""
+        if not lazy:
+            self.response()
+
+    def response(self):
+        if self.r is None:
+            self.r = self.c.getresponse()
+            self.status = self.r.status
+            self.headers = {k.lower(): v for k, v in self.r.getheaders()}
+        return self.r
+
+    def events(self):
+        """Yields (payload str, raw bytes) per event; stops at EOF."""
+        self.response()
+        while True:
+            while b"\n\n" in self._buf:
+                ev, self._buf = self._buf.split(b"\n\n", 1)
+                yield ev.decode()[len("data: "):] if ev.startswith(b"data: ") else ev.decode(), ev + b"\n\n"
+            chunk = self.r.read1(65536) if hasattr(self.r, "read1") else self.r.read(1)
+            if not chunk:
+                if self._buf:
+                    yield None, self._buf  # trailing partial bytes
+                return
+            self.raw += chunk
+            self._buf += chunk
+
+    def read_all(self):
+        out = []
+        try:
+            for payload, _ in self.events():
+                out.append(payload)
+        except (http.client.IncompleteRead, ConnectionError):
+            out.append(None)  # the stream was cut
+        self.c.close()
+        return out
+
+    def close(self):
+        try:
+            self.c.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.c.close()
+
+
+def content_events(payloads):
+    """The parsed JSON chunks that carry content (completions text or chat delta.content, non-empty)."""
+    out = []
+    for p in payloads:
+        if p is None or p == "[DONE]":
+            continue
+        j = json.loads(p)
+        for ch in j.get("choices") or []:
+            text = ch.get("text")
+            if text is None:
+                text = (ch.get("delta") or {}).get("content")
+            if text:
+                out.append(j)
+    return out
+
+
+_METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+def metrics(port):
+    """Parses a Prometheus text page into {name{labels}: float}; also {name: sum over label sets}."""
+    st, _, body = request(port, "GET", "/metrics")
+    assert st == 200, st
+    out = {}
+    for line in body.decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _METRIC_RE.match(line)
+        assert m, "bad metrics line: %r" % line
+        name, labels, val = m.group(1), m.group(2) or "", float(m.group(3))
+        out[name + labels] = val
+        if labels:
+            out[name] = out.get(name, 0.0) + val
+    return out
+
+
+def metric(port, key):
+    return metrics(port).get(key, 0.0)
+
+
+class TestCase(unittest.TestCase):
+    """Stops every process a test started, even when it fails."""
+
+    def setUp(self):
+        self._procs = []
+
+    def start(self, proc):
+        self._procs.append(proc)
+        return proc
+
+    def tearDown(self):
+        for p in self._procs:
+            p.stop()
+
+    def assertOpenAIError(self, status, body, want_status, needle=""):
+        self.assertEqual(status, want_status, body)
+        self.assertIsInstance(body, dict, body)
+        err = body.get("error")
+        self.assertIsInstance(err, dict, body)
+        self.assertEqual(err.get("code"), want_status)
+        self.assertIsInstance(err.get("message"), str)
+        self.assertIsInstance(err.get("type"), str)
+        self.assertIn(needle, err["message"])
+
+
+def main():
+    import warnings
+    warnings.simplefilter("ignore", ResourceWarning)
+    unittest.main(verbosity=2)
