@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
 int xpyd_log_level = XPYD_LOG_INFO;
 
@@ -140,4 +143,11 @@ void *xpyd_check_alloc(void *p)
         abort();
     }
     return p;
+}
+
+void xpyd_tcp_nodelay(int fd)
+{
+    int one = 1;
+    if (fd >= 0)
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }

@@ -37,6 +37,9 @@ int xpyd_parse_hostport(const char *s, char *host, size_t hostcap, int *port);
 int xpyd_parse_long(const char *s, long lo, long hi, long *out);
 int xpyd_parse_double(const char *s, double lo, double hi, double *out);
 
+/* Sets TCP_NODELAY on a connected TCP socket (streams are many small writes). Ignores errors. */
+void xpyd_tcp_nodelay(int fd);
+
 /* Out-of-memory policy for executables: print and abort. Returns p otherwise. */
 void *xpyd_check_alloc(void *p);
 #define XPYD_XALLOC(p) xpyd_check_alloc(p)

@@ -298,6 +298,7 @@ static void sreq_fail(struct sreq *r, int status, const char *msg)
         sreq_release(r);
         evhtp_send_reply_chunk(req, b);
         evhtp_send_reply_chunk_end(req);
+        evhtp_request_resume(req);
         evbuffer_free(b);
     } else {
         sreq_reply(r, status, "application/json", body, strlen(body));
@@ -699,6 +700,7 @@ static void stream_token(struct sreq *r, const char *tok, int last)
         sreq_release(r);
         evhtp_send_reply_chunk(req, b);
         evhtp_send_reply_chunk_end(req);
+        evhtp_request_resume(req);
     } else {
         evhtp_send_reply_chunk(r->ereq, b);
     }
@@ -1158,12 +1160,19 @@ static void on_signal(evutil_socket_t sig, short ev, void *arg)
     event_base_loopexit(s->base, NULL);
 }
 
+static evhtp_res on_accept(evhtp_connection_t *c, void *arg)
+{
+    xpyd_tcp_nodelay(c->sock);
+    return EVHTP_RES_OK;
+}
+
 static evhtp_t *make_server(struct sim *s, struct sim_rank *rk, int port, int kv_only)
 {
     evhtp_t *h = evhtp_new(s->base, rk);
     if (!h)
         return NULL;
     evhtp_set_max_body_size(h, (uint64_t)s->cfg.max_body_bytes);
+    evhtp_set_post_accept_cb(h, on_accept, NULL);
     evhtp_set_cb(h, "/kv/pull", on_kv_pull, rk);
     if (!kv_only) {
         evhtp_set_cb(h, "/v1/completions", on_completions, rk);

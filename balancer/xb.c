@@ -1,0 +1,195 @@
+/* xb.c - balancer pools: instance table, load accounting and the policy dispatch. */
+#include "xb_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+uint64_t xb_rand(struct xb_pool *p)
+{
+    p->rng = mix(p->rng);
+    return p->rng;
+}
+
+struct xb_pool *xb_pool_new(int policy, uint64_t seed)
+{
+    struct xb_pool *p = calloc(1, sizeof *p);
+    if (!p)
+        return NULL;
+    pthread_mutex_init(&p->mu, NULL);
+    p->policy = policy;
+    p->rng = seed ? seed : 1;
+    return p;
+}
+
+void xb_pool_free(struct xb_pool *p)
+{
+    if (!p)
+        return;
+    for (size_t i = 0; i < p->n; i++)
+        free((char *)p->inst[i].cfg.host);
+    free(p->inst);
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+int xb_pool_add(struct xb_pool *p, const struct xb_instance_cfg *cfg)
+{
+    if (!cfg->host || cfg->tp < 1 || cfg->weight < 1)
+        return -EINVAL;
+    if (p->n == p->cap) {
+        size_t nc = p->cap ? p->cap * 2 : 8;
+        struct xb_inst *ni = realloc(p->inst, nc * sizeof *ni);
+        if (!ni)
+            return -ENOMEM;
+        p->inst = ni;
+        p->cap = nc;
+    }
+    struct xb_inst *in = &p->inst[p->n];
+    memset(in, 0, sizeof *in);
+    in->cfg = *cfg;
+    in->cfg.host = strdup(cfg->host);
+    if (!in->cfg.host)
+        return -ENOMEM;
+    in->healthy = 1;
+    return (int)p->n++;
+}
+
+size_t xb_pool_size(const struct xb_pool *p)
+{
+    return p->n;
+}
+
+int xb_policy_parse(const char *s)
+{
+    static const char *const names[] = {"lot", "p2c", "rr", "random"};
+    for (int i = 0; i < 4; i++)
+        if (strcmp(s, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+const char *xb_policy_name(int policy)
+{
+    static const char *const names[] = {"lot", "p2c", "rr", "random"};
+    return policy >= 0 && policy < 4 ? names[policy] : "?";
+}
+
+int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int *exclude, int nexclude)
+{
+    const struct xb_inst *in = &p->inst[i];
+    if (!in->healthy)
+        return 0;
+    for (int k = 0; k < nexclude; k++)
+        if (exclude[k] == (int)i)
+            return 0;
+    return in->cfg.max_model_len <= 0 || need_len <= (uint64_t)in->cfg.max_model_len;
+}
+
+int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b)
+{
+    /* load_a / cap_a < load_b / cap_b  <=>  load_a * cap_b < load_b * cap_a (all non-negative, fits 64 bits
+     * for loads below 2^40 tokens and capacities below 2^23). Ties fall back to fewer in-flight requests. */
+    uint64_t ca = (uint64_t)a->cfg.weight * (uint64_t)a->cfg.tp, cb = (uint64_t)b->cfg.weight * (uint64_t)b->cfg.tp;
+    uint64_t la = (uint64_t)(a->outstanding > 0 ? a->outstanding : 0);
+    uint64_t lb = (uint64_t)(b->outstanding > 0 ? b->outstanding : 0);
+    if (la * cb != lb * ca)
+        return la * cb < lb * ca;
+    return (uint64_t)a->inflight * cb < (uint64_t)b->inflight * ca;
+}
+
+int xb_pick(struct xb_pool *p, uint64_t need_len, int64_t tokens, const int *exclude, int nexclude)
+{
+    pthread_mutex_lock(&p->mu);
+    int idx;
+    switch (p->policy) {
+    case XB_POLICY_P2C: idx = xb_pick_p2c(p, need_len, exclude, nexclude); break;
+    case XB_POLICY_RR: idx = xb_pick_rr(p, need_len, exclude, nexclude); break;
+    case XB_POLICY_RANDOM: idx = xb_pick_random(p, need_len, exclude, nexclude); break;
+    default: idx = xb_pick_lot(p, need_len, exclude, nexclude); break;
+    }
+    if (idx >= 0) {
+        p->inst[idx].inflight++;
+        p->inst[idx].outstanding += tokens;
+        p->inst[idx].selected++;
+    } else {
+        /* Tell "nothing healthy" from "nothing large enough". */
+        idx = -ENOENT;
+        for (size_t i = 0; i < p->n; i++)
+            if (xb_eligible(p, i, 0, exclude, nexclude))
+                idx = -E2BIG;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return idx;
+}
+
+void xb_adjust(struct xb_pool *p, int idx, int64_t delta)
+{
+    if (idx < 0 || (size_t)idx >= p->n)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->inst[idx].outstanding += delta;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void xb_release(struct xb_pool *p, int idx, int64_t tokens)
+{
+    if (idx < 0 || (size_t)idx >= p->n)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->inst[idx].inflight--;
+    p->inst[idx].outstanding -= tokens;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void xb_set_healthy(struct xb_pool *p, int idx, int healthy)
+{
+    if (idx < 0 || (size_t)idx >= p->n)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->inst[idx].healthy = healthy;
+    pthread_mutex_unlock(&p->mu);
+}
+
+int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out)
+{
+    if (idx < 0 || (size_t)idx >= p->n)
+        return -EINVAL;
+    pthread_mutex_lock(&p->mu);
+    const struct xb_inst *in = &p->inst[idx];
+    snprintf(out->host, sizeof out->host, "%s", in->cfg.host);
+    out->port = in->cfg.port;
+    out->dp_rank = in->cfg.dp_rank;
+    out->tp = in->cfg.tp;
+    out->weight = in->cfg.weight;
+    out->max_model_len = in->cfg.max_model_len;
+    out->bootstrap_port = in->cfg.bootstrap_port;
+    out->healthy = in->healthy;
+    out->inflight = in->inflight;
+    out->outstanding = in->outstanding;
+    out->selected = in->selected;
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
+void xb_totals(struct xb_pool *p, int64_t *inflight, int64_t *outstanding)
+{
+    int64_t a = 0, b = 0;
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < p->n; i++) {
+        a += p->inst[i].inflight;
+        b += p->inst[i].outstanding;
+    }
+    pthread_mutex_unlock(&p->mu);
+    *inflight = a;
+    *outstanding = b;
+}

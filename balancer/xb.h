@@ -1,0 +1,59 @@
+/* xb.h - xpyd balancer: pools of instances (DP ranks), their load, and pick/charge/release.
+ *
+ * Pure policy: no sockets, no event loop. All functions are thread-safe (one short mutex per pool, never
+ * held across I/O). Load is charged by the caller at pick time and released by exactly the same amount;
+ * after every request has ended, every instance's load is zero. */
+#ifndef XB_H
+#define XB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum xb_policy { XB_POLICY_LOT = 0, XB_POLICY_P2C, XB_POLICY_RR, XB_POLICY_RANDOM };
+
+struct xb_instance_cfg {
+    const char *host;     /* copied */
+    int port;
+    int dp_rank;          /* rank pinned with X-data-parallel-rank (internal DP), or -1 */
+    int tp;               /* tensor-parallel size, >= 1 */
+    int weight;           /* relative capacity, >= 1 */
+    long max_model_len;   /* 0: unknown (no filtering) */
+    int bootstrap_port;   /* SGLang bootstrap port, 0 if none */
+};
+
+struct xb_instance_stats {
+    char host[256];
+    int port, dp_rank, tp, weight, healthy;
+    long max_model_len;
+    int bootstrap_port;
+    int64_t inflight;         /* requests charged and not yet released */
+    int64_t outstanding;      /* tokens charged and not yet released */
+    uint64_t selected;        /* picks */
+};
+
+struct xb_pool;
+
+/* Returns a new empty pool, or NULL on OOM. seed makes random choices deterministic. */
+struct xb_pool *xb_pool_new(int policy, uint64_t seed);
+void xb_pool_free(struct xb_pool *p);
+/* Adds an instance; returns its index, or -ENOMEM / -EINVAL. Not concurrent with picks. */
+int xb_pool_add(struct xb_pool *p, const struct xb_instance_cfg *cfg);
+size_t xb_pool_size(const struct xb_pool *p);
+int xb_policy_parse(const char *s); /* lot|p2c|rr|random, -1 if unknown */
+const char *xb_policy_name(int policy);
+
+/* Picks an eligible instance (healthy, not in exclude, max_model_len >= need_len when known) and charges
+ * it one in-flight request and `tokens` outstanding tokens. Returns the index, -ENOENT when no instance is
+ * healthy (and not excluded), or -E2BIG when healthy ones exist but none can hold need_len tokens. */
+int xb_pick(struct xb_pool *p, uint64_t need_len, int64_t tokens, const int *exclude, int nexclude);
+/* Adds delta (may be negative) to an instance's outstanding tokens (e.g. corrected prompt size). */
+void xb_adjust(struct xb_pool *p, int idx, int64_t delta);
+/* Ends one request on idx: releases one in-flight and `tokens` outstanding tokens. */
+void xb_release(struct xb_pool *p, int idx, int64_t tokens);
+void xb_set_healthy(struct xb_pool *p, int idx, int healthy);
+/* Copies instance idx's numbers. 0 or -EINVAL. */
+int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out);
+/* Sum of in-flight and outstanding over the pool (tests: both return to zero). */
+void xb_totals(struct xb_pool *p, int64_t *inflight, int64_t *outstanding);
+
+#endif

@@ -1,0 +1,37 @@
+/* xb_internal.h - pool layout shared by the balancer's policy files. */
+#ifndef XB_INTERNAL_H
+#define XB_INTERNAL_H
+
+#include "xb.h"
+
+#include <pthread.h>
+
+struct xb_inst {
+    struct xb_instance_cfg cfg; /* cfg.host owned */
+    int healthy;
+    int64_t inflight, outstanding;
+    uint64_t selected;
+};
+
+struct xb_pool {
+    pthread_mutex_t mu;
+    int policy;
+    uint64_t rng;
+    uint64_t rotor; /* rotating start for tie-breaking and round robin */
+    struct xb_inst *inst;
+    size_t n, cap;
+};
+
+/* Candidate filter used by every policy. */
+int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int *exclude, int nexclude);
+/* a less loaded than b, normalised by capacity (weight * tp), by 64-bit cross-multiplication. */
+int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b);
+uint64_t xb_rand(struct xb_pool *p);
+
+/* Policies: return the chosen index among eligible ones, or -1. Called under p->mu. */
+int xb_pick_lot(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude);
+int xb_pick_p2c(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude);
+int xb_pick_rr(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude);
+int xb_pick_random(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude);
+
+#endif

@@ -1,0 +1,12 @@
+/* xb_rr.c - round robin over eligible instances. */
+#include "xb_internal.h"
+
+int xb_pick_rr(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude)
+{
+    for (size_t k = 0; k < p->n; k++) {
+        size_t i = (size_t)(p->rotor++ % p->n);
+        if (xb_eligible(p, i, need_len, exclude, nexclude))
+            return (int)i;
+    }
+    return -1;
+}

@@ -1,0 +1,552 @@
+/* config.c - xpyd_router settings: the settings table, command line (with the Python proxies' aliases),
+ * the JSON configuration file, and expansion of host lists into DP ranks. */
+#include "config.h"
+
+#include "xb.h"
+#include "xpyd_util.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum kind { K_LONG = 0, K_DOUBLE, K_STR, K_ENUM, K_FLAG };
+
+/* The one table of scalar settings: flag name (JSON key: the same with '_'), type, where, range, default. */
+struct setting {
+    const char *name;
+    int kind;
+    size_t off;
+    double lo, hi;
+    const char *def;
+    const char *const *choices; /* K_ENUM */
+    const char *help;
+};
+
+static const char *const handoffs[] = {"kv-params", "store", "bootstrap", NULL};
+static const char *const first_tokens[] = {"decode", "prefill", NULL};
+static const char *const dp_modes[] = {"external", "internal", NULL};
+static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
+static const char *const access_logs[] = {"off", "logfmt", "json", NULL};
+
+#define OFF(f) offsetof(struct rt_config, f)
+static const struct setting settings[] = {
+    {"host", K_STR, OFF(listen_host), 0, 0, "127.0.0.1", NULL, "listen address (IPv6 as ::1)"},
+    {"port", K_LONG, OFF(listen_port), 0, 65535, "8000", NULL, "listen port (0: any free port, see --port-file)"},
+    {"threads", K_LONG, OFF(threads), 1, 256, "2", NULL, "event-loop threads serving clients"},
+    {"handoff", K_ENUM, OFF(handoff), 0, 0, "kv-params", handoffs,
+     "prefill->decode handoff: kv-params (vLLM NIXL/Mooncake), store (Mooncake store), bootstrap (SGLang)"},
+    {"first-token", K_ENUM, OFF(first_token), 0, 0, "decode", first_tokens,
+     "who streams the first token: decode, or prefill (sent as soon as prefill answers)"},
+    {"dp-mode", K_ENUM, OFF(dp_internal), 0, 0, "external", dp_modes,
+     "external: rank r of H:P is H:P+r; internal: one endpoint per host, rank pinned by X-data-parallel-rank"},
+    {"repeat-d-times", K_LONG, OFF(repeat_d_times), 0, 1024, "0", NULL,
+     "benchmark repeat mode: N extra decode-only clones per request (store handoff only)"},
+    {"max-body-bytes", K_LONG, OFF(max_body_bytes), 1024, 1L << 30, "16777216", NULL,
+     "largest client request body; larger gets 413"},
+    {"max-response-bytes", K_LONG, OFF(max_response_bytes), 1024, 1L << 30, "67108864", NULL,
+     "largest non-streamed upstream response the router buffers; larger fails with 502"},
+    {"connect-timeout-ms", K_LONG, OFF(connect_timeout_ms), 1, 3600000, "5000", NULL, "upstream TCP connect"},
+    {"first-token-timeout-ms", K_LONG, OFF(first_token_timeout_ms), 1, 86400000, "600000", NULL,
+     "upstream request sent -> first response byte, per leg"},
+    {"stream-idle-timeout-ms", K_LONG, OFF(stream_idle_timeout_ms), 1, 86400000, "120000", NULL,
+     "upstream silence between response bytes once it started"},
+    {"max-retries", K_LONG, OFF(max_retries), 0, 10, "2", NULL,
+     "extra attempts on another instance, only while nothing reached the client"},
+    {"upstream-idle-max", K_LONG, OFF(upstream_idle_max), 0, 100000, "64", NULL,
+     "idle keep-alive connections kept per thread (all endpoints)"},
+    {"client-buffer-bytes", K_LONG, OFF(client_buffer_bytes), 4096, 1L << 30, "262144", NULL,
+     "unsent bytes to a slow client before the decode leg is paused (backpressure)"},
+    {"bytes-per-token", K_DOUBLE, OFF(bytes_per_token), 0.5, 64, "4.0", NULL,
+     "prompt-size estimate for text prompts (token-id arrays are counted exactly)"},
+    {"log-level", K_ENUM, OFF(log_level), 0, 0, "info", log_levels, "none|error|warn|info|debug"},
+    {"access-log", K_ENUM, OFF(access_log), 0, 0, "off", access_logs, "one line per request: off|logfmt|json"},
+    {"port-file", K_STR, OFF(port_file), 0, 0, "", NULL, "write the bound port here once listening"},
+};
+#define NSETTINGS (sizeof settings / sizeof settings[0])
+
+const char *rt_handoff_name(int h)
+{
+    return h >= 0 && h < 3 ? handoffs[h] : "?";
+}
+
+static int set_value(struct rt_config *c, const struct setting *s, const char *v)
+{
+    char *base = (char *)c;
+    switch (s->kind) {
+    case K_LONG: {
+        long x;
+        if (xpyd_parse_long(v, (long)s->lo, (long)s->hi, &x) != 0) {
+            fprintf(stderr, "xpyd_router: --%s needs an integer in [%.0f, %.0f], got '%s'\n", s->name, s->lo, s->hi, v);
+            return -1;
+        }
+        if (s->off == OFF(listen_port) || s->off == OFF(threads) || s->off == OFF(repeat_d_times))
+            *(int *)(base + s->off) = (int)x;
+        else
+            *(long *)(base + s->off) = x;
+        return 0;
+    }
+    case K_DOUBLE:
+        if (xpyd_parse_double(v, s->lo, s->hi, (double *)(base + s->off)) != 0) {
+            fprintf(stderr, "xpyd_router: --%s needs a number in [%g, %g], got '%s'\n", s->name, s->lo, s->hi, v);
+            return -1;
+        }
+        return 0;
+    case K_STR:
+        snprintf(base + s->off, 256, "%s", v);
+        return 0;
+    case K_ENUM:
+        for (int i = 0; s->choices[i]; i++) {
+            if (strcmp(s->choices[i], v) == 0) {
+                *(int *)(base + s->off) = i;
+                return 0;
+            }
+        }
+        fprintf(stderr, "xpyd_router: --%s: unknown value '%s'\n", s->name, v);
+        return -1;
+    default:
+        return -1;
+    }
+}
+
+static const struct setting *find_setting(const char *name)
+{
+    for (size_t i = 0; i < NSETTINGS; i++) {
+        const char *a = settings[i].name, *b = name;
+        while (*a && (*a == *b || (*a == '-' && *b == '_'))) /* JSON keys may use '_' */
+            a++, b++;
+        if (!*a && !*b)
+            return &settings[i];
+    }
+    return NULL;
+}
+
+static void usage(FILE *f)
+{
+    fputs("usage: xpyd_router -p HOST:PORT [HOST:PORT ...] -d HOST:PORT [HOST:PORT ...] [options]\n"
+          "Router for disaggregated (prefill/decode) LLM serving, OpenAI-compatible.\n\n"
+          "Pools (lists: space-separated after the flag, comma-separated, or repeated flags; [v6]:port works):\n"
+          "  -p, --prefill LIST           prefill instances\n"
+          "  -d, --decode LIST            decode instances\n"
+          "  --prefill-dp N, --decode-dp N   data-parallel ranks per host (default 1)\n"
+          "  --prefill-tp N, --decode-tp N   tensor-parallel size per rank (capacity weight, default 1)\n"
+          "  --prefill-policy P, --decode-policy P   lot (default) | p2c | rr | random\n"
+          "  --prefill-bootstrap-port N   SGLang bootstrap port of every prefill (default: its HTTP port)\n"
+          "  --config FILE                JSON configuration (see conf/); the command line wins\n"
+          "  --dry-run                    print the expanded topology and exit\n"
+          "Compatibility aliases (the Python proxies):\n"
+          "  --prefiller-hosts H.. --prefiller-ports P..  --decoder-hosts H.. --decoder-ports P..\n"
+          "  --repeat_d_times N (= --repeat-d-times)  --generator_on_p_node (= --first-token prefill)\n"
+          "Settings (default in brackets):\n",
+          f);
+    for (size_t i = 0; i < NSETTINGS; i++)
+        fprintf(f, "  --%-24s %s [%s]\n", settings[i].name, settings[i].help, settings[i].def[0] ? settings[i].def : "none");
+    fputs("  -h, --help\n", f);
+}
+
+/* ---------- pools ---------- */
+
+static struct rt_host *pool_add(struct rt_pool_cfg *p)
+{
+    if (p->n == p->cap) {
+        size_t nc = p->cap ? p->cap * 2 : 8;
+        struct rt_host *nh = realloc(p->hosts, nc * sizeof *nh);
+        if (!nh)
+            return NULL;
+        p->hosts = nh;
+        p->cap = nc;
+    }
+    struct rt_host *h = &p->hosts[p->n++];
+    memset(h, 0, sizeof *h);
+    h->port = 8000;
+    return h;
+}
+
+/* Adds each comma-separated HOST:PORT of s. */
+static int pool_add_list(struct rt_pool_cfg *p, const char *s, const char *what)
+{
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", s);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ')
+            tok++;
+        if (!*tok)
+            continue;
+        struct rt_host *h = pool_add(p);
+        if (!h)
+            return -1;
+        if (xpyd_parse_hostport(tok, h->host, sizeof h->host, &h->port) != 0) {
+            fprintf(stderr, "xpyd_router: bad %s address '%s' (want HOST:PORT or [V6]:PORT)\n", what, tok);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int json_int(const cJSON *o, const char *k, int *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (cJSON_IsNumber(v))
+        *out = (int)v->valuedouble;
+    return 0;
+}
+
+static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *what)
+{
+    if (!cJSON_IsObject(o))
+        return 0;
+    json_int(o, "dp", &p->dp);
+    json_int(o, "tp", &p->tp);
+    const cJSON *pol = cJSON_GetObjectItemCaseSensitive(o, "policy");
+    if (cJSON_IsString(pol) && (p->policy = xb_policy_parse(pol->valuestring)) < 0) {
+        fprintf(stderr, "xpyd_router: %s.policy: unknown '%s'\n", what, pol->valuestring);
+        return -1;
+    }
+    const cJSON *hosts = cJSON_GetObjectItemCaseSensitive(o, "hosts"), *h;
+    cJSON_ArrayForEach(h, hosts)
+    {
+        if (cJSON_IsString(h)) {
+            if (pool_add_list(p, h->valuestring, what))
+                return -1;
+            continue;
+        }
+        const cJSON *host = cJSON_GetObjectItemCaseSensitive(h, "host");
+        if (!cJSON_IsString(host)) {
+            fprintf(stderr, "xpyd_router: %s.hosts[]: each entry needs \"host\"\n", what);
+            return -1;
+        }
+        struct rt_host *rh = pool_add(p);
+        if (!rh)
+            return -1;
+        snprintf(rh->host, sizeof rh->host, "%s", host->valuestring);
+        json_int(h, "port", &rh->port);
+        json_int(h, "dp", &rh->dp);
+        json_int(h, "tp", &rh->tp);
+        json_int(h, "weight", &rh->weight);
+        json_int(h, "bootstrap_port", &rh->bootstrap_port);
+        const cJSON *mml = cJSON_GetObjectItemCaseSensitive(h, "max_model_len");
+        if (cJSON_IsNumber(mml))
+            rh->max_model_len = (long)mml->valuedouble;
+        if (rh->port < 1 || rh->port > 65535) {
+            fprintf(stderr, "xpyd_router: %s host %s: bad port %d\n", what, rh->host, rh->port);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int load_json(struct rt_config *c, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "xpyd_router: cannot open config '%s': %s\n", path, strerror(errno));
+        return -1;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0, n;
+    char tmp[4096];
+    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) {
+        if (len + n > cap) {
+            cap = (len + n) * 2;
+            buf = XPYD_XALLOC(realloc(buf, cap));
+        }
+        memcpy(buf + len, tmp, n);
+        len += n;
+    }
+    fclose(f);
+    cJSON *root = cJSON_ParseWithLength(buf ? buf : "", len);
+    free(buf);
+    if (!cJSON_IsObject(root)) {
+        fprintf(stderr, "xpyd_router: config '%s' is not a JSON object\n", path);
+        cJSON_Delete(root);
+        return -1;
+    }
+    int rc = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root)
+    {
+        if (!strcmp(it->string, "prefill") || !strcmp(it->string, "decode"))
+            continue;
+        const struct setting *s = find_setting(it->string);
+        if (!s) {
+            fprintf(stderr, "xpyd_router: config '%s': unknown setting \"%s\"\n", path, it->string);
+            rc = -1;
+            break;
+        }
+        char val[512];
+        if (cJSON_IsString(it))
+            snprintf(val, sizeof val, "%s", it->valuestring);
+        else if (cJSON_IsNumber(it))
+            snprintf(val, sizeof val, "%.17g", it->valuedouble);
+        else {
+            fprintf(stderr, "xpyd_router: config: \"%s\" must be a string or number\n", it->string);
+            rc = -1;
+            break;
+        }
+        if ((rc = set_value(c, s, val)) != 0)
+            break;
+    }
+    if (rc == 0)
+        rc = load_json_pool(&c->pools[RT_PREFILL], cJSON_GetObjectItemCaseSensitive(root, "prefill"), "prefill");
+    if (rc == 0)
+        rc = load_json_pool(&c->pools[RT_DECODE], cJSON_GetObjectItemCaseSensitive(root, "decode"), "decode");
+    cJSON_Delete(root);
+    return rc;
+}
+
+/* ---------- expansion ---------- */
+
+static int endpoint_index(struct rt_config *c, const char *host, int port)
+{
+    for (size_t i = 0; i < c->n_endpoints; i++)
+        if (c->endpoints[i].port == port && strcmp(c->endpoints[i].host, host) == 0)
+            return (int)i;
+    c->endpoints = XPYD_XALLOC(realloc(c->endpoints, (c->n_endpoints + 1) * sizeof *c->endpoints));
+    snprintf(c->endpoints[c->n_endpoints].host, sizeof c->endpoints[0].host, "%s", host);
+    c->endpoints[c->n_endpoints].port = port;
+    return (int)c->n_endpoints++;
+}
+
+static int expand_pool(struct rt_config *c, int role, int bootstrap_default)
+{
+    struct rt_pool_cfg *p = &c->pools[role];
+    int maxdp = 0;
+    for (size_t h = 0; h < p->n; h++) {
+        int dp = p->hosts[h].dp > 0 ? p->hosts[h].dp : p->dp;
+        if (dp < 1 || dp > 1024 || (!c->dp_internal && p->hosts[h].port + dp - 1 > 65535)) {
+            fprintf(stderr, "xpyd_router: %s host %s:%d: bad dp %d\n", role ? "decode" : "prefill",
+                    p->hosts[h].host, p->hosts[h].port, dp);
+            return -1;
+        }
+        maxdp = dp > maxdp ? dp : maxdp;
+    }
+    /* Rank i of every host before rank i+1 of any (port-major interleaving, as the Gaudi scripts do). */
+    for (int i = 0; i < maxdp; i++) {
+        for (size_t h = 0; h < p->n; h++) {
+            const struct rt_host *rh = &p->hosts[h];
+            int dp = rh->dp > 0 ? rh->dp : p->dp;
+            if (i >= dp)
+                continue;
+            c->ranks[role] = XPYD_XALLOC(realloc(c->ranks[role], (c->n_ranks[role] + 1) * sizeof(struct rt_rank)));
+            struct rt_rank *r = &c->ranks[role][c->n_ranks[role]++];
+            r->endpoint = endpoint_index(c, rh->host, c->dp_internal ? rh->port : rh->port + i);
+            r->dp_rank = c->dp_internal ? i : -1;
+            r->tp = rh->tp > 0 ? rh->tp : p->tp;
+            r->weight = rh->weight > 0 ? rh->weight : 1;
+            r->max_model_len = rh->max_model_len;
+            r->bootstrap_port = rh->bootstrap_port > 0 ? rh->bootstrap_port : bootstrap_default > 0 ? bootstrap_default : rh->port;
+        }
+    }
+    return 0;
+}
+
+/* Hosts and ports given as separate lists (the Python proxies' flags). */
+struct alias_lists {
+    char hosts[2][4096];
+    char ports[2][1024];
+};
+
+static int apply_alias(struct rt_config *c, struct alias_lists *a, int role)
+{
+    if (!a->hosts[role][0])
+        return 0;
+    char hb[4096], pb[1024];
+    snprintf(hb, sizeof hb, "%s", a->hosts[role]);
+    snprintf(pb, sizeof pb, "%s", a->ports[role]);
+    char *hs = NULL, *ps = NULL;
+    char *port = strtok_r(pb, ",", &ps);
+    char *last_port = port;
+    for (char *h = strtok_r(hb, ",", &hs); h; h = strtok_r(NULL, ",", &hs)) {
+        struct rt_host *rh = pool_add(&c->pools[role]);
+        long pv = 8000;
+        if (!rh || (last_port && xpyd_parse_long(last_port, 1, 65535, &pv) != 0)) {
+            fprintf(stderr, "xpyd_router: bad --%s-ports value\n", role ? "decoder" : "prefiller");
+            return -1;
+        }
+        snprintf(rh->host, sizeof rh->host, "%s", h);
+        rh->port = (int)pv;
+        char *next = strtok_r(NULL, ",", &ps);
+        if (next)
+            last_port = next; /* one port for all hosts when fewer ports than hosts */
+    }
+    return 0;
+}
+
+static void append_list(char *dst, size_t cap, const char *v)
+{
+    size_t l = strlen(dst);
+    snprintf(dst + l, cap - l, "%s%s", l ? "," : "", v);
+}
+
+int rt_config_load(struct rt_config *c, int argc, char **argv)
+{
+    memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < NSETTINGS; i++)
+        if (settings[i].def[0])
+            set_value(c, &settings[i], settings[i].def);
+    snprintf(c->id_prefix, sizeof c->id_prefix, "xpyd");
+    for (int r = 0; r < 2; r++) {
+        c->pools[r].dp = 1;
+        c->pools[r].tp = 1;
+    }
+    /* The JSON file first: the command line overrides it. */
+    for (int i = 1; i < argc - 1; i++)
+        if (strcmp(argv[i], "--config") == 0) {
+            snprintf(c->config_path, sizeof c->config_path, "%s", argv[i + 1]);
+            if (load_json(c, argv[i + 1]) != 0)
+                return -1;
+        }
+    struct alias_lists al;
+    memset(&al, 0, sizeof al);
+    int cli_pool[2] = {0, 0};
+    int bootstrap_default = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int role = -1;
+        char *alias_dst = NULL;
+        size_t alias_cap = 0;
+        if (!strcmp(a, "-p") || !strcmp(a, "--prefill"))
+            role = RT_PREFILL;
+        else if (!strcmp(a, "-d") || !strcmp(a, "--decode"))
+            role = RT_DECODE;
+        else if (!strcmp(a, "--prefiller-hosts") || !strcmp(a, "--prefiller-host"))
+            alias_dst = al.hosts[0], alias_cap = sizeof al.hosts[0];
+        else if (!strcmp(a, "--decoder-hosts") || !strcmp(a, "--decoder-host"))
+            alias_dst = al.hosts[1], alias_cap = sizeof al.hosts[1];
+        else if (!strcmp(a, "--prefiller-ports") || !strcmp(a, "--prefiller-port"))
+            alias_dst = al.ports[0], alias_cap = sizeof al.ports[0];
+        else if (!strcmp(a, "--decoder-ports") || !strcmp(a, "--decoder-port"))
+            alias_dst = al.ports[1], alias_cap = sizeof al.ports[1];
+        if (role >= 0 || alias_dst) {
+            int got = 0;
+            while (i + 1 < argc && argv[i + 1][0] != '-') {
+                i++;
+                got++;
+                if (role >= 0) {
+                    if (!cli_pool[role]) { /* the command line replaces the file's hosts */
+                        c->pools[role].n = 0;
+                        cli_pool[role] = 1;
+                    }
+                    if (pool_add_list(&c->pools[role], argv[i], role ? "decode" : "prefill"))
+                        return -1;
+                } else {
+                    append_list(alias_dst, alias_cap, argv[i]);
+                }
+            }
+            if (!got) {
+                fprintf(stderr, "xpyd_router: %s needs at least one value\n", a);
+                return -1;
+            }
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        }
+        if (!strcmp(a, "--dry-run")) {
+            c->dry_run = 1;
+            continue;
+        }
+        if (!strcmp(a, "--generator_on_p_node")) {
+            c->first_token = RT_FIRST_PREFILL;
+            continue;
+        }
+        if (i + 1 >= argc || strncmp(a, "--", 2) != 0) {
+            fprintf(stderr, "xpyd_router: unknown or incomplete option '%s' (see --help)\n", a);
+            return -1;
+        }
+        const char *v = argv[++i];
+        long lv;
+        if (!strcmp(a, "--config"))
+            continue;
+        if (!strcmp(a, "--prefill-dp") || !strcmp(a, "--decode-dp") || !strcmp(a, "--prefill-tp") ||
+            !strcmp(a, "--decode-tp")) {
+            if (xpyd_parse_long(v, 1, 1024, &lv) != 0) {
+                fprintf(stderr, "xpyd_router: %s needs an integer in [1, 1024]\n", a);
+                return -1;
+            }
+            struct rt_pool_cfg *p = &c->pools[a[2] == 'd' ? RT_DECODE : RT_PREFILL];
+            if (strstr(a, "-dp"))
+                p->dp = (int)lv;
+            else
+                p->tp = (int)lv;
+            continue;
+        }
+        if (!strcmp(a, "--prefill-policy") || !strcmp(a, "--decode-policy")) {
+            int pol = xb_policy_parse(v);
+            if (pol < 0) {
+                fprintf(stderr, "xpyd_router: %s: unknown policy '%s' (lot|p2c|rr|random)\n", a, v);
+                return -1;
+            }
+            c->pools[a[2] == 'd' ? RT_DECODE : RT_PREFILL].policy = pol;
+            continue;
+        }
+        if (!strcmp(a, "--prefill-bootstrap-port")) {
+            if (xpyd_parse_long(v, 1, 65535, &lv) != 0) {
+                fprintf(stderr, "xpyd_router: --prefill-bootstrap-port needs a port\n");
+                return -1;
+            }
+            bootstrap_default = (int)lv;
+            continue;
+        }
+        const char *name = a + 2;
+        if (!strcmp(name, "repeat_d_times"))
+            name = "repeat-d-times";
+        const struct setting *s = find_setting(name);
+        if (!s) {
+            fprintf(stderr, "xpyd_router: unknown option '%s' (see --help)\n", a);
+            return -1;
+        }
+        if (set_value(c, s, v) != 0)
+            return -1;
+    }
+    for (int r = 0; r < 2; r++)
+        if (apply_alias(c, &al, r) != 0)
+            return -1;
+    xpyd_log_level = c->log_level;
+    if (c->pools[RT_PREFILL].n == 0 || c->pools[RT_DECODE].n == 0) {
+        fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required\n");
+        return -1;
+    }
+    if (c->repeat_d_times > 0 && c->handoff != RT_HANDOFF_STORE) {
+        fprintf(stderr, "xpyd_router: --repeat-d-times needs --handoff store (kv-params leases and bootstrap rooms "
+                        "are consumed by one decode; clones could not find the KV)\n");
+        return -1;
+    }
+    if (expand_pool(c, RT_PREFILL, bootstrap_default) || expand_pool(c, RT_DECODE, 0))
+        return -1;
+    return 0;
+}
+
+void rt_config_print(const struct rt_config *c, FILE *f)
+{
+    fprintf(f, "listen %s:%d threads=%d handoff=%s first-token=%s dp-mode=%s repeat-d-times=%d\n", c->listen_host,
+            c->listen_port, c->threads, rt_handoff_name(c->handoff), first_tokens[c->first_token],
+            dp_modes[c->dp_internal], c->repeat_d_times);
+    for (int role = 0; role < 2; role++) {
+        fprintf(f, "%s pool: %zu ranks, policy %s\n", role ? "decode" : "prefill", c->n_ranks[role],
+                xb_policy_name(c->pools[role].policy));
+        for (size_t i = 0; i < c->n_ranks[role]; i++) {
+            const struct rt_rank *r = &c->ranks[role][i];
+            const struct rt_endpoint_cfg *e = &c->endpoints[r->endpoint];
+            int v6 = strchr(e->host, ':') != NULL;
+            fprintf(f, "  %s[%zu] %s%s%s:%d dp_rank=%d tp=%d weight=%d max_model_len=%ld", role ? "D" : "P", i,
+                    v6 ? "[" : "", e->host, v6 ? "]" : "", e->port, r->dp_rank, r->tp, r->weight, r->max_model_len);
+            if (role == RT_PREFILL && c->handoff == RT_HANDOFF_BOOTSTRAP)
+                fprintf(f, " bootstrap_port=%d", r->bootstrap_port);
+            fputc('\n', f);
+        }
+    }
+}
+
+void rt_config_free(struct rt_config *c)
+{
+    for (int r = 0; r < 2; r++) {
+        free(c->pools[r].hosts);
+        free(c->ranks[r]);
+    }
+    free(c->endpoints);
+    memset(c, 0, sizeof *c);
+}

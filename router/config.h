@@ -1,0 +1,80 @@
+/* config.h - xpyd_router configuration: one table of settings, pools of hosts, topology expansion. */
+#ifndef XPYD_CONFIG_H
+#define XPYD_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+enum rt_role { RT_PREFILL = 0, RT_DECODE = 1 };
+enum rt_handoff { RT_HANDOFF_KV_PARAMS = 0, RT_HANDOFF_STORE, RT_HANDOFF_BOOTSTRAP };
+enum rt_first_token { RT_FIRST_DECODE = 0, RT_FIRST_PREFILL };
+
+/* One configured host of a pool, before expansion into ranks. -1 / 0 fields mean "pool default". */
+struct rt_host {
+    char host[256];
+    int port;
+    int dp, tp, weight;
+    long max_model_len;
+    int bootstrap_port;
+};
+
+struct rt_pool_cfg {
+    struct rt_host *hosts;
+    size_t n, cap;
+    int dp, tp;          /* pool-wide defaults */
+    int policy;          /* balancer policy */
+};
+
+/* One rank after expansion: what the balancer sees (index = balancer instance index). */
+struct rt_rank {
+    int endpoint;        /* index into rt_config.endpoints (connection pool key) */
+    int dp_rank;         /* X-data-parallel-rank to send (internal DP), else -1 */
+    int tp, weight, bootstrap_port;
+    long max_model_len;
+};
+
+struct rt_endpoint_cfg {
+    char host[256];
+    int port;
+};
+
+struct rt_config {
+    char listen_host[256];
+    int listen_port;
+    int threads;
+    int handoff;
+    int first_token;
+    int dp_internal;
+    int repeat_d_times;
+    long max_body_bytes;
+    long max_response_bytes;
+    long connect_timeout_ms;
+    long first_token_timeout_ms;
+    long stream_idle_timeout_ms;
+    long max_retries;
+    long upstream_idle_max;
+    long client_buffer_bytes;  /* backpressure: pause decode reads above this much unsent client data */
+    double bytes_per_token;
+    char id_prefix[32];
+    int log_level;
+    int access_log;            /* 0 off, 1 logfmt, 2 json */
+    int dry_run;
+    char port_file[512];
+    char config_path[512];
+    struct rt_pool_cfg pools[2];
+    /* expansion results */
+    struct rt_endpoint_cfg *endpoints;
+    size_t n_endpoints;
+    struct rt_rank *ranks[2];
+    size_t n_ranks[2];
+};
+
+/* Parses argv (and the --config JSON file, which the command line overrides). Prints a clear message and
+ * returns -1 on error, 1 when --help was printed, 0 otherwise. Then expands pools into ranks. */
+int rt_config_load(struct rt_config *c, int argc, char **argv);
+void rt_config_free(struct rt_config *c);
+/* Writes the expanded topology (the --dry-run output). */
+void rt_config_print(const struct rt_config *c, FILE *f);
+const char *rt_handoff_name(int h);
+
+#endif

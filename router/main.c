@@ -1,0 +1,298 @@
+/* main.c - xpyd_router: configuration, listener and worker threads, and the operational endpoints
+ * (/health, /status, /metrics). */
+#include "router.h"
+
+#include "xpyd_oai.h"
+#include "xpyd_util.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <event2/thread.h>
+#include <evhtp/evhtp.h>
+#include <evhtp/thread.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct router *g_rt;
+
+static void send_text(evhtp_request_t *req, int status, const char *ctype, struct evbuffer *b)
+{
+    evhtp_headers_add_header(req->headers_out, evhtp_header_new("Content-Type", ctype, 0, 0));
+    if (b)
+        evbuffer_add_buffer(req->buffer_out, b);
+    evhtp_send_reply(req, (evhtp_res)status);
+}
+
+/* 200 only while at least one prefill and one decode instance are usable. */
+static int pool_usable(int role)
+{
+    for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
+        struct xb_instance_stats st;
+        if (xb_stats(g_rt->pools[role], (int)i, &st) == 0 && st.healthy)
+            return 1;
+    }
+    return 0;
+}
+
+static void on_health(evhtp_request_t *req, void *arg)
+{
+    struct evbuffer *b = evbuffer_new();
+    int ok = pool_usable(RT_PREFILL) && pool_usable(RT_DECODE);
+    evbuffer_add_printf(b, "{\"status\":\"%s\"}", ok ? "ok" : "unavailable");
+    send_text(req, ok ? 200 : 503, "application/json", b);
+    evbuffer_free(b);
+}
+
+static void json_str(struct evbuffer *b, const char *s)
+{
+    evbuffer_add(b, "\"", 1);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            evbuffer_add_printf(b, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            evbuffer_add_printf(b, "\\u%04x", *s);
+        else
+            evbuffer_add(b, s, 1);
+    }
+    evbuffer_add(b, "\"", 1);
+}
+
+static void on_status(evhtp_request_t *req, void *arg)
+{
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "{\"version\":\"%s\",\"uptime_s\":%" PRId64 ",\"handoff\":\"%s\",\"first_token\":\"%s\","
+                           "\"active_requests\":%" PRId64 ",\"active_streams\":%" PRId64 ",\"pools\":{",
+                        XPYD_VERSION, xpyd_wall_s() - g_rt->started_wall, rt_handoff_name(g_rt->cfg.handoff),
+                        g_rt->cfg.first_token ? "prefill" : "decode", (int64_t)atomic_load(&g_rt->ctr.active_requests),
+                        (int64_t)atomic_load(&g_rt->ctr.active_streams));
+    for (int role = 0; role < 2; role++) {
+        int64_t inflight, outstanding;
+        xb_totals(g_rt->pools[role], &inflight, &outstanding);
+        evbuffer_add_printf(b, "%s\"%s\":{\"policy\":\"%s\",\"inflight\":%" PRId64 ",\"outstanding_tokens\":%" PRId64
+                               ",\"instances\":[",
+                            role ? "," : "", role ? "decode" : "prefill", xb_policy_name(g_rt->cfg.pools[role].policy),
+                            inflight, outstanding);
+        for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
+            struct xb_instance_stats st;
+            xb_stats(g_rt->pools[role], (int)i, &st);
+            evbuffer_add_printf(b, "%s{\"host\":", i ? "," : "");
+            json_str(b, st.host);
+            evbuffer_add_printf(b, ",\"port\":%d,\"dp_rank\":%d,\"tp\":%d,\"weight\":%d,\"max_model_len\":%ld,"
+                                   "\"healthy\":%s,\"inflight\":%" PRId64 ",\"outstanding_tokens\":%" PRId64
+                                   ",\"selected\":%" PRIu64 "}",
+                                st.port, st.dp_rank, st.tp, st.weight, st.max_model_len, st.healthy ? "true" : "false",
+                                st.inflight, st.outstanding, st.selected);
+        }
+        evbuffer_add_printf(b, "]}");
+    }
+    evbuffer_add_printf(b, "}}");
+    send_text(req, 200, "application/json", b);
+    evbuffer_free(b);
+}
+
+static void metric_head(struct evbuffer *b, const char *name, const char *type, const char *help)
+{
+    evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void on_metrics(evhtp_request_t *req, void *arg)
+{
+    struct rt_counters *c = &g_rt->ctr;
+    struct evbuffer *b = evbuffer_new();
+    static const char *const classes[] = {"other", "1xx", "2xx", "3xx", "4xx", "5xx"};
+    metric_head(b, "xpyd_requests_total", "counter", "Client requests by endpoint and status class.");
+    for (int e = 0; e < RT_EP_COUNT; e++)
+        for (int k = 0; k < 6; k++)
+            evbuffer_add_printf(b, "xpyd_requests_total{endpoint=\"%s\",status=\"%s\"} %" PRIu64 "\n",
+                                e ? "/v1/chat/completions" : "/v1/completions", classes[k],
+                                (uint64_t)atomic_load(&c->requests[e][k]));
+    metric_head(b, "xpyd_request_errors_total", "counter", "Failed requests by reason (the router's failure table).");
+    for (int f = 1; f < RF_COUNT; f++)
+        evbuffer_add_printf(b, "xpyd_request_errors_total{reason=\"%s\"} %" PRIu64 "\n", rt_fail_table[f].name,
+                            (uint64_t)atomic_load(&c->errors[f]));
+    metric_head(b, "xpyd_retries_total", "counter", "Attempts retried on another instance.");
+    for (int r = 0; r < 2; r++)
+        evbuffer_add_printf(b, "xpyd_retries_total{role=\"%s\"} %" PRIu64 "\n", r ? "decode" : "prefill",
+                            (uint64_t)atomic_load(&c->retries[r]));
+    struct {
+        const char *name, *type, *help;
+        uint64_t v;
+    } g[] = {
+        {"xpyd_repeat_clones_total", "counter", "Decode-only clones fired by --repeat-d-times.",
+         (uint64_t)atomic_load(&c->repeat_clones)},
+        {"xpyd_first_token_mismatch_total", "counter", "Prefill and decode first tokens that differed.",
+         (uint64_t)atomic_load(&c->first_token_mismatch)},
+        {"xpyd_client_disconnects_total", "counter", "Clients that went away before their answer ended.",
+         (uint64_t)atomic_load(&c->client_disconnects)},
+        {"xpyd_active_streams", "gauge", "Streams being relayed now.", (uint64_t)atomic_load(&c->active_streams)},
+        {"xpyd_active_requests", "gauge", "Generate requests in progress now.",
+         (uint64_t)atomic_load(&c->active_requests)},
+        {"xpyd_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+         (uint64_t)atomic_load(&c->prompt_tokens)},
+        {"xpyd_generation_tokens_total", "counter", "Tokens relayed to clients.",
+         (uint64_t)atomic_load(&c->generation_tokens)},
+    };
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+        metric_head(b, g[i].name, g[i].type, g[i].help);
+        evbuffer_add_printf(b, "%s %" PRIu64 "\n", g[i].name, g[i].v);
+    }
+    static const char *const inames[] = {"xpyd_instance_inflight_requests", "xpyd_instance_outstanding_tokens",
+                                         "xpyd_instance_selected_total", "xpyd_instance_healthy",
+                                         "xpyd_instance_errors_total"};
+    static const char *const itypes[] = {"gauge", "gauge", "counter", "gauge", "counter"};
+    for (int m = 0; m < 5; m++) {
+        metric_head(b, inames[m], itypes[m], "Per instance (DP rank) numbers.");
+        for (int role = 0; role < 2; role++) {
+            for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
+                struct xb_instance_stats st;
+                xb_stats(g_rt->pools[role], (int)i, &st);
+                int64_t v = m == 0 ? st.inflight : m == 1 ? st.outstanding : m == 2 ? (int64_t)st.selected
+                          : m == 3 ? st.healthy : (int64_t)atomic_load(&c->instance_errors[role][i < 4096 ? i : 0]);
+                int v6 = strchr(st.host, ':') != NULL;
+                evbuffer_add_printf(b, "%s{role=\"%s\",instance=\"%s%s%s:%d\",dp_rank=\"%d\"} %" PRId64 "\n", inames[m],
+                                    role ? "decode" : "prefill", v6 ? "[" : "", st.host, v6 ? "]" : "", st.port,
+                                    st.dp_rank < 0 ? 0 : st.dp_rank, v);
+            }
+        }
+    }
+    send_text(req, 200, "text/plain; version=0.0.4; charset=utf-8", b);
+    evbuffer_free(b);
+}
+
+static void on_not_found(evhtp_request_t *req, void *arg)
+{
+    char *body = xpyd_oai_error_json(404, NULL, "Not Found", NULL);
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add(b, body, strlen(body));
+    send_text(req, 404, "application/json", b);
+    evbuffer_free(b);
+    free(body);
+}
+
+void rt_status_handlers(evhtp_t *htp)
+{
+    evhtp_set_cb(htp, "/health", on_health, NULL);
+    evhtp_set_cb(htp, "/status", on_status, NULL);
+    evhtp_set_cb(htp, "/metrics", on_metrics, NULL);
+    evhtp_set_gencb(htp, on_not_found, NULL);
+}
+
+static evhtp_res on_accept(evhtp_connection_t *c, void *arg)
+{
+    xpyd_tcp_nodelay(c->sock);
+    return EVHTP_RES_OK;
+}
+
+static void thread_init(evhtp_t *htp, evthr_t *thr, void *arg)
+{
+    struct rthread *t = rt_thread_new(evthr_get_base(thr));
+    evthr_set_aux(thr, t);
+}
+
+static void thread_exit(evhtp_t *htp, evthr_t *thr, void *arg)
+{
+    rt_thread_free(evthr_get_aux(thr));
+}
+
+static void on_signal(evutil_socket_t sig, short ev, void *arg)
+{
+    XLOG_INFO("msg=\"signal received, stopping\" signal=%d", (int)sig);
+    event_base_loopexit(arg, NULL);
+}
+
+static int setup_pools(struct router *rt)
+{
+    rt->n_endpoints = rt->cfg.n_endpoints;
+    rt->endpoints = XPYD_XALLOC(calloc(rt->n_endpoints ? rt->n_endpoints : 1, sizeof *rt->endpoints));
+    for (size_t i = 0; i < rt->n_endpoints; i++) {
+        if (up_endpoint_resolve(&rt->endpoints[i], rt->cfg.endpoints[i].host, rt->cfg.endpoints[i].port) != 0) {
+            fprintf(stderr, "xpyd_router: cannot resolve '%s'\n", rt->cfg.endpoints[i].host);
+            return -1;
+        }
+    }
+    for (int role = 0; role < 2; role++) {
+        rt->pools[role] = XPYD_XALLOC(xb_pool_new(rt->cfg.pools[role].policy, 0x5eed + (uint64_t)role));
+        for (size_t i = 0; i < rt->cfg.n_ranks[role]; i++) {
+            const struct rt_rank *r = &rt->cfg.ranks[role][i];
+            struct xb_instance_cfg ic = {rt->cfg.endpoints[r->endpoint].host, rt->cfg.endpoints[r->endpoint].port,
+                                         r->dp_rank, r->tp, r->weight, r->max_model_len, r->bootstrap_port};
+            if (xb_pool_add(rt->pools[role], &ic) < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct router *rt = XPYD_XALLOC(calloc(1, sizeof *rt));
+    g_rt = rt;
+    int rc = rt_config_load(&rt->cfg, argc, argv);
+    if (rc != 0)
+        return rc > 0 ? 0 : 2;
+    if (rt->cfg.dry_run) {
+        rt_config_print(&rt->cfg, stdout);
+        return 0;
+    }
+    rt->started_wall = xpyd_wall_s();
+    if (setup_pools(rt) != 0)
+        return 2;
+    signal(SIGPIPE, SIG_IGN);
+    evthread_use_pthreads();
+    struct event_config *ec = event_config_new();
+    event_config_require_features(ec, EV_FEATURE_EARLY_CLOSE);
+    struct event_base *base = event_base_new_with_config(ec);
+    event_config_free(ec);
+    if (!base)
+        base = event_base_new();
+    evhtp_t *htp = evhtp_new(base, NULL);
+    evhtp_set_max_body_size(htp, (uint64_t)rt->cfg.max_body_bytes + 1);
+    evhtp_set_post_accept_cb(htp, on_accept, NULL);
+    rt_install_handlers(htp);
+    if (evhtp_use_threads_wexit(htp, thread_init, thread_exit, rt->cfg.threads, NULL) != 0) {
+        fprintf(stderr, "xpyd_router: cannot start %d threads\n", rt->cfg.threads);
+        return 1;
+    }
+    char addr[300];
+    snprintf(addr, sizeof addr, "%s%s", strchr(rt->cfg.listen_host, ':') ? "ipv6:" : "", rt->cfg.listen_host);
+    if (evhtp_bind_socket(htp, addr, (uint16_t)rt->cfg.listen_port, 4096) != 0) {
+        fprintf(stderr, "xpyd_router: cannot listen on %s:%d: %s\n", rt->cfg.listen_host, rt->cfg.listen_port,
+                strerror(errno));
+        return 1;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(evconnlistener_get_fd(htp->server), (struct sockaddr *)&ss, &sl);
+    int port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                              : ((struct sockaddr_in *)&ss)->sin_port);
+    if (rt->cfg.port_file[0]) {
+        char tmp[600];
+        snprintf(tmp, sizeof tmp, "%s.tmp", rt->cfg.port_file);
+        FILE *pf = fopen(tmp, "w");
+        if (!pf || fprintf(pf, "%d\n", port) < 0 || fclose(pf) != 0 || rename(tmp, rt->cfg.port_file) != 0) {
+            fprintf(stderr, "xpyd_router: cannot write %s\n", rt->cfg.port_file);
+            return 1;
+        }
+    }
+    struct event *si = evsignal_new(base, SIGINT, on_signal, base);
+    struct event *st = evsignal_new(base, SIGTERM, on_signal, base);
+    event_add(si, NULL);
+    event_add(st, NULL);
+    XLOG_INFO("msg=\"xpyd_router ready\" listen=%s:%d threads=%d handoff=%s prefill_ranks=%zu decode_ranks=%zu",
+              rt->cfg.listen_host, port, rt->cfg.threads, rt_handoff_name(rt->cfg.handoff), rt->cfg.n_ranks[0],
+              rt->cfg.n_ranks[1]);
+    fflush(stderr);
+    event_base_dispatch(base);
+    evhtp_unbind_socket(htp);
+    event_free(si);
+    event_free(st);
+    XLOG_INFO("msg=\"xpyd_router stopped\"");
+    /* Worker threads and their connections end with the process. */
+    return 0;
+}

@@ -1,0 +1,1436 @@
+/* proxy.c - one client request through the router: parse once, pick prefill, prefill leg, handoff, pick
+ * decode, decode leg relayed event by event, and one idempotent finish.
+ *
+ * Ownership: a struct rreq is created when a generate request's body is valid and freed only in
+ * on_request_fini (libevhtp is freeing the client request), the single safe point. Every other ending
+ * (done, error, timeout, client disconnect) goes through rreq_end(), which is idempotent: it cancels the
+ * upstream legs, releases every balancer charge, counts and logs the request. */
+#include "router.h"
+
+#include "xpyd_oai.h"
+#include "xpyd_sse.h"
+#include "xpyd_util.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <evhtp/evhtp.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const struct rt_fail_row rt_fail_table[RF_COUNT] = {
+    [RF_NONE] = {"none", 200, 0},
+    [RF_BAD_REQUEST] = {"bad_request", 400, 0},
+    [RF_BODY_TOO_LARGE] = {"body_too_large", 413, 0},
+    [RF_NO_PREFILL] = {"no_prefill_available", 503, 0},
+    [RF_NO_DECODE] = {"no_decode_available", 503, 0},
+    [RF_CONTEXT_TOO_LONG] = {"context_too_long", 503, 0},
+    [RF_PREFILL_CONNECT] = {"prefill_connect", 502, 1},
+    [RF_PREFILL_TIMEOUT] = {"prefill_timeout", 504, 1},
+    [RF_PREFILL_STATUS] = {"prefill_status", 502, 1},
+    [RF_PREFILL_BAD_RESPONSE] = {"prefill_bad_response", 502, 1},
+    [RF_DECODE_CONNECT] = {"decode_connect", 502, 1},
+    [RF_DECODE_TIMEOUT] = {"decode_timeout", 504, 1},
+    [RF_DECODE_STATUS] = {"decode_status", 502, 1},
+    [RF_DECODE_BROKEN_STREAM] = {"decode_broken_stream", 502, 1},
+    [RF_RESPONSE_TOO_LARGE] = {"response_too_large", 502, 0},
+    [RF_CLIENT_DISCONNECT] = {"client_disconnect", 499, 0},
+};
+
+#define MAX_TRIED 16
+
+struct rreq {
+    struct rthread *t;
+    evhtp_request_t *ereq;      /* NULL once libevhtp freed it */
+    int kind;                   /* RT_EP_COMPLETIONS / RT_EP_CHAT */
+    cJSON *body;                /* the client's body, parsed once; owned */
+    int stream;
+    char xid[128];              /* X-Request-Id sent on every leg */
+    char *fwd_headers;          /* client headers forwarded upstream, serialized; owned */
+    int64_t prompt_tokens;      /* estimate, corrected by prefill's usage */
+    int64_t max_tokens;
+    uint64_t t_start, t_first, t_prefill_done;
+    /* legs and charges */
+    int p_idx, d_idx;           /* balancer instance of the current attempt, -1 none */
+    int64_t p_charge, d_charge; /* tokens charged on them, released exactly */
+    struct up_leg *pleg, *dleg;
+    int tried[2][MAX_TRIED];
+    int ntried[2];
+    int attempts[2];
+    struct evbuffer *pbuf;      /* prefill response body */
+    struct evbuffer *dbuf;      /* decode response body (non-streamed, or an error body) */
+    int p_status, d_status;
+    int prefill_answered;
+    /* handoff results */
+    cJSON *kv_params;           /* returned by prefill; owned */
+    long cached_tokens;         /* prefill's usage.prompt_tokens_details.cached_tokens, -1 unknown */
+    char *first_text;           /* prefill's token (first-token prefill mode); owned */
+    char *resp_id;              /* the id the client sees in every event (prefill mode); owned */
+    uint64_t room;
+    /* streaming to the client */
+    struct xpyd_sse_parser sse;
+    int client_started;
+    int done_seen;
+    int role_sent;              /* chat: role chunk already sent to the client */
+    int first_dropped;          /* prefill mode: decode's first content event removed */
+    int64_t tokens_out;
+    int paused;
+    int clones_fired;
+    struct event *close_ev;
+    /* ending */
+    int ended;
+    int status;                 /* what the client got */
+    int fail;                   /* enum rt_fail */
+};
+
+struct clone {
+    int d_idx;
+    int64_t charge;
+    struct up_leg *leg;
+};
+
+static void rreq_end(struct rreq *r, int fail);
+static void start_prefill(struct rreq *r);
+static void start_decode(struct rreq *r);
+static void start_bootstrap(struct rreq *r);
+
+static __thread struct rthread *tls_rt;
+
+/* ---------- small helpers ---------- */
+
+static void add_header(evhtp_request_t *req, const char *k, const char *v)
+{
+    evhtp_headers_add_header(req->headers_out, evhtp_header_new(k, v, 0, 1));
+}
+
+static int status_class(int st)
+{
+    return st >= 100 && st < 600 ? st / 100 : 0;
+}
+
+/* Sends a complete JSON answer to a client whose request is paused (all generate requests are). */
+static void send_json(struct rreq *r, int status, const char *body, size_t len)
+{
+    evhtp_request_t *req = r->ereq;
+    if (!req)
+        return;
+    add_header(req, "Content-Type", "application/json");
+    evbuffer_add(req->buffer_out, body, len);
+    r->status = status;
+    evhtp_send_reply(req, (evhtp_res)status);
+    evhtp_request_resume(req);
+}
+
+static void send_error(struct rreq *r, int status, const char *msg)
+{
+    char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
+    send_json(r, status, body, strlen(body));
+    free(body);
+}
+
+static void reply_error_now(evhtp_request_t *req, int status, const char *msg)
+{
+    char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
+    add_header(req, "Content-Type", "application/json");
+    evbuffer_add(req->buffer_out, body, strlen(body));
+    evhtp_send_reply(req, (evhtp_res)status);
+    free(body);
+}
+
+static const char *ep_name(int ep)
+{
+    return ep == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions";
+}
+
+static void inst_desc(int role, int idx, char *out, size_t cap)
+{
+    struct xb_instance_stats st;
+    if (idx < 0 || xb_stats(g_rt->pools[role], idx, &st) != 0) {
+        snprintf(out, cap, "%s", role ? "decode" : "prefill");
+        return;
+    }
+    int v6 = strchr(st.host, ':') != NULL;
+    if (st.dp_rank >= 0)
+        snprintf(out, cap, "%s %s%s%s:%d (dp rank %d)", role ? "decode" : "prefill", v6 ? "[" : "", st.host,
+                 v6 ? "]" : "", st.port, st.dp_rank);
+    else
+        snprintf(out, cap, "%s %s%s%s:%d", role ? "decode" : "prefill", v6 ? "[" : "", st.host, v6 ? "]" : "",
+                 st.port);
+}
+
+/* The endpoint (connection pool) of a balancer instance. */
+static int endpoint_of(int role, int idx)
+{
+    return g_rt->cfg.ranks[role][idx].endpoint;
+}
+
+/* ---------- request parsing ---------- */
+
+static int64_t estimate_text(const char *s)
+{
+    double bpt = g_rt->cfg.bytes_per_token;
+    return (int64_t)((double)strlen(s) / bpt) + 1;
+}
+
+static int64_t estimate_prompt(const cJSON *body, int chat)
+{
+    int64_t n = 0;
+    if (!chat) {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+        if (cJSON_IsString(p))
+            return estimate_text(p->valuestring);
+        const cJSON *it;
+        cJSON_ArrayForEach(it, p)
+        {
+            if (cJSON_IsNumber(it))
+                n++; /* token ids are counted exactly */
+            else if (cJSON_IsString(it))
+                n += estimate_text(it->valuestring);
+            else if (cJSON_IsArray(it))
+                n += cJSON_GetArraySize(it);
+        }
+        return n;
+    }
+    const cJSON *m;
+    cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(body, "messages"))
+    {
+        n += 4; /* chat template overhead per message */
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (cJSON_IsString(c))
+            n += estimate_text(c->valuestring);
+        const cJSON *part;
+        cJSON_ArrayForEach(part, c)
+        {
+            const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (cJSON_IsString(tx))
+                n += estimate_text(tx->valuestring);
+        }
+    }
+    return n;
+}
+
+static int is_int_value(const cJSON *v)
+{
+    return cJSON_IsNumber(v) && v->valuedouble == (double)(long long)v->valuedouble;
+}
+
+/* What the router itself depends on. Returns NULL when fine, else a message for a 400. */
+static const char *validate(const cJSON *body, int chat, int *stream, int64_t *max_tokens)
+{
+    if (!cJSON_IsObject(body))
+        return "request body must be a JSON object";
+    if (chat) {
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "messages");
+        if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) == 0)
+            return "'messages' is required and must be a non-empty array";
+    } else {
+        const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+        if (!cJSON_IsString(p) && !cJSON_IsArray(p))
+            return "'prompt' is required and must be a string or an array";
+    }
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(body, "stream");
+    if (s && !cJSON_IsNull(s) && !cJSON_IsBool(s))
+        return "'stream' must be a boolean";
+    *stream = cJSON_IsTrue(s);
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(body, "stream_options");
+    if (so && !cJSON_IsNull(so) && !cJSON_IsObject(so))
+        return "'stream_options' must be an object";
+    const char *names[] = {"max_completion_tokens", "max_tokens"};
+    *max_tokens = -1;
+    for (int i = 0; i < 2; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, names[i]);
+        if (!v || cJSON_IsNull(v))
+            continue;
+        if (!is_int_value(v) || v->valuedouble < 1)
+            return i ? "'max_tokens' must be a positive integer" : "'max_completion_tokens' must be a positive integer";
+        if (*max_tokens < 0)
+            *max_tokens = (int64_t)v->valuedouble;
+    }
+    if (*max_tokens < 0)
+        *max_tokens = 16; /* unknown: the engine decides; 16 is the cost estimate (vLLM's completions default) */
+    return NULL;
+}
+
+static int hop_by_hop(const char *k)
+{
+    static const char *const skip[] = {"connection", "keep-alive", "proxy-connection", "proxy-authorization",
+                                       "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
+                                       "content-type", "x-request-id", "accept-encoding", "x-data-parallel-rank",
+                                       "expect", NULL};
+    for (int i = 0; skip[i]; i++)
+        if (strcasecmp(k, skip[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static int collect_header(evhtp_kv_t *kv, void *arg)
+{
+    struct evbuffer *b = arg;
+    if (kv->key && kv->val && !hop_by_hop(kv->key) && !strpbrk(kv->val, "\r\n"))
+        evbuffer_add_printf(b, "%s: %s\r\n", kv->key, kv->val);
+    return 0;
+}
+
+/* ---------- building upstream requests ---------- */
+
+static struct evbuffer *build_request(struct rreq *r, int role, int idx, const char *method, const char *path,
+                                      const char *body, size_t len)
+{
+    const struct up_endpoint *ep = &g_rt->endpoints[endpoint_of(role, idx)];
+    int v6 = strchr(ep->host, ':') != NULL;
+    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
+    evbuffer_add_printf(b, "%s %s HTTP/1.1\r\nHost: %s%s%s:%d\r\nX-Request-Id: %s\r\n", method, path, v6 ? "[" : "",
+                        ep->host, v6 ? "]" : "", ep->port, r->xid);
+    int dp = g_rt->cfg.ranks[role][idx].dp_rank;
+    if (dp >= 0)
+        evbuffer_add_printf(b, "X-data-parallel-rank: %d\r\n", dp);
+    if (r->fwd_headers)
+        evbuffer_add(b, r->fwd_headers, strlen(r->fwd_headers));
+    if (body)
+        evbuffer_add_printf(b, "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", len);
+    else
+        evbuffer_add_printf(b, "\r\n");
+    if (body)
+        evbuffer_add(b, body, len);
+    return b;
+}
+
+static char *print_json(const cJSON *o, size_t *len)
+{
+    char *s = XPYD_XALLOC(cJSON_PrintUnformatted(o));
+    *len = strlen(s);
+    return s;
+}
+
+/* The prefill leg's body: one token, not streamed, asking the engine to keep the KV (kv-params). */
+static char *prefill_body(struct rreq *r, size_t *len)
+{
+    cJSON *b = XPYD_XALLOC(cJSON_Duplicate(r->body, 1));
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "stream_options");
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "min_tokens");
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "min_completion_tokens");
+    cJSON_ReplaceItemInObjectCaseSensitive(b, "stream", cJSON_CreateFalse());
+    if (!cJSON_GetObjectItemCaseSensitive(b, "stream"))
+        cJSON_AddFalseToObject(b, "stream");
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "max_tokens");
+    cJSON_AddNumberToObject(b, "max_tokens", 1);
+    if (cJSON_GetObjectItemCaseSensitive(b, "max_completion_tokens"))
+        cJSON_ReplaceItemInObjectCaseSensitive(b, "max_completion_tokens", cJSON_CreateNumber(1));
+    if (g_rt->cfg.handoff == RT_HANDOFF_KV_PARAMS) {
+        cJSON_DeleteItemFromObjectCaseSensitive(b, "kv_transfer_params");
+        cJSON *kv = cJSON_AddObjectToObject(b, "kv_transfer_params");
+        cJSON_AddTrueToObject(kv, "do_remote_decode");
+        cJSON_AddFalseToObject(kv, "do_remote_prefill");
+        cJSON_AddNullToObject(kv, "remote_engine_id");
+        cJSON_AddNullToObject(kv, "remote_block_ids");
+        cJSON_AddNullToObject(kv, "remote_host");
+        cJSON_AddNullToObject(kv, "remote_port");
+    }
+    char *s = print_json(b, len);
+    cJSON_Delete(b);
+    return s;
+}
+
+/* The decode leg's body: the client's, with the prefill's kv_transfer_params (kv-params mode). */
+static char *decode_body(struct rreq *r, size_t *len)
+{
+    if (g_rt->cfg.handoff != RT_HANDOFF_KV_PARAMS)
+        return print_json(r->body, len);
+    cJSON *b = XPYD_XALLOC(cJSON_Duplicate(r->body, 1));
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "kv_transfer_params");
+    if (r->kv_params)
+        cJSON_AddItemToObject(b, "kv_transfer_params", XPYD_XALLOC(cJSON_Duplicate(r->kv_params, 1)));
+    char *s = print_json(b, len);
+    cJSON_Delete(b);
+    return s;
+}
+
+/* ---------- client stream ---------- */
+
+static void client_stream_start(struct rreq *r)
+{
+    if (r->client_started || !r->ereq)
+        return;
+    r->client_started = 1;
+    r->status = 200;
+    r->t_first = xpyd_now_us();
+    atomic_fetch_add(&g_rt->ctr.active_streams, 1);
+    add_header(r->ereq, "Content-Type", "text/event-stream");
+    add_header(r->ereq, "Cache-Control", "no-cache");
+    evhtp_send_reply_chunk_start(r->ereq, EVHTP_RES_OK);
+}
+
+static void client_write(struct rreq *r, const char *data, size_t len)
+{
+    if (!r->ereq)
+        return;
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add(b, data, len);
+    evhtp_send_reply_chunk(r->ereq, b);
+    evbuffer_free(b);
+    /* Backpressure: a slow client pauses the decode leg instead of growing this buffer without bound. */
+    struct bufferevent *bev = evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq));
+    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > (size_t)g_rt->cfg.client_buffer_bytes &&
+        r->dleg && !r->paused) {
+        r->paused = 1;
+        up_leg_pause(r->dleg);
+    }
+}
+
+static void client_event_json(struct rreq *r, const cJSON *o)
+{
+    char *s = XPYD_XALLOC(cJSON_PrintUnformatted(o));
+    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
+    xpyd_sse_write(b, s, strlen(s));
+    size_t n = evbuffer_get_length(b);
+    client_write(r, (const char *)evbuffer_pullup(b, (ssize_t)n), n);
+    evbuffer_free(b);
+    free(s);
+}
+
+static void client_stream_end(struct rreq *r)
+{
+    if (r->ereq) {
+        evhtp_send_reply_chunk_end(r->ereq);
+        evhtp_request_resume(r->ereq); /* deferred by libevhtp: the keep-alive connection reads again */
+    }
+}
+
+/* A failure after the stream started: one error event, then [DONE]. */
+static void client_stream_error(struct rreq *r, int status, const char *msg)
+{
+    char *e = xpyd_oai_error_json(status, NULL, msg, NULL);
+    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
+    xpyd_sse_write(b, e, strlen(e));
+    xpyd_sse_write_done(b);
+    size_t n = evbuffer_get_length(b);
+    client_write(r, (const char *)evbuffer_pullup(b, (ssize_t)n), n);
+    evbuffer_free(b);
+    free(e);
+    client_stream_end(r);
+}
+
+/* ---------- ending ---------- */
+
+static void release_prefill(struct rreq *r)
+{
+    if (r->p_idx >= 0) {
+        xb_release(g_rt->pools[RT_PREFILL], r->p_idx, r->p_charge);
+        r->p_idx = -1;
+        r->p_charge = 0;
+    }
+}
+
+static void release_decode(struct rreq *r)
+{
+    if (r->d_idx >= 0) {
+        xb_release(g_rt->pools[RT_DECODE], r->d_idx, r->d_charge);
+        r->d_idx = -1;
+        r->d_charge = 0;
+    }
+}
+
+static void access_log(const struct rreq *r, int fail)
+{
+    if (!g_rt->cfg.access_log)
+        return;
+    uint64_t now = xpyd_now_us();
+    double total = (double)(now - r->t_start) / 1e6;
+    double ttft = r->t_first ? (double)(r->t_first - r->t_start) / 1e6 : -1;
+    if (g_rt->cfg.access_log == 2)
+        fprintf(stderr,
+                "{\"request_id\":\"%s\",\"endpoint\":\"%s\",\"status\":%d,\"stream\":%s,\"prompt_tokens\":%" PRId64
+                ",\"output_tokens\":%" PRId64 ",\"ttft_s\":%.6f,\"total_s\":%.6f,\"error\":\"%s\"}\n",
+                r->xid, ep_name(r->kind), r->status, r->stream ? "true" : "false", r->prompt_tokens, r->tokens_out,
+                ttft, total, rt_fail_table[fail].name);
+    else
+        fprintf(stderr,
+                "access request_id=%s endpoint=%s status=%d stream=%d prompt_tokens=%" PRId64 " output_tokens=%" PRId64
+                " ttft_s=%.6f total_s=%.6f error=%s\n",
+                r->xid, ep_name(r->kind), r->status, r->stream, r->prompt_tokens, r->tokens_out, ttft, total,
+                rt_fail_table[fail].name);
+}
+
+/* Idempotent end of a request: legs closed, charges released, counted. The client already has its answer
+ * (or is gone); the rreq itself is freed later in on_request_fini. */
+static void rreq_end(struct rreq *r, int fail)
+{
+    if (r->ended)
+        return;
+    r->ended = 1;
+    r->fail = fail;
+    if (r->pleg) {
+        up_leg_cancel(r->pleg);
+        r->pleg = NULL;
+    }
+    if (r->dleg) {
+        /* kv-params: the decode may still have to pull (and so free) the prefill's KV: let it see the request
+         * and its cancellation instead of never hearing of it. */
+        if (r->prefill_answered && g_rt->cfg.handoff == RT_HANDOFF_KV_PARAMS)
+            up_leg_cancel_after_send(r->dleg);
+        else
+            up_leg_cancel(r->dleg);
+        r->dleg = NULL;
+    }
+    release_prefill(r);
+    release_decode(r);
+    if (r->close_ev) {
+        event_free(r->close_ev);
+        r->close_ev = NULL;
+    }
+    if (r->client_started)
+        atomic_fetch_sub(&g_rt->ctr.active_streams, 1);
+    atomic_fetch_sub(&g_rt->ctr.active_requests, 1);
+    if (fail == RF_CLIENT_DISCONNECT)
+        r->status = 499;
+    atomic_fetch_add(&g_rt->ctr.requests[r->kind][status_class(r->status)], 1);
+    if (fail != RF_NONE)
+        atomic_fetch_add(&g_rt->ctr.errors[fail], 1);
+    atomic_fetch_add(&g_rt->ctr.prompt_tokens, (uint64_t)r->prompt_tokens);
+    atomic_fetch_add(&g_rt->ctr.generation_tokens, (uint64_t)r->tokens_out);
+    access_log(r, fail);
+}
+
+/* Fails the request with the failure's row: an HTTP error before the first byte, an error event after. */
+static void rreq_fail(struct rreq *r, int fail, int role, int idx, const char *detail)
+{
+    char where[300], msg[900];
+    inst_desc(role, idx, where, sizeof where);
+    snprintf(msg, sizeof msg, "%s failed: %s", where, detail);
+    if (role >= 0 && idx >= 0 && (size_t)idx < 4096)
+        atomic_fetch_add(&g_rt->ctr.instance_errors[role][idx], 1);
+    XLOG_WARN("msg=\"request failed\" request_id=%s reason=%s detail=\"%s\"", r->xid, rt_fail_table[fail].name, msg);
+    if (r->client_started) {
+        client_stream_error(r, rt_fail_table[fail].status, msg);
+    } else {
+        send_error(r, rt_fail_table[fail].status, msg);
+    }
+    rreq_end(r, fail);
+}
+
+static evhtp_res on_request_fini(evhtp_request_t *req, void *arg)
+{
+    struct rreq *r = arg;
+    r->ereq = NULL;
+    if (!r->ended) {
+        atomic_fetch_add(&g_rt->ctr.client_disconnects, 1);
+        rreq_end(r, RF_CLIENT_DISCONNECT);
+    }
+    cJSON_Delete(r->body);
+    cJSON_Delete(r->kv_params);
+    free(r->fwd_headers);
+    free(r->first_text);
+    free(r->resp_id);
+    if (r->pbuf)
+        evbuffer_free(r->pbuf);
+    if (r->dbuf)
+        evbuffer_free(r->dbuf);
+    xpyd_sse_reset(&r->sse);
+    free(r);
+    return EVHTP_RES_OK;
+}
+
+static void on_client_closed(evutil_socket_t fd, short ev, void *arg)
+{
+    struct rreq *r = arg;
+    event_free(r->close_ev);
+    r->close_ev = NULL;
+    if (r->ended || !r->ereq)
+        return;
+    atomic_fetch_add(&g_rt->ctr.client_disconnects, 1);
+    rreq_end(r, RF_CLIENT_DISCONNECT);
+    evhtp_connection_free(evhtp_request_get_connection(r->ereq)); /* calls on_request_fini */
+}
+
+static evhtp_res on_client_write(evhtp_connection_t *c, void *arg)
+{
+    struct rreq *r = arg;
+    if (r->paused && r->dleg) {
+        struct bufferevent *bev = evhtp_connection_get_bev(c);
+        if (!bev || evbuffer_get_length(bufferevent_get_output(bev)) <= (size_t)g_rt->cfg.client_buffer_bytes / 2) {
+            r->paused = 0;
+            up_leg_resume(r->dleg);
+        }
+    }
+    return EVHTP_RES_OK;
+}
+
+/* ---------- retries ---------- */
+
+static int leg_fail_kind(int role, int err, int status)
+{
+    if (status)
+        return role ? RF_DECODE_STATUS : RF_PREFILL_STATUS;
+    if (err == -ETIMEDOUT && role == RT_PREFILL)
+        return RF_PREFILL_CONNECT;
+    if (err == -ETIMEDOUT)
+        return RF_DECODE_CONNECT;
+    if (err == -ETIME)
+        return role ? RF_DECODE_TIMEOUT : RF_PREFILL_TIMEOUT;
+    return role ? RF_DECODE_CONNECT : RF_PREFILL_CONNECT;
+}
+
+static const char *err_text(int err, char *buf, size_t cap)
+{
+    if (err == -ETIME)
+        snprintf(buf, cap, "no answer within the timeout");
+    else if (err == -ETIMEDOUT)
+        snprintf(buf, cap, "connect timed out");
+    else if (err == -EPROTO)
+        snprintf(buf, cap, "malformed HTTP response");
+    else if (err == -ECONNRESET)
+        snprintf(buf, cap, "connection closed before the response was complete");
+    else
+        snprintf(buf, cap, "%s", strerror(-err));
+    return buf;
+}
+
+/* Another attempt on a different instance, while nothing reached the client and budget remains. */
+static int may_retry(struct rreq *r, int role, int status)
+{
+    if (r->client_started || r->ended || !r->ereq)
+        return 0;
+    if (status && status < 500)
+        return 0; /* the engine judged the request itself: another one would too */
+    if (r->attempts[role] > g_rt->cfg.max_retries || r->ntried[role] >= MAX_TRIED)
+        return 0;
+    atomic_fetch_add(&g_rt->ctr.retries[role], 1);
+    return 1;
+}
+
+/* Passes an upstream error answer through (status and JSON body), before the first byte. */
+static void pass_through_error(struct rreq *r, int role, int idx, int status, struct evbuffer *body)
+{
+    size_t n = body ? evbuffer_get_length(body) : 0;
+    const char *data = n ? (const char *)evbuffer_pullup(body, (ssize_t)n) : "";
+    cJSON *j = n ? cJSON_ParseWithLength(data, n) : NULL;
+    int fail = role ? RF_DECODE_STATUS : RF_PREFILL_STATUS;
+    if (role >= 0 && idx >= 0 && (size_t)idx < 4096 && status >= 500)
+        atomic_fetch_add(&g_rt->ctr.instance_errors[role][idx], 1);
+    if (j && (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(j, "error")) ||
+              cJSON_GetObjectItemCaseSensitive(j, "message"))) {
+        if (r->client_started) {
+            char msg[600];
+            snprintf(msg, sizeof msg, "%s answered HTTP %d", role ? "decode" : "prefill", status);
+            client_stream_error(r, status, msg);
+        } else {
+            send_json(r, status, data, n);
+        }
+        cJSON_Delete(j);
+        rreq_end(r, status < 500 ? RF_BAD_REQUEST : fail);
+        return;
+    }
+    cJSON_Delete(j);
+    char detail[200];
+    snprintf(detail, sizeof detail, "HTTP %d without an OpenAI error body", status);
+    rreq_fail(r, fail, role, idx, detail);
+}
+
+/* ---------- prefill leg ---------- */
+
+static void remember(struct rreq *r, int role, int idx)
+{
+    if (r->ntried[role] < MAX_TRIED)
+        r->tried[role][r->ntried[role]++] = idx;
+}
+
+static int pick(struct rreq *r, int role, int64_t charge)
+{
+    uint64_t need = (uint64_t)(r->prompt_tokens + r->max_tokens);
+    int idx = xb_pick(g_rt->pools[role], need, charge, r->tried[role], r->ntried[role]);
+    if (idx == -E2BIG) {
+        char msg[300];
+        snprintf(msg, sizeof msg,
+                 "no %s instance can hold this request: about %" PRId64 " prompt tokens + %" PRId64
+                 " max tokens exceed every instance's max_model_len",
+                 role ? "decode" : "prefill", r->prompt_tokens, r->max_tokens);
+        if (r->client_started)
+            client_stream_error(r, 503, msg);
+        else
+            send_error(r, 503, msg);
+        rreq_end(r, RF_CONTEXT_TOO_LONG);
+        return -1;
+    }
+    if (idx < 0) {
+        const char *msg = role ? "no healthy decode instance available" : "no healthy prefill instance available";
+        if (r->client_started)
+            client_stream_error(r, 503, msg);
+        else
+            send_error(r, 503, msg);
+        rreq_end(r, role ? RF_NO_DECODE : RF_NO_PREFILL);
+        return -1;
+    }
+    remember(r, role, idx);
+    r->attempts[role]++;
+    return idx;
+}
+
+static const struct up_timeouts *timeouts(void)
+{
+    static __thread struct up_timeouts to;
+    to.connect_ms = g_rt->cfg.connect_timeout_ms;
+    to.first_byte_ms = g_rt->cfg.first_token_timeout_ms;
+    to.idle_ms = g_rt->cfg.stream_idle_timeout_ms;
+    return &to;
+}
+
+static void p_on_head(struct up_leg *leg, int status, void *arg)
+{
+    struct rreq *r = arg;
+    r->p_status = status;
+}
+
+static void p_on_body(struct up_leg *leg, const char *data, size_t len, void *arg)
+{
+    struct rreq *r = arg;
+    if (evbuffer_get_length(r->pbuf) + len > (size_t)g_rt->cfg.max_response_bytes) {
+        r->pleg = NULL;
+        up_leg_cancel(leg);
+        rreq_fail(r, RF_RESPONSE_TOO_LARGE, RT_PREFILL, r->p_idx, "response larger than --max-response-bytes");
+        return;
+    }
+    evbuffer_add(r->pbuf, data, len);
+}
+
+/* Reads what the decode needs out of the prefill's JSON answer. 0, or -1 when it is not usable. */
+static int absorb_prefill(struct rreq *r)
+{
+    size_t n = evbuffer_get_length(r->pbuf);
+    cJSON *j = cJSON_ParseWithLength((const char *)evbuffer_pullup(r->pbuf, (ssize_t)n), n);
+    if (!cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return -1;
+    }
+    const cJSON *kv = cJSON_GetObjectItemCaseSensitive(j, "kv_transfer_params");
+    if (cJSON_IsObject(kv))
+        r->kv_params = XPYD_XALLOC(cJSON_Duplicate(kv, 1));
+    const cJSON *usage = cJSON_GetObjectItemCaseSensitive(j, "usage");
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
+    if (cJSON_IsNumber(pt) && pt->valuedouble >= 0)
+        r->prompt_tokens = (int64_t)pt->valuedouble; /* exact, replaces the estimate */
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details"),
+                                                       "cached_tokens");
+    if (cJSON_IsNumber(ct))
+        r->cached_tokens = (long)ct->valuedouble;
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
+    if (cJSON_IsString(id))
+        r->resp_id = XPYD_XALLOC(strdup(id->valuestring));
+    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(ch, "text");
+    if (!cJSON_IsString(text))
+        text = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ch, "message"), "content");
+    if (cJSON_IsString(text))
+        r->first_text = XPYD_XALLOC(strdup(text->valuestring));
+    cJSON_Delete(j);
+    return 0;
+}
+
+/* First-token-from-prefill: the client's first event(s), built from the prefill's answer. */
+static void send_prefill_first_token(struct rreq *r)
+{
+    const char *model = NULL;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(r->body, "model");
+    if (cJSON_IsString(m))
+        model = m->valuestring;
+    client_stream_start(r);
+    cJSON *o = XPYD_XALLOC(cJSON_CreateObject());
+    cJSON_AddStringToObject(o, "id", r->resp_id ? r->resp_id : r->xid);
+    cJSON_AddStringToObject(o, "object", r->kind == RT_EP_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)xpyd_wall_s());
+    cJSON_AddStringToObject(o, "model", model ? model : "");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (r->kind == RT_EP_CHAT) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        cJSON_AddStringToObject(d, "role", "assistant");
+        cJSON_AddStringToObject(d, "content", "");
+        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddNullToObject(c, "finish_reason");
+        client_event_json(r, o);
+        r->role_sent = 1;
+        cJSON_DeleteItemFromObjectCaseSensitive(d, "role");
+        cJSON_ReplaceItemInObjectCaseSensitive(d, "content", cJSON_CreateString(r->first_text ? r->first_text : ""));
+    } else {
+        cJSON_AddStringToObject(c, "text", r->first_text ? r->first_text : "");
+        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddNullToObject(c, "finish_reason");
+        cJSON_AddNullToObject(c, "stop_reason");
+        cJSON_AddNullToObject(o, "usage");
+    }
+    client_event_json(r, o);
+    cJSON_Delete(o);
+    r->tokens_out++;
+}
+
+static void p_on_done(struct up_leg *leg, int err, void *arg)
+{
+    struct rreq *r = arg;
+    r->pleg = NULL;
+    if (r->ended)
+        return;
+    int idx = r->p_idx;
+    if (err || r->p_status >= 500) {
+        char buf[200];
+        if (may_retry(r, RT_PREFILL, err ? 0 : r->p_status)) {
+            XLOG_INFO("msg=\"retrying prefill elsewhere\" request_id=%s err=%s status=%d", r->xid,
+                      err ? err_text(err, buf, sizeof buf) : "-", r->p_status);
+            release_prefill(r);
+            if (idx >= 0 && (size_t)idx < 4096)
+                atomic_fetch_add(&g_rt->ctr.instance_errors[RT_PREFILL][idx], 1);
+            start_prefill(r);
+            return;
+        }
+        if (err)
+            rreq_fail(r, leg_fail_kind(RT_PREFILL, err, 0), RT_PREFILL, idx, err_text(err, buf, sizeof buf));
+        else
+            pass_through_error(r, RT_PREFILL, idx, r->p_status, r->pbuf);
+        return;
+    }
+    if (r->p_status != 200) {
+        pass_through_error(r, RT_PREFILL, idx, r->p_status, r->pbuf);
+        return;
+    }
+    if (absorb_prefill(r) != 0) {
+        rreq_fail(r, RF_PREFILL_BAD_RESPONSE, RT_PREFILL, idx, "the answer is not a JSON completion");
+        return;
+    }
+    r->prefill_answered = 1;
+    r->t_prefill_done = xpyd_now_us();
+    release_prefill(r);
+    if (g_rt->cfg.first_token == RT_FIRST_PREFILL && r->stream)
+        send_prefill_first_token(r);
+    start_decode(r);
+}
+
+static void start_prefill(struct rreq *r)
+{
+    int idx = pick(r, RT_PREFILL, r->prompt_tokens);
+    if (idx < 0)
+        return;
+    r->p_idx = idx;
+    r->p_charge = r->prompt_tokens;
+    r->p_status = 0;
+    if (r->pbuf)
+        evbuffer_drain(r->pbuf, evbuffer_get_length(r->pbuf));
+    else
+        r->pbuf = XPYD_XALLOC(evbuffer_new());
+    size_t len;
+    char *body = prefill_body(r, &len);
+    struct evbuffer *req = build_request(r, RT_PREFILL, idx, "POST", ep_name(r->kind), body, len);
+    free(body);
+    static const struct up_leg_cbs cbs = {p_on_head, p_on_body, p_on_done, NULL};
+    r->pleg = up_leg_start(r->t->up, endpoint_of(RT_PREFILL, idx), req, timeouts(), &cbs, r);
+    evbuffer_free(req);
+    if (!r->pleg)
+        rreq_fail(r, RF_PREFILL_CONNECT, RT_PREFILL, idx, "out of memory");
+}
+
+/* ---------- decode leg ---------- */
+
+static int is_content_event(const char *data)
+{
+    return strstr(data, "\"choices\":[]") == NULL && strstr(data, "\"choices\": []") == NULL;
+}
+
+/* Replaces the usage's cached_tokens with the prefill's. Returns 1 when o changed. */
+static int patch_usage(struct rreq *r, cJSON *o)
+{
+    cJSON *usage = cJSON_GetObjectItemCaseSensitive(o, "usage");
+    if (!cJSON_IsObject(usage) || r->cached_tokens < 0)
+        return 0;
+    cJSON *d = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
+    if (!cJSON_IsObject(d)) {
+        cJSON_DeleteItemFromObjectCaseSensitive(usage, "prompt_tokens_details");
+        d = cJSON_AddObjectToObject(usage, "prompt_tokens_details");
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(d, "cached_tokens");
+    cJSON_AddNumberToObject(d, "cached_tokens", (double)r->cached_tokens);
+    return 1;
+}
+
+static const char *event_text(const cJSON *o)
+{
+    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(ch, "text");
+    if (!cJSON_IsString(t))
+        t = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ch, "delta"), "content");
+    return cJSON_IsString(t) ? t->valuestring : NULL;
+}
+
+static void fire_clones(struct rreq *r);
+
+/* One decode SSE event: count it, maybe drop or patch it, forward it. */
+static int on_decode_event(void *arg, const char *data, size_t len, const char *raw, size_t rawlen)
+{
+    struct rreq *r = arg;
+    if (strcmp(data, "[DONE]") == 0) {
+        r->done_seen = 1;
+        client_stream_start(r);
+        client_write(r, raw, rawlen);
+        return 0;
+    }
+    int content = is_content_event(data);
+    int prefill_mode = g_rt->cfg.first_token == RT_FIRST_PREFILL;
+    int has_usage = strstr(data, "\"usage\":{") != NULL || strstr(data, "\"usage\": {") != NULL;
+    if (!prefill_mode && !has_usage) { /* fast path: forward the bytes as they came */
+        if (content) {
+            r->tokens_out++;
+            if (r->d_charge > r->prompt_tokens) { /* decode load falls as tokens are produced */
+                xb_adjust(g_rt->pools[RT_DECODE], r->d_idx, -1);
+                r->d_charge--;
+            }
+        }
+        client_stream_start(r);
+        client_write(r, raw, rawlen);
+        if (content && !r->clones_fired)
+            fire_clones(r);
+        return 0;
+    }
+    cJSON *o = cJSON_ParseWithLength(data, len);
+    if (!o) { /* not JSON: pass it on untouched */
+        client_stream_start(r);
+        client_write(r, raw, rawlen);
+        return 0;
+    }
+    int changed = has_usage ? patch_usage(r, o) : 0;
+    const char *text = content ? event_text(o) : NULL;
+    if (prefill_mode && content) {
+        const cJSON *delta =
+            cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0), "delta");
+        int role_only = cJSON_GetObjectItemCaseSensitive(delta, "role") && (!text || !*text);
+        if (role_only && r->role_sent) {
+            cJSON_Delete(o);
+            return 0; /* the client already has the role chunk */
+        }
+        if (!role_only && !r->first_dropped) {
+            r->first_dropped = 1; /* the prefill's token stands in for it */
+            if (!r->first_text || !text || strcmp(text, r->first_text) != 0)
+                atomic_fetch_add(&g_rt->ctr.first_token_mismatch, 1);
+            const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+            const cJSON *fr = cJSON_GetObjectItemCaseSensitive(ch, "finish_reason");
+            if (!cJSON_IsString(fr)) {
+                cJSON_Delete(o);
+                return 0;
+            }
+            /* max_tokens 1: the dropped event also ended the choice; keep its finish_reason, no text */
+            cJSON *c2 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+            if (cJSON_GetObjectItemCaseSensitive(c2, "text"))
+                cJSON_ReplaceItemInObjectCaseSensitive(c2, "text", cJSON_CreateString(""));
+            else if (cJSON_IsObject(delta))
+                cJSON_ReplaceItemInObjectCaseSensitive((cJSON *)delta, "content", cJSON_CreateString(""));
+            changed = 1;
+        } else if (!role_only) {
+            r->tokens_out++;
+        }
+    } else if (content && text && *text) {
+        r->tokens_out++;
+    }
+    if (content && r->d_charge > r->prompt_tokens) {
+        xb_adjust(g_rt->pools[RT_DECODE], r->d_idx, -1);
+        r->d_charge--;
+    }
+    /* One id across every event the client receives. */
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
+    if (prefill_mode && r->resp_id && cJSON_IsString(id) && strcmp(id->valuestring, r->resp_id) != 0) {
+        cJSON_ReplaceItemInObjectCaseSensitive(o, "id", cJSON_CreateString(r->resp_id));
+        changed = 1;
+    }
+    client_stream_start(r);
+    if (changed)
+        client_event_json(r, o);
+    else
+        client_write(r, raw, rawlen);
+    cJSON_Delete(o);
+    if (content && !r->clones_fired)
+        fire_clones(r);
+    return 0;
+}
+
+static void d_on_head(struct up_leg *leg, int status, void *arg)
+{
+    struct rreq *r = arg;
+    r->d_status = status;
+}
+
+static void d_on_body(struct up_leg *leg, const char *data, size_t len, void *arg)
+{
+    struct rreq *r = arg;
+    if (r->d_status == 200 && r->stream) {
+        int rc = xpyd_sse_feed(&r->sse, data, len, on_decode_event, r);
+        if (rc < 0) {
+            r->dleg = NULL;
+            up_leg_cancel(leg);
+            rreq_fail(r, RF_DECODE_BROKEN_STREAM, RT_DECODE, r->d_idx, "an SSE event exceeded the size limit");
+        }
+        return;
+    }
+    if (evbuffer_get_length(r->dbuf) + len > (size_t)g_rt->cfg.max_response_bytes) {
+        r->dleg = NULL;
+        up_leg_cancel(leg);
+        rreq_fail(r, RF_RESPONSE_TOO_LARGE, RT_DECODE, r->d_idx, "response larger than --max-response-bytes");
+        return;
+    }
+    evbuffer_add(r->dbuf, data, len);
+}
+
+/* Non-streamed decode answer: patch usage, send. */
+static void finish_non_stream(struct rreq *r)
+{
+    size_t n = evbuffer_get_length(r->dbuf);
+    const char *data = (const char *)evbuffer_pullup(r->dbuf, (ssize_t)n);
+    cJSON *o = cJSON_ParseWithLength(data, n);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        rreq_fail(r, RF_DECODE_BROKEN_STREAM, RT_DECODE, r->d_idx, "the answer is not JSON");
+        return;
+    }
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "usage"), "completion_tokens");
+    if (cJSON_IsNumber(ct))
+        r->tokens_out = (int64_t)ct->valuedouble;
+    cJSON_DeleteItemFromObjectCaseSensitive(o, "kv_transfer_params");
+    patch_usage(r, o);
+    size_t len;
+    char *s = print_json(o, &len);
+    cJSON_Delete(o);
+    r->t_first = xpyd_now_us();
+    send_json(r, 200, s, len);
+    free(s);
+    rreq_end(r, RF_NONE);
+}
+
+static void d_on_done(struct up_leg *leg, int err, void *arg)
+{
+    struct rreq *r = arg;
+    r->dleg = NULL;
+    if (r->ended)
+        return;
+    int idx = r->d_idx;
+    char buf[200];
+    if (!err && r->d_status == 200) {
+        if (!r->stream) {
+            finish_non_stream(r);
+            return;
+        }
+        if (r->done_seen) {
+            client_stream_end(r);
+            rreq_end(r, RF_NONE);
+            return;
+        }
+        err = -ECONNRESET; /* a stream that ended without [DONE] is broken */
+    }
+    int status = err ? 0 : r->d_status;
+    if ((err || status >= 500) && may_retry(r, RT_DECODE, status)) {
+        XLOG_INFO("msg=\"retrying decode elsewhere\" request_id=%s err=%s status=%d", r->xid,
+                  err ? err_text(err, buf, sizeof buf) : "-", status);
+        if (idx >= 0 && (size_t)idx < 4096)
+            atomic_fetch_add(&g_rt->ctr.instance_errors[RT_DECODE][idx], 1);
+        release_decode(r);
+        xpyd_sse_reset(&r->sse);
+        if (g_rt->cfg.handoff == RT_HANDOFF_BOOTSTRAP)
+            start_bootstrap(r); /* a fresh room and both legs again */
+        else
+            start_decode(r);
+        return;
+    }
+    if (err) {
+        int fail = r->client_started ? RF_DECODE_BROKEN_STREAM : leg_fail_kind(RT_DECODE, err, 0);
+        rreq_fail(r, fail, RT_DECODE, idx, err_text(err, buf, sizeof buf));
+        return;
+    }
+    pass_through_error(r, RT_DECODE, idx, status, r->dbuf);
+}
+
+static void start_decode(struct rreq *r)
+{
+    int64_t charge = r->prompt_tokens + r->max_tokens; /* KV held + tokens still to generate */
+    int idx = pick(r, RT_DECODE, charge);
+    if (idx < 0)
+        return;
+    r->d_idx = idx;
+    r->d_charge = charge;
+    r->d_status = 0;
+    if (r->dbuf)
+        evbuffer_drain(r->dbuf, evbuffer_get_length(r->dbuf));
+    else
+        r->dbuf = XPYD_XALLOC(evbuffer_new());
+    size_t len;
+    char *body = decode_body(r, &len);
+    struct evbuffer *req = build_request(r, RT_DECODE, idx, "POST", ep_name(r->kind), body, len);
+    free(body);
+    static const struct up_leg_cbs cbs = {d_on_head, d_on_body, d_on_done, NULL};
+    r->dleg = up_leg_start(r->t->up, endpoint_of(RT_DECODE, idx), req, timeouts(), &cbs, r);
+    evbuffer_free(req);
+    if (!r->dleg)
+        rreq_fail(r, RF_DECODE_CONNECT, RT_DECODE, idx, "out of memory");
+}
+
+/* ---------- benchmark repeat mode ---------- */
+
+static void clone_done(struct up_leg *leg, int err, void *arg)
+{
+    struct clone *c = arg;
+    xb_release(g_rt->pools[RT_DECODE], c->d_idx, c->charge);
+    free(c);
+}
+
+/* Warm-up rule: clones start when the measured request's decode produced its first token, so its KV is in
+ * the store for them and they do not compete with the measured TTFT. */
+static void fire_clones(struct rreq *r)
+{
+    r->clones_fired = 1;
+    if (g_rt->cfg.repeat_d_times <= 0)
+        return;
+    size_t len;
+    char *body = decode_body(r, &len);
+    static const struct up_leg_cbs cbs = {NULL, NULL, clone_done, NULL};
+    for (int i = 0; i < g_rt->cfg.repeat_d_times; i++) {
+        int64_t charge = r->prompt_tokens + r->max_tokens;
+        int idx = xb_pick(g_rt->pools[RT_DECODE], (uint64_t)charge, charge, NULL, 0);
+        if (idx < 0)
+            break;
+        struct clone *c = XPYD_XALLOC(calloc(1, sizeof *c));
+        c->d_idx = idx;
+        c->charge = charge;
+        struct evbuffer *req = build_request(r, RT_DECODE, idx, "POST", ep_name(r->kind), body, len);
+        c->leg = up_leg_start(r->t->up, endpoint_of(RT_DECODE, idx), req, timeouts(), &cbs, c);
+        evbuffer_free(req);
+        if (!c->leg) {
+            xb_release(g_rt->pools[RT_DECODE], idx, charge);
+            free(c);
+            break;
+        }
+        atomic_fetch_add(&g_rt->ctr.repeat_clones, 1);
+    }
+    free(body);
+}
+
+/* ---------- bootstrap (SGLang): both legs at once ---------- */
+
+static void abort_done(struct up_leg *leg, int err, void *arg)
+{
+}
+
+/* Tells a decode to drop request rid (SGLang's /abort_request); fire and forget. */
+static void send_abort(struct rreq *r, int d_idx)
+{
+    char body[300];
+    int n = snprintf(body, sizeof body, "{\"rid\":\"%s\"}", r->xid);
+    struct evbuffer *req = build_request(r, RT_DECODE, d_idx, "POST", "/abort_request", body, (size_t)n);
+    static const struct up_leg_cbs cbs = {NULL, NULL, abort_done, NULL};
+    up_leg_start(r->t->up, endpoint_of(RT_DECODE, d_idx), req, timeouts(), &cbs, NULL);
+    evbuffer_free(req);
+}
+
+static void bp_on_done(struct up_leg *leg, int err, void *arg)
+{
+    struct rreq *r = arg;
+    r->pleg = NULL;
+    if (r->ended)
+        return;
+    int ok = !err && r->p_status == 200;
+    int pidx = r->p_idx;
+    release_prefill(r);
+    if (ok) {
+        r->prefill_answered = 1;
+        return; /* its answer is drained; the decode's stream is the client's */
+    }
+    /* The prefill failed: the decode would wait for KV that never comes. Abort it, then retry or fail. */
+    if (r->d_idx >= 0)
+        send_abort(r, r->d_idx);
+    if (r->dleg) {
+        up_leg_cancel(r->dleg);
+        r->dleg = NULL;
+    }
+    release_decode(r);
+    xpyd_sse_reset(&r->sse);
+    char buf[200];
+    if (may_retry(r, RT_PREFILL, err ? 0 : r->p_status)) {
+        start_bootstrap(r);
+        return;
+    }
+    if (err)
+        rreq_fail(r, leg_fail_kind(RT_PREFILL, err, 0), RT_PREFILL, pidx, err_text(err, buf, sizeof buf));
+    else
+        pass_through_error(r, RT_PREFILL, pidx, r->p_status, r->pbuf);
+}
+
+static void start_bootstrap(struct rreq *r)
+{
+    int pidx = pick(r, RT_PREFILL, r->prompt_tokens);
+    if (pidx < 0)
+        return;
+    r->p_idx = pidx;
+    r->p_charge = r->prompt_tokens;
+    int64_t charge = r->prompt_tokens + r->max_tokens;
+    int didx = pick(r, RT_DECODE, charge);
+    if (didx < 0) {
+        return;
+    }
+    r->d_idx = didx;
+    r->d_charge = charge;
+    r->p_status = r->d_status = 0;
+    if (!r->pbuf)
+        r->pbuf = XPYD_XALLOC(evbuffer_new());
+    if (!r->dbuf)
+        r->dbuf = XPYD_XALLOC(evbuffer_new());
+    evbuffer_drain(r->pbuf, evbuffer_get_length(r->pbuf));
+    evbuffer_drain(r->dbuf, evbuffer_get_length(r->dbuf));
+    /* A fresh 63-bit room per attempt; with internal DP on the prefill, room % dp picks the rank. */
+    const struct rt_rank *prank = &g_rt->cfg.ranks[RT_PREFILL][pidx];
+    r->t->rng = xpyd_mix64(r->t->rng);
+    uint64_t room = r->t->rng >> 1;
+    if (prank->dp_rank >= 0) {
+        uint64_t dp = (uint64_t)g_rt->cfg.pools[RT_PREFILL].dp;
+        room = room / dp * dp + (uint64_t)prank->dp_rank;
+    }
+    r->room = room;
+    char roomtxt[32];
+    snprintf(roomtxt, sizeof roomtxt, "%" PRIu64, room);
+    cJSON *b = XPYD_XALLOC(cJSON_Duplicate(r->body, 1));
+    const struct up_endpoint *pe = &g_rt->endpoints[prank->endpoint];
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "bootstrap_host");
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "bootstrap_port");
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "bootstrap_room");
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "rid");
+    cJSON_AddStringToObject(b, "bootstrap_host", pe->host);
+    cJSON_AddNumberToObject(b, "bootstrap_port", prank->bootstrap_port);
+    cJSON_AddItemToObject(b, "bootstrap_room", cJSON_CreateRaw(roomtxt)); /* exact 63-bit integer */
+    cJSON_AddStringToObject(b, "rid", r->xid);
+    size_t len;
+    char *body = print_json(b, &len);
+    cJSON_Delete(b);
+    struct evbuffer *preq = build_request(r, RT_PREFILL, pidx, "POST", ep_name(r->kind), body, len);
+    struct evbuffer *dreq = build_request(r, RT_DECODE, didx, "POST", ep_name(r->kind), body, len);
+    free(body);
+    static const struct up_leg_cbs pcbs = {p_on_head, p_on_body, bp_on_done, NULL};
+    static const struct up_leg_cbs dcbs = {d_on_head, d_on_body, d_on_done, NULL};
+    r->pleg = up_leg_start(r->t->up, endpoint_of(RT_PREFILL, pidx), preq, timeouts(), &pcbs, r);
+    r->dleg = up_leg_start(r->t->up, endpoint_of(RT_DECODE, didx), dreq, timeouts(), &dcbs, r);
+    evbuffer_free(preq);
+    evbuffer_free(dreq);
+    if (!r->pleg || !r->dleg)
+        rreq_fail(r, RF_PREFILL_CONNECT, RT_PREFILL, pidx, "out of memory");
+}
+
+/* ---------- entry ---------- */
+
+static void handle_generate(evhtp_request_t *req, int kind)
+{
+    struct rthread *t = tls_rt;
+    if (evhtp_request_get_method(req) != htp_method_POST) {
+        reply_error_now(req, 405, "Method Not Allowed: use POST");
+        return;
+    }
+    size_t len = evbuffer_get_length(req->buffer_in);
+    if (len > (size_t)g_rt->cfg.max_body_bytes) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "request body of %zu bytes exceeds the limit of %ld bytes (--max-body-bytes)", len,
+                 g_rt->cfg.max_body_bytes);
+        reply_error_now(req, 413, msg);
+        atomic_fetch_add(&g_rt->ctr.errors[RF_BODY_TOO_LARGE], 1);
+        atomic_fetch_add(&g_rt->ctr.requests[kind][4], 1);
+        return;
+    }
+    const char *data = len ? (const char *)evbuffer_pullup(req->buffer_in, -1) : "";
+    const char *end = NULL;
+    cJSON *body = cJSON_ParseWithLengthOpts(data, len, &end, 0);
+    int stream = 0;
+    int64_t max_tokens = 0;
+    const char *bad = body ? validate(body, kind == RT_EP_CHAT, &stream, &max_tokens) : NULL;
+    if (!body || bad) {
+        char msg[200];
+        if (!body)
+            snprintf(msg, sizeof msg, "malformed JSON body (parse error near byte %ld)", end ? (long)(end - data) : 0L);
+        reply_error_now(req, 400, body ? bad : msg);
+        cJSON_Delete(body);
+        atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);
+        atomic_fetch_add(&g_rt->ctr.requests[kind][4], 1);
+        return;
+    }
+    struct rreq *r = XPYD_XALLOC(calloc(1, sizeof *r));
+    r->t = t;
+    r->ereq = req;
+    r->kind = kind;
+    r->body = body;
+    r->stream = stream;
+    r->max_tokens = max_tokens;
+    r->p_idx = r->d_idx = -1;
+    r->cached_tokens = -1;
+    r->t_start = xpyd_now_us();
+    r->sse.max_event = 4u << 20;
+    r->prompt_tokens = estimate_prompt(body, kind == RT_EP_CHAT);
+    const char *xid = evhtp_header_find(req->headers_in, "X-Request-Id");
+    if (xid && *xid && strlen(xid) < sizeof r->xid && !strpbrk(xid, "\r\n\"\\"))
+        snprintf(r->xid, sizeof r->xid, "%s", xid);
+    else
+        snprintf(r->xid, sizeof r->xid, "%s-%016" PRIx64, g_rt->cfg.id_prefix,
+                 xpyd_mix64(atomic_fetch_add(&g_rt->id_seq, 1) ^ (uint64_t)g_rt->started_wall));
+    struct evbuffer *hb = XPYD_XALLOC(evbuffer_new());
+    evhtp_kvs_for_each(req->headers_in, collect_header, hb);
+    size_t hl = evbuffer_get_length(hb);
+    if (hl) {
+        r->fwd_headers = XPYD_XALLOC(malloc(hl + 1));
+        evbuffer_remove(hb, r->fwd_headers, hl);
+        r->fwd_headers[hl] = '\0';
+    }
+    evbuffer_free(hb);
+    atomic_fetch_add(&g_rt->ctr.active_requests, 1);
+    evhtp_request_set_hook(req, evhtp_hook_on_request_fini, (evhtp_hook)on_request_fini, r);
+    evhtp_connection_t *conn = evhtp_request_get_connection(req);
+    evhtp_connection_set_hook(conn, evhtp_hook_on_write, (evhtp_hook)on_client_write, r);
+    evhtp_request_pause(req);
+    evutil_socket_t fd = bufferevent_getfd(evhtp_connection_get_bev(conn));
+    r->close_ev = event_new(t->base, fd, EV_CLOSED, on_client_closed, r);
+    if (r->close_ev)
+        event_add(r->close_ev, NULL);
+    if (g_rt->cfg.handoff == RT_HANDOFF_BOOTSTRAP)
+        start_bootstrap(r);
+    else
+        start_prefill(r);
+}
+
+static void on_completions(evhtp_request_t *req, void *arg)
+{
+    handle_generate(req, RT_EP_COMPLETIONS);
+}
+
+static void on_chat(evhtp_request_t *req, void *arg)
+{
+    handle_generate(req, RT_EP_CHAT);
+}
+
+/* ---------- /v1/models: a healthy backend's answer ---------- */
+
+struct models_req {
+    evhtp_request_t *ereq;
+    int status;
+    struct evbuffer *body;
+    int tries;
+};
+
+static void models_try(struct models_req *m);
+
+static evhtp_res models_fini(evhtp_request_t *req, void *arg)
+{
+    struct models_req *m = arg;
+    m->ereq = NULL;
+    return EVHTP_RES_OK;
+}
+
+static void m_head(struct up_leg *leg, int status, void *arg)
+{
+    ((struct models_req *)arg)->status = status;
+}
+
+static void m_body(struct up_leg *leg, const char *data, size_t len, void *arg)
+{
+    struct models_req *m = arg;
+    if (evbuffer_get_length(m->body) < (1u << 20))
+        evbuffer_add(m->body, data, len);
+}
+
+static void m_done(struct up_leg *leg, int err, void *arg)
+{
+    struct models_req *m = arg;
+    if (!m->ereq) {
+        evbuffer_free(m->body);
+        free(m);
+        return;
+    }
+    if ((err || m->status != 200) && m->tries < (int)g_rt->cfg.n_ranks[RT_DECODE] + (int)g_rt->cfg.n_ranks[RT_PREFILL]) {
+        models_try(m);
+        return;
+    }
+    evhtp_request_t *req = m->ereq;
+    evhtp_request_unset_hook(req, evhtp_hook_on_request_fini);
+    if (err || m->status != 200) {
+        reply_error_now(req, 502, "no backend answered GET /v1/models");
+    } else {
+        add_header(req, "Content-Type", "application/json");
+        evbuffer_add_buffer(req->buffer_out, m->body);
+        evhtp_send_reply(req, EVHTP_RES_OK);
+    }
+    evhtp_request_resume(req);
+    evbuffer_free(m->body);
+    free(m);
+}
+
+static void models_try(struct models_req *m)
+{
+    /* decode ranks first, then prefill ranks, healthy ones only */
+    int total = (int)(g_rt->cfg.n_ranks[RT_DECODE] + g_rt->cfg.n_ranks[RT_PREFILL]);
+    while (m->tries < total) {
+        int k = m->tries++;
+        int role = k < (int)g_rt->cfg.n_ranks[RT_DECODE] ? RT_DECODE : RT_PREFILL;
+        int idx = role == RT_DECODE ? k : k - (int)g_rt->cfg.n_ranks[RT_DECODE];
+        struct xb_instance_stats st;
+        if (xb_stats(g_rt->pools[role], idx, &st) != 0 || !st.healthy)
+            continue;
+        const struct up_endpoint *ep = &g_rt->endpoints[endpoint_of(role, idx)];
+        struct evbuffer *req = XPYD_XALLOC(evbuffer_new());
+        int v6 = strchr(ep->host, ':') != NULL;
+        evbuffer_add_printf(req, "GET /v1/models HTTP/1.1\r\nHost: %s%s%s:%d\r\n", v6 ? "[" : "", ep->host,
+                            v6 ? "]" : "", ep->port);
+        const char *auth = evhtp_header_find(m->ereq->headers_in, "Authorization");
+        if (auth && !strpbrk(auth, "\r\n"))
+            evbuffer_add_printf(req, "Authorization: %s\r\n", auth);
+        evbuffer_add_printf(req, "\r\n");
+        evbuffer_drain(m->body, evbuffer_get_length(m->body));
+        m->status = 0;
+        static const struct up_leg_cbs cbs = {m_head, m_body, m_done, NULL};
+        struct up_leg *leg = up_leg_start(tls_rt->up, endpoint_of(role, idx), req, timeouts(), &cbs, m);
+        evbuffer_free(req);
+        if (leg)
+            return;
+    }
+    m->tries = total;
+    m_done(NULL, -ENOENT, m);
+}
+
+static void on_models(evhtp_request_t *req, void *arg)
+{
+    struct models_req *m = XPYD_XALLOC(calloc(1, sizeof *m));
+    m->ereq = req;
+    m->body = XPYD_XALLOC(evbuffer_new());
+    evhtp_request_set_hook(req, evhtp_hook_on_request_fini, (evhtp_hook)models_fini, m);
+    evhtp_request_pause(req);
+    models_try(m);
+}
+
+/* ---------- thread state ---------- */
+
+struct rthread *rt_thread_new(struct event_base *base)
+{
+    struct rthread *t = XPYD_XALLOC(calloc(1, sizeof *t));
+    t->base = base;
+    t->rng = xpyd_mix64((uint64_t)(uintptr_t)t ^ xpyd_now_us());
+    t->up = up_thread_new(base, g_rt->endpoints, g_rt->n_endpoints, (size_t)g_rt->cfg.upstream_idle_max);
+    if (!t->up)
+        abort();
+    tls_rt = t;
+    return t;
+}
+
+void rt_thread_free(struct rthread *t)
+{
+    if (!t)
+        return;
+    up_thread_free(t->up);
+    free(t);
+}
+
+void rt_status_handlers(evhtp_t *htp);
+
+void rt_install_handlers(evhtp_t *htp)
+{
+    evhtp_set_cb(htp, "/v1/completions", on_completions, NULL);
+    evhtp_set_cb(htp, "/v1/chat/completions", on_chat, NULL);
+    evhtp_set_cb(htp, "/v1/models", on_models, NULL);
+    rt_status_handlers(htp);
+}

@@ -1,0 +1,86 @@
+/* router.h - xpyd_router internals shared by its modules: global state, per-thread state, failure table,
+ * counters. */
+#ifndef XPYD_ROUTER_H
+#define XPYD_ROUTER_H
+
+#include "config.h"
+#include "upstream.h"
+#include "xb.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+struct event_base;
+struct evhtp_request;
+
+/* Every way a request can fail, one row each in rt_fail_table (router.c). */
+enum rt_fail {
+    RF_NONE = 0,
+    RF_BAD_REQUEST,
+    RF_BODY_TOO_LARGE,
+    RF_NO_PREFILL,
+    RF_NO_DECODE,
+    RF_CONTEXT_TOO_LONG,
+    RF_PREFILL_CONNECT,
+    RF_PREFILL_TIMEOUT,
+    RF_PREFILL_STATUS,
+    RF_PREFILL_BAD_RESPONSE,
+    RF_DECODE_CONNECT,
+    RF_DECODE_TIMEOUT,
+    RF_DECODE_STATUS,
+    RF_DECODE_BROKEN_STREAM,
+    RF_RESPONSE_TOO_LARGE,
+    RF_CLIENT_DISCONNECT,
+    RF_COUNT
+};
+
+struct rt_fail_row {
+    const char *name;   /* metrics `reason` label and access-log value */
+    int status;         /* HTTP status the client gets when it happens before the first byte */
+    int retryable;      /* another instance may succeed */
+};
+extern const struct rt_fail_row rt_fail_table[RF_COUNT];
+
+enum rt_endpoint_kind { RT_EP_COMPLETIONS = 0, RT_EP_CHAT, RT_EP_COUNT };
+
+/* Process-wide counters: atomics, summed at scrape time, never locked on the hot path. */
+struct rt_counters {
+    atomic_uint_fast64_t requests[RT_EP_COUNT][6]; /* by status class: 0 other, 1xx..5xx */
+    atomic_uint_fast64_t errors[RF_COUNT];
+    atomic_uint_fast64_t retries[2];
+    atomic_uint_fast64_t repeat_clones;
+    atomic_uint_fast64_t first_token_mismatch;
+    atomic_uint_fast64_t client_disconnects;
+    atomic_int_fast64_t active_streams;
+    atomic_int_fast64_t active_requests;
+    atomic_uint_fast64_t prompt_tokens, generation_tokens;
+    atomic_uint_fast64_t instance_errors[2][4096];
+};
+
+struct router {
+    struct rt_config cfg;
+    struct xb_pool *pools[2];
+    struct up_endpoint *endpoints;
+    size_t n_endpoints;
+    struct rt_counters ctr;
+    int64_t started_wall;
+    atomic_uint_fast64_t id_seq;
+};
+
+extern struct router *g_rt;
+
+/* Per event-loop thread. */
+struct rthread {
+    struct event_base *base;
+    struct up_thread *up;
+    uint64_t rng;
+};
+
+/* Installs the request handlers on an evhtp server. */
+struct evhtp;
+void rt_install_handlers(struct evhtp *htp);
+/* Thread init for evhtp worker threads. */
+struct rthread *rt_thread_new(struct event_base *base);
+void rt_thread_free(struct rthread *t);
+
+#endif

@@ -1,0 +1,498 @@
+/* upstream.c - pooled HTTP/1.1 client legs to engines (see upstream.h for the callback contract). */
+#include "upstream.h"
+
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/util.h>
+#include <http_parser.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+
+#include "xpyd_util.h"
+
+struct up_conn {
+    struct up_thread *t;
+    int ep;
+    struct bufferevent *bev;
+    struct up_leg *leg; /* NULL while idle */
+    int connected;
+    TAILQ_ENTRY(up_conn) link;
+};
+TAILQ_HEAD(up_conn_list, up_conn);
+
+struct up_thread {
+    struct event_base *base;
+    struct up_endpoint *eps; /* owned copy */
+    size_t n;
+    struct up_conn_list *idle; /* per endpoint, most recently used first */
+    size_t idle_count, open_count, idle_max;
+};
+
+struct up_leg {
+    struct up_thread *t;
+    struct up_conn *c;
+    int ep;
+    const struct up_leg_cbs *cbs;
+    void *arg;
+    struct up_timeouts to;
+    struct evbuffer *req;  /* kept until the response starts, for one transparent retry */
+    http_parser parser;
+    int status;
+    int complete;
+    int keepalive;
+    int in_cb;
+    int canceled;
+    int sent;
+    int retried;
+    int reused;
+    int orphan;             /* cancelled after send: finish writing, then close silently */
+    uint64_t bytes_in;
+    struct event *defer_ev; /* deferred failure delivery */
+    int defer_err;
+};
+
+static void conn_free(struct up_conn *c);
+static void leg_finish(struct up_leg *leg, int err);
+static int leg_attach(struct up_leg *leg, int allow_idle);
+
+static struct timeval ms_tv(long ms)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    return tv;
+}
+
+int up_endpoint_resolve(struct up_endpoint *ep, const char *host, int port)
+{
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    if (getaddrinfo(host, ps, &hints, &res) != 0 || !res)
+        return -EINVAL;
+    memcpy(&ep->addr, res->ai_addr, res->ai_addrlen);
+    ep->addrlen = (socklen_t)res->ai_addrlen;
+    freeaddrinfo(res);
+    snprintf(ep->host, sizeof ep->host, "%s", host);
+    ep->port = port;
+    return 0;
+}
+
+struct up_thread *up_thread_new(struct event_base *base, const struct up_endpoint *eps, size_t n, size_t idle_max)
+{
+    struct up_thread *t = calloc(1, sizeof *t);
+    if (!t)
+        return NULL;
+    t->base = base;
+    t->n = n;
+    t->idle_max = idle_max;
+    t->eps = calloc(n ? n : 1, sizeof *t->eps);
+    t->idle = calloc(n ? n : 1, sizeof *t->idle);
+    if (!t->eps || !t->idle) {
+        free(t->eps);
+        free(t->idle);
+        free(t);
+        return NULL;
+    }
+    memcpy(t->eps, eps, n * sizeof *eps);
+    for (size_t i = 0; i < n; i++)
+        TAILQ_INIT(&t->idle[i]);
+    return t;
+}
+
+void up_thread_free(struct up_thread *t)
+{
+    if (!t)
+        return;
+    for (size_t i = 0; i < t->n; i++)
+        while (!TAILQ_EMPTY(&t->idle[i]))
+            conn_free(TAILQ_FIRST(&t->idle[i]));
+    free(t->eps);
+    free(t->idle);
+    free(t);
+}
+
+size_t up_thread_idle(const struct up_thread *t)
+{
+    return t->idle_count;
+}
+
+size_t up_thread_open(const struct up_thread *t)
+{
+    return t->open_count;
+}
+
+uint64_t up_leg_bytes_in(const struct up_leg *leg)
+{
+    return leg->bytes_in;
+}
+
+/* ---------- http-parser callbacks ---------- */
+
+static int p_headers_complete(http_parser *p)
+{
+    struct up_leg *leg = p->data;
+    leg->status = (int)p->status_code;
+    if (leg->cbs->on_head)
+        leg->cbs->on_head(leg, leg->status, leg->arg);
+    return leg->canceled ? -1 : 0;
+}
+
+static int p_body(http_parser *p, const char *at, size_t len)
+{
+    struct up_leg *leg = p->data;
+    if (leg->cbs->on_body)
+        leg->cbs->on_body(leg, at, len, leg->arg);
+    return leg->canceled ? -1 : 0;
+}
+
+static int p_complete(http_parser *p)
+{
+    struct up_leg *leg = p->data;
+    leg->complete = 1;
+    leg->keepalive = http_should_keep_alive(p);
+    http_parser_pause(p, 1); /* nothing after one response is ours */
+    return 0;
+}
+
+static const http_parser_settings parser_settings = {
+    .on_headers_complete = p_headers_complete,
+    .on_body = p_body,
+    .on_message_complete = p_complete,
+};
+
+/* ---------- connections ---------- */
+
+static void conn_free(struct up_conn *c)
+{
+    if (!c->leg) {
+        TAILQ_REMOVE(&c->t->idle[c->ep], c, link);
+        c->t->idle_count--;
+    }
+    c->t->open_count--;
+    bufferevent_free(c->bev);
+    free(c);
+}
+
+static void idle_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    conn_free(arg); /* the engine closed an idle connection (or sent junk): drop it */
+}
+
+static void idle_read_cb(struct bufferevent *bev, void *arg)
+{
+    conn_free(arg);
+}
+
+static void conn_park(struct up_conn *c)
+{
+    struct up_thread *t = c->t;
+    c->leg = NULL;
+    if (t->idle_count >= t->idle_max || evbuffer_get_length(bufferevent_get_input(c->bev)) > 0) {
+        t->open_count--;
+        bufferevent_free(c->bev);
+        free(c);
+        return;
+    }
+    bufferevent_setcb(c->bev, idle_read_cb, NULL, idle_event_cb, c);
+    bufferevent_set_timeouts(c->bev, NULL, NULL);
+    bufferevent_enable(c->bev, EV_READ);
+    TAILQ_INSERT_HEAD(&t->idle[c->ep], c, link);
+    t->idle_count++;
+}
+
+/* Detaches and closes the leg's connection. */
+static void leg_drop_conn(struct up_leg *leg)
+{
+    struct up_conn *c = leg->c;
+    if (!c)
+        return;
+    leg->c = NULL;
+    c->leg = NULL;
+    c->t->open_count--;
+    bufferevent_free(c->bev);
+    free(c);
+}
+
+static void leg_free(struct up_leg *leg)
+{
+    if (leg->req)
+        evbuffer_free(leg->req);
+    if (leg->defer_ev)
+        event_free(leg->defer_ev);
+    free(leg);
+}
+
+static void leg_finish(struct up_leg *leg, int err)
+{
+    if (leg->c) {
+        if (err == 0 && leg->keepalive) {
+            struct up_conn *c = leg->c;
+            leg->c = NULL;
+            conn_park(c);
+        } else {
+            leg_drop_conn(leg);
+        }
+    }
+    if (leg->cbs->on_done)
+        leg->cbs->on_done(leg, err, leg->arg);
+    leg_free(leg);
+}
+
+/* A reused keep-alive connection that failed before any response byte: the engine had closed it. */
+static int leg_try_again(struct up_leg *leg)
+{
+    if (!leg->reused || leg->retried || leg->bytes_in > 0 || !leg->req)
+        return 0;
+    leg->retried = 1;
+    leg_drop_conn(leg);
+    return leg_attach(leg, 0) == 0;
+}
+
+static void leg_read_cb(struct bufferevent *bev, void *arg)
+{
+    struct up_conn *c = arg;
+    struct up_leg *leg = c->leg;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    if (leg->orphan) {
+        leg_drop_conn(leg);
+        leg_free(leg);
+        return;
+    }
+    while (evbuffer_get_length(in) > 0 && !leg->complete) {
+        size_t chunk = evbuffer_get_contiguous_space(in);
+        const char *data = (const char *)evbuffer_pullup(in, (ssize_t)chunk);
+        if (leg->bytes_in == 0) {
+            struct timeval idle = ms_tv(leg->to.idle_ms);
+            bufferevent_set_timeouts(bev, &idle, NULL);
+            if (leg->req) {
+                evbuffer_free(leg->req);
+                leg->req = NULL;
+            }
+        }
+        leg->bytes_in += chunk;
+        leg->in_cb = 1;
+        size_t n = http_parser_execute(&leg->parser, &parser_settings, data, chunk);
+        leg->in_cb = 0;
+        evbuffer_drain(in, chunk);
+        if (leg->canceled) {
+            leg_drop_conn(leg);
+            leg_free(leg);
+            return;
+        }
+        enum http_errno e = HTTP_PARSER_ERRNO(&leg->parser);
+        if (e == HPE_PAUSED)
+            break;
+        if (e != HPE_OK || n != chunk) {
+            leg_finish(leg, -EPROTO);
+            return;
+        }
+    }
+    if (leg->complete)
+        leg_finish(leg, 0);
+}
+
+static void leg_write_cb(struct bufferevent *bev, void *arg)
+{
+    struct up_conn *c = arg;
+    struct up_leg *leg = c->leg;
+    if (leg->orphan) {
+        leg_drop_conn(leg);
+        leg_free(leg);
+        return;
+    }
+    if (leg->sent)
+        return;
+    leg->sent = 1;
+    if (leg->cbs->on_sent) {
+        leg->in_cb = 1;
+        leg->cbs->on_sent(leg, leg->arg);
+        leg->in_cb = 0;
+        if (leg->canceled) {
+            leg_drop_conn(leg);
+            leg_free(leg);
+        }
+    }
+}
+
+static void leg_event_cb(struct bufferevent *bev, short what, void *arg)
+{
+    struct up_conn *c = arg;
+    struct up_leg *leg = c->leg;
+    if (what & BEV_EVENT_CONNECTED) {
+        c->connected = 1;
+        xpyd_tcp_nodelay(bufferevent_getfd(bev));
+        return;
+    }
+    int err = EVUTIL_SOCKET_ERROR();
+    if (leg->orphan) {
+        leg_drop_conn(leg);
+        leg_free(leg);
+        return;
+    }
+    if (what & BEV_EVENT_EOF) {
+        /* A body delimited by the connection's end completes here. */
+        leg->in_cb = 1;
+        http_parser_execute(&leg->parser, &parser_settings, NULL, 0);
+        leg->in_cb = 0;
+        if (leg->canceled) {
+            leg_drop_conn(leg);
+            leg_free(leg);
+            return;
+        }
+        if (leg->complete) {
+            leg->keepalive = 0;
+            leg_finish(leg, 0);
+            return;
+        }
+        if (leg_try_again(leg))
+            return;
+        leg_finish(leg, -ECONNRESET);
+        return;
+    }
+    if (what & BEV_EVENT_TIMEOUT) {
+        leg_finish(leg, c->connected ? -ETIME : -ETIMEDOUT);
+        return;
+    }
+    if (leg_try_again(leg))
+        return;
+    leg_finish(leg, err ? -err : -ECONNREFUSED);
+}
+
+static void deferred_fail_cb(evutil_socket_t fd, short ev, void *arg)
+{
+    struct up_leg *leg = arg;
+    if (leg->orphan) {
+        leg_drop_conn(leg);
+        leg_free(leg);
+        return;
+    }
+    leg_finish(leg, leg->defer_err);
+}
+
+static void leg_fail_later(struct up_leg *leg, int err)
+{
+    leg->defer_err = err;
+    leg->defer_ev = event_new(leg->t->base, -1, 0, deferred_fail_cb, leg);
+    struct timeval zero = {0, 0};
+    event_add(leg->defer_ev, &zero);
+}
+
+/* Binds the leg to an idle or new connection and writes the request. 0, or negative errno. */
+static int leg_attach(struct up_leg *leg, int allow_idle)
+{
+    struct up_thread *t = leg->t;
+    struct up_conn *c = allow_idle ? TAILQ_FIRST(&t->idle[leg->ep]) : NULL;
+    if (c) {
+        TAILQ_REMOVE(&t->idle[leg->ep], c, link);
+        t->idle_count--;
+        leg->reused = 1;
+    } else {
+        c = calloc(1, sizeof *c);
+        if (!c)
+            return -ENOMEM;
+        c->t = t;
+        c->ep = leg->ep;
+        c->bev = bufferevent_socket_new(t->base, -1, BEV_OPT_CLOSE_ON_FREE);
+        if (!c->bev) {
+            free(c);
+            return -ENOMEM;
+        }
+        t->open_count++;
+        const struct up_endpoint *ep = &t->eps[leg->ep];
+        c->leg = leg; /* so a synchronous connect error finds its leg */
+        leg->c = c;
+        leg->reused = 0;
+        bufferevent_setcb(c->bev, leg_read_cb, leg_write_cb, leg_event_cb, c);
+        struct timeval cto = ms_tv(leg->to.connect_ms);
+        bufferevent_set_timeouts(c->bev, NULL, &cto);
+        if (bufferevent_socket_connect(c->bev, (struct sockaddr *)&ep->addr, (int)ep->addrlen) != 0) {
+            leg_drop_conn(leg);
+            return -ECONNREFUSED;
+        }
+    }
+    c->leg = leg;
+    leg->c = c;
+    bufferevent_setcb(c->bev, leg_read_cb, leg_write_cb, leg_event_cb, c);
+    struct timeval fb = ms_tv(leg->to.first_byte_ms), cto = ms_tv(leg->to.connect_ms);
+    bufferevent_set_timeouts(c->bev, &fb, c->connected || leg->reused ? NULL : &cto);
+    if (leg->reused)
+        c->connected = 1;
+    http_parser_init(&leg->parser, HTTP_RESPONSE);
+    leg->parser.data = leg;
+    leg->sent = 0;
+    size_t len = evbuffer_get_length(leg->req);
+    evbuffer_add(bufferevent_get_output(c->bev), evbuffer_pullup(leg->req, (ssize_t)len), len);
+    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    return 0;
+}
+
+struct up_leg *up_leg_start(struct up_thread *t, int ep, struct evbuffer *req, const struct up_timeouts *to,
+                            const struct up_leg_cbs *cbs, void *arg)
+{
+    if (ep < 0 || (size_t)ep >= t->n)
+        return NULL;
+    struct up_leg *leg = calloc(1, sizeof *leg);
+    if (!leg)
+        return NULL;
+    leg->t = t;
+    leg->ep = ep;
+    leg->cbs = cbs;
+    leg->arg = arg;
+    leg->to = *to;
+    leg->req = evbuffer_new();
+    if (!leg->req) {
+        free(leg);
+        return NULL;
+    }
+    evbuffer_add_buffer(leg->req, req);
+    int rc = leg_attach(leg, 1);
+    if (rc != 0)
+        leg_fail_later(leg, rc);
+    return leg;
+}
+
+void up_leg_cancel(struct up_leg *leg)
+{
+    if (!leg || leg->canceled)
+        return;
+    leg->canceled = 1;
+    if (leg->in_cb)
+        return; /* the callback that is running frees it when it unwinds */
+    leg_drop_conn(leg);
+    leg_free(leg);
+}
+
+void up_leg_cancel_after_send(struct up_leg *leg)
+{
+    if (!leg || leg->canceled || leg->orphan)
+        return;
+    if (leg->sent || leg->in_cb || !leg->c) {
+        up_leg_cancel(leg);
+        return;
+    }
+    leg->orphan = 1;
+    /* Output still pending: the write callback closes the connection once it drained. */
+    if (evbuffer_get_length(bufferevent_get_output(leg->c->bev)) == 0 && leg->c->connected) {
+        leg_drop_conn(leg);
+        leg_free(leg);
+    }
+}
+
+void up_leg_pause(struct up_leg *leg)
+{
+    if (leg && leg->c)
+        bufferevent_disable(leg->c->bev, EV_READ);
+}
+
+void up_leg_resume(struct up_leg *leg)
+{
+    if (leg && leg->c)
+        bufferevent_enable(leg->c->bev, EV_READ);
+}

@@ -1,0 +1,66 @@
+/* upstream.h - the router's HTTP/1.1 client to engines: per-thread keep-alive pools, http-parser framing.
+ *
+ * A leg is one request to one endpoint. Contract (libuv style): if up_leg_start() returns NULL no callback
+ * ever fires; otherwise on_done fires exactly once (err 0 = whole response read; negative errno otherwise),
+ * unless the owner calls up_leg_cancel() first, after which nothing fires. on_head and on_body fire before
+ * on_done. The leg is freed by this module right after on_done returns; the owner must drop its pointer.
+ * Everything runs on the event loop of the thread that owns the up_thread. */
+#ifndef XPYD_UPSTREAM_H
+#define XPYD_UPSTREAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+
+struct event_base;
+struct evbuffer;
+struct up_leg;
+struct up_thread;
+
+struct up_endpoint {
+    char host[256];          /* as configured (for the Host header and messages) */
+    int port;
+    struct sockaddr_storage addr; /* resolved once at startup */
+    socklen_t addrlen;
+};
+
+struct up_timeouts {
+    long connect_ms;     /* TCP connect */
+    long first_byte_ms;  /* request written -> first response byte */
+    long idle_ms;        /* between response bytes once it started */
+};
+
+struct up_leg_cbs {
+    void (*on_head)(struct up_leg *leg, int status, void *arg);
+    void (*on_body)(struct up_leg *leg, const char *data, size_t len, void *arg);
+    void (*on_done)(struct up_leg *leg, int err, void *arg);
+    /* Optional: the request has been fully written to the socket. */
+    void (*on_sent)(struct up_leg *leg, void *arg);
+};
+
+/* Creates the per-thread state for n endpoints (idle pools). NULL on OOM. Owner thread only. */
+struct up_thread *up_thread_new(struct event_base *base, const struct up_endpoint *eps, size_t n, size_t idle_max);
+void up_thread_free(struct up_thread *t);
+/* Idle pooled connections held right now (tests, /status). */
+size_t up_thread_idle(const struct up_thread *t);
+/* Connections currently open (busy + idle). */
+size_t up_thread_open(const struct up_thread *t);
+
+/* Sends req (a whole serialized HTTP request; drained) to endpoint ep over a pooled or new connection. */
+struct up_leg *up_leg_start(struct up_thread *t, int ep, struct evbuffer *req, const struct up_timeouts *to,
+                            const struct up_leg_cbs *cbs, void *arg);
+/* Stops the leg: no more callbacks; its connection is closed (never reused mid-response). */
+void up_leg_cancel(struct up_leg *leg);
+/* Dispatch-and-cancel: no more callbacks; the request is still written out completely, then the
+ * connection is closed (so the engine sees the request and its cancellation, and frees what it holds). */
+void up_leg_cancel_after_send(struct up_leg *leg);
+/* Backpressure: stop/restart reading the response (timeouts are suspended while paused). */
+void up_leg_pause(struct up_leg *leg);
+void up_leg_resume(struct up_leg *leg);
+/* Bytes of response received so far (0 means nothing came back yet: safe to retry elsewhere). */
+uint64_t up_leg_bytes_in(const struct up_leg *leg);
+
+/* Resolves "host" + port into ep (numeric or by name). 0 or -EINVAL. */
+int up_endpoint_resolve(struct up_endpoint *ep, const char *host, int port);
+
+#endif
