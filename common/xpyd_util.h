@@ -40,6 +40,9 @@ int xpyd_parse_double(const char *s, double lo, double hi, double *out);
 /* Sets TCP_NODELAY on a connected TCP socket (streams are many small writes). Ignores errors. */
 void xpyd_tcp_nodelay(int fd);
 
+/* Raises the soft open-files limit to the hard limit (servers hold many sockets). Returns the new soft limit. */
+long xpyd_raise_nofile(void);
+
 /* Out-of-memory policy for executables: print and abort. Returns p otherwise. */
 void *xpyd_check_alloc(void *p);
 #define XPYD_XALLOC(p) xpyd_check_alloc(p)

@@ -244,6 +244,7 @@ int main(int argc, char **argv)
     if (setup_pools(rt) != 0)
         return 2;
     signal(SIGPIPE, SIG_IGN);
+    xpyd_raise_nofile();
     evthread_use_pthreads();
     struct event_config *ec = event_config_new();
     event_config_require_features(ec, EV_FEATURE_EARLY_CLOSE);

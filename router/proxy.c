@@ -596,8 +596,9 @@ static int may_retry(struct rreq *r, int role, int status)
         return 0;
     if (status && status < 500)
         return 0; /* the engine judged the request itself: another one would too */
-    if (r->attempts[role] > g_rt->cfg.max_retries || r->ntried[role] >= MAX_TRIED)
-        return 0;
+    if (r->attempts[role] > g_rt->cfg.max_retries || r->ntried[role] >= MAX_TRIED ||
+        (size_t)r->ntried[role] >= g_rt->cfg.n_ranks[role])
+        return 0; /* out of budget, or every instance was tried: the real error goes to the client */
     atomic_fetch_add(&g_rt->ctr.retries[role], 1);
     return 1;
 }

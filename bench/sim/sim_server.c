@@ -75,6 +75,7 @@ struct sim {
     uint64_t kv_bytes_sent, kv_bytes_received;
     uint64_t faults_fail_rate, faults_status, faults_disconnect, faults_stall;
     uint64_t aborts_requested;
+    uint64_t release_notices, leases_cancelled;
 };
 
 struct sreq {
@@ -109,6 +110,7 @@ static void sreq_start(struct sreq *r);
 static void sreq_tick(evutil_socket_t fd, short ev, void *arg);
 static void sreq_fail(struct sreq *r, int status, const char *msg);
 static void sreq_release(struct sreq *r);
+static void notify_release(struct sreq *r);
 
 /* ---------- helpers ---------- */
 
@@ -240,6 +242,8 @@ static void sreq_release(struct sreq *r)
         TAILQ_REMOVE(&rk->waiting, r, wq);
         rk->waiting_n--;
     }
+    int unpulled = r->aborted && r->p.h.do_remote_prefill && !r->p.h.has_bootstrap &&
+                   (r->state == SREQ_WAITING || r->state == SREQ_HANDOFF || r->state == SREQ_STALLED);
     r->state = SREQ_DONE;
     if (r->timer) {
         event_free(r->timer);
@@ -250,6 +254,8 @@ static void sreq_release(struct sreq *r)
         r->close_ev = NULL;
     }
     pull_cancel(r);
+    if (unpulled)
+        notify_release(r);
     if (r->aborted) {
         rk->aborted_total++;
         if (r->lease_key[0]) { /* a prefill aborted after registering KV: drop it */
@@ -500,19 +506,8 @@ static void on_pull_done(struct evhttp_request *resp, void *arg)
     }
 }
 
-static void pull_send(struct sreq *r)
+static char *pull_json(const struct sreq *r)
 {
-    struct sim *s = r->sim;
-    const char *host = r->p.h.has_bootstrap ? r->p.h.bootstrap_host : r->p.h.remote_host;
-    int port = r->p.h.has_bootstrap ? r->p.h.bootstrap_port : r->p.h.remote_port;
-    if (!r->pull_conn) {
-        r->pull_conn = evhttp_connection_base_new(s->base, NULL, host, (unsigned short)port);
-        if (!r->pull_conn) {
-            on_pull_done(NULL, r);
-            return;
-        }
-        evhttp_connection_set_timeout(r->pull_conn, (int)((s->cfg.handoff_timeout_ms + 999) / 1000));
-    }
     cJSON *o = XPYD_XALLOC(cJSON_CreateObject());
     char sig[32];
     if (r->p.h.has_bootstrap) {
@@ -526,6 +521,49 @@ static void pull_send(struct sreq *r)
     }
     char *body = XPYD_XALLOC(cJSON_PrintUnformatted(o));
     cJSON_Delete(o);
+    return body;
+}
+
+static void release_done_cb(struct evhttp_request *resp, void *arg)
+{
+    struct timeval zero = {0, 0};
+    event_base_once(evhttp_connection_get_base(arg), -1, EV_TIMEOUT, free_pull_conn_cb, arg, &zero);
+}
+
+/* A decode aborted before it pulled its KV tells the prefill to free it (as vLLM's connectors do), so an
+ * abandoned request leaves nothing stranded. Fire and forget. */
+static void notify_release(struct sreq *r)
+{
+    struct evhttp_connection *c =
+        evhttp_connection_base_new(r->sim->base, NULL, r->p.h.remote_host, (unsigned short)r->p.h.remote_port);
+    if (!c)
+        return;
+    evhttp_connection_set_timeout(c, 5);
+    struct evhttp_request *req = evhttp_request_new(release_done_cb, c);
+    char *body = pull_json(r);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", r->p.h.remote_host);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+    evbuffer_add(evhttp_request_get_output_buffer(req), body, strlen(body));
+    free(body);
+    if (evhttp_make_request(c, req, EVHTTP_REQ_POST, "/kv/release") != 0)
+        evhttp_connection_free(c);
+    r->sim->release_notices++;
+}
+
+static void pull_send(struct sreq *r)
+{
+    struct sim *s = r->sim;
+    const char *host = r->p.h.has_bootstrap ? r->p.h.bootstrap_host : r->p.h.remote_host;
+    int port = r->p.h.has_bootstrap ? r->p.h.bootstrap_port : r->p.h.remote_port;
+    if (!r->pull_conn) {
+        r->pull_conn = evhttp_connection_base_new(s->base, NULL, host, (unsigned short)port);
+        if (!r->pull_conn) {
+            on_pull_done(NULL, r);
+            return;
+        }
+        evhttp_connection_set_timeout(r->pull_conn, (int)((s->cfg.handoff_timeout_ms + 999) / 1000));
+    }
+    char *body = pull_json(r);
     struct evhttp_request *req = XPYD_XALLOC(evhttp_request_new(on_pull_done, r));
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
     evhttp_add_header(h, "Host", host);
@@ -764,7 +802,7 @@ static void generate_one(struct sreq *r)
             stream_begin(r);
         stream_token(r, tok, last);
     } else {
-        evbuffer_add(r->text, tok + (r->p.chat && r->pos == 1 ? 1 : 0), strlen(tok) - (r->p.chat && r->pos == 1 ? 1 : 0));
+        evbuffer_add(r->text, tok, strlen(tok)); /* same text as the stream's deltas */
         if (last)
             sreq_send_final_json(r);
     }
@@ -969,10 +1007,22 @@ static void on_tokenize(evhtp_request_t *req, void *arg)
     reply_raw(req, 200, "application/json", "", 0);
 }
 
-/* The prefill's KV channel: a decode pulls a lease (kv-params) or a bootstrap room. */
+static void kv_take(evhtp_request_t *req, struct sim *s, int release);
+
+/* The prefill's KV channel: a decode pulls a lease (kv-params) or a bootstrap room... */
 static void on_kv_pull(evhtp_request_t *req, void *arg)
 {
-    struct sim *s = rank_of(arg)->sim;
+    kv_take(req, rank_of(arg)->sim, 0);
+}
+
+/* ...or, aborted before pulling, asks the prefill to free it. */
+static void on_kv_release(evhtp_request_t *req, void *arg)
+{
+    kv_take(req, rank_of(arg)->sim, 1);
+}
+
+static void kv_take(evhtp_request_t *req, struct sim *s, int release)
+{
     size_t len;
     const char *body = body_of(req, &len);
     cJSON *o = cJSON_ParseWithLength(body, len);
@@ -1015,6 +1065,12 @@ static void on_kv_pull(evhtp_request_t *req, void *arg)
     }
     cJSON_Delete(o);
     l = sim_lease_take(&s->leases, key);
+    if (release) {
+        s->leases_cancelled++;
+        sim_lease_free(l);
+        reply_raw(req, 200, "application/json", "{\"released\":true}", 17);
+        return;
+    }
     s->leases_released++;
     s->kv_bytes_sent += l->kv_len;
     reply_raw(req, 200, "application/octet-stream", (const char *)l->kv, l->kv_len);
@@ -1118,6 +1174,10 @@ static void on_metrics(evhtp_request_t *req, void *arg)
          s->leases_expired},
         {"xpyd_sim:kv_leases_aborted_total", "counter", "KV leases dropped because their request was aborted.",
          s->leases_aborted},
+        {"xpyd_sim:kv_leases_cancelled_total", "counter",
+         "KV leases freed because their decode was aborted before pulling (/kv/release).", s->leases_cancelled},
+        {"xpyd_sim:kv_release_notices_total", "counter", "Releases this decode sent for KV it never pulled.",
+         s->release_notices},
         {"xpyd_sim:kv_bytes_sent_total", "counter", "KV bytes served to decodes or written to the store.",
          s->kv_bytes_sent},
         {"xpyd_sim:kv_bytes_received_total", "counter", "KV bytes pulled or read from the store.",
@@ -1174,6 +1234,7 @@ static evhtp_t *make_server(struct sim *s, struct sim_rank *rk, int port, int kv
     evhtp_set_max_body_size(h, (uint64_t)s->cfg.max_body_bytes);
     evhtp_set_post_accept_cb(h, on_accept, NULL);
     evhtp_set_cb(h, "/kv/pull", on_kv_pull, rk);
+    evhtp_set_cb(h, "/kv/release", on_kv_release, rk);
     if (!kv_only) {
         evhtp_set_cb(h, "/v1/completions", on_completions, rk);
         evhtp_set_cb(h, "/v1/chat/completions", on_chat, rk);
@@ -1225,6 +1286,7 @@ int sim_run(const struct sim_config *cfg)
     LIST_INIT(&s->all);
     json_escape_into(cfg->model, s->model_json, sizeof s->model_json);
     signal(SIGPIPE, SIG_IGN);
+    xpyd_raise_nofile();
     if (cfg->startup_delay_ms > 0)
         usleep((useconds_t)cfg->startup_delay_ms * 1000u);
     if (cfg->handoff == SIM_HANDOFF_STORE && mkdir(cfg->store_dir, 0755) != 0 && errno != EEXIST) {

@@ -278,3 +278,26 @@ def main():
     import warnings
     warnings.simplefilter("ignore", ResourceWarning)
     unittest.main(verbosity=2)
+
+
+def router(prefills, decodes, *args):
+    """Starts xpyd_router on an ephemeral port in front of the given sim ports (or HOST:PORT strings)."""
+    fmt = lambda p: p if isinstance(p, str) else "127.0.0.1:%d" % p
+    argv = ["--port", "0", "--log-level", "warn", "--threads", "2"]
+    argv += ["-p"] + [fmt(p) for p in prefills] + ["-d"] + [fmt(d) for d in decodes] + list(args)
+    return Proc("xpyd_router", argv)
+
+
+def status(port):
+    st, _, body = request(port, "GET", "/status")
+    assert st == 200, st
+    return json.loads(body)
+
+
+def router_idle(port):
+    """True when the router holds no load: in-flight and outstanding tokens are zero in both pools."""
+    s = status(port)
+    return s["active_requests"] == 0 and all(
+        p["inflight"] == 0 and p["outstanding_tokens"] == 0 and
+        all(i["inflight"] == 0 and i["outstanding_tokens"] == 0 for i in p["instances"])
+        for p in s["pools"].values())
