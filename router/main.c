@@ -183,9 +183,38 @@ void rt_status_handlers(evhtp_t *htp)
     evhtp_set_gencb(htp, on_not_found, NULL);
 }
 
+/* A body over --max-body-bytes is read and discarded (never buffered), then answered with 413 by the
+ * handler, which sees the marker header. libevhtp's own limit would reset the connection without an answer. */
+static evhtp_res on_body_read(evhtp_request_t *req, struct evbuffer *buf, void *arg)
+{
+    int over = evhtp_header_find(req->headers_in, XPYD_TOO_LARGE_HEADER) != NULL;
+    if (!over && evbuffer_get_length(req->buffer_in) + evbuffer_get_length(buf) > (size_t)g_rt->cfg.max_body_bytes) {
+        evhtp_headers_add_header(req->headers_in, evhtp_header_new(XPYD_TOO_LARGE_HEADER, "1", 0, 0));
+        evbuffer_drain(req->buffer_in, evbuffer_get_length(req->buffer_in));
+        over = 1;
+    }
+    if (over)
+        evbuffer_drain(buf, evbuffer_get_length(buf));
+    return EVHTP_RES_OK;
+}
+
+static evhtp_res on_headers(evhtp_request_t *req, evhtp_headers_t *hdr, void *arg)
+{
+    evhtp_kv_t *kv = evhtp_kvs_find_kv(hdr, XPYD_TOO_LARGE_HEADER);
+    if (kv) /* a client may not set the marker itself */
+        evhtp_kv_rm_and_free(hdr, kv);
+    const char *cl = evhtp_header_find(hdr, "Content-Length");
+    long n;
+    if (cl && xpyd_parse_long(cl, 0, 0x7fffffffffffffffL, &n) == 0 && n > g_rt->cfg.max_body_bytes)
+        evhtp_headers_add_header(hdr, evhtp_header_new(XPYD_TOO_LARGE_HEADER, "1", 0, 0));
+    evhtp_request_set_hook(req, evhtp_hook_on_read, (evhtp_hook)on_body_read, NULL);
+    return EVHTP_RES_OK;
+}
+
 static evhtp_res on_accept(evhtp_connection_t *c, void *arg)
 {
     xpyd_tcp_nodelay(c->sock);
+    evhtp_connection_set_hook(c, evhtp_hook_on_headers, (evhtp_hook)on_headers, NULL);
     return EVHTP_RES_OK;
 }
 
@@ -253,7 +282,6 @@ int main(int argc, char **argv)
     if (!base)
         base = event_base_new();
     evhtp_t *htp = evhtp_new(base, NULL);
-    evhtp_set_max_body_size(htp, (uint64_t)rt->cfg.max_body_bytes + 1);
     evhtp_set_post_accept_cb(htp, on_accept, NULL);
     rt_install_handlers(htp);
     if (evhtp_use_threads_wexit(htp, thread_init, thread_exit, rt->cfg.threads, NULL) != 0) {

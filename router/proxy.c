@@ -260,6 +260,7 @@ static int hop_by_hop(const char *k)
     static const char *const skip[] = {"connection", "keep-alive", "proxy-connection", "proxy-authorization",
                                        "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
                                        "content-type", "x-request-id", "accept-encoding", "x-data-parallel-rank",
+                                       XPYD_TOO_LARGE_HEADER,
                                        "expect", NULL};
     for (int i = 0; skip[i]; i++)
         if (strcasecmp(k, skip[i]) == 0)
@@ -1229,9 +1230,9 @@ static void handle_generate(evhtp_request_t *req, int kind)
         return;
     }
     size_t len = evbuffer_get_length(req->buffer_in);
-    if (len > (size_t)g_rt->cfg.max_body_bytes) {
+    if (len > (size_t)g_rt->cfg.max_body_bytes || evhtp_header_find(req->headers_in, XPYD_TOO_LARGE_HEADER)) {
         char msg[160];
-        snprintf(msg, sizeof msg, "request body of %zu bytes exceeds the limit of %ld bytes (--max-body-bytes)", len,
+        snprintf(msg, sizeof msg, "request body exceeds the limit of %ld bytes (--max-body-bytes)",
                  g_rt->cfg.max_body_bytes);
         reply_error_now(req, 413, msg);
         atomic_fetch_add(&g_rt->ctr.errors[RF_BODY_TOO_LARGE], 1);

@@ -13,6 +13,9 @@
 struct event_base;
 struct evhtp_request;
 
+/* Marker the body reader adds to a request whose body exceeded --max-body-bytes. */
+#define XPYD_TOO_LARGE_HEADER "X-Xpyd-Body-Too-Large"
+
 /* Every way a request can fail, one row each in rt_fail_table (router.c). */
 enum rt_fail {
     RF_NONE = 0,
