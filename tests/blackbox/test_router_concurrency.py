@@ -1,0 +1,44 @@
+"""1,000 concurrent streams through one router without an error; every load returns to zero."""
+import asyncio
+import json
+
+import xpyd_testlib as t
+
+N = 1000
+TOKENS = 16
+
+
+async def one(port, i, results):
+    body = json.dumps({"prompt": "w%d x y" % i, "max_tokens": TOKENS, "stream": True, "ignore_eos": True})
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    w.write(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+             "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+    await w.drain()
+    data = await asyncio.wait_for(r.read(), timeout=120)
+    w.close()
+    head, _, rest = data.partition(b"\r\n\r\n")
+    results[i] = (head.split(b" ")[1], rest.count(b'"text":" '), b"data: [DONE]" in rest)
+
+
+async def run(port):
+    results = {}
+    await asyncio.gather(*(one(port, i, results) for i in range(N)))
+    return results
+
+
+class Concurrency(t.TestCase):
+    def test_thousand_streams(self):
+        p = self.start(t.sim("--role", "prefill", "--prefill-us-per-token", "0"))
+        d = self.start(t.sim("--role", "decode", "--max-batch", "2000", "--decode-us-per-token", "20000"))
+        r = self.start(t.router([p.port], [d.port]))
+        results = asyncio.run(run(r.port))
+        bad = {i: v for i, v in results.items() if v != (b"200", TOKENS, True)}
+        self.assertEqual(len(results), N)
+        self.assertEqual(bad, {})
+        t.wait_until(lambda: t.router_idle(r.port), what="router idle")
+        self.assertEqual(t.metric(p.port, "xpyd_sim:kv_leases_active"), 0)
+        self.assertEqual(t.metric(r.port, 'xpyd_requests_total{endpoint="/v1/completions",status="2xx"}'), N)
+
+
+if __name__ == "__main__":
+    t.main()
