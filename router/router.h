@@ -4,7 +4,7 @@
 #define XPYD_ROUTER_H
 
 #include "config.h"
-#include "upstream.h"
+#include "xpyd_http_client.h"
 #include "xb.h"
 
 #include <stdatomic.h>

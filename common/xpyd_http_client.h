@@ -1,12 +1,12 @@
-/* upstream.h - the router's HTTP/1.1 client to engines: per-thread keep-alive pools, http-parser framing.
+/* xpyd_http_client.h - the router's HTTP/1.1 client to engines: per-thread keep-alive pools, http-parser framing.
  *
  * A leg is one request to one endpoint. Contract (libuv style): if up_leg_start() returns NULL no callback
  * ever fires; otherwise on_done fires exactly once (err 0 = whole response read; negative errno otherwise),
  * unless the owner calls up_leg_cancel() first, after which nothing fires. on_head and on_body fire before
  * on_done. The leg is freed by this module right after on_done returns; the owner must drop its pointer.
  * Everything runs on the event loop of the thread that owns the up_thread. */
-#ifndef XPYD_UPSTREAM_H
-#define XPYD_UPSTREAM_H
+#ifndef XPYD_HTTP_CLIENT_H
+#define XPYD_HTTP_CLIENT_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,5 +1,5 @@
-/* upstream.c - pooled HTTP/1.1 client legs to engines (see upstream.h for the callback contract). */
-#include "upstream.h"
+/* xpyd_http_client.c - pooled HTTP/1.1 client legs to engines (see xpyd_http_client.h for the callback contract). */
+#include "xpyd_http_client.h"
 
 #include <errno.h>
 #include <event2/buffer.h>

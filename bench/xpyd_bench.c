@@ -1,0 +1,586 @@
+/* xpyd_bench.c - a C load generator with vLLM benchmark_serving.py's workflow, flags, metrics and result
+ * table: random prompts, Poisson/gamma arrivals, a concurrency cap, TTFT/TPOT/ITL/E2EL percentiles.
+ *
+ * Metrics follow benchmark_serving: TTFT = first SSE event carrying content; ITL = gaps between content
+ * events; output length = the usage event's completion_tokens (else the number of content events);
+ * TPOT = (E2EL - TTFT) / (output tokens - 1). Failed requests are counted with their error. */
+#include "xpyd_http_client.h"
+#include "xpyd_sse.h"
+#include "xpyd_util.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct opts {
+    char host[256];
+    int port;
+    char endpoint[256];
+    int chat;
+    char model[256];
+    int num_prompts;
+    int input_len, output_len;
+    double range_ratio;
+    double rate; /* requests/s, 0 = inf */
+    double burstiness;
+    int max_concurrency; /* 0 = unlimited */
+    int ignore_eos;
+    uint64_t seed;
+    char percentile_metrics[128];
+    char metric_percentiles[128];
+    int save_result;
+    char result_filename[512];
+    int disable_tqdm;
+    long timeout_ms;
+};
+
+struct req {
+    int i;
+    int in_len, out_len;
+    uint64_t t_start, t_last;
+    double ttft;         /* s, <0 until the first token */
+    double *itl;         /* s, owned */
+    size_t n_itl, cap_itl;
+    long out_tokens;     /* from usage, else counted */
+    long counted;
+    int status;
+    int done_seen;
+    int ok;
+    double e2el;
+    char err[200];
+    struct xpyd_sse_parser sse;
+    struct evbuffer *errbody;
+    struct up_leg *leg;
+};
+
+static struct opts O;
+static struct event_base *base;
+static struct up_thread *up;
+static struct req *reqs;
+static int next_to_send, in_flight, finished;
+static uint64_t rng, t0, t_end;
+static struct event *arrival_ev;
+
+static double urand(void)
+{
+    rng = xpyd_mix64(rng);
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+/* Gamma(shape, scale) by Marsaglia-Tsang; shape 1 is the exponential (Poisson arrivals). */
+static double gamma_sample(double shape, double scale)
+{
+    if (shape < 1)
+        return gamma_sample(shape + 1, scale) * pow(urand(), 1.0 / shape);
+    double d = shape - 1.0 / 3, c = 1 / sqrt(9 * d);
+    for (;;) {
+        double x, v;
+        do {
+            double u1 = urand(), u2 = urand();
+            x = sqrt(-2 * log(u1 + 1e-300)) * cos(2 * M_PI * u2);
+            v = 1 + c * x;
+        } while (v <= 0);
+        v = v * v * v;
+        double u = urand();
+        if (log(u + 1e-300) < 0.5 * x * x + d - d * v + d * log(v))
+            return d * v * scale;
+    }
+}
+
+static int rand_len(int mean)
+{
+    int lo = (int)(mean * (1 - O.range_ratio)), hi = (int)(mean * (1 + O.range_ratio));
+    if (lo < 1)
+        lo = 1;
+    if (hi < lo)
+        hi = lo;
+    return lo + (int)(urand() * (hi - lo + 1));
+}
+
+static char *make_body(struct req *r)
+{
+    /* A random prompt of in_len words: one word is one token on xpyd_sim, and about one on real models. */
+    struct evbuffer *p = evbuffer_new();
+    static const char *const words[] = {"alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta",
+                                        "lambda", "zeta", "eta", "iota", "rho", "tau", "phi", "chi"};
+    for (int k = 0; k < r->in_len; k++)
+        evbuffer_add_printf(p, "%s%s%d", k ? " " : "", words[(size_t)(urand() * 16) & 15], (int)(urand() * 100));
+    size_t n = evbuffer_get_length(p);
+    char *prompt = XPYD_XALLOC(malloc(n + 1));
+    evbuffer_remove(p, prompt, n);
+    prompt[n] = '\0';
+    evbuffer_free(p);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model", O.model);
+    if (O.chat) {
+        cJSON *msgs = cJSON_AddArrayToObject(o, "messages");
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddStringToObject(m, "role", "user");
+        cJSON_AddStringToObject(m, "content", prompt);
+        cJSON_AddItemToArray(msgs, m);
+        cJSON_AddNumberToObject(o, "max_completion_tokens", r->out_len);
+    } else {
+        cJSON_AddStringToObject(o, "prompt", prompt);
+        cJSON_AddNumberToObject(o, "max_tokens", r->out_len);
+    }
+    cJSON_AddTrueToObject(o, "stream");
+    cJSON_AddItemToObject(o, "stream_options", cJSON_Parse("{\"include_usage\":true}"));
+    cJSON_AddNumberToObject(o, "temperature", 0);
+    if (O.ignore_eos)
+        cJSON_AddTrueToObject(o, "ignore_eos");
+    char *s = XPYD_XALLOC(cJSON_PrintUnformatted(o));
+    cJSON_Delete(o);
+    free(prompt);
+    return s;
+}
+
+static int on_event(void *arg, const char *data, size_t len, const char *raw, size_t rawlen)
+{
+    struct req *r = arg;
+    if (strcmp(data, "[DONE]") == 0) {
+        r->done_seen = 1;
+        return 0;
+    }
+    cJSON *o = cJSON_ParseWithLength(data, len);
+    if (!o)
+        return 0;
+    const cJSON *err = cJSON_GetObjectItemCaseSensitive(o, "error");
+    if (cJSON_IsObject(err)) {
+        const cJSON *m = cJSON_GetObjectItemCaseSensitive(err, "message");
+        snprintf(r->err, sizeof r->err, "stream error: %.170s", cJSON_IsString(m) ? m->valuestring : "?");
+    }
+    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(ch, "text");
+    if (!cJSON_IsString(text))
+        text = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ch, "delta"), "content");
+    if (cJSON_IsString(text) && text->valuestring[0]) {
+        uint64_t now = xpyd_now_us();
+        if (r->ttft < 0)
+            r->ttft = (double)(now - r->t_start) / 1e6;
+        else {
+            if (r->n_itl == r->cap_itl) {
+                r->cap_itl = r->cap_itl ? r->cap_itl * 2 : 64;
+                r->itl = XPYD_XALLOC(realloc(r->itl, r->cap_itl * sizeof *r->itl));
+            }
+            r->itl[r->n_itl++] = (double)(now - r->t_last) / 1e6;
+        }
+        r->t_last = now;
+        r->counted++;
+    }
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "usage"), "completion_tokens");
+    if (cJSON_IsNumber(ct))
+        r->out_tokens = (long)ct->valuedouble;
+    cJSON_Delete(o);
+    return 0;
+}
+
+static void schedule_arrivals(void);
+
+static void on_head(struct up_leg *leg, int status, void *arg)
+{
+    ((struct req *)arg)->status = status;
+}
+
+static void on_body(struct up_leg *leg, const char *data, size_t len, void *arg)
+{
+    struct req *r = arg;
+    if (r->status == 200)
+        xpyd_sse_feed(&r->sse, data, len, on_event, r);
+    else if (evbuffer_get_length(r->errbody) < 4096)
+        evbuffer_add(r->errbody, data, len);
+}
+
+static void progress(void)
+{
+    if (O.disable_tqdm || !isatty(2))
+        return;
+    int w = 40, f = O.num_prompts ? finished * w / O.num_prompts : w;
+    fprintf(stderr, "\r[%.*s%*s] %d/%d", f, "########################################", w - f, "", finished,
+            O.num_prompts);
+    if (finished == O.num_prompts)
+        fputc('\n', stderr);
+}
+
+static void on_done(struct up_leg *leg, int err, void *arg)
+{
+    struct req *r = arg;
+    r->leg = NULL;
+    r->e2el = (double)(xpyd_now_us() - r->t_start) / 1e6;
+    if (err)
+        snprintf(r->err, sizeof r->err, "connection error: %s", strerror(-err));
+    else if (r->status != 200) {
+        size_t n = evbuffer_get_length(r->errbody);
+        snprintf(r->err, sizeof r->err, "HTTP %d: %.*s", r->status, (int)(n > 150 ? 150 : n),
+                 n ? (const char *)evbuffer_pullup(r->errbody, -1) : "");
+    } else if (!r->done_seen && !r->err[0])
+        snprintf(r->err, sizeof r->err, "stream ended without [DONE]");
+    else if (r->ttft < 0 && !r->err[0])
+        snprintf(r->err, sizeof r->err, "no token received");
+    r->ok = !r->err[0];
+    if (r->out_tokens < 0)
+        r->out_tokens = r->counted;
+    xpyd_sse_reset(&r->sse);
+    in_flight--;
+    finished++;
+    progress();
+    if (finished == O.num_prompts) {
+        t_end = xpyd_now_us();
+        event_base_loopexit(base, NULL);
+        return;
+    }
+    if (O.rate <= 0)
+        schedule_arrivals();
+}
+
+static void send_one(void)
+{
+    struct req *r = &reqs[next_to_send++];
+    char *body = make_body(r);
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                           "Authorization: Bearer xpyd-bench\r\nContent-Length: %zu\r\n\r\n%s",
+                        O.endpoint, O.host, O.port, strlen(body), body);
+    free(body);
+    r->t_start = xpyd_now_us();
+    in_flight++;
+    static const struct up_leg_cbs cbs = {on_head, on_body, on_done, NULL};
+    struct up_timeouts to = {O.timeout_ms, O.timeout_ms, O.timeout_ms};
+    r->leg = up_leg_start(up, 0, b, &to, &cbs, r);
+    evbuffer_free(b);
+}
+
+static void on_arrival(evutil_socket_t fd, short ev, void *arg)
+{
+    schedule_arrivals();
+}
+
+/* Sends what the rate and the concurrency cap allow now, and arms the timer for the next arrival. */
+static void schedule_arrivals(void)
+{
+    while (next_to_send < O.num_prompts && (O.max_concurrency <= 0 || in_flight < O.max_concurrency)) {
+        if (O.rate > 0) {
+            static uint64_t due;
+            if (!due)
+                due = xpyd_now_us();
+            uint64_t now = xpyd_now_us();
+            if (now < due) {
+                struct timeval tv = {(time_t)((due - now) / 1000000), (suseconds_t)((due - now) % 1000000)};
+                event_add(arrival_ev, &tv);
+                return;
+            }
+            send_one();
+            due += (uint64_t)(gamma_sample(O.burstiness, 1.0 / (O.rate * O.burstiness)) * 1e6);
+        } else {
+            send_one();
+        }
+    }
+    if (O.rate > 0 && next_to_send < O.num_prompts) { /* capped by concurrency: look again shortly */
+        struct timeval tv = {0, 1000};
+        event_add(arrival_ev, &tv);
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(double *v, size_t n, double p)
+{
+    if (!n)
+        return 0;
+    double k = (double)(n - 1) * p / 100.0; /* linear interpolation, as numpy.percentile */
+    size_t f = (size_t)k;
+    size_t c = f + 1 < n ? f + 1 : f;
+    return v[f] + (v[c] - v[f]) * (k - (double)f);
+}
+
+static void usage(FILE *f)
+{
+    fputs("usage: xpyd_bench [options]   (the flags of vLLM's benchmark_serving.py)\n"
+          "  --host H (127.0.0.1) --port N (8000) --base-url http://H:P --endpoint PATH (/v1/completions)\n"
+          "  --backend openai|openai-chat|vllm (openai) --model NAME (sim-model)\n"
+          "  --num-prompts N (100) --random-input-len N (128) --random-output-len N (128) --random-range-ratio R (0)\n"
+          "  --request-rate R (inf) --burstiness B (1.0 = Poisson) --max-concurrency N (unlimited) --ignore-eos\n"
+          "  --seed N (0) --percentile-metrics ttft,tpot,itl,e2el (ttft,tpot,itl) --metric-percentiles 50,90,99 (99)\n"
+          "  --save-result --result-filename F --disable-tqdm --timeout-ms N (600000, per request)\n",
+          f);
+}
+
+static int parse(int argc, char **argv)
+{
+    snprintf(O.host, sizeof O.host, "127.0.0.1");
+    O.port = 8000;
+    snprintf(O.endpoint, sizeof O.endpoint, "/v1/completions");
+    snprintf(O.model, sizeof O.model, "sim-model");
+    O.num_prompts = 100;
+    O.input_len = O.output_len = 128;
+    O.burstiness = 1.0;
+    O.timeout_ms = 600000;
+    snprintf(O.percentile_metrics, sizeof O.percentile_metrics, "ttft,tpot,itl");
+    snprintf(O.metric_percentiles, sizeof O.metric_percentiles, "99");
+    static const struct option lo[] = {
+        {"host", 1, 0, 1}, {"port", 1, 0, 2}, {"base-url", 1, 0, 3}, {"endpoint", 1, 0, 4}, {"backend", 1, 0, 5},
+        {"model", 1, 0, 6}, {"num-prompts", 1, 0, 7}, {"random-input-len", 1, 0, 8}, {"random-output-len", 1, 0, 9},
+        {"random-range-ratio", 1, 0, 10}, {"request-rate", 1, 0, 11}, {"burstiness", 1, 0, 12},
+        {"max-concurrency", 1, 0, 13}, {"ignore-eos", 0, 0, 14}, {"seed", 1, 0, 15},
+        {"percentile-metrics", 1, 0, 16}, {"metric-percentiles", 1, 0, 17}, {"save-result", 0, 0, 18},
+        {"result-filename", 1, 0, 19}, {"disable-tqdm", 0, 0, 20}, {"timeout-ms", 1, 0, 21},
+        {"dataset-name", 1, 0, 22}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    int o;
+    long v;
+    while ((o = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        const char *a = optarg;
+        int bad = 0;
+        switch (o) {
+        case 1: snprintf(O.host, sizeof O.host, "%s", a); break;
+        case 2: bad = xpyd_parse_long(a, 1, 65535, &v); O.port = (int)v; break;
+        case 3: {
+            const char *h = strstr(a, "://");
+            h = h ? h + 3 : a;
+            char hp[300];
+            snprintf(hp, sizeof hp, "%s", h);
+            char *slash = strchr(hp, '/');
+            if (slash)
+                *slash = '\0';
+            bad = xpyd_parse_hostport(hp, O.host, sizeof O.host, &O.port);
+            break;
+        }
+        case 4: snprintf(O.endpoint, sizeof O.endpoint, "%s", a); break;
+        case 5:
+            if (!strcmp(a, "openai-chat"))
+                O.chat = 1;
+            else if (strcmp(a, "openai") && strcmp(a, "vllm"))
+                bad = 1;
+            break;
+        case 6: snprintf(O.model, sizeof O.model, "%s", a); break;
+        case 7: bad = xpyd_parse_long(a, 1, 10000000, &v); O.num_prompts = (int)v; break;
+        case 8: bad = xpyd_parse_long(a, 1, 1000000, &v); O.input_len = (int)v; break;
+        case 9: bad = xpyd_parse_long(a, 1, 1000000, &v); O.output_len = (int)v; break;
+        case 10: bad = xpyd_parse_double(a, 0, 1, &O.range_ratio); break;
+        case 11: O.rate = !strcmp(a, "inf") ? 0 : (bad = xpyd_parse_double(a, 1e-6, 1e9, &O.rate), O.rate); break;
+        case 12: bad = xpyd_parse_double(a, 1e-3, 1e3, &O.burstiness); break;
+        case 13: bad = xpyd_parse_long(a, 1, 10000000, &v); O.max_concurrency = (int)v; break;
+        case 14: O.ignore_eos = 1; break;
+        case 15: bad = xpyd_parse_long(a, 0, 0x7fffffffffffffffL, &v); O.seed = (uint64_t)v; break;
+        case 16: snprintf(O.percentile_metrics, sizeof O.percentile_metrics, "%s", a); break;
+        case 17: snprintf(O.metric_percentiles, sizeof O.metric_percentiles, "%s", a); break;
+        case 18: O.save_result = 1; break;
+        case 19: snprintf(O.result_filename, sizeof O.result_filename, "%s", a); break;
+        case 20: O.disable_tqdm = 1; break;
+        case 21: bad = xpyd_parse_long(a, 1, 86400000, &O.timeout_ms); break;
+        case 22: bad = strcmp(a, "random") != 0; break;
+        case 'h': usage(stdout); exit(0);
+        default: usage(stderr); return -1;
+        }
+        if (bad) {
+            fprintf(stderr, "xpyd_bench: invalid value '%s'\n", a ? a : "");
+            return -1;
+        }
+    }
+    if (O.chat && !strcmp(O.endpoint, "/v1/completions"))
+        snprintf(O.endpoint, sizeof O.endpoint, "/v1/chat/completions");
+    return 0;
+}
+
+static void print_metric(const char *title, const char *key, const char *label, double *v, size_t n, const double *pcts, int np,
+                         int show, cJSON *out)
+{
+    double sum = 0;
+    for (size_t i = 0; i < n; i++)
+        sum += v[i];
+    qsort(v, n, sizeof *v, cmp_double);
+    double mean = n ? sum / (double)n : 0, var = 0;
+    for (size_t i = 0; i < n; i++)
+        var += (v[i] - mean) * (v[i] - mean);
+    char k[80];
+    snprintf(k, sizeof k, "mean_%s_ms", key);
+    cJSON_AddNumberToObject(out, k, mean * 1000);
+    snprintf(k, sizeof k, "median_%s_ms", key);
+    cJSON_AddNumberToObject(out, k, pct(v, n, 50) * 1000);
+    snprintf(k, sizeof k, "std_%s_ms", key);
+    cJSON_AddNumberToObject(out, k, n ? sqrt(var / (double)n) * 1000 : 0);
+    if (show) {
+        char lab[80];
+        printf("%s\n", title);
+        snprintf(lab, sizeof lab, "Mean %s (ms):", label);
+        printf("%-40s%-10.2f\n", lab, mean * 1000);
+        snprintf(lab, sizeof lab, "Median %s (ms):", label);
+        printf("%-40s%-10.2f\n", lab, pct(v, n, 50) * 1000);
+    }
+    for (int i = 0; i < np; i++) {
+        snprintf(k, sizeof k, "p%g_%s_ms", pcts[i], key);
+        cJSON_AddNumberToObject(out, k, pct(v, n, pcts[i]) * 1000);
+        if (show) {
+            char lab[80];
+            snprintf(lab, sizeof lab, "P%g %s (ms):", pcts[i], label);
+            printf("%-40s%-10.2f\n", lab, pct(v, n, pcts[i]) * 1000);
+        }
+    }
+}
+
+static void report(void)
+{
+    double dur = (double)(t_end - t0) / 1e6;
+    int ok = 0;
+    long in_total = 0, out_total = 0;
+    size_t n_itl = 0;
+    for (int i = 0; i < O.num_prompts; i++) {
+        if (reqs[i].ok) {
+            ok++;
+            in_total += reqs[i].in_len;
+            out_total += reqs[i].out_tokens;
+            n_itl += reqs[i].n_itl;
+        }
+    }
+    double *ttft = XPYD_XALLOC(calloc((size_t)ok + 1, sizeof(double)));
+    double *tpot = XPYD_XALLOC(calloc((size_t)ok + 1, sizeof(double)));
+    double *e2el = XPYD_XALLOC(calloc((size_t)ok + 1, sizeof(double)));
+    double *itl = XPYD_XALLOC(calloc(n_itl + 1, sizeof(double)));
+    size_t k = 0, nt = 0, ni = 0;
+    cJSON *out = cJSON_CreateObject();
+    cJSON *a_ttft = cJSON_CreateArray(), *a_itl = cJSON_CreateArray(), *a_err = cJSON_CreateArray();
+    cJSON *a_in = cJSON_CreateArray(), *a_out = cJSON_CreateArray();
+    for (int i = 0; i < O.num_prompts; i++) {
+        struct req *r = &reqs[i];
+        cJSON_AddItemToArray(a_ttft, cJSON_CreateNumber(r->ok ? r->ttft : 0));
+        cJSON_AddItemToArray(a_err, cJSON_CreateString(r->err));
+        cJSON_AddItemToArray(a_in, cJSON_CreateNumber(r->in_len));
+        cJSON_AddItemToArray(a_out, cJSON_CreateNumber(r->ok ? (double)r->out_tokens : 0));
+        cJSON *ri = cJSON_CreateArray();
+        for (size_t j = 0; j < r->n_itl; j++)
+            cJSON_AddItemToArray(ri, cJSON_CreateNumber(r->itl[j]));
+        cJSON_AddItemToArray(a_itl, ri);
+        if (!r->ok)
+            continue;
+        ttft[k] = r->ttft;
+        e2el[k++] = r->e2el;
+        if (r->out_tokens > 1)
+            tpot[nt++] = (r->e2el - r->ttft) / (double)(r->out_tokens - 1);
+        for (size_t j = 0; j < r->n_itl; j++)
+            itl[ni++] = r->itl[j];
+    }
+    printf("============ Serving Benchmark Result ============\n");
+    printf("%-40s%-10d\n", "Successful requests:", ok);
+    printf("%-40s%-10d\n", "Failed requests:", O.num_prompts - ok);
+    printf("%-40s%-10.2f\n", "Benchmark duration (s):", dur);
+    printf("%-40s%-10ld\n", "Total input tokens:", in_total);
+    printf("%-40s%-10ld\n", "Total generated tokens:", out_total);
+    printf("%-40s%-10.2f\n", "Request throughput (req/s):", ok / dur);
+    printf("%-40s%-10.2f\n", "Output token throughput (tok/s):", (double)out_total / dur);
+    printf("%-40s%-10.2f\n", "Total Token throughput (tok/s):", (double)(in_total + out_total) / dur);
+    cJSON_AddStringToObject(out, "backend", O.chat ? "openai-chat" : "openai");
+    cJSON_AddStringToObject(out, "model_id", O.model);
+    cJSON_AddNumberToObject(out, "num_prompts", O.num_prompts);
+    cJSON_AddNumberToObject(out, "duration", dur);
+    cJSON_AddNumberToObject(out, "completed", ok);
+    cJSON_AddNumberToObject(out, "failed", O.num_prompts - ok);
+    cJSON_AddNumberToObject(out, "total_input_tokens", (double)in_total);
+    cJSON_AddNumberToObject(out, "total_output_tokens", (double)out_total);
+    cJSON_AddNumberToObject(out, "request_throughput", ok / dur);
+    cJSON_AddNumberToObject(out, "output_throughput", (double)out_total / dur);
+    cJSON_AddNumberToObject(out, "total_token_throughput", (double)(in_total + out_total) / dur);
+    if (O.rate > 0)
+        cJSON_AddNumberToObject(out, "request_rate", O.rate);
+    else
+        cJSON_AddStringToObject(out, "request_rate", "inf");
+    cJSON_AddNumberToObject(out, "burstiness", O.burstiness);
+    if (O.max_concurrency)
+        cJSON_AddNumberToObject(out, "max_concurrency", O.max_concurrency);
+    else
+        cJSON_AddNullToObject(out, "max_concurrency");
+    double pcts[16];
+    int np = 0;
+    char buf[128];
+    snprintf(buf, sizeof buf, "%s", O.metric_percentiles);
+    for (char *s = strtok(buf, ","); s && np < 16; s = strtok(NULL, ","))
+        pcts[np++] = atof(s);
+    print_metric("---------------Time to First Token----------------", "ttft", "TTFT", ttft, k, pcts, np,
+                 strstr(O.percentile_metrics, "ttft") != NULL, out);
+    print_metric("-----Time per Output Token (excl. 1st token)------", "tpot", "TPOT", tpot, nt, pcts, np,
+                 strstr(O.percentile_metrics, "tpot") != NULL, out);
+    print_metric("---------------Inter-token Latency----------------", "itl", "ITL", itl, ni, pcts, np,
+                 strstr(O.percentile_metrics, "itl") != NULL, out);
+    print_metric("----------------End-to-end Latency----------------", "e2el", "E2EL", e2el, k, pcts, np,
+                 strstr(O.percentile_metrics, "e2el") != NULL, out);
+    printf("==================================================\n");
+    for (int i = 0, shown = 0; i < O.num_prompts && shown < 5; i++)
+        if (!reqs[i].ok) {
+            printf("failed request %d: %s\n", i, reqs[i].err);
+            shown++;
+        }
+    cJSON_AddItemToObject(out, "input_lens", a_in);
+    cJSON_AddItemToObject(out, "output_lens", a_out);
+    cJSON_AddItemToObject(out, "ttfts", a_ttft);
+    cJSON_AddItemToObject(out, "itls", a_itl);
+    cJSON_AddItemToObject(out, "errors", a_err);
+    if (O.save_result) {
+        char fn[600];
+        if (O.result_filename[0])
+            snprintf(fn, sizeof fn, "%s", O.result_filename);
+        else
+            snprintf(fn, sizeof fn, "xpyd-bench-%lld.json", (long long)xpyd_wall_s());
+        char *s = cJSON_PrintUnformatted(out);
+        FILE *f = fopen(fn, "w");
+        if (!f || fputs(s, f) < 0 || fclose(f) != 0)
+            fprintf(stderr, "xpyd_bench: cannot write %s\n", fn);
+        free(s);
+    }
+    cJSON_Delete(out);
+    free(ttft);
+    free(tpot);
+    free(e2el);
+    free(itl);
+}
+
+int main(int argc, char **argv)
+{
+    if (parse(argc, argv) != 0)
+        return 2;
+    xpyd_raise_nofile();
+    rng = xpyd_mix64(O.seed + 1);
+    base = event_base_new();
+    struct up_endpoint ep;
+    if (up_endpoint_resolve(&ep, O.host, O.port) != 0) {
+        fprintf(stderr, "xpyd_bench: cannot resolve %s\n", O.host);
+        return 2;
+    }
+    up = up_thread_new(base, &ep, 1, 100000);
+    reqs = XPYD_XALLOC(calloc((size_t)O.num_prompts, sizeof *reqs));
+    for (int i = 0; i < O.num_prompts; i++) {
+        reqs[i].i = i;
+        reqs[i].in_len = rand_len(O.input_len);
+        reqs[i].out_len = rand_len(O.output_len);
+        reqs[i].ttft = -1;
+        reqs[i].out_tokens = -1;
+        reqs[i].sse.max_event = 1 << 20;
+        reqs[i].errbody = evbuffer_new();
+    }
+    arrival_ev = event_new(base, -1, 0, on_arrival, NULL);
+    printf("Starting benchmark: %d prompts, input %d, output %d, rate %s, max concurrency %d\n", O.num_prompts,
+           O.input_len, O.output_len, O.rate > 0 ? "finite" : "inf", O.max_concurrency);
+    fflush(stdout);
+    t0 = xpyd_now_us();
+    schedule_arrivals();
+    event_base_dispatch(base);
+    report();
+    int failed = 0;
+    for (int i = 0; i < O.num_prompts; i++) {
+        failed += !reqs[i].ok;
+        free(reqs[i].itl);
+        evbuffer_free(reqs[i].errbody);
+    }
+    free(reqs);
+    event_free(arrival_ev);
+    up_thread_free(up);
+    event_base_free(base);
+    return failed ? 1 : 0;
+}
