@@ -267,8 +267,8 @@ static int load_json(struct rt_config *c, const char *path)
     const cJSON *it;
     cJSON_ArrayForEach(it, root)
     {
-        if (!strcmp(it->string, "prefill") || !strcmp(it->string, "decode"))
-            continue;
+        if (!strcmp(it->string, "prefill") || !strcmp(it->string, "decode") || it->string[0] == '_')
+            continue; /* pools below; keys starting with '_' are comments */
         const struct setting *s = find_setting(it->string);
         if (!s) {
             fprintf(stderr, "xpyd_router: config '%s': unknown setting \"%s\"\n", path, it->string);

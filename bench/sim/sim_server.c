@@ -93,6 +93,7 @@ struct sreq {
     int ho_mode;            /* index into sim->handoffs for the pull this request does */
     long cached_tokens;
     size_t pos;             /* tokens generated so far */
+    uint64_t next_due_us;   /* absolute deadline of the next token, so ITL does not drift */
     const char *finish_reason;
     struct event *timer;
     struct event *close_ev;
@@ -806,8 +807,13 @@ static void generate_one(struct sreq *r)
         if (last)
             sreq_send_final_json(r);
     }
-    if (!last)
-        sreq_schedule(r, (uint64_t)s->cfg.decode_us_per_token);
+    if (!last) {
+        uint64_t now = xpyd_now_us();
+        if (!r->next_due_us || r->next_due_us + 10000 < now)
+            r->next_due_us = now; /* first token, or badly late: restart the cadence */
+        r->next_due_us += (uint64_t)s->cfg.decode_us_per_token;
+        sreq_schedule(r, r->next_due_us > now ? r->next_due_us - now : 0);
+    }
 }
 
 static void sreq_tick(evutil_socket_t fd, short ev, void *arg)
@@ -1296,6 +1302,7 @@ int sim_run(const struct sim_config *cfg)
     }
     struct event_config *ec = event_config_new();
     event_config_require_features(ec, EV_FEATURE_EARLY_CLOSE);
+    event_config_set_flag(ec, EVENT_BASE_FLAG_PRECISE_TIMER); /* sub-millisecond token timing */
     s->base = event_base_new_with_config(ec);
     event_config_free(ec);
     if (!s->base) {

@@ -1,0 +1,148 @@
+"""Router configuration: host lists in every accepted form, the Python proxies' aliases, JSON topology
+files (the CLI wins), DP expansion, errors, --help; and the launch helpers' --print commands."""
+import os
+import subprocess
+
+import xpyd_testlib as t
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+ROUTER = os.path.join(t.BIN, "xpyd_router")
+
+
+def dry(*args):
+    out = subprocess.run([ROUTER, "--dry-run"] + list(args), capture_output=True, text=True, cwd=ROOT)
+    return out.returncode, out.stdout, out.stderr
+
+
+def ranks(out, pool):
+    return [l.split()[1] for l in out.splitlines() if l.strip().startswith(pool + "[")]
+
+
+class Lists(t.TestCase):
+    def test_forms(self):
+        for args in (["-p", "h1:1", "h2:2", "-d", "h3:3"], ["-p", "h1:1,h2:2", "-d", "h3:3"],
+                     ["-p", "h1:1", "-p", "h2:2", "--decode", "h3:3"],
+                     ["--prefiller-hosts", "h1", "h2", "--prefiller-ports", "1", "2", "--decoder-hosts", "h3",
+                      "--decoder-ports", "3"]):
+            rc, out, err = dry(*args)
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(ranks(out, "P"), ["h1:1", "h2:2"], args)
+            self.assertEqual(ranks(out, "D"), ["h3:3"], args)
+
+    def test_ipv6_and_hostnames(self):
+        rc, out, err = dry("-p", "[::1]:8100", "-d", "localhost:8200")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(ranks(out, "P"), ["[::1]:8100"])
+        self.assertEqual(ranks(out, "D"), ["localhost:8200"])
+
+    def test_internal_dp_pins_ranks(self):
+        rc, out, _ = dry("-p", "a:1", "-d", "b:2", "c:2", "--decode-dp", "2", "--dp-mode", "internal")
+        self.assertEqual(ranks(out, "D"), ["b:2", "c:2", "b:2", "c:2"])
+        self.assertEqual([l.split()[2] for l in out.splitlines() if l.strip().startswith("D[")],
+                         ["dp_rank=0", "dp_rank=0", "dp_rank=1", "dp_rank=1"])
+
+    def test_aliases_for_first_token_and_repeat(self):
+        rc, out, _ = dry("-p", "a:1", "-d", "b:2", "--generator_on_p_node", "--handoff", "store",
+                         "--repeat_d_times", "3")
+        self.assertEqual(rc, 0)
+        self.assertIn("first-token=prefill", out)
+        self.assertIn("repeat-d-times=3", out)
+
+
+class Files(t.TestCase):
+    def test_seed_topologies(self):
+        rc, out, err = dry("--config", "conf/xpyd-dp16.json")
+        self.assertEqual(rc, 0, err)
+        d = ranks(out, "D")
+        self.assertEqual(len(d), 16)
+        self.assertEqual(d[:4], ["10.0.1.1:8200", "10.0.1.2:8200", "10.0.1.1:8201", "10.0.1.2:8201"])
+        self.assertEqual(d[-1], "10.0.1.2:8207")
+        self.assertIn("tp=8", [l.split()[3] for l in out.splitlines() if l.strip().startswith("P[")])
+        for f, handoff, np, nd in [("conf/1p1d.json", "kv-params", 1, 1), ("conf/store.json", "store", 1, 2),
+                                   ("conf/sglang-bootstrap.json", "bootstrap", 1, 1),
+                                   ("conf/sim-cluster.json", "kv-params", 2, 2)]:
+            rc, out, err = dry("--config", f)
+            self.assertEqual(rc, 0, err)
+            self.assertIn("handoff=" + handoff, out)
+            self.assertEqual((len(ranks(out, "P")), len(ranks(out, "D"))), (np, nd), f)
+        rc, out, _ = dry("--config", "conf/sglang-bootstrap.json")
+        self.assertIn("bootstrap_port=8998", out)
+
+    def test_cli_wins(self):
+        rc, out, _ = dry("--config", "conf/1p1d.json", "--port", "9999", "-d", "z:1")
+        self.assertIn("listen 0.0.0.0:9999", out)
+        self.assertEqual(ranks(out, "D"), ["z:1"])
+        self.assertEqual(ranks(out, "P"), ["10.0.0.1:8100"])
+
+
+class Errors(t.TestCase):
+    def test_clear_errors(self):
+        for args, needle in [(["-p", "a:1"], "at least one prefill"), (["-p", "a:1", "-d", "b:x"], "bad decode address"),
+                             (["-p", "a:1", "-d", "b:1", "--bogus", "1"], "unknown option"),
+                             (["-p", "a:1", "-d", "b:1", "--handoff", "magic"], "unknown value"),
+                             (["-p", "a:1", "-d", "b:1", "--repeat-d-times", "2"], "needs --handoff store"),
+                             (["-p", "a:1", "-d", "b:1", "--connect-timeout-ms", "0"], "[1, 3600000]"),
+                             (["--config", "/nonexistent.json"], "cannot open config")]:
+            rc, out, err = dry(*args)
+            self.assertEqual(rc, 2, args)
+            self.assertIn(needle, err)
+
+    def test_help_documents_every_setting(self):
+        out = subprocess.run([ROUTER, "--help"], capture_output=True, text=True).stdout
+        for flag in ["--prefill", "--decode", "--prefill-dp", "--decode-tp", "--dp-mode", "--handoff", "--first-token",
+                     "--repeat-d-times", "--config", "--dry-run", "--prefiller-hosts", "--generator_on_p_node",
+                     "--threads", "--connect-timeout-ms", "--first-token-timeout-ms", "--stream-idle-timeout-ms",
+                     "--max-body-bytes", "--max-retries", "--prefill-policy"]:
+            self.assertIn(flag, out)
+
+
+class LaunchHelpers(t.TestCase):
+    def run_print(self, script, *args):
+        out = subprocess.run([os.path.join(ROOT, "scripts", script)] + list(args) + ["--print"],
+                             capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, XPYD_BIN=t.BIN))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        return out.stdout.strip().splitlines()
+
+    def test_nixl_external_dp(self):
+        lines = self.run_print("launch_engine.sh", "--role", "decode", "--connector", "nixl", "--model", "m",
+                               "--port", "8200", "--dp", "2")
+        self.assertEqual(len(lines), 2)
+        for r, l in enumerate(lines):
+            self.assertIn("VLLM_NIXL_SIDE_CHANNEL_PORT=%d" % (5600 + r), l)
+            self.assertIn("--port %d" % (8200 + r), l)
+            self.assertIn("--data-parallel-rank %d" % r, l)
+            self.assertIn("\"kv_connector\":\"NixlConnector\"", l)
+
+    def test_mooncake_and_store_and_sglang(self):
+        l = self.run_print("launch_engine.sh", "--role", "prefill", "--connector", "mooncake", "--model", "m")[0]
+        self.assertIn("\"kv_connector\":\"MooncakeConnectorV1\"", l)
+        self.assertIn("\"kv_role\":\"kv_producer\"", l)
+        l = self.run_print("launch_engine.sh", "--role", "decode", "--connector", "mooncake-store", "--model", "m")[0]
+        self.assertTrue(l.startswith("MOONCAKE_CONFIG_PATH="))
+        self.assertIn("\"kv_connector\":\"MooncakeStoreConnector\",\"kv_role\":\"kv_consumer\"", l)
+        l = self.run_print("launch_engine.sh", "--role", "prefill", "--connector", "sglang", "--model", "m")[0]
+        self.assertIn("--disaggregation-mode prefill", l)
+        self.assertIn("--disaggregation-bootstrap-port 8998", l)
+        l = self.run_print("launch_engine.sh", "--role", "decode", "--connector", "sglang", "--model", "m")[0]
+        self.assertNotIn("bootstrap-port", l)
+
+    def test_router_from_topology(self):
+        lines = self.run_print("launch_router.sh", "--config", "conf/xpyd-dp16.json")
+        self.assertTrue(lines[0].endswith("xpyd_router --config conf/xpyd-dp16.json"))
+        self.assertIn("decode pool: 16 ranks, policy lot", lines)
+
+
+class Ipv6Live(t.TestCase):
+    def test_router_reaches_ipv6_engines(self):
+        try:
+            p = self.start(t.Proc("xpyd_sim", ["--host", "::1", "--port", "0", "--role", "prefill"], ready_path=None))
+            d = self.start(t.Proc("xpyd_sim", ["--host", "::1", "--port", "0", "--role", "decode"], ready_path=None))
+        except AssertionError as e:
+            self.skipTest("no IPv6 loopback here: %s" % e)
+        r = self.start(t.router(["[::1]:%d" % p.port], ["[::1]:%d" % d.port]))
+        st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a b", "max_tokens": 2})
+        self.assertEqual(st, 200, out)
+
+
+if __name__ == "__main__":
+    t.main()
