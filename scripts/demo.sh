@@ -6,9 +6,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-./scripts/deps.sh
-./scripts/build.sh >/dev/null
-B=build/bin
+if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then
+  ./scripts/deps.sh
+  ./scripts/build.sh >/dev/null
+fi
+B=${XPYD_BUILD_DIR:-build}/bin
 PROMPTS=${DEMO_PROMPTS:-200}
 CONC=${DEMO_CONCURRENCY:-32}
 HANDOFF=${DEMO_HANDOFF:-kv-params}

@@ -1,0 +1,188 @@
+/* test_balancer.c - balancer properties: least-outstanding-tokens picks the least loaded eligible rank,
+ * ties rotate, max_model_len filters, and after every release every load is exactly zero, also under
+ * concurrent pick/release from several threads. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "xb.h"
+#include "xb_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct xb_pool *pool_of(int policy, int n, const int *weights, const int *tps, const long *mml)
+{
+    struct xb_pool *p = xb_pool_new(policy, 42);
+    for (int i = 0; i < n; i++) {
+        struct xb_instance_cfg c = {"h", 8000 + i, -1, tps ? tps[i] : 1, weights ? weights[i] : 1, mml ? mml[i] : 0, 0};
+        assert_int_equal(xb_pool_add(p, &c), i);
+    }
+    return p;
+}
+
+static uint64_t rng = 88172645463325252ULL;
+static uint64_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+/* After each pick: no eligible instance has a lower normalised load than the picked one had. */
+static void test_lot_property(void **st)
+{
+    int weights[6] = {1, 2, 1, 3, 1, 1}, tps[6] = {1, 1, 2, 1, 1, 4};
+    struct xb_pool *p = pool_of(XB_POLICY_LOT, 6, weights, tps, NULL);
+    struct {
+        int idx;
+        int64_t tok;
+    } live[4096];
+    int nlive = 0;
+    for (int step = 0; step < 20000; step++) {
+        if (nlive < 4096 && (nlive == 0 || rnd() % 3 != 0)) {
+            struct xb_inst before[6];
+            memcpy(before, p->inst, sizeof before);
+            int64_t tok = (int64_t)(rnd() % 5000) + 1;
+            int idx = xb_pick(p, 0, tok, NULL, 0);
+            assert_true(idx >= 0 && idx < 6);
+            for (int i = 0; i < 6; i++)
+                assert_false(xb_less_loaded(&before[i], &before[idx]));
+            live[nlive].idx = idx;
+            live[nlive++].tok = tok;
+        } else {
+            int k = (int)(rnd() % (uint64_t)nlive);
+            xb_release(p, live[k].idx, live[k].tok);
+            live[k] = live[--nlive];
+        }
+    }
+    while (nlive > 0) {
+        nlive--;
+        xb_release(p, live[nlive].idx, live[nlive].tok);
+    }
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(p->inst[i].outstanding, 0);
+        assert_int_equal(p->inst[i].inflight, 0);
+    }
+    xb_pool_free(p);
+}
+
+/* Idle ranks fill in turn instead of piling onto the first one. */
+static void test_tie_rotation(void **st)
+{
+    struct xb_pool *p = pool_of(XB_POLICY_LOT, 8, NULL, NULL, NULL);
+    int seen[8] = {0};
+    for (int i = 0; i < 8; i++) {
+        int idx = xb_pick(p, 0, 100, NULL, 0);
+        assert_int_equal(seen[idx], 0);
+        seen[idx] = 1;
+    }
+    /* all equally loaded again: the next 8 picks again cover all 8 */
+    memset(seen, 0, sizeof seen);
+    for (int i = 0; i < 8; i++)
+        seen[xb_pick(p, 0, 100, NULL, 0)]++;
+    for (int i = 0; i < 8; i++)
+        assert_int_equal(seen[i], 1);
+    xb_pool_free(p);
+}
+
+/* One long decode on rank A: the next request goes elsewhere; all busy: the least loaded. */
+static void test_least_loaded_wins(void **st)
+{
+    struct xb_pool *p = pool_of(XB_POLICY_LOT, 3, NULL, NULL, NULL);
+    int a = xb_pick(p, 0, 10000, NULL, 0);
+    int b = xb_pick(p, 0, 10, NULL, 0);
+    int c = xb_pick(p, 0, 500, NULL, 0);
+    assert_true(a != b && b != c && a != c);
+    assert_int_equal(xb_pick(p, 0, 1, NULL, 0), b);
+    xb_pool_free(p);
+}
+
+static void test_max_model_len_and_health(void **st)
+{
+    long mml[3] = {1000, 4000, 0};
+    struct xb_pool *p = pool_of(XB_POLICY_LOT, 3, NULL, NULL, mml);
+    for (int i = 0; i < 20; i++) {
+        int idx = xb_pick(p, 3000, 1, NULL, 0);
+        assert_true(idx == 1 || idx == 2);
+    }
+    xb_set_healthy(p, 2, 0);
+    assert_int_equal(xb_pick(p, 5000, 1, NULL, 0), -E2BIG); /* healthy ones exist, none large enough */
+    int ex[1] = {1};
+    assert_int_equal(xb_pick(p, 3000, 1, ex, 1), -E2BIG);
+    xb_set_healthy(p, 0, 0);
+    xb_set_healthy(p, 1, 0);
+    assert_int_equal(xb_pick(p, 10, 1, NULL, 0), -ENOENT);
+    xb_pool_free(p);
+}
+
+static void test_other_policies_release_to_zero(void **st)
+{
+    int pols[3] = {XB_POLICY_P2C, XB_POLICY_RR, XB_POLICY_RANDOM};
+    for (int k = 0; k < 3; k++) {
+        struct xb_pool *p = pool_of(pols[k], 5, NULL, NULL, NULL);
+        int counts[5] = {0};
+        for (int i = 0; i < 1000; i++) {
+            int idx = xb_pick(p, 0, 7, NULL, 0);
+            assert_true(idx >= 0 && idx < 5);
+            counts[idx]++;
+            xb_release(p, idx, 7);
+        }
+        for (int i = 0; i < 5; i++) {
+            assert_true(counts[i] > 0);
+            assert_int_equal(p->inst[i].outstanding, 0);
+        }
+        if (pols[k] == XB_POLICY_RR)
+            for (int i = 0; i < 5; i++)
+                assert_int_equal(counts[i], 200);
+        xb_pool_free(p);
+    }
+}
+
+static void *hammer(void *arg)
+{
+    struct xb_pool *p = arg;
+    uint64_t x = (uint64_t)(uintptr_t)&x;
+    for (int i = 0; i < 50000; i++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        int64_t tok = (int64_t)(x >> 40) % 1000 + 1;
+        int idx = xb_pick(p, 0, tok, NULL, 0);
+        xb_adjust(p, idx, -1);
+        xb_release(p, idx, tok - 1);
+    }
+    return NULL;
+}
+
+static void test_thread_safety(void **st)
+{
+    struct xb_pool *p = pool_of(XB_POLICY_LOT, 4, NULL, NULL, NULL);
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&th[i], NULL, hammer, p);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    int64_t inflight, outstanding;
+    xb_totals(p, &inflight, &outstanding);
+    assert_int_equal(inflight, 0);
+    assert_int_equal(outstanding, 0);
+    uint64_t sel = 0;
+    for (int i = 0; i < 4; i++)
+        sel += p->inst[i].selected;
+    assert_int_equal(sel, 200000);
+    xb_pool_free(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lot_property),          cmocka_unit_test(test_tie_rotation),
+        cmocka_unit_test(test_least_loaded_wins),     cmocka_unit_test(test_max_model_len_and_health),
+        cmocka_unit_test(test_other_policies_release_to_zero), cmocka_unit_test(test_thread_safety),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
