@@ -314,9 +314,8 @@ static char *prefill_body(struct rreq *r, size_t *len)
     cJSON_DeleteItemFromObjectCaseSensitive(b, "stream_options");
     cJSON_DeleteItemFromObjectCaseSensitive(b, "min_tokens");
     cJSON_DeleteItemFromObjectCaseSensitive(b, "min_completion_tokens");
-    cJSON_ReplaceItemInObjectCaseSensitive(b, "stream", cJSON_CreateFalse());
-    if (!cJSON_GetObjectItemCaseSensitive(b, "stream"))
-        cJSON_AddFalseToObject(b, "stream");
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "stream");
+    cJSON_AddFalseToObject(b, "stream");
     cJSON_DeleteItemFromObjectCaseSensitive(b, "max_tokens");
     cJSON_AddNumberToObject(b, "max_tokens", 1);
     if (cJSON_GetObjectItemCaseSensitive(b, "max_completion_tokens"))

@@ -1355,8 +1355,14 @@ int sim_run(const struct sim_config *cfg)
     rc = 0;
 out:
     for (int i = 0; i < s->nranks; i++)
-        if (s->ranks[i].htp)
+        if (s->ranks[i].htp) {
             evhtp_unbind_socket(s->ranks[i].htp);
+            evhtp_free(s->ranks[i].htp);
+        }
+    if (s->bootstrap_htp) {
+        evhtp_unbind_socket(s->bootstrap_htp);
+        evhtp_free(s->bootstrap_htp);
+    }
     if (s->sweep_ev)
         event_free(s->sweep_ev);
     if (s->sig_int)

@@ -73,6 +73,8 @@ class Proc:
         self.port_file = os.path.join(self.tmp, "port")
         self.log_path = os.path.join(self.tmp, "log")
         argv = [os.path.join(BIN, name)] + list(args)
+        self.argv0 = name
+        self.stopped = False
         if port_flag:
             argv += ["--port-file", self.port_file]
         self.log = open(self.log_path, "w+b")
@@ -106,7 +108,13 @@ class Proc:
     def signal(self, sig):
         self.p.send_signal(sig)
 
-    def stop(self, timeout=10):
+    def stop(self, timeout=10, check=True):
+        """Stops the process (SIGTERM, then SIGKILL after timeout). With check, a process that did not exit 0
+        on SIGTERM (a crash, a sanitizer report, a hang) fails the test with its output."""
+        if self.stopped:
+            return self.p.returncode
+        self.stopped = True
+        killed = False
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
             try:
@@ -114,16 +122,21 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.p.kill()
                 self.p.wait()
+                killed = True
         if self in _LIVE:
             _LIVE.remove(self)
+        out = self.output() if check else ""
         self.log.close()
+        if check and (killed or self.p.returncode != 0):
+            raise AssertionError("%s exited with %s%s:\n%s" % (self.argv0, self.p.returncode,
+                                 " (killed after SIGTERM timeout)" if killed else "", out[-4000:]))
         return self.p.returncode
 
 
 @atexit.register
 def _stop_all():
     for p in list(_LIVE):
-        p.stop()
+        p.stop(check=False)
 
 
 def sim(*args):
@@ -260,8 +273,14 @@ class TestCase(unittest.TestCase):
         return proc
 
     def tearDown(self):
+        errors = []
         for p in self._procs:
-            p.stop()
+            try:
+                p.stop()
+            except AssertionError as e:
+                errors.append(str(e))
+        if errors:
+            raise AssertionError("\n".join(errors))
 
     def assertOpenAIError(self, status, body, want_status, needle=""):
         self.assertEqual(status, want_status, body)
