@@ -29,6 +29,7 @@ static const char *const first_tokens[] = {"decode", "prefill", NULL};
 static const char *const dp_modes[] = {"external", "internal", NULL};
 static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
 static const char *const access_logs[] = {"off", "logfmt", "json", NULL};
+static const char *const on_off[] = {"off", "on", NULL};
 
 #define OFF(f) offsetof(struct rt_config, f)
 static const struct setting settings[] = {
@@ -62,6 +63,8 @@ static const struct setting settings[] = {
      "prompt-size estimate for text prompts (token-id arrays are counted exactly)"},
     {"log-level", K_ENUM, OFF(log_level), 0, 0, "info", log_levels, "none|error|warn|info|debug"},
     {"access-log", K_ENUM, OFF(access_log), 0, 0, "off", access_logs, "one line per request: off|logfmt|json"},
+    {"metrics", K_ENUM, OFF(metrics), 0, 0, "on", on_off,
+     "record latency histograms (off only to measure their cost; counters stay on)"},
     {"port-file", K_STR, OFF(port_file), 0, 0, "", NULL, "write the bound port here once listening"},
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])

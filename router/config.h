@@ -58,6 +58,7 @@ struct rt_config {
     char id_prefix[32];
     int log_level;
     int access_log;            /* 0 off, 1 logfmt, 2 json */
+    int metrics;               /* 1: histograms recorded (default); 0: off (overhead measurements) */
     int dry_run;
     char port_file[512];
     char config_path[512];

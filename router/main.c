@@ -96,75 +96,6 @@ static void on_status(evhtp_request_t *req, void *arg)
     evbuffer_free(b);
 }
 
-static void metric_head(struct evbuffer *b, const char *name, const char *type, const char *help)
-{
-    evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
-static void on_metrics(evhtp_request_t *req, void *arg)
-{
-    struct rt_counters *c = &g_rt->ctr;
-    struct evbuffer *b = evbuffer_new();
-    static const char *const classes[] = {"other", "1xx", "2xx", "3xx", "4xx", "5xx"};
-    metric_head(b, "xpyd_requests_total", "counter", "Client requests by endpoint and status class.");
-    for (int e = 0; e < RT_EP_COUNT; e++)
-        for (int k = 0; k < 6; k++)
-            evbuffer_add_printf(b, "xpyd_requests_total{endpoint=\"%s\",status=\"%s\"} %" PRIu64 "\n",
-                                e ? "/v1/chat/completions" : "/v1/completions", classes[k],
-                                (uint64_t)atomic_load(&c->requests[e][k]));
-    metric_head(b, "xpyd_request_errors_total", "counter", "Failed requests by reason (the router's failure table).");
-    for (int f = 1; f < RF_COUNT; f++)
-        evbuffer_add_printf(b, "xpyd_request_errors_total{reason=\"%s\"} %" PRIu64 "\n", rt_fail_table[f].name,
-                            (uint64_t)atomic_load(&c->errors[f]));
-    metric_head(b, "xpyd_retries_total", "counter", "Attempts retried on another instance.");
-    for (int r = 0; r < 2; r++)
-        evbuffer_add_printf(b, "xpyd_retries_total{role=\"%s\"} %" PRIu64 "\n", r ? "decode" : "prefill",
-                            (uint64_t)atomic_load(&c->retries[r]));
-    struct {
-        const char *name, *type, *help;
-        uint64_t v;
-    } g[] = {
-        {"xpyd_repeat_clones_total", "counter", "Decode-only clones fired by --repeat-d-times.",
-         (uint64_t)atomic_load(&c->repeat_clones)},
-        {"xpyd_first_token_mismatch_total", "counter", "Prefill and decode first tokens that differed.",
-         (uint64_t)atomic_load(&c->first_token_mismatch)},
-        {"xpyd_client_disconnects_total", "counter", "Clients that went away before their answer ended.",
-         (uint64_t)atomic_load(&c->client_disconnects)},
-        {"xpyd_active_streams", "gauge", "Streams being relayed now.", (uint64_t)atomic_load(&c->active_streams)},
-        {"xpyd_active_requests", "gauge", "Generate requests in progress now.",
-         (uint64_t)atomic_load(&c->active_requests)},
-        {"xpyd_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
-         (uint64_t)atomic_load(&c->prompt_tokens)},
-        {"xpyd_generation_tokens_total", "counter", "Tokens relayed to clients.",
-         (uint64_t)atomic_load(&c->generation_tokens)},
-    };
-    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
-        metric_head(b, g[i].name, g[i].type, g[i].help);
-        evbuffer_add_printf(b, "%s %" PRIu64 "\n", g[i].name, g[i].v);
-    }
-    static const char *const inames[] = {"xpyd_instance_inflight_requests", "xpyd_instance_outstanding_tokens",
-                                         "xpyd_instance_selected_total", "xpyd_instance_healthy",
-                                         "xpyd_instance_errors_total"};
-    static const char *const itypes[] = {"gauge", "gauge", "counter", "gauge", "counter"};
-    for (int m = 0; m < 5; m++) {
-        metric_head(b, inames[m], itypes[m], "Per instance (DP rank) numbers.");
-        for (int role = 0; role < 2; role++) {
-            for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
-                struct xb_instance_stats st;
-                xb_stats(g_rt->pools[role], (int)i, &st);
-                int64_t v = m == 0 ? st.inflight : m == 1 ? st.outstanding : m == 2 ? (int64_t)st.selected
-                          : m == 3 ? st.healthy : (int64_t)atomic_load(&c->instance_errors[role][i < 4096 ? i : 0]);
-                int v6 = strchr(st.host, ':') != NULL;
-                evbuffer_add_printf(b, "%s{role=\"%s\",instance=\"%s%s%s:%d\",dp_rank=\"%d\"} %" PRId64 "\n", inames[m],
-                                    role ? "decode" : "prefill", v6 ? "[" : "", st.host, v6 ? "]" : "", st.port,
-                                    st.dp_rank < 0 ? 0 : st.dp_rank, v);
-            }
-        }
-    }
-    send_text(req, 200, "text/plain; version=0.0.4; charset=utf-8", b);
-    evbuffer_free(b);
-}
-
 static void on_not_found(evhtp_request_t *req, void *arg)
 {
     char *body = xpyd_oai_error_json(404, NULL, "Not Found", NULL);
@@ -179,7 +110,7 @@ void rt_status_handlers(evhtp_t *htp)
 {
     evhtp_set_cb(htp, "/health", on_health, NULL);
     evhtp_set_cb(htp, "/status", on_status, NULL);
-    evhtp_set_cb(htp, "/metrics", on_metrics, NULL);
+    evhtp_set_cb(htp, "/metrics", rt_metrics_handler, NULL);
     evhtp_set_gencb(htp, on_not_found, NULL);
 }
 

@@ -54,6 +54,9 @@ struct rreq {
     int64_t prompt_tokens;      /* estimate, corrected by prefill's usage */
     int64_t max_tokens;
     uint64_t t_start, t_first, t_prefill_done;
+    uint64_t t_leg[2];          /* when the current prefill / decode leg was sent */
+    uint64_t t_last_tok;        /* when the last content event went to the client (ITL) */
+    int last_idx[2];            /* the last instance picked per role (access log), -1 none */
     /* legs and charges */
     int p_idx, d_idx;           /* balancer instance of the current attempt, -1 none */
     int64_t p_charge, d_charge; /* tokens charged on them, released exactly */
@@ -97,6 +100,7 @@ static void rreq_end(struct rreq *r, int fail);
 static void start_prefill(struct rreq *r);
 static void start_decode(struct rreq *r);
 static void start_bootstrap(struct rreq *r);
+static void token_out(struct rreq *r);
 
 static __thread struct rthread *tls_rt;
 
@@ -107,9 +111,9 @@ static void add_header(evhtp_request_t *req, const char *k, const char *v)
     evhtp_headers_add_header(req->headers_out, evhtp_header_new(k, v, 0, 1));
 }
 
-static int status_class(int st)
+static int status_slot(int st)
 {
-    return st >= 100 && st < 600 ? st / 100 : 0;
+    return st >= 100 && st < 600 ? st : 0;
 }
 
 /* Sends a complete JSON answer to a client whose request is paused (all generate requests are). */
@@ -358,6 +362,7 @@ static void client_stream_start(struct rreq *r)
     r->client_started = 1;
     r->status = 200;
     r->t_first = xpyd_now_us();
+    rt_hist_observe(RT_H_TTFT, (double)(r->t_first - r->t_start) / 1e6);
     atomic_fetch_add(&g_rt->ctr.active_streams, 1);
     add_header(r->ereq, "Content-Type", "text/event-stream");
     add_header(r->ereq, "Cache-Control", "no-cache");
@@ -434,24 +439,41 @@ static void release_decode(struct rreq *r)
     }
 }
 
+static void inst_short(int role, int idx, char *out, size_t cap)
+{
+    struct xb_instance_stats st;
+    if (idx < 0 || xb_stats(g_rt->pools[role], idx, &st) != 0) {
+        snprintf(out, cap, "-");
+        return;
+    }
+    int v6 = strchr(st.host, ':') != NULL;
+    snprintf(out, cap, "%s%s%s:%d%s", v6 ? "[" : "", st.host, v6 ? "]" : "", st.port, st.dp_rank >= 0 ? "" : "");
+    if (st.dp_rank >= 0)
+        snprintf(out + strlen(out), cap - strlen(out), "#%d", st.dp_rank);
+}
+
 static void access_log(const struct rreq *r, int fail)
 {
     if (!g_rt->cfg.access_log)
         return;
+    char pi[300], di[300];
+    inst_short(RT_PREFILL, r->last_idx[RT_PREFILL], pi, sizeof pi);
+    inst_short(RT_DECODE, r->last_idx[RT_DECODE], di, sizeof di);
     uint64_t now = xpyd_now_us();
     double total = (double)(now - r->t_start) / 1e6;
     double ttft = r->t_first ? (double)(r->t_first - r->t_start) / 1e6 : -1;
     if (g_rt->cfg.access_log == 2)
         fprintf(stderr,
-                "{\"request_id\":\"%s\",\"endpoint\":\"%s\",\"status\":%d,\"stream\":%s,\"prompt_tokens\":%" PRId64
-                ",\"output_tokens\":%" PRId64 ",\"ttft_s\":%.6f,\"total_s\":%.6f,\"error\":\"%s\"}\n",
-                r->xid, ep_name(r->kind), r->status, r->stream ? "true" : "false", r->prompt_tokens, r->tokens_out,
-                ttft, total, rt_fail_table[fail].name);
+                "{\"request_id\":\"%s\",\"endpoint\":\"%s\",\"prefill\":\"%s\",\"decode\":\"%s\",\"status\":%d,"
+                "\"stream\":%s,\"prompt_tokens\":%" PRId64 ",\"output_tokens\":%" PRId64
+                ",\"ttft_s\":%.6f,\"total_s\":%.6f,\"error\":\"%s\"}\n",
+                r->xid, ep_name(r->kind), pi, di, r->status, r->stream ? "true" : "false", r->prompt_tokens,
+                r->tokens_out, ttft, total, rt_fail_table[fail].name);
     else
         fprintf(stderr,
-                "access request_id=%s endpoint=%s status=%d stream=%d prompt_tokens=%" PRId64 " output_tokens=%" PRId64
-                " ttft_s=%.6f total_s=%.6f error=%s\n",
-                r->xid, ep_name(r->kind), r->status, r->stream, r->prompt_tokens, r->tokens_out, ttft, total,
+                "access request_id=%s endpoint=%s prefill=%s decode=%s status=%d stream=%d prompt_tokens=%" PRId64
+                " output_tokens=%" PRId64 " ttft_s=%.6f total_s=%.6f error=%s\n",
+                r->xid, ep_name(r->kind), pi, di, r->status, r->stream, r->prompt_tokens, r->tokens_out, ttft, total,
                 rt_fail_table[fail].name);
 }
 
@@ -487,7 +509,9 @@ static void rreq_end(struct rreq *r, int fail)
     atomic_fetch_sub(&g_rt->ctr.active_requests, 1);
     if (fail == RF_CLIENT_DISCONNECT)
         r->status = 499;
-    atomic_fetch_add(&g_rt->ctr.requests[r->kind][status_class(r->status)], 1);
+    atomic_fetch_add(&g_rt->ctr.requests[r->kind][status_slot(r->status)], 1);
+    if (fail == RF_NONE)
+        rt_hist_observe(RT_H_E2E, (double)(xpyd_now_us() - r->t_start) / 1e6);
     if (fail != RF_NONE)
         atomic_fetch_add(&g_rt->ctr.errors[fail], 1);
     atomic_fetch_add(&g_rt->ctr.prompt_tokens, (uint64_t)r->prompt_tokens);
@@ -667,6 +691,8 @@ static int pick(struct rreq *r, int role, int64_t charge)
     }
     remember(r, role, idx);
     r->attempts[role]++;
+    r->last_idx[role] = idx;
+    r->t_leg[role] = xpyd_now_us();
     return idx;
 }
 
@@ -766,7 +792,7 @@ static void send_prefill_first_token(struct rreq *r)
     }
     client_event_json(r, o);
     cJSON_Delete(o);
-    r->tokens_out++;
+    token_out(r);
 }
 
 static void p_on_done(struct up_leg *leg, int err, void *arg)
@@ -803,6 +829,7 @@ static void p_on_done(struct up_leg *leg, int err, void *arg)
     }
     r->prefill_answered = 1;
     r->t_prefill_done = xpyd_now_us();
+    rt_hist_observe(RT_H_PREFILL, (double)(r->t_prefill_done - r->t_leg[RT_PREFILL]) / 1e6);
     release_prefill(r);
     if (g_rt->cfg.first_token == RT_FIRST_PREFILL && r->stream)
         send_prefill_first_token(r);
@@ -866,6 +893,16 @@ static const char *event_text(const cJSON *o)
 
 static void fire_clones(struct rreq *r);
 
+/* A content event is going to the client: count it and record the inter-token gap. */
+static void token_out(struct rreq *r)
+{
+    uint64_t now = xpyd_now_us();
+    if (r->t_last_tok)
+        rt_hist_observe(RT_H_ITL, (double)(now - r->t_last_tok) / 1e6);
+    r->t_last_tok = now;
+    r->tokens_out++;
+}
+
 /* One decode SSE event: count it, maybe drop or patch it, forward it. */
 static int on_decode_event(void *arg, const char *data, size_t len, const char *raw, size_t rawlen)
 {
@@ -881,7 +918,7 @@ static int on_decode_event(void *arg, const char *data, size_t len, const char *
     int has_usage = strstr(data, "\"usage\":{") != NULL || strstr(data, "\"usage\": {") != NULL;
     if (!prefill_mode && !has_usage) { /* fast path: forward the bytes as they came */
         if (content) {
-            r->tokens_out++;
+            token_out(r);
             if (r->d_charge > r->prompt_tokens) { /* decode load falls as tokens are produced */
                 xb_adjust(g_rt->pools[RT_DECODE], r->d_idx, -1);
                 r->d_charge--;
@@ -927,10 +964,10 @@ static int on_decode_event(void *arg, const char *data, size_t len, const char *
                 cJSON_ReplaceItemInObjectCaseSensitive((cJSON *)delta, "content", cJSON_CreateString(""));
             changed = 1;
         } else if (!role_only) {
-            r->tokens_out++;
+            token_out(r);
         }
     } else if (content && text && *text) {
-        r->tokens_out++;
+        token_out(r);
     }
     if (content && r->d_charge > r->prompt_tokens) {
         xb_adjust(g_rt->pools[RT_DECODE], r->d_idx, -1);
@@ -1013,6 +1050,8 @@ static void d_on_done(struct up_leg *leg, int err, void *arg)
         return;
     int idx = r->d_idx;
     char buf[200];
+    if (!err && r->d_status == 200)
+        rt_hist_observe(RT_H_DECODE, (double)(xpyd_now_us() - r->t_leg[RT_DECODE]) / 1e6);
     if (!err && r->d_status == 200) {
         if (!r->stream) {
             finish_non_stream(r);
@@ -1221,11 +1260,35 @@ static void start_bootstrap(struct rreq *r)
 
 /* ---------- entry ---------- */
 
+/* The access-log line of a request rejected before it got a request object. */
+static void access_log_rejected(evhtp_request_t *req, int kind, int status, int fail)
+{
+    if (!g_rt->cfg.access_log)
+        return;
+    const char *xid = evhtp_header_find(req->headers_in, "X-Request-Id");
+    if (!xid || strpbrk(xid, "\r\n\"\\") || strlen(xid) > 120)
+        xid = "-";
+    if (g_rt->cfg.access_log == 2)
+        fprintf(stderr,
+                "{\"request_id\":\"%s\",\"endpoint\":\"%s\",\"prefill\":\"-\",\"decode\":\"-\",\"status\":%d,"
+                "\"stream\":false,\"prompt_tokens\":0,\"output_tokens\":0,\"ttft_s\":-1,\"total_s\":0,"
+                "\"error\":\"%s\"}\n",
+                xid, ep_name(kind), status, rt_fail_table[fail].name);
+    else
+        fprintf(stderr,
+                "access request_id=%s endpoint=%s prefill=- decode=- status=%d stream=0 prompt_tokens=0 "
+                "output_tokens=0 ttft_s=-1 total_s=0 error=%s\n",
+                xid, ep_name(kind), status, rt_fail_table[fail].name);
+}
+
 static void handle_generate(evhtp_request_t *req, int kind)
 {
     struct rthread *t = tls_rt;
     if (evhtp_request_get_method(req) != htp_method_POST) {
         reply_error_now(req, 405, "Method Not Allowed: use POST");
+        atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);
+        atomic_fetch_add(&g_rt->ctr.requests[kind][405], 1);
+        access_log_rejected(req, kind, 405, RF_BAD_REQUEST);
         return;
     }
     size_t len = evbuffer_get_length(req->buffer_in);
@@ -1235,7 +1298,8 @@ static void handle_generate(evhtp_request_t *req, int kind)
                  g_rt->cfg.max_body_bytes);
         reply_error_now(req, 413, msg);
         atomic_fetch_add(&g_rt->ctr.errors[RF_BODY_TOO_LARGE], 1);
-        atomic_fetch_add(&g_rt->ctr.requests[kind][4], 1);
+        atomic_fetch_add(&g_rt->ctr.requests[kind][413], 1);
+        access_log_rejected(req, kind, 413, RF_BODY_TOO_LARGE);
         return;
     }
     const char *data = len ? (const char *)evbuffer_pullup(req->buffer_in, -1) : "";
@@ -1251,7 +1315,8 @@ static void handle_generate(evhtp_request_t *req, int kind)
         reply_error_now(req, 400, body ? bad : msg);
         cJSON_Delete(body);
         atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);
-        atomic_fetch_add(&g_rt->ctr.requests[kind][4], 1);
+        atomic_fetch_add(&g_rt->ctr.requests[kind][400], 1);
+        access_log_rejected(req, kind, 400, RF_BAD_REQUEST);
         return;
     }
     struct rreq *r = XPYD_XALLOC(calloc(1, sizeof *r));
@@ -1262,6 +1327,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
     r->stream = stream;
     r->max_tokens = max_tokens;
     r->p_idx = r->d_idx = -1;
+    r->last_idx[0] = r->last_idx[1] = -1;
     r->cached_tokens = -1;
     r->t_start = xpyd_now_us();
     r->sse.max_event = 4u << 20;

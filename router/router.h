@@ -46,9 +46,21 @@ extern const struct rt_fail_row rt_fail_table[RF_COUNT];
 
 enum rt_endpoint_kind { RT_EP_COMPLETIONS = 0, RT_EP_CHAT, RT_EP_COUNT };
 
+/* Latency histograms, buckets 1 ms .. 240 s (+Inf implied by count). */
+#define RT_HIST_NB 17
+enum rt_hist_kind { RT_H_TTFT = 0, RT_H_ITL, RT_H_E2E, RT_H_PREFILL, RT_H_DECODE, RT_H_COUNT };
+struct rt_hist {
+    atomic_uint_fast64_t b[RT_HIST_NB]; /* non-cumulative; summed when scraped */
+    atomic_uint_fast64_t count;
+    atomic_uint_fast64_t sum_ns;
+};
+/* Records one observation (seconds). Lock-free; any thread; a no-op with --metrics off. */
+void rt_hist_observe(int kind, double seconds);
+
 /* Process-wide counters: atomics, summed at scrape time, never locked on the hot path. */
 struct rt_counters {
-    atomic_uint_fast64_t requests[RT_EP_COUNT][6]; /* by status class: 0 other, 1xx..5xx */
+    atomic_uint_fast64_t requests[RT_EP_COUNT][600]; /* by exact HTTP status (499: client went away) */
+    struct rt_hist hist[RT_H_COUNT];
     atomic_uint_fast64_t errors[RF_COUNT];
     atomic_uint_fast64_t retries[2];
     atomic_uint_fast64_t repeat_clones;
@@ -82,6 +94,9 @@ struct rthread {
 /* Installs the request handlers on an evhtp server. */
 struct evhtp;
 void rt_install_handlers(struct evhtp *htp);
+/* GET /metrics (metrics.c). */
+struct evhtp_request;
+void rt_metrics_handler(struct evhtp_request *req, void *arg);
 /* Thread init for evhtp worker threads. */
 struct rthread *rt_thread_new(struct event_base *base);
 void rt_thread_free(struct rthread *t);

@@ -40,7 +40,7 @@ class BadInput(Base):
         self.assertEqual(st, 200, out)
         # nothing was dispatched for the rejected ones
         self.assertEqual(t.metric(p.port, "xpyd_sim:requests_total"), 1)
-        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="bad_request"}'), 6)
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="bad_request"}'), 7)  # incl. the 405
         self.idle(r)
 
     def test_engine_rejection_passed_through(self):

@@ -98,7 +98,8 @@ class Proc:
             return None
 
     def output(self):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")
 
@@ -320,3 +321,44 @@ def router_idle(port):
         p["inflight"] == 0 and p["outstanding_tokens"] == 0 and
         all(i["inflight"] == 0 and i["outstanding_tokens"] == 0 for i in p["instances"])
         for p in s["pools"].values())
+
+
+class FakeEngine:
+    """A scripted backend on an ephemeral loopback port, for failures xpyd_sim does not produce (non-JSON
+    answers, huge bodies, ...). handler(method, path, body) returns (status, content_type, bytes)."""
+
+    def __init__(self, handler):
+        import http.server
+        import threading
+
+        outer = self
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _do(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                outer.requests.append((self.command, self.path, body))
+                st, ctype, data = handler(self.command, self.path, body)
+                self.send_response(st)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _do
+
+        self.requests = []
+        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.srv.daemon_threads = True
+        self.port = self.srv.server_address[1]
+        self.th = threading.Thread(target=self.srv.serve_forever, daemon=True)
+        self.th.start()
+
+    def stop(self):
+        self.srv.shutdown()
+        self.srv.server_close()

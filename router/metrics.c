@@ -1,0 +1,126 @@
+/* metrics.c - the router's Prometheus page: counters, latency histograms, per-rank numbers. Updates are
+ * atomics on the hot path; a scrape only reads them and never blocks request handling. */
+#include "router.h"
+
+#include <event2/buffer.h>
+#include <evhtp/evhtp.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+static const double bounds[RT_HIST_NB] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                          1,     2.5,    5,     10,   25,    50,   100, 240};
+static const char *const hist_names[RT_H_COUNT][2] = {
+    {"xpyd_ttft_seconds", "Time to first token the client saw (streams)."},
+    {"xpyd_itl_seconds", "Gaps between streamed tokens relayed to clients."},
+    {"xpyd_e2e_seconds", "Whole request, accept to last byte (successful requests)."},
+    {"xpyd_prefill_seconds", "Prefill leg: sent to answered."},
+    {"xpyd_decode_seconds", "Decode leg: sent to finished."},
+};
+
+void rt_hist_observe(int kind, double seconds)
+{
+    if (!g_rt->cfg.metrics || seconds < 0)
+        return;
+    struct rt_hist *h = &g_rt->ctr.hist[kind];
+    int i = 0;
+    while (i < RT_HIST_NB && seconds > bounds[i])
+        i++;
+    if (i < RT_HIST_NB)
+        atomic_fetch_add_explicit(&h->b[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_ns, (uint64_t)(seconds * 1e9), memory_order_relaxed);
+}
+
+static void hist_print(struct evbuffer *b, struct rt_counters *c)
+{
+    for (int k = 0; k < RT_H_COUNT; k++) {
+        const char *n = hist_names[k][0];
+        evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s histogram\n", n, hist_names[k][1], n);
+        uint64_t cum = 0, count = (uint64_t)atomic_load(&c->hist[k].count);
+        for (int i = 0; i < RT_HIST_NB; i++) {
+            cum += (uint64_t)atomic_load(&c->hist[k].b[i]);
+            evbuffer_add_printf(b, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", n, bounds[i], cum);
+        }
+        /* count is read last; +Inf must not be below the last bucket even if observations raced the scrape */
+        evbuffer_add_printf(b, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", n, count > cum ? count : cum);
+        evbuffer_add_printf(b, "%s_sum %.9f\n%s_count %" PRIu64 "\n", n,
+                            (double)atomic_load(&c->hist[k].sum_ns) / 1e9, n, count > cum ? count : cum);
+    }
+}
+
+static void metric_head(struct evbuffer *b, const char *name, const char *type, const char *help)
+{
+    evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+void rt_metrics_handler(evhtp_request_t *req, void *arg)
+{
+    struct rt_counters *c = &g_rt->ctr;
+    struct evbuffer *b = evbuffer_new();
+    metric_head(b, "xpyd_requests_total", "counter",
+                "Client requests by endpoint and HTTP status (499: the client went away first).");
+    for (int e = 0; e < RT_EP_COUNT; e++)
+        for (int k = 100; k < 600; k++) {
+            uint64_t v = (uint64_t)atomic_load(&c->requests[e][k]);
+            if (v || k == 200) /* 200 always present, so dashboards have a series from the start */
+                evbuffer_add_printf(b, "xpyd_requests_total{endpoint=\"%s\",status=\"%d\"} %" PRIu64 "\n",
+                                    e ? "/v1/chat/completions" : "/v1/completions", k, v);
+        }
+    hist_print(b, c);
+    metric_head(b, "xpyd_request_errors_total", "counter", "Failed requests by reason (the router's failure table).");
+    for (int f = 1; f < RF_COUNT; f++)
+        evbuffer_add_printf(b, "xpyd_request_errors_total{reason=\"%s\"} %" PRIu64 "\n", rt_fail_table[f].name,
+                            (uint64_t)atomic_load(&c->errors[f]));
+    metric_head(b, "xpyd_retries_total", "counter", "Attempts retried on another instance.");
+    for (int r = 0; r < 2; r++)
+        evbuffer_add_printf(b, "xpyd_retries_total{role=\"%s\"} %" PRIu64 "\n", r ? "decode" : "prefill",
+                            (uint64_t)atomic_load(&c->retries[r]));
+    struct {
+        const char *name, *type, *help;
+        uint64_t v;
+    } g[] = {
+        {"xpyd_repeat_clones_total", "counter", "Decode-only clones fired by --repeat-d-times.",
+         (uint64_t)atomic_load(&c->repeat_clones)},
+        {"xpyd_first_token_mismatch_total", "counter", "Prefill and decode first tokens that differed.",
+         (uint64_t)atomic_load(&c->first_token_mismatch)},
+        {"xpyd_client_disconnects_total", "counter", "Clients that went away before their answer ended.",
+         (uint64_t)atomic_load(&c->client_disconnects)},
+        {"xpyd_active_streams", "gauge", "Streams being relayed now.", (uint64_t)atomic_load(&c->active_streams)},
+        {"xpyd_active_requests", "gauge", "Generate requests in progress now.",
+         (uint64_t)atomic_load(&c->active_requests)},
+        {"xpyd_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+         (uint64_t)atomic_load(&c->prompt_tokens)},
+        {"xpyd_generation_tokens_total", "counter", "Tokens relayed to clients.",
+         (uint64_t)atomic_load(&c->generation_tokens)},
+    };
+    for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
+        metric_head(b, g[i].name, g[i].type, g[i].help);
+        evbuffer_add_printf(b, "%s %" PRIu64 "\n", g[i].name, g[i].v);
+    }
+    static const char *const inames[] = {"xpyd_instance_inflight_requests", "xpyd_instance_outstanding_tokens",
+                                         "xpyd_instance_selected_total", "xpyd_instance_healthy",
+                                         "xpyd_instance_errors_total"};
+    static const char *const itypes[] = {"gauge", "gauge", "counter", "gauge", "counter"};
+    for (int m = 0; m < 5; m++) {
+        metric_head(b, inames[m], itypes[m], "Per instance (DP rank) numbers.");
+        for (int role = 0; role < 2; role++) {
+            for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
+                struct xb_instance_stats st;
+                xb_stats(g_rt->pools[role], (int)i, &st);
+                int64_t v = m == 0 ? st.inflight : m == 1 ? st.outstanding : m == 2 ? (int64_t)st.selected
+                          : m == 3 ? st.healthy : (int64_t)atomic_load(&c->instance_errors[role][i < 4096 ? i : 0]);
+                int v6 = strchr(st.host, ':') != NULL;
+                evbuffer_add_printf(b, "%s{role=\"%s\",instance=\"%s%s%s:%d\",dp_rank=\"%d\"} %" PRId64 "\n", inames[m],
+                                    role ? "decode" : "prefill", v6 ? "[" : "", st.host, v6 ? "]" : "", st.port,
+                                    st.dp_rank < 0 ? 0 : st.dp_rank, v);
+            }
+        }
+    }
+    evhtp_headers_add_header(req->headers_out,
+                             evhtp_header_new("Content-Type", "text/plain; version=0.0.4; charset=utf-8", 0, 0));
+    evbuffer_add_buffer(req->buffer_out, b);
+    evhtp_send_reply(req, EVHTP_RES_OK);
+    evbuffer_free(b);
+}
+
