@@ -15,33 +15,8 @@ PROMPTS=${DEMO_PROMPTS:-200}
 CONC=${DEMO_CONCURRENCY:-32}
 HANDOFF=${DEMO_HANDOFF:-kv-params}
 WORK=$(mktemp -d /tmp/xpyd-demo.XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT INT TERM
-
-start_sim() { # name role extra-args...
-  local name=$1 role=$2; shift 2
-  $B/xpyd_sim --role "$role" --port 0 --port-file "$WORK/$name.port" --handoff "$HANDOFF" \
-    --store-dir "$WORK/store" --log-level warn "$@" >"$WORK/$name.log" 2>&1 &
-  PIDS+=($!)
-}
-start_sim p0 prefill --prefill-us-per-token 50
-start_sim p1 prefill --prefill-us-per-token 50
-start_sim d0 decode --decode-us-per-token 5000 --max-batch 64
-start_sim d1 decode --decode-us-per-token 5000 --max-batch 64
-for n in p0 p1 d0 d1; do xpyd_wait_file "$WORK/$n.port" 10; done
-port() { cat "$WORK/$1.port"; }
-$B/xpyd_router --port 0 --port-file "$WORK/router.port" --handoff "$HANDOFF" \
-  -p 127.0.0.1:$(port p0) 127.0.0.1:$(port p1) -d 127.0.0.1:$(port d0) 127.0.0.1:$(port d1) \
-  >"$WORK/router.log" 2>&1 &
-PIDS+=($!)
-xpyd_wait_file "$WORK/router.port" 10
-RP=$(port router)
-xpyd_wait_http "http://127.0.0.1:$RP/health" 10
+trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
+xpyd_cluster_up 2 2 "$HANDOFF"
 echo "== cluster: 2 prefill + 2 decode simulated engines, router on 127.0.0.1:$RP (handoff $HANDOFF)"
 echo "== one streamed request through the router:"
 curl -sN "http://127.0.0.1:$RP/v1/completions" -H 'Content-Type: application/json' \
@@ -59,7 +34,7 @@ for role, p in s["pools"].items():
         print("  %-7s %s:%d selected=%-5d inflight=%d outstanding_tokens=%d" % (role, i["host"], i["port"], i["selected"], i["inflight"], i["outstanding_tokens"]))
 '
 echo "== KV leases still held by the prefills (stranded KV, must be 0):"
-for n in p0 p1; do
-  printf '  %s: ' "$n"; curl -s "http://127.0.0.1:$(port $n)/metrics" | awk '/^xpyd_sim:kv_leases_active/ {print $2}'
+for i in 0 1; do
+  printf '  p%s: ' "$i"; curl -s "http://127.0.0.1:${SIM_PORTS_P[$i]}/metrics" | awk '/^xpyd_sim:kv_leases_active/ {print $2}'
 done
 echo "== done; everything is stopped on exit"

@@ -14,10 +14,47 @@ xpyd_wait_file() {
 # xpyd_wait_http URL SECONDS: polls URL until it answers 2xx; 1 after SECONDS.
 xpyd_wait_http() {
   local url=$1 tries=$(($2 * 20))
-  until curl -fsS -o /dev/null --max-time 1 "$url"; do
+  until curl -fs -o /dev/null --max-time 1 "$url"; do
     tries=$((tries - 1))
     if [ $tries -le 0 ]; then echo "timed out waiting for $url" >&2; return 1; fi
     sleep 0.05
   done
   return 0
+}
+
+# Local simulated cluster. Set B (bin dir) and WORK (a temp dir) first; PIDS collects what was started.
+# xpyd_cluster_up NPREFILL NDECODE HANDOFF [router flags...]: starts the sims and the router on ephemeral
+# loopback ports and waits until the router is healthy; sets RP (router port) and SIM_PORTS_P/SIM_PORTS_D.
+PIDS=()
+xpyd_cluster_up() {
+  local np=$1 nd=$2 handoff=$3; shift 3
+  local i pargs=() dargs=()
+  for ((i = 0; i < np; i++)); do
+    $B/xpyd_sim --role prefill --port 0 --port-file "$WORK/p$i.port" --handoff "$handoff" --store-dir "$WORK/store" \
+      --log-level warn --prefill-us-per-token "${SIM_PREFILL_US:-50}" >"$WORK/p$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  for ((i = 0; i < nd; i++)); do
+    $B/xpyd_sim --role decode --port 0 --port-file "$WORK/d$i.port" --handoff "$handoff" --store-dir "$WORK/store" \
+      --log-level warn --decode-us-per-token "${SIM_DECODE_US:-5000}" --max-batch "${SIM_MAX_BATCH:-64}" \
+      >"$WORK/d$i.log" 2>&1 &
+    PIDS+=($!)
+  done
+  SIM_PORTS_P=() SIM_PORTS_D=()
+  for ((i = 0; i < np; i++)); do xpyd_wait_file "$WORK/p$i.port" 10; SIM_PORTS_P+=("$(cat "$WORK/p$i.port")"); pargs+=("127.0.0.1:${SIM_PORTS_P[$i]}"); done
+  for ((i = 0; i < nd; i++)); do xpyd_wait_file "$WORK/d$i.port" 10; SIM_PORTS_D+=("$(cat "$WORK/d$i.port")"); dargs+=("127.0.0.1:${SIM_PORTS_D[$i]}"); done
+  $B/xpyd_router --port 0 --port-file "$WORK/router.port" --handoff "$handoff" -p "${pargs[@]}" -d "${dargs[@]}" "$@" \
+    >"$WORK/router.log" 2>&1 &
+  PIDS+=($!)
+  xpyd_wait_file "$WORK/router.port" 10
+  RP=$(cat "$WORK/router.port")
+  xpyd_wait_http "http://127.0.0.1:$RP/health" 10
+}
+
+# xpyd_cluster_down: stops everything in PIDS and waits for it.
+xpyd_cluster_down() {
+  local p
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  PIDS=()
 }

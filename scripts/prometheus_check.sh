@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# scripts/prometheus_check.sh - a real Prometheus server (Debian's package) scrapes the router while a
+# short load runs against a local simulated cluster; the script then asks Prometheus' HTTP API whether it
+# stored the router's series with the right values, and stops everything. Exit 0 = stored and correct.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh; ./scripts/build.sh >/dev/null; fi
+B=${XPYD_BUILD_DIR:-build}/bin
+N=${PROM_CHECK_PROMPTS:-60}
+WORK=$(mktemp -d /tmp/xpyd-prom.XXXXXX)
+trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
+SIM_DECODE_US=1000 xpyd_cluster_up 1 1 kv-params
+PP=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+cat >"$WORK/prometheus.yml" <<YML
+global: {scrape_interval: 1s, evaluation_interval: 1s}
+scrape_configs:
+  - job_name: xpyd
+    static_configs: [{targets: ["127.0.0.1:$RP"]}]
+YML
+prometheus --config.file="$WORK/prometheus.yml" --storage.tsdb.path="$WORK/tsdb" \
+  --web.listen-address="127.0.0.1:$PP" >"$WORK/prometheus.log" 2>&1 &
+PIDS+=($!)
+xpyd_wait_http "http://127.0.0.1:$PP/-/ready" 30
+$B/xpyd_bench --port "$RP" --num-prompts "$N" --max-concurrency 8 --random-input-len 32 --random-output-len 8 \
+  --disable-tqdm >/dev/null
+query() { curl -fsS --max-time 2 "http://127.0.0.1:$PP/api/v1/query" --data-urlencode "query=$1" |
+  python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else -1)'; }
+for _ in $(seq 1 100); do  # until a scrape after the load landed (bounded: 10 s)
+  [ "$(query 'sum(xpyd_requests_total{status="200"})')" = "$N" ] && break
+  sleep 0.1
+done
+got=$(query 'sum(xpyd_requests_total{status="200"})')
+ttft=$(query 'xpyd_ttft_seconds_count')
+up=$(query 'up{job="xpyd"}')
+echo "prometheus_check: requests_200=$got ttft_count=$ttft up=$up (want $N, $N, 1)"
+[ "$got" = "$N" ] && [ "$ttft" = "$N" ] && [ "$up" = 1 ]
