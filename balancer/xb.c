@@ -100,8 +100,9 @@ int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b)
     /* load_a / cap_a < load_b / cap_b  <=>  load_a * cap_b < load_b * cap_a (all non-negative, fits 64 bits
      * for loads below 2^40 tokens and capacities below 2^23). Ties fall back to fewer in-flight requests. */
     uint64_t ca = (uint64_t)a->cfg.weight * (uint64_t)a->cfg.tp, cb = (uint64_t)b->cfg.weight * (uint64_t)b->cfg.tp;
-    uint64_t la = (uint64_t)(a->outstanding > 0 ? a->outstanding : 0);
-    uint64_t lb = (uint64_t)(b->outstanding > 0 ? b->outstanding : 0);
+    int64_t oa = __atomic_load_n(&a->outstanding, __ATOMIC_RELAXED);
+    int64_t ob = __atomic_load_n(&b->outstanding, __ATOMIC_RELAXED);
+    uint64_t la = (uint64_t)(oa > 0 ? oa : 0), lb = (uint64_t)(ob > 0 ? ob : 0);
     if (la * cb != lb * ca)
         return la * cb < lb * ca;
     return (uint64_t)a->inflight * cb < (uint64_t)b->inflight * ca;
@@ -119,7 +120,7 @@ int xb_pick(struct xb_pool *p, uint64_t need_len, int64_t tokens, const int *exc
     }
     if (idx >= 0) {
         p->inst[idx].inflight++;
-        p->inst[idx].outstanding += tokens;
+        __atomic_fetch_add(&p->inst[idx].outstanding, tokens, __ATOMIC_RELAXED);
         p->inst[idx].selected++;
     } else {
         /* Tell "nothing healthy" from "nothing large enough". */
@@ -136,9 +137,9 @@ void xb_adjust(struct xb_pool *p, int idx, int64_t delta)
 {
     if (idx < 0 || (size_t)idx >= p->n)
         return;
-    pthread_mutex_lock(&p->mu);
-    p->inst[idx].outstanding += delta;
-    pthread_mutex_unlock(&p->mu);
+    /* Called once per streamed token: an atomic add, no lock. Pickers read the field under the pool lock
+     * with an atomic load, so they see either value, never a torn one. */
+    __atomic_fetch_add(&p->inst[idx].outstanding, delta, __ATOMIC_RELAXED);
 }
 
 void xb_release(struct xb_pool *p, int idx, int64_t tokens)
@@ -147,7 +148,7 @@ void xb_release(struct xb_pool *p, int idx, int64_t tokens)
         return;
     pthread_mutex_lock(&p->mu);
     p->inst[idx].inflight--;
-    p->inst[idx].outstanding -= tokens;
+    __atomic_fetch_sub(&p->inst[idx].outstanding, tokens, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -175,7 +176,7 @@ int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out)
     out->bootstrap_port = in->cfg.bootstrap_port;
     out->healthy = in->healthy;
     out->inflight = in->inflight;
-    out->outstanding = in->outstanding;
+    out->outstanding = __atomic_load_n(&in->outstanding, __ATOMIC_RELAXED);
     out->selected = in->selected;
     pthread_mutex_unlock(&p->mu);
     return 0;
@@ -187,7 +188,7 @@ void xb_totals(struct xb_pool *p, int64_t *inflight, int64_t *outstanding)
     pthread_mutex_lock(&p->mu);
     for (size_t i = 0; i < p->n; i++) {
         a += p->inst[i].inflight;
-        b += p->inst[i].outstanding;
+        b += __atomic_load_n(&p->inst[i].outstanding, __ATOMIC_RELAXED);
     }
     pthread_mutex_unlock(&p->mu);
     *inflight = a;

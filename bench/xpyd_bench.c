@@ -39,6 +39,9 @@ struct opts {
     char result_filename[512];
     int disable_tqdm;
     long timeout_ms;
+    char direct_prefill[300]; /* HOST:PORT: do the kv-params P->D sequence from the client (baseline) */
+    char dp_host[256];
+    int dp_port;
 };
 
 struct req {
@@ -58,6 +61,8 @@ struct req {
     struct xpyd_sse_parser sse;
     struct evbuffer *errbody;
     struct up_leg *leg;
+    char *prompt;        /* owned */
+    struct evbuffer *pbody; /* direct mode: the prefill's answer */
 };
 
 static struct opts O;
@@ -104,7 +109,7 @@ static int rand_len(int mean)
     return lo + (int)(urand() * (hi - lo + 1));
 }
 
-static char *make_body(struct req *r)
+static void make_prompt(struct req *r)
 {
     /* A random prompt of in_len words: one word is one token on xpyd_sim, and about one on real models. */
     struct evbuffer *p = evbuffer_new();
@@ -113,31 +118,44 @@ static char *make_body(struct req *r)
     for (int k = 0; k < r->in_len; k++)
         evbuffer_add_printf(p, "%s%s%d", k ? " " : "", words[(size_t)(urand() * 16) & 15], (int)(urand() * 100));
     size_t n = evbuffer_get_length(p);
-    char *prompt = XPYD_XALLOC(malloc(n + 1));
-    evbuffer_remove(p, prompt, n);
-    prompt[n] = '\0';
+    r->prompt = XPYD_XALLOC(malloc(n + 1));
+    evbuffer_remove(p, r->prompt, n);
+    r->prompt[n] = '\0';
     evbuffer_free(p);
+}
+
+/* The request body; prefill=1 builds the kv-params prefill leg of the direct baseline, kv (may be NULL)
+ * is the prefill's kv_transfer_params for the decode leg. */
+static char *make_body(struct req *r, int prefill, const cJSON *kv)
+{
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model", O.model);
     if (O.chat) {
         cJSON *msgs = cJSON_AddArrayToObject(o, "messages");
         cJSON *m = cJSON_CreateObject();
         cJSON_AddStringToObject(m, "role", "user");
-        cJSON_AddStringToObject(m, "content", prompt);
+        cJSON_AddStringToObject(m, "content", r->prompt);
         cJSON_AddItemToArray(msgs, m);
-        cJSON_AddNumberToObject(o, "max_completion_tokens", r->out_len);
+        cJSON_AddNumberToObject(o, "max_completion_tokens", prefill ? 1 : r->out_len);
     } else {
-        cJSON_AddStringToObject(o, "prompt", prompt);
-        cJSON_AddNumberToObject(o, "max_tokens", r->out_len);
+        cJSON_AddStringToObject(o, "prompt", r->prompt);
+        cJSON_AddNumberToObject(o, "max_tokens", prefill ? 1 : r->out_len);
     }
-    cJSON_AddTrueToObject(o, "stream");
-    cJSON_AddItemToObject(o, "stream_options", cJSON_Parse("{\"include_usage\":true}"));
+    if (prefill) {
+        cJSON_AddFalseToObject(o, "stream");
+        cJSON_AddItemToObject(o, "kv_transfer_params", cJSON_Parse("{\"do_remote_decode\":true,"
+                                                                   "\"do_remote_prefill\":false}"));
+    } else {
+        cJSON_AddTrueToObject(o, "stream");
+        cJSON_AddItemToObject(o, "stream_options", cJSON_Parse("{\"include_usage\":true}"));
+        if (kv)
+            cJSON_AddItemToObject(o, "kv_transfer_params", cJSON_Duplicate(kv, 1));
+    }
     cJSON_AddNumberToObject(o, "temperature", 0);
     if (O.ignore_eos)
         cJSON_AddTrueToObject(o, "ignore_eos");
     char *s = XPYD_XALLOC(cJSON_PrintUnformatted(o));
     cJSON_Delete(o);
-    free(prompt);
     return s;
 }
 
@@ -239,21 +257,68 @@ static void on_done(struct up_leg *leg, int err, void *arg)
         schedule_arrivals();
 }
 
+static void send_leg(struct req *r, int ep, const char *host, int port, const char *body,
+                     const struct up_leg_cbs *cbs)
+{
+    struct evbuffer *b = evbuffer_new();
+    evbuffer_add_printf(b, "POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
+                           "Authorization: Bearer xpyd-bench\r\nX-Request-Id: bench-%d-%llu\r\nContent-Length: %zu\r\n\r\n%s",
+                        O.endpoint, host, port, r->i, (unsigned long long)t0, strlen(body), body);
+    struct up_timeouts to = {O.timeout_ms, O.timeout_ms, O.timeout_ms};
+    r->leg = up_leg_start(up, ep, b, &to, cbs, r);
+    evbuffer_free(b);
+}
+
+static void pre_head(struct up_leg *leg, int status, void *arg)
+{
+    ((struct req *)arg)->status = status;
+}
+
+static void pre_body(struct up_leg *leg, const char *data, size_t len, void *arg)
+{
+    struct req *r = arg;
+    if (evbuffer_get_length(r->pbody) < (16u << 20))
+        evbuffer_add(r->pbody, data, len);
+}
+
+/* Direct baseline: the prefill answered; send the decode leg with its kv_transfer_params. */
+static void pre_done(struct up_leg *leg, int err, void *arg)
+{
+    struct req *r = arg;
+    r->leg = NULL;
+    if (err || r->status != 200) {
+        evbuffer_add_buffer(r->errbody, r->pbody);
+        on_done(NULL, err, r);
+        return;
+    }
+    size_t n = evbuffer_get_length(r->pbody);
+    cJSON *j = cJSON_ParseWithLength((const char *)evbuffer_pullup(r->pbody, -1), n);
+    char *body = make_body(r, 0, cJSON_GetObjectItemCaseSensitive(j, "kv_transfer_params"));
+    cJSON_Delete(j);
+    r->status = 0;
+    static const struct up_leg_cbs cbs = {on_head, on_body, on_done, NULL};
+    send_leg(r, 0, O.host, O.port, body, &cbs);
+    free(body);
+}
+
 static void send_one(void)
 {
     struct req *r = &reqs[next_to_send++];
-    char *body = make_body(r);
-    struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b, "POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
-                           "Authorization: Bearer xpyd-bench\r\nContent-Length: %zu\r\n\r\n%s",
-                        O.endpoint, O.host, O.port, strlen(body), body);
-    free(body);
+    make_prompt(r);
     r->t_start = xpyd_now_us();
     in_flight++;
+    if (O.direct_prefill[0]) {
+        char *body = make_body(r, 1, NULL);
+        r->pbody = XPYD_XALLOC(evbuffer_new());
+        static const struct up_leg_cbs pcbs = {pre_head, pre_body, pre_done, NULL};
+        send_leg(r, 1, O.dp_host, O.dp_port, body, &pcbs);
+        free(body);
+        return;
+    }
+    char *body = make_body(r, 0, NULL);
     static const struct up_leg_cbs cbs = {on_head, on_body, on_done, NULL};
-    struct up_timeouts to = {O.timeout_ms, O.timeout_ms, O.timeout_ms};
-    r->leg = up_leg_start(up, 0, b, &to, &cbs, r);
-    evbuffer_free(b);
+    send_leg(r, 0, O.host, O.port, body, &cbs);
+    free(body);
 }
 
 static void on_arrival(evutil_socket_t fd, short ev, void *arg)
@@ -311,7 +376,9 @@ static void usage(FILE *f)
           "  --num-prompts N (100) --random-input-len N (128) --random-output-len N (128) --random-range-ratio R (0)\n"
           "  --request-rate R (inf) --burstiness B (1.0 = Poisson) --max-concurrency N (unlimited) --ignore-eos\n"
           "  --seed N (0) --percentile-metrics ttft,tpot,itl,e2el (ttft,tpot,itl) --metric-percentiles 50,90,99 (99)\n"
-          "  --save-result --result-filename F --disable-tqdm --timeout-ms N (600000, per request)\n",
+          "  --save-result --result-filename F --disable-tqdm --timeout-ms N (600000, per request)\n"
+          "  --direct-prefill HOST:PORT   baseline without a router: the client sends the kv-params prefill leg there,\n"
+          "                               then the decode leg (with the returned kv_transfer_params) to --host/--port\n",
           f);
 }
 
@@ -334,7 +401,7 @@ static int parse(int argc, char **argv)
         {"max-concurrency", 1, 0, 13}, {"ignore-eos", 0, 0, 14}, {"seed", 1, 0, 15},
         {"percentile-metrics", 1, 0, 16}, {"metric-percentiles", 1, 0, 17}, {"save-result", 0, 0, 18},
         {"result-filename", 1, 0, 19}, {"disable-tqdm", 0, 0, 20}, {"timeout-ms", 1, 0, 21},
-        {"dataset-name", 1, 0, 22}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"dataset-name", 1, 0, 22}, {"direct-prefill", 1, 0, 23}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o;
     long v;
     while ((o = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -378,6 +445,10 @@ static int parse(int argc, char **argv)
         case 20: O.disable_tqdm = 1; break;
         case 21: bad = xpyd_parse_long(a, 1, 86400000, &O.timeout_ms); break;
         case 22: bad = strcmp(a, "random") != 0; break;
+        case 23:
+            snprintf(O.direct_prefill, sizeof O.direct_prefill, "%s", a);
+            bad = xpyd_parse_hostport(a, O.dp_host, sizeof O.dp_host, &O.dp_port) != 0 || !O.dp_port;
+            break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;
         }
@@ -548,12 +619,13 @@ int main(int argc, char **argv)
     xpyd_raise_nofile();
     rng = xpyd_mix64(O.seed + 1);
     base = event_base_new();
-    struct up_endpoint ep;
-    if (up_endpoint_resolve(&ep, O.host, O.port) != 0) {
-        fprintf(stderr, "xpyd_bench: cannot resolve %s\n", O.host);
+    struct up_endpoint ep[2];
+    if (up_endpoint_resolve(&ep[0], O.host, O.port) != 0 ||
+        (O.direct_prefill[0] && up_endpoint_resolve(&ep[1], O.dp_host, O.dp_port) != 0)) {
+        fprintf(stderr, "xpyd_bench: cannot resolve %s\n", O.direct_prefill[0] ? O.direct_prefill : O.host);
         return 2;
     }
-    up = up_thread_new(base, &ep, 1, 100000);
+    up = up_thread_new(base, ep, O.direct_prefill[0] ? 2 : 1, 100000);
     reqs = XPYD_XALLOC(calloc((size_t)O.num_prompts, sizeof *reqs));
     for (int i = 0; i < O.num_prompts; i++) {
         reqs[i].i = i;
@@ -576,6 +648,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < O.num_prompts; i++) {
         failed += !reqs[i].ok;
         free(reqs[i].itl);
+        free(reqs[i].prompt);
+        if (reqs[i].pbody)
+            evbuffer_free(reqs[i].pbody);
         evbuffer_free(reqs[i].errbody);
     }
     free(reqs);

@@ -24,7 +24,7 @@ struct setting {
     const char *help;
 };
 
-static const char *const handoffs[] = {"kv-params", "store", "bootstrap", NULL};
+static const char *const handoffs[] = {"kv-params", "store", "bootstrap", "none", NULL};
 static const char *const first_tokens[] = {"decode", "prefill", NULL};
 static const char *const dp_modes[] = {"external", "internal", NULL};
 static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
@@ -37,7 +37,8 @@ static const struct setting settings[] = {
     {"port", K_LONG, OFF(listen_port), 0, 65535, "8000", NULL, "listen port (0: any free port, see --port-file)"},
     {"threads", K_LONG, OFF(threads), 1, 256, "2", NULL, "event-loop threads serving clients"},
     {"handoff", K_ENUM, OFF(handoff), 0, 0, "kv-params", handoffs,
-     "prefill->decode handoff: kv-params (vLLM NIXL/Mooncake), store (Mooncake store), bootstrap (SGLang)"},
+     "prefill->decode handoff: kv-params (vLLM NIXL/Mooncake), store (Mooncake store), bootstrap (SGLang), "
+     "none (no prefill leg: the decode pool serves whole requests, an aggregated deployment)"},
     {"first-token", K_ENUM, OFF(first_token), 0, 0, "decode", first_tokens,
      "who streams the first token: decode, or prefill (sent as soon as prefill answers)"},
     {"dp-mode", K_ENUM, OFF(dp_internal), 0, 0, "external", dp_modes,
@@ -71,7 +72,7 @@ static const struct setting settings[] = {
 
 const char *rt_handoff_name(int h)
 {
-    return h >= 0 && h < 3 ? handoffs[h] : "?";
+    return h >= 0 && h < 4 ? handoffs[h] : "?";
 }
 
 static int set_value(struct rt_config *c, const struct setting *s, const char *v)
@@ -509,8 +510,13 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
         if (apply_alias(c, &al, r) != 0)
             return -1;
     xpyd_log_level = c->log_level;
-    if (c->pools[RT_PREFILL].n == 0 || c->pools[RT_DECODE].n == 0) {
-        fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required\n");
+    if ((c->pools[RT_PREFILL].n == 0 && c->handoff != RT_HANDOFF_NONE) || c->pools[RT_DECODE].n == 0) {
+        fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required "
+                        "(--handoff none needs only -d)\n");
+        return -1;
+    }
+    if (c->handoff == RT_HANDOFF_NONE && c->first_token == RT_FIRST_PREFILL) {
+        fprintf(stderr, "xpyd_router: --first-token prefill needs a prefill leg (not --handoff none)\n");
         return -1;
     }
     if (c->repeat_d_times > 0 && c->handoff != RT_HANDOFF_STORE) {

@@ -6,7 +6,7 @@
 #include <stdio.h>
 
 enum rt_role { RT_PREFILL = 0, RT_DECODE = 1 };
-enum rt_handoff { RT_HANDOFF_KV_PARAMS = 0, RT_HANDOFF_STORE, RT_HANDOFF_BOOTSTRAP };
+enum rt_handoff { RT_HANDOFF_KV_PARAMS = 0, RT_HANDOFF_STORE, RT_HANDOFF_BOOTSTRAP, RT_HANDOFF_NONE };
 enum rt_first_token { RT_FIRST_DECODE = 0, RT_FIRST_PREFILL };
 
 /* One configured host of a pool, before expansion into ranks. -1 / 0 fields mean "pool default". */

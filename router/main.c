@@ -43,7 +43,7 @@ static int pool_usable(int role)
 static void on_health(evhtp_request_t *req, void *arg)
 {
     struct evbuffer *b = evbuffer_new();
-    int ok = pool_usable(RT_PREFILL) && pool_usable(RT_DECODE);
+    int ok = (g_rt->cfg.handoff == RT_HANDOFF_NONE || pool_usable(RT_PREFILL)) && pool_usable(RT_DECODE);
     evbuffer_add_printf(b, "{\"status\":\"%s\"}", ok ? "ok" : "unavailable");
     send_text(req, ok ? 200 : 503, "application/json", b);
     evbuffer_free(b);
@@ -205,6 +205,9 @@ int main(int argc, char **argv)
         return 2;
     signal(SIGPIPE, SIG_IGN);
     xpyd_raise_nofile();
+    /* Coalesce epoll_ctl calls within a loop iteration: streaming toggles EV_WRITE once per event otherwise.
+     * The worker bases are created by libevhtp's thread pool, so the environment is how to reach them. */
+    setenv("EVENT_EPOLL_USE_CHANGELIST", "1", 0);
     evthread_use_pthreads();
     struct event_config *ec = event_config_new();
     event_config_require_features(ec, EV_FEATURE_EARLY_CLOSE);

@@ -1358,6 +1358,8 @@ static void handle_generate(evhtp_request_t *req, int kind)
         event_add(r->close_ev, NULL);
     if (g_rt->cfg.handoff == RT_HANDOFF_BOOTSTRAP)
         start_bootstrap(r);
+    else if (g_rt->cfg.handoff == RT_HANDOFF_NONE)
+        start_decode(r);
     else
         start_prefill(r);
 }

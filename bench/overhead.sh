@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# bench/overhead.sh - what the router itself costs, measured side by side in one run on this machine:
+#   1. added latency: the router vs the same kv-params P->D sequence done by the client directly
+#      (xpyd_bench --direct-prefill), TTFT and ITL p50/p99, at 256 concurrent streams;
+#   2. single-hop relay: xpyd_router --handoff none vs nginx (proxy_buffering off), both relaying the same
+#      decode stream, requests/s and p99 end-to-end at fixed concurrency, one worker each on the same core;
+#   3. router maximum throughput on one core: requests/s with short outputs, streamed tokens/s with long
+#      outputs, CPU seconds per 1,000 requests (from /proc/<pid>/stat); metrics on vs off;
+#   4. memory: router RSS with N open streams, per stream.
+# Pinning (taskset): the router / nginx on CPU 1 alone; sims and the load generator on CPU 0.
+#   bench/overhead.sh [--quick]      (quick: smaller counts, for a smoke run)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+QUICK=0; [ "${1:-}" = --quick ] && QUICK=1
+if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh nginx-light; ./scripts/build.sh >/dev/null; fi
+B=${XPYD_BUILD_DIR:-build}/bin
+WORK=$(mktemp -d /tmp/xpyd-overhead.XXXXXX)
+trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
+if [ $QUICK = 1 ]; then NLAT=256; NREQ=2000; NLONG=64; NMEM=500; else NLAT=2048; NREQ=20000; NLONG=256; NMEM=${OVERHEAD_STREAMS:-9000}; fi
+
+start_sim() { # name args...
+  local n=$1; shift
+  rm -f "$WORK/$n.port"
+  taskset -c 0 $B/xpyd_sim --port 0 --port-file "$WORK/$n.port" --log-level warn --max-batch 100000 \
+    --max-model-len 1000000 "$@" >"$WORK/$n.log" 2>&1 &
+  PIDS+=($!)
+  xpyd_wait_file "$WORK/$n.port" 10
+}
+start_router() { # name args...
+  local n=$1; shift
+  rm -f "$WORK/$n.port"
+  taskset -c 1 $B/xpyd_router --port 0 --port-file "$WORK/$n.port" --log-level error --threads 1 "$@" \
+    >"$WORK/$n.log" 2>&1 &
+  PIDS+=($!)
+  echo $! >"$WORK/$n.pid"
+  xpyd_wait_file "$WORK/$n.port" 10
+  xpyd_wait_http "http://127.0.0.1:$(cat "$WORK/$n.port")/health" 10
+}
+bench() { # result-file args...
+  local out=$1; shift
+  taskset -c 0 $B/xpyd_bench --disable-tqdm --ignore-eos --save-result --result-filename "$out" \
+    --metric-percentiles 50,99 --percentile-metrics ttft,itl,e2el "$@" >/dev/null || true
+}
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+j() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d[sys.argv[2]])" "$@"; }
+
+echo "# xpyd router overhead — $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(uname -r)"
+echo
+
+# ---- 1. added latency at 256 concurrent streams ----
+start_sim p --role prefill --prefill-us-per-token 0
+start_sim d --role decode --decode-us-per-token 20000
+P=$(cat "$WORK/p.port"); D=$(cat "$WORK/d.port")
+start_router r1 -p 127.0.0.1:$P -d 127.0.0.1:$D
+R1=$(cat "$WORK/r1.port")
+COMMON=(--num-prompts $NLAT --max-concurrency 256 --random-input-len 128 --random-output-len 50)
+bench "$WORK/direct.json" --port $D --direct-prefill 127.0.0.1:$P "${COMMON[@]}"
+bench "$WORK/router.json" --port $R1 "${COMMON[@]}"
+python3 - "$WORK/direct.json" "$WORK/router.json" <<'PY'
+import json, sys
+d, r = (json.load(open(f)) for f in sys.argv[1:3])
+print("## 1. Added latency (router vs direct P->D), 256 concurrent streams, 50 tokens, 20 ms ITL engine")
+print("| metric | direct (µs) | router (µs) | added (µs) |\n|---|---|---|---|")
+for m in ("ttft", "itl"):
+    for p in ("p50", "p99"):
+        a, b = d["%s_%s_ms" % (p, m)] * 1000, r["%s_%s_ms" % (p, m)] * 1000
+        print("| %s %s | %.0f | %.0f | %+.0f |" % (m.upper(), p, a, b, b - a))
+print("\ncompleted: direct %d/%d, router %d/%d\n" % (d["completed"], d["num_prompts"], r["completed"], r["num_prompts"]))
+PY
+xpyd_cluster_down
+
+# ---- 2. single hop: router (--handoff none) vs nginx ----
+start_sim d --role decode --decode-us-per-token 0
+D=$(cat "$WORK/d.port")
+start_router r2 --handoff none -d 127.0.0.1:$D
+R2=$(cat "$WORK/r2.port")
+NG=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+mkdir -p "$WORK/ng"
+cat >"$WORK/ng/nginx.conf" <<NGX
+worker_processes 1;
+daemon off;
+user root;
+pid $WORK/ng/nginx.pid;
+error_log $WORK/ng/error.log;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/ng; proxy_temp_path $WORK/ng; fastcgi_temp_path $WORK/ng;
+  uwsgi_temp_path $WORK/ng; scgi_temp_path $WORK/ng;
+  upstream decode { server 127.0.0.1:$D; keepalive 256; }
+  server {
+    listen 127.0.0.1:$NG;
+    location / { proxy_pass http://decode; proxy_http_version 1.1; proxy_set_header Connection "";
+                 proxy_buffering off; proxy_request_buffering off; }
+  }
+}
+NGX
+taskset -c 1 nginx -c "$WORK/ng/nginx.conf" -p "$WORK/ng" &
+PIDS+=($!)
+xpyd_wait_http "http://127.0.0.1:$NG/health" 10
+HOP=(--num-prompts $NREQ --max-concurrency 64 --random-input-len 16 --random-output-len 16)
+bench "$WORK/hop_nginx.json" --port $NG "${HOP[@]}"
+bench "$WORK/hop_router.json" --port $R2 "${HOP[@]}"
+python3 - "$WORK/hop_nginx.json" "$WORK/hop_router.json" <<'PY'
+import json, sys
+n, r = (json.load(open(f)) for f in sys.argv[1:3])
+print("## 2. Single-hop relay of the same decode stream, concurrency 64, 16 tokens, one worker each on CPU 1")
+print("| relay | requests/s | p99 E2E (ms) | p99 ITL (ms) | completed |\n|---|---|---|---|---|")
+for name, d in (("nginx 1.22 (proxy_buffering off)", n), ("xpyd_router --handoff none", r)):
+    print("| %s | %.0f | %.2f | %.2f | %d/%d |" % (name, d["request_throughput"], d["p99_e2el_ms"], d["p99_itl_ms"],
+                                               d["completed"], d["num_prompts"]))
+print("\nrouter/nginx requests/s ratio: %.2f\n" % (r["request_throughput"] / n["request_throughput"]))
+PY
+xpyd_cluster_down
+
+# ---- 3. router throughput on one core, metrics on vs off ----
+start_sim p --role prefill --prefill-us-per-token 0
+start_sim d --role decode --decode-us-per-token 0
+P=$(cat "$WORK/p.port"); D=$(cat "$WORK/d.port")
+echo "## 3. Router throughput, one thread pinned to CPU 1 (zero-delay sims)"
+echo "| run | requests/s | streamed tokens/s | router CPU s / 1,000 req | completed |"
+echo "|---|---|---|---|---|"
+for metrics in on off; do
+  start_router r3$metrics -p 127.0.0.1:$P -d 127.0.0.1:$D --metrics $metrics
+  R3=$(cat "$WORK/r3$metrics.port"); RPID=$(cat "$WORK/r3$metrics.pid")
+  for shape in short long; do
+    if [ $shape = short ]; then A=(--num-prompts $NREQ --max-concurrency 64 --random-input-len 16 --random-output-len 2)
+    else A=(--num-prompts $NLONG --max-concurrency 64 --random-input-len 16 --random-output-len 2000); fi
+    t0=$(cpu_ticks $RPID)
+    bench "$WORK/tp_${metrics}_$shape.json" --port $R3 "${A[@]}"
+    t1=$(cpu_ticks $RPID)
+    python3 - "$WORK/tp_${metrics}_$shape.json" $((t1 - t0)) "$(getconf CLK_TCK)" "$shape, metrics $metrics" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); ticks, hz, name = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+cpu = ticks / hz
+print("| %s | %.0f | %.0f | %.3f | %d/%d |" % (name, d["request_throughput"], d["output_throughput"],
+      cpu / max(d["completed"], 1) * 1000, d["completed"], d["num_prompts"]))
+PY
+  done
+  kill "$RPID"; wait "$RPID" 2>/dev/null || true
+done
+echo
+xpyd_cluster_down
+
+# ---- 4. memory per open stream ----
+start_sim p --role prefill --prefill-us-per-token 0
+start_sim d --role decode --decode-us-per-token 10000000
+P=$(cat "$WORK/p.port"); D=$(cat "$WORK/d.port")
+start_router r4 -p 127.0.0.1:$P -d 127.0.0.1:$D
+R4=$(cat "$WORK/r4.port"); RPID=$(cat "$WORK/r4.pid")
+rss() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
+before=$(rss $RPID)
+taskset -c 0 $B/xpyd_bench --port $R4 --num-prompts $NMEM --max-concurrency $NMEM --random-input-len 16 \
+  --random-output-len 3 --ignore-eos --disable-tqdm --timeout-ms 600000 >/dev/null 2>&1 &
+BPID=$!
+for _ in $(seq 1 600); do  # until every stream is open at the router (bounded: 60 s)
+  n=$(curl -fs "http://127.0.0.1:$R4/status" | python3 -c 'import json,sys; print(json.load(sys.stdin)["active_requests"])')
+  [ "$n" -ge "$NMEM" ] && break
+  sleep 0.1
+done
+during=$(rss $RPID)
+kill $BPID; wait $BPID 2>/dev/null || true
+echo "## 4. Memory: router RSS with $n open streams (decode answering slowly)"
+echo "| RSS idle (KiB) | RSS with streams (KiB) | per stream (KiB) |"
+echo "|---|---|---|"
+python3 -c "import sys; b,d,n=map(int,sys.argv[1:4]); print('| %d | %d | %.1f |' % (b, d, (d-b)/max(n,1)))" "$before" "$during" "$n"
+for _ in $(seq 1 100); do  # the clients went away: the router must let go of everything
+  [ "$(curl -fs "http://127.0.0.1:$R4/status" | python3 -c 'import json,sys; print(json.load(sys.stdin)["active_requests"])')" = 0 ] && break
+  sleep 0.1
+done
+echo
+echo "after the clients disconnected: $(curl -fs "http://127.0.0.1:$R4/status" | python3 -c 'import json,sys; s=json.load(sys.stdin); print("active_requests=%d decode_inflight=%d" % (s["active_requests"], s["pools"]["decode"]["inflight"]))')"
