@@ -100,8 +100,8 @@ int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b)
     /* load_a / cap_a < load_b / cap_b  <=>  load_a * cap_b < load_b * cap_a (all non-negative, fits 64 bits
      * for loads below 2^40 tokens and capacities below 2^23). Ties fall back to fewer in-flight requests. */
     uint64_t ca = (uint64_t)a->cfg.weight * (uint64_t)a->cfg.tp, cb = (uint64_t)b->cfg.weight * (uint64_t)b->cfg.tp;
-    int64_t oa = __atomic_load_n(&a->outstanding, __ATOMIC_RELAXED);
-    int64_t ob = __atomic_load_n(&b->outstanding, __ATOMIC_RELAXED);
+    int64_t oa = __atomic_load_n(&a->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&a->feedback, __ATOMIC_RELAXED);
+    int64_t ob = __atomic_load_n(&b->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&b->feedback, __ATOMIC_RELAXED);
     uint64_t la = (uint64_t)(oa > 0 ? oa : 0), lb = (uint64_t)(ob > 0 ? ob : 0);
     if (la * cb != lb * ca)
         return la * cb < lb * ca;
@@ -152,6 +152,13 @@ void xb_release(struct xb_pool *p, int idx, int64_t tokens)
     pthread_mutex_unlock(&p->mu);
 }
 
+void xb_set_feedback(struct xb_pool *p, int idx, int64_t tokens)
+{
+    if (idx < 0 || (size_t)idx >= p->n)
+        return;
+    __atomic_store_n(&p->inst[idx].feedback, tokens < 0 ? 0 : tokens, __ATOMIC_RELAXED);
+}
+
 void xb_set_healthy(struct xb_pool *p, int idx, int healthy)
 {
     if (idx < 0 || (size_t)idx >= p->n)
@@ -178,6 +185,7 @@ int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out)
     out->inflight = in->inflight;
     out->outstanding = __atomic_load_n(&in->outstanding, __ATOMIC_RELAXED);
     out->selected = in->selected;
+    out->feedback = __atomic_load_n(&in->feedback, __ATOMIC_RELAXED);
     pthread_mutex_unlock(&p->mu);
     return 0;
 }

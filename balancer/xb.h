@@ -29,6 +29,7 @@ struct xb_instance_stats {
     int64_t inflight;         /* requests charged and not yet released */
     int64_t outstanding;      /* tokens charged and not yet released */
     uint64_t selected;        /* picks */
+    int64_t feedback;         /* engine-reported load blended in, in tokens (0 without scraping) */
 };
 
 struct xb_pool;
@@ -51,6 +52,9 @@ void xb_adjust(struct xb_pool *p, int idx, int64_t delta);
 /* Ends one request on idx: releases one in-flight and `tokens` outstanding tokens. */
 void xb_release(struct xb_pool *p, int idx, int64_t tokens);
 void xb_set_healthy(struct xb_pool *p, int idx, int healthy);
+/* Engine feedback (from its /metrics), in tokens, added to the router's own outstanding tokens when the
+ * policy compares loads. Lock-free; any thread. */
+void xb_set_feedback(struct xb_pool *p, int idx, int64_t tokens);
 /* Copies instance idx's numbers. 0 or -EINVAL. */
 int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out);
 /* Sum of in-flight and outstanding over the pool (tests: both return to zero). */

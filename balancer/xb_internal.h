@@ -10,6 +10,7 @@ struct xb_inst {
     struct xb_instance_cfg cfg; /* cfg.host owned */
     int healthy;
     int64_t inflight, outstanding;
+    int64_t feedback; /* atomic: engine-reported load in tokens */
     uint64_t selected;
 };
 

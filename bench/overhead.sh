@@ -8,11 +8,15 @@
 #      outputs, CPU seconds per 1,000 requests (from /proc/<pid>/stat); metrics on vs off;
 #   4. memory: router RSS with N open streams, per stream.
 # Pinning (taskset): the router / nginx on CPU 1 alone; sims and the load generator on CPU 0.
-#   bench/overhead.sh [--quick]      (quick: smaller counts, for a smoke run)
+#   bench/overhead.sh [--quick] [--only N]   (quick: smaller counts, for a smoke run; N: one section)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-QUICK=0; [ "${1:-}" = --quick ] && QUICK=1
+QUICK=0 ONLY=0
+while [ $# -gt 0 ]; do
+  case "$1" in --quick) QUICK=1; shift ;; --only) ONLY=$2; shift 2 ;; *) echo "usage: $0 [--quick] [--only N]" >&2; exit 2 ;; esac
+done
+want() { [ "$ONLY" = 0 ] || [ "$ONLY" = "$1" ]; }
 if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh nginx-light; ./scripts/build.sh >/dev/null; fi
 B=${XPYD_BUILD_DIR:-build}/bin
 WORK=$(mktemp -d /tmp/xpyd-overhead.XXXXXX)
@@ -49,6 +53,7 @@ echo "# xpyd router overhead — $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs ($(g
 echo
 
 # ---- 1. added latency at 256 concurrent streams ----
+if want 1; then
 start_sim p --role prefill --prefill-us-per-token 0
 start_sim d --role decode --decode-us-per-token 20000
 P=$(cat "$WORK/p.port"); D=$(cat "$WORK/d.port")
@@ -69,8 +74,10 @@ for m in ("ttft", "itl"):
 print("\ncompleted: direct %d/%d, router %d/%d\n" % (d["completed"], d["num_prompts"], r["completed"], r["num_prompts"]))
 PY
 xpyd_cluster_down
+fi
 
 # ---- 2. single hop: router (--handoff none) vs nginx ----
+if want 2; then
 start_sim d --role decode --decode-us-per-token 0
 D=$(cat "$WORK/d.port")
 start_router r2 --handoff none -d 127.0.0.1:$D
@@ -113,15 +120,17 @@ for name, d in (("nginx 1.22 (proxy_buffering off)", n), ("xpyd_router --handoff
 print("\nrouter/nginx requests/s ratio: %.2f\n" % (r["request_throughput"] / n["request_throughput"]))
 PY
 xpyd_cluster_down
+fi
 
 # ---- 3. router throughput on one core, metrics on vs off ----
+if want 3; then
 start_sim p --role prefill --prefill-us-per-token 0
 start_sim d --role decode --decode-us-per-token 0
 P=$(cat "$WORK/p.port"); D=$(cat "$WORK/d.port")
-echo "## 3. Router throughput, one thread pinned to CPU 1 (zero-delay sims)"
+echo "## 3. Router throughput, one thread pinned to CPU 1 (zero-delay sims); metrics on/off alternated twice"
 echo "| run | requests/s | streamed tokens/s | router CPU s / 1,000 req | completed |"
 echo "|---|---|---|---|---|"
-for metrics in on off; do
+for metrics in on off on off; do
   start_router r3$metrics -p 127.0.0.1:$P -d 127.0.0.1:$D --metrics $metrics
   R3=$(cat "$WORK/r3$metrics.port"); RPID=$(cat "$WORK/r3$metrics.pid")
   for shape in short long; do
@@ -142,17 +151,20 @@ PY
 done
 echo
 xpyd_cluster_down
+fi
 
 # ---- 4. memory per open stream ----
+if want 4; then
 start_sim p --role prefill --prefill-us-per-token 0
-start_sim d --role decode --decode-us-per-token 10000000
+start_sim d --role decode --decode-us-per-token 60000000
 P=$(cat "$WORK/p.port"); D=$(cat "$WORK/d.port")
 start_router r4 -p 127.0.0.1:$P -d 127.0.0.1:$D
 R4=$(cat "$WORK/r4.port"); RPID=$(cat "$WORK/r4.pid")
 rss() { awk '/^VmRSS/ {print $2}' "/proc/$1/status"; }
 before=$(rss $RPID)
+# clients arrive at 2,000/s (a burst of thousands of SYNs would only measure the accept backlog)
 taskset -c 0 $B/xpyd_bench --port $R4 --num-prompts $NMEM --max-concurrency $NMEM --random-input-len 16 \
-  --random-output-len 3 --ignore-eos --disable-tqdm --timeout-ms 600000 >/dev/null 2>&1 &
+  --random-output-len 2 --request-rate 2000 --ignore-eos --disable-tqdm --timeout-ms 600000 >/dev/null 2>&1 &
 BPID=$!
 for _ in $(seq 1 600); do  # until every stream is open at the router (bounded: 60 s)
   n=$(curl -fs "http://127.0.0.1:$R4/status" | python3 -c 'import json,sys; print(json.load(sys.stdin)["active_requests"])')
@@ -171,3 +183,4 @@ for _ in $(seq 1 100); do  # the clients went away: the router must let go of ev
 done
 echo
 echo "after the clients disconnected: $(curl -fs "http://127.0.0.1:$R4/status" | python3 -c 'import json,sys; s=json.load(sys.stdin); print("active_requests=%d decode_inflight=%d" % (s["active_requests"], s["pools"]["decode"]["inflight"]))')"
+fi

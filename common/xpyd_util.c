@@ -55,6 +55,21 @@ void xpyd_log(int level, const char *fmt, ...)
     fprintf(stderr, "%s\n", line);
 }
 
+void xpyd_log_event(const char *fmt, ...)
+{
+    if (xpyd_log_level <= XPYD_LOG_NONE)
+        return;
+    char msg[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    int saved = xpyd_log_level;
+    xpyd_log_level = XPYD_LOG_ERROR; /* printed at any level: tag it as a notice */
+    xpyd_log(XPYD_LOG_ERROR, "notice=1 %s", msg);
+    xpyd_log_level = saved;
+}
+
 uint64_t xpyd_fnv64(uint64_t h, const void *data, size_t len)
 {
     const unsigned char *p = data;

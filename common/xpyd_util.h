@@ -20,6 +20,9 @@ void xpyd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 #define XLOG_INFO(...) xpyd_log(XPYD_LOG_INFO, __VA_ARGS__)
 #define XLOG_DEBUG(...) xpyd_log(XPYD_LOG_DEBUG, __VA_ARGS__)
 
+/* A structured event line (health transitions, ...) written whatever the log level, unless it is none. */
+void xpyd_log_event(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 /* Parses a log level name (error|warn|info|debug); returns -1 when unknown. */
 int xpyd_log_level_parse(const char *s);
 

@@ -66,6 +66,17 @@ static const struct setting settings[] = {
     {"access-log", K_ENUM, OFF(access_log), 0, 0, "off", access_logs, "one line per request: off|logfmt|json"},
     {"metrics", K_ENUM, OFF(metrics), 0, 0, "on", on_off,
      "record latency histograms (off only to measure their cost; counters stay on)"},
+    {"health-interval-ms", K_LONG, OFF(health_interval_ms), 0, 3600000, "2000", NULL,
+     "active health check (GET /health) period per endpoint; 0 turns checks off"},
+    {"health-timeout-ms", K_LONG, OFF(health_timeout_ms), 1, 600000, "1000", NULL, "one health check's deadline"},
+    {"health-rise", K_LONG, OFF(health_rise), 1, 100, "2", NULL, "passes in a row that bring a down endpoint up"},
+    {"health-fall", K_LONG, OFF(health_fall), 1, 100, "3", NULL, "failures in a row that take an endpoint down"},
+    {"scrape-interval-ms", K_LONG, OFF(scrape_interval_ms), 0, 3600000, "0", NULL,
+     "read each engine's /metrics this often and blend it into the load; 0 = off"},
+    {"feedback-waiting-tokens", K_LONG, OFF(feedback_waiting_tokens), 0, 1L << 30, "512", NULL,
+     "load (tokens) one request waiting in the engine adds"},
+    {"feedback-kv-tokens", K_LONG, OFF(feedback_kv_tokens), 0, 1L << 30, "8192", NULL,
+     "load (tokens) a full engine KV cache (usage 1.0) adds"},
     {"port-file", K_STR, OFF(port_file), 0, 0, "", NULL, "write the bound port here once listening"},
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])

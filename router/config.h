@@ -59,6 +59,12 @@ struct rt_config {
     int log_level;
     int access_log;            /* 0 off, 1 logfmt, 2 json */
     int metrics;               /* 1: histograms recorded (default); 0: off (overhead measurements) */
+    long health_interval_ms;   /* active health checks; 0 = off */
+    long health_timeout_ms;
+    long health_rise, health_fall;
+    long scrape_interval_ms;   /* engine /metrics feedback; 0 = off */
+    long feedback_waiting_tokens; /* tokens one waiting engine request counts as */
+    long feedback_kv_tokens;      /* tokens a full KV cache (usage 1.0) counts as */
     int dry_run;
     char port_file[512];
     char config_path[512];

@@ -1,6 +1,7 @@
 /* main.c - xpyd_router: configuration, listener and worker threads, and the operational endpoints
  * (/health, /status, /metrics). */
 #include "router.h"
+#include "probe.h"
 
 #include "xpyd_oai.h"
 #include "xpyd_util.h"
@@ -85,9 +86,9 @@ static void on_status(evhtp_request_t *req, void *arg)
             json_str(b, st.host);
             evbuffer_add_printf(b, ",\"port\":%d,\"dp_rank\":%d,\"tp\":%d,\"weight\":%d,\"max_model_len\":%ld,"
                                    "\"healthy\":%s,\"inflight\":%" PRId64 ",\"outstanding_tokens\":%" PRId64
-                                   ",\"selected\":%" PRIu64 "}",
+                                   ",\"feedback_tokens\":%" PRId64 ",\"selected\":%" PRIu64 "}",
                                 st.port, st.dp_rank, st.tp, st.weight, st.max_model_len, st.healthy ? "true" : "false",
-                                st.inflight, st.outstanding, st.selected);
+                                st.inflight, st.outstanding, st.feedback, st.selected);
         }
         evbuffer_add_printf(b, "]}");
     }
@@ -251,7 +252,9 @@ int main(int argc, char **argv)
               rt->cfg.listen_host, port, rt->cfg.threads, rt_handoff_name(rt->cfg.handoff), rt->cfg.n_ranks[0],
               rt->cfg.n_ranks[1]);
     fflush(stderr);
+    struct probe *probe = probe_start(base);
     event_base_dispatch(base);
+    probe_stop(probe);
     evhtp_unbind_socket(htp);
     event_free(si);
     event_free(st);

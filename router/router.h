@@ -69,6 +69,7 @@ struct rt_counters {
     atomic_int_fast64_t active_streams;
     atomic_int_fast64_t active_requests;
     atomic_uint_fast64_t prompt_tokens, generation_tokens;
+    atomic_uint_fast64_t health_transitions;
     atomic_uint_fast64_t instance_errors[2][4096];
 };
 

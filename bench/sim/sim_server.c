@@ -1256,7 +1256,7 @@ static evhtp_t *make_server(struct sim *s, struct sim_rank *rk, int port, int kv
         snprintf(addr, sizeof addr, "ipv6:%s", s->cfg.host);
     else
         snprintf(addr, sizeof addr, "%s", s->cfg.host);
-    if (evhtp_bind_socket(h, addr, (uint16_t)port, 1024) != 0) {
+    if (evhtp_bind_socket(h, addr, (uint16_t)port, 4096) != 0) {
         XLOG_ERR("msg=\"cannot listen\" host=%s port=%d errno=%d", s->cfg.host, port, errno);
         evhtp_free(h);
         return NULL;
