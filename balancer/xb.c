@@ -89,6 +89,8 @@ int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int 
     const struct xb_inst *in = &p->inst[i];
     if (!in->healthy)
         return 0;
+    if (p->skip_full && in->cfg.max_inflight > 0 && in->inflight >= in->cfg.max_inflight)
+        return 0;
     for (int k = 0; k < nexclude; k++)
         if (exclude[k] == (int)i)
             return 0;
@@ -111,13 +113,16 @@ int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b)
 int xb_pick(struct xb_pool *p, uint64_t need_len, int64_t tokens, const int *exclude, int nexclude)
 {
     pthread_mutex_lock(&p->mu);
-    int idx;
-    switch (p->policy) {
-    case XB_POLICY_P2C: idx = xb_pick_p2c(p, need_len, exclude, nexclude); break;
-    case XB_POLICY_RR: idx = xb_pick_rr(p, need_len, exclude, nexclude); break;
-    case XB_POLICY_RANDOM: idx = xb_pick_random(p, need_len, exclude, nexclude); break;
-    default: idx = xb_pick_lot(p, need_len, exclude, nexclude); break;
+    int idx = -1;
+    for (p->skip_full = 1; p->skip_full >= 0 && idx < 0; p->skip_full--) {
+        switch (p->policy) {
+        case XB_POLICY_P2C: idx = xb_pick_p2c(p, need_len, exclude, nexclude); break;
+        case XB_POLICY_RR: idx = xb_pick_rr(p, need_len, exclude, nexclude); break;
+        case XB_POLICY_RANDOM: idx = xb_pick_random(p, need_len, exclude, nexclude); break;
+        default: idx = xb_pick_lot(p, need_len, exclude, nexclude); break;
+        }
     }
+    p->skip_full = 0;
     if (idx >= 0) {
         p->inst[idx].inflight++;
         __atomic_fetch_add(&p->inst[idx].outstanding, tokens, __ATOMIC_RELAXED);
@@ -181,6 +186,7 @@ int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out)
     out->weight = in->cfg.weight;
     out->max_model_len = in->cfg.max_model_len;
     out->bootstrap_port = in->cfg.bootstrap_port;
+    out->max_inflight = in->cfg.max_inflight;
     out->healthy = in->healthy;
     out->inflight = in->inflight;
     out->outstanding = __atomic_load_n(&in->outstanding, __ATOMIC_RELAXED);

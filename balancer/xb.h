@@ -19,11 +19,12 @@ struct xb_instance_cfg {
     int weight;           /* relative capacity, >= 1 */
     long max_model_len;   /* 0: unknown (no filtering) */
     int bootstrap_port;   /* SGLang bootstrap port, 0 if none */
+    int max_inflight;     /* requests the engine runs at once (vLLM max_num_seqs); 0 = unknown */
 };
 
 struct xb_instance_stats {
     char host[256];
-    int port, dp_rank, tp, weight, healthy;
+    int port, dp_rank, tp, weight, healthy, max_inflight;
     long max_model_len;
     int bootstrap_port;
     int64_t inflight;         /* requests charged and not yet released */
@@ -44,7 +45,9 @@ int xb_policy_parse(const char *s); /* lot|p2c|rr|random, -1 if unknown */
 const char *xb_policy_name(int policy);
 
 /* Picks an eligible instance (healthy, not in exclude, max_model_len >= need_len when known) and charges
- * it one in-flight request and `tokens` outstanding tokens. Returns the index, -ENOENT when no instance is
+ * it one in-flight request and `tokens` outstanding tokens. Instances at their max_inflight are passed over
+ * while any eligible one has room (a full engine would queue the request); when all are full, the policy
+ * chooses among all of them. Returns the index, -ENOENT when no instance is
  * healthy (and not excluded), or -E2BIG when healthy ones exist but none can hold need_len tokens. */
 int xb_pick(struct xb_pool *p, uint64_t need_len, int64_t tokens, const int *exclude, int nexclude);
 /* Adds delta (may be negative) to an instance's outstanding tokens (e.g. corrected prompt size). */

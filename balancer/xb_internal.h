@@ -19,6 +19,7 @@ struct xb_pool {
     int policy;
     uint64_t rng;
     uint64_t rotor; /* rotating start for tie-breaking and round robin */
+    int skip_full;  /* during a pick: pass over instances at max_inflight */
     struct xb_inst *inst;
     size_t n, cap;
 };

@@ -21,7 +21,7 @@ if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh nginx-light; ./scrip
 B=${XPYD_BUILD_DIR:-build}/bin
 WORK=$(mktemp -d /tmp/xpyd-overhead.XXXXXX)
 trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
-if [ $QUICK = 1 ]; then NLAT=256; NREQ=2000; NLONG=64; NMEM=500; else NLAT=2048; NREQ=20000; NLONG=256; NMEM=${OVERHEAD_STREAMS:-9000}; fi
+if [ $QUICK = 1 ]; then NLAT=256; NREQ=2000; NLONG=64; NMEM=500; else NLAT=1024; NREQ=20000; NLONG=256; NMEM=${OVERHEAD_STREAMS:-9000}; fi
 
 start_sim() { # name args...
   local n=$1; shift
@@ -52,20 +52,30 @@ j() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d[sys.a
 echo "# xpyd router overhead — $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(uname -r)"
 echo
 
-# ---- 1. added latency at 256 concurrent streams ----
+# ---- 1. added latency ----
+# 1a: one client, every process on CPU 0: no cross-CPU wake-ups in either path (on this VM an idle vCPU
+#     takes hundreds of µs to wake, which would be charged to whichever path crosses CPUs).
+# 1b: 256 concurrent streams, the router alone on CPU 1.
 if want 1; then
-start_sim p --role prefill --prefill-us-per-token 0
-start_sim d --role decode --decode-us-per-token 20000
-P=$(cat "$WORK/p.port"); D=$(cat "$WORK/d.port")
-start_router r1 -p 127.0.0.1:$P -d 127.0.0.1:$D
-R1=$(cat "$WORK/r1.port")
-COMMON=(--num-prompts $NLAT --max-concurrency 256 --random-input-len 128 --random-output-len 50)
-bench "$WORK/direct.json" --port $D --direct-prefill 127.0.0.1:$P "${COMMON[@]}"
-bench "$WORK/router.json" --port $R1 "${COMMON[@]}"
-python3 - "$WORK/direct.json" "$WORK/router.json" <<'PY'
+lat_pair() { # label router-cpu prompts concurrency output itl_us
+  local label=$1 rcpu=$2 n=$3 c=$4 out=$5 itl=$6
+  start_sim p --role prefill --prefill-us-per-token 0
+  start_sim d --role decode --decode-us-per-token "$itl"
+  P=$(cat "$WORK/p.port"); D=$(cat "$WORK/d.port")
+  rm -f "$WORK/r1.port"
+  taskset -c "$rcpu" $B/xpyd_router --port 0 --port-file "$WORK/r1.port" --log-level error --threads 1 \
+    -p 127.0.0.1:$P -d 127.0.0.1:$D >"$WORK/r1.log" 2>&1 &
+  PIDS+=($!)
+  xpyd_wait_file "$WORK/r1.port" 10
+  R1=$(cat "$WORK/r1.port")
+  xpyd_wait_http "http://127.0.0.1:$R1/health" 10
+  local A=(--num-prompts "$n" --max-concurrency "$c" --random-input-len 128 --random-output-len "$out")
+  bench "$WORK/direct.json" --port $D --direct-prefill 127.0.0.1:$P "${A[@]}"
+  bench "$WORK/router.json" --port $R1 "${A[@]}"
+  python3 - "$WORK/direct.json" "$WORK/router.json" "$label" <<'PY'
 import json, sys
 d, r = (json.load(open(f)) for f in sys.argv[1:3])
-print("## 1. Added latency (router vs direct P->D), 256 concurrent streams, 50 tokens, 20 ms ITL engine")
+print("### " + sys.argv[3])
 print("| metric | direct (µs) | router (µs) | added (µs) |\n|---|---|---|---|")
 for m in ("ttft", "itl"):
     for p in ("p50", "p99"):
@@ -73,7 +83,12 @@ for m in ("ttft", "itl"):
         print("| %s %s | %.0f | %.0f | %+.0f |" % (m.upper(), p, a, b, b - a))
 print("\ncompleted: direct %d/%d, router %d/%d\n" % (d["completed"], d["num_prompts"], r["completed"], r["num_prompts"]))
 PY
-xpyd_cluster_down
+  xpyd_cluster_down
+}
+echo "## 1. Added latency: router vs the same kv-params P->D sequence done by the client (xpyd_bench --direct-prefill)"
+echo
+lat_pair "1a. one client, all on CPU 0, 1 ms ITL engine, 20 tokens" 0 $((NLAT / 2)) 1 20 1000
+lat_pair "1b. 256 concurrent streams, router alone on CPU 1, 100 ms ITL engine, 20 tokens (CPU 0 runs sims and client)" 1 $NLAT 256 20 100000
 fi
 
 # ---- 2. single hop: router (--handoff none) vs nginx ----
@@ -156,7 +171,7 @@ fi
 # ---- 4. memory per open stream ----
 if want 4; then
 start_sim p --role prefill --prefill-us-per-token 0
-start_sim d --role decode --decode-us-per-token 60000000
+start_sim d --role decode --decode-us-per-token 10000000
 P=$(cat "$WORK/p.port"); D=$(cat "$WORK/d.port")
 start_router r4 -p 127.0.0.1:$P -d 127.0.0.1:$D
 R4=$(cat "$WORK/r4.port"); RPID=$(cat "$WORK/r4.pid")

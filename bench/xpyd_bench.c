@@ -39,6 +39,7 @@ struct opts {
     char result_filename[512];
     int disable_tqdm;
     long timeout_ms;
+    int pareto;               /* --length-dist pareto: heavy-tailed lengths (shape 1.5, mean kept, cap 10x) */
     char direct_prefill[300]; /* HOST:PORT: do the kv-params P->D sequence from the client (baseline) */
     char dp_host[256];
     int dp_port;
@@ -101,6 +102,13 @@ static double gamma_sample(double shape, double scale)
 
 static int rand_len(int mean)
 {
+    if (O.pareto) {
+        const double alpha = 1.5;
+        double xm = mean * (alpha - 1) / alpha, v = xm / pow(1 - urand(), 1 / alpha);
+        if (v > 10.0 * mean)
+            v = 10.0 * mean;
+        return v < 1 ? 1 : (int)v;
+    }
     int lo = (int)(mean * (1 - O.range_ratio)), hi = (int)(mean * (1 + O.range_ratio));
     if (lo < 1)
         lo = 1;
@@ -377,6 +385,7 @@ static void usage(FILE *f)
           "  --request-rate R (inf) --burstiness B (1.0 = Poisson) --max-concurrency N (unlimited) --ignore-eos\n"
           "  --seed N (0) --percentile-metrics ttft,tpot,itl,e2el (ttft,tpot,itl) --metric-percentiles 50,90,99 (99)\n"
           "  --save-result --result-filename F --disable-tqdm --timeout-ms N (600000, per request)\n"
+          "  --length-dist uniform|pareto (uniform: range ratio; pareto: heavy tail, shape 1.5, same mean, cap 10x)\n"
           "  --direct-prefill HOST:PORT   baseline without a router: the client sends the kv-params prefill leg there,\n"
           "                               then the decode leg (with the returned kv_transfer_params) to --host/--port\n",
           f);
@@ -401,7 +410,7 @@ static int parse(int argc, char **argv)
         {"max-concurrency", 1, 0, 13}, {"ignore-eos", 0, 0, 14}, {"seed", 1, 0, 15},
         {"percentile-metrics", 1, 0, 16}, {"metric-percentiles", 1, 0, 17}, {"save-result", 0, 0, 18},
         {"result-filename", 1, 0, 19}, {"disable-tqdm", 0, 0, 20}, {"timeout-ms", 1, 0, 21},
-        {"dataset-name", 1, 0, 22}, {"direct-prefill", 1, 0, 23}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"dataset-name", 1, 0, 22}, {"direct-prefill", 1, 0, 23}, {"length-dist", 1, 0, 24}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o;
     long v;
     while ((o = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -448,6 +457,10 @@ static int parse(int argc, char **argv)
         case 23:
             snprintf(O.direct_prefill, sizeof O.direct_prefill, "%s", a);
             bad = xpyd_parse_hostport(a, O.dp_host, sizeof O.dp_host, &O.dp_port) != 0 || !O.dp_port;
+            break;
+        case 24:
+            O.pareto = !strcmp(a, "pareto");
+            bad = !O.pareto && strcmp(a, "uniform") != 0;
             break;
         case 'h': usage(stdout); exit(0);
         default: usage(stderr); return -1;

@@ -148,6 +148,8 @@ static void usage(FILE *f)
           "  --prefill-tp N, --decode-tp N   tensor-parallel size per rank (capacity weight, default 1)\n"
           "  --prefill-policy P, --decode-policy P   lot (default) | p2c | rr | random\n"
           "  --prefill-bootstrap-port N   SGLang bootstrap port of every prefill (default: its HTTP port)\n"
+          "  --prefill-max-inflight N, --decode-max-inflight N   requests a rank runs at once (vLLM max_num_seqs);\n"
+          "                               full ranks are passed over while another has room (default 0: unknown)\n"
           "  --config FILE                JSON configuration (see conf/); the command line wins\n"
           "  --dry-run                    print the expanded topology and exit\n"
           "Compatibility aliases (the Python proxies):\n"
@@ -214,6 +216,7 @@ static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *wha
         return 0;
     json_int(o, "dp", &p->dp);
     json_int(o, "tp", &p->tp);
+    json_int(o, "max_inflight", &p->max_inflight);
     const cJSON *pol = cJSON_GetObjectItemCaseSensitive(o, "policy");
     if (cJSON_IsString(pol) && (p->policy = xb_policy_parse(pol->valuestring)) < 0) {
         fprintf(stderr, "xpyd_router: %s.policy: unknown '%s'\n", what, pol->valuestring);
@@ -241,6 +244,7 @@ static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *wha
         json_int(h, "tp", &rh->tp);
         json_int(h, "weight", &rh->weight);
         json_int(h, "bootstrap_port", &rh->bootstrap_port);
+        json_int(h, "max_inflight", &rh->max_inflight);
         const cJSON *mml = cJSON_GetObjectItemCaseSensitive(h, "max_model_len");
         if (cJSON_IsNumber(mml))
             rh->max_model_len = (long)mml->valuedouble;
@@ -351,6 +355,7 @@ static int expand_pool(struct rt_config *c, int role, int bootstrap_default)
             r->tp = rh->tp > 0 ? rh->tp : p->tp;
             r->weight = rh->weight > 0 ? rh->weight : 1;
             r->max_model_len = rh->max_model_len;
+            r->max_inflight = rh->max_inflight > 0 ? rh->max_inflight : p->max_inflight;
             r->bootstrap_port = rh->bootstrap_port > 0 ? rh->bootstrap_port : bootstrap_default > 0 ? bootstrap_default : rh->port;
         }
     }
@@ -498,6 +503,14 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
             c->pools[a[2] == 'd' ? RT_DECODE : RT_PREFILL].policy = pol;
             continue;
         }
+        if (!strcmp(a, "--prefill-max-inflight") || !strcmp(a, "--decode-max-inflight")) {
+            if (xpyd_parse_long(v, 0, 1000000, &lv) != 0) {
+                fprintf(stderr, "xpyd_router: %s needs an integer in [0, 1000000]\n", a);
+                return -1;
+            }
+            c->pools[a[2] == 'd' ? RT_DECODE : RT_PREFILL].max_inflight = (int)lv;
+            continue;
+        }
         if (!strcmp(a, "--prefill-bootstrap-port")) {
             if (xpyd_parse_long(v, 1, 65535, &lv) != 0) {
                 fprintf(stderr, "xpyd_router: --prefill-bootstrap-port needs a port\n");
@@ -552,8 +565,9 @@ void rt_config_print(const struct rt_config *c, FILE *f)
             const struct rt_rank *r = &c->ranks[role][i];
             const struct rt_endpoint_cfg *e = &c->endpoints[r->endpoint];
             int v6 = strchr(e->host, ':') != NULL;
-            fprintf(f, "  %s[%zu] %s%s%s:%d dp_rank=%d tp=%d weight=%d max_model_len=%ld", role ? "D" : "P", i,
-                    v6 ? "[" : "", e->host, v6 ? "]" : "", e->port, r->dp_rank, r->tp, r->weight, r->max_model_len);
+            fprintf(f, "  %s[%zu] %s%s%s:%d dp_rank=%d tp=%d weight=%d max_model_len=%ld max_inflight=%d", role ? "D" : "P",
+                    i, v6 ? "[" : "", e->host, v6 ? "]" : "", e->port, r->dp_rank, r->tp, r->weight, r->max_model_len,
+                    r->max_inflight);
             if (role == RT_PREFILL && c->handoff == RT_HANDOFF_BOOTSTRAP)
                 fprintf(f, " bootstrap_port=%d", r->bootstrap_port);
             fputc('\n', f);

@@ -16,12 +16,14 @@ struct rt_host {
     int dp, tp, weight;
     long max_model_len;
     int bootstrap_port;
+    int max_inflight;
 };
 
 struct rt_pool_cfg {
     struct rt_host *hosts;
     size_t n, cap;
     int dp, tp;          /* pool-wide defaults */
+    int max_inflight;    /* per rank, 0 = unknown */
     int policy;          /* balancer policy */
 };
 
@@ -29,7 +31,7 @@ struct rt_pool_cfg {
 struct rt_rank {
     int endpoint;        /* index into rt_config.endpoints (connection pool key) */
     int dp_rank;         /* X-data-parallel-rank to send (internal DP), else -1 */
-    int tp, weight, bootstrap_port;
+    int tp, weight, bootstrap_port, max_inflight;
     long max_model_len;
 };
 

@@ -85,9 +85,10 @@ static void on_status(evhtp_request_t *req, void *arg)
             evbuffer_add_printf(b, "%s{\"host\":", i ? "," : "");
             json_str(b, st.host);
             evbuffer_add_printf(b, ",\"port\":%d,\"dp_rank\":%d,\"tp\":%d,\"weight\":%d,\"max_model_len\":%ld,"
-                                   "\"healthy\":%s,\"inflight\":%" PRId64 ",\"outstanding_tokens\":%" PRId64
+                                   "\"max_inflight\":%d,\"healthy\":%s,\"inflight\":%" PRId64 ",\"outstanding_tokens\":%" PRId64
                                    ",\"feedback_tokens\":%" PRId64 ",\"selected\":%" PRIu64 "}",
-                                st.port, st.dp_rank, st.tp, st.weight, st.max_model_len, st.healthy ? "true" : "false",
+                                st.port, st.dp_rank, st.tp, st.weight, st.max_model_len, st.max_inflight,
+                                st.healthy ? "true" : "false",
                                 st.inflight, st.outstanding, st.feedback, st.selected);
         }
         evbuffer_add_printf(b, "]}");
@@ -182,7 +183,8 @@ static int setup_pools(struct router *rt)
         for (size_t i = 0; i < rt->cfg.n_ranks[role]; i++) {
             const struct rt_rank *r = &rt->cfg.ranks[role][i];
             struct xb_instance_cfg ic = {rt->cfg.endpoints[r->endpoint].host, rt->cfg.endpoints[r->endpoint].port,
-                                         r->dp_rank, r->tp, r->weight, r->max_model_len, r->bootstrap_port};
+                                         r->dp_rank, r->tp, r->weight, r->max_model_len, r->bootstrap_port,
+                                         r->max_inflight};
             if (xb_pool_add(rt->pools[role], &ic) < 0)
                 return -1;
         }

@@ -29,6 +29,7 @@ PIDS=()
 xpyd_cluster_up() {
   local np=$1 nd=$2 handoff=$3; shift 3
   local i pargs=() dargs=()
+  rm -f "$WORK"/*.port  # a file left by an earlier cluster in WORK would name a dead port
   for ((i = 0; i < np; i++)); do
     $B/xpyd_sim --role prefill --port 0 --port-file "$WORK/p$i.port" --handoff "$handoff" --store-dir "$WORK/store" \
       --log-level warn --prefill-us-per-token "${SIM_PREFILL_US:-50}" >"$WORK/p$i.log" 2>&1 &
@@ -37,7 +38,7 @@ xpyd_cluster_up() {
   for ((i = 0; i < nd; i++)); do
     $B/xpyd_sim --role decode --port 0 --port-file "$WORK/d$i.port" --handoff "$handoff" --store-dir "$WORK/store" \
       --log-level warn --decode-us-per-token "${SIM_DECODE_US:-5000}" --max-batch "${SIM_MAX_BATCH:-64}" \
-      >"$WORK/d$i.log" 2>&1 &
+      ${SIM_DECODE_ARGS:-} >"$WORK/d$i.log" 2>&1 &
     PIDS+=($!)
   done
   SIM_PORTS_P=() SIM_PORTS_D=()

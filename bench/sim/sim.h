@@ -19,6 +19,8 @@ struct sim_config {
     long prefill_us_per_token;
     long decode_us_per_token;
     long max_batch;
+    long kv_capacity_tokens;  /* KV a rank holds at most (prompt + generated of running requests); 0 = unbounded */
+    long decode_ns_per_kv_token; /* extra step time per KV token the rank holds (attention cost); 0 = none */
     int handoff;
     char store_dir[512];
     long store_wait_ms;

@@ -49,6 +49,8 @@ static void usage(FILE *f)
           "  --prefill-us-per-token N     prefill compute time per prompt token, us (default 20; 0 = instant)\n"
           "  --decode-us-per-token N      inter-token latency, us (default 2000; 0 = as fast as possible)\n"
           "  --max-batch N                running requests per rank; the rest wait (default 256)\n"
+          "  --kv-capacity-tokens N       KV tokens a rank holds; a request waits until its prompt fits (default 0: no limit)\n"
+          "  --decode-ns-per-kv-token N   each decode step takes this much longer per KV token the rank holds (default 0)\n"
           "  --handoff kv-params|store|bootstrap|none   PD handoff this engine speaks (default kv-params)\n"
           "  --store-dir DIR              KV store shared by sims in store mode (default /tmp/xpyd-sim-store)\n"
           "  --store-wait-ms N            decode polls the store this long, then recomputes (default 10000)\n"
@@ -71,7 +73,7 @@ static void usage(FILE *f)
 enum {
     O_ROLE = 1000, O_HOST, O_PORT, O_MODEL, O_MML, O_SEED, O_DP, O_DPMODE, O_PUS, O_DUS, O_BATCH, O_HANDOFF,
     O_STORE, O_STOREWAIT, O_HTO, O_LEASE, O_KVB, O_BPORT, O_FRATE, O_STATUS, O_FAT, O_STALL, O_STARTUP, O_EOS,
-    O_MAXBODY, O_LOG, O_PORTFILE
+    O_MAXBODY, O_LOG, O_PORTFILE, O_KVCAP, O_KVNS
 };
 
 static int set_long(const char *name, const char *v, long lo, long hi, long *out)
@@ -94,7 +96,8 @@ static int parse_args(int argc, char **argv, struct sim_config *c)
         {"kv-bytes-per-token", 1, 0, O_KVB}, {"bootstrap-port", 1, 0, O_BPORT}, {"fail-rate", 1, 0, O_FRATE},
         {"status-code", 1, 0, O_STATUS}, {"fail-after-tokens", 1, 0, O_FAT}, {"stall-ms", 1, 0, O_STALL},
         {"startup-delay-ms", 1, 0, O_STARTUP}, {"eos-prob", 1, 0, O_EOS}, {"max-body-bytes", 1, 0, O_MAXBODY},
-        {"log-level", 1, 0, O_LOG}, {"port-file", 1, 0, O_PORTFILE}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"log-level", 1, 0, O_LOG}, {"port-file", 1, 0, O_PORTFILE}, {"kv-capacity-tokens", 1, 0, O_KVCAP},
+        {"decode-ns-per-kv-token", 1, 0, O_KVNS}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     int o;
     long v;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -141,6 +144,8 @@ static int parse_args(int argc, char **argv, struct sim_config *c)
         case O_STARTUP: bad = set_long("startup-delay-ms", a, 0, 600000, &c->startup_delay_ms); break;
         case O_EOS: bad = xpyd_parse_double(a, 0, 1, &c->eos_prob) != 0; break;
         case O_MAXBODY: bad = set_long("max-body-bytes", a, 1024, 1L << 30, &c->max_body_bytes); break;
+        case O_KVCAP: bad = set_long("kv-capacity-tokens", a, 0, 1L << 40, &c->kv_capacity_tokens); break;
+        case O_KVNS: bad = set_long("decode-ns-per-kv-token", a, 0, 1000000, &c->decode_ns_per_kv_token); break;
         case O_PORTFILE: snprintf(c->port_file, sizeof c->port_file, "%s", a); break;
         case O_LOG: c->log_level = xpyd_log_level_parse(a); bad = c->log_level < 0; break;
         case 'h': usage(stdout); exit(0);

@@ -205,9 +205,20 @@ static void on_client_closed(evutil_socket_t fd, short ev, void *arg)
     evhtp_connection_free(c);
 }
 
+/* Whether a request with a prompt of n tokens may start now: a free slot, and room for its KV (a request
+ * alone on the rank always fits, as an engine would preempt the rest for it). */
+static int rank_has_room(const struct sim_rank *rk, size_t n)
+{
+    const struct sim_config *c = &rk->sim->cfg;
+    if (rk->running >= c->max_batch)
+        return 0;
+    return c->kv_capacity_tokens <= 0 || rk->running == 0 ||
+           rk->kv_tokens_running + n <= (uint64_t)c->kv_capacity_tokens;
+}
+
 static void pump_waiting(struct sim_rank *rk)
 {
-    while (rk->running < rk->sim->cfg.max_batch && !TAILQ_EMPTY(&rk->waiting)) {
+    while (!TAILQ_EMPTY(&rk->waiting) && rank_has_room(rk, TAILQ_FIRST(&rk->waiting)->p.prompt.n)) {
         struct sreq *w = TAILQ_FIRST(&rk->waiting);
         TAILQ_REMOVE(&rk->waiting, w, wq);
         rk->waiting_n--;
@@ -609,7 +620,7 @@ static void sreq_start(struct sreq *r)
 static void sreq_admit(struct sreq *r)
 {
     struct sim_rank *rk = r->rank;
-    if (rk->running < r->sim->cfg.max_batch) {
+    if (TAILQ_EMPTY(&rk->waiting) && rank_has_room(rk, r->p.prompt.n)) { /* FIFO: no overtaking the queue */
         sreq_start(r);
     } else {
         r->state = SREQ_WAITING;
@@ -811,7 +822,9 @@ static void generate_one(struct sreq *r)
         uint64_t now = xpyd_now_us();
         if (!r->next_due_us || r->next_due_us + 10000 < now)
             r->next_due_us = now; /* first token, or badly late: restart the cadence */
-        r->next_due_us += (uint64_t)s->cfg.decode_us_per_token;
+        /* a step costs more the more KV the rank's batch holds (attention reads all of it) */
+        r->next_due_us += (uint64_t)s->cfg.decode_us_per_token +
+                          r->rank->kv_tokens_running * (uint64_t)s->cfg.decode_ns_per_kv_token / 1000u;
         sreq_schedule(r, r->next_due_us > now ? r->next_due_us - now : 0);
     }
 }
@@ -1147,7 +1160,8 @@ static void on_metrics(evhtp_request_t *req, void *arg)
         metric_head(b, per_rank[i].name, per_rank[i].type, per_rank[i].help);
         for (int k = lo; k < hi; k++) {
             struct sim_rank *rk = &s->ranks[k];
-            double cap = (double)s->cfg.max_batch * (double)s->cfg.max_model_len;
+            double cap = s->cfg.kv_capacity_tokens > 0 ? (double)s->cfg.kv_capacity_tokens
+                                                       : (double)s->cfg.max_batch * (double)s->cfg.max_model_len;
             double v = 0;
             switch (per_rank[i].which) {
             case 0: v = (double)rk->running; break;

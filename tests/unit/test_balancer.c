@@ -19,7 +19,7 @@ static struct xb_pool *pool_of(int policy, int n, const int *weights, const int 
 {
     struct xb_pool *p = xb_pool_new(policy, 42);
     for (int i = 0; i < n; i++) {
-        struct xb_instance_cfg c = {"h", 8000 + i, -1, tps ? tps[i] : 1, weights ? weights[i] : 1, mml ? mml[i] : 0, 0};
+        struct xb_instance_cfg c = {"h", 8000 + i, -1, tps ? tps[i] : 1, weights ? weights[i] : 1, mml ? mml[i] : 0, 0, 0};
         assert_int_equal(xb_pool_add(p, &c), i);
     }
     return p;
@@ -144,6 +144,25 @@ static void test_other_policies_release_to_zero(void **st)
     }
 }
 
+/* A rank at its max_inflight is passed over while another has room, whatever its token load. */
+static void test_max_inflight_soft_cap(void **st)
+{
+    struct xb_pool *p = xb_pool_new(XB_POLICY_LOT, 1);
+    for (int i = 0; i < 2; i++) {
+        struct xb_instance_cfg c = {"h", 8000 + i, -1, 1, 1, 0, 0, 2};
+        xb_pool_add(p, &c);
+    }
+    int a = xb_pick(p, 0, 1, NULL, 0), b = xb_pick(p, 0, 1, NULL, 0); /* one each (rotation) */
+    assert_true(a != b);
+    xb_release(p, b, 1);
+    assert_int_equal(xb_pick(p, 0, 100000, NULL, 0), b); /* lot: b was idle; now it carries a huge load */
+    assert_int_equal(xb_pick(p, 0, 1, NULL, 0), a);      /* lot: a is lighter; a is now full (2/2) */
+    assert_int_equal(xb_pick(p, 0, 1, NULL, 0), b);      /* a full: b, despite its 100000 tokens */
+    int any = xb_pick(p, 0, 1, NULL, 0);        /* all full: the policy picks among all */
+    assert_true(any == a || any == b);
+    xb_pool_free(p);
+}
+
 static void *hammer(void *arg)
 {
     struct xb_pool *p = arg;
@@ -183,6 +202,7 @@ int main(void)
         cmocka_unit_test(test_lot_property),          cmocka_unit_test(test_tie_rotation),
         cmocka_unit_test(test_least_loaded_wins),     cmocka_unit_test(test_max_model_len_and_health),
         cmocka_unit_test(test_other_policies_release_to_zero), cmocka_unit_test(test_thread_safety),
+        cmocka_unit_test(test_max_inflight_soft_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
