@@ -82,6 +82,7 @@ struct rreq {
     int first_dropped;          /* prefill mode: decode's first content event removed */
     int64_t tokens_out;
     int paused;
+    struct event *bp_timer;     /* while paused: watches the client's output drain (owned) */
     int clones_fired;
     struct event *close_ev;
     /* ending */
@@ -369,6 +370,23 @@ static void client_stream_start(struct rreq *r)
     evhtp_send_reply_chunk_start(r->ereq, EVHTP_RES_OK);
 }
 
+/* While the decode leg is paused for a slow client: resume once the client's buffer drained to half. */
+static void on_backpressure_tick(evutil_socket_t fd, short ev, void *arg)
+{
+    struct rreq *r = arg;
+    if (!r->paused || !r->ereq || !r->dleg)
+        return;
+    struct bufferevent *bev = evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq));
+    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > (size_t)g_rt->cfg.client_buffer_bytes / 2) {
+        struct timeval tv = {0, 2000};
+        event_add(r->bp_timer, &tv);
+        return;
+    }
+    r->paused = 0;
+    XLOG_DEBUG("msg=\"client caught up: decode leg resumed\" request_id=%s", r->xid);
+    up_leg_resume(r->dleg);
+}
+
 static void client_write(struct rreq *r, const char *data, size_t len)
 {
     if (!r->ereq)
@@ -379,10 +397,19 @@ static void client_write(struct rreq *r, const char *data, size_t len)
     evbuffer_free(b);
     /* Backpressure: a slow client pauses the decode leg instead of growing this buffer without bound. */
     struct bufferevent *bev = evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq));
-    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > (size_t)g_rt->cfg.client_buffer_bytes &&
-        r->dleg && !r->paused) {
+    if (!bev)
+        return;
+    /* libevhtp's request pause may leave EV_WRITE off: keep the socket draining whatever the client's pace. */
+    bufferevent_enable(bev, EV_WRITE);
+    if (evbuffer_get_length(bufferevent_get_output(bev)) > (size_t)g_rt->cfg.client_buffer_bytes && r->dleg &&
+        !r->paused) {
         r->paused = 1;
+        XLOG_DEBUG("msg=\"client slow: decode leg paused\" request_id=%s", r->xid);
         up_leg_pause(r->dleg);
+        if (!r->bp_timer)
+            r->bp_timer = XPYD_XALLOC(event_new(r->t->base, -1, 0, on_backpressure_tick, r));
+        struct timeval tv = {0, 2000};
+        event_add(r->bp_timer, &tv);
     }
 }
 
@@ -504,6 +531,10 @@ static void rreq_end(struct rreq *r, int fail)
         event_free(r->close_ev);
         r->close_ev = NULL;
     }
+    if (r->bp_timer) {
+        event_free(r->bp_timer);
+        r->bp_timer = NULL;
+    }
     if (r->client_started)
         atomic_fetch_sub(&g_rt->ctr.active_streams, 1);
     atomic_fetch_sub(&g_rt->ctr.active_requests, 1);
@@ -568,19 +599,6 @@ static void on_client_closed(evutil_socket_t fd, short ev, void *arg)
     atomic_fetch_add(&g_rt->ctr.client_disconnects, 1);
     rreq_end(r, RF_CLIENT_DISCONNECT);
     evhtp_connection_free(evhtp_request_get_connection(r->ereq)); /* calls on_request_fini */
-}
-
-static evhtp_res on_client_write(evhtp_connection_t *c, void *arg)
-{
-    struct rreq *r = arg;
-    if (r->paused && r->dleg) {
-        struct bufferevent *bev = evhtp_connection_get_bev(c);
-        if (!bev || evbuffer_get_length(bufferevent_get_output(bev)) <= (size_t)g_rt->cfg.client_buffer_bytes / 2) {
-            r->paused = 0;
-            up_leg_resume(r->dleg);
-        }
-    }
-    return EVHTP_RES_OK;
 }
 
 /* ---------- retries ---------- */
@@ -870,8 +888,16 @@ static int is_content_event(const char *data)
 static int patch_usage(struct rreq *r, cJSON *o)
 {
     cJSON *usage = cJSON_GetObjectItemCaseSensitive(o, "usage");
-    if (!cJSON_IsObject(usage) || r->cached_tokens < 0)
+    if (!cJSON_IsObject(usage) || !r->prefill_answered)
         return 0;
+    if (r->cached_tokens < 0) {
+        /* The decode counts the transferred KV as cached, which is wrong, and the prefill did not say: the
+         * truth is unknown, so the field goes rather than a wrong number. */
+        if (!cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details"))
+            return 0;
+        cJSON_DeleteItemFromObjectCaseSensitive(usage, "prompt_tokens_details");
+        return 1;
+    }
     cJSON *d = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
     if (!cJSON_IsObject(d)) {
         cJSON_DeleteItemFromObjectCaseSensitive(usage, "prompt_tokens_details");
@@ -1350,7 +1376,6 @@ static void handle_generate(evhtp_request_t *req, int kind)
     atomic_fetch_add(&g_rt->ctr.active_requests, 1);
     evhtp_request_set_hook(req, evhtp_hook_on_request_fini, (evhtp_hook)on_request_fini, r);
     evhtp_connection_t *conn = evhtp_request_get_connection(req);
-    evhtp_connection_set_hook(conn, evhtp_hook_on_write, (evhtp_hook)on_client_write, r);
     evhtp_request_pause(req);
     evutil_socket_t fd = bufferevent_getfd(evhtp_connection_get_bev(conn));
     r->close_ev = event_new(t->base, fd, EV_CLOSED, on_client_closed, r);

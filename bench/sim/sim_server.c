@@ -17,6 +17,7 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/listener.h>
@@ -132,6 +133,16 @@ static void json_escape_into(const char *in, char *out, size_t cap)
     }
     free(q);
     cJSON_Delete(str);
+}
+
+/* Sends one chunk of a streamed reply. libevhtp's request pause can leave EV_WRITE off on the connection:
+ * without re-enabling it, a reader that fell behind would never be written to again. */
+static void send_chunk(evhtp_request_t *req, struct evbuffer *b)
+{
+    evhtp_send_reply_chunk(req, b);
+    struct bufferevent *bev = evhtp_connection_get_bev(evhtp_request_get_connection(req));
+    if (bev)
+        bufferevent_enable(bev, EV_WRITE);
 }
 
 static void add_header(evhtp_request_t *req, const char *k, const char *v)
@@ -314,7 +325,7 @@ static void sreq_fail(struct sreq *r, int status, const char *msg)
         xpyd_sse_write(b, body, strlen(body));
         xpyd_sse_write_done(b);
         sreq_release(r);
-        evhtp_send_reply_chunk(req, b);
+        send_chunk(req, b);
         evhtp_send_reply_chunk_end(req);
         evhtp_request_resume(req);
         evbuffer_free(b);
@@ -707,7 +718,7 @@ static void stream_begin(struct sreq *r)
                          r->id_json, (long long)r->created, r->sim->model_json);
         struct evbuffer *b = evbuffer_new();
         xpyd_sse_write(b, buf, (size_t)n);
-        evhtp_send_reply_chunk(r->ereq, b);
+        send_chunk(r->ereq, b);
         evbuffer_free(b);
     }
 }
@@ -748,11 +759,11 @@ static void stream_token(struct sreq *r, const char *tok, int last)
         evhtp_request_t *req = r->ereq;
         r->rank->success_total++;
         sreq_release(r);
-        evhtp_send_reply_chunk(req, b);
+        send_chunk(req, b);
         evhtp_send_reply_chunk_end(req);
         evhtp_request_resume(req);
     } else {
-        evhtp_send_reply_chunk(r->ereq, b);
+        send_chunk(r->ereq, b);
     }
     evbuffer_free(b);
 }

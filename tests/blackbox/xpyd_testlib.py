@@ -343,6 +343,7 @@ class FakeEngine:
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else b""
                 outer.requests.append((self.command, self.path, body))
+                outer.headers.append({k: v for k, v in self.headers.items()})
                 st, ctype, data = handler(self.command, self.path, body)
                 self.send_response(st)
                 self.send_header("Content-Type", ctype)
@@ -353,6 +354,7 @@ class FakeEngine:
             do_GET = do_POST = _do
 
         self.requests = []
+        self.headers = []
         self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.srv.daemon_threads = True
         self.port = self.srv.server_address[1]
