@@ -1220,6 +1220,17 @@ static void on_metrics(evhtp_request_t *req, void *arg)
         metric_head(b, g[i].name, g[i].type, g[i].help);
         evbuffer_add_printf(b, "%s %" PRIu64 "\n", g[i].name, g[i].v);
     }
+    uint64_t pending = 0; /* streamed bytes written by the engine that its peer has not taken yet */
+    for (struct sreq *q = LIST_FIRST(&s->all); q; q = LIST_NEXT(q, all)) {
+        if (q->stream_started && q->ereq) {
+            struct bufferevent *bev = evhtp_connection_get_bev(evhtp_request_get_connection(q->ereq));
+            if (bev)
+                pending += evbuffer_get_length(bufferevent_get_output(bev));
+        }
+    }
+    metric_head(b, "xpyd_sim:stream_bytes_pending", "gauge",
+                "Streamed bytes waiting in this engine because its reader (the router) is not taking them.");
+    evbuffer_add_printf(b, "xpyd_sim:stream_bytes_pending %" PRIu64 "\n", pending);
     metric_head(b, "xpyd_sim:faults_injected_total", "counter", "Faults injected, by kind.");
     evbuffer_add_printf(b, "xpyd_sim:faults_injected_total{kind=\"fail_rate\"} %" PRIu64 "\n", s->faults_fail_rate);
     evbuffer_add_printf(b, "xpyd_sim:faults_injected_total{kind=\"status_code\"} %" PRIu64 "\n", s->faults_status);
