@@ -71,12 +71,16 @@ static const struct setting settings[] = {
     {"health-timeout-ms", K_LONG, OFF(health_timeout_ms), 1, 600000, "1000", NULL, "one health check's deadline"},
     {"health-rise", K_LONG, OFF(health_rise), 1, 100, "2", NULL, "passes in a row that bring a down endpoint up"},
     {"health-fall", K_LONG, OFF(health_fall), 1, 100, "3", NULL, "failures in a row that take an endpoint down"},
+    {"drain-timeout-ms", K_LONG, OFF(drain_timeout_ms), 0, 3600000, "30000", NULL,
+     "on SIGTERM/SIGINT: /health turns 503, no new connections, in-flight requests get this long to finish"},
     {"scrape-interval-ms", K_LONG, OFF(scrape_interval_ms), 0, 3600000, "0", NULL,
      "read each engine's /metrics this often and blend it into the load; 0 = off"},
     {"feedback-waiting-tokens", K_LONG, OFF(feedback_waiting_tokens), 0, 1L << 30, "512", NULL,
      "load (tokens) one request waiting in the engine adds"},
     {"feedback-kv-tokens", K_LONG, OFF(feedback_kv_tokens), 0, 1L << 30, "8192", NULL,
      "load (tokens) a full engine KV cache (usage 1.0) adds"},
+    {"api-key", K_STR, OFF(api_key), 0, 0, "", NULL,
+     "require Authorization: Bearer <key> on every endpoint but /health and /metrics (or env XPYD_API_KEY)"},
     {"port-file", K_STR, OFF(port_file), 0, 0, "", NULL, "write the bound port here once listening"},
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
@@ -534,6 +538,9 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
         if (apply_alias(c, &al, r) != 0)
             return -1;
     xpyd_log_level = c->log_level;
+    const char *envkey = getenv("XPYD_API_KEY");
+    if (!c->api_key[0] && envkey && *envkey)
+        snprintf(c->api_key, sizeof c->api_key, "%s", envkey);
     if ((c->pools[RT_PREFILL].n == 0 && c->handoff != RT_HANDOFF_NONE) || c->pools[RT_DECODE].n == 0) {
         fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required "
                         "(--handoff none needs only -d)\n");

@@ -44,8 +44,9 @@ static int pool_usable(int role)
 static void on_health(evhtp_request_t *req, void *arg)
 {
     struct evbuffer *b = evbuffer_new();
-    int ok = (g_rt->cfg.handoff == RT_HANDOFF_NONE || pool_usable(RT_PREFILL)) && pool_usable(RT_DECODE);
-    evbuffer_add_printf(b, "{\"status\":\"%s\"}", ok ? "ok" : "unavailable");
+    int draining = atomic_load(&g_rt->draining);
+    int ok = !draining && (g_rt->cfg.handoff == RT_HANDOFF_NONE || pool_usable(RT_PREFILL)) && pool_usable(RT_DECODE);
+    evbuffer_add_printf(b, "{\"status\":\"%s\"}", ok ? "ok" : draining ? "draining" : "unavailable");
     send_text(req, ok ? 200 : 503, "application/json", b);
     evbuffer_free(b);
 }
@@ -66,6 +67,8 @@ static void json_str(struct evbuffer *b, const char *s)
 
 static void on_status(evhtp_request_t *req, void *arg)
 {
+    if (!rt_authorized(req))
+        return;
     struct evbuffer *b = evbuffer_new();
     evbuffer_add_printf(b, "{\"version\":\"%s\",\"uptime_s\":%" PRId64 ",\"handoff\":\"%s\",\"first_token\":\"%s\","
                            "\"active_requests\":%" PRId64 ",\"active_streams\":%" PRId64 ",\"pools\":{",
@@ -162,10 +165,42 @@ static void thread_exit(evhtp_t *htp, evthr_t *thr, void *arg)
     rt_thread_free(evthr_get_aux(thr));
 }
 
+struct drain {
+    struct event_base *base;
+    evhtp_t *htp;
+    struct event *timer;
+    uint64_t deadline_us;
+};
+
+/* Every 20 ms while draining: exit once nothing is in flight, or when the drain timeout is over. */
+static void on_drain_tick(evutil_socket_t fd, short ev, void *arg)
+{
+    struct drain *d = arg;
+    int64_t active = (int64_t)atomic_load(&g_rt->ctr.active_requests);
+    if (active > 0 && xpyd_now_us() < d->deadline_us)
+        return;
+    if (active > 0)
+        XLOG_WARN("msg=\"drain timeout: closing with requests in flight\" active=%lld", (long long)active);
+    xpyd_log_event("event=drained active=%lld", (long long)active);
+    event_base_loopexit(d->base, NULL);
+}
+
+/* SIGTERM/SIGINT: /health answers 503, the listener closes, in-flight requests finish (up to
+ * --drain-timeout-ms), then the process exits 0. A second signal exits at once. */
 static void on_signal(evutil_socket_t sig, short ev, void *arg)
 {
-    XLOG_INFO("msg=\"signal received, stopping\" signal=%d", (int)sig);
-    event_base_loopexit(arg, NULL);
+    struct drain *d = arg;
+    if (atomic_exchange(&g_rt->draining, 1)) {
+        event_base_loopexit(d->base, NULL);
+        return;
+    }
+    xpyd_log_event("event=draining signal=%d active=%lld timeout_ms=%ld", (int)sig,
+                   (long long)atomic_load(&g_rt->ctr.active_requests), g_rt->cfg.drain_timeout_ms);
+    evhtp_unbind_socket(d->htp);
+    d->deadline_us = xpyd_now_us() + (uint64_t)g_rt->cfg.drain_timeout_ms * 1000u;
+    d->timer = event_new(d->base, -1, EV_PERSIST, on_drain_tick, d);
+    struct timeval tv = {0, 20000};
+    event_add(d->timer, &tv);
 }
 
 static int setup_pools(struct router *rt)
@@ -246,8 +281,9 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    struct event *si = evsignal_new(base, SIGINT, on_signal, base);
-    struct event *st = evsignal_new(base, SIGTERM, on_signal, base);
+    struct drain drain = {base, htp, NULL, 0};
+    struct event *si = evsignal_new(base, SIGINT, on_signal, &drain);
+    struct event *st = evsignal_new(base, SIGTERM, on_signal, &drain);
     event_add(si, NULL);
     event_add(st, NULL);
     XLOG_INFO("msg=\"xpyd_router ready\" listen=%s:%d threads=%d handoff=%s prefill_ranks=%zu decode_ranks=%zu",
@@ -257,6 +293,8 @@ int main(int argc, char **argv)
     struct probe *probe = probe_start(base);
     event_base_dispatch(base);
     probe_stop(probe);
+    if (drain.timer)
+        event_free(drain.timer);
     evhtp_unbind_socket(htp);
     event_free(si);
     event_free(st);

@@ -1307,14 +1307,44 @@ static void access_log_rejected(evhtp_request_t *req, int kind, int status, int 
                 xid, ep_name(kind), status, rt_fail_table[fail].name);
 }
 
+int rt_authorized(evhtp_request_t *req)
+{
+    const char *key = g_rt->cfg.api_key;
+    if (!key[0])
+        return 1;
+    const char *h = evhtp_header_find(req->headers_in, "Authorization");
+    const char *got = h && strncasecmp(h, "Bearer ", 7) == 0 ? h + 7 : "";
+    size_t kl = strlen(key), gl = strlen(got);
+    unsigned diff = (unsigned)(kl ^ gl);
+    for (size_t i = 0; i < kl; i++) /* constant time in the key's length, whatever was sent */
+        diff |= (unsigned char)key[i] ^ (unsigned char)(i < gl ? got[i] : 0);
+    if (diff == 0)
+        return 1;
+    add_header(req, "WWW-Authenticate", "Bearer");
+    reply_error_now(req, 401, "invalid or missing API key: send Authorization: Bearer <key>");
+    return 0;
+}
+
 static void handle_generate(evhtp_request_t *req, int kind)
 {
     struct rthread *t = tls_rt;
+    if (!rt_authorized(req)) {
+        atomic_fetch_add(&g_rt->ctr.requests[kind][401], 1);
+        access_log_rejected(req, kind, 401, RF_BAD_REQUEST);
+        return;
+    }
     if (evhtp_request_get_method(req) != htp_method_POST) {
         reply_error_now(req, 405, "Method Not Allowed: use POST");
         atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);
         atomic_fetch_add(&g_rt->ctr.requests[kind][405], 1);
         access_log_rejected(req, kind, 405, RF_BAD_REQUEST);
+        return;
+    }
+    if (atomic_load(&g_rt->draining)) {
+        add_header(req, "Connection", "close");
+        reply_error_now(req, 503, "the router is shutting down (draining): retry on another router");
+        atomic_fetch_add(&g_rt->ctr.requests[kind][503], 1);
+        access_log_rejected(req, kind, 503, RF_NONE);
         return;
     }
     size_t len = evbuffer_get_length(req->buffer_in);
@@ -1489,6 +1519,8 @@ static void models_try(struct models_req *m)
 
 static void on_models(evhtp_request_t *req, void *arg)
 {
+    if (!rt_authorized(req))
+        return;
     struct models_req *m = XPYD_XALLOC(calloc(1, sizeof *m));
     m->ereq = req;
     m->body = XPYD_XALLOC(evbuffer_new());

@@ -81,6 +81,7 @@ struct router {
     struct rt_counters ctr;
     int64_t started_wall;
     atomic_uint_fast64_t id_seq;
+    atomic_int draining;  /* SIGTERM received: new generate requests are refused with 503 */
 };
 
 extern struct router *g_rt;
@@ -91,6 +92,10 @@ struct rthread {
     struct up_thread *up;
     uint64_t rng;
 };
+
+/* With --api-key: 1 when the request carries the key (constant-time compare), else answers 401 and returns 0.
+ * Without a key configured: 1. */
+int rt_authorized(struct evhtp_request *req);
 
 /* Installs the request handlers on an evhtp server. */
 struct evhtp;
