@@ -206,11 +206,18 @@ static int pool_add_list(struct rt_pool_cfg *p, const char *s, const char *what)
     return 0;
 }
 
+/* Reads an integer field in [0, 2^31); an absent field leaves *out; anything else is an error. */
 static int json_int(const cJSON *o, const char *k, int *out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (cJSON_IsNumber(v))
-        *out = (int)v->valuedouble;
+    if (!v)
+        return 0;
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 2147483648.0) ||
+        v->valuedouble != (double)(int)v->valuedouble) {
+        fprintf(stderr, "xpyd_router: config: \"%s\" must be a non-negative integer\n", k);
+        return -1;
+    }
+    *out = (int)v->valuedouble;
     return 0;
 }
 
@@ -218,9 +225,8 @@ static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *wha
 {
     if (!cJSON_IsObject(o))
         return 0;
-    json_int(o, "dp", &p->dp);
-    json_int(o, "tp", &p->tp);
-    json_int(o, "max_inflight", &p->max_inflight);
+    if (json_int(o, "dp", &p->dp) || json_int(o, "tp", &p->tp) || json_int(o, "max_inflight", &p->max_inflight))
+        return -1;
     const cJSON *pol = cJSON_GetObjectItemCaseSensitive(o, "policy");
     if (cJSON_IsString(pol) && (p->policy = xb_policy_parse(pol->valuestring)) < 0) {
         fprintf(stderr, "xpyd_router: %s.policy: unknown '%s'\n", what, pol->valuestring);
@@ -243,15 +249,12 @@ static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *wha
         if (!rh)
             return -1;
         snprintf(rh->host, sizeof rh->host, "%s", host->valuestring);
-        json_int(h, "port", &rh->port);
-        json_int(h, "dp", &rh->dp);
-        json_int(h, "tp", &rh->tp);
-        json_int(h, "weight", &rh->weight);
-        json_int(h, "bootstrap_port", &rh->bootstrap_port);
-        json_int(h, "max_inflight", &rh->max_inflight);
-        const cJSON *mml = cJSON_GetObjectItemCaseSensitive(h, "max_model_len");
-        if (cJSON_IsNumber(mml))
-            rh->max_model_len = (long)mml->valuedouble;
+        int mml = 0;
+        if (json_int(h, "port", &rh->port) || json_int(h, "dp", &rh->dp) || json_int(h, "tp", &rh->tp) ||
+            json_int(h, "weight", &rh->weight) || json_int(h, "bootstrap_port", &rh->bootstrap_port) ||
+            json_int(h, "max_inflight", &rh->max_inflight) || json_int(h, "max_model_len", &mml))
+            return -1;
+        rh->max_model_len = mml;
         if (rh->port < 1 || rh->port > 65535) {
             fprintf(stderr, "xpyd_router: %s host %s: bad port %d\n", what, rh->host, rh->port);
             return -1;

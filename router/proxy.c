@@ -220,7 +220,9 @@ static int64_t estimate_prompt(const cJSON *body, int chat)
 
 static int is_int_value(const cJSON *v)
 {
-    return cJSON_IsNumber(v) && v->valuedouble == (double)(long long)v->valuedouble;
+    /* range first: converting an out-of-range double to an integer is undefined behaviour */
+    return cJSON_IsNumber(v) && v->valuedouble > -9.2e18 && v->valuedouble < 9.2e18 &&
+           v->valuedouble == (double)(long long)v->valuedouble;
 }
 
 /* What the router itself depends on. Returns NULL when fine, else a message for a 400. */
@@ -250,7 +252,7 @@ static const char *validate(const cJSON *body, int chat, int *stream, int64_t *m
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, names[i]);
         if (!v || cJSON_IsNull(v))
             continue;
-        if (!is_int_value(v) || v->valuedouble < 1)
+        if (!is_int_value(v) || v->valuedouble < 1 || v->valuedouble > 1e12)
             return i ? "'max_tokens' must be a positive integer" : "'max_completion_tokens' must be a positive integer";
         if (*max_tokens < 0)
             *max_tokens = (int64_t)v->valuedouble;

@@ -3,7 +3,7 @@
 # Usage: scripts/deps.sh [extra-package ...]
 set -euo pipefail
 
-PKGS=(gcc make cmake pkg-config ca-certificates curl python3 procps prometheus
+PKGS=(gcc make cmake pkg-config ca-certificates curl python3 procps prometheus clang libclang-rt-14-dev
       libevent-dev libevhtp-dev libhttp-parser-dev libcjson-dev libibverbs-dev libjemalloc-dev libcmocka-dev
       "$@")
 

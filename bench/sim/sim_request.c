@@ -22,9 +22,17 @@ static int fail(char **err, int status, const char *fmt, ...)
     return status;
 }
 
+/* An integral JSON number that fits a long long (checked before the cast: converting an out-of-range double
+ * is undefined behaviour; found by fuzz_sim_request). */
 static int is_int(const cJSON *v)
 {
-    return cJSON_IsNumber(v) && v->valuedouble == (double)(long long)v->valuedouble;
+    return cJSON_IsNumber(v) && v->valuedouble > -9.2e18 && v->valuedouble < 9.2e18 &&
+           v->valuedouble == (double)(long long)v->valuedouble;
+}
+
+static int is_port(const cJSON *v)
+{
+    return is_int(v) && v->valuedouble >= 1 && v->valuedouble <= 65535;
 }
 
 /* Role token: one per chat message, an id outside the word range is not needed; hash the role tag. */
@@ -115,7 +123,7 @@ static int parse_kv_params(const cJSON *kv, struct sim_handoff_in *h, char **err
     h->remote_host = dup_str(cJSON_GetObjectItemCaseSensitive(kv, "remote_host"));
     const cJSON *port = cJSON_GetObjectItemCaseSensitive(kv, "remote_port");
     const cJSON *blocks = cJSON_GetObjectItemCaseSensitive(kv, "remote_block_ids");
-    if (!h->remote_engine_id || !h->remote_request_id || !h->remote_host || !is_int(port) ||
+    if (!h->remote_engine_id || !h->remote_request_id || !h->remote_host || !is_port(port) ||
         !cJSON_IsArray(blocks))
         return fail(err, 400,
                     "kv_transfer_params with do_remote_prefill needs remote_engine_id, remote_request_id, "
@@ -141,7 +149,7 @@ static int parse_bootstrap(const cJSON *root, struct sim_handoff_in *h, char **e
     const cJSON *dpr = cJSON_GetObjectItemCaseSensitive(root, "data_parallel_rank");
     h->dp_rank = -1;
     if (dpr && !cJSON_IsNull(dpr)) {
-        if (!is_int(dpr) || dpr->valuedouble < 0)
+        if (!is_int(dpr) || dpr->valuedouble < 0 || dpr->valuedouble > 1e6)
             return fail(err, 400, "data_parallel_rank must be a non-negative integer");
         h->dp_rank = (long)dpr->valuedouble;
     }
@@ -149,7 +157,7 @@ static int parse_bootstrap(const cJSON *root, struct sim_handoff_in *h, char **e
         return 0;
     const cJSON *host = cJSON_GetObjectItemCaseSensitive(root, "bootstrap_host");
     const cJSON *port = cJSON_GetObjectItemCaseSensitive(root, "bootstrap_port");
-    if (!is_int(room) || room->valuedouble < 0 || !cJSON_IsString(host) || !is_int(port))
+    if (!is_int(room) || room->valuedouble < 0 || !cJSON_IsString(host) || !is_port(port))
         return fail(err, 400, "bootstrap_room (integer), bootstrap_host (string) and bootstrap_port (integer) "
                               "must be given together");
     h->has_bootstrap = 1;

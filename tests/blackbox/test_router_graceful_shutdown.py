@@ -15,27 +15,36 @@ class GracefulShutdown(t.TestCase):
                    for _ in range(3)]
         for s in streams:
             next(s.events())
-        health = socket.create_connection(("127.0.0.1", r.port))  # an open keep-alive connection
+        health = socket.create_connection(("127.0.0.1", r.port))  # an open keep-alive connection:
+        health.settimeout(5)                                          # one answered request makes it one
+        health.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while b'{"status":"ok"}' not in got:
+            got += health.recv(4096)
         r.signal(signal.SIGTERM)
-        t.wait_until(lambda: t.request(r.port, "GET", "/health")[0] == 503 if r.alive() else True,
-                     what="health 503")
-        # a generate request on an existing connection is refused with a clear 503
+        # on the open connection: /health turns 503, then a generate request is refused with a clear 503
+        t.wait_until(lambda: "event=draining" in r.output(), what="signal seen")
+        health.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while b"}" not in got:
+            got += health.recv(4096)
+        self.assertTrue(got.startswith(b"HTTP/1.1 503"), got[:60])
+        self.assertIn(b'"draining"', got)
         body = '{"prompt":"x","max_tokens":1}'
         health.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                         "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
-        health.settimeout(5)
         head = health.recv(4096)
         self.assertTrue(head.startswith(b"HTTP/1.1 503"), head[:60])
         self.assertIn(b"shutting down", head)
         health.close()
+        with self.assertRaises(OSError):  # the listener is closed
+            socket.create_connection(("127.0.0.1", r.port), timeout=1)
         for s in streams:
             payloads = [json for json, _ in s.events()]
             self.assertEqual(payloads[-1], "[DONE]")
             self.assertEqual(len(t.content_events(payloads)), 39)  # the rest of the 40
         t.wait_until(lambda: not r.alive(), timeout=10, what="exit after drain")
         self.assertEqual(r.p.returncode, 0)
-        with self.assertRaises(OSError):
-            socket.create_connection(("127.0.0.1", r.port), timeout=1)
         self.assertIn("event=drained active=0", r.output())
 
     def test_drain_timeout_bounds_shutdown(self):
