@@ -2,6 +2,7 @@
 #include "xb_internal.h"
 
 #include <errno.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,13 @@ static uint64_t mix(uint64_t x)
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
     return x ^ (x >> 31);
+}
+
+static uint64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
 }
 
 uint64_t xb_rand(struct xb_pool *p)
@@ -87,7 +95,7 @@ const char *xb_policy_name(int policy)
 int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int *exclude, int nexclude)
 {
     const struct xb_inst *in = &p->inst[i];
-    if (!in->healthy)
+    if (!in->healthy || in->ejected_until > p->now)
         return 0;
     if (p->skip_full && in->cfg.max_inflight > 0 && in->inflight >= in->cfg.max_inflight)
         return 0;
@@ -113,6 +121,7 @@ int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b)
 int xb_pick(struct xb_pool *p, uint64_t need_len, int64_t tokens, const int *exclude, int nexclude)
 {
     pthread_mutex_lock(&p->mu);
+    p->now = mono_us();
     int idx = -1;
     for (p->skip_full = 1; p->skip_full >= 0 && idx < 0; p->skip_full--) {
         switch (p->policy) {
@@ -157,6 +166,47 @@ void xb_release(struct xb_pool *p, int idx, int64_t tokens)
     pthread_mutex_unlock(&p->mu);
 }
 
+void xb_set_ejection(struct xb_pool *p, int after, long base_ms, long max_ms)
+{
+    pthread_mutex_lock(&p->mu);
+    p->eject_after = after;
+    p->eject_base_ms = base_ms > 0 ? base_ms : 1;
+    p->eject_max_ms = max_ms > p->eject_base_ms ? max_ms : p->eject_base_ms;
+    pthread_mutex_unlock(&p->mu);
+}
+
+long xb_report(struct xb_pool *p, int idx, int ok)
+{
+    if (idx < 0 || (size_t)idx >= p->n)
+        return 0;
+    long ms = 0;
+    pthread_mutex_lock(&p->mu);
+    struct xb_inst *in = &p->inst[idx];
+    uint64_t now = mono_us();
+    if (ok) {
+        in->failures = 0;
+        if (in->ejected_until <= now)
+            in->ejections = 0; /* back and working: the next ejection starts short again */
+    } else if (p->eject_after > 0 && ++in->failures >= p->eject_after && in->ejected_until <= now) {
+        size_t ejected = 0;
+        for (size_t i = 0; i < p->n; i++)
+            ejected += p->inst[i].ejected_until > now;
+        if (ejected + 1 <= p->n / 2) { /* never more than half of the pool */
+            ms = p->eject_base_ms;
+            for (uint64_t k = 0; k < in->ejections && ms < p->eject_max_ms; k++)
+                ms *= 2;
+            if (ms > p->eject_max_ms)
+                ms = p->eject_max_ms;
+            in->ejected_until = now + (uint64_t)ms * 1000u;
+            in->ejections++;
+            in->ejections_total++;
+            in->failures = 0;
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return ms;
+}
+
 void xb_set_feedback(struct xb_pool *p, int idx, int64_t tokens)
 {
     if (idx < 0 || (size_t)idx >= p->n)
@@ -192,6 +242,8 @@ int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out)
     out->outstanding = __atomic_load_n(&in->outstanding, __ATOMIC_RELAXED);
     out->selected = in->selected;
     out->feedback = __atomic_load_n(&in->feedback, __ATOMIC_RELAXED);
+    out->ejected = in->ejected_until > mono_us();
+    out->ejections = in->ejections_total;
     pthread_mutex_unlock(&p->mu);
     return 0;
 }

@@ -31,6 +31,8 @@ struct xb_instance_stats {
     int64_t outstanding;      /* tokens charged and not yet released */
     uint64_t selected;        /* picks */
     int64_t feedback;         /* engine-reported load blended in, in tokens (0 without scraping) */
+    int ejected;              /* passively ejected right now (consecutive failures) */
+    uint64_t ejections;       /* times it was ejected */
 };
 
 struct xb_pool;
@@ -58,6 +60,13 @@ void xb_set_healthy(struct xb_pool *p, int idx, int healthy);
 /* Engine feedback (from its /metrics), in tokens, added to the router's own outstanding tokens when the
  * policy compares loads. Lock-free; any thread. */
 void xb_set_feedback(struct xb_pool *p, int idx, int64_t tokens);
+/* Passive ejection: after `after` consecutive failures an instance is skipped for base_ms, doubling per
+ * repeated ejection up to max_ms; at most half of the pool (rounded down) is ejected at once. after 0 = off. */
+void xb_set_ejection(struct xb_pool *p, int after, long base_ms, long max_ms);
+/* Reports the outcome of one attempt on idx (failure: connect error, timeout, 5xx; never a 4xx). Returns the
+ * ejection time in ms when this report ejected the instance, else 0. Thread-safe. */
+long xb_report(struct xb_pool *p, int idx, int ok);
+
 /* Copies instance idx's numbers. 0 or -EINVAL. */
 int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out);
 /* Sum of in-flight and outstanding over the pool (tests: both return to zero). */

@@ -12,6 +12,10 @@ struct xb_inst {
     int64_t inflight, outstanding;
     int64_t feedback; /* atomic: engine-reported load in tokens */
     uint64_t selected;
+    int failures;            /* consecutive failed attempts */
+    uint64_t ejected_until;  /* monotonic µs; skipped until then */
+    uint64_t ejections;      /* ejections so far; the next one lasts longer; reset by a success */
+    uint64_t ejections_total;
 };
 
 struct xb_pool {
@@ -20,6 +24,9 @@ struct xb_pool {
     uint64_t rng;
     uint64_t rotor; /* rotating start for tie-breaking and round robin */
     int skip_full;  /* during a pick: pass over instances at max_inflight */
+    uint64_t now;   /* during a pick: monotonic µs */
+    int eject_after;
+    long eject_base_ms, eject_max_ms;
     struct xb_inst *inst;
     size_t n, cap;
 };

@@ -88,10 +88,10 @@ static void on_status(evhtp_request_t *req, void *arg)
             evbuffer_add_printf(b, "%s{\"host\":", i ? "," : "");
             json_str(b, st.host);
             evbuffer_add_printf(b, ",\"port\":%d,\"dp_rank\":%d,\"tp\":%d,\"weight\":%d,\"max_model_len\":%ld,"
-                                   "\"max_inflight\":%d,\"healthy\":%s,\"inflight\":%" PRId64 ",\"outstanding_tokens\":%" PRId64
+                                   "\"max_inflight\":%d,\"healthy\":%s,\"ejected\":%s,\"inflight\":%" PRId64 ",\"outstanding_tokens\":%" PRId64
                                    ",\"feedback_tokens\":%" PRId64 ",\"selected\":%" PRIu64 "}",
                                 st.port, st.dp_rank, st.tp, st.weight, st.max_model_len, st.max_inflight,
-                                st.healthy ? "true" : "false",
+                                st.healthy ? "true" : "false", st.ejected ? "true" : "false",
                                 st.inflight, st.outstanding, st.feedback, st.selected);
         }
         evbuffer_add_printf(b, "]}");
@@ -215,6 +215,7 @@ static int setup_pools(struct router *rt)
     }
     for (int role = 0; role < 2; role++) {
         rt->pools[role] = XPYD_XALLOC(xb_pool_new(rt->cfg.pools[role].policy, 0x5eed + (uint64_t)role));
+        xb_set_ejection(rt->pools[role], (int)rt->cfg.eject_after, rt->cfg.eject_base_ms, rt->cfg.eject_max_ms);
         for (size_t i = 0; i < rt->cfg.n_ranks[role]; i++) {
             const struct rt_rank *r = &rt->cfg.ranks[role][i];
             struct xb_instance_cfg ic = {rt->cfg.endpoints[r->endpoint].host, rt->cfg.endpoints[r->endpoint].port,

@@ -102,16 +102,17 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
     }
     static const char *const inames[] = {"xpyd_instance_inflight_requests", "xpyd_instance_outstanding_tokens",
                                          "xpyd_instance_selected_total", "xpyd_instance_healthy",
-                                         "xpyd_instance_errors_total", "xpyd_instance_feedback_tokens"};
-    static const char *const itypes[] = {"gauge", "gauge", "counter", "gauge", "counter", "gauge"};
-    for (int m = 0; m < 6; m++) {
+                                         "xpyd_instance_errors_total", "xpyd_instance_feedback_tokens",
+                                         "xpyd_instance_ejections_total"};
+    static const char *const itypes[] = {"gauge", "gauge", "counter", "gauge", "counter", "gauge", "counter"};
+    for (int m = 0; m < 7; m++) {
         metric_head(b, inames[m], itypes[m], "Per instance (DP rank) numbers.");
         for (int role = 0; role < 2; role++) {
             for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
                 struct xb_instance_stats st;
                 xb_stats(g_rt->pools[role], (int)i, &st);
                 int64_t v = m == 0 ? st.inflight : m == 1 ? st.outstanding : m == 2 ? (int64_t)st.selected
-                          : m == 3 ? st.healthy : m == 5 ? st.feedback
+                          : m == 3 ? (st.healthy && !st.ejected) : m == 5 ? st.feedback : m == 6 ? (int64_t)st.ejections
                           : (int64_t)atomic_load(&c->instance_errors[role][i < 4096 ? i : 0]);
                 int v6 = strchr(st.host, ':') != NULL;
                 evbuffer_add_printf(b, "%s{role=\"%s\",instance=\"%s%s%s:%d\",dp_rank=\"%d\"} %" PRId64 "\n", inames[m],

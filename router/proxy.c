@@ -603,6 +603,19 @@ static void on_client_closed(evutil_socket_t fd, short ev, void *arg)
     evhtp_connection_free(evhtp_request_get_connection(r->ereq)); /* calls on_request_fini */
 }
 
+/* ---------- passive ejection ---------- */
+
+/* Counts one attempt's outcome against the instance (failures: connect, timeout, 5xx, unusable answer). */
+static void report_leg(int role, int idx, int ok)
+{
+    long ms = xb_report(g_rt->pools[role], idx, ok);
+    if (ms > 0) {
+        char where[300];
+        inst_desc(role, idx, where, sizeof where);
+        xpyd_log_event("event=ejected instance=\"%s\" for_ms=%ld reason=consecutive_failures", where, ms);
+    }
+}
+
 /* ---------- retries ---------- */
 
 static int leg_fail_kind(int role, int err, int status)
@@ -822,6 +835,10 @@ static void p_on_done(struct up_leg *leg, int err, void *arg)
     if (r->ended)
         return;
     int idx = r->p_idx;
+    if (err || r->p_status >= 500)
+        report_leg(RT_PREFILL, idx, 0);
+    else if (r->p_status == 200)
+        report_leg(RT_PREFILL, idx, 1);
     if (err || r->p_status >= 500) {
         char buf[200];
         if (may_retry(r, RT_PREFILL, err ? 0 : r->p_status)) {
@@ -1080,6 +1097,10 @@ static void d_on_done(struct up_leg *leg, int err, void *arg)
     char buf[200];
     if (!err && r->d_status == 200)
         rt_hist_observe(RT_H_DECODE, (double)(xpyd_now_us() - r->t_leg[RT_DECODE]) / 1e6);
+    if (err || r->d_status >= 500 || (r->d_status == 200 && r->stream && !r->done_seen))
+        report_leg(RT_DECODE, idx, 0);
+    else if (r->d_status == 200)
+        report_leg(RT_DECODE, idx, 1);
     if (!err && r->d_status == 200) {
         if (!r->stream) {
             finish_non_stream(r);
@@ -1203,6 +1224,8 @@ static void bp_on_done(struct up_leg *leg, int err, void *arg)
         return;
     int ok = !err && r->p_status == 200;
     int pidx = r->p_idx;
+    if (ok || err || r->p_status >= 500)
+        report_leg(RT_PREFILL, pidx, ok);
     release_prefill(r);
     if (ok) {
         r->prefill_answered = 1;

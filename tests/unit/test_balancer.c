@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static struct xb_pool *pool_of(int policy, int n, const int *weights, const int *tps, const long *mml)
 {
@@ -163,6 +164,45 @@ static void test_max_inflight_soft_cap(void **st)
     xb_pool_free(p);
 }
 
+/* Passive ejection: out after N consecutive failures, at most half the pool, back after the ejection time. */
+static void test_passive_ejection(void **st)
+{
+    struct xb_pool *p = pool_of(XB_POLICY_RR, 4, NULL, NULL, NULL);
+    xb_set_ejection(p, 3, 50, 200);
+    assert_int_equal(xb_report(p, 0, 0), 0);
+    assert_int_equal(xb_report(p, 0, 0), 0);
+    xb_report(p, 0, 1); /* a success resets the streak */
+    assert_int_equal(xb_report(p, 0, 0), 0);
+    assert_int_equal(xb_report(p, 0, 0), 0);
+    assert_int_equal(xb_report(p, 0, 0), 50); /* third in a row: out for 50 ms */
+    for (int i = 0; i < 30; i++) {
+        int idx = xb_pick(p, 0, 1, NULL, 0);
+        assert_true(idx != 0);
+        xb_release(p, idx, 1);
+    }
+    for (int i = 0; i < 3; i++)
+        xb_report(p, 1, 0); /* a second one: now half of the pool is out */
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(xb_report(p, 2, 0), 0); /* a third would be more than half: kept */
+    struct xb_instance_stats s;
+    xb_stats(p, 0, &s);
+    assert_true(s.ejected && s.ejections == 1);
+    struct timespec ts = {0, 60 * 1000000};
+    nanosleep(&ts, NULL); /* the ejection expires (50 ms) */
+    int seen0 = 0;
+    for (int i = 0; i < 8; i++) {
+        int idx = xb_pick(p, 0, 1, NULL, 0);
+        seen0 |= idx == 0;
+        xb_release(p, idx, 1);
+    }
+    assert_true(seen0);
+    for (int i = 0; i < 3; i++)
+        xb_report(p, 0, 0);
+    xb_stats(p, 0, &s);
+    assert_true(s.ejected && s.ejections == 2); /* failed again without a success: the next one lasts 100 ms */
+    xb_pool_free(p);
+}
+
 static void *hammer(void *arg)
 {
     struct xb_pool *p = arg;
@@ -202,7 +242,7 @@ int main(void)
         cmocka_unit_test(test_lot_property),          cmocka_unit_test(test_tie_rotation),
         cmocka_unit_test(test_least_loaded_wins),     cmocka_unit_test(test_max_model_len_and_health),
         cmocka_unit_test(test_other_policies_release_to_zero), cmocka_unit_test(test_thread_safety),
-        cmocka_unit_test(test_max_inflight_soft_cap),
+        cmocka_unit_test(test_max_inflight_soft_cap), cmocka_unit_test(test_passive_ejection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
