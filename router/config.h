@@ -65,7 +65,9 @@ struct rt_config {
     long health_timeout_ms;
     long health_rise, health_fall;
     long drain_timeout_ms;
-    long eject_after, eject_base_ms, eject_max_ms; /* passive ejection */     /* SIGTERM: how long in-flight requests may take to finish */
+    long eject_after, eject_base_ms, eject_max_ms; /* passive ejection */
+    long retry_backoff_ms, retry_budget_percent, retry_budget_min;
+    long max_connections;     /* SIGTERM: how long in-flight requests may take to finish */
     long scrape_interval_ms;   /* engine /metrics feedback; 0 = off */
     long feedback_waiting_tokens; /* tokens one waiting engine request counts as */
     long feedback_kv_tokens;      /* tokens a full KV cache (usage 1.0) counts as */

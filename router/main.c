@@ -147,9 +147,27 @@ static evhtp_res on_headers(evhtp_request_t *req, evhtp_headers_t *hdr, void *ar
     return EVHTP_RES_OK;
 }
 
+/* --max-connections: a connection over the limit is closed as soon as it is accepted. */
+static evhtp_res on_pre_accept(evhtp_connection_t *c, void *arg)
+{
+    if (atomic_fetch_add(&g_rt->ctr.connections, 1) >= g_rt->cfg.max_connections) {
+        atomic_fetch_sub(&g_rt->ctr.connections, 1);
+        atomic_fetch_add(&g_rt->ctr.connections_rejected, 1);
+        return EVHTP_RES_ERROR;
+    }
+    return EVHTP_RES_OK;
+}
+
+static evhtp_res on_conn_fini(evhtp_connection_t *c, void *arg)
+{
+    atomic_fetch_sub(&g_rt->ctr.connections, 1);
+    return EVHTP_RES_OK;
+}
+
 static evhtp_res on_accept(evhtp_connection_t *c, void *arg)
 {
     xpyd_tcp_nodelay(c->sock);
+    evhtp_connection_set_hook(c, evhtp_hook_on_connection_fini, (evhtp_hook)on_conn_fini, NULL);
     evhtp_connection_set_hook(c, evhtp_hook_on_headers, (evhtp_hook)on_headers, NULL);
     return EVHTP_RES_OK;
 }
@@ -255,6 +273,7 @@ int main(int argc, char **argv)
     if (!base)
         base = event_base_new();
     evhtp_t *htp = evhtp_new(base, NULL);
+    evhtp_set_pre_accept_cb(htp, on_pre_accept, NULL);
     evhtp_set_post_accept_cb(htp, on_accept, NULL);
     rt_install_handlers(htp);
     if (evhtp_use_threads_wexit(htp, thread_init, thread_exit, rt->cfg.threads, NULL) != 0) {

@@ -93,6 +93,11 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
          (uint64_t)atomic_load(&c->prompt_tokens)},
         {"xpyd_generation_tokens_total", "counter", "Tokens relayed to clients.",
          (uint64_t)atomic_load(&c->generation_tokens)},
+        {"xpyd_retries_denied_total", "counter", "Retries refused by the retry budget.",
+         (uint64_t)atomic_load(&c->retries_denied)},
+        {"xpyd_client_connections", "gauge", "Client connections open.", (uint64_t)atomic_load(&c->connections)},
+        {"xpyd_client_connections_rejected_total", "counter", "Client connections closed by --max-connections.",
+         (uint64_t)atomic_load(&c->connections_rejected)},
         {"xpyd_health_transitions_total", "counter", "Endpoints that went up or down (active health checks).",
          (uint64_t)atomic_load(&c->health_transitions)},
     };

@@ -82,6 +82,9 @@ struct rreq {
     int first_dropped;          /* prefill mode: decode's first content event removed */
     int64_t tokens_out;
     int paused;
+    int retrying;               /* counted in retries_active until the request ends */
+    struct event *retry_timer;  /* backoff before the next attempt (owned) */
+    void (*retry_fn)(struct rreq *r);
     struct event *bp_timer;     /* while paused: watches the client's output drain (owned) */
     int clones_fired;
     struct event *close_ev;
@@ -537,6 +540,14 @@ static void rreq_end(struct rreq *r, int fail)
         event_free(r->bp_timer);
         r->bp_timer = NULL;
     }
+    if (r->retry_timer) {
+        event_free(r->retry_timer);
+        r->retry_timer = NULL;
+    }
+    if (r->retrying) {
+        r->retrying = 0;
+        atomic_fetch_sub(&g_rt->ctr.retries_active, 1);
+    }
     if (r->client_started)
         atomic_fetch_sub(&g_rt->ctr.active_streams, 1);
     atomic_fetch_sub(&g_rt->ctr.active_requests, 1);
@@ -655,9 +666,51 @@ static int may_retry(struct rreq *r, int role, int status)
         return 0; /* the engine judged the request itself: another one would too */
     if (r->attempts[role] > g_rt->cfg.max_retries || r->ntried[role] >= MAX_TRIED ||
         (size_t)r->ntried[role] >= g_rt->cfg.n_ranks[role])
-        return 0; /* out of budget, or every instance was tried: the real error goes to the client */
+        return 0; /* out of attempts, or every instance was tried: the real error goes to the client */
+    if (!r->retrying) {
+        /* Retry budget: in an outage, retries must not multiply the load on what is left. */
+        int64_t active = (int64_t)atomic_load(&g_rt->ctr.active_requests);
+        int64_t allowed = active * g_rt->cfg.retry_budget_percent / 100;
+        if (allowed < g_rt->cfg.retry_budget_min)
+            allowed = g_rt->cfg.retry_budget_min;
+        if ((int64_t)atomic_load(&g_rt->ctr.retries_active) >= allowed) {
+            atomic_fetch_add(&g_rt->ctr.retries_denied, 1);
+            return 0;
+        }
+        r->retrying = 1;
+        atomic_fetch_add(&g_rt->ctr.retries_active, 1);
+    }
     atomic_fetch_add(&g_rt->ctr.retries[role], 1);
     return 1;
+}
+
+static void on_retry_timer(evutil_socket_t fd, short ev, void *arg)
+{
+    struct rreq *r = arg;
+    if (!r->ended && r->retry_fn)
+        r->retry_fn(r);
+}
+
+/* Runs fn (the next attempt) after a jittered exponential backoff. */
+static void retry_later(struct rreq *r, int role, void (*fn)(struct rreq *r))
+{
+    long base = g_rt->cfg.retry_backoff_ms;
+    if (base <= 0) {
+        fn(r);
+        return;
+    }
+    double ms = (double)base;
+    for (int k = 1; k < r->attempts[role] && ms < 1000; k++)
+        ms *= 2;
+    if (ms > 1000)
+        ms = 1000;
+    r->t->rng = xpyd_mix64(r->t->rng);
+    ms *= 0.5 + (double)(r->t->rng >> 11) / 9007199254740992.0;
+    r->retry_fn = fn;
+    if (!r->retry_timer)
+        r->retry_timer = XPYD_XALLOC(event_new(r->t->base, -1, 0, on_retry_timer, r));
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((long)(ms * 1000) % 1000000)};
+    event_add(r->retry_timer, &tv);
 }
 
 /* Passes an upstream error answer through (status and JSON body), before the first byte. */
@@ -847,7 +900,7 @@ static void p_on_done(struct up_leg *leg, int err, void *arg)
             release_prefill(r);
             if (idx >= 0 && (size_t)idx < 4096)
                 atomic_fetch_add(&g_rt->ctr.instance_errors[RT_PREFILL][idx], 1);
-            start_prefill(r);
+            retry_later(r, RT_PREFILL, start_prefill);
             return;
         }
         if (err)
@@ -1121,10 +1174,8 @@ static void d_on_done(struct up_leg *leg, int err, void *arg)
             atomic_fetch_add(&g_rt->ctr.instance_errors[RT_DECODE][idx], 1);
         release_decode(r);
         xpyd_sse_reset(&r->sse);
-        if (g_rt->cfg.handoff == RT_HANDOFF_BOOTSTRAP)
-            start_bootstrap(r); /* a fresh room and both legs again */
-        else
-            start_decode(r);
+        /* bootstrap: a fresh room and both legs again */
+        retry_later(r, RT_DECODE, g_rt->cfg.handoff == RT_HANDOFF_BOOTSTRAP ? start_bootstrap : start_decode);
         return;
     }
     if (err) {
@@ -1242,7 +1293,7 @@ static void bp_on_done(struct up_leg *leg, int err, void *arg)
     xpyd_sse_reset(&r->sse);
     char buf[200];
     if (may_retry(r, RT_PREFILL, err ? 0 : r->p_status)) {
-        start_bootstrap(r);
+        retry_later(r, RT_PREFILL, start_bootstrap);
         return;
     }
     if (err)

@@ -70,6 +70,10 @@ struct rt_counters {
     atomic_int_fast64_t active_requests;
     atomic_uint_fast64_t prompt_tokens, generation_tokens;
     atomic_uint_fast64_t health_transitions;
+    atomic_int_fast64_t retries_active;      /* requests currently in a retry (budget) */
+    atomic_uint_fast64_t retries_denied;     /* retries refused by the budget */
+    atomic_int_fast64_t connections;         /* client connections open */
+    atomic_uint_fast64_t connections_rejected;
     atomic_uint_fast64_t instance_errors[2][4096];
 };
 
