@@ -571,7 +571,8 @@ static void rreq_fail(struct rreq *r, int fail, int role, int idx, const char *d
     snprintf(msg, sizeof msg, "%s failed: %s", where, detail);
     if (role >= 0 && idx >= 0 && (size_t)idx < 4096)
         atomic_fetch_add(&g_rt->ctr.instance_errors[role][idx], 1);
-    XLOG_WARN("msg=\"request failed\" request_id=%s reason=%s detail=\"%s\"", r->xid, rt_fail_table[fail].name, msg);
+    /* errors are always logged, whatever --log-level (but none), as one structured line */
+    xpyd_log_event("event=request_failed request_id=%s reason=%s detail=\"%s\"", r->xid, rt_fail_table[fail].name, msg);
     if (r->client_started) {
         client_stream_error(r, rt_fail_table[fail].status, msg);
     } else {

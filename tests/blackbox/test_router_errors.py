@@ -120,7 +120,7 @@ class MidStreamFailure(Base):
     def test_error_event_then_done(self):
         p = self.start(t.sim("--role", "prefill"))
         d = self.start(t.sim("--role", "decode", "--fail-after-tokens", "2", "--decode-us-per-token", "100"))
-        r = self.start(t.router([p.port], [d.port]))
+        r = self.start(t.router([p.port], [d.port], "--log-level", "error"))
         st = t.Stream(r.port, "/v1/completions", stream_body(10))
         self.assertEqual(st.status, 200)
         payloads = st.read_all()
@@ -133,6 +133,10 @@ class MidStreamFailure(Base):
         st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 10})
         self.assertOpenAIError(st, out, 502, "decode")
         self.idle(r)
+        r.stop()  # errors are logged as one structured line even at --log-level error
+        lines = [l for l in r.output().splitlines() if "event=request_failed" in l]
+        self.assertEqual(len(lines), 2, r.output())
+        self.assertIn("reason=decode_broken_stream", lines[0])
 
 
 class Timeouts(Base):
