@@ -1,7 +1,7 @@
 /* xpyd_bench.c - a C load generator with vLLM benchmark_serving.py's workflow, flags, metrics and result
  * table: random prompts, Poisson/gamma arrivals, a concurrency cap, TTFT/TPOT/ITL/E2EL percentiles.
  *
- * Metrics follow benchmark_serving: TTFT = first SSE event carrying content; ITL = gaps between content
+ * Metrics follow benchmark_serving: TTFT = first SSE event carrying choices; ITL = gaps between such
  * events; output length = the usage event's completion_tokens (else the number of content events);
  * TPOT = (E2EL - TTFT) / (output tokens - 1). Failed requests are counted with their error. */
 #include "xpyd_http_client.h"
@@ -182,11 +182,13 @@ static int on_event(void *arg, const char *data, size_t len, const char *raw, si
         const cJSON *m = cJSON_GetObjectItemCaseSensitive(err, "message");
         snprintf(r->err, sizeof r->err, "stream error: %.170s", cJSON_IsString(m) ? m->valuestring : "?");
     }
+    /* PROTOCOLS.md §3, as benchmark_serving: TTFT at the first event carrying choices (a chat role chunk
+     * counts), ITL between such events; the output length comes from the usage event. */
     const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
     const cJSON *text = cJSON_GetObjectItemCaseSensitive(ch, "text");
     if (!cJSON_IsString(text))
         text = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ch, "delta"), "content");
-    if (cJSON_IsString(text) && text->valuestring[0]) {
+    if (ch) {
         uint64_t now = xpyd_now_us();
         if (r->ttft < 0)
             r->ttft = (double)(now - r->t_start) / 1e6;
@@ -198,7 +200,8 @@ static int on_event(void *arg, const char *data, size_t len, const char *raw, si
             r->itl[r->n_itl++] = (double)(now - r->t_last) / 1e6;
         }
         r->t_last = now;
-        r->counted++;
+        if (cJSON_IsString(text) && text->valuestring[0])
+            r->counted++; /* fallback output length when no usage event came */
     }
     const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "usage"), "completion_tokens");
     if (cJSON_IsNumber(ct))

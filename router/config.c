@@ -90,6 +90,9 @@ static const struct setting settings[] = {
      "read each engine's /metrics this often and blend it into the load; 0 = off"},
     {"feedback-waiting-tokens", K_LONG, OFF(feedback_waiting_tokens), 0, 1L << 30, "512", NULL,
      "load (tokens) one request waiting in the engine adds"},
+    {"feedback-running-tokens", K_LONG, OFF(feedback_running_tokens), 0, 1L << 30, "0", NULL,
+     "load (tokens) one request running in the engine adds; 0 by default because the router's own requests "
+     "are already in its outstanding tokens (set it when other clients share the engines)"},
     {"feedback-kv-tokens", K_LONG, OFF(feedback_kv_tokens), 0, 1L << 30, "8192", NULL,
      "load (tokens) a full engine KV cache (usage 1.0) adds"},
     {"api-key", K_STR, OFF(api_key), 0, 0, "", NULL,

@@ -71,6 +71,7 @@ struct rt_config {
     long scrape_interval_ms;   /* engine /metrics feedback; 0 = off */
     long feedback_waiting_tokens; /* tokens one waiting engine request counts as */
     long feedback_kv_tokens;      /* tokens a full KV cache (usage 1.0) counts as */
+    long feedback_running_tokens; /* tokens one running engine request counts as */
     int dry_run;
     char port_file[512];
     char api_key[256];         /* clients must send Authorization: Bearer <key>; empty = no auth */

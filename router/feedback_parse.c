@@ -35,9 +35,9 @@ static int parse_line(const char *l, const char *end, const char *name, int engi
     return 1;
 }
 
-int probe_parse_engine_metrics(const char *page, size_t len, int engine, double *waiting, double *kv_usage)
+int probe_parse_engine_metrics(const char *page, size_t len, int engine, struct engine_load *out)
 {
-    double w = 0, wmax = 0, kv = 0, kvmax = 0, gkv = 0, gkvmax = 0;
+    double w = 0, wmax = 0, run = 0, runmax = 0, kv = 0, kvmax = 0, gkv = 0, gkvmax = 0;
     int found = 0, kvfound = 0;
     const char *p = page, *end = page + len;
     while (p < end) {
@@ -45,14 +45,16 @@ int probe_parse_engine_metrics(const char *page, size_t len, int engine, double 
         const char *le = nl ? nl : end;
         if (le > p && *p != '#') {
             found += parse_line(p, le, "vllm:num_requests_waiting", engine, &w, &wmax);
+            found += parse_line(p, le, "vllm:num_requests_running", engine, &run, &runmax);
             int k = parse_line(p, le, "vllm:kv_cache_usage_perc", engine, &kv, &kvmax);
             kvfound += k;
             found += k + parse_line(p, le, "vllm:gpu_cache_usage_perc", engine, &gkv, &gkvmax);
         }
         p = le + 1;
     }
-    *waiting = w;
-    *kv_usage = kvfound ? kvmax : gkvmax; /* newer name first, the older one as fallback */
+    out->waiting = w;
+    out->running = run;
+    out->kv_usage = kvfound ? kvmax : gkvmax; /* newer name first, the older one as fallback */
     return found;
 }
 

@@ -134,11 +134,12 @@ static void s_done(struct up_leg *leg, int err, void *arg)
             const struct rt_rank *rk = &g_rt->cfg.ranks[role][i];
             if (rk->endpoint != s->idx)
                 continue;
-            double waiting = 0, kv = 0;
+            struct engine_load el;
             int64_t fb = 0;
-            if (!err && s->sstatus == 200 && probe_parse_engine_metrics(page, len, rk->dp_rank, &waiting, &kv) > 0)
-                fb = (int64_t)(waiting * (double)g_rt->cfg.feedback_waiting_tokens +
-                               kv * (double)g_rt->cfg.feedback_kv_tokens);
+            if (!err && s->sstatus == 200 && probe_parse_engine_metrics(page, len, rk->dp_rank, &el) > 0)
+                fb = (int64_t)(el.waiting * (double)g_rt->cfg.feedback_waiting_tokens +
+                               el.running * (double)g_rt->cfg.feedback_running_tokens +
+                               el.kv_usage * (double)g_rt->cfg.feedback_kv_tokens);
             xb_set_feedback(g_rt->pools[role], (int)i, fb); /* no reading: no feedback, the router's own count rules */
         }
     }

@@ -12,9 +12,15 @@ struct probe;
 struct probe *probe_start(struct event_base *base);
 void probe_stop(struct probe *p);
 
-/* Parses a Prometheus page for vLLM's load series. For engine label `engine` (or every engine when
- * engine < 0: sums waiting, takes the highest KV usage) sets *waiting and *kv_usage; returns how many
- * series matched. Exposed for unit tests. */
-int probe_parse_engine_metrics(const char *page, size_t len, int engine, double *waiting, double *kv_usage);
+/* vLLM's load series read from one engine's /metrics. */
+struct engine_load {
+    double waiting;  /* vllm:num_requests_waiting */
+    double running;  /* vllm:num_requests_running */
+    double kv_usage; /* vllm:kv_cache_usage_perc, else vllm:gpu_cache_usage_perc (0..1) */
+};
+
+/* Parses a Prometheus page for engine label `engine` (every engine when engine < 0: counts summed, the
+ * highest KV usage taken) into *out; returns how many series matched. Exposed for unit tests. */
+int probe_parse_engine_metrics(const char *page, size_t len, int engine, struct engine_load *out);
 
 #endif

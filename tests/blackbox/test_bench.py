@@ -42,10 +42,13 @@ class Timing(t.TestCase):
             self.assertIn(line, out)
 
     def test_chat_backend(self):
-        s = self.start(t.sim("--decode-us-per-token", "0"))
+        s = self.start(t.sim("--decode-us-per-token", "20000"))
         rc, out, r = run_bench(s.port, "--backend", "openai-chat", "--num-prompts", "5", "--random-output-len", "7",
                                "--ignore-eos")
         self.assertEqual((rc, r["completed"], r["total_output_tokens"]), (0, 5, 35))
+        # the role chunk carries choices: it sets TTFT and one ITL gap more than content chunks alone
+        self.assertEqual(len(r["itls"][0]), 7)
+        self.assertLess(r["mean_ttft_ms"], 15)  # the prefill yields the first token: no 20 ms step in TTFT
 
 
 class Failures(t.TestCase):

@@ -71,6 +71,25 @@ class Feedback(t.TestCase):
         for s in direct:
             s.close()
 
+    def test_running_requests_blend_when_weighted(self):
+        p = self.start(t.sim("--role", "prefill"))
+        busy = self.start(t.sim("--role", "decode", "--decode-us-per-token", "20000"))
+        idle = self.start(t.sim("--role", "decode"))
+        direct = [t.Stream(busy.port, "/v1/completions", {"prompt": "x", "max_tokens": 200, "stream": True},
+                           lazy=True) for _ in range(3)]  # running, nothing waiting
+        t.wait_until(lambda: t.metric(busy.port, "vllm:num_requests_running") == 3, what="running")
+        r = self.start(t.router([p.port], [busy.port, idle.port], "--scrape-interval-ms", "50",
+                                "--feedback-waiting-tokens", "0", "--feedback-kv-tokens", "0",
+                                "--feedback-running-tokens", "1000"))
+        t.wait_until(lambda: t.status(r.port)["pools"]["decode"]["instances"][0]["feedback_tokens"] == 3000,
+                     what="running requests read")
+        for _ in range(4):
+            st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 2})
+            self.assertEqual(st, 200, out)
+        self.assertEqual(t.metric(idle.port, "xpyd_sim:requests_total"), 4)
+        for s in direct:
+            s.close()
+
     def test_without_feedback_load_is_only_the_routers(self):
         p = self.start(t.sim("--role", "prefill"))
         busy = self.start(t.sim("--role", "decode", "--max-batch", "1", "--decode-us-per-token", "20000"))

@@ -120,6 +120,16 @@ class KvParamsPaths(Cluster):
         self.assertEqual(m["xpyd_first_token_mismatch_total"], 0)
         self.assert_clean()
 
+    def test_first_token_mismatch_counted(self):
+        # engines sampling differently (other seeds): the prefill's token still leads, the decode's first
+        # content event is still removed, and the disagreement is counted
+        self.cluster(["--first-token", "prefill"], p_args=["--seed", "1"], d_args=["--seed", "2"])
+        for _ in range(3):
+            payloads = t.Stream(self.R.port, "/v1/completions", body("completions", 4, True)).read_all()
+            self.assertEqual(len(t.content_events(payloads)), 4)
+        self.assertEqual(t.metric(self.R.port, "xpyd_first_token_mismatch_total"), 3)
+        self.assert_clean()
+
     def test_generator_on_p_node_alias(self):
         self.cluster(["--generator_on_p_node"])
         payloads = t.Stream(self.R.port, "/v1/completions", body("completions", 3, True)).read_all()
