@@ -268,13 +268,15 @@ static void on_done(struct up_leg *leg, int err, void *arg)
         schedule_arrivals();
 }
 
-static void send_leg(struct req *r, int ep, const char *host, int port, const char *body,
-                     const struct up_leg_cbs *cbs)
+static struct up_endpoint endpoints[2]; /* [0] --host/--port, [1] --direct-prefill */
+
+static void send_leg(struct req *r, int ep, const char *body, const struct up_leg_cbs *cbs)
 {
     struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b, "POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: application/json\r\n"
-                           "Authorization: Bearer xpyd-bench\r\nX-Request-Id: bench-%d-%llu\r\nContent-Length: %zu\r\n\r\n%s",
-                        O.endpoint, host, port, r->i, (unsigned long long)t0, strlen(body), body);
+    up_request_line(b, &endpoints[ep], "POST", O.endpoint);
+    evbuffer_add_printf(b, "Content-Type: application/json\r\nAuthorization: Bearer xpyd-bench\r\n"
+                           "X-Request-Id: bench-%d-%llu\r\nContent-Length: %zu\r\n\r\n%s",
+                        r->i, (unsigned long long)t0, strlen(body), body);
     struct up_timeouts to = {O.timeout_ms, O.timeout_ms, O.timeout_ms};
     r->leg = up_leg_start(up, ep, b, &to, cbs, r);
     evbuffer_free(b);
@@ -308,7 +310,7 @@ static void pre_done(struct up_leg *leg, int err, void *arg)
     cJSON_Delete(j);
     r->status = 0;
     static const struct up_leg_cbs cbs = {on_head, on_body, on_done, NULL};
-    send_leg(r, 0, O.host, O.port, body, &cbs);
+    send_leg(r, 0, body, &cbs);
     free(body);
 }
 
@@ -322,13 +324,13 @@ static void send_one(void)
         char *body = make_body(r, 1, NULL);
         r->pbody = XPYD_XALLOC(evbuffer_new());
         static const struct up_leg_cbs pcbs = {pre_head, pre_body, pre_done, NULL};
-        send_leg(r, 1, O.dp_host, O.dp_port, body, &pcbs);
+        send_leg(r, 1, body, &pcbs);
         free(body);
         return;
     }
     char *body = make_body(r, 0, NULL);
     static const struct up_leg_cbs cbs = {on_head, on_body, on_done, NULL};
-    send_leg(r, 0, O.host, O.port, body, &cbs);
+    send_leg(r, 0, body, &cbs);
     free(body);
 }
 
@@ -635,7 +637,7 @@ int main(int argc, char **argv)
     xpyd_raise_nofile();
     rng = xpyd_mix64(O.seed + 1);
     base = event_base_new();
-    struct up_endpoint ep[2];
+    struct up_endpoint *ep = endpoints;
     if (up_endpoint_resolve(&ep[0], O.host, O.port) != 0 ||
         (O.direct_prefill[0] && up_endpoint_resolve(&ep[1], O.dp_host, O.dp_port) != 0)) {
         fprintf(stderr, "xpyd_bench: cannot resolve %s\n", O.direct_prefill[0] ? O.direct_prefill : O.host);

@@ -84,6 +84,13 @@ int up_endpoint_resolve(struct up_endpoint *ep, const char *host, int port)
     return 0;
 }
 
+void up_request_line(struct evbuffer *b, const struct up_endpoint *ep, const char *method, const char *path)
+{
+    char hp[300];
+    evbuffer_add_printf(b, "%s %s HTTP/1.1\r\nHost: %s\r\n", method, path,
+                        xpyd_hostport(ep->host, ep->port, hp, sizeof hp));
+}
+
 struct up_thread *up_thread_new(struct event_base *base, const struct up_endpoint *eps, size_t n, size_t idle_max)
 {
     struct up_thread *t = calloc(1, sizeof *t);

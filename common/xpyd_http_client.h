@@ -60,6 +60,10 @@ void up_leg_resume(struct up_leg *leg);
 /* Bytes of response received so far (0 means nothing came back yet: safe to retry elsewhere). */
 uint64_t up_leg_bytes_in(const struct up_leg *leg);
 
+/* Appends "METHOD path HTTP/1.1\r\nHost: host:port\r\n" for ep; the caller adds the other headers, the
+ * blank line and the body. */
+void up_request_line(struct evbuffer *b, const struct up_endpoint *ep, const char *method, const char *path);
+
 /* Resolves "host" + port into ep (numeric or by name). 0 or -EINVAL. */
 int up_endpoint_resolve(struct up_endpoint *ep, const char *host, int port);
 

@@ -122,6 +122,12 @@ int xpyd_parse_hostport(const char *s, char *host, size_t hostcap, int *port)
     return 0;
 }
 
+const char *xpyd_hostport(const char *host, int port, char *buf, size_t cap)
+{
+    snprintf(buf, cap, strchr(host, ':') ? "[%s]:%d" : "%s:%d", host, port);
+    return buf;
+}
+
 int xpyd_parse_long(const char *s, long lo, long hi, long *out)
 {
     if (!s || !*s)

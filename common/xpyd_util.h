@@ -36,6 +36,10 @@ uint64_t xpyd_mix64(uint64_t x);
  * brackets, at most hostcap-1 bytes) and *port. Returns 0, or -EINVAL on a malformed string. */
 int xpyd_parse_hostport(const char *s, char *host, size_t hostcap, int *port);
 
+/* Formats host:port for messages, labels and Host headers, bracketing IPv6 addresses ([::1]:8100).
+ * Returns buf. */
+const char *xpyd_hostport(const char *host, int port, char *buf, size_t cap);
+
 /* Strict integer parsing: the whole string must be a number in [lo, hi]. 0 or -EINVAL/-ERANGE. */
 int xpyd_parse_long(const char *s, long lo, long hi, long *out);
 int xpyd_parse_double(const char *s, double lo, double hi, double *out);

@@ -590,9 +590,9 @@ void rt_config_print(const struct rt_config *c, FILE *f)
         for (size_t i = 0; i < c->n_ranks[role]; i++) {
             const struct rt_rank *r = &c->ranks[role][i];
             const struct rt_endpoint_cfg *e = &c->endpoints[r->endpoint];
-            int v6 = strchr(e->host, ':') != NULL;
-            fprintf(f, "  %s[%zu] %s%s%s:%d dp_rank=%d tp=%d weight=%d max_model_len=%ld max_inflight=%d", role ? "D" : "P",
-                    i, v6 ? "[" : "", e->host, v6 ? "]" : "", e->port, r->dp_rank, r->tp, r->weight, r->max_model_len,
+            char hp[300];
+            fprintf(f, "  %s[%zu] %s dp_rank=%d tp=%d weight=%d max_model_len=%ld max_inflight=%d", role ? "D" : "P", i,
+                    xpyd_hostport(e->host, e->port, hp, sizeof hp), r->dp_rank, r->tp, r->weight, r->max_model_len,
                     r->max_inflight);
             if (role == RT_PREFILL && c->handoff == RT_HANDOFF_BOOTSTRAP)
                 fprintf(f, " bootstrap_port=%d", r->bootstrap_port);

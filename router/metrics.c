@@ -1,6 +1,7 @@
 /* metrics.c - the router's Prometheus page: counters, latency histograms, per-rank numbers. Updates are
  * atomics on the hot path; a scrape only reads them and never blocks request handling. */
 #include "router.h"
+#include "xpyd_util.h"
 
 #include <event2/buffer.h>
 #include <evhtp/evhtp.h>
@@ -119,9 +120,9 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
                 int64_t v = m == 0 ? st.inflight : m == 1 ? st.outstanding : m == 2 ? (int64_t)st.selected
                           : m == 3 ? (st.healthy && !st.ejected) : m == 5 ? st.feedback : m == 6 ? (int64_t)st.ejections
                           : (int64_t)atomic_load(&c->instance_errors[role][i < 4096 ? i : 0]);
-                int v6 = strchr(st.host, ':') != NULL;
-                evbuffer_add_printf(b, "%s{role=\"%s\",instance=\"%s%s%s:%d\",dp_rank=\"%d\"} %" PRId64 "\n", inames[m],
-                                    role ? "decode" : "prefill", v6 ? "[" : "", st.host, v6 ? "]" : "", st.port,
+                char hp[300];
+                evbuffer_add_printf(b, "%s{role=\"%s\",instance=\"%s\",dp_rank=\"%d\"} %" PRId64 "\n", inames[m],
+                                    role ? "decode" : "prefill", xpyd_hostport(st.host, st.port, hp, sizeof hp),
                                     st.dp_rank < 0 ? 0 : st.dp_rank, v);
             }
         }

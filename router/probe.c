@@ -31,8 +31,7 @@ struct probe {
 
 static void ep_desc(int idx, char *out, size_t cap)
 {
-    const struct up_endpoint *e = &g_rt->endpoints[idx];
-    snprintf(out, cap, strchr(e->host, ':') ? "[%s]:%d" : "%s:%d", e->host, e->port);
+    xpyd_hostport(g_rt->endpoints[idx].host, g_rt->endpoints[idx].port, out, cap);
 }
 
 static void apply_health(struct ep_state *s)
@@ -82,10 +81,9 @@ static void h_done(struct up_leg *leg, int err, void *arg)
 
 static struct evbuffer *get_request(int idx, const char *path)
 {
-    const struct up_endpoint *e = &g_rt->endpoints[idx];
     struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
-    evbuffer_add_printf(b, strchr(e->host, ':') ? "GET %s HTTP/1.1\r\nHost: [%s]:%d\r\n\r\n" : "GET %s HTTP/1.1\r\nHost: %s:%d\r\n\r\n",
-                        path, e->host, e->port);
+    up_request_line(b, &g_rt->endpoints[idx], "GET", path);
+    evbuffer_add(b, "\r\n", 2);
     return b;
 }
 

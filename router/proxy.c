@@ -82,6 +82,7 @@ struct rreq {
     int first_dropped;          /* prefill mode: decode's first content event removed */
     int64_t tokens_out;
     int paused;
+    struct evbuffer *chunk;     /* the next chunk to the client, reused for every event (owned) */
     int retrying;               /* counted in retries_active until the request ends */
     struct event *retry_timer;  /* backoff before the next attempt (owned) */
     void (*retry_fn)(struct rreq *r);
@@ -161,13 +162,12 @@ static void inst_desc(int role, int idx, char *out, size_t cap)
         snprintf(out, cap, "%s", role ? "decode" : "prefill");
         return;
     }
-    int v6 = strchr(st.host, ':') != NULL;
+    char hp[280];
+    xpyd_hostport(st.host, st.port, hp, sizeof hp);
     if (st.dp_rank >= 0)
-        snprintf(out, cap, "%s %s%s%s:%d (dp rank %d)", role ? "decode" : "prefill", v6 ? "[" : "", st.host,
-                 v6 ? "]" : "", st.port, st.dp_rank);
+        snprintf(out, cap, "%s %s (dp rank %d)", role ? "decode" : "prefill", hp, st.dp_rank);
     else
-        snprintf(out, cap, "%s %s%s%s:%d", role ? "decode" : "prefill", v6 ? "[" : "", st.host, v6 ? "]" : "",
-                 st.port);
+        snprintf(out, cap, "%s %s", role ? "decode" : "prefill", hp);
 }
 
 /* The endpoint (connection pool) of a balancer instance. */
@@ -292,10 +292,9 @@ static struct evbuffer *build_request(struct rreq *r, int role, int idx, const c
                                       const char *body, size_t len)
 {
     const struct up_endpoint *ep = &g_rt->endpoints[endpoint_of(role, idx)];
-    int v6 = strchr(ep->host, ':') != NULL;
     struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
-    evbuffer_add_printf(b, "%s %s HTTP/1.1\r\nHost: %s%s%s:%d\r\nX-Request-Id: %s\r\n", method, path, v6 ? "[" : "",
-                        ep->host, v6 ? "]" : "", ep->port, r->xid);
+    up_request_line(b, ep, method, path);
+    evbuffer_add_printf(b, "X-Request-Id: %s\r\n", r->xid);
     int dp = g_rt->cfg.ranks[role][idx].dp_rank;
     if (dp >= 0)
         evbuffer_add_printf(b, "X-data-parallel-rank: %d\r\n", dp);
@@ -392,21 +391,25 @@ static void on_backpressure_tick(evutil_socket_t fd, short ev, void *arg)
     up_leg_resume(r->dleg);
 }
 
-static void client_write(struct rreq *r, const char *data, size_t len)
+static struct evbuffer *chunk_of(struct rreq *r)
 {
-    if (!r->ereq)
+    if (!r->chunk)
+        r->chunk = XPYD_XALLOC(evbuffer_new());
+    return r->chunk;
+}
+
+/* Sends what r->chunk holds as one chunk (libevhtp moves the bytes out, so the buffer is reused). */
+static void client_flush_chunk(struct rreq *r)
+{
+    struct evbuffer *c = chunk_of(r);
+    if (!r->ereq) {
+        evbuffer_drain(c, evbuffer_get_length(c));
         return;
-    struct evbuffer *b = evbuffer_new();
-    evbuffer_add(b, data, len);
-    evhtp_send_reply_chunk(r->ereq, b);
-    evbuffer_free(b);
+    }
+    evhtp_send_reply_chunk(r->ereq, c);
     /* Backpressure: a slow client pauses the decode leg instead of growing this buffer without bound. */
     struct bufferevent *bev = evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq));
-    if (!bev)
-        return;
-    /* libevhtp's request pause may leave EV_WRITE off: keep the socket draining whatever the client's pace. */
-    bufferevent_enable(bev, EV_WRITE);
-    if (evbuffer_get_length(bufferevent_get_output(bev)) > (size_t)g_rt->cfg.client_buffer_bytes && r->dleg &&
+    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > (size_t)g_rt->cfg.client_buffer_bytes && r->dleg &&
         !r->paused) {
         r->paused = 1;
         XLOG_DEBUG("msg=\"client slow: decode leg paused\" request_id=%s", r->xid);
@@ -418,15 +421,18 @@ static void client_write(struct rreq *r, const char *data, size_t len)
     }
 }
 
+static void client_write(struct rreq *r, const char *data, size_t len)
+{
+    evbuffer_add(chunk_of(r), data, len);
+    client_flush_chunk(r);
+}
+
 static void client_event_json(struct rreq *r, const cJSON *o)
 {
     char *s = XPYD_XALLOC(cJSON_PrintUnformatted(o));
-    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
-    xpyd_sse_write(b, s, strlen(s));
-    size_t n = evbuffer_get_length(b);
-    client_write(r, (const char *)evbuffer_pullup(b, (ssize_t)n), n);
-    evbuffer_free(b);
+    xpyd_sse_write(chunk_of(r), s, strlen(s));
     free(s);
+    client_flush_chunk(r);
 }
 
 static void client_stream_end(struct rreq *r)
@@ -441,13 +447,10 @@ static void client_stream_end(struct rreq *r)
 static void client_stream_error(struct rreq *r, int status, const char *msg)
 {
     char *e = xpyd_oai_error_json(status, NULL, msg, NULL);
-    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
-    xpyd_sse_write(b, e, strlen(e));
-    xpyd_sse_write_done(b);
-    size_t n = evbuffer_get_length(b);
-    client_write(r, (const char *)evbuffer_pullup(b, (ssize_t)n), n);
-    evbuffer_free(b);
+    xpyd_sse_write(chunk_of(r), e, strlen(e));
+    xpyd_sse_write_done(chunk_of(r));
     free(e);
+    client_flush_chunk(r);
     client_stream_end(r);
 }
 
@@ -478,8 +481,7 @@ static void inst_short(int role, int idx, char *out, size_t cap)
         snprintf(out, cap, "-");
         return;
     }
-    int v6 = strchr(st.host, ':') != NULL;
-    snprintf(out, cap, "%s%s%s:%d%s", v6 ? "[" : "", st.host, v6 ? "]" : "", st.port, st.dp_rank >= 0 ? "" : "");
+    xpyd_hostport(st.host, st.port, out, cap);
     if (st.dp_rank >= 0)
         snprintf(out + strlen(out), cap - strlen(out), "#%d", st.dp_rank);
 }
@@ -566,7 +568,7 @@ static void rreq_end(struct rreq *r, int fail)
 /* Fails the request with the failure's row: an HTTP error before the first byte, an error event after. */
 static void rreq_fail(struct rreq *r, int fail, int role, int idx, const char *detail)
 {
-    char where[300], msg[900];
+    char where[400], msg[1000];
     inst_desc(role, idx, where, sizeof where);
     snprintf(msg, sizeof msg, "%s failed: %s", where, detail);
     if (role >= 0 && idx >= 0 && (size_t)idx < 4096)
@@ -598,6 +600,8 @@ static evhtp_res on_request_fini(evhtp_request_t *req, void *arg)
         evbuffer_free(r->pbuf);
     if (r->dbuf)
         evbuffer_free(r->dbuf);
+    if (r->chunk)
+        evbuffer_free(r->chunk);
     xpyd_sse_reset(&r->sse);
     free(r);
     return EVHTP_RES_OK;
@@ -622,7 +626,7 @@ static void report_leg(int role, int idx, int ok)
 {
     long ms = xb_report(g_rt->pools[role], idx, ok);
     if (ms > 0) {
-        char where[300];
+        char where[400];
         inst_desc(role, idx, where, sizeof where);
         xpyd_log_event("event=ejected instance=\"%s\" for_ms=%ld reason=consecutive_failures", where, ms);
     }
@@ -992,6 +996,15 @@ static const char *event_text(const cJSON *o)
 
 static void fire_clones(struct rreq *r);
 
+/* The decode produced one more token: its load falls by one, down to the KV part it still holds. */
+static void decode_token_done(struct rreq *r)
+{
+    if (r->d_charge > r->prompt_tokens) {
+        xb_adjust(g_rt->pools[RT_DECODE], r->d_idx, -1);
+        r->d_charge--;
+    }
+}
+
 /* A content event is going to the client: count it and record the inter-token gap. */
 static void token_out(struct rreq *r)
 {
@@ -1018,10 +1031,7 @@ static int on_decode_event(void *arg, const char *data, size_t len, const char *
     if (!prefill_mode && !has_usage) { /* fast path: forward the bytes as they came */
         if (content) {
             token_out(r);
-            if (r->d_charge > r->prompt_tokens) { /* decode load falls as tokens are produced */
-                xb_adjust(g_rt->pools[RT_DECODE], r->d_idx, -1);
-                r->d_charge--;
-            }
+            decode_token_done(r);
         }
         client_stream_start(r);
         client_write(r, raw, rawlen);
@@ -1068,10 +1078,8 @@ static int on_decode_event(void *arg, const char *data, size_t len, const char *
     } else if (content && text && *text) {
         token_out(r);
     }
-    if (content && r->d_charge > r->prompt_tokens) {
-        xb_adjust(g_rt->pools[RT_DECODE], r->d_idx, -1);
-        r->d_charge--;
-    }
+    if (content)
+        decode_token_done(r);
     /* One id across every event the client receives. */
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
     if (prefill_mode && r->resp_id && cJSON_IsString(id) && strcmp(id->valuestring, r->resp_id) != 0) {
@@ -1484,6 +1492,8 @@ static void handle_generate(evhtp_request_t *req, int kind)
     evhtp_request_set_hook(req, evhtp_hook_on_request_fini, (evhtp_hook)on_request_fini, r);
     evhtp_connection_t *conn = evhtp_request_get_connection(req);
     evhtp_request_pause(req);
+    /* libevhtp's pause turns EV_WRITE off too: without it a stream stalls once the client's socket fills */
+    bufferevent_enable(evhtp_connection_get_bev(conn), EV_WRITE);
     evutil_socket_t fd = bufferevent_getfd(evhtp_connection_get_bev(conn));
     r->close_ev = event_new(t->base, fd, EV_CLOSED, on_client_closed, r);
     if (r->close_ev)
@@ -1575,9 +1585,7 @@ static void models_try(struct models_req *m)
             continue;
         const struct up_endpoint *ep = &g_rt->endpoints[endpoint_of(role, idx)];
         struct evbuffer *req = XPYD_XALLOC(evbuffer_new());
-        int v6 = strchr(ep->host, ':') != NULL;
-        evbuffer_add_printf(req, "GET /v1/models HTTP/1.1\r\nHost: %s%s%s:%d\r\n", v6 ? "[" : "", ep->host,
-                            v6 ? "]" : "", ep->port);
+        up_request_line(req, ep, "GET", "/v1/models");
         const char *auth = evhtp_header_find(m->ereq->headers_in, "Authorization");
         if (auth && !strpbrk(auth, "\r\n"))
             evbuffer_add_printf(req, "Authorization: %s\r\n", auth);

@@ -135,16 +135,6 @@ static void json_escape_into(const char *in, char *out, size_t cap)
     cJSON_Delete(str);
 }
 
-/* Sends one chunk of a streamed reply. libevhtp's request pause can leave EV_WRITE off on the connection:
- * without re-enabling it, a reader that fell behind would never be written to again. */
-static void send_chunk(evhtp_request_t *req, struct evbuffer *b)
-{
-    evhtp_send_reply_chunk(req, b);
-    struct bufferevent *bev = evhtp_connection_get_bev(evhtp_request_get_connection(req));
-    if (bev)
-        bufferevent_enable(bev, EV_WRITE);
-}
-
 static void add_header(evhtp_request_t *req, const char *k, const char *v)
 {
     evhtp_headers_add_header(req->headers_out, evhtp_header_new(k, v, 0, 1));
@@ -325,7 +315,7 @@ static void sreq_fail(struct sreq *r, int status, const char *msg)
         xpyd_sse_write(b, body, strlen(body));
         xpyd_sse_write_done(b);
         sreq_release(r);
-        send_chunk(req, b);
+        evhtp_send_reply_chunk(req, b);
         evhtp_send_reply_chunk_end(req);
         evhtp_request_resume(req);
         evbuffer_free(b);
@@ -718,7 +708,7 @@ static void stream_begin(struct sreq *r)
                          r->id_json, (long long)r->created, r->sim->model_json);
         struct evbuffer *b = evbuffer_new();
         xpyd_sse_write(b, buf, (size_t)n);
-        send_chunk(r->ereq, b);
+        evhtp_send_reply_chunk(r->ereq, b);
         evbuffer_free(b);
     }
 }
@@ -759,11 +749,11 @@ static void stream_token(struct sreq *r, const char *tok, int last)
         evhtp_request_t *req = r->ereq;
         r->rank->success_total++;
         sreq_release(r);
-        send_chunk(req, b);
+        evhtp_send_reply_chunk(req, b);
         evhtp_send_reply_chunk_end(req);
         evhtp_request_resume(req);
     } else {
-        send_chunk(r->ereq, b);
+        evhtp_send_reply_chunk(r->ereq, b);
     }
     evbuffer_free(b);
 }
@@ -966,6 +956,8 @@ static void handle_generate(evhtp_request_t *req, struct sim_rank *own, int chat
     rk->requests_total++;
     evhtp_request_set_hook(req, evhtp_hook_on_request_fini, (evhtp_hook)on_request_fini, r);
     evhtp_request_pause(req);
+    /* libevhtp's pause turns EV_WRITE off too: without it a reader that fell behind is never written again */
+    bufferevent_enable(evhtp_connection_get_bev(evhtp_request_get_connection(req)), EV_WRITE);
     evutil_socket_t fd = bufferevent_getfd(evhtp_connection_get_bev(evhtp_request_get_connection(req)));
     r->close_ev = event_new(s->base, fd, EV_CLOSED, on_client_closed, r);
     if (r->close_ev)
