@@ -67,7 +67,9 @@ struct rt_config {
     long drain_timeout_ms;
     long eject_after, eject_base_ms, eject_max_ms; /* passive ejection */
     long retry_backoff_ms, retry_budget_percent, retry_budget_min;
-    long max_connections;     /* SIGTERM: how long in-flight requests may take to finish */
+    long max_connections;      /* client connections; over it: 503 */
+    long header_timeout_ms, body_idle_timeout_ms, keepalive_timeout_ms, linger_ms; /* client guard */
+    long max_header_bytes, max_headers, max_header_line_bytes;
     long scrape_interval_ms;   /* engine /metrics feedback; 0 = off */
     long feedback_waiting_tokens; /* tokens one waiting engine request counts as */
     long feedback_kv_tokens;      /* tokens a full KV cache (usage 1.0) counts as */

@@ -144,31 +144,20 @@ static evhtp_res on_headers(evhtp_request_t *req, evhtp_headers_t *hdr, void *ar
     if (cl && xpyd_parse_long(cl, 0, 0x7fffffffffffffffL, &n) == 0 && n > g_rt->cfg.max_body_bytes)
         evhtp_headers_add_header(hdr, evhtp_header_new(XPYD_TOO_LARGE_HEADER, "1", 0, 0));
     evhtp_request_set_hook(req, evhtp_hook_on_read, (evhtp_hook)on_body_read, NULL);
+    rt_client_headers_hook(req, arg);
     return EVHTP_RES_OK;
 }
 
-/* --max-connections: a connection over the limit is closed as soon as it is accepted. */
 static evhtp_res on_pre_accept(evhtp_connection_t *c, void *arg)
 {
-    if (atomic_fetch_add(&g_rt->ctr.connections, 1) >= g_rt->cfg.max_connections) {
-        atomic_fetch_sub(&g_rt->ctr.connections, 1);
-        atomic_fetch_add(&g_rt->ctr.connections_rejected, 1);
-        return EVHTP_RES_ERROR;
-    }
-    return EVHTP_RES_OK;
-}
-
-static evhtp_res on_conn_fini(evhtp_connection_t *c, void *arg)
-{
-    atomic_fetch_sub(&g_rt->ctr.connections, 1);
-    return EVHTP_RES_OK;
+    return rt_client_pre_accept_check() == 0 ? EVHTP_RES_OK : EVHTP_RES_ERROR;
 }
 
 static evhtp_res on_accept(evhtp_connection_t *c, void *arg)
 {
     xpyd_tcp_nodelay(c->sock);
-    evhtp_connection_set_hook(c, evhtp_hook_on_connection_fini, (evhtp_hook)on_conn_fini, NULL);
-    evhtp_connection_set_hook(c, evhtp_hook_on_headers, (evhtp_hook)on_headers, NULL);
+    void *guard = rt_client_attach(c);
+    evhtp_connection_set_hook(c, evhtp_hook_on_headers, (evhtp_hook)on_headers, guard);
     return EVHTP_RES_OK;
 }
 

@@ -97,7 +97,8 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
         {"xpyd_retries_denied_total", "counter", "Retries refused by the retry budget.",
          (uint64_t)atomic_load(&c->retries_denied)},
         {"xpyd_client_connections", "gauge", "Client connections open.", (uint64_t)atomic_load(&c->connections)},
-        {"xpyd_client_connections_rejected_total", "counter", "Client connections closed by --max-connections.",
+        {"xpyd_client_connections_rejected_total", "counter",
+         "Client connections over --max-connections (answered 503, or closed far over it).",
          (uint64_t)atomic_load(&c->connections_rejected)},
         {"xpyd_health_transitions_total", "counter", "Endpoints that went up or down (active health checks).",
          (uint64_t)atomic_load(&c->health_transitions)},
@@ -106,6 +107,11 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
         metric_head(b, g[i].name, g[i].type, g[i].help);
         evbuffer_add_printf(b, "%s %" PRIu64 "\n", g[i].name, g[i].v);
     }
+    metric_head(b, "xpyd_client_rejected_total", "counter",
+                "Client connections the guard answered (408/431/503) or closed idle, by reason.");
+    for (int i = 0; i < RT_CR_COUNT; i++)
+        evbuffer_add_printf(b, "xpyd_client_rejected_total{reason=\"%s\"} %" PRIu64 "\n", rt_client_reject_names[i],
+                            (uint64_t)atomic_load(&c->client_rejected[i]));
     static const char *const inames[] = {"xpyd_instance_inflight_requests", "xpyd_instance_outstanding_tokens",
                                          "xpyd_instance_selected_total", "xpyd_instance_healthy",
                                          "xpyd_instance_errors_total", "xpyd_instance_feedback_tokens",

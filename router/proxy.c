@@ -1426,7 +1426,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
         return;
     }
     if (atomic_load(&g_rt->draining)) {
-        add_header(req, "Connection", "close");
+        rt_close_after_reply(req);
         reply_error_now(req, 503, "the router is shutting down (draining): retry on another router");
         atomic_fetch_add(&g_rt->ctr.requests[kind][503], 1);
         access_log_rejected(req, kind, 503, RF_NONE);

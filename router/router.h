@@ -44,6 +44,17 @@ struct rt_fail_row {
 };
 extern const struct rt_fail_row rt_fail_table[RF_COUNT];
 
+/* What the client connection guard (client_conn.c) answered or closed, one counter each. */
+enum rt_client_reject {
+    RT_CR_OVER_CAPACITY = 0, /* 503: over --max-connections */
+    RT_CR_HEADER_TIMEOUT,    /* 408: head not complete within --header-timeout-ms */
+    RT_CR_BODY_TIMEOUT,      /* 408: body stalled over --body-idle-timeout-ms */
+    RT_CR_HEADERS_TOO_LARGE, /* 431 */
+    RT_CR_IDLE,              /* closed quietly: --keepalive-timeout-ms with no request */
+    RT_CR_COUNT
+};
+extern const char *const rt_client_reject_names[RT_CR_COUNT];
+
 enum rt_endpoint_kind { RT_EP_COMPLETIONS = 0, RT_EP_CHAT, RT_EP_COUNT };
 
 /* Latency histograms, buckets 1 ms .. 240 s (+Inf implied by count). */
@@ -74,6 +85,7 @@ struct rt_counters {
     atomic_uint_fast64_t retries_denied;     /* retries refused by the budget */
     atomic_int_fast64_t connections;         /* client connections open */
     atomic_uint_fast64_t connections_rejected;
+    atomic_uint_fast64_t client_rejected[RT_CR_COUNT]; /* answered by the connection guard, by reason */
     atomic_uint_fast64_t instance_errors[2][4096];
 };
 
@@ -107,6 +119,14 @@ void rt_install_handlers(struct evhtp *htp);
 /* GET /metrics (metrics.c). */
 struct evhtp_request;
 void rt_metrics_handler(struct evhtp_request *req, void *arg);
+/* The client connection guard (client_conn.c): timeouts, head limits, over-capacity answers. */
+struct evhtp_connection;
+int rt_client_pre_accept_check(void);
+void *rt_client_attach(struct evhtp_connection *c);
+int rt_client_headers_hook(struct evhtp_request *req, void *guard);
+/* The connection closes once this request's answer is sent ("Connection: close" is added by libevhtp). */
+void rt_close_after_reply(struct evhtp_request *req);
+
 /* Thread init for evhtp worker threads. */
 struct rthread *rt_thread_new(struct event_base *base);
 void rt_thread_free(struct rthread *t);

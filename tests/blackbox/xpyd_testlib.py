@@ -160,6 +160,36 @@ def request(port, method, path, body=None, headers=None, timeout=10, host="127.0
         c.close()
 
 
+def raw_response(sock, timeout=10):
+    """Reads one whole answer until the peer closes; returns (status, headers dict lower-case, body bytes)."""
+    sock.settimeout(timeout)
+    got = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    head, _, body = got.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1]) if lines and lines[0].startswith("HTTP/") else 0
+    hdrs = {}
+    for ln in lines[1:]:
+        k, _, v = ln.partition(":")
+        hdrs[k.strip().lower()] = v.strip()
+    return status, hdrs, body
+
+
+def raw_exchange(port, data, timeout=10, host="127.0.0.1"):
+    """Sends raw bytes on a new connection and reads the answer until the router closes it."""
+    s = socket.create_connection((host, port), timeout=timeout)
+    try:
+        if data:
+            s.sendall(data)
+        return raw_response(s, timeout)
+    finally:
+        s.close()
+
+
 def post_json(port, path, body, headers=None, timeout=10):
     st, h, data = request(port, "POST", path, body, headers, timeout)
     try:
@@ -245,7 +275,8 @@ _METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 def metrics(port):
     """Parses a Prometheus text page into {name{labels}: float}; also {name: sum over label sets}."""
     st, _, body = request(port, "GET", "/metrics")
-    assert st == 200, st
+    if st != 200:
+        raise ValueError("/metrics answered %d" % st)
     out = {}
     for line in body.decode().splitlines():
         if not line or line.startswith("#"):
