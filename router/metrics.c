@@ -83,6 +83,9 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
     } g[] = {
         {"xpyd_repeat_clones_total", "counter", "Decode-only clones fired by --repeat-d-times.",
          (uint64_t)atomic_load(&c->repeat_clones)},
+        {"xpyd_kv_release_dispatches_total", "counter",
+         "Requests dispatched to a decode and cancelled to free a prefill's KV after every decode attempt failed.",
+         (uint64_t)atomic_load(&c->kv_release_dispatches)},
         {"xpyd_first_token_mismatch_total", "counter", "Prefill and decode first tokens that differed.",
          (uint64_t)atomic_load(&c->first_token_mismatch)},
         {"xpyd_client_disconnects_total", "counter", "Clients that went away before their answer ended.",

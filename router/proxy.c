@@ -68,6 +68,7 @@ struct rreq {
     struct evbuffer *dbuf;      /* decode response body (non-streamed, or an error body) */
     int p_status, d_status;
     int prefill_answered;
+    int decode_accepted;        /* some decode answered 200: it took (pulled) the prefill's KV */
     /* handoff results */
     cJSON *kv_params;           /* returned by prefill; owned */
     long cached_tokens;         /* prefill's usage.prompt_tokens_details.cached_tokens, -1 unknown */
@@ -102,6 +103,7 @@ struct clone {
 };
 
 static void rreq_end(struct rreq *r, int fail);
+static const struct up_timeouts *timeouts(void);
 static void start_prefill(struct rreq *r);
 static void start_decode(struct rreq *r);
 static void start_bootstrap(struct rreq *r);
@@ -511,6 +513,58 @@ static void access_log(const struct rreq *r, int fail)
                 rt_fail_table[fail].name);
 }
 
+static void kv_release_done(struct up_leg *leg, int err, void *arg)
+{
+}
+
+/* kv-params: the prefill answered and holds KV for a decode that will now never take it (every decode
+ * attempt failed, or the request ended while none was in flight). vLLM has no "free" call; the way to make
+ * the engines let go early is dispatch-and-cancel: hand a decode the request with the prefill's
+ * kv_transfer_params (max_tokens 1, not streamed) and close the connection once it is written; the decode
+ * sees the request and its cancellation and frees the prefill's blocks (xpyd_sim: POST /kv/release).
+ * The decode is one not tried by this request when there is one. Without any usable decode, the engine's
+ * own lease expiry frees the KV. */
+static void kv_release_dispatch(struct rreq *r)
+{
+    int idx = -1; /* chosen by health, not through the balancer: it carries no load and moves no cursor */
+    for (size_t i = 0; i < g_rt->cfg.n_ranks[RT_DECODE]; i++) {
+        struct xb_instance_stats st;
+        if (xb_stats(g_rt->pools[RT_DECODE], (int)i, &st) != 0 || !st.healthy || st.ejected)
+            continue;
+        int tried = 0;
+        for (int k = 0; k < r->ntried[RT_DECODE]; k++)
+            tried |= r->tried[RT_DECODE][k] == (int)i;
+        if (!tried) {
+            idx = (int)i;
+            break;
+        }
+        if (idx < 0)
+            idx = (int)i;
+    }
+    if (idx < 0)
+        return;
+    cJSON *b = XPYD_XALLOC(cJSON_Duplicate(r->body, 1));
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "kv_transfer_params");
+    cJSON_AddItemToObject(b, "kv_transfer_params", XPYD_XALLOC(cJSON_Duplicate(r->kv_params, 1)));
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "stream");
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "stream_options");
+    cJSON_DeleteItemFromObjectCaseSensitive(b, "max_tokens");
+    cJSON_AddNumberToObject(b, "max_tokens", 1);
+    size_t len;
+    char *body = print_json(b, &len);
+    cJSON_Delete(b);
+    struct evbuffer *req = build_request(r, RT_DECODE, idx, "POST", ep_name(r->kind), body, len);
+    free(body);
+    static const struct up_leg_cbs cbs = {NULL, NULL, kv_release_done, NULL};
+    struct up_leg *leg = up_leg_start(r->t->up, endpoint_of(RT_DECODE, idx), req, timeouts(), &cbs, NULL);
+    evbuffer_free(req);
+    if (leg) {
+        up_leg_cancel_after_send(leg);
+        atomic_fetch_add(&g_rt->ctr.kv_release_dispatches, 1);
+        xpyd_log_event("event=kv_release_dispatch request_id=%s", r->xid);
+    }
+}
+
 /* Idempotent end of a request: legs closed, charges released, counted. The client already has its answer
  * (or is gone); the rreq itself is freed later in on_request_fini. */
 static void rreq_end(struct rreq *r, int fail)
@@ -531,6 +585,9 @@ static void rreq_end(struct rreq *r, int fail)
         else
             up_leg_cancel(r->dleg);
         r->dleg = NULL;
+    } else if (fail != RF_NONE && r->prefill_answered && r->kv_params && !r->decode_accepted &&
+               g_rt->cfg.handoff == RT_HANDOFF_KV_PARAMS) {
+        kv_release_dispatch(r);
     }
     release_prefill(r);
     release_decode(r);
@@ -1101,6 +1158,8 @@ static void d_on_head(struct up_leg *leg, int status, void *arg)
 {
     struct rreq *r = arg;
     r->d_status = status;
+    if (status == 200)
+        r->decode_accepted = 1;
 }
 
 static void d_on_body(struct up_leg *leg, const char *data, size_t len, void *arg)
@@ -1291,11 +1350,14 @@ static void bp_on_done(struct up_leg *leg, int err, void *arg)
         r->prefill_answered = 1;
         return; /* its answer is drained; the decode's stream is the client's */
     }
-    /* The prefill failed: the decode would wait for KV that never comes. Abort it, then retry or fail. */
+    /* The prefill failed: the decode would wait for KV that never comes. Abort it, then retry or fail.
+     * /abort_request may overtake the decode's own request (another connection) and find nothing, so the
+     * decode leg is also finished being written and then closed: the engine sees the request and its
+     * cancellation, whichever arrives first. */
     if (r->d_idx >= 0)
         send_abort(r, r->d_idx);
     if (r->dleg) {
-        up_leg_cancel(r->dleg);
+        up_leg_cancel_after_send(r->dleg);
         r->dleg = NULL;
     }
     release_decode(r);

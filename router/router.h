@@ -75,6 +75,7 @@ struct rt_counters {
     atomic_uint_fast64_t errors[RF_COUNT];
     atomic_uint_fast64_t retries[2];
     atomic_uint_fast64_t repeat_clones;
+    atomic_uint_fast64_t kv_release_dispatches; /* dispatch-and-cancel to free a prefill's KV */
     atomic_uint_fast64_t first_token_mismatch;
     atomic_uint_fast64_t client_disconnects;
     atomic_int_fast64_t active_streams;

@@ -1,4 +1,4 @@
-"""Client-side timeouts of the connection guard, as a client sees them: a head that never completes gets 408
+"""Timeouts. Client side, the connection guard, as a client sees them: a head that never completes gets 408
 (the slowloris defence), a body that stalls gets 408, an idle keep-alive connection is closed quietly, a new
 connection that sends nothing is closed quietly, and none of it disturbs other clients or leaks a slot."""
 import json
@@ -65,6 +65,34 @@ class ClientTimeouts(t.TestCase):
             st, _, body = t.post_json(self.r.port, "/v1/completions", {"prompt": "hi", "max_tokens": 3})
             self.assertEqual(st, 200, body)
         self.assertEqual(t.metric(self.r.port, 'xpyd_client_rejected_total{reason="header_timeout"}'), 0)
+
+
+CMPL = {"prompt": "a b c", "max_tokens": 4}
+
+
+class UpstreamTimeouts(t.TestCase):
+    def test_first_token_timeout(self):
+        p = self.start(t.sim("--role", "prefill"))
+        d = self.start(t.sim("--role", "decode", "--stall-ms", "5000"))
+        r = self.start(t.router([p.port], [d.port], "--first-token-timeout-ms", "300"))
+        st, _, out = t.post_json(r.port, "/v1/completions", CMPL)
+        self.assertOpenAIError(st, out, 504, "no answer within the timeout")
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="decode_timeout"}'), 1)
+        t.wait_until(lambda: t.router_idle(r.port), what="router load back to zero")
+
+    def test_stream_idle_timeout_mid_stream(self):
+        p = self.start(t.sim("--role", "prefill"))
+        d = self.start(t.sim("--role", "decode", "--decode-us-per-token", "3000000"))
+        r = self.start(t.router([p.port], [d.port], "--stream-idle-timeout-ms", "300", "--log-level", "error"))
+        st = t.Stream(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 5, "stream": True})
+        self.assertEqual(st.status, 200)
+        payloads = st.read_all()
+        self.assertEqual(payloads[-1], "[DONE]")
+        err = json.loads(payloads[-2])["error"]
+        self.assertIn("decode 127.0.0.1:%d failed" % d.port, err["message"])
+        self.assertLess(len(t.content_events(payloads)), 5)
+        t.wait_until(lambda: t.metric(d.port, "xpyd_sim:requests_aborted_total") == 1, what="decode aborted")
+        t.wait_until(lambda: t.router_idle(r.port), what="router load back to zero")
 
 
 if __name__ == "__main__":

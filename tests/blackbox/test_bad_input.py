@@ -1,0 +1,57 @@
+"""Bad client input gets a clear 4xx in OpenAI's error shape and is never dispatched; what only the engine
+can judge is passed through with the engine's status and error."""
+import json
+
+import xpyd_testlib as t
+
+CMPL = {"prompt": "a b c", "max_tokens": 4}
+
+
+def stream_body(n=4):
+    return {"prompt": "a b c", "max_tokens": n, "stream": True, "stream_options": {"include_usage": True}}
+
+
+class Base(t.TestCase):
+    def idle(self, r):
+        t.wait_until(lambda: t.router_idle(r.port), what="router load back to zero")
+
+
+class BadInput(Base):
+    def test_rejected_with_openai_errors(self):
+        p, d = self.start(t.sim("--role", "prefill")), self.start(t.sim("--role", "decode"))
+        r = self.start(t.router([p.port], [d.port], "--max-body-bytes", "2048"))
+        cases = [('{"prompt": "a",', 400, "malformed JSON"), ('[1]', 400, "JSON object"),
+                 ('{"max_tokens": 3}', 400, "'prompt' is required"),
+                 ('{"prompt": "a", "stream": "yes"}', 400, "'stream' must be a boolean"),
+                 ('{"prompt": "a", "max_tokens": "x"}', 400, "'max_tokens' must be a positive integer")]
+        for raw, status, needle in cases:
+            st, h, out = t.request(r.port, "POST", "/v1/completions", raw)
+            self.assertOpenAIError(st, json.loads(out), status, needle)
+            self.assertEqual(h["content-type"], "application/json")
+        st, _, out = t.request(r.port, "POST", "/v1/chat/completions", '{"messages": []}')
+        self.assertOpenAIError(st, json.loads(out), 400, "'messages'")
+        st, _, out = t.request(r.port, "GET", "/v1/completions")
+        self.assertEqual(st, 405)
+        st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 1},
+                                 headers={"Content-Type": "application/json; charset=utf-8"})
+        self.assertEqual(st, 200, out)
+        # nothing was dispatched for the rejected ones
+        self.assertEqual(t.metric(p.port, "xpyd_sim:requests_total"), 1)
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="bad_request"}'), 7)  # incl. the 405
+        self.idle(r)
+
+    def test_engine_rejection_passed_through(self):
+        p = self.start(t.sim("--role", "prefill", "--max-model-len", "16"))
+        d = self.start(t.sim("--role", "decode", "--max-model-len", "16"))
+        r = self.start(t.router([p.port], [d.port]))
+        st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a b c", "min_tokens": 5, "max_tokens": 2})
+        # the prefill leg gets max_tokens 1 without min_tokens; the decode judges the original body
+        self.assertOpenAIError(st, out, 400, "min_tokens must be less than or equal")
+        st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a b c", "model": "other"})
+        self.assertOpenAIError(st, out, 404, "does not exist")
+        self.idle(r)
+        self.assertEqual(t.metric(p.port, "xpyd_sim:kv_leases_active"), 1)  # min_tokens case: prefill ran
+
+
+if __name__ == "__main__":
+    t.main()

@@ -1,0 +1,31 @@
+"""An engine answering an error status: passed through with its status and body (stream or not)."""
+import json
+
+import xpyd_testlib as t
+
+CMPL = {"prompt": "a b c", "max_tokens": 4}
+
+
+def stream_body(n=4):
+    return {"prompt": "a b c", "max_tokens": n, "stream": True, "stream_options": {"include_usage": True}}
+
+
+class Base(t.TestCase):
+    def idle(self, r):
+        t.wait_until(lambda: t.router_idle(r.port), what="router load back to zero")
+
+
+class DecodeStatus(Base):
+    def test_decode_error_status_passed_through(self):
+        p = self.start(t.sim("--role", "prefill"))
+        d = self.start(t.sim("--role", "decode", "--status-code", "503"))
+        r = self.start(t.router([p.port], [d.port]))
+        st, _, out = t.post_json(r.port, "/v1/completions", CMPL)
+        self.assertOpenAIError(st, out, 503, "injected")
+        st = t.Stream(r.port, "/v1/completions", stream_body())
+        self.assertEqual(st.status, 503)
+        self.idle(r)
+
+
+if __name__ == "__main__":
+    t.main()

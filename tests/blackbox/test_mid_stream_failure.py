@@ -1,0 +1,43 @@
+"""A decode that dies mid-stream: the client gets one error event then [DONE] (stream) or a clear 502
+(non-stream), never a truncated 200; the failure is one structured log line."""
+import json
+
+import xpyd_testlib as t
+
+CMPL = {"prompt": "a b c", "max_tokens": 4}
+
+
+def stream_body(n=4):
+    return {"prompt": "a b c", "max_tokens": n, "stream": True, "stream_options": {"include_usage": True}}
+
+
+class Base(t.TestCase):
+    def idle(self, r):
+        t.wait_until(lambda: t.router_idle(r.port), what="router load back to zero")
+
+
+class MidStreamFailure(Base):
+    def test_error_event_then_done(self):
+        p = self.start(t.sim("--role", "prefill"))
+        d = self.start(t.sim("--role", "decode", "--fail-after-tokens", "2", "--decode-us-per-token", "100"))
+        r = self.start(t.router([p.port], [d.port], "--log-level", "error"))
+        st = t.Stream(r.port, "/v1/completions", stream_body(10))
+        self.assertEqual(st.status, 200)
+        payloads = st.read_all()
+        self.assertEqual(len(t.content_events(payloads)), 2)
+        self.assertEqual(payloads[-1], "[DONE]")
+        err = json.loads(payloads[-2])["error"]
+        self.assertIn("decode 127.0.0.1:%d failed" % d.port, err["message"])
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="decode_broken_stream"}'), 1)
+        # non-streamed: a clear error, never a 200 with a truncated body
+        st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 10})
+        self.assertOpenAIError(st, out, 502, "decode")
+        self.idle(r)
+        r.stop()  # errors are logged as one structured line even at --log-level error
+        lines = [l for l in r.output().splitlines() if "event=request_failed" in l]
+        self.assertEqual(len(lines), 2, r.output())
+        self.assertIn("reason=decode_broken_stream", lines[0])
+
+
+if __name__ == "__main__":
+    t.main()

@@ -1,0 +1,81 @@
+"""PD failure semantics, both directions. SGLang bootstrap: both legs start at once, so when the prefill fails
+the router aborts the decode (POST /abort_request {"rid"}) instead of leaving it waiting for KV that never
+comes. kv-params: when the prefill answered but no decode took its KV (every decode attempt failed), the
+router dispatches the request to a decode and cancels it at once, so the prefill's KV is freed now rather
+than when its lease expires."""
+import xpyd_testlib as t
+
+CMPL = {"prompt": "a b c d", "max_tokens": 4}
+
+
+class Base(t.TestCase):
+    def idle(self, r):
+        t.wait_until(lambda: t.router_idle(r.port), what="router load back to zero")
+
+
+class BootstrapPrefillFailure(Base):
+    def test_prefill_error_aborts_decode(self):
+        p = self.start(t.sim("--role", "prefill", "--handoff", "bootstrap", "--status-code", "500"))
+        d = self.start(t.sim("--role", "decode", "--handoff", "bootstrap", "--handoff-timeout-ms", "60000"))
+        r = self.start(t.router([p.port], [d.port], "--handoff", "bootstrap", "--max-retries", "0"))
+        st, _, out = t.post_json(r.port, "/v1/completions", CMPL)
+        self.assertOpenAIError(st, out, 500, "injected")
+        # the decode was told at once (not after its 60 s rendezvous timeout): /abort_request, and its leg
+        # closed once written, whichever reaches it first
+        t.wait_until(lambda: t.metric(d.port, "xpyd_sim:requests_aborted_total") == 1, timeout=5,
+                     what="decode aborted")
+        self.idle(r)
+
+    def test_prefill_down_aborts_decode_each_attempt(self):
+        dead = t.free_port()
+        d = self.start(t.sim("--role", "decode", "--handoff", "bootstrap", "--handoff-timeout-ms", "60000"))
+        r = self.start(t.router([dead], [d.port], "--handoff", "bootstrap", "--max-retries", "0"))
+        st, _, out = t.post_json(r.port, "/v1/completions", CMPL)
+        self.assertOpenAIError(st, out, 502, "prefill 127.0.0.1:%d failed" % dead)
+        t.wait_until(lambda: t.metric(d.port, "xpyd_sim:requests_aborted_total") == 1, timeout=5,
+                     what="decode aborted")
+        self.idle(r)
+
+
+class KvParamsDecodeFailure(Base):
+    def check_released(self, p, r, failures):
+        t.wait_until(lambda: t.metric(p.port, "xpyd_sim:kv_leases_active") == 0, timeout=5,
+                     what="prefill KV freed well before its 60 s lease")
+        self.assertEqual(t.metric(p.port, "xpyd_sim:kv_leases_expired_total"), 0)
+        self.assertEqual(t.metric(r.port, "xpyd_kv_release_dispatches_total"), failures)
+        self.idle(r)
+
+    def test_decode_error_frees_prefill_kv(self):
+        p = self.start(t.sim("--role", "prefill", "--kv-lease-ms", "60000"))
+        bad = self.start(t.sim("--role", "decode", "--status-code", "503"))
+        good = self.start(t.sim("--role", "decode"))
+        r = self.start(t.router([p.port], [bad.port, good.port], "--decode-policy", "rr", "--max-retries", "0",
+                                "--eject-after-failures", "0"))
+        codes = sorted(t.post_json(r.port, "/v1/completions", CMPL)[0] for _ in range(4))
+        self.assertEqual(codes, [200, 200, 503, 503])
+        self.check_released(p, r, 2)
+        # the release went to the decode that had not failed, as a request it saw cancelled
+        t.wait_until(lambda: t.metric(good.port, "xpyd_sim:requests_total") == 4, what="dispatches seen")
+
+    def test_decode_down_frees_prefill_kv(self):
+        p = self.start(t.sim("--role", "prefill", "--kv-lease-ms", "60000"))
+        good = self.start(t.sim("--role", "decode"))
+        dead = t.free_port()
+        r = self.start(t.router([p.port], [dead, good.port], "--decode-policy", "rr", "--max-retries", "0",
+                                "--eject-after-failures", "0"))
+        codes = sorted(t.post_json(r.port, "/v1/completions", CMPL)[0] for _ in range(2))
+        self.assertEqual(codes, [200, 502])
+        self.check_released(p, r, 1)
+
+    def test_success_dispatches_nothing(self):
+        p = self.start(t.sim("--role", "prefill"))
+        d = self.start(t.sim("--role", "decode"))
+        r = self.start(t.router([p.port], [d.port]))
+        for _ in range(3):
+            self.assertEqual(t.post_json(r.port, "/v1/completions", CMPL)[0], 200)
+        self.check_released(p, r, 0)
+        self.assertEqual(t.metric(d.port, "xpyd_sim:requests_total"), 3)
+
+
+if __name__ == "__main__":
+    t.main()

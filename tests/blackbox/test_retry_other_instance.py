@@ -1,0 +1,46 @@
+"""Retries go to a different instance, only while nothing reached the client; the client sees a normal
+answer and the prefill's KV is not stranded."""
+import json
+
+import xpyd_testlib as t
+
+CMPL = {"prompt": "a b c", "max_tokens": 4}
+
+
+def stream_body(n=4):
+    return {"prompt": "a b c", "max_tokens": n, "stream": True, "stream_options": {"include_usage": True}}
+
+
+class Base(t.TestCase):
+    def idle(self, r):
+        t.wait_until(lambda: t.router_idle(r.port), what="router load back to zero")
+
+
+class RetryOtherInstance(Base):
+    def test_dead_decode_is_skipped(self):
+        p = self.start(t.sim("--role", "prefill"))
+        d = self.start(t.sim("--role", "decode"))
+        dead = t.free_port()
+        r = self.start(t.router([p.port], [dead, d.port], "--decode-policy", "rr"))
+        for _ in range(4):
+            payloads = t.Stream(r.port, "/v1/completions", stream_body()).read_all()
+            self.assertEqual(len(t.content_events(payloads)), 4)
+            self.assertEqual(payloads[-1], "[DONE]")
+        self.assertGreaterEqual(t.metric(r.port, 'xpyd_retries_total{role="decode"}'), 2)
+        self.assertEqual(t.metric(p.port, "xpyd_sim:kv_leases_active"), 0)
+        self.idle(r)
+
+    def test_failing_prefill_is_retried(self):
+        bad = self.start(t.sim("--role", "prefill", "--status-code", "500"))
+        good = self.start(t.sim("--role", "prefill"))
+        d = self.start(t.sim("--role", "decode"))
+        r = self.start(t.router([bad.port, good.port], [d.port], "--prefill-policy", "rr"))
+        for _ in range(4):
+            st, _, out = t.post_json(r.port, "/v1/completions", CMPL)
+            self.assertEqual(st, 200, out)
+        self.assertGreaterEqual(t.metric(r.port, 'xpyd_retries_total{role="prefill"}'), 2)
+        self.idle(r)
+
+
+if __name__ == "__main__":
+    t.main()
