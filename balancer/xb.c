@@ -123,7 +123,8 @@ int xb_pick(struct xb_pool *p, uint64_t need_len, int64_t tokens, const int *exc
     pthread_mutex_lock(&p->mu);
     p->now = mono_us();
     int idx = -1;
-    for (p->skip_full = 1; p->skip_full >= 0 && idx < 0; p->skip_full--) {
+    int last_pass = p->hard_cap ? 1 : 0;
+    for (p->skip_full = 1; p->skip_full >= last_pass && idx < 0; p->skip_full--) {
         switch (p->policy) {
         case XB_POLICY_P2C: idx = xb_pick_p2c(p, need_len, exclude, nexclude); break;
         case XB_POLICY_RR: idx = xb_pick_rr(p, need_len, exclude, nexclude); break;
@@ -137,14 +138,25 @@ int xb_pick(struct xb_pool *p, uint64_t need_len, int64_t tokens, const int *exc
         __atomic_fetch_add(&p->inst[idx].outstanding, tokens, __ATOMIC_RELAXED);
         p->inst[idx].selected++;
     } else {
-        /* Tell "nothing healthy" from "nothing large enough". */
+        /* Tell "nothing healthy" from "nothing large enough" from "all full" (hard cap). */
         idx = -ENOENT;
+        p->skip_full = 0;
         for (size_t i = 0; i < p->n; i++)
             if (xb_eligible(p, i, 0, exclude, nexclude))
                 idx = -E2BIG;
+        for (size_t i = 0; p->hard_cap && i < p->n; i++)
+            if (xb_eligible(p, i, need_len, exclude, nexclude))
+                idx = -EBUSY;
     }
     pthread_mutex_unlock(&p->mu);
     return idx;
+}
+
+void xb_set_hard_cap(struct xb_pool *p, int on)
+{
+    pthread_mutex_lock(&p->mu);
+    p->hard_cap = on;
+    pthread_mutex_unlock(&p->mu);
 }
 
 void xb_adjust(struct xb_pool *p, int idx, int64_t delta)

@@ -49,9 +49,12 @@ const char *xb_policy_name(int policy);
 /* Picks an eligible instance (healthy, not in exclude, max_model_len >= need_len when known) and charges
  * it one in-flight request and `tokens` outstanding tokens. Instances at their max_inflight are passed over
  * while any eligible one has room (a full engine would queue the request); when all are full, the policy
- * chooses among all of them. Returns the index, -ENOENT when no instance is
- * healthy (and not excluded), or -E2BIG when healthy ones exist but none can hold need_len tokens. */
+ * chooses among all of them — unless the pool has a hard cap (xb_set_hard_cap), then it returns -EBUSY.
+ * Returns the index, -ENOENT when no instance is healthy (and not excluded), or -E2BIG when healthy ones
+ * exist but none can hold need_len tokens. */
 int xb_pick(struct xb_pool *p, uint64_t need_len, int64_t tokens, const int *exclude, int nexclude);
+/* on: max_inflight is a hard limit per instance (the caller queues when xb_pick returns -EBUSY). */
+void xb_set_hard_cap(struct xb_pool *p, int on);
 /* Adds delta (may be negative) to an instance's outstanding tokens (e.g. corrected prompt size). */
 void xb_adjust(struct xb_pool *p, int idx, int64_t delta);
 /* Ends one request on idx: releases one in-flight and `tokens` outstanding tokens. */

@@ -24,6 +24,7 @@ struct xb_pool {
     uint64_t rng;
     uint64_t rotor; /* rotating start for tie-breaking and round robin */
     int skip_full;  /* during a pick: pass over instances at max_inflight */
+    int hard_cap;   /* max_inflight is a limit: when every candidate is full, xb_pick says -EBUSY */
     uint64_t now;   /* during a pick: monotonic µs */
     int eject_after;
     long eject_base_ms, eject_max_ms;

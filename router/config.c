@@ -78,6 +78,11 @@ static const struct setting settings[] = {
     {"max-headers", K_LONG, OFF(max_headers), 1, 10000, "100", NULL, "header fields per request; more gets 431"},
     {"max-header-line-bytes", K_LONG, OFF(max_header_line_bytes), 64, 8000, "8000", NULL,
      "one request or header line; longer gets 431 (libevhtp's parser cannot take lines over 8 KiB)"},
+    {"admission-queue", K_LONG, OFF(admission_queue), 0, 1000000, "1024", NULL,
+     "with max_inflight set: requests that may wait per pool when every rank is full (more get 429 + "
+     "Retry-After); 0 = no queue, max_inflight is then only a preference (the engines queue)"},
+    {"queue-timeout-ms", K_LONG, OFF(queue_timeout_ms), 1, 3600000, "30000", NULL,
+     "longest wait in the admission queue, then 503"},
     {"upstream-idle-max", K_LONG, OFF(upstream_idle_max), 0, 100000, "64", NULL,
      "idle keep-alive connections kept per thread (all endpoints)"},
     {"client-buffer-bytes", K_LONG, OFF(client_buffer_bytes), 4096, 1L << 30, "262144", NULL,

@@ -70,6 +70,7 @@ struct rt_config {
     long max_connections;      /* client connections; over it: 503 */
     long header_timeout_ms, body_idle_timeout_ms, keepalive_timeout_ms, linger_ms; /* client guard */
     long max_header_bytes, max_headers, max_header_line_bytes;
+    long admission_queue, queue_timeout_ms; /* waiting for a rank under max_inflight */
     long scrape_interval_ms;   /* engine /metrics feedback; 0 = off */
     long feedback_waiting_tokens; /* tokens one waiting engine request counts as */
     long feedback_kv_tokens;      /* tokens a full KV cache (usage 1.0) counts as */

@@ -223,6 +223,7 @@ static int setup_pools(struct router *rt)
     for (int role = 0; role < 2; role++) {
         rt->pools[role] = XPYD_XALLOC(xb_pool_new(rt->cfg.pools[role].policy, 0x5eed + (uint64_t)role));
         xb_set_ejection(rt->pools[role], (int)rt->cfg.eject_after, rt->cfg.eject_base_ms, rt->cfg.eject_max_ms);
+        xb_set_hard_cap(rt->pools[role], rt->cfg.admission_queue > 0);
         for (size_t i = 0; i < rt->cfg.n_ranks[role]; i++) {
             const struct rt_rank *r = &rt->cfg.ranks[role][i];
             struct xb_instance_cfg ic = {rt->cfg.endpoints[r->endpoint].host, rt->cfg.endpoints[r->endpoint].port,

@@ -110,6 +110,14 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
         metric_head(b, g[i].name, g[i].type, g[i].help);
         evbuffer_add_printf(b, "%s %" PRIu64 "\n", g[i].name, g[i].v);
     }
+    metric_head(b, "xpyd_admission_queue_depth", "gauge", "Requests waiting for a rank under max_inflight.");
+    for (int role = 0; role < 2; role++)
+        evbuffer_add_printf(b, "xpyd_admission_queue_depth{role=\"%s\"} %" PRId64 "\n", role ? "decode" : "prefill",
+                            (int64_t)atomic_load(&c->queued[role]));
+    metric_head(b, "xpyd_admission_queue_admitted_total", "counter", "Requests that waited in the queue, then ran.");
+    for (int role = 0; role < 2; role++)
+        evbuffer_add_printf(b, "xpyd_admission_queue_admitted_total{role=\"%s\"} %" PRIu64 "\n",
+                            role ? "decode" : "prefill", (uint64_t)atomic_load(&c->queue_admitted[role]));
     metric_head(b, "xpyd_client_rejected_total", "counter",
                 "Client connections the guard answered (408/431/503) or closed idle, by reason.");
     for (int i = 0; i < RT_CR_COUNT; i++)

@@ -18,6 +18,7 @@
 #include <event2/event.h>
 #include <evhtp/evhtp.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +40,8 @@ const struct rt_fail_row rt_fail_table[RF_COUNT] = {
     [RF_DECODE_BROKEN_STREAM] = {"decode_broken_stream", 502, 1},
     [RF_RESPONSE_TOO_LARGE] = {"response_too_large", 502, 0},
     [RF_CLIENT_DISCONNECT] = {"client_disconnect", 499, 0},
+    [RF_QUEUE_FULL] = {"queue_full", 429, 0},
+    [RF_QUEUE_TIMEOUT] = {"queue_timeout", 503, 0},
 };
 
 #define MAX_TRIED 16
@@ -90,6 +93,11 @@ struct rreq {
     struct event *bp_timer;     /* while paused: watches the client's output drain (owned) */
     int clones_fired;
     struct event *close_ev;
+    /* admission queue: waiting for a rank under max_inflight */
+    int queued_role;            /* -1: not queued */
+    struct rreq *qprev, *qnext;
+    void (*queued_fn)(struct rreq *r);
+    struct event *queue_timer;  /* --queue-timeout-ms deadline (owned) */
     /* ending */
     int ended;
     int status;                 /* what the client got */
@@ -104,12 +112,15 @@ struct clone {
 
 static void rreq_end(struct rreq *r, int fail);
 static const struct up_timeouts *timeouts(void);
+static void admission_remove(struct rreq *r);
 static void start_prefill(struct rreq *r);
 static void start_decode(struct rreq *r);
 static void start_bootstrap(struct rreq *r);
 static void token_out(struct rreq *r);
 
 static __thread struct rthread *tls_rt;
+static pthread_mutex_t threads_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct rthread *all_threads;
 
 /* ---------- small helpers ---------- */
 
@@ -458,10 +469,24 @@ static void client_stream_error(struct rreq *r, int status, const char *msg)
 
 /* ---------- ending ---------- */
 
+/* An instance of role freed a slot: every thread with requests waiting for that role tries again (in its
+ * own loop, soon; event_active is safe from any thread). */
+static void admission_wake(int role)
+{
+    if (atomic_load(&g_rt->ctr.queued[role]) <= 0)
+        return;
+    pthread_mutex_lock(&threads_mu);
+    for (struct rthread *t = all_threads; t; t = t->next_thread)
+        if (t->kick)
+            event_active(t->kick, EV_READ, 0);
+    pthread_mutex_unlock(&threads_mu);
+}
+
 static void release_prefill(struct rreq *r)
 {
     if (r->p_idx >= 0) {
         xb_release(g_rt->pools[RT_PREFILL], r->p_idx, r->p_charge);
+        admission_wake(RT_PREFILL);
         r->p_idx = -1;
         r->p_charge = 0;
     }
@@ -471,6 +496,7 @@ static void release_decode(struct rreq *r)
 {
     if (r->d_idx >= 0) {
         xb_release(g_rt->pools[RT_DECODE], r->d_idx, r->d_charge);
+        admission_wake(RT_DECODE);
         r->d_idx = -1;
         r->d_charge = 0;
     }
@@ -573,6 +599,11 @@ static void rreq_end(struct rreq *r, int fail)
         return;
     r->ended = 1;
     r->fail = fail;
+    admission_remove(r);
+    if (r->queue_timer) {
+        event_free(r->queue_timer);
+        r->queue_timer = NULL;
+    }
     if (r->pleg) {
         up_leg_cancel(r->pleg);
         r->pleg = NULL;
@@ -811,10 +842,123 @@ static void remember(struct rreq *r, int role, int idx)
         r->tried[role][r->ntried[role]++] = idx;
 }
 
-static int pick(struct rreq *r, int role, int64_t charge)
+/* ---------- admission queue ---------- */
+
+static void admission_remove(struct rreq *r)
+{
+    int role = r->queued_role;
+    if (role < 0)
+        return;
+    struct rthread *t = r->t;
+    if (r->qprev)
+        r->qprev->qnext = r->qnext;
+    else
+        t->qhead[role] = r->qnext;
+    if (r->qnext)
+        r->qnext->qprev = r->qprev;
+    else
+        t->qtail[role] = r->qprev;
+    r->qprev = r->qnext = NULL;
+    r->queued_role = -1;
+    atomic_fetch_sub(&g_rt->ctr.queued[role], 1);
+}
+
+static void on_queue_timeout(evutil_socket_t fd, short ev, void *arg)
+{
+    struct rreq *r = arg;
+    int role = r->queued_role;
+    admission_remove(r);
+    char msg[300];
+    snprintf(msg, sizeof msg, "no %s instance had room within --queue-timeout-ms (%ld ms): every rank is at its "
+             "max_inflight", role ? "decode" : "prefill", g_rt->cfg.queue_timeout_ms);
+    xpyd_log_event("event=request_failed request_id=%s reason=queue_timeout role=%s", r->xid, role ? "decode" : "prefill");
+    if (r->client_started)
+        client_stream_error(r, 503, msg);
+    else
+        send_error(r, 503, msg);
+    rreq_end(r, RF_QUEUE_TIMEOUT);
+}
+
+/* Every eligible rank of role is at max_inflight: r waits (FIFO per thread) until a slot frees, up to
+ * --queue-timeout-ms; with --admission-queue requests already waiting for role, it gets 429 at once. */
+static void admission_wait(struct rreq *r, int role, void (*again)(struct rreq *r))
+{
+    struct rthread *t = r->t;
+    r->queued_fn = again;
+    if (t->kick_role == role) { /* tried again from the queue and still no room: back to the front */
+        r->queued_role = role;
+        r->qprev = NULL;
+        r->qnext = t->qhead[role];
+        if (t->qhead[role])
+            t->qhead[role]->qprev = r;
+        else
+            t->qtail[role] = r;
+        t->qhead[role] = r;
+        atomic_fetch_add(&g_rt->ctr.queued[role], 1);
+        t->kick_blocked = 1;
+        return;
+    }
+    if (atomic_fetch_add(&g_rt->ctr.queued[role], 1) >= g_rt->cfg.admission_queue) {
+        atomic_fetch_sub(&g_rt->ctr.queued[role], 1);
+        char msg[300];
+        snprintf(msg, sizeof msg, "too many requests: every %s rank is at its max_inflight and %ld requests are "
+                 "already waiting (--admission-queue); retry later", role ? "decode" : "prefill",
+                 g_rt->cfg.admission_queue);
+        if (r->client_started) {
+            client_stream_error(r, 429, msg);
+        } else {
+            if (r->ereq)
+                add_header(r->ereq, "Retry-After", "1");
+            send_error(r, 429, msg);
+        }
+        rreq_end(r, RF_QUEUE_FULL);
+        return;
+    }
+    r->queued_role = role;
+    r->qnext = NULL;
+    r->qprev = t->qtail[role];
+    if (t->qtail[role])
+        t->qtail[role]->qnext = r;
+    else
+        t->qhead[role] = r;
+    t->qtail[role] = r;
+    if (!r->queue_timer) {
+        r->queue_timer = XPYD_XALLOC(evtimer_new(t->base, on_queue_timeout, r));
+        struct timeval tv = {g_rt->cfg.queue_timeout_ms / 1000, (g_rt->cfg.queue_timeout_ms % 1000) * 1000};
+        evtimer_add(r->queue_timer, &tv);
+    }
+    /* a slot may have been freed between the pick and the enqueue: look once more */
+    event_active(t->kick, EV_READ, 0);
+}
+
+static void on_kick(evutil_socket_t fd, short ev, void *arg)
+{
+    struct rthread *t = arg;
+    for (int role = 0; role < 2; role++) {
+        t->kick_role = role;
+        t->kick_blocked = 0;
+        struct rreq *r;
+        while (!t->kick_blocked && (r = t->qhead[role]) != NULL) {
+            admission_remove(r);
+            r->queued_fn(r);
+        }
+    }
+    t->kick_role = -1;
+}
+
+static int pick(struct rreq *r, int role, int64_t charge, void (*again)(struct rreq *r))
 {
     uint64_t need = (uint64_t)(r->prompt_tokens + r->max_tokens);
     int idx = xb_pick(g_rt->pools[role], need, charge, r->tried[role], r->ntried[role]);
+    if (idx == -EBUSY) {
+        admission_wait(r, role, again);
+        return -1;
+    }
+    if (idx >= 0 && r->queue_timer) { /* admitted after waiting */
+        event_free(r->queue_timer);
+        r->queue_timer = NULL;
+        atomic_fetch_add(&g_rt->ctr.queue_admitted[role], 1);
+    }
     if (idx == -E2BIG) {
         char msg[300];
         snprintf(msg, sizeof msg,
@@ -990,7 +1134,7 @@ static void p_on_done(struct up_leg *leg, int err, void *arg)
 
 static void start_prefill(struct rreq *r)
 {
-    int idx = pick(r, RT_PREFILL, r->prompt_tokens);
+    int idx = pick(r, RT_PREFILL, r->prompt_tokens, start_prefill);
     if (idx < 0)
         return;
     r->p_idx = idx;
@@ -1257,7 +1401,7 @@ static void d_on_done(struct up_leg *leg, int err, void *arg)
 static void start_decode(struct rreq *r)
 {
     int64_t charge = r->prompt_tokens + r->max_tokens; /* KV held + tokens still to generate */
-    int idx = pick(r, RT_DECODE, charge);
+    int idx = pick(r, RT_DECODE, charge, start_decode);
     if (idx < 0)
         return;
     r->d_idx = idx;
@@ -1375,14 +1519,19 @@ static void bp_on_done(struct up_leg *leg, int err, void *arg)
 
 static void start_bootstrap(struct rreq *r)
 {
-    int pidx = pick(r, RT_PREFILL, r->prompt_tokens);
+    int pidx = pick(r, RT_PREFILL, r->prompt_tokens, start_bootstrap);
     if (pidx < 0)
         return;
     r->p_idx = pidx;
     r->p_charge = r->prompt_tokens;
     int64_t charge = r->prompt_tokens + r->max_tokens;
-    int didx = pick(r, RT_DECODE, charge);
+    int didx = pick(r, RT_DECODE, charge, start_bootstrap);
     if (didx < 0) {
+        if (r->queued_role >= 0) { /* waiting for a decode: give the prefill back, pick both again later */
+            release_prefill(r);
+            r->ntried[RT_PREFILL]--;
+            r->attempts[RT_PREFILL]--;
+        }
         return;
     }
     r->d_idx = didx;
@@ -1523,6 +1672,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
         return;
     }
     struct rreq *r = XPYD_XALLOC(calloc(1, sizeof *r));
+    r->queued_role = -1;
     r->t = t;
     r->ereq = req;
     r->kind = kind;
@@ -1686,6 +1836,12 @@ struct rthread *rt_thread_new(struct event_base *base)
     t->up = up_thread_new(base, g_rt->endpoints, g_rt->n_endpoints, (size_t)g_rt->cfg.upstream_idle_max);
     if (!t->up)
         abort();
+    t->kick_role = -1;
+    t->kick = XPYD_XALLOC(event_new(base, -1, 0, on_kick, t));
+    pthread_mutex_lock(&threads_mu);
+    t->next_thread = all_threads;
+    all_threads = t;
+    pthread_mutex_unlock(&threads_mu);
     tls_rt = t;
     return t;
 }
@@ -1694,6 +1850,14 @@ void rt_thread_free(struct rthread *t)
 {
     if (!t)
         return;
+    pthread_mutex_lock(&threads_mu);
+    for (struct rthread **pp = &all_threads; *pp; pp = &(*pp)->next_thread)
+        if (*pp == t) {
+            *pp = t->next_thread;
+            break;
+        }
+    pthread_mutex_unlock(&threads_mu);
+    event_free(t->kick);
     up_thread_free(t->up);
     free(t);
 }

@@ -34,6 +34,8 @@ enum rt_fail {
     RF_DECODE_BROKEN_STREAM,
     RF_RESPONSE_TOO_LARGE,
     RF_CLIENT_DISCONNECT,
+    RF_QUEUE_FULL,
+    RF_QUEUE_TIMEOUT,
     RF_COUNT
 };
 
@@ -88,6 +90,8 @@ struct rt_counters {
     atomic_uint_fast64_t connections_rejected;
     atomic_uint_fast64_t client_rejected[RT_CR_COUNT]; /* answered by the connection guard, by reason */
     atomic_uint_fast64_t instance_errors[2][4096];
+    atomic_int_fast64_t queued[2];           /* requests waiting in the admission queues, per role */
+    atomic_uint_fast64_t queue_admitted[2];  /* requests that waited and then got an instance */
 };
 
 struct router {
@@ -104,10 +108,15 @@ struct router {
 extern struct router *g_rt;
 
 /* Per event-loop thread. */
+struct rreq;
 struct rthread {
     struct event_base *base;
     struct up_thread *up;
     uint64_t rng;
+    struct rreq *qhead[2], *qtail[2]; /* admission queues (FIFO), per role */
+    struct event *kick;               /* activated (from any thread) when an instance frees a slot */
+    int kick_role, kick_blocked;
+    struct rthread *next_thread;      /* all threads, for kicking */
 };
 
 /* With --api-key: 1 when the request carries the key (constant-time compare), else answers 401 and returns 0.
