@@ -50,26 +50,83 @@ void xb_pool_free(struct xb_pool *p)
     free(p);
 }
 
+int xb_pool_reserve(struct xb_pool *p, size_t cap)
+{
+    if (cap <= p->cap)
+        return 0;
+    struct xb_inst *ni = realloc(p->inst, cap * sizeof *ni);
+    if (!ni)
+        return -ENOMEM;
+    p->inst = ni;
+    p->cap = cap;
+    p->fixed = 1;
+    return 0;
+}
+
 int xb_pool_add(struct xb_pool *p, const struct xb_instance_cfg *cfg)
 {
     if (!cfg->host || cfg->tp < 1 || cfg->weight < 1)
         return -EINVAL;
+    char *host = strdup(cfg->host);
+    if (!host)
+        return -ENOMEM;
+    pthread_mutex_lock(&p->mu);
+    if (p->n == p->cap && p->fixed) {
+        pthread_mutex_unlock(&p->mu);
+        free(host);
+        return -ENOSPC;
+    }
     if (p->n == p->cap) {
         size_t nc = p->cap ? p->cap * 2 : 8;
         struct xb_inst *ni = realloc(p->inst, nc * sizeof *ni);
-        if (!ni)
+        if (!ni) {
+            pthread_mutex_unlock(&p->mu);
+            free(host);
             return -ENOMEM;
+        }
         p->inst = ni;
         p->cap = nc;
     }
     struct xb_inst *in = &p->inst[p->n];
     memset(in, 0, sizeof *in);
     in->cfg = *cfg;
-    in->cfg.host = strdup(cfg->host);
-    if (!in->cfg.host)
-        return -ENOMEM;
+    in->cfg.host = host;
     in->healthy = 1;
-    return (int)p->n++;
+    int idx = (int)p->n;
+    __atomic_store_n(&p->n, p->n + 1, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&p->mu);
+    return idx;
+}
+
+int xb_set_removed(struct xb_pool *p, int idx, int removed)
+{
+    if (idx < 0 || (size_t)idx >= p->n)
+        return -EINVAL;
+    pthread_mutex_lock(&p->mu);
+    p->inst[idx].removed = removed;
+    if (!removed) { /* back in the pool: a clean slate for health and ejection */
+        p->inst[idx].healthy = 1;
+        p->inst[idx].failures = 0;
+        p->inst[idx].ejected_until = 0;
+        p->inst[idx].ejections = 0;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
+int xb_update(struct xb_pool *p, int idx, const struct xb_instance_cfg *cfg)
+{
+    if (idx < 0 || (size_t)idx >= p->n || cfg->tp < 1 || cfg->weight < 1)
+        return -EINVAL;
+    pthread_mutex_lock(&p->mu);
+    struct xb_inst *in = &p->inst[idx];
+    in->cfg.tp = cfg->tp;
+    in->cfg.weight = cfg->weight;
+    in->cfg.max_model_len = cfg->max_model_len;
+    in->cfg.bootstrap_port = cfg->bootstrap_port;
+    in->cfg.max_inflight = cfg->max_inflight;
+    pthread_mutex_unlock(&p->mu);
+    return 0;
 }
 
 size_t xb_pool_size(const struct xb_pool *p)
@@ -95,7 +152,7 @@ const char *xb_policy_name(int policy)
 int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int *exclude, int nexclude)
 {
     const struct xb_inst *in = &p->inst[i];
-    if (!in->healthy || in->ejected_until > p->now)
+    if (in->removed || !in->healthy || in->ejected_until > p->now)
         return 0;
     if (p->skip_full && in->cfg.max_inflight > 0 && in->inflight >= in->cfg.max_inflight)
         return 0;
@@ -256,6 +313,7 @@ int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out)
     out->feedback = __atomic_load_n(&in->feedback, __ATOMIC_RELAXED);
     out->ejected = in->ejected_until > mono_us();
     out->ejections = in->ejections_total;
+    out->removed = in->removed;
     pthread_mutex_unlock(&p->mu);
     return 0;
 }

@@ -33,6 +33,7 @@ struct xb_instance_stats {
     int64_t feedback;         /* engine-reported load blended in, in tokens (0 without scraping) */
     int ejected;              /* passively ejected right now (consecutive failures) */
     uint64_t ejections;       /* times it was ejected */
+    int removed;              /* taken out at runtime; in-flight requests on it finish */
 };
 
 struct xb_pool;
@@ -40,8 +41,17 @@ struct xb_pool;
 /* Returns a new empty pool, or NULL on OOM. seed makes random choices deterministic. */
 struct xb_pool *xb_pool_new(int policy, uint64_t seed);
 void xb_pool_free(struct xb_pool *p);
-/* Adds an instance; returns its index, or -ENOMEM / -EINVAL. Not concurrent with picks. */
+/* Reserves room for cap instances once; afterwards the array never moves, so xb_pool_add may run while
+ * other threads pick (it then fails with -ENOSPC when full). Call before any concurrent use. */
+int xb_pool_reserve(struct xb_pool *p, size_t cap);
+/* Adds an instance; returns its index, or -ENOMEM / -EINVAL / -ENOSPC. Concurrent with picks only after
+ * xb_pool_reserve. Indices are stable for the pool's life. */
 int xb_pool_add(struct xb_pool *p, const struct xb_instance_cfg *cfg);
+/* Runtime membership: a removed instance is never picked (in-flight requests finish); 0 puts it back with
+ * a clean health/ejection state. */
+int xb_set_removed(struct xb_pool *p, int idx, int removed);
+/* Updates tp, weight, max_model_len, bootstrap_port, max_inflight of an instance. */
+int xb_update(struct xb_pool *p, int idx, const struct xb_instance_cfg *cfg);
 size_t xb_pool_size(const struct xb_pool *p);
 int xb_policy_parse(const char *s); /* lot|p2c|rr|random, -1 if unknown */
 const char *xb_policy_name(int policy);

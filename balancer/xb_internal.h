@@ -16,6 +16,7 @@ struct xb_inst {
     uint64_t ejected_until;  /* monotonic µs; skipped until then */
     uint64_t ejections;      /* ejections so far; the next one lasts longer; reset by a success */
     uint64_t ejections_total;
+    int removed;             /* taken out at runtime (admin API, reload): never picked; slot kept */
 };
 
 struct xb_pool {
@@ -30,6 +31,7 @@ struct xb_pool {
     long eject_base_ms, eject_max_ms;
     struct xb_inst *inst;
     size_t n, cap;
+    int fixed;      /* capacity reserved up front: never reallocated (instances added while picking) */
 };
 
 /* Candidate filter used by every policy. */

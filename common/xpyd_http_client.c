@@ -27,7 +27,8 @@ TAILQ_HEAD(up_conn_list, up_conn);
 
 struct up_thread {
     struct event_base *base;
-    struct up_endpoint *eps; /* owned copy */
+    struct up_endpoint *eps; /* owned copy, or the caller's array (shared) */
+    int shared_eps;
     size_t n;
     struct up_conn_list *idle; /* per endpoint, most recently used first */
     size_t idle_count, open_count, idle_max;
@@ -113,6 +114,28 @@ struct up_thread *up_thread_new(struct event_base *base, const struct up_endpoin
     return t;
 }
 
+struct up_thread *up_thread_new_shared(struct event_base *base, const struct up_endpoint *eps, size_t cap,
+                                       size_t idle_max)
+{
+    struct up_thread *t = up_thread_new(base, eps, 0, idle_max);
+    if (!t)
+        return NULL;
+    struct up_conn_list *idle = calloc(cap ? cap : 1, sizeof *idle);
+    if (!idle) {
+        up_thread_free(t);
+        return NULL;
+    }
+    free(t->eps);
+    free(t->idle);
+    t->eps = (struct up_endpoint *)eps;
+    t->shared_eps = 1;
+    t->idle = idle;
+    t->n = cap;
+    for (size_t i = 0; i < cap; i++)
+        TAILQ_INIT(&t->idle[i]);
+    return t;
+}
+
 void up_thread_free(struct up_thread *t)
 {
     if (!t)
@@ -120,7 +143,8 @@ void up_thread_free(struct up_thread *t)
     for (size_t i = 0; i < t->n; i++)
         while (!TAILQ_EMPTY(&t->idle[i]))
             conn_free(TAILQ_FIRST(&t->idle[i]));
-    free(t->eps);
+    if (!t->shared_eps)
+        free(t->eps);
     free(t->idle);
     free(t);
 }

@@ -40,6 +40,10 @@ struct up_leg_cbs {
 
 /* Creates the per-thread state for n endpoints (idle pools). NULL on OOM. Owner thread only. */
 struct up_thread *up_thread_new(struct event_base *base, const struct up_endpoint *eps, size_t n, size_t idle_max);
+/* Like up_thread_new, but the endpoints are the caller's array of cap entries, read in place: entries may
+ * be filled in later (before any leg uses them) and the array must outlive the thread. */
+struct up_thread *up_thread_new_shared(struct event_base *base, const struct up_endpoint *eps, size_t cap,
+                                       size_t idle_max);
 void up_thread_free(struct up_thread *t);
 /* Idle pooled connections held right now (tests, /status). */
 size_t up_thread_idle(const struct up_thread *t);

@@ -116,6 +116,11 @@ static const struct setting settings[] = {
      "load (tokens) a full engine KV cache (usage 1.0) adds"},
     {"api-key", K_STR, OFF(api_key), 0, 0, "", NULL,
      "require Authorization: Bearer <key> on every endpoint but /health and /metrics (or env XPYD_API_KEY)"},
+    {"admin-key", K_STR, OFF(admin_key), 0, 0, "", NULL,
+     "enables the admin API (/admin/instances) for Authorization: Bearer <key> (or env XPYD_ADMIN_KEY); "
+     "the --api-key does not open it"},
+    {"max-instances", K_LONG, OFF(max_instances), 1, 4096, "1024", NULL,
+     "ranks a pool can hold, counting ones added at runtime (admin API, SIGHUP reload)"},
     {"port-file", K_STR, OFF(port_file), 0, 0, "", NULL, "write the bound port here once listening"},
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
@@ -359,7 +364,7 @@ static int load_json(struct rt_config *c, const char *path)
 
 /* ---------- expansion ---------- */
 
-static int endpoint_index(struct rt_config *c, const char *host, int port)
+int rt_config_endpoint_index(struct rt_config *c, const char *host, int port)
 {
     for (size_t i = 0; i < c->n_endpoints; i++)
         if (c->endpoints[i].port == port && strcmp(c->endpoints[i].host, host) == 0)
@@ -392,7 +397,8 @@ static int expand_pool(struct rt_config *c, int role, int bootstrap_default)
                 continue;
             c->ranks[role] = XPYD_XALLOC(realloc(c->ranks[role], (c->n_ranks[role] + 1) * sizeof(struct rt_rank)));
             struct rt_rank *r = &c->ranks[role][c->n_ranks[role]++];
-            r->endpoint = endpoint_index(c, rh->host, c->dp_internal ? rh->port : rh->port + i);
+            memset(r, 0, sizeof *r);
+            r->endpoint = rt_config_endpoint_index(c, rh->host, c->dp_internal ? rh->port : rh->port + i);
             r->dp_rank = c->dp_internal ? i : -1;
             r->tp = rh->tp > 0 ? rh->tp : p->tp;
             r->weight = rh->weight > 0 ? rh->weight : 1;
@@ -579,6 +585,9 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
     const char *envkey = getenv("XPYD_API_KEY");
     if (!c->api_key[0] && envkey && *envkey)
         snprintf(c->api_key, sizeof c->api_key, "%s", envkey);
+    const char *envadmin = getenv("XPYD_ADMIN_KEY");
+    if (!c->admin_key[0] && envadmin && *envadmin)
+        snprintf(c->admin_key, sizeof c->admin_key, "%s", envadmin);
     if ((c->pools[RT_PREFILL].n == 0 && c->handoff != RT_HANDOFF_NONE) || c->pools[RT_DECODE].n == 0) {
         fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required "
                         "(--handoff none needs only -d)\n");

@@ -33,6 +33,7 @@ struct rt_rank {
     int dp_rank;         /* X-data-parallel-rank to send (internal DP), else -1 */
     int tp, weight, bootstrap_port, max_inflight;
     long max_model_len;
+    int removed;         /* taken out at runtime (admin API / reload): never picked; the slot stays */
 };
 
 struct rt_endpoint_cfg {
@@ -77,7 +78,9 @@ struct rt_config {
     long feedback_running_tokens; /* tokens one running engine request counts as */
     int dry_run;
     char port_file[512];
-    char api_key[256];         /* clients must send Authorization: Bearer <key>; empty = no auth */
+    char api_key[256];
+    char admin_key[256];       /* admin API; empty = admin API off */
+    long max_instances;        /* per pool, including runtime additions */         /* clients must send Authorization: Bearer <key>; empty = no auth */
     char config_path[512];
     struct rt_pool_cfg pools[2];
     /* expansion results */
@@ -94,5 +97,7 @@ void rt_config_free(struct rt_config *c);
 /* Writes the expanded topology (the --dry-run output). */
 void rt_config_print(const struct rt_config *c, FILE *f);
 const char *rt_handoff_name(int h);
+/* Index of host:port in c->endpoints, appended when new (the configuration's own arrays, before start). */
+int rt_config_endpoint_index(struct rt_config *c, const char *host, int port);
 
 #endif

@@ -35,7 +35,7 @@ static int pool_usable(int role)
 {
     for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
         struct xb_instance_stats st;
-        if (xb_stats(g_rt->pools[role], (int)i, &st) == 0 && st.healthy)
+        if (xb_stats(g_rt->pools[role], (int)i, &st) == 0 && st.healthy && !st.removed)
             return 1;
     }
     return 0;
@@ -82,10 +82,13 @@ static void on_status(evhtp_request_t *req, void *arg)
                                ",\"instances\":[",
                             role ? "," : "", role ? "decode" : "prefill", xb_policy_name(g_rt->cfg.pools[role].policy),
                             inflight, outstanding);
+        int listed = 0;
         for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
             struct xb_instance_stats st;
             xb_stats(g_rt->pools[role], (int)i, &st);
-            evbuffer_add_printf(b, "%s{\"host\":", i ? "," : "");
+            if (st.removed)
+                continue;
+            evbuffer_add_printf(b, "%s{\"host\":", listed++ ? "," : "");
             json_str(b, st.host);
             evbuffer_add_printf(b, ",\"port\":%d,\"dp_rank\":%d,\"tp\":%d,\"weight\":%d,\"max_model_len\":%ld,"
                                    "\"max_inflight\":%d,\"healthy\":%s,\"ejected\":%s,\"inflight\":%" PRId64 ",\"outstanding_tokens\":%" PRId64
@@ -210,30 +213,9 @@ static void on_signal(evutil_socket_t sig, short ev, void *arg)
     event_add(d->timer, &tv);
 }
 
-static int setup_pools(struct router *rt)
+static void on_sighup(evutil_socket_t sig, short ev, void *arg)
 {
-    rt->n_endpoints = rt->cfg.n_endpoints;
-    rt->endpoints = XPYD_XALLOC(calloc(rt->n_endpoints ? rt->n_endpoints : 1, sizeof *rt->endpoints));
-    for (size_t i = 0; i < rt->n_endpoints; i++) {
-        if (up_endpoint_resolve(&rt->endpoints[i], rt->cfg.endpoints[i].host, rt->cfg.endpoints[i].port) != 0) {
-            fprintf(stderr, "xpyd_router: cannot resolve '%s'\n", rt->cfg.endpoints[i].host);
-            return -1;
-        }
-    }
-    for (int role = 0; role < 2; role++) {
-        rt->pools[role] = XPYD_XALLOC(xb_pool_new(rt->cfg.pools[role].policy, 0x5eed + (uint64_t)role));
-        xb_set_ejection(rt->pools[role], (int)rt->cfg.eject_after, rt->cfg.eject_base_ms, rt->cfg.eject_max_ms);
-        xb_set_hard_cap(rt->pools[role], rt->cfg.admission_queue > 0);
-        for (size_t i = 0; i < rt->cfg.n_ranks[role]; i++) {
-            const struct rt_rank *r = &rt->cfg.ranks[role][i];
-            struct xb_instance_cfg ic = {rt->cfg.endpoints[r->endpoint].host, rt->cfg.endpoints[r->endpoint].port,
-                                         r->dp_rank, r->tp, r->weight, r->max_model_len, r->bootstrap_port,
-                                         r->max_inflight};
-            if (xb_pool_add(rt->pools[role], &ic) < 0)
-                return -1;
-        }
-    }
-    return 0;
+    rt_reload();
 }
 
 int main(int argc, char **argv)
@@ -248,7 +230,9 @@ int main(int argc, char **argv)
         return 0;
     }
     rt->started_wall = xpyd_wall_s();
-    if (setup_pools(rt) != 0)
+    rt->argc = argc;
+    rt->argv = argv;
+    if (rt_registry_setup(rt) != 0)
         return 2;
     signal(SIGPIPE, SIG_IGN);
     xpyd_raise_nofile();
@@ -294,8 +278,10 @@ int main(int argc, char **argv)
     struct drain drain = {base, htp, NULL, 0};
     struct event *si = evsignal_new(base, SIGINT, on_signal, &drain);
     struct event *st = evsignal_new(base, SIGTERM, on_signal, &drain);
+    struct event *sh = evsignal_new(base, SIGHUP, on_sighup, NULL);
     event_add(si, NULL);
     event_add(st, NULL);
+    event_add(sh, NULL);
     XLOG_INFO("msg=\"xpyd_router ready\" listen=%s:%d threads=%d handoff=%s prefill_ranks=%zu decode_ranks=%zu",
               rt->cfg.listen_host, port, rt->cfg.threads, rt_handoff_name(rt->cfg.handoff), rt->cfg.n_ranks[0],
               rt->cfg.n_ranks[1]);
@@ -308,6 +294,7 @@ int main(int argc, char **argv)
     evhtp_unbind_socket(htp);
     event_free(si);
     event_free(st);
+    event_free(sh);
     XLOG_INFO("msg=\"xpyd_router stopped\"");
     /* Worker threads and their connections end with the process. */
     return 0;

@@ -134,6 +134,8 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
             for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
                 struct xb_instance_stats st;
                 xb_stats(g_rt->pools[role], (int)i, &st);
+                if (st.removed)
+                    continue;
                 int64_t v = m == 0 ? st.inflight : m == 1 ? st.outstanding : m == 2 ? (int64_t)st.selected
                           : m == 3 ? (st.healthy && !st.ejected) : m == 5 ? st.feedback : m == 6 ? (int64_t)st.ejections
                           : (int64_t)atomic_load(&c->instance_errors[role][i < 4096 ? i : 0]);

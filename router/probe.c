@@ -42,11 +42,33 @@ static void apply_health(struct ep_state *s)
                 xb_set_healthy(g_rt->pools[role], (int)i, s->healthy);
 }
 
+/* Endpoints added at runtime (admin API, reload) join the rounds; one no active rank uses is skipped. */
+static int ep_in_use(struct probe *p, size_t i)
+{
+    if (!p->eps[i].sbody) {
+        p->eps[i].p = p;
+        p->eps[i].idx = (int)i;
+        p->eps[i].healthy = 1;
+        p->eps[i].sbody = XPYD_XALLOC(evbuffer_new());
+    }
+    for (int role = 0; role < 2; role++)
+        for (size_t k = 0; k < g_rt->cfg.n_ranks[role]; k++)
+            if (g_rt->cfg.ranks[role][k].endpoint == (int)i && !g_rt->cfg.ranks[role][k].removed)
+                return 1;
+    return 0;
+}
+
+static size_t n_endpoints(void)
+{
+    return __atomic_load_n(&g_rt->n_endpoints, __ATOMIC_ACQUIRE);
+}
+
 /* One check result through the hysteresis counter. */
 static void health_result(struct ep_state *s, int ok, const char *why)
 {
     if (ok == s->healthy) {
         s->streak = 0;
+        apply_health(s); /* a rank revived at runtime takes its endpoint's verdict */
         return;
     }
     s->streak++;
@@ -98,10 +120,10 @@ static void on_health_tick(evutil_socket_t fd, short ev, void *arg)
 {
     struct probe *p = arg;
     static const struct up_leg_cbs cbs = {h_head, NULL, h_done, NULL};
-    for (size_t i = 0; i < p->n; i++) {
+    for (size_t i = 0; i < n_endpoints(); i++) {
         struct ep_state *s = &p->eps[i];
-        if (s->hleg)
-            continue; /* the previous check is still running */
+        if (!ep_in_use(p, i) || s->hleg)
+            continue; /* unused, or the previous check is still running */
         s->hstatus = 0;
         struct evbuffer *req = get_request((int)i, "/health");
         s->hleg = up_leg_start(p->up, (int)i, req, probe_timeouts(), &cbs, s);
@@ -148,9 +170,9 @@ static void on_scrape_tick(evutil_socket_t fd, short ev, void *arg)
 {
     struct probe *p = arg;
     static const struct up_leg_cbs cbs = {s_head, s_body, s_done, NULL};
-    for (size_t i = 0; i < p->n; i++) {
+    for (size_t i = 0; i < n_endpoints(); i++) {
         struct ep_state *s = &p->eps[i];
-        if (s->sleg)
+        if (!ep_in_use(p, i) || s->sleg)
             continue;
         s->sstatus = 0;
         struct evbuffer *req = get_request((int)i, "/metrics");
@@ -174,15 +196,9 @@ struct probe *probe_start(struct event_base *base)
         return NULL;
     struct probe *p = XPYD_XALLOC(calloc(1, sizeof *p));
     p->base = base;
-    p->n = g_rt->n_endpoints;
-    p->up = XPYD_XALLOC(up_thread_new(base, g_rt->endpoints, p->n, p->n * 2));
+    p->n = g_rt->ep_cap;
+    p->up = XPYD_XALLOC(up_thread_new_shared(base, g_rt->endpoints, p->n, p->n * 2));
     p->eps = XPYD_XALLOC(calloc(p->n ? p->n : 1, sizeof *p->eps));
-    for (size_t i = 0; i < p->n; i++) {
-        p->eps[i].p = p;
-        p->eps[i].idx = (int)i;
-        p->eps[i].healthy = 1;
-        p->eps[i].sbody = XPYD_XALLOC(evbuffer_new());
-    }
     if (g_rt->cfg.health_interval_ms > 0)
         p->health_ev = every(p, g_rt->cfg.health_interval_ms, on_health_tick);
     if (g_rt->cfg.scrape_interval_ms > 0)
@@ -201,7 +217,8 @@ void probe_stop(struct probe *p)
     for (size_t i = 0; i < p->n; i++) {
         up_leg_cancel(p->eps[i].hleg);
         up_leg_cancel(p->eps[i].sleg);
-        evbuffer_free(p->eps[i].sbody);
+        if (p->eps[i].sbody)
+            evbuffer_free(p->eps[i].sbody);
     }
     up_thread_free(p->up);
     free(p->eps);

@@ -555,7 +555,7 @@ static void kv_release_dispatch(struct rreq *r)
     int idx = -1; /* chosen by health, not through the balancer: it carries no load and moves no cursor */
     for (size_t i = 0; i < g_rt->cfg.n_ranks[RT_DECODE]; i++) {
         struct xb_instance_stats st;
-        if (xb_stats(g_rt->pools[RT_DECODE], (int)i, &st) != 0 || !st.healthy || st.ejected)
+        if (xb_stats(g_rt->pools[RT_DECODE], (int)i, &st) != 0 || !st.healthy || st.ejected || st.removed)
             continue;
         int tried = 0;
         for (int k = 0; k < r->ntried[RT_DECODE]; k++)
@@ -1603,18 +1603,21 @@ static void access_log_rejected(evhtp_request_t *req, int kind, int status, int 
                 xid, ep_name(kind), status, rt_fail_table[fail].name);
 }
 
-int rt_authorized(evhtp_request_t *req)
+int rt_bearer_ok(evhtp_request_t *req, const char *key)
 {
-    const char *key = g_rt->cfg.api_key;
-    if (!key[0])
-        return 1;
     const char *h = evhtp_header_find(req->headers_in, "Authorization");
     const char *got = h && strncasecmp(h, "Bearer ", 7) == 0 ? h + 7 : "";
     size_t kl = strlen(key), gl = strlen(got);
     unsigned diff = (unsigned)(kl ^ gl);
     for (size_t i = 0; i < kl; i++) /* constant time in the key's length, whatever was sent */
         diff |= (unsigned char)key[i] ^ (unsigned char)(i < gl ? got[i] : 0);
-    if (diff == 0)
+    return diff == 0;
+}
+
+int rt_authorized(evhtp_request_t *req)
+{
+    const char *key = g_rt->cfg.api_key;
+    if (!key[0] || rt_bearer_ok(req, key))
         return 1;
     add_header(req, "WWW-Authenticate", "Bearer");
     reply_error_now(req, 401, "invalid or missing API key: send Authorization: Bearer <key>");
@@ -1793,7 +1796,7 @@ static void models_try(struct models_req *m)
         int role = k < (int)g_rt->cfg.n_ranks[RT_DECODE] ? RT_DECODE : RT_PREFILL;
         int idx = role == RT_DECODE ? k : k - (int)g_rt->cfg.n_ranks[RT_DECODE];
         struct xb_instance_stats st;
-        if (xb_stats(g_rt->pools[role], idx, &st) != 0 || !st.healthy)
+        if (xb_stats(g_rt->pools[role], idx, &st) != 0 || !st.healthy || st.removed)
             continue;
         const struct up_endpoint *ep = &g_rt->endpoints[endpoint_of(role, idx)];
         struct evbuffer *req = XPYD_XALLOC(evbuffer_new());
@@ -1833,7 +1836,7 @@ struct rthread *rt_thread_new(struct event_base *base)
     struct rthread *t = XPYD_XALLOC(calloc(1, sizeof *t));
     t->base = base;
     t->rng = xpyd_mix64((uint64_t)(uintptr_t)t ^ xpyd_now_us());
-    t->up = up_thread_new(base, g_rt->endpoints, g_rt->n_endpoints, (size_t)g_rt->cfg.upstream_idle_max);
+    t->up = up_thread_new_shared(base, g_rt->endpoints, g_rt->ep_cap, (size_t)g_rt->cfg.upstream_idle_max);
     if (!t->up)
         abort();
     t->kick_role = -1;
@@ -1870,4 +1873,5 @@ void rt_install_handlers(evhtp_t *htp)
     evhtp_set_cb(htp, "/v1/chat/completions", on_chat, NULL);
     evhtp_set_cb(htp, "/v1/models", on_models, NULL);
     rt_status_handlers(htp);
+    rt_admin_handlers(htp);
 }

@@ -97,8 +97,10 @@ struct rt_counters {
 struct router {
     struct rt_config cfg;
     struct xb_pool *pools[2];
-    struct up_endpoint *endpoints;
-    size_t n_endpoints;
+    struct up_endpoint *endpoints; /* ep_cap entries; the first n_endpoints are in use (registry.c) */
+    size_t n_endpoints, ep_cap;
+    int argc;                      /* the command line, for SIGHUP reloads */
+    char **argv;
     struct rt_counters ctr;
     int64_t started_wall;
     atomic_uint_fast64_t id_seq;
@@ -122,10 +124,19 @@ struct rthread {
 /* With --api-key: 1 when the request carries the key (constant-time compare), else answers 401 and returns 0.
  * Without a key configured: 1. */
 int rt_authorized(struct evhtp_request *req);
+/* 1 when the request carries Authorization: Bearer <key> (constant-time compare). Replies nothing. */
+int rt_bearer_ok(struct evhtp_request *req, const char *key);
+
+/* The live pools (registry.c): fixed-capacity arrays filled from the configuration, grown at runtime. */
+int rt_registry_setup(struct router *rt);
+/* SIGHUP: reads the configuration again and applies the pools as a difference (add, revive, update,
+ * remove); streams in flight are untouched. 0 or -1 (logged). */
+int rt_reload(void);
 
 /* Installs the request handlers on an evhtp server. */
 struct evhtp;
 void rt_install_handlers(struct evhtp *htp);
+void rt_admin_handlers(struct evhtp *htp);
 /* GET /metrics (metrics.c). */
 struct evhtp_request;
 void rt_metrics_handler(struct evhtp_request *req, void *arg);

@@ -76,6 +76,7 @@ struct sim {
     uint64_t kv_bytes_sent, kv_bytes_received;
     uint64_t faults_fail_rate, faults_status, faults_disconnect, faults_stall;
     uint64_t aborts_requested;
+    uint64_t abort_calls; /* POST /abort_request received, whether or not it found its request */
     uint64_t release_notices, leases_cancelled;
 };
 
@@ -1102,6 +1103,7 @@ static void kv_take(evhtp_request_t *req, struct sim *s, int release)
 static void on_abort(evhtp_request_t *req, void *arg)
 {
     struct sim *s = rank_of(arg)->sim;
+    s->abort_calls++;
     size_t len;
     const char *body = body_of(req, &len);
     cJSON *o = cJSON_ParseWithLength(body, len);
@@ -1207,6 +1209,8 @@ static void on_metrics(evhtp_request_t *req, void *arg)
          s->kv_bytes_received},
         {"xpyd_sim:abort_requests_total", "counter", "Requests cancelled through /abort_request.",
          s->aborts_requested},
+        {"xpyd_sim:abort_request_calls_total", "counter", "POST /abort_request calls received (found or not).",
+         s->abort_calls},
     };
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
         metric_head(b, g[i].name, g[i].type, g[i].help);

@@ -20,10 +20,11 @@ class BootstrapPrefillFailure(Base):
         r = self.start(t.router([p.port], [d.port], "--handoff", "bootstrap", "--max-retries", "0"))
         st, _, out = t.post_json(r.port, "/v1/completions", CMPL)
         self.assertOpenAIError(st, out, 500, "injected")
-        # the decode was told at once (not after its 60 s rendezvous timeout): /abort_request, and its leg
-        # closed once written, whichever reaches it first
-        t.wait_until(lambda: t.metric(d.port, "xpyd_sim:requests_aborted_total") == 1, timeout=5,
-                     what="decode aborted")
+        # /abort_request was sent, and the decode leg closed once written: whichever reached the decode first,
+        # it holds nothing now (its rendezvous would otherwise wait 60 s)
+        t.wait_until(lambda: t.metric(d.port, "xpyd_sim:abort_request_calls_total") == 1, what="abort sent")
+        t.wait_until(lambda: t.metric(d.port, "vllm:num_requests_running") == 0 and
+                     t.metric(d.port, "vllm:num_requests_waiting") == 0, timeout=5, what="decode holds nothing")
         self.idle(r)
 
     def test_prefill_down_aborts_decode_each_attempt(self):
@@ -32,8 +33,11 @@ class BootstrapPrefillFailure(Base):
         r = self.start(t.router([dead], [d.port], "--handoff", "bootstrap", "--max-retries", "0"))
         st, _, out = t.post_json(r.port, "/v1/completions", CMPL)
         self.assertOpenAIError(st, out, 502, "prefill 127.0.0.1:%d failed" % dead)
-        t.wait_until(lambda: t.metric(d.port, "xpyd_sim:requests_aborted_total") == 1, timeout=5,
-                     what="decode aborted")
+        # /abort_request was sent, and the decode leg closed once written: whichever reached the decode first,
+        # it holds nothing now (its rendezvous would otherwise wait 60 s)
+        t.wait_until(lambda: t.metric(d.port, "xpyd_sim:abort_request_calls_total") == 1, what="abort sent")
+        t.wait_until(lambda: t.metric(d.port, "vllm:num_requests_running") == 0 and
+                     t.metric(d.port, "vllm:num_requests_waiting") == 0, timeout=5, what="decode holds nothing")
         self.idle(r)
 
 

@@ -339,15 +339,23 @@ def router(prefills, decodes, *args):
     return Proc("xpyd_router", argv)
 
 
+def request_json_status(port, headers=None):
+    """GET /status with headers (e.g. an API key); the parsed JSON."""
+    st, _, body = request(port, "GET", "/status", headers=headers)
+    if st != 200:
+        raise ValueError("/status answered %d" % st)
+    return json.loads(body)
+
+
 def status(port):
     st, _, body = request(port, "GET", "/status")
     assert st == 200, st
     return json.loads(body)
 
 
-def router_idle(port):
+def router_idle(port, headers=None):
     """True when the router holds no load: in-flight and outstanding tokens are zero in both pools."""
-    s = status(port)
+    s = request_json_status(port, headers)
     return s["active_requests"] == 0 and all(
         p["inflight"] == 0 and p["outstanding_tokens"] == 0 and
         all(i["inflight"] == 0 and i["outstanding_tokens"] == 0 for i in p["instances"])

@@ -1,0 +1,448 @@
+/* registry.c - the live pools. Endpoints and ranks live in arrays of fixed capacity (--max-instances) made
+ * at start, so they never move: worker threads read them without a lock while the admin API or a SIGHUP
+ * reload appends (an entry is written completely, then the count is published with a release store) or
+ * marks an entry removed. A removed rank keeps its slot and index (requests in flight on it finish and
+ * release exactly what they charged); adding the same host:port:rank again revives that slot. Mutations
+ * are serialized by one mutex. */
+#include "router.h"
+
+#include "xpyd_oai.h"
+#include "xpyd_util.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <evhtp/evhtp.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+
+enum { APPLY_UPDATED = 0, APPLY_ADDED, APPLY_REVIVED };
+static const char *const apply_names[] = {"updated", "added", "revived"};
+
+static struct xb_instance_cfg inst_cfg(const struct rt_rank *r)
+{
+    const struct rt_endpoint_cfg *e = &g_rt->cfg.endpoints[r->endpoint];
+    struct xb_instance_cfg ic = {e->host, e->port, r->dp_rank, r->tp, r->weight, r->max_model_len,
+                                 r->bootstrap_port, r->max_inflight};
+    return ic;
+}
+
+int rt_registry_setup(struct router *rt)
+{
+    struct rt_config *c = &rt->cfg;
+    size_t cap = (size_t)c->max_instances, ecap = 2 * cap;
+    for (int role = 0; role < 2; role++)
+        if (c->n_ranks[role] > cap) {
+            fprintf(stderr, "xpyd_router: the %s pool has %zu ranks, more than --max-instances %zu\n",
+                    role ? "decode" : "prefill", c->n_ranks[role], cap);
+            return -1;
+        }
+    c->endpoints = XPYD_XALLOC(realloc(c->endpoints, ecap * sizeof *c->endpoints));
+    memset(c->endpoints + c->n_endpoints, 0, (ecap - c->n_endpoints) * sizeof *c->endpoints);
+    rt->endpoints = XPYD_XALLOC(calloc(ecap, sizeof *rt->endpoints));
+    rt->ep_cap = ecap;
+    for (size_t i = 0; i < c->n_endpoints; i++) {
+        if (up_endpoint_resolve(&rt->endpoints[i], c->endpoints[i].host, c->endpoints[i].port) != 0) {
+            fprintf(stderr, "xpyd_router: cannot resolve '%s'\n", c->endpoints[i].host);
+            return -1;
+        }
+    }
+    rt->n_endpoints = c->n_endpoints;
+    for (int role = 0; role < 2; role++) {
+        c->ranks[role] = XPYD_XALLOC(realloc(c->ranks[role], cap * sizeof(struct rt_rank)));
+        rt->pools[role] = XPYD_XALLOC(xb_pool_new(c->pools[role].policy, 0x5eed + (uint64_t)role));
+        xb_set_ejection(rt->pools[role], (int)c->eject_after, c->eject_base_ms, c->eject_max_ms);
+        xb_set_hard_cap(rt->pools[role], c->admission_queue > 0);
+        if (xb_pool_reserve(rt->pools[role], cap) != 0)
+            return -1;
+        for (size_t i = 0; i < c->n_ranks[role]; i++) {
+            struct xb_instance_cfg ic = inst_cfg(&c->ranks[role][i]);
+            if (xb_pool_add(rt->pools[role], &ic) != (int)i)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* The endpoint host:port, appended (and resolved) when new. Under reg_mu. */
+static int endpoint_for(const char *host, int port, char *err, size_t errcap)
+{
+    struct rt_config *c = &g_rt->cfg;
+    for (size_t i = 0; i < c->n_endpoints; i++)
+        if (c->endpoints[i].port == port && strcmp(c->endpoints[i].host, host) == 0)
+            return (int)i;
+    size_t n = c->n_endpoints;
+    if (n >= g_rt->ep_cap) {
+        snprintf(err, errcap, "no room for another endpoint (2 x --max-instances = %zu)", g_rt->ep_cap);
+        return -ENOSPC;
+    }
+    if (strlen(host) >= sizeof c->endpoints[0].host ||
+        up_endpoint_resolve(&g_rt->endpoints[n], host, port) != 0) {
+        snprintf(err, errcap, "cannot resolve host '%.200s'", host);
+        return -EINVAL;
+    }
+    snprintf(c->endpoints[n].host, sizeof c->endpoints[n].host, "%s", host);
+    c->endpoints[n].port = port;
+    __atomic_store_n(&c->n_endpoints, n + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_rt->n_endpoints, n + 1, __ATOMIC_RELEASE);
+    return (int)n;
+}
+
+/* Puts one rank (want->endpoint ignored: host:port given) into role's pool: a new slot, a revived one, or
+ * new settings for an active one. Returns APPLY_* and the index, or -errno with err set. Under reg_mu. */
+static int apply_rank(int role, const char *host, int port, const struct rt_rank *want, int *idx_out, char *err,
+                      size_t errcap)
+{
+    struct rt_config *c = &g_rt->cfg;
+    int ep = endpoint_for(host, port, err, errcap);
+    if (ep < 0)
+        return ep;
+    struct rt_rank r = *want;
+    r.endpoint = ep;
+    r.removed = 0;
+    for (size_t i = 0; i < c->n_ranks[role]; i++) {
+        struct rt_rank *cur = &c->ranks[role][i];
+        if (cur->endpoint != ep || cur->dp_rank != r.dp_rank)
+            continue;
+        int was_removed = cur->removed;
+        cur->tp = r.tp;
+        cur->weight = r.weight;
+        cur->max_inflight = r.max_inflight;
+        cur->max_model_len = r.max_model_len;
+        cur->bootstrap_port = r.bootstrap_port;
+        struct xb_instance_cfg ic = inst_cfg(cur);
+        xb_update(g_rt->pools[role], (int)i, &ic);
+        *idx_out = (int)i;
+        if (!was_removed)
+            return APPLY_UPDATED;
+        __atomic_store_n(&cur->removed, 0, __ATOMIC_RELEASE);
+        xb_set_removed(g_rt->pools[role], (int)i, 0);
+        return APPLY_REVIVED;
+    }
+    size_t n = c->n_ranks[role];
+    if (n >= (size_t)c->max_instances) {
+        snprintf(err, errcap, "the %s pool is full (--max-instances %ld)", role ? "decode" : "prefill",
+                 c->max_instances);
+        return -ENOSPC;
+    }
+    c->ranks[role][n] = r;
+    struct xb_instance_cfg ic = inst_cfg(&r);
+    if (xb_pool_add(g_rt->pools[role], &ic) != (int)n) {
+        snprintf(err, errcap, "the balancer refused the instance");
+        return -EINVAL;
+    }
+    __atomic_store_n(&c->n_ranks[role], n + 1, __ATOMIC_RELEASE);
+    *idx_out = (int)n;
+    return APPLY_ADDED;
+}
+
+static void remove_rank(int role, int idx)
+{
+    __atomic_store_n(&g_rt->cfg.ranks[role][idx].removed, 1, __ATOMIC_RELEASE);
+    xb_set_removed(g_rt->pools[role], idx, 1);
+}
+
+static void log_change(const char *what, int role, int idx)
+{
+    const struct rt_rank *r = &g_rt->cfg.ranks[role][idx];
+    const struct rt_endpoint_cfg *e = &g_rt->cfg.endpoints[r->endpoint];
+    char hp[300];
+    xpyd_log_event("event=instance_%s role=%s instance=%s dp_rank=%d", what, role ? "decode" : "prefill",
+                   xpyd_hostport(e->host, e->port, hp, sizeof hp), r->dp_rank);
+}
+
+/* ---------- SIGHUP: the configuration again, applied as a difference ---------- */
+
+int rt_reload(void)
+{
+    struct rt_config nc;
+    int rc = rt_config_load(&nc, g_rt->argc, g_rt->argv);
+    xpyd_log_level = g_rt->cfg.log_level; /* the reload parses --log-level too; the running one stays */
+    if (rc != 0) {
+        xpyd_log_event("event=reload_failed reason=\"configuration rejected (see the message above); nothing "
+                       "changed\"");
+        rt_config_free(&nc);
+        return -1;
+    }
+    int counts[4] = {0, 0, 0, 0}; /* updated, added, revived, removed */
+    char err[300] = "";
+    pthread_mutex_lock(&reg_mu);
+    for (int role = 0; role < 2 && !err[0]; role++) {
+        size_t n_old = g_rt->cfg.n_ranks[role];
+        char *keep = XPYD_XALLOC(calloc(n_old + nc.n_ranks[role] + 1, 1));
+        for (size_t i = 0; i < nc.n_ranks[role]; i++) {
+            const struct rt_rank *want = &nc.ranks[role][i];
+            const struct rt_endpoint_cfg *e = &nc.endpoints[want->endpoint];
+            int idx = -1;
+            int res = apply_rank(role, e->host, e->port, want, &idx, err, sizeof err);
+            if (res < 0)
+                break;
+            counts[res]++;
+            if (res != APPLY_UPDATED)
+                log_change(apply_names[res], role, idx);
+            if ((size_t)idx < n_old + nc.n_ranks[role])
+                keep[idx] = 1;
+        }
+        for (size_t i = 0; i < n_old && !err[0]; i++)
+            if (!keep[i] && !g_rt->cfg.ranks[role][i].removed) {
+                remove_rank(role, (int)i);
+                log_change("removed", role, (int)i);
+                counts[3]++;
+            }
+        free(keep);
+    }
+    pthread_mutex_unlock(&reg_mu);
+    rt_config_free(&nc);
+    if (err[0]) {
+        xpyd_log_event("event=reload_failed reason=\"%s\" (changes before it were applied)", err);
+        return -1;
+    }
+    xpyd_log_event("event=reloaded added=%d revived=%d updated=%d removed=%d", counts[APPLY_ADDED],
+                   counts[APPLY_REVIVED], counts[APPLY_UPDATED], counts[3]);
+    return 0;
+}
+
+/* ---------- admin API ---------- */
+
+static void reply_json(evhtp_request_t *req, int status, const char *body)
+{
+    evhtp_headers_add_header(req->headers_out, evhtp_header_new("Content-Type", "application/json", 0, 0));
+    evbuffer_add(req->buffer_out, body, strlen(body));
+    evhtp_send_reply(req, (evhtp_res)status);
+}
+
+static void reply_err(evhtp_request_t *req, int status, const char *msg)
+{
+    char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
+    reply_json(req, status, body);
+    free(body);
+}
+
+/* Admin endpoints answer 403 while no admin key is set, 401 without the right one. */
+static int admin_allowed(evhtp_request_t *req)
+{
+    if (!g_rt->cfg.admin_key[0]) {
+        reply_err(req, 403, "the admin API is off: start the router with --admin-key (or XPYD_ADMIN_KEY)");
+        return 0;
+    }
+    if (!rt_bearer_ok(req, g_rt->cfg.admin_key)) {
+        evhtp_headers_add_header(req->headers_out, evhtp_header_new("WWW-Authenticate", "Bearer", 0, 0));
+        reply_err(req, 401, "invalid or missing admin key: send Authorization: Bearer <admin key>");
+        return 0;
+    }
+    return 1;
+}
+
+static cJSON *rank_json(int role, int idx)
+{
+    const struct rt_rank *r = &g_rt->cfg.ranks[role][idx];
+    const struct rt_endpoint_cfg *e = &g_rt->cfg.endpoints[r->endpoint];
+    struct xb_instance_stats st;
+    xb_stats(g_rt->pools[role], idx, &st);
+    cJSON *o = XPYD_XALLOC(cJSON_CreateObject());
+    cJSON_AddStringToObject(o, "role", role ? "decode" : "prefill");
+    cJSON_AddNumberToObject(o, "index", idx);
+    cJSON_AddStringToObject(o, "host", e->host);
+    cJSON_AddNumberToObject(o, "port", e->port);
+    cJSON_AddNumberToObject(o, "dp_rank", r->dp_rank);
+    cJSON_AddNumberToObject(o, "tp", r->tp);
+    cJSON_AddNumberToObject(o, "weight", r->weight);
+    cJSON_AddNumberToObject(o, "max_inflight", r->max_inflight);
+    cJSON_AddNumberToObject(o, "max_model_len", (double)r->max_model_len);
+    cJSON_AddBoolToObject(o, "removed", r->removed);
+    cJSON_AddBoolToObject(o, "healthy", st.healthy);
+    cJSON_AddNumberToObject(o, "inflight", (double)st.inflight);
+    return o;
+}
+
+static void send_cjson(evhtp_request_t *req, int status, cJSON *o)
+{
+    char *s = XPYD_XALLOC(cJSON_PrintUnformatted(o));
+    cJSON_Delete(o);
+    reply_json(req, status, s);
+    free(s);
+}
+
+static void admin_list(evhtp_request_t *req)
+{
+    cJSON *o = XPYD_XALLOC(cJSON_CreateObject());
+    pthread_mutex_lock(&reg_mu);
+    for (int role = 0; role < 2; role++) {
+        cJSON *a = cJSON_AddArrayToObject(o, role ? "decode" : "prefill");
+        for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++)
+            cJSON_AddItemToArray(a, rank_json(role, (int)i));
+    }
+    pthread_mutex_unlock(&reg_mu);
+    send_cjson(req, 200, o);
+}
+
+static int json_long(const cJSON *o, const char *k, long lo, long hi, long def, long *out, char *err, size_t cap)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long)v->valuedouble || v->valuedouble < (double)lo ||
+        v->valuedouble > (double)hi) {
+        snprintf(err, cap, "'%s' must be an integer in [%ld, %ld]", k, lo, hi);
+        return -1;
+    }
+    *out = (long)v->valuedouble;
+    return 0;
+}
+
+static int parse_role(const char *s)
+{
+    return !strcmp(s, "prefill") ? RT_PREFILL : !strcmp(s, "decode") ? RT_DECODE : -1;
+}
+
+/* POST /admin/instances {"role","host","port"[,"dp","tp","weight","max_inflight","max_model_len",
+ * "bootstrap_port"]}: every rank of that host, expanded as the configuration does. */
+static void admin_add(evhtp_request_t *req)
+{
+    size_t len = evbuffer_get_length(req->buffer_in);
+    cJSON *o = cJSON_ParseWithLength((const char *)evbuffer_pullup(req->buffer_in, -1), len);
+    char err[300] = "";
+    const cJSON *jr = cJSON_GetObjectItemCaseSensitive(o, "role");
+    const cJSON *jh = cJSON_GetObjectItemCaseSensitive(o, "host");
+    int role = cJSON_IsString(jr) ? parse_role(jr->valuestring) : -1;
+    long port = 0, dp = 1, tp = 1, weight = 1, maxinf = 0, mml = 0, bport = 0;
+    if (!cJSON_IsObject(o))
+        snprintf(err, sizeof err, "the body must be a JSON object");
+    else if (role < 0)
+        snprintf(err, sizeof err, "'role' must be \"prefill\" or \"decode\"");
+    else if (!cJSON_IsString(jh) || !jh->valuestring[0] || strlen(jh->valuestring) > 255)
+        snprintf(err, sizeof err, "'host' must be a non-empty string");
+    else if (!json_long(o, "port", 1, 65535, 0, &port, err, sizeof err) && port == 0)
+        snprintf(err, sizeof err, "'port' is required");
+    if (!err[0]) {
+        const struct rt_pool_cfg *pc = &g_rt->cfg.pools[role];
+        if (json_long(o, "dp", 1, 1024, pc->dp, &dp, err, sizeof err) ||
+            json_long(o, "tp", 1, 1024, pc->tp, &tp, err, sizeof err) ||
+            json_long(o, "weight", 1, 1000000, 1, &weight, err, sizeof err) ||
+            json_long(o, "max_inflight", 0, 1000000, pc->max_inflight, &maxinf, err, sizeof err) ||
+            json_long(o, "max_model_len", 0, 1L << 40, 0, &mml, err, sizeof err) ||
+            json_long(o, "bootstrap_port", 0, 65535, port, &bport, err, sizeof err))
+            ;
+        else if (!g_rt->cfg.dp_internal && port + dp - 1 > 65535)
+            snprintf(err, sizeof err, "port + dp - 1 is above 65535");
+    }
+    if (err[0]) {
+        cJSON_Delete(o);
+        reply_err(req, 400, err);
+        return;
+    }
+    char host[256];
+    snprintf(host, sizeof host, "%s", jh->valuestring);
+    cJSON_Delete(o);
+    cJSON *out = XPYD_XALLOC(cJSON_CreateObject());
+    cJSON *arr = cJSON_AddArrayToObject(out, "instances");
+    int changed = 0, status = 0;
+    pthread_mutex_lock(&reg_mu);
+    for (long i = 0; i < dp; i++) {
+        struct rt_rank want = {0};
+        want.dp_rank = g_rt->cfg.dp_internal ? (int)i : -1;
+        want.tp = (int)tp;
+        want.weight = (int)weight;
+        want.max_inflight = (int)maxinf;
+        want.max_model_len = mml;
+        want.bootstrap_port = (int)bport;
+        int idx = -1;
+        int res = apply_rank(role, host, (int)(g_rt->cfg.dp_internal ? port : port + i), &want, &idx, err, sizeof err);
+        if (res < 0) {
+            status = res == -ENOSPC ? 507 : 400;
+            break;
+        }
+        changed |= res != APPLY_UPDATED;
+        if (res != APPLY_UPDATED)
+            log_change(apply_names[res], role, idx);
+        cJSON *rj = rank_json(role, idx);
+        cJSON_AddStringToObject(rj, "result", apply_names[res]);
+        cJSON_AddItemToArray(arr, rj);
+    }
+    pthread_mutex_unlock(&reg_mu);
+    if (status) {
+        cJSON_Delete(out);
+        reply_err(req, status, err);
+        return;
+    }
+    send_cjson(req, changed ? 201 : 200, out);
+}
+
+/* DELETE /admin/instances/<role>/<host>:<port>: every active rank of that endpoint in role stops getting
+ * requests; the ones in flight finish. */
+static void admin_remove(evhtp_request_t *req, const char *rest)
+{
+    char buf[400];
+    snprintf(buf, sizeof buf, "%s", rest);
+    char *slash = strchr(buf, '/');
+    char *colon = slash ? strrchr(slash + 1, ':') : NULL;
+    int role = -1;
+    long port = 0;
+    if (slash) {
+        *slash = 0;
+        role = parse_role(buf);
+    }
+    if (role < 0 || !colon || xpyd_parse_long(colon + 1, 1, 65535, &port) != 0) {
+        reply_err(req, 400, "use DELETE /admin/instances/<prefill|decode>/<host>:<port>");
+        return;
+    }
+    *colon = 0;
+    char *host = slash + 1;
+    size_t hl = strlen(host);
+    if (hl > 2 && host[0] == '[' && host[hl - 1] == ']') { /* [::1]:8200 */
+        host[hl - 1] = 0;
+        host++;
+    }
+    cJSON *out = XPYD_XALLOC(cJSON_CreateObject());
+    cJSON *arr = cJSON_AddArrayToObject(out, "removed");
+    int n = 0;
+    pthread_mutex_lock(&reg_mu);
+    for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
+        struct rt_rank *r = &g_rt->cfg.ranks[role][i];
+        const struct rt_endpoint_cfg *e = &g_rt->cfg.endpoints[r->endpoint];
+        if (r->removed || e->port != (int)port || strcmp(e->host, host) != 0)
+            continue;
+        remove_rank(role, (int)i);
+        log_change("removed", role, (int)i);
+        cJSON_AddItemToArray(arr, rank_json(role, (int)i));
+        n++;
+    }
+    pthread_mutex_unlock(&reg_mu);
+    if (!n) {
+        cJSON_Delete(out);
+        reply_err(req, 404, "no such active instance in that pool");
+        return;
+    }
+    send_cjson(req, 200, out);
+}
+
+static void on_admin_instances(evhtp_request_t *req, void *arg)
+{
+    if (!admin_allowed(req))
+        return;
+    const char *path = req->uri && req->uri->path && req->uri->path->full ? req->uri->path->full : "";
+    const char *base = "/admin/instances";
+    const char *rest = strncmp(path, base, strlen(base)) == 0 ? path + strlen(base) : "";
+    htp_method m = evhtp_request_get_method(req);
+    if (!rest[0] && m == htp_method_GET)
+        admin_list(req);
+    else if (!rest[0] && m == htp_method_POST)
+        admin_add(req);
+    else if (rest[0] == '/' && rest[1] && m == htp_method_DELETE)
+        admin_remove(req, rest + 1);
+    else
+        reply_err(req, 405, "use GET or POST /admin/instances, or DELETE /admin/instances/<role>/<host>:<port>");
+}
+
+void rt_admin_handlers(evhtp_t *htp)
+{
+    evhtp_set_cb(htp, "/admin/instances", on_admin_instances, NULL);
+    evhtp_set_glob_cb(htp, "/admin/instances/*", on_admin_instances, NULL);
+}
