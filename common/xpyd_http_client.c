@@ -170,6 +170,8 @@ static int p_headers_complete(http_parser *p)
 {
     struct up_leg *leg = p->data;
     leg->status = (int)p->status_code;
+    if (leg->status < 200 || leg->status > 599)
+        return -1; /* not a final HTTP status (1xx, or nonsense like "HTTP/1.1 5"): a malformed response */
     if (leg->cbs->on_head)
         leg->cbs->on_head(leg, leg->status, leg->arg);
     return leg->canceled ? -1 : 0;

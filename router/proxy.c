@@ -6,6 +6,7 @@
  * (done, error, timeout, client disconnect) goes through rreq_end(), which is idempotent: it cancels the
  * upstream legs, releases every balancer charge, counts and logs the request. */
 #include "router.h"
+#include "rewrite.h"
 
 #include "xpyd_oai.h"
 #include "xpyd_sse.h"
@@ -191,93 +192,6 @@ static int endpoint_of(int role, int idx)
 
 /* ---------- request parsing ---------- */
 
-static int64_t estimate_text(const char *s)
-{
-    double bpt = g_rt->cfg.bytes_per_token;
-    return (int64_t)((double)strlen(s) / bpt) + 1;
-}
-
-static int64_t estimate_prompt(const cJSON *body, int chat)
-{
-    int64_t n = 0;
-    if (!chat) {
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
-        if (cJSON_IsString(p))
-            return estimate_text(p->valuestring);
-        const cJSON *it;
-        cJSON_ArrayForEach(it, p)
-        {
-            if (cJSON_IsNumber(it))
-                n++; /* token ids are counted exactly */
-            else if (cJSON_IsString(it))
-                n += estimate_text(it->valuestring);
-            else if (cJSON_IsArray(it))
-                n += cJSON_GetArraySize(it);
-        }
-        return n;
-    }
-    const cJSON *m;
-    cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(body, "messages"))
-    {
-        n += 4; /* chat template overhead per message */
-        const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
-        if (cJSON_IsString(c))
-            n += estimate_text(c->valuestring);
-        const cJSON *part;
-        cJSON_ArrayForEach(part, c)
-        {
-            const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
-            if (cJSON_IsString(tx))
-                n += estimate_text(tx->valuestring);
-        }
-    }
-    return n;
-}
-
-static int is_int_value(const cJSON *v)
-{
-    /* range first: converting an out-of-range double to an integer is undefined behaviour */
-    return cJSON_IsNumber(v) && v->valuedouble > -9.2e18 && v->valuedouble < 9.2e18 &&
-           v->valuedouble == (double)(long long)v->valuedouble;
-}
-
-/* What the router itself depends on. Returns NULL when fine, else a message for a 400. */
-static const char *validate(const cJSON *body, int chat, int *stream, int64_t *max_tokens)
-{
-    if (!cJSON_IsObject(body))
-        return "request body must be a JSON object";
-    if (chat) {
-        const cJSON *m = cJSON_GetObjectItemCaseSensitive(body, "messages");
-        if (!cJSON_IsArray(m) || cJSON_GetArraySize(m) == 0)
-            return "'messages' is required and must be a non-empty array";
-    } else {
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
-        if (!cJSON_IsString(p) && !cJSON_IsArray(p))
-            return "'prompt' is required and must be a string or an array";
-    }
-    const cJSON *s = cJSON_GetObjectItemCaseSensitive(body, "stream");
-    if (s && !cJSON_IsNull(s) && !cJSON_IsBool(s))
-        return "'stream' must be a boolean";
-    *stream = cJSON_IsTrue(s);
-    const cJSON *so = cJSON_GetObjectItemCaseSensitive(body, "stream_options");
-    if (so && !cJSON_IsNull(so) && !cJSON_IsObject(so))
-        return "'stream_options' must be an object";
-    const char *names[] = {"max_completion_tokens", "max_tokens"};
-    *max_tokens = -1;
-    for (int i = 0; i < 2; i++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(body, names[i]);
-        if (!v || cJSON_IsNull(v))
-            continue;
-        if (!is_int_value(v) || v->valuedouble < 1 || v->valuedouble > 1e12)
-            return i ? "'max_tokens' must be a positive integer" : "'max_completion_tokens' must be a positive integer";
-        if (*max_tokens < 0)
-            *max_tokens = (int64_t)v->valuedouble;
-    }
-    if (*max_tokens < 0)
-        *max_tokens = 16; /* unknown: the engine decides; 16 is the cost estimate (vLLM's completions default) */
-    return NULL;
-}
-
 static int hop_by_hop(const char *k)
 {
     static const char *const skip[] = {"connection", "keep-alive", "proxy-connection", "proxy-authorization",
@@ -324,51 +238,19 @@ static struct evbuffer *build_request(struct rreq *r, int role, int idx, const c
 
 static char *print_json(const cJSON *o, size_t *len)
 {
-    char *s = XPYD_XALLOC(cJSON_PrintUnformatted(o));
-    *len = strlen(s);
-    return s;
+    return rw_print(o, len);
 }
 
 /* The prefill leg's body: one token, not streamed, asking the engine to keep the KV (kv-params). */
 static char *prefill_body(struct rreq *r, size_t *len)
 {
-    cJSON *b = XPYD_XALLOC(cJSON_Duplicate(r->body, 1));
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "stream_options");
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "min_tokens");
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "min_completion_tokens");
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "stream");
-    cJSON_AddFalseToObject(b, "stream");
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "max_tokens");
-    cJSON_AddNumberToObject(b, "max_tokens", 1);
-    if (cJSON_GetObjectItemCaseSensitive(b, "max_completion_tokens"))
-        cJSON_ReplaceItemInObjectCaseSensitive(b, "max_completion_tokens", cJSON_CreateNumber(1));
-    if (g_rt->cfg.handoff == RT_HANDOFF_KV_PARAMS) {
-        cJSON_DeleteItemFromObjectCaseSensitive(b, "kv_transfer_params");
-        cJSON *kv = cJSON_AddObjectToObject(b, "kv_transfer_params");
-        cJSON_AddTrueToObject(kv, "do_remote_decode");
-        cJSON_AddFalseToObject(kv, "do_remote_prefill");
-        cJSON_AddNullToObject(kv, "remote_engine_id");
-        cJSON_AddNullToObject(kv, "remote_block_ids");
-        cJSON_AddNullToObject(kv, "remote_host");
-        cJSON_AddNullToObject(kv, "remote_port");
-    }
-    char *s = print_json(b, len);
-    cJSON_Delete(b);
-    return s;
+    return rw_prefill_body(r->body, g_rt->cfg.handoff == RT_HANDOFF_KV_PARAMS, len);
 }
 
 /* The decode leg's body: the client's, with the prefill's kv_transfer_params (kv-params mode). */
 static char *decode_body(struct rreq *r, size_t *len)
 {
-    if (g_rt->cfg.handoff != RT_HANDOFF_KV_PARAMS)
-        return print_json(r->body, len);
-    cJSON *b = XPYD_XALLOC(cJSON_Duplicate(r->body, 1));
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "kv_transfer_params");
-    if (r->kv_params)
-        cJSON_AddItemToObject(b, "kv_transfer_params", XPYD_XALLOC(cJSON_Duplicate(r->kv_params, 1)));
-    char *s = print_json(b, len);
-    cJSON_Delete(b);
-    return s;
+    return rw_decode_body(r->body, r->kv_params, g_rt->cfg.handoff == RT_HANDOFF_KV_PARAMS, len);
 }
 
 /* ---------- client stream ---------- */
@@ -569,16 +451,8 @@ static void kv_release_dispatch(struct rreq *r)
     }
     if (idx < 0)
         return;
-    cJSON *b = XPYD_XALLOC(cJSON_Duplicate(r->body, 1));
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "kv_transfer_params");
-    cJSON_AddItemToObject(b, "kv_transfer_params", XPYD_XALLOC(cJSON_Duplicate(r->kv_params, 1)));
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "stream");
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "stream_options");
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "max_tokens");
-    cJSON_AddNumberToObject(b, "max_tokens", 1);
     size_t len;
-    char *body = print_json(b, &len);
-    cJSON_Delete(b);
+    char *body = rw_kv_release_body(r->body, r->kv_params, &len);
     struct evbuffer *req = build_request(r, RT_DECODE, idx, "POST", ep_name(r->kind), body, len);
     free(body);
     static const struct up_leg_cbs cbs = {NULL, NULL, kv_release_done, NULL};
@@ -1019,32 +893,19 @@ static void p_on_body(struct up_leg *leg, const char *data, size_t len, void *ar
 static int absorb_prefill(struct rreq *r)
 {
     size_t n = evbuffer_get_length(r->pbuf);
-    cJSON *j = cJSON_ParseWithLength((const char *)evbuffer_pullup(r->pbuf, (ssize_t)n), n);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
+    struct rw_prefill_answer a;
+    if (rw_absorb_prefill((const char *)evbuffer_pullup(r->pbuf, (ssize_t)n), n, &a) != 0)
         return -1;
-    }
-    const cJSON *kv = cJSON_GetObjectItemCaseSensitive(j, "kv_transfer_params");
-    if (cJSON_IsObject(kv))
-        r->kv_params = XPYD_XALLOC(cJSON_Duplicate(kv, 1));
-    const cJSON *usage = cJSON_GetObjectItemCaseSensitive(j, "usage");
-    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
-    if (cJSON_IsNumber(pt) && pt->valuedouble >= 0)
-        r->prompt_tokens = (int64_t)pt->valuedouble; /* exact, replaces the estimate */
-    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details"),
-                                                       "cached_tokens");
-    if (cJSON_IsNumber(ct))
-        r->cached_tokens = (long)ct->valuedouble;
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
-    if (cJSON_IsString(id))
-        r->resp_id = XPYD_XALLOC(strdup(id->valuestring));
-    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
-    const cJSON *text = cJSON_GetObjectItemCaseSensitive(ch, "text");
-    if (!cJSON_IsString(text))
-        text = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ch, "message"), "content");
-    if (cJSON_IsString(text))
-        r->first_text = XPYD_XALLOC(strdup(text->valuestring));
-    cJSON_Delete(j);
+    r->kv_params = a.kv_params;
+    a.kv_params = NULL;
+    if (a.prompt_tokens >= 0)
+        r->prompt_tokens = a.prompt_tokens; /* exact, replaces the estimate */
+    if (a.cached_tokens >= 0)
+        r->cached_tokens = a.cached_tokens;
+    r->resp_id = a.id;
+    r->first_text = a.first_text;
+    a.id = a.first_text = NULL;
+    rw_prefill_answer_free(&a);
     return 0;
 }
 
@@ -1165,34 +1026,7 @@ static int is_content_event(const char *data)
 /* Replaces the usage's cached_tokens with the prefill's. Returns 1 when o changed. */
 static int patch_usage(struct rreq *r, cJSON *o)
 {
-    cJSON *usage = cJSON_GetObjectItemCaseSensitive(o, "usage");
-    if (!cJSON_IsObject(usage) || !r->prefill_answered)
-        return 0;
-    if (r->cached_tokens < 0) {
-        /* The decode counts the transferred KV as cached, which is wrong, and the prefill did not say: the
-         * truth is unknown, so the field goes rather than a wrong number. */
-        if (!cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details"))
-            return 0;
-        cJSON_DeleteItemFromObjectCaseSensitive(usage, "prompt_tokens_details");
-        return 1;
-    }
-    cJSON *d = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
-    if (!cJSON_IsObject(d)) {
-        cJSON_DeleteItemFromObjectCaseSensitive(usage, "prompt_tokens_details");
-        d = cJSON_AddObjectToObject(usage, "prompt_tokens_details");
-    }
-    cJSON_DeleteItemFromObjectCaseSensitive(d, "cached_tokens");
-    cJSON_AddNumberToObject(d, "cached_tokens", (double)r->cached_tokens);
-    return 1;
-}
-
-static const char *event_text(const cJSON *o)
-{
-    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(ch, "text");
-    if (!cJSON_IsString(t))
-        t = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ch, "delta"), "content");
-    return cJSON_IsString(t) ? t->valuestring : NULL;
+    return r->prefill_answered ? rw_patch_usage(o, r->cached_tokens) : 0;
 }
 
 static void fire_clones(struct rreq *r);
@@ -1247,7 +1081,7 @@ static int on_decode_event(void *arg, const char *data, size_t len, const char *
         return 0;
     }
     int changed = has_usage ? patch_usage(r, o) : 0;
-    const char *text = content ? event_text(o) : NULL;
+    const char *text = content ? rw_event_text(o) : NULL;
     if (prefill_mode && content) {
         const cJSON *delta =
             cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0), "delta");
@@ -1552,21 +1386,9 @@ static void start_bootstrap(struct rreq *r)
         room = room / dp * dp + (uint64_t)prank->dp_rank;
     }
     r->room = room;
-    char roomtxt[32];
-    snprintf(roomtxt, sizeof roomtxt, "%" PRIu64, room);
-    cJSON *b = XPYD_XALLOC(cJSON_Duplicate(r->body, 1));
     const struct up_endpoint *pe = &g_rt->endpoints[prank->endpoint];
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "bootstrap_host");
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "bootstrap_port");
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "bootstrap_room");
-    cJSON_DeleteItemFromObjectCaseSensitive(b, "rid");
-    cJSON_AddStringToObject(b, "bootstrap_host", pe->host);
-    cJSON_AddNumberToObject(b, "bootstrap_port", prank->bootstrap_port);
-    cJSON_AddItemToObject(b, "bootstrap_room", cJSON_CreateRaw(roomtxt)); /* exact 63-bit integer */
-    cJSON_AddStringToObject(b, "rid", r->xid);
     size_t len;
-    char *body = print_json(b, &len);
-    cJSON_Delete(b);
+    char *body = rw_bootstrap_body(r->body, pe->host, prank->bootstrap_port, room, r->xid, &len);
     struct evbuffer *preq = build_request(r, RT_PREFILL, pidx, "POST", ep_name(r->kind), body, len);
     struct evbuffer *dreq = build_request(r, RT_DECODE, didx, "POST", ep_name(r->kind), body, len);
     free(body);
@@ -1660,9 +1482,10 @@ static void handle_generate(evhtp_request_t *req, int kind)
     const char *data = len ? (const char *)evbuffer_pullup(req->buffer_in, -1) : "";
     const char *end = NULL;
     cJSON *body = cJSON_ParseWithLengthOpts(data, len, &end, 0);
+    rw_dedupe_keys(body); /* duplicated keys: the last wins, as the engines (Python json) read it */
     int stream = 0;
     int64_t max_tokens = 0;
-    const char *bad = body ? validate(body, kind == RT_EP_CHAT, &stream, &max_tokens) : NULL;
+    const char *bad = body ? rw_validate(body, kind == RT_EP_CHAT, &stream, &max_tokens) : NULL;
     if (!body || bad) {
         char msg[200];
         if (!body)
@@ -1687,7 +1510,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
     r->cached_tokens = -1;
     r->t_start = xpyd_now_us();
     r->sse.max_event = 4u << 20;
-    r->prompt_tokens = estimate_prompt(body, kind == RT_EP_CHAT);
+    r->prompt_tokens = rw_estimate_prompt(body, kind == RT_EP_CHAT, g_rt->cfg.bytes_per_token);
     const char *xid = evhtp_header_find(req->headers_in, "X-Request-Id");
     if (xid && *xid && strlen(xid) < sizeof r->xid && !strpbrk(xid, "\r\n\"\\"))
         snprintf(r->xid, sizeof r->xid, "%s", xid);

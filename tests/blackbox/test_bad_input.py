@@ -40,6 +40,18 @@ class BadInput(Base):
         self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="bad_request"}'), 7)  # incl. the 405
         self.idle(r)
 
+    def test_duplicate_keys_read_as_the_engine_reads_them(self):
+        # Python's json (the engines) keeps the last of a duplicated key; the router must act on the same
+        # value, and must not leave a second max_tokens/stream in the prefill's body
+        p, d = self.start(t.sim("--role", "prefill")), self.start(t.sim("--role", "decode"))
+        r = self.start(t.router([p.port], [d.port]))
+        raw = '{"prompt": "a b", "max_tokens": 50, "stream": true, "max_tokens": 3, "stream": false}'
+        st, _, out = t.request(r.port, "POST", "/v1/completions", raw)
+        self.assertEqual(st, 200, out)
+        out = json.loads(out)  # not streamed: the last "stream" won
+        self.assertEqual(out["usage"]["completion_tokens"], 3)
+        self.assertEqual(t.metric(p.port, "vllm:generation_tokens_total"), 1)
+
     def test_engine_rejection_passed_through(self):
         p = self.start(t.sim("--role", "prefill", "--max-model-len", "16"))
         d = self.start(t.sim("--role", "decode", "--max-model-len", "16"))

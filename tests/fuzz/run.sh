@@ -10,6 +10,7 @@ SECS=${FUZZ_SECONDS:-20}
 CC=${FUZZ_CC:-clang}
 FLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$ROOT/common" -I"$ROOT/router" -I"$ROOT/balancer" -I"$ROOT/bench/sim" $(pkg-config --cflags libcjson libevent))
+HTTP_PARSER_INC=${HTTP_PARSER_INC:-/usr/include}
 LIBS=($(pkg-config --libs libcjson libevent) -lpthread)
 build() { # name sources...
   local n=$1; shift
@@ -20,8 +21,11 @@ build fuzz_config "$ROOT/tests/fuzz/fuzz_config.c" "$ROOT/router/config.c" "$ROO
   "$ROOT"/balancer/xb*.c
 build fuzz_sim_request "$ROOT/tests/fuzz/fuzz_sim_request.c" "$ROOT/bench/sim/sim_request.c" \
   "$ROOT/bench/sim/sim_tokens.c" "$ROOT/common/xpyd_util.c"
+build fuzz_rewrite "$ROOT/tests/fuzz/fuzz_rewrite.c" "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c"
+build fuzz_upstream "$ROOT/tests/fuzz/fuzz_upstream.c" "$ROOT/common/xpyd_http_client.c" "$ROOT/common/xpyd_sse.c" \
+  "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" -I"$HTTP_PARSER_INC" -lhttp_parser
 rc=0
-for h in sse config sim_request; do
+for h in sse config sim_request rewrite upstream; do
   mkdir -p "$OUT/corpus_$h"
   cp "$ROOT/tests/fuzz/corpus/$h/"* "$OUT/corpus_$h/"
   echo "== fuzz_$h for ${SECS}s"

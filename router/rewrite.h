@@ -1,0 +1,48 @@
+/* rewrite.h - what the router reads from and writes into request and response JSON, as pure functions
+ * (no router state), so they are unit-tested and fuzzed on their own (tests/fuzz/fuzz_rewrite.c). */
+#ifndef XPYD_REWRITE_H
+#define XPYD_REWRITE_H
+
+#include <cjson/cJSON.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Removes all but the last of each duplicated top-level key, so the router reads what a Python engine
+ * (json.loads: the last wins) will read. Call once on the client's body before anything else. */
+void rw_dedupe_keys(cJSON *o);
+/* What the router itself depends on in a client body. NULL when fine (and *stream, *max_tokens set; 16 when
+ * the client gave no limit), else the message for a 400. */
+const char *rw_validate(const cJSON *body, int chat, int *stream, int64_t *max_tokens);
+/* Prompt size in tokens: token-id arrays exactly, text by bytes_per_token, chat messages + 4 each. */
+int64_t rw_estimate_prompt(const cJSON *body, int chat, double bytes_per_token);
+/* Serialises o (never NULL: aborts on OOM); *len its length. */
+char *rw_print(const cJSON *o, size_t *len);
+/* The prefill leg's body: max_tokens 1, not streamed, no stream_options/min_tokens; with kv_params, the
+ * kv_transfer_params asking the engine to keep the KV for a remote decode. */
+char *rw_prefill_body(const cJSON *client, int kv_params, size_t *len);
+/* The decode leg's body: the client's; with kv_mode, its kv_transfer_params replaced by the prefill's
+ * (removed when the prefill returned none). */
+char *rw_decode_body(const cJSON *client, const cJSON *kv_params, int kv_mode, size_t *len);
+/* SGLang bootstrap body (both legs): the client's with bootstrap_host/port/room (exact integer) and rid. */
+char *rw_bootstrap_body(const cJSON *client, const char *host, int port, uint64_t room, const char *rid, size_t *len);
+/* The dispatch-and-cancel body that frees a prefill's KV: kv_transfer_params, max_tokens 1, not streamed. */
+char *rw_kv_release_body(const cJSON *client, const cJSON *kv_params, size_t *len);
+
+/* What the router keeps from a prefill's (non-streamed) answer. */
+struct rw_prefill_answer {
+    cJSON *kv_params;      /* kv_transfer_params (owned), or NULL */
+    int64_t prompt_tokens; /* usage.prompt_tokens, or -1 */
+    long cached_tokens;    /* usage.prompt_tokens_details.cached_tokens, or -1 */
+    char *id;              /* owned, or NULL */
+    char *first_text;      /* choices[0].text or .message.content (owned), or NULL */
+};
+/* 0, or -1 when the answer is not a JSON object. Out-of-range numbers are ignored. */
+int rw_absorb_prefill(const char *json, size_t len, struct rw_prefill_answer *out);
+void rw_prefill_answer_free(struct rw_prefill_answer *a);
+/* A decode event's usage: prompt_tokens_details.cached_tokens set to the prefill's (cached >= 0), or the
+ * details removed (cached < 0: the truth is unknown). 1 when o changed. */
+int rw_patch_usage(cJSON *o, long cached_tokens);
+/* choices[0].text, or choices[0].delta.content, or NULL. */
+const char *rw_event_text(const cJSON *o);
+
+#endif

@@ -1,0 +1,81 @@
+/* fuzz_rewrite.c - libFuzzer harness: the router's request JSON rewrite and what it reads from engine
+ * answers (router/rewrite.c). The first byte picks chat/completions and the handoff; the rest is a body.
+ * Beyond "no crash, no UB, no leak" it checks the rewrite's promises: every body it writes is a JSON object,
+ * the prefill body asks for one unstreamed token, the bootstrap body carries the room exactly. */
+#include "rewrite.h"
+
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cJSON *reparse(char *s, size_t len)
+{
+    cJSON *o = cJSON_ParseWithLength(s, len);
+    if (!cJSON_IsObject(o) || strlen(s) != len)
+        abort(); /* the router wrote something that is not a JSON object */
+    free(s);
+    return o;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    int chat = data[0] & 1, kv = (data[0] >> 1) & 1;
+    const char *json = (const char *)data + 1;
+    size_t n = size - 1;
+
+    /* as an engine's answer */
+    struct rw_prefill_answer a;
+    if (rw_absorb_prefill(json, n, &a) == 0) {
+        if (a.prompt_tokens < -1 || a.cached_tokens < -1)
+            abort();
+    }
+
+    cJSON *body = cJSON_ParseWithLength(json, n);
+    if (body) {
+        cJSON *ev = cJSON_Duplicate(body, 1);
+        rw_patch_usage(ev, (long)(data[0] >> 2) - 1);
+        (void)rw_event_text(ev);
+        cJSON_Delete(ev);
+    }
+    rw_dedupe_keys(body);
+    for (const cJSON *x = body && cJSON_IsObject(body) ? body->child : NULL; x; x = x->next)
+        for (const cJSON *y = x->next; y; y = y->next)
+            if (x->string && y->string && !strcmp(x->string, y->string))
+                abort(); /* a duplicate survived */
+    int stream;
+    int64_t max_tokens;
+    if (body && !rw_validate(body, chat, &stream, &max_tokens)) {
+        if (max_tokens < 1 || rw_estimate_prompt(body, chat, 4.0) < 0)
+            abort();
+        size_t len;
+        cJSON *p = reparse(rw_prefill_body(body, kv, &len), len);
+        const cJSON *mt = cJSON_GetObjectItemCaseSensitive(p, "max_tokens");
+        if (!cJSON_IsNumber(mt) || mt->valuedouble != 1 || !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(p, "stream")) ||
+            cJSON_GetObjectItemCaseSensitive(p, "stream_options"))
+            abort();
+        if (kv && !cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(p, "kv_transfer_params"),
+                                                                 "do_remote_decode")))
+            abort();
+        cJSON_Delete(p);
+        cJSON_Delete(reparse(rw_decode_body(body, a.kv_params, kv, &len), len));
+        uint64_t room = 0x7fffffffffffffffULL - size;
+        char *bs = rw_bootstrap_body(body, "h", 8998, room, "rid-1", &len);
+        char want[48];
+        snprintf(want, sizeof want, "\"bootstrap_room\":%" PRIu64, room);
+        if (!strstr(bs, want))
+            abort(); /* the room must be written exactly (a double would round it) */
+        cJSON *b = reparse(bs, len);
+        if (strcmp(cJSON_GetStringValue(cJSON_GetObjectItemCaseSensitive(b, "rid")), "rid-1") != 0)
+            abort();
+        cJSON_Delete(b);
+        if (a.kv_params)
+            cJSON_Delete(reparse(rw_kv_release_body(body, a.kv_params, &len), len));
+    }
+    cJSON_Delete(body);
+    rw_prefill_answer_free(&a);
+    return 0;
+}
