@@ -76,9 +76,16 @@ static void linger_write(struct bufferevent *bev, void *arg)
         shutdown(cc->c->sock, SHUT_WR);
 }
 
+/* libevhtp 1.2.18 frees the connection when its write callback runs while no request is in progress
+ * ("no request associated with connection"). That happens on a keep-alive connection between requests:
+ * after a streamed answer, EV_WRITE stays enabled and a write event with nothing left to write still runs
+ * the callback. The client's idle keep-alive connection was closed under it, racing its next request.
+ * Between requests there is nothing for libevhtp to do on a write event, so it is not told. */
 static void guard_write(struct bufferevent *bev, void *arg)
 {
     struct cconn *cc = arg;
+    if (!cc->c->request)
+        return;
     cc->ev_write(bev, cc->ev_arg);
 }
 
@@ -289,6 +296,7 @@ void *rt_client_attach(evhtp_connection_t *c)
 {
     struct cconn *cc = XPYD_XALLOC(calloc(1, sizeof *cc));
     cc->c = c;
+    atomic_fetch_add(&g_rt->ctr.connections_accepted, 1);
     cc->timer = XPYD_XALLOC(evtimer_new(bufferevent_get_base(c->bev), on_timer, cc));
     if (atomic_load(&g_rt->ctr.connections) > g_rt->cfg.max_connections) {
         cc->over_capacity = 1;

@@ -100,6 +100,8 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
         {"xpyd_retries_denied_total", "counter", "Retries refused by the retry budget.",
          (uint64_t)atomic_load(&c->retries_denied)},
         {"xpyd_client_connections", "gauge", "Client connections open.", (uint64_t)atomic_load(&c->connections)},
+        {"xpyd_client_connections_accepted_total", "counter", "Client connections accepted.",
+         (uint64_t)atomic_load(&c->connections_accepted)},
         {"xpyd_client_connections_rejected_total", "counter",
          "Client connections over --max-connections (answered 503, or closed far over it).",
          (uint64_t)atomic_load(&c->connections_rejected)},

@@ -87,6 +87,7 @@ struct rt_counters {
     atomic_int_fast64_t retries_active;      /* requests currently in a retry (budget) */
     atomic_uint_fast64_t retries_denied;     /* retries refused by the budget */
     atomic_int_fast64_t connections;         /* client connections open */
+    atomic_uint_fast64_t connections_accepted;
     atomic_uint_fast64_t connections_rejected;
     atomic_uint_fast64_t client_rejected[RT_CR_COUNT]; /* answered by the connection guard, by reason */
     atomic_uint_fast64_t instance_errors[2][4096];

@@ -1,0 +1,264 @@
+"""Chaos run: a router in front of sims that fail in every way we can make them (killed and restarted,
+injected 500s, streams cut mid-way, stalls) and raw engines that answer garbage, reset, drip or never answer,
+with clients that send mixed requests and hang up at random points. Bounded in requests and time.
+
+Every request a client completes is classified from what the client saw:
+  completed  a 200 with a whole answer (JSON with choices, or a stream ending in [DONE] without an error event)
+  failed     a clear error: a status >= 400 with an OpenAI error body, or a stream whose last events are an
+             error event then [DONE]
+  hung_up    the client itself closed early (chosen at random)
+  lost       anything else: a 200 with an empty or truncated body, a reset without an answer, ... (must be 0)
+After the run: the router is alive, its in-flight and outstanding-token gauges are back to zero, every
+prefill sim holds no KV lease, and the router exits 0 on SIGTERM.
+
+Used by test_chaos.py (small, in CI) and bench/chaos.sh (larger, reported in bench/RESULTS.md)."""
+import json
+import os
+import random
+import signal
+import socket
+import threading
+import time
+
+import xpyd_testlib as t
+
+
+class BadEngine:
+    """A raw TCP engine on an ephemeral loopback port misbehaving in one way per connection, in turn:
+    garbage bytes, a reset, a drip of a valid stream that stops, a stall (never answers)."""
+
+    MODES = ("garbage", "reset", "drip", "stall")
+
+    def __init__(self):
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(64)
+        self.port = self.srv.getsockname()[1]
+        self.n = 0
+        self.stop_ev = threading.Event()
+        self.conns = []
+        threading.Thread(target=self.loop, daemon=True).start()
+
+    def loop(self):
+        self.srv.settimeout(0.2)
+        while not self.stop_ev.is_set():
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                continue
+            self.n += 1
+            threading.Thread(target=self.serve, args=(c, self.MODES[self.n % 4]), daemon=True).start()
+
+    def serve(self, c, mode):
+        self.conns.append(c)
+        try:
+            c.settimeout(5)
+            got = b""
+            while b"\r\n\r\n" not in got:
+                d = c.recv(65536)
+                if not d:
+                    return
+                got += d
+            if got.startswith(b"GET /health"):
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                return
+            if mode == "garbage":
+                c.sendall(b"\x00\xffHTTP/9 what\r\n\r\n{{{{")
+            elif mode == "reset":
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            elif mode == "drip":
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n")
+                for ch in b'data: {"choices":[{"text":"x"}]}\n\n'[:20]:
+                    c.sendall(bytes([ch]))
+                    time.sleep(0.02)
+            elif mode == "stall":
+                self.stop_ev.wait(30)
+        except OSError:
+            pass
+        finally:
+            try:
+                c.close()
+            except OSError:
+                pass
+
+    def stop(self):
+        self.stop_ev.set()
+        self.srv.close()
+
+
+def classify_stream(status, raw, hung_up):
+    if hung_up:
+        return "hung_up"
+    if status != 200:
+        try:
+            err = json.loads(raw.split(b"\r\n\r\n", 1)[-1] if raw.startswith(b"HTTP") else raw)["error"]
+            return "failed" if err.get("message") and err.get("code") == status else "lost"
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return "lost"
+    events = [e[len(b"data: "):] for e in raw.split(b"\n\n") if e.startswith(b"data: ")]
+    if not events or events[-1] != b"[DONE]":
+        return "lost"  # a 200 stream that ended without [DONE]
+    for e in events[:-1]:
+        try:
+            if "error" in json.loads(e):
+                return "failed" if e is events[-2] else "lost"
+        except ValueError:
+            return "lost"
+    return "completed"
+
+
+def one_request(port, rng, stats, lock):
+    stream = rng.random() < 0.6
+    body = {"prompt": "chaos " * rng.randint(1, 20), "max_tokens": rng.randint(1, 12), "stream": stream}
+    hang_up_after = rng.randint(0, 300) if rng.random() < 0.1 else None
+    data = json.dumps(body).encode()
+    outcome = "lost"
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=20)
+        try:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
+            got = b""
+            hung = False
+            while True:
+                if hang_up_after is not None and len(got) >= hang_up_after:
+                    hung = True
+                    break
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+        finally:
+            s.close()
+        if hung:
+            outcome = "hung_up"
+        else:
+            head, _, rest = got.partition(b"\r\n\r\n")
+            status = int(head.split()[1]) if head.startswith(b"HTTP/1.1 ") else 0
+            if b"transfer-encoding: chunked" in head.lower():
+                rest = dechunk(rest)
+            if status == 200 and not stream:
+                try:
+                    outcome = "completed" if json.loads(rest)["choices"] else "lost"
+                except (ValueError, KeyError, TypeError):
+                    outcome = "lost"
+            else:
+                outcome = classify_stream(status, rest, False)
+    except OSError:
+        outcome = "lost"  # the router reset or timed out on us without an answer
+    except Exception as e:  # an answer this client cannot even read is lost too
+        outcome = "lost"
+        with lock:
+            stats.setdefault("lost_examples", []).append(repr(e)[:200])
+    with lock:
+        stats[outcome] = stats.get(outcome, 0) + 1
+        stats["sent"] = stats.get("sent", 0) + 1
+
+
+def dechunk(b):
+    out, pos = b"", 0
+    while True:
+        nl = b.find(b"\r\n", pos)
+        if nl < 0:
+            return out + b"<truncated>"
+        try:
+            n = int(b[pos:nl].split(b";")[0], 16)
+        except ValueError:
+            return out + b"<bad-chunk>"
+        if n == 0:
+            return out
+        out += b[nl + 2:nl + 2 + n]
+        pos = nl + 2 + n + 2
+
+
+def run(requests=300, clients=8, seconds=60, seed=1, log=print):
+    """Runs one bounded chaos round; returns the report dict (asserting nothing itself)."""
+    rng = random.Random(seed)
+    procs = []
+    bad = BadEngine()
+    try:
+        lease = ["--kv-lease-ms", "3000"]
+        prefills = [t.sim("--role", "prefill", *lease), t.sim("--role", "prefill", "--fail-rate", "0.1", *lease)]
+        procs += prefills
+        decodes = [t.sim("--role", "decode", "--decode-us-per-token", "2000"),
+                   t.sim("--role", "decode", "--fail-after-tokens", "3", "--decode-us-per-token", "1000"),
+                   t.sim("--role", "decode", "--fail-rate", "0.2")]
+        procs += decodes
+        killable = decodes[0]
+        killed_port = killable.port
+        router = t.Proc("xpyd_router", [
+            "--port", "0", "--log-level", "error", "--threads", "2",
+            "-p"] + ["127.0.0.1:%d" % p.port for p in prefills] + [
+            "-d"] + ["127.0.0.1:%d" % d.port for d in decodes] + ["127.0.0.1:%d" % bad.port,
+            "--first-token-timeout-ms", "1500", "--stream-idle-timeout-ms", "700", "--connect-timeout-ms", "500",
+            "--health-interval-ms", "200", "--health-timeout-ms", "300", "--eject-base-ms", "200",
+            "--retry-backoff-ms", "5"])
+        procs.append(router)
+        stats, lock = {}, threading.Lock()
+        deadline = time.monotonic() + seconds
+        per_client = requests // clients
+
+        def client(i):
+            crng = random.Random(seed * 1000 + i)
+            for _ in range(per_client):
+                if time.monotonic() > deadline:
+                    return
+                one_request(router.port, crng, stats, lock)
+
+        ths = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+        for th in ths:
+            th.start()
+        # kill and restart a decode while the load runs
+        kills = 0
+        while any(th.is_alive() for th in ths) and kills < 3:
+            time.sleep(rng.uniform(0.3, 0.8))
+            killable.p.send_signal(signal.SIGKILL)
+            killable.p.wait()
+            killable.stopped = True
+            time.sleep(rng.uniform(0.1, 0.4))
+            # back on the same port, as a restarted engine would be: the router's health checks and
+            # passive ejection take it out while it is down and back in once it answers
+            killable = t.sim("--role", "decode", "--decode-us-per-token", "2000", "--port", str(killed_port))
+            procs.append(killable)
+            kills += 1
+            log("killed and restarted the decode on port %d (%d)" % (killed_port, kills))
+        for th in ths:
+            th.join()
+        report = dict(stats)
+        report.setdefault("lost", 0)
+        report["kills"] = kills
+        report["router_alive"] = router.alive()
+        t.wait_until(lambda: t.router_idle(router.port), timeout=20, what="router load back to zero")
+        report["router_idle"] = True
+        leases = lambda: sum(t.metric(p.port, "xpyd_sim:kv_leases_active") for p in prefills)
+        t.wait_until(lambda: leases() == 0, timeout=20, what="no KV lease held by a prefill")
+        report["leases_held"] = 0
+        report["leases_expired"] = sum(t.metric(p.port, "xpyd_sim:kv_leases_expired_total") for p in prefills)
+        m = t.metrics(router.port)
+        report["router_active_requests"] = m.get("xpyd_active_requests", 0)
+        report["router_retries"] = m.get("xpyd_retries_total", 0)
+        report["router_rss_kib"] = rss_kib(router.p.pid)
+        router.stop()  # raises unless it exits 0
+        report["router_exit_0"] = True
+        report["killed_port"] = killed_port
+        return report
+    finally:
+        for p in procs:
+            p.stop(check=False)
+        bad.stop()
+
+
+def rss_kib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
+    secs = int(sys.argv[2]) if len(sys.argv) > 2 else 300
+    rep = run(requests=n, clients=16, seconds=secs, log=lambda m: print(m, file=sys.stderr))
+    print(json.dumps(rep, sort_keys=True))
