@@ -1,0 +1,832 @@
+/* xt_engine.c - libxpyd_transfer core: engine life cycle, registered memory, peer segments, batches cut into
+ * slices that worker threads move over per-peer persistent connections (one per worker, so a large
+ * request is striped over `threads` TCP streams), notifications. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include "xt_internal.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+void xt_log_error(xt_engine *e, const char *what, int err)
+{
+    /* first error in full; later ones are counted by their callers' status, not printed again */
+    if (atomic_exchange(&e->logged_error, 1) && !e->cfg.verbose)
+        return;
+    fprintf(stderr, "xpyd_transfer[%s]: %s: %s\n", e->name, what, strerror(-err));
+}
+
+/* ---------- registry ---------- */
+
+int xt_range_ok(const xt_engine *e, uint64_t addr, uint64_t len)
+{
+    for (size_t i = 0; i < e->nregions; i++) {
+        const struct xt_region *r = &e->regions[i];
+        if (addr >= r->addr && len <= r->len && addr - r->addr <= r->len - len)
+            return 1;
+    }
+    return 0;
+}
+
+int xt_register_memory(xt_engine *e, void *addr, size_t len, const char *location)
+{
+    if (!e || !addr || !len)
+        return -EINVAL;
+    uintptr_t a = (uintptr_t)addr;
+    if (a + len < a)
+        return -EINVAL;
+    pthread_rwlock_wrlock(&e->reg_lock);
+    int rc = 0;
+    for (size_t i = 0; i < e->nregions && !rc; i++)
+        if (a < e->regions[i].addr + e->regions[i].len && e->regions[i].addr < a + len)
+            rc = -EEXIST;
+    if (!rc && e->nregions == e->capregions) {
+        size_t nc = e->capregions ? e->capregions * 2 : 8;
+        struct xt_region *nr = realloc(e->regions, nc * sizeof *nr);
+        if (!nr)
+            rc = -ENOMEM;
+        else {
+            e->regions = nr;
+            e->capregions = nc;
+        }
+    }
+    if (!rc) {
+        struct xt_region *r = &e->regions[e->nregions++];
+        r->addr = a;
+        r->len = len;
+        snprintf(r->location, sizeof r->location, "%s", location ? location : "cpu");
+    }
+    pthread_rwlock_unlock(&e->reg_lock);
+    return rc;
+}
+
+int xt_unregister_memory(xt_engine *e, void *addr)
+{
+    if (!e)
+        return -EINVAL;
+    pthread_rwlock_wrlock(&e->reg_lock); /* waits for peers' transfers into it to finish */
+    int rc = -ENOENT;
+    for (size_t i = 0; i < e->nregions; i++)
+        if (e->regions[i].addr == (uintptr_t)addr) {
+            e->regions[i] = e->regions[--e->nregions];
+            rc = 0;
+            break;
+        }
+    pthread_rwlock_unlock(&e->reg_lock);
+    return rc;
+}
+
+int xt_describe(xt_engine *e, char *buf, size_t cap)
+{
+    pthread_rwlock_rdlock(&e->reg_lock);
+    size_t n = (size_t)snprintf(buf, cap,
+                                "{\"name\":\"%s\",\"host\":\"%s\",\"port\":%d,\"transport\":\"tcp\",\"max_frame\":%zu,"
+                                "\"buffers\":[",
+                                e->name, e->host, e->port, e->cfg.max_frame_bytes);
+    for (size_t i = 0; i < e->nregions && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s{\"addr\":%" PRIu64 ",\"len\":%zu,\"location\":\"%s\"}", i ? "," : "",
+                              (uint64_t)e->regions[i].addr, e->regions[i].len, e->regions[i].location);
+    if (n < cap)
+        n += (size_t)snprintf(buf + n, cap - n, "]}");
+    pthread_rwlock_unlock(&e->reg_lock);
+    return n < cap ? (int)n : -ENOSPC;
+}
+
+int xt_segment_descriptor(xt_engine *e, char *buf, size_t cap)
+{
+    return e && buf ? xt_describe(e, buf, cap) : -EINVAL;
+}
+
+static int local_ok(xt_engine *e, const void *p, size_t len)
+{
+    pthread_rwlock_rdlock(&e->reg_lock);
+    int ok = xt_range_ok(e, (uintptr_t)p, len);
+    pthread_rwlock_unlock(&e->reg_lock);
+    return ok;
+}
+
+/* ---------- listener ---------- */
+
+static void reap_served(xt_engine *e, int all)
+{
+    pthread_mutex_lock(&e->conns_mu);
+    for (struct xt_served **pp = &e->served; *pp;) {
+        struct xt_served *sv = *pp;
+        if (all)
+            shutdown(sv->fd, SHUT_RDWR);
+        if (all || sv->done) {
+            *pp = sv->next;
+            pthread_mutex_unlock(&e->conns_mu);
+            pthread_join(sv->th, NULL);
+            close(sv->fd);
+            free(sv);
+            pthread_mutex_lock(&e->conns_mu);
+        } else {
+            pp = &sv->next;
+        }
+    }
+    pthread_mutex_unlock(&e->conns_mu);
+}
+
+static void *accept_loop(void *arg)
+{
+    xt_engine *e = arg;
+    struct pollfd p[2] = {{e->lfd, POLLIN, 0}, {e->wake[0], POLLIN, 0}};
+    while (!atomic_load(&e->stopping)) {
+        if (poll(p, 2, 1000) <= 0) {
+            reap_served(e, 0);
+            continue;
+        }
+        if (p[1].revents)
+            break;
+        int fd = accept4(e->lfd, NULL, NULL, SOCK_CLOEXEC);
+        if (fd < 0)
+            continue;
+        struct timeval tv = {e->cfg.io_timeout_ms / 1000, (e->cfg.io_timeout_ms % 1000) * 1000};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* the next frame may be far off: no RCVTIMEO */
+        int one = 1, idle = 5, intvl = 2, cnt = 3;       /* a vanished host is noticed in ~11 s */
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+        struct xt_served *sv = calloc(1, sizeof *sv);
+        if (!sv) {
+            close(fd);
+            continue;
+        }
+        sv->e = e;
+        sv->fd = fd;
+        if (pthread_create(&sv->th, NULL, xt_serve_conn, sv) != 0) {
+            close(fd);
+            free(sv);
+            continue;
+        }
+        pthread_mutex_lock(&e->conns_mu);
+        sv->next = e->served;
+        e->served = sv;
+        pthread_mutex_unlock(&e->conns_mu);
+        reap_served(e, 0);
+    }
+    return NULL;
+}
+
+static int listen_on(xt_engine *e)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl;
+    memset(&ss, 0, sizeof ss);
+    if (strchr(e->host, ':')) {
+        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons((uint16_t)e->cfg.listen_port);
+        if (inet_pton(AF_INET6, e->host, &a->sin6_addr) != 1)
+            return -EINVAL;
+        sl = sizeof *a;
+    } else {
+        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+        a->sin_family = AF_INET;
+        a->sin_port = htons((uint16_t)e->cfg.listen_port);
+        if (inet_pton(AF_INET, e->host, &a->sin_addr) != 1)
+            return -EINVAL;
+        sl = sizeof *a;
+    }
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
+    if (fd < 0)
+        return -errno;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, (struct sockaddr *)&ss, sl) < 0 || listen(fd, 128) < 0) {
+        int rc = -errno;
+        close(fd);
+        return rc;
+    }
+    sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    e->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                             : ((struct sockaddr_in *)&ss)->sin_port);
+    e->lfd = fd;
+    return 0;
+}
+
+/* ---------- workers ---------- */
+
+static struct xt_seg *seg_get(xt_engine *e, xt_segment s)
+{
+    return s >= 0 && (size_t)s < e->nsegs && e->segs[s]->used ? e->segs[s] : NULL;
+}
+
+/* The worker's connection to the segment's peer, made on first use. */
+static int conn_fd(xt_engine *e, struct xt_seg *sg, int slot)
+{
+    struct xt_conn *c = &sg->conns[slot];
+    if (c->fd < 0)
+        c->fd = xt_connect(sg->host, sg->port, e->cfg.io_timeout_ms);
+    return c->fd;
+}
+
+static void conn_drop(struct xt_seg *sg, int slot)
+{
+    if (sg->conns[slot].fd >= 0) {
+        close(sg->conns[slot].fd);
+        sg->conns[slot].fd = -1;
+    }
+}
+
+static int do_slice_once(xt_engine *e, struct xt_seg *sg, int slot, const struct xt_slice *sl)
+{
+    int fd = conn_fd(e, sg, slot);
+    if (fd < 0)
+        return fd;
+    struct xt_hdr h = {XT_MAGIC, sl->opcode == XT_WRITE ? (uint32_t)sl->len : 0,
+                       sl->opcode == XT_WRITE ? XF_WRITE : XF_READ, 0, 0, sl->remote, sl->len};
+    int rc = xt_send_hdr(fd, &h);
+    if (!rc && sl->opcode == XT_WRITE)
+        rc = xt_send_all(fd, sl->local, sl->len);
+    struct xt_hdr a;
+    if (!rc)
+        rc = xt_recv_hdr(fd, &a, e->cfg.max_frame_bytes);
+    if (rc)
+        return rc;
+    if (a.type != (sl->opcode == XT_WRITE ? XF_ACK : XF_DATA))
+        return -EPROTO;
+    if (a.status)
+        return a.status < 0 ? a.status : -EPROTO; /* e.g. -EFAULT: outside the peer's buffers; frame done */
+    if (sl->opcode == XT_READ) {
+        if (a.len != sl->len)
+            return -EPROTO;
+        rc = xt_recv_all(fd, sl->local, sl->len);
+    }
+    return rc;
+}
+
+static void finish_slice(xt_engine *e, const struct xt_slice *sl, int rc)
+{
+    pthread_mutex_lock(&e->mu);
+    struct xt_batchs *b = e->batches[sl->batch]; /* never moves; its tasks live until freed (not while pending) */
+    pthread_mutex_unlock(&e->mu);
+    struct xt_task *t = &b->tasks[sl->task];
+    if (rc) {
+        int zero = 0;
+        atomic_compare_exchange_strong(&t->error, &zero, rc);
+    } else {
+        atomic_fetch_add(&t->transferred, sl->len);
+        atomic_fetch_add(&e->bytes_initiated, sl->len);
+    }
+    if (atomic_fetch_sub(&t->remaining, 1) == 1) {
+        pthread_mutex_lock(&e->mu);
+        t->state = atomic_load(&t->error) ? XT_FAILED : XT_COMPLETED;
+        b->pending--;
+        pthread_cond_broadcast(&e->cond);
+        pthread_mutex_unlock(&e->mu);
+    }
+}
+
+static void *worker(void *arg)
+{
+    xt_engine *e = arg;
+    int slot;
+    slot = atomic_fetch_add(&e->next_slot, 1); /* this worker's own connection to every peer */
+    pthread_mutex_lock(&e->q_mu);
+    for (;;) {
+        while (!e->q_head && !atomic_load(&e->stopping))
+            pthread_cond_wait(&e->q_cond, &e->q_mu);
+        if (!e->q_head)
+            break;
+        struct xt_slice *sl = e->q_head;
+        e->q_head = sl->next;
+        if (!e->q_head)
+            e->q_tail = NULL;
+        pthread_mutex_unlock(&e->q_mu);
+        pthread_mutex_lock(&e->mu);
+        struct xt_seg *sg = seg_get(e, sl->seg);
+        pthread_mutex_unlock(&e->mu);
+        int rc = -EBADF;
+        if (sg) {
+            rc = do_slice_once(e, sg, slot, sl);
+            if (rc && rc != -EFAULT) { /* the connection is suspect: once more on a fresh one */
+                conn_drop(sg, slot);
+                rc = do_slice_once(e, sg, slot, sl);
+                if (rc && rc != -EFAULT)
+                    conn_drop(sg, slot);
+            }
+            if (rc)
+                xt_log_error(e, sl->opcode == XT_WRITE ? "WRITE slice" : "READ slice", rc);
+            if (sl->opcode == XT_WRITE && atomic_fetch_sub(&sg->inflight_writes, 1) == 1) {
+                pthread_mutex_lock(&e->mu);
+                pthread_cond_broadcast(&e->cond);
+                pthread_mutex_unlock(&e->mu);
+            }
+            atomic_fetch_sub(&sg->inflight, 1);
+        }
+        finish_slice(e, sl, rc);
+        free(sl);
+        pthread_mutex_lock(&e->q_mu);
+    }
+    pthread_mutex_unlock(&e->q_mu);
+    return NULL;
+}
+
+/* ---------- engine ---------- */
+
+int xt_engine_create(const struct xt_config *cfg, xt_engine **out)
+{
+    if (!cfg || !cfg->name || !out || strlen(cfg->name) >= 64)
+        return -EINVAL;
+    const char *tr = cfg->transport ? cfg->transport : "auto";
+    if (strcmp(tr, "tcp") != 0 && strcmp(tr, "auto") != 0)
+        return -EPROTONOSUPPORT; /* "rdma" alone: the RDMA transport is not built yet (transfer/README.md) */
+    xt_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return -ENOMEM;
+    e->cfg = *cfg;
+    if (e->cfg.threads <= 0)
+        e->cfg.threads = 4;
+    if (e->cfg.threads > 64)
+        e->cfg.threads = 64;
+    if (!e->cfg.slice_bytes)
+        e->cfg.slice_bytes = 1 << 20;
+    if (!e->cfg.max_frame_bytes)
+        e->cfg.max_frame_bytes = e->cfg.slice_bytes + 65536;
+    if (e->cfg.max_frame_bytes < e->cfg.slice_bytes)
+        e->cfg.max_frame_bytes = e->cfg.slice_bytes;
+    if (e->cfg.io_timeout_ms <= 0)
+        e->cfg.io_timeout_ms = 10000;
+    snprintf(e->name, sizeof e->name, "%s", cfg->name);
+    snprintf(e->host, sizeof e->host, "%s", cfg->listen_host ? cfg->listen_host : "127.0.0.1");
+    e->lfd = e->wake[0] = e->wake[1] = -1;
+    pthread_rwlock_init(&e->reg_lock, NULL);
+    pthread_mutex_init(&e->conns_mu, NULL);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cond, NULL);
+    pthread_mutex_init(&e->q_mu, NULL);
+    pthread_cond_init(&e->q_cond, NULL);
+    pthread_mutex_init(&e->n_mu, NULL);
+    int rc = listen_on(e);
+    if (!rc && pipe2(e->wake, O_CLOEXEC) < 0)
+        rc = -errno;
+    if (!rc && pthread_create(&e->accept_th, NULL, accept_loop, e) != 0)
+        rc = -EAGAIN;
+    if (rc) {
+        if (e->lfd >= 0)
+            close(e->lfd);
+        if (e->wake[0] >= 0) {
+            close(e->wake[0]);
+            close(e->wake[1]);
+        }
+        free(e);
+        return rc;
+    }
+    e->workers = calloc((size_t)e->cfg.threads, sizeof *e->workers);
+    for (int i = 0; e->workers && i < e->cfg.threads; i++)
+        pthread_create(&e->workers[i], NULL, worker, e);
+    if (strcmp(tr, "auto") == 0 && e->cfg.verbose)
+        fprintf(stderr, "xpyd_transfer[%s]: transport tcp (no RDMA transport in this build)\n", e->name);
+    *out = e;
+    return 0;
+}
+
+void xt_engine_destroy(xt_engine *e)
+{
+    if (!e)
+        return;
+    atomic_store(&e->stopping, 1);
+    pthread_mutex_lock(&e->q_mu);
+    pthread_cond_broadcast(&e->q_cond);
+    pthread_mutex_unlock(&e->q_mu);
+    for (int i = 0; e->workers && i < e->cfg.threads; i++)
+        pthread_join(e->workers[i], NULL);
+    free(e->workers);
+    if (write(e->wake[1], "x", 1) < 0) {
+    }
+    pthread_join(e->accept_th, NULL);
+    reap_served(e, 1);
+    close(e->lfd);
+    close(e->wake[0]);
+    close(e->wake[1]);
+    for (struct xt_slice *s = e->q_head, *n; s; s = n) {
+        n = s->next;
+        free(s);
+    }
+    for (size_t i = 0; i < e->nsegs; i++) {
+        struct xt_seg *sg = e->segs[i];
+        if (sg->used) {
+            for (int k = 0; k <= e->cfg.threads; k++)
+                conn_drop(sg, k);
+            free(sg->conns);
+            free(sg->peer_desc);
+            pthread_mutex_destroy(&sg->ctl_mu);
+        }
+        free(sg);
+    }
+    free(e->segs);
+    for (size_t i = 0; i < e->nbatches; i++) {
+        free(e->batches[i]->tasks);
+        free(e->batches[i]);
+    }
+    free(e->batches);
+    free(e->regions);
+    free(e->notes);
+    pthread_rwlock_destroy(&e->reg_lock);
+    free(e);
+}
+
+int xt_engine_port(const xt_engine *e)
+{
+    return e ? e->port : -EINVAL;
+}
+
+const char *xt_engine_transport(const xt_engine *e)
+{
+    return "tcp";
+}
+
+void xt_engine_counters(xt_engine *e, uint64_t *out_init, uint64_t *out_served)
+{
+    if (out_init)
+        *out_init = atomic_load(&e->bytes_initiated);
+    if (out_served)
+        *out_served = atomic_load(&e->bytes_served);
+}
+
+/* ---------- segments ---------- */
+
+static int exchange(xt_engine *e, int fd, uint32_t type, const void *payload, uint32_t len, struct xt_hdr *ack,
+                    char **reply)
+{
+    struct xt_hdr h = {XT_MAGIC, len, type, 0, 0, 0, 0};
+    int rc = xt_send_hdr(fd, &h);
+    if (!rc && len)
+        rc = xt_send_all(fd, payload, len);
+    if (!rc)
+        rc = xt_recv_hdr(fd, ack, 1 << 20);
+    if (rc)
+        return rc;
+    char *buf = malloc((size_t)ack->len + 1);
+    if (!buf)
+        return -ENOMEM;
+    rc = xt_recv_all(fd, buf, ack->len);
+    buf[ack->len] = 0;
+    if (reply && !rc)
+        *reply = buf;
+    else
+        free(buf);
+    return rc ? rc : ack->status;
+}
+
+int xt_open_segment(xt_engine *e, const char *peer, xt_segment *out)
+{
+    if (!e || !peer || !out)
+        return -EINVAL;
+    const char *colon = strrchr(peer, ':');
+    long port = colon ? strtol(colon + 1, NULL, 10) : 0;
+    if (!colon || port <= 0 || port > 65535 || colon - peer >= 256)
+        return -EINVAL;
+    char host[256];
+    snprintf(host, sizeof host, "%.*s", (int)(colon - peer), peer);
+    if (host[0] == '[') { /* [::1]:port */
+        memmove(host, host + 1, strlen(host));
+        host[strcspn(host, "]")] = 0;
+    }
+    int fd = xt_connect(host, (int)port, e->cfg.io_timeout_ms);
+    if (fd < 0)
+        return fd;
+    char mine[65536];
+    int n = xt_describe(e, mine, sizeof mine);
+    struct xt_hdr ack;
+    char *desc = NULL;
+    int rc = n < 0 ? n : exchange(e, fd, XF_HELLO, mine, (uint32_t)n, &ack, &desc);
+    if (!rc && ack.type != XF_HELLO_ACK)
+        rc = -EPROTO;
+    if (rc) {
+        close(fd);
+        free(desc);
+        return rc;
+    }
+    pthread_mutex_lock(&e->mu);
+    size_t i = 0;
+    while (i < e->nsegs && e->segs[i]->used)
+        i++;
+    if (i == e->nsegs) { /* segments never move once made: workers hold pointers to them */
+        struct xt_seg **ns = realloc(e->segs, (e->nsegs + 1) * sizeof *ns);
+        struct xt_seg *one = calloc(1, sizeof *one);
+        if (!ns || !one) {
+            if (ns)
+                e->segs = ns;
+            free(one);
+            pthread_mutex_unlock(&e->mu);
+            close(fd);
+            free(desc);
+            return -ENOMEM;
+        }
+        e->segs = ns;
+        e->segs[e->nsegs++] = one;
+    }
+    struct xt_seg *sg = e->segs[i];
+    memset(sg, 0, sizeof *sg);
+    sg->conns = calloc((size_t)e->cfg.threads + 1, sizeof *sg->conns);
+    if (!sg->conns) {
+        pthread_mutex_unlock(&e->mu);
+        close(fd);
+        free(desc);
+        return -ENOMEM;
+    }
+    for (int k = 0; k <= e->cfg.threads; k++)
+        sg->conns[k].fd = -1;
+    sg->conns[e->cfg.threads].fd = fd; /* the control connection: handshake, notifications */
+    snprintf(sg->host, sizeof sg->host, "%s", host);
+    sg->port = (int)port;
+    /* slices never exceed what the peer accepts in one frame (it says so in its descriptor) */
+    const char *mf = strstr(desc, "\"max_frame\":");
+    unsigned long long peer_max = mf ? strtoull(mf + 12, NULL, 10) : 0;
+    sg->max_slice = e->cfg.slice_bytes;
+    if (peer_max >= 4096 && peer_max < sg->max_slice)
+        sg->max_slice = (size_t)peer_max;
+    sg->peer_desc = desc;
+    pthread_mutex_init(&sg->ctl_mu, NULL);
+    sg->used = 1;
+    pthread_mutex_unlock(&e->mu);
+    *out = (xt_segment)i;
+    return 0;
+}
+
+int xt_close_segment(xt_engine *e, xt_segment s)
+{
+    pthread_mutex_lock(&e->mu);
+    struct xt_seg *sg = seg_get(e, s);
+    if (!sg || atomic_load(&sg->inflight) > 0) {
+        pthread_mutex_unlock(&e->mu);
+        return sg ? -EBUSY : -EINVAL;
+    }
+    sg->used = 0;
+    pthread_mutex_unlock(&e->mu);
+    for (int k = 0; k <= e->cfg.threads; k++)
+        conn_drop(sg, k);
+    free(sg->conns);
+    free(sg->peer_desc);
+    pthread_mutex_destroy(&sg->ctl_mu);
+    return 0;
+}
+
+int xt_peer_descriptor(xt_engine *e, xt_segment s, char *buf, size_t cap)
+{
+    pthread_mutex_lock(&e->mu);
+    struct xt_seg *sg = seg_get(e, s);
+    int n = sg ? snprintf(buf, cap, "%s", sg->peer_desc) : -EINVAL;
+    pthread_mutex_unlock(&e->mu);
+    return n >= 0 && (size_t)n >= cap ? -ENOSPC : n;
+}
+
+/* ---------- batches ---------- */
+
+static struct xt_batchs *batch_get(xt_engine *e, xt_batch b)
+{
+    return b >= 0 && (size_t)b < e->nbatches && e->batches[b]->used ? e->batches[b] : NULL;
+}
+
+int xt_alloc_batch(xt_engine *e, size_t max, xt_batch *out)
+{
+    if (!e || !out || !max || max > (1u << 24))
+        return -EINVAL;
+    struct xt_task *tasks = calloc(max, sizeof *tasks);
+    if (!tasks)
+        return -ENOMEM;
+    pthread_mutex_lock(&e->mu);
+    size_t i = 0;
+    while (i < e->nbatches && e->batches[i]->used)
+        i++;
+    if (i == e->nbatches) {
+        struct xt_batchs **nb = realloc(e->batches, (e->nbatches + 1) * sizeof *nb);
+        struct xt_batchs *one = calloc(1, sizeof *one);
+        if (!nb || !one) {
+            if (nb)
+                e->batches = nb;
+            free(one);
+            pthread_mutex_unlock(&e->mu);
+            free(tasks);
+            return -ENOMEM;
+        }
+        e->batches = nb;
+        e->batches[e->nbatches++] = one;
+    }
+    struct xt_batchs *b = e->batches[i];
+    memset(b, 0, sizeof *b);
+    b->used = 1;
+    b->max = max;
+    b->tasks = tasks;
+    pthread_mutex_unlock(&e->mu);
+    *out = (xt_batch)i;
+    return 0;
+}
+
+int xt_submit(xt_engine *e, xt_batch bid, const struct xt_request *reqs, size_t n)
+{
+    if (!e || (!reqs && n))
+        return -EINVAL;
+    for (size_t i = 0; i < n; i++) /* all or nothing: every request is checked before any moves */
+        if ((reqs[i].opcode != XT_READ && reqs[i].opcode != XT_WRITE) || !reqs[i].length ||
+            !local_ok(e, reqs[i].local, reqs[i].length))
+            return -EINVAL;
+    pthread_mutex_lock(&e->mu);
+    struct xt_batchs *b = batch_get(e, bid);
+    int rc = !b ? -EINVAL : b->n + n > b->max ? -ENOSPC : 0;
+    for (size_t i = 0; !rc && i < n; i++)
+        if (!seg_get(e, reqs[i].segment))
+            rc = -EINVAL;
+    if (rc) {
+        pthread_mutex_unlock(&e->mu);
+        return rc;
+    }
+    struct xt_slice *head = NULL, *tail = NULL;
+    size_t first = b->n;
+    for (size_t i = 0; i < n && !rc; i++) {
+        struct xt_task *t = &b->tasks[first + i];
+        size_t sb = e->segs[reqs[i].segment]->max_slice;
+        size_t slices = (reqs[i].length + sb - 1) / sb;
+        atomic_store(&t->remaining, (int)slices);
+        atomic_store(&t->transferred, 0);
+        atomic_store(&t->error, 0);
+        t->state = XT_PENDING;
+        for (size_t k = 0; k < slices; k++) {
+            struct xt_slice *sl = calloc(1, sizeof *sl);
+            if (!sl) {
+                rc = -ENOMEM;
+                break;
+            }
+            size_t off = k * sb;
+            sl->batch = bid;
+            sl->task = first + i;
+            sl->opcode = reqs[i].opcode;
+            sl->local = (char *)reqs[i].local + off;
+            sl->seg = reqs[i].segment;
+            sl->remote = reqs[i].remote + off;
+            sl->len = reqs[i].length - off < sb ? reqs[i].length - off : sb;
+            if (sl->opcode == XT_WRITE)
+                atomic_fetch_add(&e->segs[sl->seg]->inflight_writes, 1);
+            atomic_fetch_add(&e->segs[sl->seg]->inflight, 1);
+            if (tail)
+                tail->next = sl;
+            else
+                head = sl;
+            tail = sl;
+        }
+    }
+    if (rc) { /* out of memory while slicing: nothing was queued */
+        for (struct xt_slice *s = head, *nx; s; s = nx) {
+            nx = s->next;
+            if (s->opcode == XT_WRITE)
+                atomic_fetch_sub(&e->segs[s->seg]->inflight_writes, 1);
+            atomic_fetch_sub(&e->segs[s->seg]->inflight, 1);
+            free(s);
+        }
+        pthread_mutex_unlock(&e->mu);
+        return rc;
+    }
+    b->n += n;
+    b->pending += (int)n;
+    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_lock(&e->q_mu);
+    if (e->q_tail)
+        e->q_tail->next = head;
+    else
+        e->q_head = head;
+    e->q_tail = tail;
+    pthread_cond_broadcast(&e->q_cond);
+    pthread_mutex_unlock(&e->q_mu);
+    return 0;
+}
+
+int xt_task_status(xt_engine *e, xt_batch bid, size_t task, struct xt_task_status *st)
+{
+    if (!e || !st)
+        return -EINVAL;
+    pthread_mutex_lock(&e->mu);
+    struct xt_batchs *b = batch_get(e, bid);
+    int rc = !b || task >= b->n ? -EINVAL : 0;
+    if (!rc) {
+        struct xt_task *t = &b->tasks[task];
+        st->state = t->state;
+        st->transferred = atomic_load(&t->transferred);
+        st->error = atomic_load(&t->error);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+static int batch_state(struct xt_batchs *b)
+{
+    if (b->pending > 0)
+        return XT_PENDING;
+    for (size_t i = 0; i < b->n; i++)
+        if (b->tasks[i].state == XT_FAILED)
+            return XT_FAILED;
+    return XT_COMPLETED;
+}
+
+int xt_batch_status(xt_engine *e, xt_batch bid, int *state)
+{
+    pthread_mutex_lock(&e->mu);
+    struct xt_batchs *b = batch_get(e, bid);
+    if (b)
+        *state = batch_state(b);
+    pthread_mutex_unlock(&e->mu);
+    return b ? 0 : -EINVAL;
+}
+
+static void deadline_after(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+int xt_wait_batch(xt_engine *e, xt_batch bid, int timeout_ms, int *state)
+{
+    struct timespec ts;
+    if (timeout_ms >= 0)
+        deadline_after(&ts, timeout_ms);
+    pthread_mutex_lock(&e->mu);
+    struct xt_batchs *b = batch_get(e, bid);
+    int rc = b ? 0 : -EINVAL;
+    while (!rc && b->pending > 0) {
+        rc = timeout_ms < 0 ? pthread_cond_wait(&e->cond, &e->mu) : pthread_cond_timedwait(&e->cond, &e->mu, &ts);
+        rc = rc == ETIMEDOUT ? -ETIMEDOUT : 0;
+        b = batch_get(e, bid);
+    }
+    if (b && state)
+        *state = batch_state(b);
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+int xt_free_batch(xt_engine *e, xt_batch bid)
+{
+    pthread_mutex_lock(&e->mu);
+    struct xt_batchs *b = batch_get(e, bid);
+    int rc = !b ? -EINVAL : b->pending > 0 ? -EBUSY : 0;
+    if (!rc) {
+        free(b->tasks);
+        memset(b, 0, sizeof *b);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+/* ---------- notifications ---------- */
+
+int xt_send_notify(xt_engine *e, xt_segment s, const char *msg)
+{
+    if (!e || !msg || strlen(msg) >= sizeof(((struct xt_notify *)0)->msg))
+        return -EINVAL;
+    struct timespec ts;
+    deadline_after(&ts, e->cfg.io_timeout_ms);
+    pthread_mutex_lock(&e->mu);
+    struct xt_seg *sg = seg_get(e, s);
+    int rc = sg ? 0 : -EINVAL;
+    while (!rc && atomic_load(&sg->inflight_writes) > 0) /* delivered only after earlier writes landed */
+        if (pthread_cond_timedwait(&e->cond, &e->mu, &ts) == ETIMEDOUT)
+            rc = -ETIMEDOUT;
+    pthread_mutex_unlock(&e->mu);
+    if (rc)
+        return rc;
+    char buf[sizeof(struct xt_notify)];
+    size_t nl = strlen(e->name), ml = strlen(msg);
+    memcpy(buf, e->name, nl + 1);
+    memcpy(buf + nl + 1, msg, ml);
+    pthread_mutex_lock(&sg->ctl_mu);
+    int slot = e->cfg.threads;
+    struct xt_hdr ack;
+    int fd = conn_fd(e, sg, slot);
+    rc = fd < 0 ? fd : exchange(e, fd, XF_NOTIFY, buf, (uint32_t)(nl + 1 + ml), &ack, NULL);
+    if (rc)
+        conn_drop(sg, slot);
+    pthread_mutex_unlock(&sg->ctl_mu);
+    return rc;
+}
+
+int xt_get_notifies(xt_engine *e, struct xt_notify *out, size_t max)
+{
+    pthread_mutex_lock(&e->n_mu);
+    size_t k = e->nnotes < max ? e->nnotes : max;
+    memcpy(out, e->notes, k * sizeof *out);
+    memmove(e->notes, e->notes + k, (e->nnotes - k) * sizeof *out);
+    e->nnotes -= k;
+    pthread_mutex_unlock(&e->n_mu);
+    return (int)k;
+}

@@ -1,0 +1,140 @@
+/* xt_internal.h - libxpyd_transfer internals: the engine, its registry, batches and the wire format. */
+#ifndef XT_INTERNAL_H
+#define XT_INTERNAL_H
+
+#include "xpyd_transfer.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* ---- wire: every frame is a fixed header, then `len` payload bytes (little-endian on the wire) ---- */
+enum xt_frame {
+    XF_HELLO = 1,     /* initiator -> target: payload = initiator descriptor (JSON) */
+    XF_HELLO_ACK,     /* target -> initiator: payload = target descriptor (JSON) */
+    XF_READ,          /* addr, size: the target answers XF_DATA */
+    XF_DATA,          /* status; payload = the bytes read when status == 0 */
+    XF_WRITE,         /* addr, size; payload = the bytes; the target answers XF_ACK once applied */
+    XF_ACK,           /* status */
+    XF_NOTIFY,        /* payload = name '\0' msg; answered XF_ACK */
+    XF_PROBE,         /* answered XF_ACK */
+};
+
+struct xt_hdr {
+    uint32_t magic;   /* XT_MAGIC */
+    uint32_t len;     /* payload bytes after the header */
+    uint32_t type;
+    int32_t status;   /* 0 or negative errno */
+    uint64_t seq;
+    uint64_t addr;
+    uint64_t size;
+};
+#define XT_MAGIC 0x78707964u /* "xpyd" */
+
+int xt_send_all(int fd, const void *buf, size_t n);
+int xt_recv_all(int fd, void *buf, size_t n);
+int xt_send_hdr(int fd, const struct xt_hdr *h);
+int xt_recv_hdr(int fd, struct xt_hdr *h, size_t max_len);
+int xt_connect(const char *host, int port, int timeout_ms);
+void xt_set_timeouts(int fd, int ms);
+
+/* ---- engine ---- */
+struct xt_region {
+    uintptr_t addr;
+    size_t len;
+    char location[32];
+};
+
+struct xt_conn {
+    int fd;                     /* -1 when not connected */
+};
+
+struct xt_seg {
+    int used;
+    char host[256];
+    int port;
+    char *peer_desc;            /* the target's descriptor (owned) */
+    size_t max_slice;           /* min(our slice size, the peer's frame limit) */
+    struct xt_conn *conns;      /* one per worker thread, and [threads] = control (notify) */
+    pthread_mutex_t ctl_mu;
+    atomic_int inflight_writes; /* WRITE slices submitted and not yet acked */
+    atomic_int inflight;        /* slices of any kind not finished */
+};
+
+struct xt_task {
+    atomic_int remaining;       /* slices not finished */
+    atomic_size_t transferred;
+    atomic_int error;           /* first error, 0 none */
+    int state;                  /* enum xt_state, under e->mu once final */
+};
+
+struct xt_batchs {
+    int used;
+    size_t max, n;
+    struct xt_task *tasks;
+    int pending;                /* tasks not final, under e->mu */
+};
+
+struct xt_slice {
+    struct xt_slice *next;
+    xt_batch batch;
+    size_t task;
+    int opcode;
+    char *local;
+    xt_segment seg;
+    uint64_t remote;
+    size_t len;
+};
+
+struct xt_engine {
+    struct xt_config cfg;
+    char name[64], host[256];
+    int port;
+    int lfd;                    /* listener */
+    int wake[2];                /* wakes the accept thread at shutdown */
+    pthread_t accept_th;
+    atomic_int stopping;
+    /* registry */
+    pthread_rwlock_t reg_lock;
+    struct xt_region *regions;
+    size_t nregions, capregions;
+    /* served connections */
+    pthread_mutex_t conns_mu;
+    struct xt_served *served;
+    /* segments and batches, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cond;        /* batches finishing, writes landing */
+    struct xt_seg **segs;       /* each allocated once, never moved */
+    size_t nsegs;
+    struct xt_batchs **batches; /* each allocated once, never moved */
+    size_t nbatches;
+    atomic_int next_slot;
+    /* work queue */
+    pthread_mutex_t q_mu;
+    pthread_cond_t q_cond;
+    struct xt_slice *q_head, *q_tail;
+    pthread_t *workers;
+    /* notifications received */
+    pthread_mutex_t n_mu;
+    struct xt_notify *notes;
+    size_t nnotes, capnotes;
+    atomic_uint_fast64_t bytes_initiated, bytes_served;
+    atomic_int logged_error;
+};
+
+struct xt_served {
+    struct xt_served *next;
+    xt_engine *e;
+    int fd;
+    pthread_t th;
+    int done;
+};
+
+/* Target side: serves one peer connection until it closes (xt_target.c). */
+void *xt_serve_conn(void *arg);
+/* 1 when [addr, addr+len) lies inside one registered region. Caller holds reg_lock. */
+int xt_range_ok(const xt_engine *e, uint64_t addr, uint64_t len);
+int xt_describe(xt_engine *e, char *buf, size_t cap);
+void xt_log_error(xt_engine *e, const char *what, int err);
+
+#endif
