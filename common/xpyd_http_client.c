@@ -55,6 +55,10 @@ struct up_leg {
     uint64_t bytes_in;
     struct event *defer_ev; /* deferred failure delivery */
     int defer_err;
+    /* response header being assembled for cbs->on_header (http-parser may split names and values) */
+    char hname[64], hvalue[256];
+    size_t hnl, hvl;
+    int hstate, hskip; /* 0 none, 1 in a name, 2 in a value; hskip: too long, not reported */
 };
 
 static void conn_free(struct up_conn *c);
@@ -166,9 +170,55 @@ uint64_t up_leg_bytes_in(const struct up_leg *leg)
 
 /* ---------- http-parser callbacks ---------- */
 
+static void header_emit(struct up_leg *leg)
+{
+    if (leg->hstate == 2 && !leg->hskip) {
+        leg->hname[leg->hnl] = 0;
+        leg->hvalue[leg->hvl] = 0;
+        leg->cbs->on_header(leg, leg->hname, leg->hvalue, leg->arg);
+    }
+    leg->hnl = leg->hvl = 0;
+    leg->hskip = 0;
+    leg->hstate = 0;
+}
+
+static int p_header_field(http_parser *p, const char *at, size_t len)
+{
+    struct up_leg *leg = p->data;
+    if (!leg->cbs->on_header)
+        return 0;
+    if (leg->hstate == 2)
+        header_emit(leg);
+    leg->hstate = 1;
+    if (leg->hnl + len >= sizeof leg->hname)
+        leg->hskip = 1;
+    else {
+        memcpy(leg->hname + leg->hnl, at, len);
+        leg->hnl += len;
+    }
+    return 0;
+}
+
+static int p_header_value(http_parser *p, const char *at, size_t len)
+{
+    struct up_leg *leg = p->data;
+    if (!leg->cbs->on_header)
+        return 0;
+    leg->hstate = 2;
+    if (leg->hvl + len >= sizeof leg->hvalue)
+        leg->hskip = 1;
+    else {
+        memcpy(leg->hvalue + leg->hvl, at, len);
+        leg->hvl += len;
+    }
+    return 0;
+}
+
 static int p_headers_complete(http_parser *p)
 {
     struct up_leg *leg = p->data;
+    if (leg->cbs->on_header)
+        header_emit(leg);
     leg->status = (int)p->status_code;
     if (leg->status < 200 || leg->status > 599)
         return -1; /* not a final HTTP status (1xx, or nonsense like "HTTP/1.1 5"): a malformed response */
@@ -195,6 +245,8 @@ static int p_complete(http_parser *p)
 }
 
 static const http_parser_settings parser_settings = {
+    .on_header_field = p_header_field,
+    .on_header_value = p_header_value,
     .on_headers_complete = p_headers_complete,
     .on_body = p_body,
     .on_message_complete = p_complete,

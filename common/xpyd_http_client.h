@@ -36,6 +36,9 @@ struct up_leg_cbs {
     void (*on_done)(struct up_leg *leg, int err, void *arg);
     /* Optional: the request has been fully written to the socket. */
     void (*on_sent)(struct up_leg *leg, void *arg);
+    /* Optional: one response header (name up to 63 bytes, value up to 255; longer ones are not reported),
+     * before on_head. */
+    void (*on_header)(struct up_leg *leg, const char *name, const char *value, void *arg);
 };
 
 /* Creates the per-thread state for n endpoints (idle pools). NULL on OOM. Owner thread only. */

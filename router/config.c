@@ -24,7 +24,7 @@ struct setting {
     const char *help;
 };
 
-static const char *const handoffs[] = {"kv-params", "store", "bootstrap", "none", NULL};
+static const char *const handoffs[] = {"kv-params", "store", "bootstrap", "none", "xpyd", NULL};
 static const char *const first_tokens[] = {"decode", "prefill", NULL};
 static const char *const dp_modes[] = {"external", "internal", NULL};
 static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
@@ -38,7 +38,8 @@ static const struct setting settings[] = {
     {"threads", K_LONG, OFF(threads), 1, 256, "2", NULL, "event-loop threads serving clients"},
     {"handoff", K_ENUM, OFF(handoff), 0, 0, "kv-params", handoffs,
      "prefill->decode handoff: kv-params (vLLM NIXL/Mooncake), store (Mooncake store), bootstrap (SGLang), "
-     "none (no prefill leg: the decode pool serves whole requests, an aggregated deployment)"},
+     "none (no prefill leg: the decode pool serves whole requests, an aggregated deployment), "
+     "xpyd (kv-params flow over libxpyd_transfer; the router releases abandoned KV through the engine)"},
     {"first-token", K_ENUM, OFF(first_token), 0, 0, "decode", first_tokens,
      "who streams the first token: decode, or prefill (sent as soon as prefill answers)"},
     {"dp-mode", K_ENUM, OFF(dp_internal), 0, 0, "external", dp_modes,
@@ -119,6 +120,10 @@ static const struct setting settings[] = {
     {"admin-key", K_STR, OFF(admin_key), 0, 0, "", NULL,
      "enables the admin API (/admin/instances) for Authorization: Bearer <key> (or env XPYD_ADMIN_KEY); "
      "the --api-key does not open it"},
+    {"metadata-max-keys", K_LONG, OFF(metadata_max_keys), 0, 10000000, "65536", NULL,
+     "keys the /metadata store holds (Mooncake-compatible metadata for transfer engines); more get 507"},
+    {"metadata-max-value-bytes", K_LONG, OFF(metadata_max_value_bytes), 1, 1L << 26, "1048576", NULL,
+     "largest /metadata value; larger gets 413"},
     {"max-instances", K_LONG, OFF(max_instances), 1, 4096, "1024", NULL,
      "ranks a pool can hold, counting ones added at runtime (admin API, SIGHUP reload)"},
     {"port-file", K_STR, OFF(port_file), 0, 0, "", NULL, "write the bound port here once listening"},
@@ -127,7 +132,7 @@ static const struct setting settings[] = {
 
 const char *rt_handoff_name(int h)
 {
-    return h >= 0 && h < 4 ? handoffs[h] : "?";
+    return h >= 0 && h < 5 ? handoffs[h] : "?";
 }
 
 static int set_value(struct rt_config *c, const struct setting *s, const char *v)

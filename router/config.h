@@ -6,7 +6,9 @@
 #include <stdio.h>
 
 enum rt_role { RT_PREFILL = 0, RT_DECODE = 1 };
-enum rt_handoff { RT_HANDOFF_KV_PARAMS = 0, RT_HANDOFF_STORE, RT_HANDOFF_BOOTSTRAP, RT_HANDOFF_NONE };
+enum rt_handoff { RT_HANDOFF_KV_PARAMS = 0, RT_HANDOFF_STORE, RT_HANDOFF_BOOTSTRAP, RT_HANDOFF_NONE, RT_HANDOFF_XPYD };
+/* kv-params and xpyd share the two-stage flow with kv_transfer_params */
+#define RT_KV_FLOW(h) ((h) == RT_HANDOFF_KV_PARAMS || (h) == RT_HANDOFF_XPYD)
 enum rt_first_token { RT_FIRST_DECODE = 0, RT_FIRST_PREFILL };
 
 /* One configured host of a pool, before expansion into ranks. -1 / 0 fields mean "pool default". */
@@ -80,7 +82,8 @@ struct rt_config {
     char port_file[512];
     char api_key[256];
     char admin_key[256];       /* admin API; empty = admin API off */
-    long max_instances;        /* per pool, including runtime additions */         /* clients must send Authorization: Bearer <key>; empty = no auth */
+    long max_instances;        /* per pool, including runtime additions */
+    long metadata_max_keys, metadata_max_value_bytes;         /* clients must send Authorization: Bearer <key>; empty = no auth */
     char config_path[512];
     struct rt_pool_cfg pools[2];
     /* expansion results */

@@ -232,7 +232,7 @@ int main(int argc, char **argv)
     rt->started_wall = xpyd_wall_s();
     rt->argc = argc;
     rt->argv = argv;
-    if (rt_registry_setup(rt) != 0)
+    if (rt_registry_setup(rt) != 0 || rt_kvxfer_start() != 0)
         return 2;
     signal(SIGPIPE, SIG_IGN);
     xpyd_raise_nofile();
@@ -295,6 +295,7 @@ int main(int argc, char **argv)
     event_free(si);
     event_free(st);
     event_free(sh);
+    rt_kvxfer_stop();
     XLOG_INFO("msg=\"xpyd_router stopped\"");
     /* Worker threads and their connections end with the process. */
     return 0;

@@ -17,6 +17,7 @@ static const char *const hist_names[RT_H_COUNT][2] = {
     {"xpyd_e2e_seconds", "Whole request, accept to last byte (successful requests)."},
     {"xpyd_prefill_seconds", "Prefill leg: sent to answered."},
     {"xpyd_decode_seconds", "Decode leg: sent to finished."},
+    {"xpyd_kv_handoff_seconds", "xpyd handoff: KV transfer time the decode reported (X-KV-Transfer)."},
 };
 
 void rt_hist_observe(int kind, double seconds)
@@ -86,6 +87,13 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
         {"xpyd_kv_release_dispatches_total", "counter",
          "Requests dispatched to a decode and cancelled to free a prefill's KV after every decode attempt failed.",
          (uint64_t)atomic_load(&c->kv_release_dispatches)},
+        {"xpyd_metadata_keys", "gauge", "Keys in the /metadata store.", (uint64_t)rt_metadata_count()},
+        {"xpyd_kv_bytes_total", "counter", "xpyd handoff: KV bytes the decodes reported moving.",
+         (uint64_t)atomic_load(&c->kv_bytes)},
+        {"xpyd_kv_releases_total", "counter", "xpyd handoff: release notifications sent to prefill engines.",
+         (uint64_t)atomic_load(&c->kv_releases[0])},
+        {"xpyd_kv_release_failures_total", "counter", "xpyd handoff: release notifications that could not be sent.",
+         (uint64_t)atomic_load(&c->kv_releases[1])},
         {"xpyd_first_token_mismatch_total", "counter", "Prefill and decode first tokens that differed.",
          (uint64_t)atomic_load(&c->first_token_mismatch)},
         {"xpyd_client_disconnects_total", "counter", "Clients that went away before their answer ended.",

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 const struct rt_fail_row rt_fail_table[RF_COUNT] = {
     [RF_NONE] = {"none", 200, 0},
@@ -244,13 +245,13 @@ static char *print_json(const cJSON *o, size_t *len)
 /* The prefill leg's body: one token, not streamed, asking the engine to keep the KV (kv-params). */
 static char *prefill_body(struct rreq *r, size_t *len)
 {
-    return rw_prefill_body(r->body, g_rt->cfg.handoff == RT_HANDOFF_KV_PARAMS, len);
+    return rw_prefill_body(r->body, RT_KV_FLOW(g_rt->cfg.handoff), len);
 }
 
 /* The decode leg's body: the client's, with the prefill's kv_transfer_params (kv-params mode). */
 static char *decode_body(struct rreq *r, size_t *len)
 {
-    return rw_decode_body(r->body, r->kv_params, g_rt->cfg.handoff == RT_HANDOFF_KV_PARAMS, len);
+    return rw_decode_body(r->body, r->kv_params, RT_KV_FLOW(g_rt->cfg.handoff), len);
 }
 
 /* ---------- client stream ---------- */
@@ -455,7 +456,7 @@ static void kv_release_dispatch(struct rreq *r)
     char *body = rw_kv_release_body(r->body, r->kv_params, &len);
     struct evbuffer *req = build_request(r, RT_DECODE, idx, "POST", ep_name(r->kind), body, len);
     free(body);
-    static const struct up_leg_cbs cbs = {NULL, NULL, kv_release_done, NULL};
+    static const struct up_leg_cbs cbs = {NULL, NULL, kv_release_done, NULL, NULL};
     struct up_leg *leg = up_leg_start(r->t->up, endpoint_of(RT_DECODE, idx), req, timeouts(), &cbs, NULL);
     evbuffer_free(req);
     if (leg) {
@@ -494,6 +495,10 @@ static void rreq_end(struct rreq *r, int fail)
                g_rt->cfg.handoff == RT_HANDOFF_KV_PARAMS) {
         kv_release_dispatch(r);
     }
+    /* xpyd: the prefill's engine is told directly, whatever the decode leg was doing */
+    if (fail != RF_NONE && r->prefill_answered && r->kv_params && !r->decode_accepted &&
+        g_rt->cfg.handoff == RT_HANDOFF_XPYD)
+        rt_kvxfer_release(r->kv_params);
     release_prefill(r);
     release_decode(r);
     if (r->close_ev) {
@@ -1009,7 +1014,7 @@ static void start_prefill(struct rreq *r)
     char *body = prefill_body(r, &len);
     struct evbuffer *req = build_request(r, RT_PREFILL, idx, "POST", ep_name(r->kind), body, len);
     free(body);
-    static const struct up_leg_cbs cbs = {p_on_head, p_on_body, p_on_done, NULL};
+    static const struct up_leg_cbs cbs = {p_on_head, p_on_body, p_on_done, NULL, NULL};
     r->pleg = up_leg_start(r->t->up, endpoint_of(RT_PREFILL, idx), req, timeouts(), &cbs, r);
     evbuffer_free(req);
     if (!r->pleg)
@@ -1140,6 +1145,18 @@ static void d_on_head(struct up_leg *leg, int status, void *arg)
         r->decode_accepted = 1;
 }
 
+/* xpyd handoff: the decode says how long its KV transfer took and how many bytes it moved. */
+static void d_on_header(struct up_leg *leg, const char *name, const char *value, void *arg)
+{
+    if (strcasecmp(name, "X-KV-Transfer") != 0)
+        return;
+    unsigned long long bytes = 0, us = 0;
+    if (sscanf(value, "bytes=%llu; us=%llu", &bytes, &us) == 2) {
+        atomic_fetch_add(&g_rt->ctr.kv_bytes, bytes);
+        rt_hist_observe(RT_H_KV_HANDOFF, (double)us / 1e6);
+    }
+}
+
 static void d_on_body(struct up_leg *leg, const char *data, size_t len, void *arg)
 {
     struct rreq *r = arg;
@@ -1249,7 +1266,7 @@ static void start_decode(struct rreq *r)
     char *body = decode_body(r, &len);
     struct evbuffer *req = build_request(r, RT_DECODE, idx, "POST", ep_name(r->kind), body, len);
     free(body);
-    static const struct up_leg_cbs cbs = {d_on_head, d_on_body, d_on_done, NULL};
+    static const struct up_leg_cbs cbs = {d_on_head, d_on_body, d_on_done, NULL, d_on_header};
     r->dleg = up_leg_start(r->t->up, endpoint_of(RT_DECODE, idx), req, timeouts(), &cbs, r);
     evbuffer_free(req);
     if (!r->dleg)
@@ -1274,7 +1291,7 @@ static void fire_clones(struct rreq *r)
         return;
     size_t len;
     char *body = decode_body(r, &len);
-    static const struct up_leg_cbs cbs = {NULL, NULL, clone_done, NULL};
+    static const struct up_leg_cbs cbs = {NULL, NULL, clone_done, NULL, NULL};
     for (int i = 0; i < g_rt->cfg.repeat_d_times; i++) {
         int64_t charge = r->prompt_tokens + r->max_tokens;
         int idx = xb_pick(g_rt->pools[RT_DECODE], (uint64_t)charge, charge, NULL, 0);
@@ -1308,7 +1325,7 @@ static void send_abort(struct rreq *r, int d_idx)
     char body[300];
     int n = snprintf(body, sizeof body, "{\"rid\":\"%s\"}", r->xid);
     struct evbuffer *req = build_request(r, RT_DECODE, d_idx, "POST", "/abort_request", body, (size_t)n);
-    static const struct up_leg_cbs cbs = {NULL, NULL, abort_done, NULL};
+    static const struct up_leg_cbs cbs = {NULL, NULL, abort_done, NULL, NULL};
     up_leg_start(r->t->up, endpoint_of(RT_DECODE, d_idx), req, timeouts(), &cbs, NULL);
     evbuffer_free(req);
 }
@@ -1392,8 +1409,8 @@ static void start_bootstrap(struct rreq *r)
     struct evbuffer *preq = build_request(r, RT_PREFILL, pidx, "POST", ep_name(r->kind), body, len);
     struct evbuffer *dreq = build_request(r, RT_DECODE, didx, "POST", ep_name(r->kind), body, len);
     free(body);
-    static const struct up_leg_cbs pcbs = {p_on_head, p_on_body, bp_on_done, NULL};
-    static const struct up_leg_cbs dcbs = {d_on_head, d_on_body, d_on_done, NULL};
+    static const struct up_leg_cbs pcbs = {p_on_head, p_on_body, bp_on_done, NULL, NULL};
+    static const struct up_leg_cbs dcbs = {d_on_head, d_on_body, d_on_done, NULL, NULL};
     r->pleg = up_leg_start(r->t->up, endpoint_of(RT_PREFILL, pidx), preq, timeouts(), &pcbs, r);
     r->dleg = up_leg_start(r->t->up, endpoint_of(RT_DECODE, didx), dreq, timeouts(), &dcbs, r);
     evbuffer_free(preq);
@@ -1630,7 +1647,7 @@ static void models_try(struct models_req *m)
         evbuffer_add_printf(req, "\r\n");
         evbuffer_drain(m->body, evbuffer_get_length(m->body));
         m->status = 0;
-        static const struct up_leg_cbs cbs = {m_head, m_body, m_done, NULL};
+        static const struct up_leg_cbs cbs = {m_head, m_body, m_done, NULL, NULL};
         struct up_leg *leg = up_leg_start(tls_rt->up, endpoint_of(role, idx), req, timeouts(), &cbs, m);
         evbuffer_free(req);
         if (leg)
@@ -1697,4 +1714,5 @@ void rt_install_handlers(evhtp_t *htp)
     evhtp_set_cb(htp, "/v1/models", on_models, NULL);
     rt_status_handlers(htp);
     rt_admin_handlers(htp);
+    rt_metadata_handlers(htp);
 }

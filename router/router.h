@@ -61,7 +61,7 @@ enum rt_endpoint_kind { RT_EP_COMPLETIONS = 0, RT_EP_CHAT, RT_EP_COUNT };
 
 /* Latency histograms, buckets 1 ms .. 240 s (+Inf implied by count). */
 #define RT_HIST_NB 17
-enum rt_hist_kind { RT_H_TTFT = 0, RT_H_ITL, RT_H_E2E, RT_H_PREFILL, RT_H_DECODE, RT_H_COUNT };
+enum rt_hist_kind { RT_H_TTFT = 0, RT_H_ITL, RT_H_E2E, RT_H_PREFILL, RT_H_DECODE, RT_H_KV_HANDOFF, RT_H_COUNT };
 struct rt_hist {
     atomic_uint_fast64_t b[RT_HIST_NB]; /* non-cumulative; summed when scraped */
     atomic_uint_fast64_t count;
@@ -78,6 +78,8 @@ struct rt_counters {
     atomic_uint_fast64_t retries[2];
     atomic_uint_fast64_t repeat_clones;
     atomic_uint_fast64_t kv_release_dispatches; /* dispatch-and-cancel to free a prefill's KV */
+    atomic_uint_fast64_t kv_releases[2];        /* xpyd: release notifications sent, failed */
+    atomic_uint_fast64_t kv_bytes;              /* xpyd: KV bytes decodes reported moving (X-KV-Transfer) */
     atomic_uint_fast64_t first_token_mismatch;
     atomic_uint_fast64_t client_disconnects;
     atomic_int_fast64_t active_streams;
@@ -138,6 +140,8 @@ int rt_reload(void);
 struct evhtp;
 void rt_install_handlers(struct evhtp *htp);
 void rt_admin_handlers(struct evhtp *htp);
+void rt_metadata_handlers(struct evhtp *htp);
+size_t rt_metadata_count(void);
 /* GET /metrics (metrics.c). */
 struct evhtp_request;
 void rt_metrics_handler(struct evhtp_request *req, void *arg);
@@ -148,6 +152,13 @@ void *rt_client_attach(struct evhtp_connection *c);
 int rt_client_headers_hook(struct evhtp_request *req, void *guard);
 /* The connection closes once this request's answer is sent ("Connection: close" is added by libevhtp). */
 void rt_close_after_reply(struct evhtp_request *req);
+
+/* --handoff xpyd (kvxfer.c): the router's transfer engine and its release notifications. */
+struct cJSON;
+int rt_kvxfer_start(void);
+void rt_kvxfer_stop(void);
+/* Queues "release <xpyd_key>" to the prefill segment named in kv_params; 0 or -errno (not an xpyd answer). */
+int rt_kvxfer_release(const struct cJSON *kv_params);
 
 /* Thread init for evhtp worker threads. */
 struct rthread *rt_thread_new(struct event_base *base);

@@ -824,9 +824,11 @@ int xt_get_notifies(xt_engine *e, struct xt_notify *out, size_t max)
 {
     pthread_mutex_lock(&e->n_mu);
     size_t k = e->nnotes < max ? e->nnotes : max;
-    memcpy(out, e->notes, k * sizeof *out);
-    memmove(e->notes, e->notes + k, (e->nnotes - k) * sizeof *out);
-    e->nnotes -= k;
+    if (k) {
+        memcpy(out, e->notes, k * sizeof *out);
+        memmove(e->notes, e->notes + k, (e->nnotes - k) * sizeof *out);
+        e->nnotes -= k;
+    }
     pthread_mutex_unlock(&e->n_mu);
     return (int)k;
 }

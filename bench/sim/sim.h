@@ -5,7 +5,7 @@
 #include <stdint.h>
 
 enum sim_role { SIM_ROLE_BOTH = 0, SIM_ROLE_PREFILL, SIM_ROLE_DECODE };
-enum sim_handoff { SIM_HANDOFF_KV_PARAMS = 0, SIM_HANDOFF_STORE, SIM_HANDOFF_BOOTSTRAP, SIM_HANDOFF_NONE };
+enum sim_handoff { SIM_HANDOFF_KV_PARAMS = 0, SIM_HANDOFF_STORE, SIM_HANDOFF_BOOTSTRAP, SIM_HANDOFF_NONE, SIM_HANDOFF_XPYD };
 
 struct sim_config {
     int role;

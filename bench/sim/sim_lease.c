@@ -73,6 +73,8 @@ size_t sim_lease_expire(struct sim_lease_table *t, uint64_t now_us)
             if ((*pp)->expires_us <= now_us) {
                 struct sim_lease *l = *pp;
                 *pp = l->next;
+                if (t->on_drop)
+                    t->on_drop(t->on_drop_arg, l);
                 sim_lease_free(l);
                 t->count--;
                 n++;
@@ -100,6 +102,8 @@ void sim_lease_clear(struct sim_lease_table *t)
         while (t->bucket[i]) {
             struct sim_lease *l = t->bucket[i];
             t->bucket[i] = l->next;
+            if (t->on_drop)
+                t->on_drop(t->on_drop_arg, l);
             sim_lease_free(l);
         }
     }

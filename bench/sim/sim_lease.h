@@ -21,6 +21,10 @@ struct sim_lease {
 struct sim_lease_table {
     struct sim_lease *bucket[SIM_LEASE_BUCKETS];
     size_t count;
+    /* optional: called before a lease is freed by sim_lease_expire / sim_lease_clear (e.g. to unregister its
+     * KV from a transfer engine); leases taken with sim_lease_take are the caller's to handle */
+    void (*on_drop)(void *arg, struct sim_lease *l);
+    void *on_drop_arg;
 };
 
 /* Inserts a lease; the table takes ownership of kv (freed on failure too). key and engine_id are copied.

@@ -51,7 +51,8 @@ static void usage(FILE *f)
           "  --max-batch N                running requests per rank; the rest wait (default 256)\n"
           "  --kv-capacity-tokens N       KV tokens a rank holds; a request waits until its prompt fits (default 0: no limit)\n"
           "  --decode-ns-per-kv-token N   each decode step takes this much longer per KV token the rank holds (default 0)\n"
-          "  --handoff kv-params|store|bootstrap|none   PD handoff this engine speaks (default kv-params)\n"
+          "  --handoff kv-params|store|bootstrap|none|xpyd   PD handoff this engine speaks (default kv-params;\n"
+          "                               xpyd: kv-params with the KV moved by libxpyd_transfer)\n"
           "  --store-dir DIR              KV store shared by sims in store mode (default /tmp/xpyd-sim-store)\n"
           "  --store-wait-ms N            decode polls the store this long, then recomputes (default 10000)\n"
           "  --handoff-timeout-ms N       decode gives up a KV pull / bootstrap rendezvous after this (default 10000)\n"
@@ -129,6 +130,7 @@ static int parse_args(int argc, char **argv, struct sim_config *c)
             else if (!strcmp(a, "store")) c->handoff = SIM_HANDOFF_STORE;
             else if (!strcmp(a, "bootstrap")) c->handoff = SIM_HANDOFF_BOOTSTRAP;
             else if (!strcmp(a, "none")) c->handoff = SIM_HANDOFF_NONE;
+            else if (!strcmp(a, "xpyd")) c->handoff = SIM_HANDOFF_XPYD;
             else bad = 1;
             break;
         case O_STORE: snprintf(c->store_dir, sizeof c->store_dir, "%s", a); break;

@@ -140,6 +140,23 @@ static int parse_kv_params(const cJSON *kv, struct sim_handoff_in *h, char **err
     }
     h->block_sig = sig;
     h->has_blocks = 1;
+    const cJSON *xs = cJSON_GetObjectItemCaseSensitive(kv, "xpyd_segment");
+    if (xs) {
+        const cJSON *xa = cJSON_GetObjectItemCaseSensitive(kv, "xpyd_addr");
+        const cJSON *xl = cJSON_GetObjectItemCaseSensitive(kv, "xpyd_len");
+        const cJSON *xk = cJSON_GetObjectItemCaseSensitive(kv, "xpyd_key");
+        char *end = NULL;
+        unsigned long long addr = cJSON_IsString(xa) ? strtoull(xa->valuestring, &end, 10) : 0;
+        if (!cJSON_IsString(xs) || !cJSON_IsString(xk) || !end || *end || !is_int(xl) || xl->valuedouble < 0 ||
+            xl->valuedouble > 1e12)
+            return fail(err, 400, "xpyd kv_transfer_params need xpyd_segment, xpyd_addr (decimal string), "
+                                  "xpyd_len and xpyd_key");
+        h->xpyd_segment = dup_str(xs);
+        h->xpyd_key = dup_str(xk);
+        h->xpyd_addr = addr;
+        h->xpyd_len = (uint64_t)xl->valuedouble;
+        h->has_xpyd = 1;
+    }
     return 0;
 }
 
@@ -317,6 +334,8 @@ void sim_params_free(struct sim_params *p)
     free(p->h.remote_request_id);
     free(p->h.remote_host);
     free(p->h.bootstrap_host);
+    free(p->h.xpyd_segment);
+    free(p->h.xpyd_key);
     free(p->rid);
     memset(p, 0, sizeof *p);
     p->h.dp_rank = -1;

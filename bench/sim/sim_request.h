@@ -26,6 +26,12 @@ struct sim_handoff_in {
     int bootstrap_port;
     uint64_t bootstrap_room;
     long dp_rank;           /* body data_parallel_rank, -1 if absent */
+    /* xpyd handoff (libxpyd_transfer): where the prefill's KV is, and the lease to release */
+    int has_xpyd;
+    char *xpyd_segment;     /* "host:port" of the prefill's transfer engine */
+    uint64_t xpyd_addr;
+    uint64_t xpyd_len;
+    char *xpyd_key;
 };
 
 struct sim_params {

@@ -7,6 +7,7 @@
  * returns the slot, cancels timers and pulls, and counts what happened. */
 #include "sim.h"
 #include "sim_lease.h"
+#include "xpyd_transfer.h"
 #include "sim_request.h"
 #include "sim_tokens.h"
 
@@ -71,7 +72,16 @@ struct sim {
     uint64_t rng;
     uint64_t seq;
     /* counters */
-    uint64_t handoffs[3][HO_NRESULTS]; /* [handoff mode][result] */
+    uint64_t handoffs[5][HO_NRESULTS]; /* [handoff mode][result] */
+    /* xpyd handoff: this engine's libxpyd_transfer engine, peers opened, notifications polled */
+    xt_engine *xt;
+    struct event *xt_ev;
+    struct {
+        char addr[300];
+        xt_segment seg;
+    } xsegs[64];
+    int nxsegs;
+    uint64_t xt_releases;
     uint64_t leases_created, leases_released, leases_expired, leases_aborted;
     uint64_t kv_bytes_sent, kv_bytes_received;
     uint64_t faults_fail_rate, faults_status, faults_disconnect, faults_stall;
@@ -104,6 +114,8 @@ struct sreq {
     struct evhttp_request *pull_req;
     uint64_t deadline_us;
     char lease_key[240];    /* prefill: the lease created for this request */
+    struct xpull *xp;       /* decode, xpyd handoff: the read in flight (outlives the request if aborted) */
+    uint64_t kv_xfer_bytes, kv_xfer_us; /* decode, xpyd: what the transfer moved and took (X-KV-Transfer) */
     cJSON *kv_out;          /* prefill: kv_transfer_params to return */
     TAILQ_ENTRY(sreq) wq;
     LIST_ENTRY(sreq) all;
@@ -114,6 +126,21 @@ static void sreq_tick(evutil_socket_t fd, short ev, void *arg);
 static void sreq_fail(struct sreq *r, int status, const char *msg);
 static void sreq_release(struct sreq *r);
 static void notify_release(struct sreq *r);
+static void lease_drop(struct sim *s, struct sim_lease *l);
+static void kv_transfer_header(struct sreq *r);
+
+struct xpull {
+    struct sim *sim;
+    struct sreq *r;         /* NULL once the request went away (the read still has to finish) */
+    xt_batch batch;
+    xt_segment seg;
+    unsigned char *buf;     /* registered with the engine while the read runs */
+    size_t len;
+    uint64_t t0;
+    char key[240];
+    struct event *poll;
+};
+
 
 /* ---------- helpers ---------- */
 
@@ -268,6 +295,11 @@ static void sreq_release(struct sreq *r)
         r->close_ev = NULL;
     }
     pull_cancel(r);
+    if (r->xp) { /* the read finishes on its own; its poll then releases the KV and frees the buffer */
+        r->xp->r = NULL;
+        r->xp = NULL;
+        unpulled = 0;
+    }
     if (unpulled)
         notify_release(r);
     if (r->aborted) {
@@ -276,7 +308,7 @@ static void sreq_release(struct sreq *r)
             struct sim_lease *l = sim_lease_take(&r->sim->leases, r->lease_key);
             if (l) {
                 r->sim->leases_aborted++;
-                sim_lease_free(l);
+                lease_drop(r->sim, l);
             }
         }
     }
@@ -339,6 +371,21 @@ static void sreq_cut(struct sreq *r)
 
 /* ---------- handoff: KV leases, store, pulls ---------- */
 
+/* A lease's KV registered with the transfer engine must leave the engine before its memory is freed
+ * (unregistering waits for peers reading it). */
+static void lease_unregister(void *arg, struct sim_lease *l)
+{
+    struct sim *s = arg;
+    if (s->xt && l->kv)
+        xt_unregister_memory(s->xt, l->kv);
+}
+
+static void lease_drop(struct sim *s, struct sim_lease *l)
+{
+    lease_unregister(s, l);
+    sim_lease_free(l);
+}
+
 static unsigned char *kv_make(const struct sreq *r, size_t *len)
 {
     size_t bpt = (size_t)r->sim->cfg.kv_bytes_per_token;
@@ -395,6 +442,22 @@ static int prefill_register_kv_params(struct sreq *r)
     cJSON_AddStringToObject(o, "remote_host", s->cfg.host);
     cJSON_AddNumberToObject(o, "remote_port", s->cfg.bootstrap_port ? s->cfg.bootstrap_port : r->rank->port);
     cJSON_AddNumberToObject(o, "tp_size", 1);
+    if (s->xt) { /* xpyd: the decode reads the bytes through libxpyd_transfer, then asks for the release */
+        struct sim_lease *l = sim_lease_find(&s->leases, key);
+        if (!l || xt_register_memory(s->xt, l->kv, l->kv_len ? l->kv_len : 1, "sim:kv") != 0) {
+            lease_drop(s, sim_lease_take(&s->leases, key));
+            r->lease_key[0] = 0;
+            cJSON_Delete(o);
+            return -1;
+        }
+        char seg[300], addr[32];
+        xpyd_hostport(s->cfg.host, xt_engine_port(s->xt), seg, sizeof seg);
+        snprintf(addr, sizeof addr, "%" PRIu64, (uint64_t)(uintptr_t)l->kv);
+        cJSON_AddStringToObject(o, "xpyd_segment", seg);
+        cJSON_AddStringToObject(o, "xpyd_addr", addr);
+        cJSON_AddNumberToObject(o, "xpyd_len", (double)l->kv_len);
+        cJSON_AddStringToObject(o, "xpyd_key", key);
+    }
     r->kv_out = o;
     return 0;
 }
@@ -591,6 +654,129 @@ static void pull_send(struct sreq *r)
     }
 }
 
+/* ---------- xpyd handoff: the KV read through libxpyd_transfer ---------- */
+
+static int xseg_for(struct sim *s, const char *addr, xt_segment *out)
+{
+    for (int i = 0; i < s->nxsegs; i++)
+        if (!strcmp(s->xsegs[i].addr, addr)) {
+            *out = s->xsegs[i].seg;
+            return 0;
+        }
+    xt_segment seg;
+    int rc = xt_open_segment(s->xt, addr, &seg);
+    if (rc)
+        return rc;
+    if (s->nxsegs == (int)(sizeof s->xsegs / sizeof s->xsegs[0])) {
+        xt_close_segment(s->xt, s->xsegs[0].seg);
+        memmove(s->xsegs, s->xsegs + 1, sizeof s->xsegs - sizeof s->xsegs[0]);
+        s->nxsegs--;
+    }
+    snprintf(s->xsegs[s->nxsegs].addr, sizeof s->xsegs[0].addr, "%s", addr);
+    s->xsegs[s->nxsegs++].seg = seg;
+    *out = seg;
+    return 0;
+}
+
+static void xpull_free(struct xpull *xp)
+{
+    event_free(xp->poll);
+    xt_free_batch(xp->sim->xt, xp->batch);
+    xt_unregister_memory(xp->sim->xt, xp->buf);
+    free(xp->buf);
+    free(xp);
+}
+
+static void xpull_poll(evutil_socket_t fd, short ev, void *arg)
+{
+    struct xpull *xp = arg;
+    struct sim *s = xp->sim;
+    int st = XT_PENDING;
+    if (xt_batch_status(s->xt, xp->batch, &st) != 0 || st == XT_PENDING)
+        return;
+    struct sreq *r = xp->r;
+    char msg[400];
+    snprintf(msg, sizeof msg, "release %s", xp->key);
+    /* read or not, the prefill may let go of the blocks now */
+    if (xt_send_notify(s->xt, xp->seg, msg) != 0)
+        XLOG_WARN("msg=\"xpyd release notification failed\" key=%s", xp->key);
+    if (!r) {
+        xpull_free(xp);
+        return;
+    }
+    r->xp = NULL;
+    if (st == XT_COMPLETED && kv_verify(r, xp->buf, xp->len)) {
+        r->kv_xfer_bytes = xp->len;
+        r->kv_xfer_us = xpyd_now_us() - xp->t0;
+        s->kv_bytes_received += xp->len;
+        xpull_free(xp);
+        handoff_finished(r, HO_DONE);
+        return;
+    }
+    xpull_free(xp);
+    s->handoffs[r->ho_mode][HO_FAILED]++;
+    sreq_fail(r, 500, st == XT_COMPLETED ? "KV transfer failed: the KV read does not match this request's prompt "
+                                           "(integrity check failed)"
+                                         : "KV transfer failed: the read from the prefill's transfer engine failed");
+}
+
+static void xpull_start(struct sreq *r)
+{
+    struct sim *s = r->sim;
+    const struct sim_handoff_in *h = &r->p.h;
+    char msg[500];
+    struct xpull *xp = XPYD_XALLOC(calloc(1, sizeof *xp));
+    xp->sim = s;
+    xp->r = r;
+    xp->len = (size_t)h->xpyd_len;
+    xp->buf = XPYD_XALLOC(malloc(xp->len ? xp->len : 1));
+    xp->t0 = xpyd_now_us();
+    snprintf(xp->key, sizeof xp->key, "%s", h->xpyd_key);
+    int rc = xseg_for(s, h->xpyd_segment, &xp->seg);
+    if (!rc)
+        rc = xt_register_memory(s->xt, xp->buf, xp->len ? xp->len : 1, "sim:kv");
+    if (!rc && (rc = xt_alloc_batch(s->xt, 1, &xp->batch)) == 0) {
+        struct xt_request q = {XT_READ, xp->buf, xp->seg, h->xpyd_addr, xp->len ? xp->len : 1};
+        if ((rc = xt_submit(s->xt, xp->batch, &q, 1)) != 0)
+            xt_free_batch(s->xt, xp->batch);
+        else {
+            xp->poll = XPYD_XALLOC(event_new(s->base, -1, EV_PERSIST, xpull_poll, xp));
+            struct timeval tv = {0, 200};
+            event_add(xp->poll, &tv);
+            r->xp = xp;
+            return;
+        }
+    }
+    xt_unregister_memory(s->xt, xp->buf);
+    free(xp->buf);
+    free(xp);
+    s->handoffs[r->ho_mode][HO_FAILED]++;
+    snprintf(msg, sizeof msg, "KV transfer failed: cannot read from the prefill's transfer engine at %.200s: %s",
+             h->xpyd_segment, strerror(-rc));
+    sreq_fail(r, 500, msg);
+}
+
+/* Prefill: "release <key>" notifications from decodes (after their read) and from the router (when the
+ * request died before any decode read). */
+static void xt_notes_poll(evutil_socket_t fd, short ev, void *arg)
+{
+    struct sim *s = arg;
+    struct xt_notify n[32];
+    int k;
+    while ((k = xt_get_notifies(s->xt, n, 32)) > 0)
+        for (int i = 0; i < k; i++) {
+            if (strncmp(n[i].msg, "release ", 8) != 0)
+                continue;
+            struct sim_lease *l = sim_lease_take(&s->leases, n[i].msg + 8);
+            if (!l)
+                continue; /* already released (the decode and the router may both say so) */
+            s->xt_releases++;
+            s->leases_released++;
+            s->kv_bytes_sent += l->kv_len;
+            lease_drop(s, l);
+        }
+}
+
 /* ---------- scheduling and generation ---------- */
 
 /* Takes a slot and begins: the KV handoff (decode side), else local prefill compute. */
@@ -603,7 +789,11 @@ static void sreq_start(struct sreq *r)
     int remote = r->p.h.do_remote_prefill && !r->p.h.do_remote_decode;
     int boot = r->p.h.has_bootstrap && s->cfg.role == SIM_ROLE_DECODE;
     int store = s->cfg.handoff == SIM_HANDOFF_STORE && s->cfg.role == SIM_ROLE_DECODE;
-    if (remote || boot) {
+    if (remote && r->p.h.has_xpyd && s->xt) {
+        r->state = SREQ_HANDOFF;
+        r->ho_mode = SIM_HANDOFF_XPYD;
+        xpull_start(r);
+    } else if (remote || boot) {
         r->state = SREQ_HANDOFF;
         r->ho_mode = boot ? SIM_HANDOFF_BOOTSTRAP : SIM_HANDOFF_KV_PARAMS;
         r->deadline_us = xpyd_now_us() + (uint64_t)s->cfg.handoff_timeout_ms * 1000u;
@@ -690,12 +880,23 @@ static void sreq_send_final_json(struct sreq *r)
     cJSON_Delete(o);
     free(text);
     r->rank->success_total++;
+    kv_transfer_header(r);
     sreq_reply(r, 200, "application/json", body, strlen(body));
     free(body);
 }
 
+static void kv_transfer_header(struct sreq *r)
+{
+    if (!r->kv_xfer_bytes || !r->ereq)
+        return;
+    char v[96];
+    snprintf(v, sizeof v, "bytes=%" PRIu64 "; us=%" PRIu64, r->kv_xfer_bytes, r->kv_xfer_us);
+    add_header(r->ereq, "X-KV-Transfer", v);
+}
+
 static void stream_begin(struct sreq *r)
 {
+    kv_transfer_header(r);
     add_header(r->ereq, "Content-Type", "text/event-stream");
     add_header(r->ereq, "Cache-Control", "no-cache");
     evhtp_send_reply_chunk_start(r->ereq, EVHTP_RES_OK);
@@ -1090,14 +1291,14 @@ static void kv_take(evhtp_request_t *req, struct sim *s, int release)
     l = sim_lease_take(&s->leases, key);
     if (release) {
         s->leases_cancelled++;
-        sim_lease_free(l);
+        lease_drop(s, l);
         reply_raw(req, 200, "application/json", "{\"released\":true}", 17);
         return;
     }
     s->leases_released++;
     s->kv_bytes_sent += l->kv_len;
     reply_raw(req, 200, "application/octet-stream", (const char *)l->kv, l->kv_len);
-    sim_lease_free(l);
+    lease_drop(s, l);
 }
 
 static void on_abort(evhtp_request_t *req, void *arg)
@@ -1182,8 +1383,9 @@ static void on_metrics(evhtp_request_t *req, void *arg)
         }
     }
     metric_head(b, "xpyd_sim:handoffs_total", "counter", "KV handoffs on the decode side, by mode and result.");
-    for (int mo = 0; mo < 3; mo++)
+    for (int mo = 0; mo < 5; mo++)
         for (int res = 0; res < HO_NRESULTS; res++)
+            if (mo != SIM_HANDOFF_NONE)
             evbuffer_add_printf(b, "xpyd_sim:handoffs_total{mode=\"%s\",result=\"%s\"} %" PRIu64 "\n",
                                 sim_handoff_name(mo), ho_result_names[res], s->handoffs[mo][res]);
     struct {
@@ -1209,6 +1411,8 @@ static void on_metrics(evhtp_request_t *req, void *arg)
          s->kv_bytes_received},
         {"xpyd_sim:abort_requests_total", "counter", "Requests cancelled through /abort_request.",
          s->aborts_requested},
+        {"xpyd_sim:kv_xpyd_releases_total", "counter", "KV leases released by an xpyd notification.",
+         s->xt_releases},
         {"xpyd_sim:abort_request_calls_total", "counter", "POST /abort_request calls received (found or not).",
          s->abort_calls},
     };
@@ -1310,8 +1514,8 @@ const char *sim_role_name(int role)
 
 const char *sim_handoff_name(int h)
 {
-    static const char *const n[] = {"kv-params", "store", "bootstrap", "none"};
-    return h >= 0 && h <= 3 ? n[h] : "?";
+    static const char *const n[] = {"kv-params", "store", "bootstrap", "none", "xpyd"};
+    return h >= 0 && h <= 4 ? n[h] : "?";
 }
 
 int sim_run(const struct sim_config *cfg)
@@ -1363,6 +1567,22 @@ int sim_run(const struct sim_config *cfg)
         if (!s->bootstrap_htp)
             goto out;
     }
+    if (cfg->handoff == SIM_HANDOFF_XPYD) {
+        char name[64];
+        snprintf(name, sizeof name, "xpyd-sim-%d", s->cfg.port);
+        struct xt_config xc = {.name = name, .listen_host = cfg->host, .transport = "auto", .threads = 2,
+                               .io_timeout_ms = (int)(cfg->handoff_timeout_ms > 0 ? cfg->handoff_timeout_ms : 10000)};
+        int xrc = xt_engine_create(&xc, &s->xt);
+        if (xrc) {
+            XLOG_ERR("msg=\"cannot start the transfer engine\" error=\"%s\"", strerror(-xrc));
+            goto out;
+        }
+        s->leases.on_drop = lease_unregister;
+        s->leases.on_drop_arg = s;
+        s->xt_ev = event_new(s->base, -1, EV_PERSIST, xt_notes_poll, s);
+        struct timeval every = {0, 1000};
+        event_add(s->xt_ev, &every);
+    }
     s->sweep_ev = event_new(s->base, -1, EV_PERSIST, on_sweep, s);
     struct timeval sweep = {0, 50000};
     event_add(s->sweep_ev, &sweep);
@@ -1401,7 +1621,11 @@ out:
         event_free(s->sig_int);
     if (s->sig_term)
         event_free(s->sig_term);
+    if (s->xt_ev)
+        event_free(s->xt_ev);
     sim_lease_clear(&s->leases);
+    if (s->xt)
+        xt_engine_destroy(s->xt); /* in-flight reads of aborted requests end with it (their buffers leak at exit) */
     XLOG_INFO("msg=\"xpyd_sim stopped\" port=%d", s->cfg.port);
     /* Connections still open are reclaimed by the OS at exit; evhtp has no safe bulk close for them. */
     free(s->ranks);

@@ -71,6 +71,13 @@ static void on_done(struct up_leg *leg, int err, void *arg)
     event_base_loopbreak(base);
 }
 
+static void on_header(struct up_leg *leg, const char *name, const char *value, void *arg)
+{
+    struct st *s = arg;
+    if (s->head || strlen(name) > 63 || strlen(value) > 255)
+        abort(); /* headers come before the head callback, within the documented sizes */
+}
+
 static void on_sent(struct up_leg *leg, void *arg)
 {
     ((struct st *)arg)->sent = 1;
@@ -114,7 +121,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     up_request_line(req, &ep, "POST", "/v1/completions");
     evbuffer_add_printf(req, "Content-Length: 2\r\n\r\n{}");
     static const struct up_timeouts to = {1000, 1000, 1000};
-    static const struct up_leg_cbs cbs = {on_head, on_body, on_done, on_sent};
+    static const struct up_leg_cbs cbs = {on_head, on_body, on_done, on_sent, on_header};
     struct up_leg *leg = up_leg_start(up, 0, req, &to, &cbs, &s);
     evbuffer_free(req);
     if (!leg)

@@ -1,0 +1,159 @@
+/* metadata.c - a Mooncake-compatible metadata store served by the router (PROTOCOLS.md §6):
+ * GET|PUT|DELETE /metadata?key=<K>, the value as the body. Transfer engines register segment descriptors
+ * with it (keys such as mooncake/ram/<segment>, mooncake/rpc_meta/<server>). In memory, bounded
+ * (--metadata-max-keys, --metadata-max-value-bytes), guarded by --api-key like the client endpoints. */
+#include "router.h"
+
+#include "xpyd_oai.h"
+#include "xpyd_util.h"
+
+#include <event2/buffer.h>
+#include <evhtp/evhtp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MD_BUCKETS 4096
+#define MD_KEY_MAX 1024
+
+struct md_entry {
+    struct md_entry *next;
+    char *key;
+    char *val;
+    size_t len;
+};
+
+static struct {
+    pthread_mutex_t mu;
+    struct md_entry *b[MD_BUCKETS];
+    size_t n;
+} M = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static struct md_entry **slot(const char *key)
+{
+    struct md_entry **pp = &M.b[xpyd_fnv64(XPYD_FNV_INIT, key, strlen(key)) % MD_BUCKETS];
+    while (*pp && strcmp((*pp)->key, key) != 0)
+        pp = &(*pp)->next;
+    return pp;
+}
+
+size_t rt_metadata_count(void)
+{
+    pthread_mutex_lock(&M.mu);
+    size_t n = M.n;
+    pthread_mutex_unlock(&M.mu);
+    return n;
+}
+
+static void reply(evhtp_request_t *req, int status, const char *ctype, const char *body, size_t len)
+{
+    evhtp_headers_add_header(req->headers_out, evhtp_header_new("Content-Type", ctype, 0, 0));
+    evbuffer_add(req->buffer_out, body, len);
+    evhtp_send_reply(req, (evhtp_res)status);
+}
+
+static void reply_err(evhtp_request_t *req, int status, const char *msg)
+{
+    char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
+    reply(req, status, "application/json", body, strlen(body));
+    free(body);
+}
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+static void on_metadata(evhtp_request_t *req, void *arg)
+{
+    if (!rt_authorized(req))
+        return;
+    const char *raw = req->uri && req->uri->query ? evhtp_kv_find(req->uri->query, "key") : NULL;
+    if (!raw || !raw[0] || strlen(raw) > MD_KEY_MAX) {
+        reply_err(req, 400, "use /metadata?key=<key> (1-1024 bytes)");
+        return;
+    }
+    char key[MD_KEY_MAX + 1];
+    size_t kl = 0;
+    for (const char *c = raw; *c && kl < MD_KEY_MAX; c++) { /* %xx and + decoded */
+        int hi, lo;
+        if (*c == '%' && (hi = hexval(c[1])) >= 0 && (lo = hexval(c[2])) >= 0) {
+            key[kl++] = (char)(hi * 16 + lo);
+            c += 2;
+        } else {
+            key[kl++] = *c == '+' ? ' ' : *c;
+        }
+    }
+    key[kl] = 0;
+    if (strlen(key) != kl) {
+        reply_err(req, 400, "a metadata key cannot contain NUL");
+        return;
+    }
+    htp_method m = evhtp_request_get_method(req);
+    pthread_mutex_lock(&M.mu);
+    struct md_entry **pp = slot(key);
+    if (m == htp_method_GET) {
+        if (!*pp) {
+            pthread_mutex_unlock(&M.mu);
+            reply_err(req, 404, "no such metadata key");
+            return;
+        }
+        evbuffer_add(req->buffer_out, (*pp)->val, (*pp)->len);
+        pthread_mutex_unlock(&M.mu);
+        evhtp_headers_add_header(req->headers_out, evhtp_header_new("Content-Type", "application/json", 0, 0));
+        evhtp_send_reply(req, EVHTP_RES_OK);
+        return;
+    }
+    if (m == htp_method_DELETE) {
+        struct md_entry *e = *pp;
+        if (e) {
+            *pp = e->next;
+            M.n--;
+        }
+        pthread_mutex_unlock(&M.mu);
+        if (!e) {
+            reply_err(req, 404, "no such metadata key");
+            return;
+        }
+        free(e->key);
+        free(e->val);
+        free(e);
+        reply(req, 200, "application/json", "{\"deleted\":true}", 16);
+        return;
+    }
+    if (m == htp_method_PUT || m == htp_method_POST) {
+        size_t len = evbuffer_get_length(req->buffer_in);
+        if ((long)len > g_rt->cfg.metadata_max_value_bytes) {
+            pthread_mutex_unlock(&M.mu);
+            reply_err(req, 413, "metadata value larger than --metadata-max-value-bytes");
+            return;
+        }
+        if (!*pp && (long)M.n >= g_rt->cfg.metadata_max_keys) {
+            pthread_mutex_unlock(&M.mu);
+            reply_err(req, 507, "metadata store full (--metadata-max-keys)");
+            return;
+        }
+        char *val = XPYD_XALLOC(malloc(len ? len : 1));
+        evbuffer_copyout(req->buffer_in, val, len);
+        if (*pp) {
+            free((*pp)->val);
+        } else {
+            struct md_entry *e = XPYD_XALLOC(calloc(1, sizeof *e));
+            e->key = XPYD_XALLOC(strdup(key));
+            *pp = e;
+            M.n++;
+        }
+        (*pp)->val = val;
+        (*pp)->len = len;
+        pthread_mutex_unlock(&M.mu);
+        reply(req, 200, "application/json", "{\"stored\":true}", 15);
+        return;
+    }
+    pthread_mutex_unlock(&M.mu);
+    reply_err(req, 405, "use GET, PUT or DELETE /metadata?key=<key>");
+}
+
+void rt_metadata_handlers(evhtp_t *htp)
+{
+    evhtp_set_cb(htp, "/metadata", on_metadata, NULL);
+}
