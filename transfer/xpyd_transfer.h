@@ -5,10 +5,10 @@
  * {local address, segment, remote address, length}, poll task and batch status, send notifications that
  * are delivered only after the data written before them has landed.
  *
- * Transports: "tcp" (this file's implementation: persistent per-peer connections, the receiver validates
- * every range against its registered buffers, a WRITE completes only when the peer acknowledged that the
- * bytes were applied) and "auto" (RDMA when a device exists — not built yet, see transfer/README.md — else
- * tcp, and the engine says so). Every function returns 0 or a negative errno; the library never aborts or
+ * Transports: "rdma" (libibverbs, RC queue pairs, one-sided READ/WRITE, slices striped over NICs and QPs),
+ * "tcp" (persistent per-peer connections, the receiver validates every range against its registered
+ * buffers, a WRITE completes only when the peer acknowledged that the bytes were applied) and "auto" (rdma
+ * when a device is usable, else tcp, and the engine says so). Every function returns 0 or a negative errno; the library never aborts or
  * exits its host process, and never raises SIGPIPE. Thread-safe: any thread may submit and poll. */
 #ifndef XPYD_TRANSFER_H
 #define XPYD_TRANSFER_H
@@ -28,7 +28,11 @@ struct xt_config {
     const char *name;           /* this engine's name (logs, descriptor); required */
     const char *listen_host;    /* control/data listener; default 127.0.0.1 */
     int listen_port;            /* 0 = any free port (see xt_engine_port) */
-    const char *transport;      /* "tcp" or "auto" (default "auto") */
+    const char *transport;      /* "tcp", "rdma" or "auto" (default: rdma when a device is usable, else tcp) */
+    const char *rdma_devices;   /* "mlx5_0,mlx5_1": only these devices (default: all) */
+    int gid_index;              /* RoCE GID index, used when gid_index_set (default: the first IPv4-mapped
+                                   GID, i.e. routable RoCEv2, else the first non-zero one) */
+    int gid_index_set;
     int threads;                /* initiator worker threads = parallel streams per peer; default 4 */
     size_t slice_bytes;         /* requests are cut into slices of this size; default 1 MiB */
     size_t max_frame_bytes;     /* largest control frame accepted; default slice_bytes + 64 KiB */
@@ -62,7 +66,7 @@ struct xt_notify {
 int xt_engine_create(const struct xt_config *cfg, xt_engine **out);
 void xt_engine_destroy(xt_engine *e);
 int xt_engine_port(const xt_engine *e);
-const char *xt_engine_transport(const xt_engine *e); /* "tcp" */
+const char *xt_engine_transport(const xt_engine *e); /* "rdma" or "tcp" */
 
 /* Registers [addr, addr+len) as readable and writable by peers. Overlaps are refused (-EEXIST). */
 int xt_register_memory(xt_engine *e, void *addr, size_t len, const char *location);

@@ -8,8 +8,8 @@
  * between its own registered buffer and the target's for --duration seconds with --threads submitting
  * threads (and as many engine streams), verifies the data it moved (reads: against the pattern; writes:
  * read back and compared) and prints a final line with the throughput in GB/s and batch latency
- * percentiles. --protocol rdma and --device are accepted for command-line compatibility but this build has
- * only the tcp transport (see transfer/README.md). */
+ * percentiles. --protocol tcp|rdma picks the transport (rdma needs a device; --device mlx5_0,mlx5_1 limits
+ * which ones are used). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -68,13 +68,15 @@ static void usage(void)
 
 static int run_target(void)
 {
-    struct xt_config c = {.name = "bench-target", .listen_port = O.port, .transport = "auto", .threads = O.threads,
+    struct xt_config c = {.name = "bench-target", .listen_port = O.port, .transport = O.protocol,
+                          .rdma_devices = O.device, .threads = O.threads,
                           .slice_bytes = O.block < (4u << 20) ? (O.block < 65536 ? 65536 : O.block) : (4u << 20),
                           .verbose = 1};
     xt_engine *e;
     int rc = xt_engine_create(&c, &e);
     if (rc) {
-        fprintf(stderr, "xpyd_transfer_bench: cannot start the engine: %s\n", strerror(-rc));
+        fprintf(stderr, "xpyd_transfer_bench: cannot start the engine: %s%s\n", strerror(-rc),
+                rc == -ENODEV ? " (no usable RDMA device)" : "");
         return 1;
     }
     uint64_t *buf = aligned_alloc(4096, O.buffer);
@@ -199,7 +201,8 @@ static int run_initiator(void)
         usage();
         return 2;
     }
-    struct xt_config c = {.name = "bench-initiator", .transport = "auto", .threads = O.threads,
+    struct xt_config c = {.name = "bench-initiator", .transport = O.protocol, .rdma_devices = O.device,
+                          .threads = O.threads,
                           .slice_bytes = O.block < (4u << 20) ? (O.block < 65536 ? 65536 : O.block) : (4u << 20),
                           .verbose = 1};
     xt_engine *e;
@@ -293,8 +296,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "xpyd_transfer_bench: block-size must be a multiple of 8, counts positive\n");
         return 2;
     }
-    if (strcmp(O.protocol, "tcp") != 0) {
-        fprintf(stderr, "xpyd_transfer_bench: --protocol %s: only tcp is built (transfer/README.md)\n", O.protocol);
+    if (strcmp(O.protocol, "tcp") != 0 && strcmp(O.protocol, "rdma") != 0) {
+        fprintf(stderr, "xpyd_transfer_bench: --protocol must be tcp or rdma\n");
         return 2;
     }
     signal(SIGINT, on_sig);

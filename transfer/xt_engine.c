@@ -64,10 +64,15 @@ int xt_register_memory(xt_engine *e, void *addr, size_t len, const char *locatio
         }
     }
     if (!rc) {
-        struct xt_region *r = &e->regions[e->nregions++];
+        struct xt_region *r = &e->regions[e->nregions];
+        memset(r, 0, sizeof *r);
         r->addr = a;
         r->len = len;
         snprintf(r->location, sizeof r->location, "%s", location ? location : "cpu");
+        if (e->rdma)
+            rc = xt_rdma_reg(e, r); /* pinned and registered on every device (rkeys published) */
+        if (!rc)
+            e->nregions++;
     }
     pthread_rwlock_unlock(&e->reg_lock);
     return rc;
@@ -81,6 +86,8 @@ int xt_unregister_memory(xt_engine *e, void *addr)
     int rc = -ENOENT;
     for (size_t i = 0; i < e->nregions; i++)
         if (e->regions[i].addr == (uintptr_t)addr) {
+            if (e->rdma)
+                xt_rdma_dereg(e, &e->regions[i]);
             e->regions[i] = e->regions[--e->nregions];
             rc = 0;
             break;
@@ -92,13 +99,20 @@ int xt_unregister_memory(xt_engine *e, void *addr)
 int xt_describe(xt_engine *e, char *buf, size_t cap)
 {
     pthread_rwlock_rdlock(&e->reg_lock);
-    size_t n = (size_t)snprintf(buf, cap,
-                                "{\"name\":\"%s\",\"host\":\"%s\",\"port\":%d,\"transport\":\"tcp\",\"max_frame\":%zu,"
-                                "\"buffers\":[",
-                                e->name, e->host, e->port, e->cfg.max_frame_bytes);
-    for (size_t i = 0; i < e->nregions && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s{\"addr\":%" PRIu64 ",\"len\":%zu,\"location\":\"%s\"}", i ? "," : "",
+    size_t n = (size_t)snprintf(buf, cap, "{\"name\":\"%s\",\"host\":\"%s\",\"port\":%d,\"transport\":\"%s\",\"max_frame\":%zu",
+                                e->name, e->host, e->port, e->rdma ? "rdma" : "tcp", e->cfg.max_frame_bytes);
+    if (e->rdma && n < cap)
+        n += xt_rdma_describe_nics(e, buf + n, cap - n);
+    if (n < cap)
+        n += (size_t)snprintf(buf + n, cap - n, ",\"buffers\":[");
+    for (size_t i = 0; i < e->nregions && n < cap; i++) {
+        n += (size_t)snprintf(buf + n, cap - n, "%s{\"addr\":%" PRIu64 ",\"len\":%zu,\"location\":\"%s\"", i ? "," : "",
                               (uint64_t)e->regions[i].addr, e->regions[i].len, e->regions[i].location);
+        if (e->rdma && n < cap)
+            n += xt_rdma_describe_rkeys(e, &e->regions[i], buf + n, cap - n);
+        if (n < cap)
+            n += (size_t)snprintf(buf + n, cap - n, "}");
+    }
     if (n < cap)
         n += (size_t)snprintf(buf + n, cap - n, "]}");
     pthread_rwlock_unlock(&e->reg_lock);
@@ -225,7 +239,7 @@ static int listen_on(xt_engine *e)
 
 static struct xt_seg *seg_get(xt_engine *e, xt_segment s)
 {
-    return s >= 0 && (size_t)s < e->nsegs && e->segs[s]->used ? e->segs[s] : NULL;
+    return s >= 0 && (size_t)s < e->nsegs && e->segs[s]->used == 1 ? e->segs[s] : NULL;
 }
 
 /* The worker's connection to the segment's peer, made on first use. */
@@ -314,7 +328,9 @@ static void *worker(void *arg)
         struct xt_seg *sg = seg_get(e, sl->seg);
         pthread_mutex_unlock(&e->mu);
         int rc = -EBADF;
-        if (sg) {
+        if (sg && sg->rdma) {
+            rc = xt_rdma_slice(e, sg, slot, sl); /* striped over NIC pairs, retried on another pair */
+        } else if (sg) {
             rc = do_slice_once(e, sg, slot, sl);
             if (rc && rc != -EFAULT) { /* the connection is suspect: once more on a fresh one */
                 conn_drop(sg, slot);
@@ -322,6 +338,8 @@ static void *worker(void *arg)
                 if (rc && rc != -EFAULT)
                     conn_drop(sg, slot);
             }
+        }
+        if (sg) {
             if (rc)
                 xt_log_error(e, sl->opcode == XT_WRITE ? "WRITE slice" : "READ slice", rc);
             if (sl->opcode == XT_WRITE && atomic_fetch_sub(&sg->inflight_writes, 1) == 1) {
@@ -346,8 +364,8 @@ int xt_engine_create(const struct xt_config *cfg, xt_engine **out)
     if (!cfg || !cfg->name || !out || strlen(cfg->name) >= 64)
         return -EINVAL;
     const char *tr = cfg->transport ? cfg->transport : "auto";
-    if (strcmp(tr, "tcp") != 0 && strcmp(tr, "auto") != 0)
-        return -EPROTONOSUPPORT; /* "rdma" alone: the RDMA transport is not built yet (transfer/README.md) */
+    if (strcmp(tr, "tcp") != 0 && strcmp(tr, "auto") != 0 && strcmp(tr, "rdma") != 0)
+        return -EPROTONOSUPPORT;
     xt_engine *e = calloc(1, sizeof *e);
     if (!e)
         return -ENOMEM;
@@ -364,6 +382,8 @@ int xt_engine_create(const struct xt_config *cfg, xt_engine **out)
         e->cfg.max_frame_bytes = e->cfg.slice_bytes;
     if (e->cfg.io_timeout_ms <= 0)
         e->cfg.io_timeout_ms = 10000;
+    if (!e->cfg.gid_index_set)
+        e->cfg.gid_index = -1;
     snprintf(e->name, sizeof e->name, "%s", cfg->name);
     snprintf(e->host, sizeof e->host, "%s", cfg->listen_host ? cfg->listen_host : "127.0.0.1");
     e->lfd = e->wake[0] = e->wake[1] = -1;
@@ -374,12 +394,23 @@ int xt_engine_create(const struct xt_config *cfg, xt_engine **out)
     pthread_mutex_init(&e->q_mu, NULL);
     pthread_cond_init(&e->q_cond, NULL);
     pthread_mutex_init(&e->n_mu, NULL);
-    int rc = listen_on(e);
+    int rc = 0;
+    if (strcmp(tr, "tcp") != 0) {
+        rc = xt_rdma_init(e);
+        if (rc == 0)
+            e->rdma = 1;
+        else if (strcmp(tr, "auto") == 0)
+            rc = 0; /* no usable RDMA device: tcp (said below) */
+    }
+    if (!rc)
+        rc = listen_on(e);
     if (!rc && pipe2(e->wake, O_CLOEXEC) < 0)
         rc = -errno;
     if (!rc && pthread_create(&e->accept_th, NULL, accept_loop, e) != 0)
         rc = -EAGAIN;
     if (rc) {
+        if (e->rdma)
+            xt_rdma_fini(e);
         if (e->lfd >= 0)
             close(e->lfd);
         if (e->wake[0] >= 0) {
@@ -393,7 +424,8 @@ int xt_engine_create(const struct xt_config *cfg, xt_engine **out)
     for (int i = 0; e->workers && i < e->cfg.threads; i++)
         pthread_create(&e->workers[i], NULL, worker, e);
     if (strcmp(tr, "auto") == 0 && e->cfg.verbose)
-        fprintf(stderr, "xpyd_transfer[%s]: transport tcp (no RDMA transport in this build)\n", e->name);
+        fprintf(stderr, "xpyd_transfer[%s]: transport %s%s\n", e->name, e->rdma ? "rdma" : "tcp",
+                e->rdma ? "" : " (no usable RDMA device: ibv_get_device_list found none)");
     *out = e;
     return 0;
 }
@@ -422,7 +454,8 @@ void xt_engine_destroy(xt_engine *e)
     }
     for (size_t i = 0; i < e->nsegs; i++) {
         struct xt_seg *sg = e->segs[i];
-        if (sg->used) {
+        if (sg->used == 1) {
+            xt_rdma_close_segment(e, sg);
             for (int k = 0; k <= e->cfg.threads; k++)
                 conn_drop(sg, k);
             free(sg->conns);
@@ -437,6 +470,10 @@ void xt_engine_destroy(xt_engine *e)
         free(e->batches[i]);
     }
     free(e->batches);
+    for (size_t i = 0; e->rdma && i < e->nregions; i++)
+        xt_rdma_dereg(e, &e->regions[i]);
+    if (e->rdma)
+        xt_rdma_fini(e);
     free(e->regions);
     free(e->notes);
     pthread_rwlock_destroy(&e->reg_lock);
@@ -450,7 +487,7 @@ int xt_engine_port(const xt_engine *e)
 
 const char *xt_engine_transport(const xt_engine *e)
 {
-    return "tcp";
+    return e && e->rdma ? "rdma" : "tcp";
 }
 
 void xt_engine_counters(xt_engine *e, uint64_t *out_init, uint64_t *out_served)
@@ -536,8 +573,10 @@ int xt_open_segment(xt_engine *e, const char *peer, xt_segment *out)
     }
     struct xt_seg *sg = e->segs[i];
     memset(sg, 0, sizeof *sg);
+    sg->used = 2; /* reserved while the handshake runs; usable (1) once it is done */
     sg->conns = calloc((size_t)e->cfg.threads + 1, sizeof *sg->conns);
     if (!sg->conns) {
+        sg->used = 0;
         pthread_mutex_unlock(&e->mu);
         close(fd);
         free(desc);
@@ -556,6 +595,22 @@ int xt_open_segment(xt_engine *e, const char *peer, xt_segment *out)
         sg->max_slice = (size_t)peer_max;
     sg->peer_desc = desc;
     pthread_mutex_init(&sg->ctl_mu, NULL);
+    pthread_mutex_unlock(&e->mu);
+    if (e->rdma && strstr(desc, "\"transport\":\"rdma\"")) { /* both sides have RDMA: QPs up to RTS now */
+        rc = xt_rdma_open_segment(e, sg);
+        if (rc) {
+            xt_log_error(e, "RDMA handshake", rc);
+            close(sg->conns[e->cfg.threads].fd);
+            free(sg->conns);
+            free(sg->peer_desc);
+            pthread_mutex_destroy(&sg->ctl_mu);
+            pthread_mutex_lock(&e->mu);
+            sg->used = 0;
+            pthread_mutex_unlock(&e->mu);
+            return rc;
+        }
+    }
+    pthread_mutex_lock(&e->mu);
     sg->used = 1;
     pthread_mutex_unlock(&e->mu);
     *out = (xt_segment)i;
@@ -572,6 +627,7 @@ int xt_close_segment(xt_engine *e, xt_segment s)
     }
     sg->used = 0;
     pthread_mutex_unlock(&e->mu);
+    xt_rdma_close_segment(e, sg);
     for (int k = 0; k <= e->cfg.threads; k++)
         conn_drop(sg, k);
     free(sg->conns);

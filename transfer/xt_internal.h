@@ -4,6 +4,7 @@
 
 #include "xpyd_transfer.h"
 
+#include <infiniband/verbs.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -18,6 +19,7 @@ enum xt_frame {
     XF_ACK,           /* status */
     XF_NOTIFY,        /* payload = name '\0' msg; answered XF_ACK */
     XF_PROBE,         /* answered XF_ACK */
+    XF_QP,            /* rdma: QP handshake (addr = the target NIC index); answered XF_QP */
 };
 
 struct xt_hdr {
@@ -39,11 +41,29 @@ int xt_connect(const char *host, int port, int timeout_ms);
 void xt_set_timeouts(int fd, int ms);
 
 /* ---- engine ---- */
+#define XT_MAX_NICS 8
+#define XT_SERVED_QPS 512
+
 struct xt_region {
     uintptr_t addr;
     size_t len;
     char location[32];
+    struct ibv_mr *mr[XT_MAX_NICS]; /* rdma: one registration per device */
 };
+
+struct xt_nic { /* one RDMA device in use */
+    char name[64];
+    struct ibv_context *ctx;
+    struct ibv_pd *pd;
+    struct ibv_cq **cqs;       /* one per worker */
+    struct ibv_cq *target_cq;  /* for QPs made on peers' requests (never polled: peers post one-sided) */
+    uint16_t lid;
+    enum ibv_mtu mtu;
+    int gid_index;
+    union ibv_gid gid;
+};
+
+struct xt_rseg;
 
 struct xt_conn {
     int fd;                     /* -1 when not connected */
@@ -59,6 +79,8 @@ struct xt_seg {
     pthread_mutex_t ctl_mu;
     atomic_int inflight_writes; /* WRITE slices submitted and not yet acked */
     atomic_int inflight;        /* slices of any kind not finished */
+    struct xt_rseg *rdma;       /* rdma QPs and the peer's rkeys, or NULL (tcp) */
+    atomic_uint rr;             /* NIC pair round robin */
 };
 
 struct xt_task {
@@ -120,6 +142,9 @@ struct xt_engine {
     size_t nnotes, capnotes;
     atomic_uint_fast64_t bytes_initiated, bytes_served;
     atomic_int logged_error;
+    int rdma;                   /* the rdma transport is active */
+    struct xt_nic nics[XT_MAX_NICS];
+    int nnics;
 };
 
 struct xt_served {
@@ -128,6 +153,8 @@ struct xt_served {
     int fd;
     pthread_t th;
     int done;
+    struct ibv_qp *qps[XT_SERVED_QPS]; /* rdma QPs made for this peer, destroyed when it goes */
+    int nqps;
 };
 
 /* Target side: serves one peer connection until it closes (xt_target.c). */
@@ -135,6 +162,19 @@ void *xt_serve_conn(void *arg);
 /* 1 when [addr, addr+len) lies inside one registered region. Caller holds reg_lock. */
 int xt_range_ok(const xt_engine *e, uint64_t addr, uint64_t len);
 int xt_describe(xt_engine *e, char *buf, size_t cap);
+
+/* rdma transport (xt_rdma.c) */
+int xt_rdma_init(xt_engine *e);                 /* 0, or -ENODEV when no device is usable */
+void xt_rdma_fini(xt_engine *e);
+int xt_rdma_reg(xt_engine *e, struct xt_region *r);
+void xt_rdma_dereg(xt_engine *e, struct xt_region *r);
+size_t xt_rdma_describe_nics(xt_engine *e, char *buf, size_t cap);
+size_t xt_rdma_describe_rkeys(xt_engine *e, const struct xt_region *r, char *buf, size_t cap);
+int xt_rdma_serve_qp(xt_engine *e, struct xt_served *sv, const struct xt_hdr *h, const void *payload);
+void xt_rdma_served_close(struct xt_served *sv);
+int xt_rdma_open_segment(xt_engine *e, struct xt_seg *sg);
+void xt_rdma_close_segment(xt_engine *e, struct xt_seg *sg);
+int xt_rdma_slice(xt_engine *e, struct xt_seg *sg, int worker, const struct xt_slice *sl);
 void xt_log_error(xt_engine *e, const char *what, int err);
 
 #endif

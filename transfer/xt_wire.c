@@ -71,7 +71,7 @@ int xt_recv_hdr(int fd, struct xt_hdr *h, size_t max_len)
     h->seq = le64toh(r.seq);
     h->addr = le64toh(r.addr);
     h->size = le64toh(r.size);
-    if (h->magic != XT_MAGIC || h->type < XF_HELLO || h->type > XF_PROBE)
+    if (h->magic != XT_MAGIC || h->type < XF_HELLO || h->type > XF_QP)
         return -EPROTO;
     if (h->len > max_len)
         return -EMSGSIZE; /* size-capped: a peer cannot make us buffer or stream more than a frame's worth */
@@ -205,6 +205,17 @@ void *xt_serve_conn(void *arg)
             rc = reply(fd, XF_ACK, h.seq, ok ? 0 : -EFAULT, NULL, 0); /* acked once applied */
             break;
         }
+        case XF_QP: {
+            char qbuf[256];
+            if (h.len > sizeof qbuf) {
+                rc = -EMSGSIZE;
+                goto out;
+            }
+            if ((rc = xt_recv_all(fd, qbuf, h.len)) != 0)
+                goto out;
+            rc = xt_rdma_serve_qp(e, sv, &h, qbuf);
+            break;
+        }
         case XF_NOTIFY: {
             char buf[sizeof(struct xt_notify)];
             if (h.len > sizeof buf) {
@@ -248,6 +259,7 @@ out:
     if (rc && rc != -ECONNRESET && !atomic_load(&e->stopping))
         xt_log_error(e, "serving a peer", rc);
     shutdown(fd, SHUT_RDWR);
+    xt_rdma_served_close(sv); /* the peer's QPs go with its control connection */
     sv->done = 1;
     return NULL;
 }

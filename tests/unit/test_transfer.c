@@ -233,9 +233,11 @@ static void peer_death_fails_batch_cleanly(void **state)
 
 static void bad_arguments(void **state)
 {
-    struct xt_config c = {.name = "x", .transport = "rdma"};
+    struct xt_config c = {.name = "x", .transport = "carrier-pigeon"};
     xt_engine *e = NULL;
     assert_int_equal(xt_engine_create(&c, &e), -EPROTONOSUPPORT);
+    c.transport = "rdma"; /* explicitly asked, and this machine has no RDMA device */
+    assert_int_equal(xt_engine_create(&c, &e), -ENODEV);
     c.transport = "tcp";
     c.name = NULL;
     assert_int_equal(xt_engine_create(&c, &e), -EINVAL);
