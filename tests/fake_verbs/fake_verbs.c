@@ -61,6 +61,25 @@ static struct fv_mr *mrs;
 static uint32_t next_qpn = 0x100, next_key = 0x1000;
 static atomic_int live_qp, live_mr, live_cq, live_pd, live_ctx;
 static atomic_int posts_before_rts;
+static enum ibv_mtu port_mtu[FV_MAX_DEV] = {IBV_MTU_4096, IBV_MTU_4096, IBV_MTU_4096, IBV_MTU_4096};
+
+static void init_devs(void);
+
+struct fv_ctx { /* a context remembers its port's MTU as it was when opened */
+    struct ibv_context ctx;
+    enum ibv_mtu mtu;
+};
+
+void fake_verbs_set_port_mtu(const char *name, enum ibv_mtu mtu)
+{
+    pthread_mutex_lock(&G);
+    init_devs();
+    for (int i = 0; i < ndevs; i++)
+        if (!strcmp(devs[i].name, name))
+            port_mtu[i] = mtu;
+    pthread_mutex_unlock(&G);
+}
+
 
 static int fv_poll_cq(struct ibv_cq *cq, int num, struct ibv_wc *wc);
 static int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
@@ -128,10 +147,14 @@ const char *ibv_get_device_name(struct ibv_device *device)
 
 struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
-    struct ibv_context *c = calloc(1, sizeof *c);
-    if (!c)
+    struct fv_ctx *fc = calloc(1, sizeof *fc);
+    if (!fc)
         return NULL;
+    struct ibv_context *c = &fc->ctx;
     c->device = device;
+    pthread_mutex_lock(&G);
+    fc->mtu = port_mtu[(struct ibv_device *)device - devs];
+    pthread_mutex_unlock(&G);
     c->ops.poll_cq = fv_poll_cq;
     c->ops.post_send = fv_post_send;
     c->ops.post_recv = fv_post_recv;
@@ -160,7 +183,7 @@ int ibv_query_port(struct ibv_context *c, uint8_t port, struct _compat_ibv_port_
     memset(a, 0, sizeof *a);
     a->state = IBV_PORT_ACTIVE;
     a->lid = (uint16_t)(dev_index(c) + 1);
-    a->active_mtu = dev_index(c) == 1 ? IBV_MTU_1024 : IBV_MTU_4096; /* different MTUs: the minimum must win */
+    a->active_mtu = ((struct fv_ctx *)c)->mtu;
     a->max_mtu = IBV_MTU_4096;
     a->link_layer = IBV_LINK_LAYER_ETHERNET;
     return 0;
@@ -375,6 +398,17 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
     }
     qp->state = to;
     return 0;
+}
+
+enum ibv_mtu fake_verbs_max_path_mtu(void)
+{
+    enum ibv_mtu m = 0;
+    pthread_mutex_lock(&G);
+    for (struct fv_qp *q = qps; q; q = q->next)
+        if (q->qp.state >= IBV_QPS_RTR && q->mtu > m)
+            m = q->mtu;
+    pthread_mutex_unlock(&G);
+    return m;
 }
 
 static struct fv_qp *qp_by_num(uint32_t n)

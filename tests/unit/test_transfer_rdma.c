@@ -97,6 +97,30 @@ static void rdma_write_read_striped(void **state)
     no_leaks_and_no_early_posts();
 }
 
+static void mtu_is_the_minimum_of_both_sides(void **state)
+{
+    fake_verbs_set_port_mtu("fake_0", IBV_MTU_4096);
+    fake_verbs_set_port_mtu("fake_1", IBV_MTU_4096);
+    xt_engine *a = mk("a", "rdma");
+    fake_verbs_set_port_mtu("fake_0", IBV_MTU_1024); /* b's ports run a smaller MTU */
+    fake_verbs_set_port_mtu("fake_1", IBV_MTU_1024);
+    xt_engine *b = mk("b", "rdma");
+    fake_verbs_set_port_mtu("fake_0", IBV_MTU_4096);
+    fake_verbs_set_port_mtu("fake_1", IBV_MTU_4096);
+    char *src = calloc(1, 4096), *dst = calloc(1, 4096);
+    assert_int_equal(xt_register_memory(a, src, 4096, NULL), 0);
+    assert_int_equal(xt_register_memory(b, dst, 4096, NULL), 0);
+    xt_segment s = open_peer(a, b);
+    assert_int_equal(fake_verbs_max_path_mtu(), IBV_MTU_1024); /* neither side's QPs use more than 1024 */
+    struct xt_request w = {XT_WRITE, src, s, (uint64_t)(uintptr_t)dst, 4096};
+    assert_int_equal(run(a, &w, NULL), XT_COMPLETED);
+    xt_engine_destroy(a);
+    xt_engine_destroy(b);
+    free(src);
+    free(dst);
+    no_leaks_and_no_early_posts();
+}
+
 static void remote_access_error_fails_and_qp_recovers(void **state)
 {
     xt_engine *a = mk("a", "rdma"), *b = mk("b", "rdma");
@@ -179,6 +203,7 @@ int main(void)
     signal(SIGPIPE, SIG_IGN);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(rdma_write_read_striped),
+        cmocka_unit_test(mtu_is_the_minimum_of_both_sides),
         cmocka_unit_test(remote_access_error_fails_and_qp_recovers),
         cmocka_unit_test(nic_failure_fails_over),
         cmocka_unit_test(tcp_peer_interoperates),
