@@ -523,6 +523,20 @@ static int exchange(xt_engine *e, int fd, uint32_t type, const void *payload, ui
     return rc ? rc : ack->status;
 }
 
+/* Appends one zeroed object of size sz to a growing array of pointers (objects never move once made:
+ * workers hold pointers to them). Returns it, or NULL on OOM. Caller holds e->mu. */
+static void *grow_one(void ***arr, size_t *n, size_t sz)
+{
+    void **na = realloc(*arr, (*n + 1) * sizeof *na);
+    if (!na)
+        return NULL;
+    *arr = na;
+    void *one = calloc(1, sz);
+    if (one)
+        na[(*n)++] = one;
+    return one;
+}
+
 int xt_open_segment(xt_engine *e, const char *peer, xt_segment *out)
 {
     if (!e || !peer || !out)
@@ -556,20 +570,11 @@ int xt_open_segment(xt_engine *e, const char *peer, xt_segment *out)
     size_t i = 0;
     while (i < e->nsegs && e->segs[i]->used)
         i++;
-    if (i == e->nsegs) { /* segments never move once made: workers hold pointers to them */
-        struct xt_seg **ns = realloc(e->segs, (e->nsegs + 1) * sizeof *ns);
-        struct xt_seg *one = calloc(1, sizeof *one);
-        if (!ns || !one) {
-            if (ns)
-                e->segs = ns;
-            free(one);
-            pthread_mutex_unlock(&e->mu);
-            close(fd);
-            free(desc);
-            return -ENOMEM;
-        }
-        e->segs = ns;
-        e->segs[e->nsegs++] = one;
+    if (i == e->nsegs && !grow_one((void ***)&e->segs, &e->nsegs, sizeof(struct xt_seg))) {
+        pthread_mutex_unlock(&e->mu);
+        close(fd);
+        free(desc);
+        return -ENOMEM;
     }
     struct xt_seg *sg = e->segs[i];
     memset(sg, 0, sizeof *sg);
@@ -663,19 +668,10 @@ int xt_alloc_batch(xt_engine *e, size_t max, xt_batch *out)
     size_t i = 0;
     while (i < e->nbatches && e->batches[i]->used)
         i++;
-    if (i == e->nbatches) {
-        struct xt_batchs **nb = realloc(e->batches, (e->nbatches + 1) * sizeof *nb);
-        struct xt_batchs *one = calloc(1, sizeof *one);
-        if (!nb || !one) {
-            if (nb)
-                e->batches = nb;
-            free(one);
-            pthread_mutex_unlock(&e->mu);
-            free(tasks);
-            return -ENOMEM;
-        }
-        e->batches = nb;
-        e->batches[e->nbatches++] = one;
+    if (i == e->nbatches && !grow_one((void ***)&e->batches, &e->nbatches, sizeof(struct xt_batchs))) {
+        pthread_mutex_unlock(&e->mu);
+        free(tasks);
+        return -ENOMEM;
     }
     struct xt_batchs *b = e->batches[i];
     memset(b, 0, sizeof *b);

@@ -237,7 +237,7 @@ def run(requests=300, clients=8, seconds=60, seed=1, log=print):
         m = t.metrics(router.port)
         report["router_active_requests"] = m.get("xpyd_active_requests", 0)
         report["router_retries"] = m.get("xpyd_retries_total", 0)
-        report["router_rss_kib"] = rss_kib(router.p.pid)
+        report["router_rss_kib"] = t.rss_kib(router.p.pid)
         router.stop()  # raises unless it exits 0
         report["router_exit_0"] = True
         report["killed_port"] = killed_port
@@ -248,12 +248,6 @@ def run(requests=300, clients=8, seconds=60, seed=1, log=print):
         bad.stop()
 
 
-def rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 if __name__ == "__main__":

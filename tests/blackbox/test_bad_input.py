@@ -4,19 +4,10 @@ import json
 
 import xpyd_testlib as t
 
-CMPL = {"prompt": "a b c", "max_tokens": 4}
+CMPL, stream_body = t.CMPL, t.stream_body
 
 
-def stream_body(n=4):
-    return {"prompt": "a b c", "max_tokens": n, "stream": True, "stream_options": {"include_usage": True}}
-
-
-class Base(t.TestCase):
-    def idle(self, r):
-        t.wait_until(lambda: t.router_idle(r.port), what="router load back to zero")
-
-
-class BadInput(Base):
+class BadInput(t.TestCase):
     def test_rejected_with_openai_errors(self):
         p, d = self.start(t.sim("--role", "prefill")), self.start(t.sim("--role", "decode"))
         r = self.start(t.router([p.port], [d.port], "--max-body-bytes", "2048"))

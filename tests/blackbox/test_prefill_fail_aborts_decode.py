@@ -8,12 +8,7 @@ import xpyd_testlib as t
 CMPL = {"prompt": "a b c d", "max_tokens": 4}
 
 
-class Base(t.TestCase):
-    def idle(self, r):
-        t.wait_until(lambda: t.router_idle(r.port), what="router load back to zero")
-
-
-class BootstrapPrefillFailure(Base):
+class BootstrapPrefillFailure(t.TestCase):
     def test_prefill_error_aborts_decode(self):
         p = self.start(t.sim("--role", "prefill", "--handoff", "bootstrap", "--status-code", "500"))
         d = self.start(t.sim("--role", "decode", "--handoff", "bootstrap", "--handoff-timeout-ms", "60000"))
@@ -41,7 +36,7 @@ class BootstrapPrefillFailure(Base):
         self.idle(r)
 
 
-class KvParamsDecodeFailure(Base):
+class KvParamsDecodeFailure(t.TestCase):
     def check_released(self, p, r, failures):
         t.wait_until(lambda: t.metric(p.port, "xpyd_sim:kv_leases_active") == 0, timeout=5,
                      what="prefill KV freed well before its 60 s lease")

@@ -7,12 +7,6 @@ import socket
 import xpyd_testlib as t
 
 
-def rss_kib(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
 
 
 class SlowClient(t.TestCase):
@@ -21,7 +15,7 @@ class SlowClient(t.TestCase):
         p = self.start(t.sim("--role", "prefill"))
         d = self.start(t.sim("--role", "decode", "--decode-us-per-token", "0", "--max-model-len", "1000000"))
         r = self.start(t.router([p.port], [d.port], "--client-buffer-bytes", "65536"))
-        before = rss_kib(r.p.pid)
+        before = t.rss_kib(r.p.pid)
         c = socket.create_connection(("127.0.0.1", r.port))
         body = json.dumps({"prompt": "a", "max_tokens": n, "stream": True, "ignore_eos": True})
         c.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -32,7 +26,7 @@ class SlowClient(t.TestCase):
         pending = t.metric(d.port, "xpyd_sim:stream_bytes_pending")
         self.assertGreater(pending, 20 * 1024 * 1024, "the router kept reading from the decode")
         if "ASAN_OPTIONS" not in os.environ:  # sanitizer quarantine makes RSS meaningless
-            grown = rss_kib(r.p.pid) - before
+            grown = t.rss_kib(r.p.pid) - before
             self.assertLess(grown, 4 * 1024, "router RSS grew by %d KiB while the client did not read" % grown)
         # now read everything: complete and in order
         c.settimeout(20)

@@ -144,6 +144,23 @@ def sim(*args):
     return Proc("xpyd_sim", ["--port", "0", "--log-level", "warn"] + list(args))
 
 
+def rss_kib(pid):
+    """Resident set size of process pid, in KiB."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+CMPL = {"prompt": "a b c", "max_tokens": 4}
+
+
+def stream_body(n=4):
+    """A streamed completions body with usage, n tokens."""
+    return {"prompt": "a b c", "max_tokens": n, "stream": True, "stream_options": {"include_usage": True}}
+
+
 def request(port, method, path, body=None, headers=None, timeout=10, host="127.0.0.1"):
     """One HTTP request; returns (status, headers dict with lower-case names, body bytes)."""
     c = http.client.HTTPConnection(host, port, timeout=timeout)
@@ -313,6 +330,10 @@ class TestCase(unittest.TestCase):
                 errors.append(str(e))
         if errors:
             raise AssertionError("\n".join(errors))
+
+    def idle(self, r, headers=None):
+        """Waits until router r holds no load (in-flight requests and outstanding tokens back to zero)."""
+        wait_until(lambda: router_idle(r.port, headers), what="router load back to zero")
 
     def assertOpenAIError(self, status, body, want_status, needle=""):
         self.assertEqual(status, want_status, body)
