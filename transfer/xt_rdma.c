@@ -175,8 +175,9 @@ size_t xt_rdma_describe_nics(xt_engine *e, char *buf, size_t cap)
 {
     size_t n = (size_t)snprintf(buf, cap, ",\"nics\":[");
     for (int i = 0; i < e->nnics && n < cap; i++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s{\"name\":\"%s\",\"lid\":%u,\"mtu\":%d}", i ? "," : "",
-                              e->nics[i].name, e->nics[i].lid, mtu_bytes(e->nics[i].mtu));
+        n += (size_t)snprintf(buf + n, cap - n, "%s{\"name\":\"%s\",\"lid\":%u,\"mtu\":%d,\"gid_index\":%d}",
+                              i ? "," : "", e->nics[i].name, e->nics[i].lid, mtu_bytes(e->nics[i].mtu),
+                              e->nics[i].gid_index);
     if (n < cap)
         n += (size_t)snprintf(buf + n, cap - n, "]");
     return n;

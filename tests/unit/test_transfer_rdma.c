@@ -78,6 +78,8 @@ static void rdma_write_read_striped(void **state)
     assert_non_null(strstr(desc, "\"transport\":\"rdma\""));
     assert_non_null(strstr(desc, "\"rkeys\":["));
     assert_non_null(strstr(desc, "fake_1"));
+    /* the fake's GID 0 is link-local, GID 1 IPv4-mapped (routable RoCEv2): the latter is chosen */
+    assert_non_null(strstr(desc, "\"name\":\"fake_0\",\"lid\":1,\"mtu\":4096,\"gid_index\":1"));
     xt_segment s = open_peer(a, b);
     struct fake_verbs_counts c;
     fake_verbs_live(&c);
@@ -181,6 +183,19 @@ static void nic_failure_fails_over(void **state)
     no_leaks_and_no_early_posts();
 }
 
+static void configured_gid_index_wins(void **state)
+{
+    struct xt_config c = {.name = "g", .transport = "rdma", .gid_index = 0, .gid_index_set = 1};
+    xt_engine *e = NULL;
+    assert_int_equal(xt_engine_create(&c, &e), 0);
+    char desc[1024];
+    assert_true(xt_segment_descriptor(e, desc, sizeof desc) > 0);
+    assert_non_null(strstr(desc, "\"gid_index\":0"));
+    assert_null(strstr(desc, "\"gid_index\":1"));
+    xt_engine_destroy(e);
+    no_leaks_and_no_early_posts();
+}
+
 static void tcp_peer_interoperates(void **state)
 {
     xt_engine *a = mk("a", "rdma"), *b = mk("b", "tcp"); /* b has no RDMA: the segment uses tcp */
@@ -206,6 +221,7 @@ int main(void)
         cmocka_unit_test(mtu_is_the_minimum_of_both_sides),
         cmocka_unit_test(remote_access_error_fails_and_qp_recovers),
         cmocka_unit_test(nic_failure_fails_over),
+        cmocka_unit_test(configured_gid_index_wins),
         cmocka_unit_test(tcp_peer_interoperates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
