@@ -185,8 +185,8 @@ static void header_emit(struct up_leg *leg)
 static int p_header_field(http_parser *p, const char *at, size_t len)
 {
     struct up_leg *leg = p->data;
-    if (!leg->cbs->on_header)
-        return 0;
+    if (!leg->cbs->on_header || leg->status)
+        return 0; /* chunked trailers (after the head) are not headers of the answer */
     if (leg->hstate == 2)
         header_emit(leg);
     leg->hstate = 1;
@@ -202,7 +202,7 @@ static int p_header_field(http_parser *p, const char *at, size_t len)
 static int p_header_value(http_parser *p, const char *at, size_t len)
 {
     struct up_leg *leg = p->data;
-    if (!leg->cbs->on_header)
+    if (!leg->cbs->on_header || leg->status)
         return 0;
     leg->hstate = 2;
     if (leg->hvl + len >= sizeof leg->hvalue)
