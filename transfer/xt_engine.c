@@ -308,49 +308,100 @@ static void finish_slice(xt_engine *e, const struct xt_slice *sl, int rc)
     }
 }
 
+#define XT_PIPELINE 8 /* tcp: slices one worker keeps in flight on its connection */
+
+/* tcp: sends every slice's request (and WRITE payload) back to back, then reads the answers in order, so the
+ * connection never idles waiting for an ack (the target serves one connection in order). rcs[i] gets each
+ * slice's result; a slice whose answer did not arrive is retried alone on a fresh connection. */
+static void tcp_slices(xt_engine *e, struct xt_seg *sg, int slot, struct xt_slice **sls, int n, int *rcs)
+{
+    int fd = conn_fd(e, sg, slot), sent = 0, done = 0, rc = fd < 0 ? fd : 0;
+    for (; !rc && sent < n; sent++) {
+        const struct xt_slice *sl = sls[sent];
+        struct xt_hdr h = {XT_MAGIC, sl->opcode == XT_WRITE ? (uint32_t)sl->len : 0,
+                           sl->opcode == XT_WRITE ? XF_WRITE : XF_READ, 0, (uint64_t)sent, sl->remote, sl->len};
+        rc = xt_send_hdr(fd, &h);
+        if (!rc && sl->opcode == XT_WRITE)
+            rc = xt_send_all(fd, sl->local, sl->len);
+    }
+    for (; !rc && done < sent; done++) {
+        const struct xt_slice *sl = sls[done];
+        struct xt_hdr a;
+        rc = xt_recv_hdr(fd, &a, e->cfg.max_frame_bytes);
+        if (!rc && (a.type != (sl->opcode == XT_WRITE ? XF_ACK : XF_DATA) || a.seq != (uint64_t)done))
+            rc = -EPROTO;
+        if (rc)
+            break;
+        if (a.status) {
+            rcs[done] = a.status < 0 ? a.status : -EPROTO; /* e.g. -EFAULT: the frame is complete, go on */
+            continue;
+        }
+        if (sl->opcode == XT_READ && a.len != sl->len) {
+            rc = -EPROTO;
+            break;
+        }
+        rcs[done] = sl->opcode == XT_READ ? xt_recv_all(fd, sl->local, sl->len) : 0;
+        if (rcs[done]) {
+            rc = rcs[done];
+            break;
+        }
+    }
+    if (done == n)
+        return;
+    conn_drop(sg, slot); /* the connection is suspect: each unanswered slice once more on a fresh one */
+    for (int i = done; i < n; i++) {
+        rcs[i] = do_slice_once(e, sg, slot, sls[i]);
+        if (rcs[i] && rcs[i] != -EFAULT)
+            conn_drop(sg, slot);
+    }
+}
+
 static void *worker(void *arg)
 {
     xt_engine *e = arg;
-    int slot;
-    slot = atomic_fetch_add(&e->next_slot, 1); /* this worker's own connection to every peer */
+    int slot = atomic_fetch_add(&e->next_slot, 1); /* this worker's own connection to every peer */
+    struct xt_slice *sls[XT_PIPELINE];
+    int rcs[XT_PIPELINE];
     pthread_mutex_lock(&e->q_mu);
     for (;;) {
         while (!e->q_head && !atomic_load(&e->stopping))
             pthread_cond_wait(&e->q_cond, &e->q_mu);
         if (!e->q_head)
             break;
-        struct xt_slice *sl = e->q_head;
-        e->q_head = sl->next;
+        int n = 0; /* consecutive slices for the same peer travel together */
+        do {
+            sls[n++] = e->q_head;
+            e->q_head = e->q_head->next;
+        } while (n < XT_PIPELINE && e->q_head && e->q_head->seg == sls[0]->seg);
         if (!e->q_head)
             e->q_tail = NULL;
         pthread_mutex_unlock(&e->q_mu);
         pthread_mutex_lock(&e->mu);
-        struct xt_seg *sg = seg_get(e, sl->seg);
+        struct xt_seg *sg = seg_get(e, sls[0]->seg);
         pthread_mutex_unlock(&e->mu);
-        int rc = -EBADF;
+        for (int i = 0; i < n; i++)
+            rcs[i] = -EBADF;
         if (sg && sg->rdma) {
-            rc = xt_rdma_slice(e, sg, slot, sl); /* striped over NIC pairs, retried on another pair */
+            for (int i = 0; i < n; i++)
+                rcs[i] = xt_rdma_slice(e, sg, slot, sls[i]); /* striped over NIC pairs, retried on another */
         } else if (sg) {
-            rc = do_slice_once(e, sg, slot, sl);
-            if (rc && rc != -EFAULT) { /* the connection is suspect: once more on a fresh one */
-                conn_drop(sg, slot);
-                rc = do_slice_once(e, sg, slot, sl);
-                if (rc && rc != -EFAULT)
-                    conn_drop(sg, slot);
-            }
+            tcp_slices(e, sg, slot, sls, n, rcs);
         }
-        if (sg) {
-            if (rc)
-                xt_log_error(e, sl->opcode == XT_WRITE ? "WRITE slice" : "READ slice", rc);
-            if (sl->opcode == XT_WRITE && atomic_fetch_sub(&sg->inflight_writes, 1) == 1) {
-                pthread_mutex_lock(&e->mu);
-                pthread_cond_broadcast(&e->cond);
-                pthread_mutex_unlock(&e->mu);
+        for (int i = 0; i < n; i++) {
+            struct xt_slice *sl = sls[i];
+            if (sg) {
+                if (rcs[i])
+                    xt_log_error(e, sl->opcode == XT_WRITE ? "WRITE slice" : "READ slice", rcs[i]);
+                if (sl->opcode == XT_WRITE && atomic_fetch_sub(&sg->inflight_writes, 1) == 1) {
+                    pthread_mutex_lock(&e->mu);
+                    pthread_cond_broadcast(&e->cond);
+                    pthread_mutex_unlock(&e->mu);
+                }
+                atomic_fetch_sub(&sg->inflight, 1);
             }
-            atomic_fetch_sub(&sg->inflight, 1);
+            finish_slice(e, sl, rcs[i]);
+            free(sl);
         }
-        finish_slice(e, sl, rc);
-        free(sl);
         pthread_mutex_lock(&e->q_mu);
     }
     pthread_mutex_unlock(&e->q_mu);
