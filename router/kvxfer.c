@@ -2,7 +2,7 @@
  * dies between prefill and decode (no decode took the KV), tells the prefill's engine to release the blocks
  * by a notification "release <key>" on the prefill's segment (named in the kv_transfer_params the prefill
  * returned: xpyd_segment, xpyd_key). The notifications go out from one helper thread with its own queue, so
- * a slow or dead prefill never blocks an event loop; segments are opened once and kept (bounded). */
+ * a slow or dead prefill never blocks an event loop; the engine keeps each prefill's segment open. */
 #include "router.h"
 
 #include "xpyd_transfer.h"
@@ -16,7 +16,6 @@
 #include <string.h>
 
 #define KVX_QUEUE_MAX 65536 /* releases waiting to be sent; beyond, dropped (the engine's lease expiry frees) */
-#define KVX_SEGMENTS 1024
 
 struct kvx_item {
     struct kvx_item *next;
@@ -32,41 +31,7 @@ static struct {
     struct kvx_item *head, *tail;
     size_t queued;
     int stopping, started;
-    struct {
-        char addr[300];
-        xt_segment seg;
-    } segs[KVX_SEGMENTS];
-    size_t nsegs;
 } K = {.mu = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER};
-
-static xt_segment segment_for(const char *addr)
-{
-    for (size_t i = 0; i < K.nsegs; i++)
-        if (strcmp(K.segs[i].addr, addr) == 0)
-            return K.segs[i].seg;
-    xt_segment s;
-    int rc = xt_open_segment(K.engine, addr, &s);
-    if (rc)
-        return rc;
-    if (K.nsegs == KVX_SEGMENTS) { /* bounded: the oldest is closed */
-        xt_close_segment(K.engine, K.segs[0].seg);
-        memmove(K.segs, K.segs + 1, (KVX_SEGMENTS - 1) * sizeof K.segs[0]);
-        K.nsegs--;
-    }
-    snprintf(K.segs[K.nsegs].addr, sizeof K.segs[0].addr, "%s", addr);
-    K.segs[K.nsegs++].seg = s;
-    return s;
-}
-
-static void forget_segment(const char *addr)
-{
-    for (size_t i = 0; i < K.nsegs; i++)
-        if (strcmp(K.segs[i].addr, addr) == 0) {
-            xt_close_segment(K.engine, K.segs[i].seg);
-            K.segs[i] = K.segs[--K.nsegs];
-            return;
-        }
-}
 
 static void *release_loop(void *arg)
 {
@@ -84,10 +49,10 @@ static void *release_loop(void *arg)
         pthread_mutex_unlock(&K.mu);
         char msg[300];
         snprintf(msg, sizeof msg, "release %s", it->key);
-        xt_segment s = segment_for(it->segment);
-        int rc = s < 0 ? (int)s : xt_send_notify(K.engine, s, msg);
-        if (rc && s >= 0)
-            forget_segment(it->segment); /* reconnect next time */
+        xt_segment s;
+        int rc = xt_open_segment(K.engine, it->segment, &s); /* the engine keeps peers open */
+        if (!rc && (rc = xt_send_notify(K.engine, s, msg)) != 0)
+            xt_close_segment(K.engine, s); /* reconnect next time */
         atomic_fetch_add(&g_rt->ctr.kv_releases[rc ? 1 : 0], 1);
         if (rc)
             xpyd_log_event("event=kv_release_failed segment=%s key=%s error=\"%s\"", it->segment, it->key,

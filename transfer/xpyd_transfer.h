@@ -74,7 +74,8 @@ int xt_unregister_memory(xt_engine *e, void *addr);
 /* This engine's segment descriptor as JSON: name, host, port, transport, buffers [{addr, len, location}]. */
 int xt_segment_descriptor(xt_engine *e, char *buf, size_t cap);
 
-/* Opens the peer listening at "host:port" (handshake: descriptor exchange). Returns a segment handle. */
+/* Opens the peer listening at "host:port" (handshake: descriptor exchange). Returns a segment handle; a peer
+ * that is already open gives the same handle (after a failure, close it to reconnect). */
 int xt_open_segment(xt_engine *e, const char *peer, xt_segment *out);
 int xt_close_segment(xt_engine *e, xt_segment seg);
 /* The peer's descriptor as received in the handshake. */
@@ -96,6 +97,10 @@ int xt_free_batch(xt_engine *e, xt_batch b);
 int xt_send_notify(xt_engine *e, xt_segment seg, const char *msg);
 /* Takes up to max notifications received (oldest first); returns how many. */
 int xt_get_notifies(xt_engine *e, struct xt_notify *out, size_t max);
+
+/* A non-blocking eventfd that becomes readable when a task finishes or a notification arrives (read 8 bytes
+ * to clear it): an event loop polls xt_batch_status / xt_get_notifies when it fires instead of on a timer. */
+int xt_engine_event_fd(const xt_engine *e);
 
 /* Bytes this engine moved as initiator, and served as target (monitoring). */
 void xt_engine_counters(xt_engine *e, uint64_t *bytes_initiated, uint64_t *bytes_served);

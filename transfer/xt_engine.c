@@ -17,9 +17,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+void xt_wake(xt_engine *e)
+{
+    uint64_t one = 1;
+    if (write(e->evfd, &one, sizeof one) < 0) {
+        /* the counter saturated: the reader is already due to wake */
+    }
+}
+
+int xt_engine_event_fd(const xt_engine *e)
+{
+    return e ? e->evfd : -EINVAL;
+}
 
 void xt_log_error(xt_engine *e, const char *what, int err)
 {
@@ -305,6 +319,7 @@ static void finish_slice(xt_engine *e, const struct xt_slice *sl, int rc)
         b->pending--;
         pthread_cond_broadcast(&e->cond);
         pthread_mutex_unlock(&e->mu);
+        xt_wake(e);
     }
 }
 
@@ -438,6 +453,11 @@ int xt_engine_create(const struct xt_config *cfg, xt_engine **out)
     snprintf(e->name, sizeof e->name, "%s", cfg->name);
     snprintf(e->host, sizeof e->host, "%s", cfg->listen_host ? cfg->listen_host : "127.0.0.1");
     e->lfd = e->wake[0] = e->wake[1] = -1;
+    e->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (e->evfd < 0) {
+        free(e);
+        return -errno;
+    }
     pthread_rwlock_init(&e->reg_lock, NULL);
     pthread_mutex_init(&e->conns_mu, NULL);
     pthread_mutex_init(&e->mu, NULL);
@@ -468,6 +488,7 @@ int xt_engine_create(const struct xt_config *cfg, xt_engine **out)
             close(e->wake[0]);
             close(e->wake[1]);
         }
+        close(e->evfd);
         free(e);
         return rc;
     }
@@ -499,6 +520,7 @@ void xt_engine_destroy(xt_engine *e)
     close(e->lfd);
     close(e->wake[0]);
     close(e->wake[1]);
+    close(e->evfd);
     for (struct xt_slice *s = e->q_head, *n; s; s = n) {
         n = s->next;
         free(s);
@@ -602,6 +624,14 @@ int xt_open_segment(xt_engine *e, const char *peer, xt_segment *out)
         memmove(host, host + 1, strlen(host));
         host[strcspn(host, "]")] = 0;
     }
+    pthread_mutex_lock(&e->mu); /* a peer already open: the same segment (Mooncake's openSegment is idempotent) */
+    for (size_t k = 0; k < e->nsegs; k++)
+        if (e->segs[k]->used == 1 && e->segs[k]->port == (int)port && !strcmp(e->segs[k]->host, host)) {
+            pthread_mutex_unlock(&e->mu);
+            *out = (xt_segment)k;
+            return 0;
+        }
+    pthread_mutex_unlock(&e->mu);
     int fd = xt_connect(host, (int)port, e->cfg.io_timeout_ms);
     if (fd < 0)
         return fd;

@@ -142,6 +142,7 @@ struct xt_engine {
     size_t nnotes, capnotes;
     atomic_uint_fast64_t bytes_initiated, bytes_served;
     atomic_int logged_error;
+    int evfd;                   /* eventfd written when a task ends or a notification arrives */
     int rdma;                   /* the rdma transport is active */
     struct xt_nic nics[XT_MAX_NICS];
     int nnics;
@@ -176,5 +177,6 @@ int xt_rdma_open_segment(xt_engine *e, struct xt_seg *sg);
 void xt_rdma_close_segment(xt_engine *e, struct xt_seg *sg);
 int xt_rdma_slice(xt_engine *e, struct xt_seg *sg, int worker, const struct xt_slice *sl);
 void xt_log_error(xt_engine *e, const char *what, int err);
+void xt_wake(xt_engine *e); /* makes xt_engine_event_fd readable */
 
 #endif

@@ -245,6 +245,8 @@ void *xt_serve_conn(void *arg)
             if (!status)
                 e->notes[e->nnotes++] = nt;
             pthread_mutex_unlock(&e->n_mu);
+            if (!status)
+                xt_wake(e);
             rc = reply(fd, XF_ACK, h.seq, status, NULL, 0);
             break;
         }

@@ -75,12 +75,8 @@ struct sim {
     uint64_t handoffs[5][HO_NRESULTS]; /* [handoff mode][result] */
     /* xpyd handoff: this engine's libxpyd_transfer engine, peers opened, notifications polled */
     xt_engine *xt;
-    struct event *xt_ev;
-    struct {
-        char addr[300];
-        xt_segment seg;
-    } xsegs[64];
-    int nxsegs;
+    struct event *xt_ev;     /* the engine's event fd: a read finished or a notification arrived */
+    struct xpull *pulls;     /* reads in flight (decode side) */
     uint64_t xt_releases;
     uint64_t leases_created, leases_released, leases_expired, leases_aborted;
     uint64_t kv_bytes_sent, kv_bytes_received;
@@ -138,7 +134,7 @@ struct xpull {
     size_t len;
     uint64_t t0;
     char key[240];
-    struct event *poll;
+    struct xpull *next;
 };
 
 
@@ -656,45 +652,25 @@ static void pull_send(struct sreq *r)
 
 /* ---------- xpyd handoff: the KV read through libxpyd_transfer ---------- */
 
-static int xseg_for(struct sim *s, const char *addr, xt_segment *out)
-{
-    for (int i = 0; i < s->nxsegs; i++)
-        if (!strcmp(s->xsegs[i].addr, addr)) {
-            *out = s->xsegs[i].seg;
-            return 0;
-        }
-    xt_segment seg;
-    int rc = xt_open_segment(s->xt, addr, &seg);
-    if (rc)
-        return rc;
-    if (s->nxsegs == (int)(sizeof s->xsegs / sizeof s->xsegs[0])) {
-        xt_close_segment(s->xt, s->xsegs[0].seg);
-        memmove(s->xsegs, s->xsegs + 1, sizeof s->xsegs - sizeof s->xsegs[0]);
-        s->nxsegs--;
-    }
-    snprintf(s->xsegs[s->nxsegs].addr, sizeof s->xsegs[0].addr, "%s", addr);
-    s->xsegs[s->nxsegs++].seg = seg;
-    *out = seg;
-    return 0;
-}
-
 static void xpull_free(struct xpull *xp)
 {
-    event_free(xp->poll);
+    for (struct xpull **pp = &xp->sim->pulls; *pp; pp = &(*pp)->next)
+        if (*pp == xp) {
+            *pp = xp->next;
+            break;
+        }
     xt_free_batch(xp->sim->xt, xp->batch);
     xt_unregister_memory(xp->sim->xt, xp->buf);
     free(xp->buf);
     free(xp);
 }
 
-static void xpull_poll(evutil_socket_t fd, short ev, void *arg)
+/* A read that is no longer pending: verify, ask the prefill to release, go on generating (or fail). */
+static void xpull_done(struct xpull *xp, int st)
 {
-    struct xpull *xp = arg;
     struct sim *s = xp->sim;
-    int st = XT_PENDING;
-    if (xt_batch_status(s->xt, xp->batch, &st) != 0 || st == XT_PENDING)
-        return;
     struct sreq *r = xp->r;
+    xt_segment xp_seg = xp->seg;
     char msg[400];
     snprintf(msg, sizeof msg, "release %s", xp->key);
     /* read or not, the prefill may let go of the blocks now */
@@ -714,6 +690,8 @@ static void xpull_poll(evutil_socket_t fd, short ev, void *arg)
         return;
     }
     xpull_free(xp);
+    if (st != XT_COMPLETED) /* reopened next time: the peer may have restarted */
+        xt_close_segment(s->xt, xp_seg);
     s->handoffs[r->ho_mode][HO_FAILED]++;
     sreq_fail(r, 500, st == XT_COMPLETED ? "KV transfer failed: the KV read does not match this request's prompt "
                                            "(integrity check failed)"
@@ -732,7 +710,7 @@ static void xpull_start(struct sreq *r)
     xp->buf = XPYD_XALLOC(malloc(xp->len ? xp->len : 1));
     xp->t0 = xpyd_now_us();
     snprintf(xp->key, sizeof xp->key, "%s", h->xpyd_key);
-    int rc = xseg_for(s, h->xpyd_segment, &xp->seg);
+    int rc = xt_open_segment(s->xt, h->xpyd_segment, &xp->seg); /* the engine keeps peers open */
     if (!rc)
         rc = xt_register_memory(s->xt, xp->buf, xp->len ? xp->len : 1, "sim:kv");
     if (!rc && (rc = xt_alloc_batch(s->xt, 1, &xp->batch)) == 0) {
@@ -740,9 +718,8 @@ static void xpull_start(struct sreq *r)
         if ((rc = xt_submit(s->xt, xp->batch, &q, 1)) != 0)
             xt_free_batch(s->xt, xp->batch);
         else {
-            xp->poll = XPYD_XALLOC(event_new(s->base, -1, EV_PERSIST, xpull_poll, xp));
-            struct timeval tv = {0, 200};
-            event_add(xp->poll, &tv);
+            xp->next = s->pulls; /* finished when the engine's event fd fires */
+            s->pulls = xp;
             r->xp = xp;
             return;
         }
@@ -756,11 +733,21 @@ static void xpull_start(struct sreq *r)
     sreq_fail(r, 500, msg);
 }
 
-/* Prefill: "release <key>" notifications from decodes (after their read) and from the router (when the
- * request died before any decode read). */
-static void xt_notes_poll(evutil_socket_t fd, short ev, void *arg)
+/* The engine's event fd fired. Decode: reads that finished. Prefill: "release <key>" notifications from
+ * decodes (after their read) and from the router (when the request died before any decode read). */
+static void xt_on_event(evutil_socket_t fd, short ev, void *arg)
 {
     struct sim *s = arg;
+    uint64_t count;
+    if (read(fd, &count, sizeof count) < 0) {
+        /* nothing to clear (EAGAIN): look anyway */
+    }
+    for (struct xpull *xp = s->pulls, *next; xp; xp = next) {
+        next = xp->next;
+        int st = XT_PENDING;
+        if (xt_batch_status(s->xt, xp->batch, &st) == 0 && st != XT_PENDING)
+            xpull_done(xp, st);
+    }
     struct xt_notify n[32];
     int k;
     while ((k = xt_get_notifies(s->xt, n, 32)) > 0)
@@ -1579,9 +1566,8 @@ int sim_run(const struct sim_config *cfg)
         }
         s->leases.on_drop = lease_unregister;
         s->leases.on_drop_arg = s;
-        s->xt_ev = event_new(s->base, -1, EV_PERSIST, xt_notes_poll, s);
-        struct timeval every = {0, 1000};
-        event_add(s->xt_ev, &every);
+        s->xt_ev = event_new(s->base, xt_engine_event_fd(s->xt), EV_READ | EV_PERSIST, xt_on_event, s);
+        event_add(s->xt_ev, NULL);
     }
     s->sweep_ev = event_new(s->base, -1, EV_PERSIST, on_sweep, s);
     struct timeval sweep = {0, 50000};
@@ -1625,7 +1611,12 @@ out:
         event_free(s->xt_ev);
     sim_lease_clear(&s->leases);
     if (s->xt)
-        xt_engine_destroy(s->xt); /* in-flight reads of aborted requests end with it (their buffers leak at exit) */
+        xt_engine_destroy(s->xt); /* reads still in flight end with it; their buffers go below */
+    for (struct xpull *xp = s->pulls, *next; xp; xp = next) {
+        next = xp->next;
+        free(xp->buf);
+        free(xp);
+    }
     XLOG_INFO("msg=\"xpyd_sim stopped\" port=%d", s->cfg.port);
     /* Connections still open are reclaimed by the OS at exit; evhtp has no safe bulk close for them. */
     free(s->ranks);

@@ -11,6 +11,7 @@
 #include "xpyd_transfer.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,6 +232,44 @@ static void peer_death_fails_batch_cleanly(void **state)
     close(p[1]);
 }
 
+static int readable(int fd, int ms)
+{
+    struct pollfd p = {fd, POLLIN, 0};
+    return poll(&p, 1, ms) == 1;
+}
+
+static void event_fd_and_reopen(void **state)
+{
+    xt_engine *a = mk("a", 65536, 0), *b = mk("b", 65536, 0);
+    char *src = calloc(1, 4096), *dst = calloc(1, 4096);
+    assert_int_equal(xt_register_memory(a, src, 4096, NULL), 0);
+    assert_int_equal(xt_register_memory(b, dst, 4096, NULL), 0);
+    xt_segment s = open_peer(a, b), again = open_peer(a, b);
+    assert_true(s == again); /* the same peer is the same segment */
+    int fa = xt_engine_event_fd(a), fb = xt_engine_event_fd(b);
+    assert_false(readable(fa, 0));
+    xt_batch bt;
+    struct xt_request w = {XT_WRITE, src, s, (uint64_t)(uintptr_t)dst, 4096};
+    assert_int_equal(xt_alloc_batch(a, 1, &bt), 0);
+    assert_int_equal(xt_submit(a, bt, &w, 1), 0);
+    assert_true(readable(fa, 5000)); /* a task ended: no need to poll on a timer */
+    uint64_t n;
+    assert_int_equal(read(fa, &n, sizeof n), (ssize_t)sizeof n);
+    int st;
+    assert_int_equal(xt_batch_status(a, bt, &st), 0);
+    assert_int_equal(st, XT_COMPLETED);
+    assert_int_equal(xt_free_batch(a, bt), 0);
+    assert_false(readable(fb, 0));
+    assert_int_equal(xt_send_notify(a, s, "hi"), 0);
+    assert_true(readable(fb, 5000)); /* a notification arrived */
+    struct xt_notify got;
+    assert_int_equal(xt_get_notifies(b, &got, 1), 1);
+    xt_engine_destroy(a);
+    xt_engine_destroy(b);
+    free(src);
+    free(dst);
+}
+
 static void bad_arguments(void **state)
 {
     struct xt_config c = {.name = "x", .transport = "carrier-pigeon"};
@@ -256,7 +295,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(write_then_read_with_checksums), cmocka_unit_test(out_of_range_refused),
         cmocka_unit_test(notify_after_landing),           cmocka_unit_test(slices_follow_peer_frame_limit),
-        cmocka_unit_test(peer_death_fails_batch_cleanly), cmocka_unit_test(bad_arguments),
+        cmocka_unit_test(peer_death_fails_batch_cleanly), cmocka_unit_test(event_fd_and_reopen),
+        cmocka_unit_test(bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
