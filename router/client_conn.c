@@ -209,13 +209,9 @@ static void guard_read(struct bufferevent *bev, void *arg)
 
 static void over_capacity_handler(evhtp_request_t *req, void *arg)
 {
-    char *body = xpyd_oai_error_json(503, NULL, "the router is at --max-connections; retry later", NULL);
-    evbuffer_add(req->buffer_out, body, strlen(body));
-    free(body);
-    evhtp_headers_add_header(req->headers_out, evhtp_header_new("Content-Type", "application/json", 0, 0));
     evhtp_headers_add_header(req->headers_out, evhtp_header_new("Retry-After", "1", 0, 0));
     rt_close_after_reply(req);
-    evhtp_send_reply(req, EVHTP_RES_SERVUNAVAIL);
+    rt_reply_error(req, 503, "the router is at --max-connections; retry later");
 }
 
 /* libevhtp 1.2.18's evhtp_request_set_keepalive(req, 0) does not clear the flag, so the connection would

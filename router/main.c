@@ -106,12 +106,7 @@ static void on_status(evhtp_request_t *req, void *arg)
 
 static void on_not_found(evhtp_request_t *req, void *arg)
 {
-    char *body = xpyd_oai_error_json(404, NULL, "Not Found", NULL);
-    struct evbuffer *b = evbuffer_new();
-    evbuffer_add(b, body, strlen(body));
-    send_text(req, 404, "application/json", b);
-    evbuffer_free(b);
-    free(body);
+    rt_reply_error(req, 404, "Not Found");
 }
 
 void rt_status_handlers(evhtp_t *htp)

@@ -45,20 +45,6 @@ size_t rt_metadata_count(void)
     return n;
 }
 
-static void reply(evhtp_request_t *req, int status, const char *ctype, const char *body, size_t len)
-{
-    evhtp_headers_add_header(req->headers_out, evhtp_header_new("Content-Type", ctype, 0, 0));
-    evbuffer_add(req->buffer_out, body, len);
-    evhtp_send_reply(req, (evhtp_res)status);
-}
-
-static void reply_err(evhtp_request_t *req, int status, const char *msg)
-{
-    char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
-    reply(req, status, "application/json", body, strlen(body));
-    free(body);
-}
-
 static int hexval(char c)
 {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
@@ -70,7 +56,7 @@ static void on_metadata(evhtp_request_t *req, void *arg)
         return;
     const char *raw = req->uri && req->uri->query ? evhtp_kv_find(req->uri->query, "key") : NULL;
     if (!raw || !raw[0] || strlen(raw) > MD_KEY_MAX) {
-        reply_err(req, 400, "use /metadata?key=<key> (1-1024 bytes)");
+        rt_reply_error(req, 400, "use /metadata?key=<key> (1-1024 bytes)");
         return;
     }
     char key[MD_KEY_MAX + 1];
@@ -86,7 +72,7 @@ static void on_metadata(evhtp_request_t *req, void *arg)
     }
     key[kl] = 0;
     if (strlen(key) != kl) {
-        reply_err(req, 400, "a metadata key cannot contain NUL");
+        rt_reply_error(req, 400, "a metadata key cannot contain NUL");
         return;
     }
     htp_method m = evhtp_request_get_method(req);
@@ -95,7 +81,7 @@ static void on_metadata(evhtp_request_t *req, void *arg)
     if (m == htp_method_GET) {
         if (!*pp) {
             pthread_mutex_unlock(&M.mu);
-            reply_err(req, 404, "no such metadata key");
+            rt_reply_error(req, 404, "no such metadata key");
             return;
         }
         evbuffer_add(req->buffer_out, (*pp)->val, (*pp)->len);
@@ -112,25 +98,25 @@ static void on_metadata(evhtp_request_t *req, void *arg)
         }
         pthread_mutex_unlock(&M.mu);
         if (!e) {
-            reply_err(req, 404, "no such metadata key");
+            rt_reply_error(req, 404, "no such metadata key");
             return;
         }
         free(e->key);
         free(e->val);
         free(e);
-        reply(req, 200, "application/json", "{\"deleted\":true}", 16);
+        rt_reply(req, 200, "application/json", "{\"deleted\":true}", 16);
         return;
     }
     if (m == htp_method_PUT || m == htp_method_POST) {
         size_t len = evbuffer_get_length(req->buffer_in);
         if ((long)len > g_rt->cfg.metadata_max_value_bytes) {
             pthread_mutex_unlock(&M.mu);
-            reply_err(req, 413, "metadata value larger than --metadata-max-value-bytes");
+            rt_reply_error(req, 413, "metadata value larger than --metadata-max-value-bytes");
             return;
         }
         if (!*pp && (long)M.n >= g_rt->cfg.metadata_max_keys) {
             pthread_mutex_unlock(&M.mu);
-            reply_err(req, 507, "metadata store full (--metadata-max-keys)");
+            rt_reply_error(req, 507, "metadata store full (--metadata-max-keys)");
             return;
         }
         char *val = XPYD_XALLOC(malloc(len ? len : 1));
@@ -146,11 +132,11 @@ static void on_metadata(evhtp_request_t *req, void *arg)
         (*pp)->val = val;
         (*pp)->len = len;
         pthread_mutex_unlock(&M.mu);
-        reply(req, 200, "application/json", "{\"stored\":true}", 15);
+        rt_reply(req, 200, "application/json", "{\"stored\":true}", 15);
         return;
     }
     pthread_mutex_unlock(&M.mu);
-    reply_err(req, 405, "use GET, PUT or DELETE /metadata?key=<key>");
+    rt_reply_error(req, 405, "use GET, PUT or DELETE /metadata?key=<key>");
 }
 
 void rt_metadata_handlers(evhtp_t *htp)

@@ -156,12 +156,17 @@ static void send_error(struct rreq *r, int status, const char *msg)
     free(body);
 }
 
-static void reply_error_now(evhtp_request_t *req, int status, const char *msg)
+void rt_reply(evhtp_request_t *req, int status, const char *ctype, const char *body, size_t len)
+{
+    add_header(req, "Content-Type", ctype);
+    evbuffer_add(req->buffer_out, body, len);
+    evhtp_send_reply(req, (evhtp_res)status);
+}
+
+void rt_reply_error(evhtp_request_t *req, int status, const char *msg)
 {
     char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
-    add_header(req, "Content-Type", "application/json");
-    evbuffer_add(req->buffer_out, body, strlen(body));
-    evhtp_send_reply(req, (evhtp_res)status);
+    rt_reply(req, status, "application/json", body, strlen(body));
     free(body);
 }
 
@@ -1459,7 +1464,7 @@ int rt_authorized(evhtp_request_t *req)
     if (!key[0] || rt_bearer_ok(req, key))
         return 1;
     add_header(req, "WWW-Authenticate", "Bearer");
-    reply_error_now(req, 401, "invalid or missing API key: send Authorization: Bearer <key>");
+    rt_reply_error(req, 401, "invalid or missing API key: send Authorization: Bearer <key>");
     return 0;
 }
 
@@ -1472,7 +1477,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
         return;
     }
     if (evhtp_request_get_method(req) != htp_method_POST) {
-        reply_error_now(req, 405, "Method Not Allowed: use POST");
+        rt_reply_error(req, 405, "Method Not Allowed: use POST");
         atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);
         atomic_fetch_add(&g_rt->ctr.requests[kind][405], 1);
         access_log_rejected(req, kind, 405, RF_BAD_REQUEST);
@@ -1480,7 +1485,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
     }
     if (atomic_load(&g_rt->draining)) {
         rt_close_after_reply(req);
-        reply_error_now(req, 503, "the router is shutting down (draining): retry on another router");
+        rt_reply_error(req, 503, "the router is shutting down (draining): retry on another router");
         atomic_fetch_add(&g_rt->ctr.requests[kind][503], 1);
         access_log_rejected(req, kind, 503, RF_NONE);
         return;
@@ -1490,7 +1495,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
         char msg[160];
         snprintf(msg, sizeof msg, "request body exceeds the limit of %ld bytes (--max-body-bytes)",
                  g_rt->cfg.max_body_bytes);
-        reply_error_now(req, 413, msg);
+        rt_reply_error(req, 413, msg);
         atomic_fetch_add(&g_rt->ctr.errors[RF_BODY_TOO_LARGE], 1);
         atomic_fetch_add(&g_rt->ctr.requests[kind][413], 1);
         access_log_rejected(req, kind, 413, RF_BODY_TOO_LARGE);
@@ -1507,7 +1512,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
         char msg[200];
         if (!body)
             snprintf(msg, sizeof msg, "malformed JSON body (parse error near byte %ld)", end ? (long)(end - data) : 0L);
-        reply_error_now(req, 400, body ? bad : msg);
+        rt_reply_error(req, 400, body ? bad : msg);
         cJSON_Delete(body);
         atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);
         atomic_fetch_add(&g_rt->ctr.requests[kind][400], 1);
@@ -1616,7 +1621,7 @@ static void m_done(struct up_leg *leg, int err, void *arg)
     evhtp_request_t *req = m->ereq;
     evhtp_request_unset_hook(req, evhtp_hook_on_request_fini);
     if (err || m->status != 200) {
-        reply_error_now(req, 502, "no backend answered GET /v1/models");
+        rt_reply_error(req, 502, "no backend answered GET /v1/models");
     } else {
         add_header(req, "Content-Type", "application/json");
         evbuffer_add_buffer(req->buffer_out, m->body);

@@ -209,30 +209,16 @@ int rt_reload(void)
 
 /* ---------- admin API ---------- */
 
-static void reply_json(evhtp_request_t *req, int status, const char *body)
-{
-    evhtp_headers_add_header(req->headers_out, evhtp_header_new("Content-Type", "application/json", 0, 0));
-    evbuffer_add(req->buffer_out, body, strlen(body));
-    evhtp_send_reply(req, (evhtp_res)status);
-}
-
-static void reply_err(evhtp_request_t *req, int status, const char *msg)
-{
-    char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
-    reply_json(req, status, body);
-    free(body);
-}
-
 /* Admin endpoints answer 403 while no admin key is set, 401 without the right one. */
 static int admin_allowed(evhtp_request_t *req)
 {
     if (!g_rt->cfg.admin_key[0]) {
-        reply_err(req, 403, "the admin API is off: start the router with --admin-key (or XPYD_ADMIN_KEY)");
+        rt_reply_error(req, 403, "the admin API is off: start the router with --admin-key (or XPYD_ADMIN_KEY)");
         return 0;
     }
     if (!rt_bearer_ok(req, g_rt->cfg.admin_key)) {
         evhtp_headers_add_header(req->headers_out, evhtp_header_new("WWW-Authenticate", "Bearer", 0, 0));
-        reply_err(req, 401, "invalid or missing admin key: send Authorization: Bearer <admin key>");
+        rt_reply_error(req, 401, "invalid or missing admin key: send Authorization: Bearer <admin key>");
         return 0;
     }
     return 1;
@@ -264,7 +250,7 @@ static void send_cjson(evhtp_request_t *req, int status, cJSON *o)
 {
     char *s = XPYD_XALLOC(cJSON_PrintUnformatted(o));
     cJSON_Delete(o);
-    reply_json(req, status, s);
+    rt_reply(req, status, "application/json", s, strlen(s));
     free(s);
 }
 
@@ -335,7 +321,7 @@ static void admin_add(evhtp_request_t *req)
     }
     if (err[0]) {
         cJSON_Delete(o);
-        reply_err(req, 400, err);
+        rt_reply_error(req, 400, err);
         return;
     }
     char host[256];
@@ -369,7 +355,7 @@ static void admin_add(evhtp_request_t *req)
     pthread_mutex_unlock(&reg_mu);
     if (status) {
         cJSON_Delete(out);
-        reply_err(req, status, err);
+        rt_reply_error(req, status, err);
         return;
     }
     send_cjson(req, changed ? 201 : 200, out);
@@ -390,7 +376,7 @@ static void admin_remove(evhtp_request_t *req, const char *rest)
         role = parse_role(buf);
     }
     if (role < 0 || !colon || xpyd_parse_long(colon + 1, 1, 65535, &port) != 0) {
-        reply_err(req, 400, "use DELETE /admin/instances/<prefill|decode>/<host>:<port>");
+        rt_reply_error(req, 400, "use DELETE /admin/instances/<prefill|decode>/<host>:<port>");
         return;
     }
     *colon = 0;
@@ -417,7 +403,7 @@ static void admin_remove(evhtp_request_t *req, const char *rest)
     pthread_mutex_unlock(&reg_mu);
     if (!n) {
         cJSON_Delete(out);
-        reply_err(req, 404, "no such active instance in that pool");
+        rt_reply_error(req, 404, "no such active instance in that pool");
         return;
     }
     send_cjson(req, 200, out);
@@ -438,7 +424,7 @@ static void on_admin_instances(evhtp_request_t *req, void *arg)
     else if (rest[0] == '/' && rest[1] && m == htp_method_DELETE)
         admin_remove(req, rest + 1);
     else
-        reply_err(req, 405, "use GET or POST /admin/instances, or DELETE /admin/instances/<role>/<host>:<port>");
+        rt_reply_error(req, 405, "use GET or POST /admin/instances, or DELETE /admin/instances/<role>/<host>:<port>");
 }
 
 void rt_admin_handlers(evhtp_t *htp)

@@ -127,6 +127,9 @@ struct rthread {
 /* With --api-key: 1 when the request carries the key (constant-time compare), else answers 401 and returns 0.
  * Without a key configured: 1. */
 int rt_authorized(struct evhtp_request *req);
+/* Answers a request at once: body with its Content-Type; or an OpenAI error JSON for status with msg. */
+void rt_reply(struct evhtp_request *req, int status, const char *ctype, const char *body, size_t len);
+void rt_reply_error(struct evhtp_request *req, int status, const char *msg);
 /* 1 when the request carries Authorization: Bearer <key> (constant-time compare). Replies nothing. */
 int rt_bearer_ok(struct evhtp_request *req, const char *key);
 
