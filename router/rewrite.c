@@ -122,19 +122,37 @@ static void set_item(cJSON *b, const char *k, cJSON *v)
     cJSON_AddItemToObject(b, k, XPYD_XALLOC(v));
 }
 
+struct keyref {
+    cJSON *item;
+    size_t pos;
+};
+
+static int keyref_cmp(const void *a, const void *b)
+{
+    const struct keyref *x = a, *y = b;
+    int c = strcmp(x->item->string ? x->item->string : "", y->item->string ? y->item->string : "");
+    return c ? c : (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* Sorted by key then position, so a hostile body with many keys costs n log n, not n^2. */
 void rw_dedupe_keys(cJSON *o)
 {
     if (!cJSON_IsObject(o))
         return;
-    for (cJSON *it = o->child; it;) {
-        cJSON *next = it->next;
-        for (cJSON *later = next; later; later = later->next)
-            if (it->string && later->string && strcmp(it->string, later->string) == 0) {
-                cJSON_Delete(cJSON_DetachItemViaPointer(o, it)); /* the last one wins, as in Python's json */
-                break;
-            }
-        it = next;
-    }
+    size_t n = 0;
+    for (cJSON *it = o->child; it; it = it->next)
+        n++;
+    if (n < 2)
+        return;
+    struct keyref *refs = XPYD_XALLOC(malloc(n * sizeof *refs));
+    size_t i = 0;
+    for (cJSON *it = o->child; it; it = it->next, i++)
+        refs[i] = (struct keyref){it, i};
+    qsort(refs, n, sizeof *refs, keyref_cmp);
+    for (i = 0; i + 1 < n; i++) /* every one but the last of a run of equal keys goes */
+        if (refs[i].item->string && refs[i + 1].item->string && !strcmp(refs[i].item->string, refs[i + 1].item->string))
+            cJSON_Delete(cJSON_DetachItemViaPointer(o, refs[i].item)); /* the last one wins, as in Python's json */
+    free(refs);
 }
 
 char *rw_prefill_body(const cJSON *client, int kv_params, size_t *len)
