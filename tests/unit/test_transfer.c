@@ -270,6 +270,41 @@ static void event_fd_and_reopen(void **state)
     free(dst);
 }
 
+/* The first error of an engine is logged in full, later ones are not repeated (no log flood). */
+static void first_error_logged_once(void **state)
+{
+    int p[2];
+    assert_int_equal(pipe(p), 0);
+    int saved = dup(2);
+    dup2(p[1], 2);
+    xt_engine *a = mk("first-err", 4096, 0), *b = mk("peer", 4096, 0);
+    char *loc = calloc(1, 4096), *tgt = calloc(1, 4096);
+    assert_int_equal(xt_register_memory(a, loc, 4096, NULL), 0);
+    assert_int_equal(xt_register_memory(b, tgt, 1024, NULL), 0);
+    xt_segment s = open_peer(a, b);
+    for (int i = 0; i < 3; i++) {
+        struct xt_request w = {XT_WRITE, loc, s, (uint64_t)(uintptr_t)tgt + 512, 1024};
+        assert_int_equal(run(a, &w, 1, NULL), XT_FAILED);
+    }
+    xt_engine_destroy(a);
+    xt_engine_destroy(b);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    close(p[1]);
+    char buf[8192];
+    ssize_t n = read(p[0], buf, sizeof buf - 1);
+    close(p[0]);
+    buf[n > 0 ? n : 0] = 0;
+    int lines = 0;
+    for (char *q = buf; (q = strstr(q, "xpyd_transfer[first-err]: ")) != NULL; q++)
+        lines++;
+    assert_int_equal(lines, 1);
+    assert_non_null(strstr(buf, "xpyd_transfer[first-err]: WRITE slice: Bad address"));
+    free(loc);
+    free(tgt);
+}
+
 static void bad_arguments(void **state)
 {
     struct xt_config c = {.name = "x", .transport = "carrier-pigeon"};
@@ -296,7 +331,7 @@ int main(void)
         cmocka_unit_test(write_then_read_with_checksums), cmocka_unit_test(out_of_range_refused),
         cmocka_unit_test(notify_after_landing),           cmocka_unit_test(slices_follow_peer_frame_limit),
         cmocka_unit_test(peer_death_fails_batch_cleanly), cmocka_unit_test(event_fd_and_reopen),
-        cmocka_unit_test(bad_arguments),
+        cmocka_unit_test(first_error_logged_once), cmocka_unit_test(bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
