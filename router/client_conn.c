@@ -1,26 +1,34 @@
 /* client_conn.c - the router's guard in front of libevhtp for each client connection.
  *
- * libevhtp 1.2.18 parses whatever arrives and, on its own limits, closes the connection without an answer.
- * The guard sits between the socket and libevhtp's parser: while a request head is arriving it holds the
- * bytes back, counts them (header bytes, header lines, line length) and watches the clock, so that a
- * client gets an answer in OpenAI's error shape:
+ * libevhtp 1.2.18 mishandles much of what a hostile client can send (a request line without a version
+ * crashes it; pipelined requests, chunk extensions and trailers are lost; framing it does not understand is
+ * read as the next request). So libevhtp never reads the client's bytes. The guard takes every byte off
+ * the socket, reads one request at a time with the strict reader in http_req.c (head and body, Content-Length
+ * or chunked), and only then hands libevhtp a canonical re-serialisation of that one request: request line,
+ * the end-to-end header fields, Content-Length, the body. The next request, pipelined or not, is read only
+ * once the answer to this one is complete, so answers go out in order. Per request, on every request of a
+ * connection (the first, a pipelined one, or one after a keep-alive pause):
  *   - head not complete within --header-timeout-ms          -> 408, then close (slowloris defence)
  *   - body stalls longer than --body-idle-timeout-ms         -> 408, then close
  *   - head over --max-header-bytes / --max-headers / a line over --max-header-line-bytes -> 431, then close
+ *   - a malformed or ambiguous head or chunked body          -> 400 (or 501/505/417), then close
+ *   - a body over --max-body-bytes: read and discarded, the handler answers 413 (never buffered)
  *   - a connection over --max-connections                    -> 503 + Retry-After, then close
  *   - no new request within --keepalive-timeout-ms           -> closed quietly (nothing was asked)
- * Only once the head is complete and within limits are the bytes handed to libevhtp, which then parses
- * exactly what it would have parsed anyway. After a 408/431 the connection is half-closed and read and
- * discarded for up to --linger-ms, so the client reads the answer instead of a reset.
+ * "Expect: 100-continue" is answered by the guard: 100 Continue only when the body will be read (not
+ * before a 401 or a 413). After a refusal the connection is half-closed and read and discarded for up to
+ * --linger-ms, so the client reads the answer instead of a reset.
  *
- * States: IDLE (between requests) -> HEAD (first byte of a request seen) -> BODY (head complete, handed to
- * libevhtp) -> BUSY (request complete, handler running) -> IDLE (response finished, keep-alive), or
- * REJECTED (answer written, lingering) from HEAD/BODY. */
+ * States: IDLE (between requests) -> HEAD (first byte of a request seen) -> BODY (head accepted, body being
+ * read) -> BUSY (handed to libevhtp, answer in progress) -> IDLE (answer finished: the request-fini hook),
+ * or REJECTED (answer written, lingering) from HEAD/BODY. */
 #include "router.h"
+#include "http_req.h"
 
 #include "xpyd_oai.h"
 #include "xpyd_util.h"
 
+#include <assert.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
@@ -35,16 +43,29 @@ enum cc_state { CC_IDLE = 0, CC_HEAD, CC_BODY, CC_BUSY, CC_REJECTED };
 struct cconn {
     evhtp_connection_t *c;
     struct event *timer;
+    struct event *kick;     /* reads the next request once libevhtp has reset its parser */
     enum cc_state state;
     int over_capacity;      /* answer every request with 503 and close */
-    size_t scanned;         /* head bytes already looked at (input is not drained while in HEAD) */
+    int last;               /* the current request is the connection's last (Connection: close, HTTP/1.0) */
+    struct evbuffer *raw;   /* client bytes not yet taken by a request */
+    size_t scanned;         /* head bytes already looked at */
     size_t line_start;      /* offset of the current head line */
     long lines;             /* head lines seen (request line + headers) */
+    /* the request being read */
+    char *head;             /* the head's bytes (fields point into them), owned */
+    struct hr_head h;
+    struct hr_field *fields;
+    struct evbuffer *body;
+    int64_t body_left;      /* Content-Length bytes still to come */
+    size_t body_bytes;
+    struct hr_chunked ck;
+    int too_large;          /* over --max-body-bytes: discarded, the handler answers 413 */
+    int skip_body;          /* Expect: 100-continue refused early: the body will not be sent */
     bufferevent_data_cb ev_read, ev_write;
     bufferevent_event_cb ev_event;
     void *ev_arg;
-    evhtp_callback_cb handler;   /* the request's own handler, wrapped to mark the request complete */
-    void *handler_arg;
+    void (*owner_fini)(void *arg); /* the handler's cleanup, run when libevhtp frees the request */
+    void *owner_arg;
 };
 
 static void arm(struct cconn *cc, long ms)
@@ -53,15 +74,31 @@ static void arm(struct cconn *cc, long ms)
     evtimer_add(cc->timer, &tv);
 }
 
+static void request_reset(struct cconn *cc)
+{
+    free(cc->head);
+    cc->head = NULL;
+    evbuffer_drain(cc->body, evbuffer_get_length(cc->body));
+    cc->body_left = 0;
+    cc->body_bytes = 0;
+    cc->too_large = cc->skip_body = 0;
+    memset(&cc->ck, 0, sizeof cc->ck);
+}
+
 static void cc_free(struct cconn *cc)
 {
     if (!cc)
         return;
     event_free(cc->timer);
+    event_free(cc->kick);
+    request_reset(cc);
+    evbuffer_free(cc->raw);
+    evbuffer_free(cc->body);
+    free(cc->fields);
     free(cc);
 }
 
-/* ---- rejection: a raw answer, then a lingering close ---- */
+/* ---- refusal: a raw answer, then a lingering close ---- */
 
 static void linger_read(struct bufferevent *bev, void *arg)
 {
@@ -76,19 +113,6 @@ static void linger_write(struct bufferevent *bev, void *arg)
         shutdown(cc->c->sock, SHUT_WR);
 }
 
-/* libevhtp 1.2.18 frees the connection when its write callback runs while no request is in progress
- * ("no request associated with connection"). That happens on a keep-alive connection between requests:
- * after a streamed answer, EV_WRITE stays enabled and a write event with nothing left to write still runs
- * the callback. The client's idle keep-alive connection was closed under it, racing its next request.
- * Between requests there is nothing for libevhtp to do on a write event, so it is not told. */
-static void guard_write(struct bufferevent *bev, void *arg)
-{
-    struct cconn *cc = arg;
-    if (!cc->c->request)
-        return;
-    cc->ev_write(bev, cc->ev_arg);
-}
-
 static void guard_event(struct bufferevent *bev, short what, void *arg)
 {
     struct cconn *cc = arg;
@@ -98,19 +122,25 @@ static void guard_event(struct bufferevent *bev, short what, void *arg)
 static void reject(struct cconn *cc, int status, const char *reason, int reason_idx, const char *msg)
 {
     atomic_fetch_add(&g_rt->ctr.client_rejected[reason_idx], 1);
-    xpyd_log_event("event=client_rejected status=%d reason=%s", status, reason);
+    xpyd_log_event("event=client_rejected status=%d reason=%s detail=\"%s\"", status, reason, msg);
     char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
     struct evbuffer *out = bufferevent_get_output(cc->c->bev);
     evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
                              "Connection: close\r\n\r\n%s",
-                        status, status == 408 ? "Request Timeout" : "Request Header Fields Too Large", strlen(body),
-                        body);
+                        status, rt_status_reason(status), strlen(body), body);
     free(body);
     cc->state = CC_REJECTED;
+    evbuffer_drain(cc->raw, evbuffer_get_length(cc->raw));
     linger_read(cc->c->bev, cc);
     bufferevent_setcb(cc->c->bev, linger_read, linger_write, guard_event, cc);
     bufferevent_enable(cc->c->bev, EV_READ | EV_WRITE);
     arm(cc, g_rt->cfg.linger_ms);
+}
+
+static void reject_malformed(struct cconn *cc, int status, const char *why)
+{
+    int idx = status == 431 ? RT_CR_HEADERS_TOO_LARGE : RT_CR_MALFORMED;
+    reject(cc, status, status == 431 ? "headers_too_large" : "malformed", idx, why ? why : "malformed request");
 }
 
 static void on_timer(evutil_socket_t fd, short ev, void *arg)
@@ -135,10 +165,11 @@ static void on_timer(evutil_socket_t fd, short ev, void *arg)
     }
 }
 
-/* Scans the held-back head for its end and its limits. Returns 1 when complete, 0 when more is needed,
- * -1 after rejecting. */
-static int scan_head(struct cconn *cc, struct evbuffer *in)
+/* Scans the buffered head for its end and its limits. Returns 1 when complete (cc->scanned is its length),
+ * 0 when more is needed, -1 after refusing. */
+static int scan_head(struct cconn *cc)
 {
+    struct evbuffer *in = cc->raw;
     size_t len = evbuffer_get_length(in);
     const struct rt_config *cfg = &g_rt->cfg;
     size_t lim = (size_t)cfg->max_header_bytes;
@@ -152,7 +183,7 @@ static int scan_head(struct cconn *cc, struct evbuffer *in)
         size_t line_len = i - cc->line_start;
         if (line_len > 0 && p[i - 1] == '\r')
             line_len--;
-        if (line_len == 0 && cc->lines == 0) { /* stray CRLF before a request: allowed, skipped */
+        if (line_len == 0 && cc->lines == 0) { /* empty line before a request: allowed, skipped */
             cc->line_start = i + 1;
             continue;
         }
@@ -178,31 +209,185 @@ static int scan_head(struct cconn *cc, struct evbuffer *in)
     return 0;
 }
 
+/* Would the request pass authentication? (decides "Expect: 100-continue" before the handler runs) */
+static int auth_would_pass(struct cconn *cc)
+{
+    const struct hr_head *h = &cc->h;
+    const char *key = g_rt->cfg.api_key;
+    if (h->tlen >= 7 && !strncmp(h->target, "/admin/", 7))
+        key = g_rt->cfg.admin_key[0] ? g_rt->cfg.admin_key : NULL;
+    else if ((h->tlen >= 7 && !strncmp(h->target, "/health", 7)) || (h->tlen >= 8 && !strncmp(h->target, "/metrics", 8)))
+        return 1;
+    if (!key)
+        return 0;
+    if (!key[0])
+        return 1;
+    char auth[512];
+    snprintf(auth, sizeof auth, "%.*s", h->auth ? (int)h->authlen : 0, h->auth ? h->auth : "");
+    return rt_bearer_value_ok(auth, key);
+}
+
+static void collect_body(void *arg, const char *p, size_t n)
+{
+    struct cconn *cc = arg;
+    cc->body_bytes += n;
+    if (cc->body_bytes > (size_t)g_rt->cfg.max_body_bytes) {
+        cc->too_large = 1;
+        evbuffer_drain(cc->body, evbuffer_get_length(cc->body));
+    }
+    if (!cc->too_large)
+        evbuffer_add(cc->body, p, n);
+}
+
+/* The complete request goes to libevhtp as one canonical message, which it parses at once. */
+static void hand_over(struct cconn *cc)
+{
+    struct bufferevent *bev = cc->c->bev;
+    struct evbuffer *in = bufferevent_get_input(bev);
+    const struct hr_head *h = &cc->h;
+    assert(cc->state == CC_BODY && evbuffer_get_length(in) == 0);
+    evbuffer_unfreeze(in, 0); /* libevent keeps the end of a bufferevent's input frozen outside its reads */
+    evbuffer_add_printf(in, "%.*s %.*s HTTP/1.%d\r\n", (int)h->mlen, h->method, (int)h->tlen, h->target, h->minor);
+    for (size_t i = 0; i < h->nfields; i++) {
+        const struct hr_field *f = &cc->fields[i];
+        if (!f->drop && !hr_name_is(f, "x-xpyd-body-too-large"))
+            evbuffer_add_printf(in, "%.*s: %.*s\r\n", (int)f->nlen, f->name, (int)f->vlen, f->val);
+    }
+    if (cc->too_large)
+        evbuffer_add_printf(in, "%s: 1\r\n", XPYD_TOO_LARGE_HEADER);
+    cc->last = !h->keep_alive || cc->skip_body;
+    if (cc->last)
+        evbuffer_add_printf(in, "Connection: close\r\n");
+    else if (h->minor == 0)
+        evbuffer_add_printf(in, "Connection: keep-alive\r\n");
+    size_t blen = evbuffer_get_length(cc->body);
+    if (blen || h->content_length >= 0 || h->chunked)
+        evbuffer_add_printf(in, "Content-Length: %zu\r\n", blen);
+    evbuffer_add(in, "\r\n", 2);
+    evbuffer_add_buffer(in, cc->body);
+    evbuffer_freeze(in, 0);
+    cc->state = CC_BUSY;
+    evtimer_del(cc->timer);
+    free(cc->head);
+    cc->head = NULL;
+    cc->ev_read(bev, cc->ev_arg);
+}
+
+/* Reads as far as the buffered bytes allow: at most one request is handed over per call. */
+static void advance(struct cconn *cc)
+{
+    const struct rt_config *cfg = &g_rt->cfg;
+    if (cc->state == CC_IDLE) {
+        if (evbuffer_get_length(cc->raw) == 0)
+            return;
+        if (cc->last) { /* the previous request was the connection's last one: nothing more is read */
+            evbuffer_drain(cc->raw, evbuffer_get_length(cc->raw));
+            return;
+        }
+        cc->state = CC_HEAD;
+        cc->scanned = cc->line_start = 0;
+        cc->lines = 0;
+        arm(cc, cfg->header_timeout_ms);
+    }
+    if (cc->state == CC_HEAD) {
+        if (scan_head(cc) <= 0)
+            return;
+        size_t n = cc->scanned;
+        cc->head = XPYD_XALLOC(malloc(n));
+        evbuffer_remove(cc->raw, cc->head, n);
+        int st = hr_parse_head(cc->head, n, cc->fields, (size_t)cfg->max_headers + 1, &cc->h);
+        if (st) {
+            reject_malformed(cc, st, cc->h.error);
+            return;
+        }
+        cc->state = CC_BODY;
+        cc->body_left = cc->h.content_length > 0 ? cc->h.content_length : 0;
+        if (cc->h.content_length > cfg->max_body_bytes)
+            cc->too_large = 1;
+        int has_body = cc->h.chunked || cc->body_left > 0;
+        if (has_body && cc->h.expect_continue && evbuffer_get_length(cc->raw) == 0) {
+            if (cc->too_large || !auth_would_pass(cc)) {
+                cc->skip_body = 1; /* answered without reading the body, then closed */
+                cc->body_left = 0;
+                hand_over(cc);
+                return;
+            }
+            bufferevent_write(cc->c->bev, "HTTP/1.1 100 Continue\r\n\r\n", 25);
+        }
+        arm(cc, cfg->body_idle_timeout_ms);
+    }
+    if (cc->state == CC_BODY) {
+        size_t avail = evbuffer_get_length(cc->raw);
+        if (!cc->h.chunked) {
+            size_t n = (uint64_t)cc->body_left < avail ? (size_t)cc->body_left : avail;
+            if (n) {
+                if (cc->too_large)
+                    evbuffer_drain(cc->raw, n);
+                else
+                    evbuffer_remove_buffer(cc->raw, cc->body, n);
+                cc->body_left -= (int64_t)n;
+            }
+            if (cc->body_left > 0)
+                return;
+        } else {
+            int done = 0;
+            const char *why = NULL;
+            ssize_t used = avail ? hr_chunked_feed(&cc->ck, (const char *)evbuffer_pullup(cc->raw, -1), avail,
+                                                   (size_t)cfg->max_header_bytes, collect_body, cc, &done, &why)
+                                 : 0;
+            if (used < 0) {
+                reject_malformed(cc, (int)-used, why);
+                return;
+            }
+            evbuffer_drain(cc->raw, (size_t)used);
+            if (!done)
+                return;
+        }
+        hand_over(cc);
+    }
+}
+
 static void guard_read(struct bufferevent *bev, void *arg)
 {
     struct cconn *cc = arg;
     struct evbuffer *in = bufferevent_get_input(bev);
-    if (cc->state == CC_IDLE) {
-        if (evbuffer_get_length(in) == 0)
-            return;
-        cc->state = CC_HEAD;
-        cc->scanned = cc->line_start = 0;
-        cc->lines = 0;
-        arm(cc, g_rt->cfg.header_timeout_ms);
-    }
-    if (cc->state == CC_HEAD) {
-        int r = scan_head(cc, in);
-        if (r <= 0)
-            return;
-        cc->state = CC_BODY; /* the headers hook or the handler moves it on */
-        arm(cc, g_rt->cfg.body_idle_timeout_ms);
-    } else if (cc->state == CC_BODY) {
-        arm(cc, g_rt->cfg.body_idle_timeout_ms);
-    } else if (cc->state == CC_REJECTED) {
+    if (cc->state == CC_REJECTED) {
         linger_read(bev, cc);
         return;
     }
-    cc->ev_read(bev, cc->ev_arg);
+    if (evbuffer_get_length(in) == 0)
+        return;
+    evbuffer_add_buffer(cc->raw, in);
+    if (cc->state == CC_BODY)
+        arm(cc, g_rt->cfg.body_idle_timeout_ms);
+    if (cc->state == CC_BUSY) {
+        /* pipelined bytes wait for the answer in progress; past a bound the socket is not read (TCP pushes
+         * back on the client) until the answer is done */
+        if (evbuffer_get_length(cc->raw) > (size_t)g_rt->cfg.max_header_bytes + 65536)
+            bufferevent_disable(bev, EV_READ);
+        return;
+    }
+    advance(cc);
+}
+
+/* libevhtp 1.2.18 frees the connection when its write callback runs while no request is in progress
+ * ("no request associated with connection"), e.g. a stray write event between requests after a streamed
+ * answer. Between requests there is nothing for libevhtp to do on a write event, so it is not told. */
+static void guard_write(struct bufferevent *bev, void *arg)
+{
+    struct cconn *cc = arg;
+    if (!cc->c->request)
+        return;
+    cc->ev_write(bev, cc->ev_arg);
+}
+
+static void on_kick(evutil_socket_t fd, short ev, void *arg)
+{
+    struct cconn *cc = arg;
+    if (cc->state != CC_IDLE)
+        return;
+    bufferevent_enable(cc->c->bev, EV_READ);
+    advance(cc);
 }
 
 /* ---- hooks from libevhtp ---- */
@@ -214,24 +399,15 @@ static void over_capacity_handler(evhtp_request_t *req, void *arg)
     rt_reply_error(req, 503, "the router is at --max-connections; retry later");
 }
 
-/* libevhtp 1.2.18's evhtp_request_set_keepalive(req, 0) does not clear the flag, so the connection would
- * stay open after a "Connection: close" answer; clearing it directly makes libevhtp close once it is sent. */
-void rt_close_after_reply(evhtp_request_t *req)
+static void too_large_handler(evhtp_request_t *req, void *arg)
 {
-    req->flags &= (uint16_t)~EVHTP_REQ_FLAG_KEEPALIVE; /* libevhtp then writes "Connection: close" itself */
-}
-
-/* The whole request has arrived: the body timer stops until the response is done. */
-static void wrapped_handler(evhtp_request_t *req, void *arg)
-{
-    struct cconn *cc = arg;
-    cc->state = CC_BUSY;
-    evtimer_del(cc->timer);
-    cc->handler(req, cc->handler_arg);
+    char msg[160];
+    snprintf(msg, sizeof msg, "request body exceeds the limit of %ld bytes (--max-body-bytes)", g_rt->cfg.max_body_bytes);
+    rt_reply_error(req, 413, msg);
 }
 
 const char *const rt_client_reject_names[RT_CR_COUNT] = {"over_capacity", "header_timeout", "body_timeout",
-                                                       "headers_too_large", "keepalive_idle"};
+                                                       "headers_too_large", "keepalive_idle", "malformed"};
 
 int rt_client_headers_hook(evhtp_request_t *req, void *guard)
 {
@@ -242,33 +418,58 @@ int rt_client_headers_hook(evhtp_request_t *req, void *guard)
         req->cbarg = NULL;
         return 0;
     }
-    cc->handler = req->cb;
-    cc->handler_arg = req->cbarg;
-    req->cb = wrapped_handler;
-    req->cbarg = cc;
-    if (cc->state == CC_IDLE || cc->state == CC_HEAD) { /* a pipelined request parsed straight from the buffer */
-        cc->state = CC_BODY;
-        arm(cc, g_rt->cfg.body_idle_timeout_ms);
+    /* the generate endpoints answer 413 themselves (counted per endpoint, access-logged) */
+    if (evhtp_header_find(req->headers_in, XPYD_TOO_LARGE_HEADER) && req->uri && req->uri->path &&
+        req->uri->path->full && strcmp(req->uri->path->full, "/v1/completions") != 0 &&
+        strcmp(req->uri->path->full, "/v1/chat/completions") != 0) {
+        req->cb = too_large_handler;
+        req->cbarg = NULL;
     }
     return 0;
 }
 
+void rt_client_set_owner(evhtp_request_t *req, void (*fini)(void *arg), void *arg)
+{
+    evhtp_connection_t *c = evhtp_request_get_connection(req);
+    struct cconn *cc = c && c->hooks ? c->hooks->on_connection_fini_arg : NULL;
+    if (!cc)
+        return;
+    cc->owner_fini = fini;
+    cc->owner_arg = arg;
+}
+
+static void run_owner_fini(struct cconn *cc)
+{
+    void (*fn)(void *) = cc->owner_fini;
+    cc->owner_fini = NULL;
+    if (fn)
+        fn(cc->owner_arg);
+}
+
+/* libevhtp frees the request: its answer is complete (or the connection is going). The connection is idle,
+ * and the next request, if any is buffered, is read once libevhtp has reset its parser (after this hook). */
 static evhtp_res on_request_fini(evhtp_request_t *req, void *arg)
 {
     struct cconn *cc = arg;
+    run_owner_fini(cc);
     if (cc->state == CC_REJECTED)
         return EVHTP_RES_OK;
     cc->state = CC_IDLE;
+    request_reset(cc);
     arm(cc, g_rt->cfg.keepalive_timeout_ms);
+    event_active(cc->kick, EV_READ, 0);
     return EVHTP_RES_OK;
 }
 
 static evhtp_res on_conn_fini(evhtp_connection_t *c, void *arg)
 {
+    struct cconn *cc = arg;
     atomic_fetch_sub(&g_rt->ctr.connections, 1);
-    /* libevhtp frees the connection's request after this hook: its fini hook must not see the guard */
+    /* libevhtp frees the connection's request after this hook: the handler's cleanup runs now, and the
+     * request-fini hook must not see the freed guard */
+    run_owner_fini(cc);
     evhtp_connection_unset_hook(c, evhtp_hook_on_request_fini);
-    cc_free(arg);
+    cc_free(cc);
     return EVHTP_RES_OK;
 }
 
@@ -293,7 +494,12 @@ void *rt_client_attach(evhtp_connection_t *c)
     struct cconn *cc = XPYD_XALLOC(calloc(1, sizeof *cc));
     cc->c = c;
     atomic_fetch_add(&g_rt->ctr.connections_accepted, 1);
-    cc->timer = XPYD_XALLOC(evtimer_new(bufferevent_get_base(c->bev), on_timer, cc));
+    struct event_base *base = bufferevent_get_base(c->bev);
+    cc->timer = XPYD_XALLOC(evtimer_new(base, on_timer, cc));
+    cc->kick = XPYD_XALLOC(event_new(base, -1, 0, on_kick, cc));
+    cc->raw = XPYD_XALLOC(evbuffer_new());
+    cc->body = XPYD_XALLOC(evbuffer_new());
+    cc->fields = XPYD_XALLOC(calloc((size_t)g_rt->cfg.max_headers + 1, sizeof *cc->fields));
     if (atomic_load(&g_rt->ctr.connections) > g_rt->cfg.max_connections) {
         cc->over_capacity = 1;
         atomic_fetch_add(&g_rt->ctr.connections_rejected, 1);

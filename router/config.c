@@ -120,6 +120,9 @@ static const struct setting settings[] = {
     {"admin-key", K_STR, OFF(admin_key), 0, 0, "", NULL,
      "enables the admin API (/admin/instances) for Authorization: Bearer <key> (or env XPYD_ADMIN_KEY); "
      "the --api-key does not open it"},
+    {"metadata-write-key", K_STR, OFF(metadata_write_key), 0, 0, "", NULL,
+     "Authorization: Bearer <key> that may write /metadata (PUT, POST, DELETE; or env XPYD_METADATA_WRITE_KEY); "
+     "the --admin-key also may; with neither set, writes are refused (403); reads need only the --api-key"},
     {"metadata-max-keys", K_LONG, OFF(metadata_max_keys), 0, 10000000, "65536", NULL,
      "keys the /metadata store holds (Mooncake-compatible metadata for transfer engines); more get 507"},
     {"metadata-max-value-bytes", K_LONG, OFF(metadata_max_value_bytes), 1, 1L << 26, "1048576", NULL,
@@ -593,6 +596,9 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
     const char *envadmin = getenv("XPYD_ADMIN_KEY");
     if (!c->admin_key[0] && envadmin && *envadmin)
         snprintf(c->admin_key, sizeof c->admin_key, "%s", envadmin);
+    const char *envmd = getenv("XPYD_METADATA_WRITE_KEY");
+    if (!c->metadata_write_key[0] && envmd && *envmd)
+        snprintf(c->metadata_write_key, sizeof c->metadata_write_key, "%s", envmd);
     if ((c->pools[RT_PREFILL].n == 0 && c->handoff != RT_HANDOFF_NONE) || c->pools[RT_DECODE].n == 0) {
         fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required "
                         "(--handoff none needs only -d)\n");

@@ -82,6 +82,7 @@ struct rt_config {
     char port_file[512];
     char api_key[256];
     char admin_key[256];       /* admin API; empty = admin API off */
+    char metadata_write_key[256]; /* PUT/DELETE /metadata; empty = only the admin key writes */
     long max_instances;        /* per pool, including runtime additions */
     long metadata_max_keys, metadata_max_value_bytes;         /* clients must send Authorization: Bearer <key>; empty = no auth */
     char config_path[512];

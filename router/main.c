@@ -22,13 +22,6 @@
 
 struct router *g_rt;
 
-static void send_text(evhtp_request_t *req, int status, const char *ctype, struct evbuffer *b)
-{
-    evhtp_headers_add_header(req->headers_out, evhtp_header_new("Content-Type", ctype, 0, 0));
-    if (b)
-        evbuffer_add_buffer(req->buffer_out, b);
-    evhtp_send_reply(req, (evhtp_res)status);
-}
 
 /* 200 only while at least one prefill and one decode instance are usable. */
 static int pool_usable(int role)
@@ -43,11 +36,13 @@ static int pool_usable(int role)
 
 static void on_health(evhtp_request_t *req, void *arg)
 {
+    if (!rt_method_allowed(req, "GET, HEAD"))
+        return;
     struct evbuffer *b = evbuffer_new();
     int draining = atomic_load(&g_rt->draining);
     int ok = !draining && (g_rt->cfg.handoff == RT_HANDOFF_NONE || pool_usable(RT_PREFILL)) && pool_usable(RT_DECODE);
     evbuffer_add_printf(b, "{\"status\":\"%s\"}", ok ? "ok" : draining ? "draining" : "unavailable");
-    send_text(req, ok ? 200 : 503, "application/json", b);
+    rt_reply_buffer(req, ok ? 200 : 503, "application/json", b);
     evbuffer_free(b);
 }
 
@@ -67,7 +62,7 @@ static void json_str(struct evbuffer *b, const char *s)
 
 static void on_status(evhtp_request_t *req, void *arg)
 {
-    if (!rt_authorized(req))
+    if (!rt_authorized(req) || !rt_method_allowed(req, "GET, HEAD"))
         return;
     struct evbuffer *b = evbuffer_new();
     evbuffer_add_printf(b, "{\"version\":\"%s\",\"uptime_s\":%" PRId64 ",\"handoff\":\"%s\",\"first_token\":\"%s\","
@@ -100,7 +95,7 @@ static void on_status(evhtp_request_t *req, void *arg)
         evbuffer_add_printf(b, "]}");
     }
     evbuffer_add_printf(b, "}}");
-    send_text(req, 200, "application/json", b);
+    rt_reply_buffer(req, 200, "application/json", b);
     evbuffer_free(b);
 }
 
@@ -117,31 +112,9 @@ void rt_status_handlers(evhtp_t *htp)
     evhtp_set_gencb(htp, on_not_found, NULL);
 }
 
-/* A body over --max-body-bytes is read and discarded (never buffered), then answered with 413 by the
- * handler, which sees the marker header. libevhtp's own limit would reset the connection without an answer. */
-static evhtp_res on_body_read(evhtp_request_t *req, struct evbuffer *buf, void *arg)
-{
-    int over = evhtp_header_find(req->headers_in, XPYD_TOO_LARGE_HEADER) != NULL;
-    if (!over && evbuffer_get_length(req->buffer_in) + evbuffer_get_length(buf) > (size_t)g_rt->cfg.max_body_bytes) {
-        evhtp_headers_add_header(req->headers_in, evhtp_header_new(XPYD_TOO_LARGE_HEADER, "1", 0, 0));
-        evbuffer_drain(req->buffer_in, evbuffer_get_length(req->buffer_in));
-        over = 1;
-    }
-    if (over)
-        evbuffer_drain(buf, evbuffer_get_length(buf));
-    return EVHTP_RES_OK;
-}
-
+/* The guard has read and checked the whole request (the body limit included) before libevhtp sees it. */
 static evhtp_res on_headers(evhtp_request_t *req, evhtp_headers_t *hdr, void *arg)
 {
-    evhtp_kv_t *kv = evhtp_kvs_find_kv(hdr, XPYD_TOO_LARGE_HEADER);
-    if (kv) /* a client may not set the marker itself */
-        evhtp_kv_rm_and_free(hdr, kv);
-    const char *cl = evhtp_header_find(hdr, "Content-Length");
-    long n;
-    if (cl && xpyd_parse_long(cl, 0, 0x7fffffffffffffffL, &n) == 0 && n > g_rt->cfg.max_body_bytes)
-        evhtp_headers_add_header(hdr, evhtp_header_new(XPYD_TOO_LARGE_HEADER, "1", 0, 0));
-    evhtp_request_set_hook(req, evhtp_hook_on_read, (evhtp_hook)on_body_read, NULL);
     rt_client_headers_hook(req, arg);
     return EVHTP_RES_OK;
 }

@@ -50,9 +50,28 @@ static int hexval(char c)
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
+/* Writes hold transfer-engine segment descriptors: only the --metadata-write-key or the --admin-key may. */
+static int write_allowed(evhtp_request_t *req)
+{
+    const struct rt_config *c = &g_rt->cfg;
+    if (!c->metadata_write_key[0] && !c->admin_key[0]) {
+        rt_reply_error(req, 403, "metadata writes are off: start the router with --metadata-write-key or --admin-key");
+        return 0;
+    }
+    if ((c->metadata_write_key[0] && rt_bearer_ok(req, c->metadata_write_key)) ||
+        (c->admin_key[0] && rt_bearer_ok(req, c->admin_key)))
+        return 1;
+    evhtp_headers_add_header(req->headers_out, evhtp_header_new("WWW-Authenticate", "Bearer", 0, 0));
+    rt_reply_error(req, 401, "invalid or missing key: metadata writes need Authorization: Bearer <metadata write key>");
+    return 0;
+}
+
 static void on_metadata(evhtp_request_t *req, void *arg)
 {
-    if (!rt_authorized(req))
+    htp_method m = evhtp_request_get_method(req);
+    if (!rt_method_allowed(req, "GET, HEAD, PUT, POST, DELETE"))
+        return;
+    if (m == htp_method_GET || m == htp_method_HEAD ? !rt_authorized(req) : !write_allowed(req))
         return;
     const char *raw = req->uri && req->uri->query ? evhtp_kv_find(req->uri->query, "key") : NULL;
     if (!raw || !raw[0] || strlen(raw) > MD_KEY_MAX) {
@@ -75,19 +94,19 @@ static void on_metadata(evhtp_request_t *req, void *arg)
         rt_reply_error(req, 400, "a metadata key cannot contain NUL");
         return;
     }
-    htp_method m = evhtp_request_get_method(req);
     pthread_mutex_lock(&M.mu);
     struct md_entry **pp = slot(key);
-    if (m == htp_method_GET) {
+    if (m == htp_method_GET || m == htp_method_HEAD) {
         if (!*pp) {
             pthread_mutex_unlock(&M.mu);
             rt_reply_error(req, 404, "no such metadata key");
             return;
         }
-        evbuffer_add(req->buffer_out, (*pp)->val, (*pp)->len);
+        struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
+        evbuffer_add(b, (*pp)->val, (*pp)->len);
         pthread_mutex_unlock(&M.mu);
-        evhtp_headers_add_header(req->headers_out, evhtp_header_new("Content-Type", "application/json", 0, 0));
-        evhtp_send_reply(req, EVHTP_RES_OK);
+        rt_reply_buffer(req, 200, "application/json", b);
+        evbuffer_free(b);
         return;
     }
     if (m == htp_method_DELETE) {
@@ -136,7 +155,6 @@ static void on_metadata(evhtp_request_t *req, void *arg)
         return;
     }
     pthread_mutex_unlock(&M.mu);
-    rt_reply_error(req, 405, "use GET, PUT or DELETE /metadata?key=<key>");
 }
 
 void rt_metadata_handlers(evhtp_t *htp)

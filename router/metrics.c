@@ -58,6 +58,8 @@ static void metric_head(struct evbuffer *b, const char *name, const char *type, 
 
 void rt_metrics_handler(evhtp_request_t *req, void *arg)
 {
+    if (!rt_method_allowed(req, "GET, HEAD"))
+        return;
     struct rt_counters *c = &g_rt->ctr;
     struct evbuffer *b = evbuffer_new();
     metric_head(b, "xpyd_requests_total", "counter",
@@ -156,10 +158,7 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
             }
         }
     }
-    evhtp_headers_add_header(req->headers_out,
-                             evhtp_header_new("Content-Type", "text/plain; version=0.0.4; charset=utf-8", 0, 0));
-    evbuffer_add_buffer(req->buffer_out, b);
-    evhtp_send_reply(req, EVHTP_RES_OK);
+    rt_reply_buffer(req, 200, "text/plain; version=0.0.4; charset=utf-8", b);
     evbuffer_free(b);
 }
 

@@ -24,6 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 const struct rt_fail_row rt_fail_table[RF_COUNT] = {
     [RF_NONE] = {"none", 200, 0},
@@ -52,7 +54,8 @@ struct rreq {
     struct rthread *t;
     evhtp_request_t *ereq;      /* NULL once libevhtp freed it */
     int kind;                   /* RT_EP_COMPLETIONS / RT_EP_CHAT */
-    cJSON *body;                /* the client's body, parsed once; owned */
+    cJSON *body;                /* the client's body, parsed once (read by the router); owned */
+    struct rw_src *src;         /* the client's body bytes, what engines receive (rewrite.h); owned */
     int stream;
     char xid[128];              /* X-Request-Id sent on every leg */
     char *fwd_headers;          /* client headers forwarded upstream, serialized; owned */
@@ -72,6 +75,7 @@ struct rreq {
     struct evbuffer *pbuf;      /* prefill response body */
     struct evbuffer *dbuf;      /* decode response body (non-streamed, or an error body) */
     int p_status, d_status;
+    char retry_after[64];       /* the failing engine's Retry-After, passed through with its 429/503 */
     int prefill_answered;
     int decode_accepted;        /* some decode answered 200: it took (pulled) the prefill's KV */
     /* handoff results */
@@ -118,6 +122,7 @@ static void admission_remove(struct rreq *r);
 static void start_prefill(struct rreq *r);
 static void start_decode(struct rreq *r);
 static void start_bootstrap(struct rreq *r);
+static void on_retry_after(struct up_leg *leg, const char *name, const char *value, void *arg);
 static void token_out(struct rreq *r);
 
 static __thread struct rthread *tls_rt;
@@ -142,10 +147,8 @@ static void send_json(struct rreq *r, int status, const char *body, size_t len)
     evhtp_request_t *req = r->ereq;
     if (!req)
         return;
-    add_header(req, "Content-Type", "application/json");
-    evbuffer_add(req->buffer_out, body, len);
     r->status = status;
-    evhtp_send_reply(req, (evhtp_res)status);
+    rt_reply(req, status, "application/json", body, len);
     evhtp_request_resume(req);
 }
 
@@ -153,20 +156,6 @@ static void send_error(struct rreq *r, int status, const char *msg)
 {
     char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
     send_json(r, status, body, strlen(body));
-    free(body);
-}
-
-void rt_reply(evhtp_request_t *req, int status, const char *ctype, const char *body, size_t len)
-{
-    add_header(req, "Content-Type", ctype);
-    evbuffer_add(req->buffer_out, body, len);
-    evhtp_send_reply(req, (evhtp_res)status);
-}
-
-void rt_reply_error(evhtp_request_t *req, int status, const char *msg)
-{
-    char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
-    rt_reply(req, status, "application/json", body, strlen(body));
     free(body);
 }
 
@@ -250,13 +239,13 @@ static char *print_json(const cJSON *o, size_t *len)
 /* The prefill leg's body: one token, not streamed, asking the engine to keep the KV (kv-params). */
 static char *prefill_body(struct rreq *r, size_t *len)
 {
-    return rw_prefill_body(r->body, RT_KV_FLOW(g_rt->cfg.handoff), len);
+    return rw_prefill_body(r->src, RT_KV_FLOW(g_rt->cfg.handoff), len);
 }
 
 /* The decode leg's body: the client's, with the prefill's kv_transfer_params (kv-params mode). */
 static char *decode_body(struct rreq *r, size_t *len)
 {
-    return rw_decode_body(r->body, r->kv_params, RT_KV_FLOW(g_rt->cfg.handoff), len);
+    return rw_decode_body(r->src, r->kv_params, RT_KV_FLOW(g_rt->cfg.handoff), len);
 }
 
 /* ---------- client stream ---------- */
@@ -458,7 +447,7 @@ static void kv_release_dispatch(struct rreq *r)
     if (idx < 0)
         return;
     size_t len;
-    char *body = rw_kv_release_body(r->body, r->kv_params, &len);
+    char *body = rw_kv_release_body(r->src, r->kv_params, &len);
     struct evbuffer *req = build_request(r, RT_DECODE, idx, "POST", ep_name(r->kind), body, len);
     free(body);
     static const struct up_leg_cbs cbs = {NULL, NULL, kv_release_done, NULL, NULL};
@@ -555,7 +544,8 @@ static void rreq_fail(struct rreq *r, int fail, int role, int idx, const char *d
     rreq_end(r, fail);
 }
 
-static evhtp_res on_request_fini(evhtp_request_t *req, void *arg)
+/* libevhtp is freeing the client request (answer sent, or the connection is gone): the single safe point. */
+static void on_request_fini(void *arg)
 {
     struct rreq *r = arg;
     r->ereq = NULL;
@@ -564,6 +554,7 @@ static evhtp_res on_request_fini(evhtp_request_t *req, void *arg)
         rreq_end(r, RF_CLIENT_DISCONNECT);
     }
     cJSON_Delete(r->body);
+    rw_src_free(r->src);
     cJSON_Delete(r->kv_params);
     free(r->fwd_headers);
     free(r->first_text);
@@ -576,7 +567,6 @@ static evhtp_res on_request_fini(evhtp_request_t *req, void *arg)
         evbuffer_free(r->chunk);
     xpyd_sse_reset(&r->sse);
     free(r);
-    return EVHTP_RES_OK;
 }
 
 static void on_client_closed(evutil_socket_t fd, short ev, void *arg)
@@ -706,6 +696,8 @@ static void pass_through_error(struct rreq *r, int role, int idx, int status, st
             snprintf(msg, sizeof msg, "%s answered HTTP %d", role ? "decode" : "prefill", status);
             client_stream_error(r, status, msg);
         } else {
+            if ((status == 429 || status == 503) && r->retry_after[0] && r->ereq)
+                add_header(r->ereq, "Retry-After", r->retry_after);
             send_json(r, status, data, n);
         }
         cJSON_Delete(j);
@@ -1011,6 +1003,7 @@ static void start_prefill(struct rreq *r)
     r->p_idx = idx;
     r->p_charge = r->prompt_tokens;
     r->p_status = 0;
+    r->retry_after[0] = 0;
     if (r->pbuf)
         evbuffer_drain(r->pbuf, evbuffer_get_length(r->pbuf));
     else
@@ -1019,7 +1012,7 @@ static void start_prefill(struct rreq *r)
     char *body = prefill_body(r, &len);
     struct evbuffer *req = build_request(r, RT_PREFILL, idx, "POST", ep_name(r->kind), body, len);
     free(body);
-    static const struct up_leg_cbs cbs = {p_on_head, p_on_body, p_on_done, NULL, NULL};
+    static const struct up_leg_cbs cbs = {p_on_head, p_on_body, p_on_done, NULL, on_retry_after};
     r->pleg = up_leg_start(r->t->up, endpoint_of(RT_PREFILL, idx), req, timeouts(), &cbs, r);
     evbuffer_free(req);
     if (!r->pleg)
@@ -1150,9 +1143,18 @@ static void d_on_head(struct up_leg *leg, int status, void *arg)
         r->decode_accepted = 1;
 }
 
+/* Either leg: an engine's Retry-After (kept for a 429/503 passed through to the client). */
+static void on_retry_after(struct up_leg *leg, const char *name, const char *value, void *arg)
+{
+    struct rreq *r = arg;
+    if (strcasecmp(name, "Retry-After") == 0 && strlen(value) < sizeof r->retry_after && !strpbrk(value, "\r\n"))
+        snprintf(r->retry_after, sizeof r->retry_after, "%s", value);
+}
+
 /* xpyd handoff: the decode says how long its KV transfer took and how many bytes it moved. */
 static void d_on_header(struct up_leg *leg, const char *name, const char *value, void *arg)
 {
+    on_retry_after(leg, name, value, arg);
     if (strcasecmp(name, "X-KV-Transfer") != 0)
         return;
     unsigned long long bytes = 0, us = 0;
@@ -1263,6 +1265,7 @@ static void start_decode(struct rreq *r)
     r->d_idx = idx;
     r->d_charge = charge;
     r->d_status = 0;
+    r->retry_after[0] = 0;
     if (r->dbuf)
         evbuffer_drain(r->dbuf, evbuffer_get_length(r->dbuf));
     else
@@ -1393,6 +1396,7 @@ static void start_bootstrap(struct rreq *r)
     r->d_idx = didx;
     r->d_charge = charge;
     r->p_status = r->d_status = 0;
+    r->retry_after[0] = 0;
     if (!r->pbuf)
         r->pbuf = XPYD_XALLOC(evbuffer_new());
     if (!r->dbuf)
@@ -1410,12 +1414,12 @@ static void start_bootstrap(struct rreq *r)
     r->room = room;
     const struct up_endpoint *pe = &g_rt->endpoints[prank->endpoint];
     size_t len;
-    char *body = rw_bootstrap_body(r->body, pe->host, prank->bootstrap_port, room, r->xid, &len);
+    char *body = rw_bootstrap_body(r->src, pe->host, prank->bootstrap_port, room, r->xid, &len);
     struct evbuffer *preq = build_request(r, RT_PREFILL, pidx, "POST", ep_name(r->kind), body, len);
     struct evbuffer *dreq = build_request(r, RT_DECODE, didx, "POST", ep_name(r->kind), body, len);
     free(body);
-    static const struct up_leg_cbs pcbs = {p_on_head, p_on_body, bp_on_done, NULL, NULL};
-    static const struct up_leg_cbs dcbs = {d_on_head, d_on_body, d_on_done, NULL, NULL};
+    static const struct up_leg_cbs pcbs = {p_on_head, p_on_body, bp_on_done, NULL, on_retry_after};
+    static const struct up_leg_cbs dcbs = {d_on_head, d_on_body, d_on_done, NULL, on_retry_after};
     r->pleg = up_leg_start(r->t->up, endpoint_of(RT_PREFILL, pidx), preq, timeouts(), &pcbs, r);
     r->dleg = up_leg_start(r->t->up, endpoint_of(RT_DECODE, didx), dreq, timeouts(), &dcbs, r);
     evbuffer_free(preq);
@@ -1447,25 +1451,16 @@ static void access_log_rejected(evhtp_request_t *req, int kind, int status, int 
                 xid, ep_name(kind), status, rt_fail_table[fail].name);
 }
 
-int rt_bearer_ok(evhtp_request_t *req, const char *key)
+/* 128 random bits: unique across router processes and restarts, so replicas sharing engines never send the
+ * same X-Request-Id (vLLM's request id). */
+static void new_request_id(char *out, size_t cap)
 {
-    const char *h = evhtp_header_find(req->headers_in, "Authorization");
-    const char *got = h && strncasecmp(h, "Bearer ", 7) == 0 ? h + 7 : "";
-    size_t kl = strlen(key), gl = strlen(got);
-    unsigned diff = (unsigned)(kl ^ gl);
-    for (size_t i = 0; i < kl; i++) /* constant time in the key's length, whatever was sent */
-        diff |= (unsigned char)key[i] ^ (unsigned char)(i < gl ? got[i] : 0);
-    return diff == 0;
-}
-
-int rt_authorized(evhtp_request_t *req)
-{
-    const char *key = g_rt->cfg.api_key;
-    if (!key[0] || rt_bearer_ok(req, key))
-        return 1;
-    add_header(req, "WWW-Authenticate", "Bearer");
-    rt_reply_error(req, 401, "invalid or missing API key: send Authorization: Bearer <key>");
-    return 0;
+    uint64_t v[2];
+    if (getrandom(v, sizeof v, 0) != (ssize_t)sizeof v) { /* never on Linux >= 3.17 for 16 bytes; still unique */
+        v[0] = xpyd_mix64(atomic_fetch_add(&g_rt->id_seq, 1) ^ xpyd_now_us());
+        v[1] = xpyd_mix64((uint64_t)getpid() ^ ((uint64_t)g_rt->started_wall << 20) ^ (uint64_t)(uintptr_t)out);
+    }
+    snprintf(out, cap, "%s-%016" PRIx64 "%016" PRIx64, g_rt->cfg.id_prefix, v[0], v[1]);
 }
 
 static void handle_generate(evhtp_request_t *req, int kind)
@@ -1476,8 +1471,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
         access_log_rejected(req, kind, 401, RF_BAD_REQUEST);
         return;
     }
-    if (evhtp_request_get_method(req) != htp_method_POST) {
-        rt_reply_error(req, 405, "Method Not Allowed: use POST");
+    if (!rt_method_allowed(req, "POST")) {
         atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);
         atomic_fetch_add(&g_rt->ctr.requests[kind][405], 1);
         access_log_rejected(req, kind, 405, RF_BAD_REQUEST);
@@ -1502,18 +1496,21 @@ static void handle_generate(evhtp_request_t *req, int kind)
         return;
     }
     const char *data = len ? (const char *)evbuffer_pullup(req->buffer_in, -1) : "";
-    const char *end = NULL;
-    cJSON *body = cJSON_ParseWithLengthOpts(data, len, &end, 0);
-    rw_dedupe_keys(body); /* duplicated keys: the last wins, as the engines (Python json) read it */
+    const char *why = NULL;
+    size_t err_at = 0;
+    cJSON *body = NULL;
+    /* strict JSON (trailing data refused); duplicated keys: the last wins, as the engines (Python json) read */
+    struct rw_src *src = rw_src_parse(data, len, &body, &why, &err_at);
     int stream = 0;
     int64_t max_tokens = 0;
     const char *bad = body ? rw_validate(body, kind == RT_EP_CHAT, &stream, &max_tokens) : NULL;
     if (!body || bad) {
         char msg[200];
         if (!body)
-            snprintf(msg, sizeof msg, "malformed JSON body (parse error near byte %ld)", end ? (long)(end - data) : 0L);
+            snprintf(msg, sizeof msg, "malformed JSON body: %s (near byte %zu)", why, err_at);
         rt_reply_error(req, 400, body ? bad : msg);
         cJSON_Delete(body);
+        rw_src_free(src);
         atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);
         atomic_fetch_add(&g_rt->ctr.requests[kind][400], 1);
         access_log_rejected(req, kind, 400, RF_BAD_REQUEST);
@@ -1525,6 +1522,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
     r->ereq = req;
     r->kind = kind;
     r->body = body;
+    r->src = src;
     r->stream = stream;
     r->max_tokens = max_tokens;
     r->p_idx = r->d_idx = -1;
@@ -1535,10 +1533,9 @@ static void handle_generate(evhtp_request_t *req, int kind)
     r->prompt_tokens = rw_estimate_prompt(body, kind == RT_EP_CHAT, g_rt->cfg.bytes_per_token);
     const char *xid = evhtp_header_find(req->headers_in, "X-Request-Id");
     if (xid && *xid && strlen(xid) < sizeof r->xid && !strpbrk(xid, "\r\n\"\\"))
-        snprintf(r->xid, sizeof r->xid, "%s", xid);
+        snprintf(r->xid, sizeof r->xid, "%s", xid); /* vLLM uses the client's id too */
     else
-        snprintf(r->xid, sizeof r->xid, "%s-%016" PRIx64, g_rt->cfg.id_prefix,
-                 xpyd_mix64(atomic_fetch_add(&g_rt->id_seq, 1) ^ (uint64_t)g_rt->started_wall));
+        new_request_id(r->xid, sizeof r->xid);
     struct evbuffer *hb = XPYD_XALLOC(evbuffer_new());
     evhtp_kvs_for_each(req->headers_in, collect_header, hb);
     size_t hl = evbuffer_get_length(hb);
@@ -1549,7 +1546,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
     }
     evbuffer_free(hb);
     atomic_fetch_add(&g_rt->ctr.active_requests, 1);
-    evhtp_request_set_hook(req, evhtp_hook_on_request_fini, (evhtp_hook)on_request_fini, r);
+    rt_client_set_owner(req, on_request_fini, r);
     evhtp_connection_t *conn = evhtp_request_get_connection(req);
     evhtp_request_pause(req);
     /* libevhtp's pause turns EV_WRITE off too: without it a stream stalls once the client's socket fills */
@@ -1587,11 +1584,10 @@ struct models_req {
 
 static void models_try(struct models_req *m);
 
-static evhtp_res models_fini(evhtp_request_t *req, void *arg)
+static void models_fini(void *arg)
 {
     struct models_req *m = arg;
     m->ereq = NULL;
-    return EVHTP_RES_OK;
 }
 
 static void m_head(struct up_leg *leg, int status, void *arg)
@@ -1619,14 +1615,11 @@ static void m_done(struct up_leg *leg, int err, void *arg)
         return;
     }
     evhtp_request_t *req = m->ereq;
-    evhtp_request_unset_hook(req, evhtp_hook_on_request_fini);
-    if (err || m->status != 200) {
+    rt_client_set_owner(req, NULL, NULL);
+    if (err || m->status != 200)
         rt_reply_error(req, 502, "no backend answered GET /v1/models");
-    } else {
-        add_header(req, "Content-Type", "application/json");
-        evbuffer_add_buffer(req->buffer_out, m->body);
-        evhtp_send_reply(req, EVHTP_RES_OK);
-    }
+    else
+        rt_reply_buffer(req, 200, "application/json", m->body);
     evhtp_request_resume(req);
     evbuffer_free(m->body);
     free(m);
@@ -1664,12 +1657,12 @@ static void models_try(struct models_req *m)
 
 static void on_models(evhtp_request_t *req, void *arg)
 {
-    if (!rt_authorized(req))
+    if (!rt_authorized(req) || !rt_method_allowed(req, "GET, HEAD"))
         return;
     struct models_req *m = XPYD_XALLOC(calloc(1, sizeof *m));
     m->ereq = req;
     m->body = XPYD_XALLOC(evbuffer_new());
-    evhtp_request_set_hook(req, evhtp_hook_on_request_fini, (evhtp_hook)models_fini, m);
+    rt_client_set_owner(req, models_fini, m);
     evhtp_request_pause(req);
     models_try(m);
 }

@@ -423,8 +423,11 @@ static void on_admin_instances(evhtp_request_t *req, void *arg)
         admin_add(req);
     else if (rest[0] == '/' && rest[1] && m == htp_method_DELETE)
         admin_remove(req, rest + 1);
-    else
+    else {
+        evhtp_headers_add_header(req->headers_out,
+                                 evhtp_header_new("Allow", rest[0] ? "DELETE" : "GET, POST", 0, 0));
         rt_reply_error(req, 405, "use GET or POST /admin/instances, or DELETE /admin/instances/<role>/<host>:<port>");
+    }
 }
 
 void rt_admin_handlers(evhtp_t *htp)

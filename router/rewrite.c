@@ -102,25 +102,8 @@ char *rw_print(const cJSON *o, size_t *len)
     return s;
 }
 
-static char *print_free(cJSON *b, size_t *len)
-{
-    char *s = rw_print(b, len);
-    cJSON_Delete(b);
-    return s;
-}
 
-/* Every occurrence: a body with a duplicate key must not keep a second one the engine would read. */
-static void del_all(cJSON *b, const char *k)
-{
-    while (cJSON_GetObjectItemCaseSensitive(b, k))
-        cJSON_DeleteItemFromObjectCaseSensitive(b, k);
-}
 
-static void set_item(cJSON *b, const char *k, cJSON *v)
-{
-    del_all(b, k);
-    cJSON_AddItemToObject(b, k, XPYD_XALLOC(v));
-}
 
 struct keyref {
     cJSON *item;
@@ -155,62 +138,438 @@ void rw_dedupe_keys(cJSON *o)
     free(refs);
 }
 
-char *rw_prefill_body(const cJSON *client, int kv_params, size_t *len)
+/* ---- strict JSON validation and top-level member spans ---- */
+
+#define RW_MAX_DEPTH 512
+
+struct jscan {
+    const char *p, *s, *e;
+    const char *err;
+};
+
+static void ws(struct jscan *j)
 {
-    cJSON *b = XPYD_XALLOC(cJSON_Duplicate(client, 1));
-    del_all(b, "stream_options");
-    del_all(b, "min_tokens");
-    del_all(b, "min_completion_tokens");
-    set_item(b, "stream", cJSON_CreateFalse());
-    set_item(b, "max_tokens", cJSON_CreateNumber(1));
-    if (cJSON_GetObjectItemCaseSensitive(b, "max_completion_tokens"))
-        set_item(b, "max_completion_tokens", cJSON_CreateNumber(1));
-    if (kv_params) {
-        cJSON *kv = XPYD_XALLOC(cJSON_CreateObject());
-        cJSON_AddTrueToObject(kv, "do_remote_decode");
-        cJSON_AddFalseToObject(kv, "do_remote_prefill");
-        cJSON_AddNullToObject(kv, "remote_engine_id");
-        cJSON_AddNullToObject(kv, "remote_block_ids");
-        cJSON_AddNullToObject(kv, "remote_host");
-        cJSON_AddNullToObject(kv, "remote_port");
-        set_item(b, "kv_transfer_params", kv);
-    }
-    return print_free(b, len);
+    while (j->p < j->e && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
+        j->p++;
 }
 
-char *rw_decode_body(const cJSON *client, const cJSON *kv_params, int kv_mode, size_t *len)
+static int jfail(struct jscan *j, const char *why)
+{
+    if (!j->err)
+        j->err = why;
+    return -1;
+}
+
+/* One UTF-8 sequence starting at j->p (a byte >= 0x80): well-formed (surrogates allowed, as Python's
+ * json.loads on bytes accepts them). */
+static int utf8_seq(struct jscan *j)
+{
+    const unsigned char *u = (const unsigned char *)j->p;
+    size_t left = (size_t)(j->e - j->p);
+    int n;
+    uint32_t cp;
+    if (u[0] >= 0xc2 && u[0] <= 0xdf)
+        n = 2, cp = u[0] & 0x1f;
+    else if (u[0] >= 0xe0 && u[0] <= 0xef)
+        n = 3, cp = u[0] & 0x0f;
+    else if (u[0] >= 0xf0 && u[0] <= 0xf4)
+        n = 4, cp = u[0] & 0x07;
+    else
+        return jfail(j, "invalid UTF-8 in a string");
+    if (left < (size_t)n)
+        return jfail(j, "invalid UTF-8 in a string");
+    for (int i = 1; i < n; i++) {
+        if ((u[i] & 0xc0) != 0x80)
+            return jfail(j, "invalid UTF-8 in a string");
+        cp = cp << 6 | (u[i] & 0x3f);
+    }
+    if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
+        return jfail(j, "invalid UTF-8 in a string");
+    j->p += n;
+    return 0;
+}
+
+static int jstring(struct jscan *j, int *has_nul)
+{
+    j->p++; /* the opening quote */
+    while (j->p < j->e) {
+        unsigned char c = (unsigned char)*j->p;
+        if (c == '"') {
+            j->p++;
+            return 0;
+        }
+        if (c < 0x20)
+            return jfail(j, "control character in a string");
+        if (c == '\\') {
+            if (j->e - j->p < 2)
+                break;
+            char x = j->p[1];
+            if (x == 'u') {
+                if (j->e - j->p < 6)
+                    break;
+                for (int i = 2; i < 6; i++)
+                    if (!strchr("0123456789abcdefABCDEF", j->p[i]) || !j->p[i])
+                        return jfail(j, "invalid \\u escape");
+                if (has_nul && !memcmp(j->p + 2, "0000", 4))
+                    *has_nul = 1;
+                j->p += 6;
+            } else if (x && strchr("\"\\/bfnrt", x)) {
+                j->p += 2;
+            } else {
+                return jfail(j, "invalid escape in a string");
+            }
+        } else if (c >= 0x80) {
+            if (utf8_seq(j))
+                return -1;
+        } else {
+            j->p++;
+        }
+    }
+    return jfail(j, "unterminated string");
+}
+
+static int digits(struct jscan *j)
+{
+    const char *a = j->p;
+    while (j->p < j->e && *j->p >= '0' && *j->p <= '9')
+        j->p++;
+    return j->p > a ? 0 : jfail(j, "invalid number");
+}
+
+static int jnumber(struct jscan *j)
+{
+    if (*j->p == '-')
+        j->p++;
+    if (j->p < j->e && *j->p == '0')
+        j->p++;
+    else if (digits(j))
+        return -1;
+    if (j->p < j->e && *j->p == '.') {
+        j->p++;
+        if (digits(j))
+            return -1;
+    }
+    if (j->p < j->e && (*j->p == 'e' || *j->p == 'E')) {
+        j->p++;
+        if (j->p < j->e && (*j->p == '+' || *j->p == '-'))
+            j->p++;
+        if (digits(j))
+            return -1;
+    }
+    return 0;
+}
+
+static int jvalue(struct jscan *j, int depth);
+
+static int jcontainer(struct jscan *j, int depth)
+{
+    char close = *j->p == '{' ? '}' : ']';
+    int obj = close == '}';
+    if (depth >= RW_MAX_DEPTH)
+        return jfail(j, "JSON nested too deeply");
+    j->p++;
+    ws(j);
+    if (j->p < j->e && *j->p == close) {
+        j->p++;
+        return 0;
+    }
+    for (;;) {
+        ws(j);
+        if (obj) {
+            if (j->p >= j->e || *j->p != '"')
+                return jfail(j, "expected a string key");
+            if (jstring(j, NULL))
+                return -1;
+            ws(j);
+            if (j->p >= j->e || *j->p != ':')
+                return jfail(j, "expected ':'");
+            j->p++;
+        }
+        if (jvalue(j, depth + 1))
+            return -1;
+        ws(j);
+        if (j->p < j->e && *j->p == ',') {
+            j->p++;
+            continue;
+        }
+        if (j->p < j->e && *j->p == close) {
+            j->p++;
+            return 0;
+        }
+        return jfail(j, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+    }
+}
+
+static int jvalue(struct jscan *j, int depth)
+{
+    ws(j);
+    if (j->p >= j->e)
+        return jfail(j, "unexpected end of JSON");
+    char c = *j->p;
+    if (c == '{' || c == '[')
+        return jcontainer(j, depth);
+    if (c == '"')
+        return jstring(j, NULL);
+    if (c == '-' || (c >= '0' && c <= '9'))
+        return jnumber(j);
+    static const char *const lit[] = {"true", "false", "null"};
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(lit[i]);
+        if ((size_t)(j->e - j->p) >= n && !memcmp(j->p, lit[i], n)) {
+            j->p += n;
+            return 0;
+        }
+    }
+    return jfail(j, "invalid JSON value");
+}
+
+int rw_json_check(const char *data, size_t len, size_t *err_at)
+{
+    struct jscan j = {data, data, data + len, NULL};
+    int rc = jvalue(&j, 0);
+    if (rc == 0) {
+        ws(&j);
+        if (j.p != j.e)
+            rc = -1;
+    }
+    if (rc && err_at)
+        *err_at = (size_t)(j.p - data);
+    return rc;
+}
+
+void rw_src_free(struct rw_src *s)
+{
+    if (!s)
+        return;
+    for (size_t i = 0; i < s->n; i++)
+        free(s->m[i].key);
+    free(s->m);
+    free(s->text);
+    free(s);
+}
+
+static int member_cmp(const void *a, const void *b)
+{
+    const struct rw_member *const *x = a, *const *y = b;
+    int c = strcmp((*x)->key, (*y)->key);
+    return c ? c : ((*x)->start > (*y)->start) - ((*x)->start < (*y)->start);
+}
+
+struct rw_src *rw_src_parse(const char *data, size_t len, cJSON **tree, const char **err, size_t *err_at)
+{
+    *tree = NULL;
+    struct jscan j = {data, data, data + len, NULL};
+    size_t cap = 0, n = 0;
+    struct rw_member *m = NULL;
+    ws(&j);
+    if (j.p >= j.e || *j.p != '{') {
+        *err = "request body must be a JSON object";
+        *err_at = (size_t)(j.p - data);
+        return NULL;
+    }
+    j.p++;
+    ws(&j);
+    int ok = 1;
+    if (j.p < j.e && *j.p == '}') {
+        j.p++;
+    } else {
+        for (;;) {
+            ws(&j);
+            if (j.p >= j.e || *j.p != '"') {
+                ok = !jfail(&j, "expected a string key");
+                break;
+            }
+            size_t start = (size_t)(j.p - data);
+            int nul = 0;
+            if (jstring(&j, &nul)) {
+                ok = 0;
+                break;
+            }
+            if (nul) {
+                ok = !jfail(&j, "NUL in an object key");
+                break;
+            }
+            ws(&j);
+            if (j.p >= j.e || *j.p != ':') {
+                ok = !jfail(&j, "expected ':'");
+                break;
+            }
+            j.p++;
+            if (jvalue(&j, 1)) {
+                ok = 0;
+                break;
+            }
+            if (n == cap) {
+                cap = cap ? cap * 2 : 16;
+                m = XPYD_XALLOC(realloc(m, cap * sizeof *m));
+            }
+            m[n++] = (struct rw_member){NULL, start, (size_t)(j.p - data), 0};
+            ws(&j);
+            if (j.p < j.e && *j.p == ',') {
+                j.p++;
+                continue;
+            }
+            if (j.p < j.e && *j.p == '}') {
+                j.p++;
+                break;
+            }
+            ok = !jfail(&j, "expected ',' or '}'");
+            break;
+        }
+    }
+    if (ok) {
+        ws(&j);
+        if (j.p != j.e)
+            ok = !jfail(&j, "unexpected data after the JSON object");
+    }
+    cJSON *t = ok ? cJSON_ParseWithLength(data, len) : NULL;
+    size_t kids = 0;
+    for (const cJSON *c = t ? t->child : NULL; c; c = c->next)
+        kids++;
+    if (!ok || !cJSON_IsObject(t) || kids != n) {
+        *err = j.err ? j.err : "malformed JSON";
+        *err_at = (size_t)(j.p - data);
+        cJSON_Delete(t);
+        free(m);
+        return NULL;
+    }
+    struct rw_src *s = XPYD_XALLOC(calloc(1, sizeof *s));
+    s->text = XPYD_XALLOC(malloc(len + 1));
+    memcpy(s->text, data, len);
+    s->text[len] = 0;
+    s->len = len;
+    s->m = m;
+    s->n = n;
+    size_t i = 0;
+    for (const cJSON *c = t->child; c; c = c->next, i++)
+        m[i].key = XPYD_XALLOC(strdup(c->string ? c->string : ""));
+    if (n > 1) {
+        struct rw_member **order = XPYD_XALLOC(malloc(n * sizeof *order));
+        for (i = 0; i < n; i++)
+            order[i] = &m[i];
+        qsort(order, n, sizeof *order, member_cmp);
+        for (i = 0; i + 1 < n; i++)
+            if (!strcmp(order[i]->key, order[i + 1]->key))
+                order[i]->dup = s->has_dup = 1;
+        free(order);
+    }
+    rw_dedupe_keys(t);
+    *tree = t;
+    return s;
+}
+
+/* ---- bodies for the engines: the client's members, byte for byte, but for the ones set or removed ---- */
+
+struct rw_edit {
+    const char *key;
+    const char *raw;   /* the new value's JSON text; NULL removes the member */
+    int if_present;    /* set only when the client sent the key */
+};
+
+static int has_key(const struct rw_src *s, const char *k)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (!strcmp(s->m[i].key, k))
+            return 1;
+    return 0;
+}
+
+static char *emit(const struct rw_src *s, const struct rw_edit *ed, size_t ne, size_t *len)
+{
+    int changed = s->has_dup;
+    for (size_t k = 0; k < ne && !changed; k++)
+        changed = ed[k].raw ? (!ed[k].if_present || has_key(s, ed[k].key)) : has_key(s, ed[k].key);
+    if (!changed) { /* nothing to change: exactly the client's bytes */
+        char *out = XPYD_XALLOC(malloc(s->len + 1));
+        memcpy(out, s->text, s->len + 1);
+        *len = s->len;
+        return out;
+    }
+    size_t cap = s->len + 64, n = 0;
+    for (size_t k = 0; k < ne; k++)
+        cap += (ed[k].raw ? strlen(ed[k].raw) : 0) + strlen(ed[k].key) + 8;
+    char *out = XPYD_XALLOC(malloc(cap));
+    out[n++] = '{';
+    for (size_t i = 0; i < s->n; i++) {
+        const struct rw_member *m = &s->m[i];
+        size_t k = 0;
+        while (k < ne && strcmp(ed[k].key, m->key) != 0)
+            k++;
+        if (m->dup || k < ne)
+            continue;
+        if (n > 1)
+            out[n++] = ',';
+        memcpy(out + n, s->text + m->start, m->end - m->start);
+        n += m->end - m->start;
+    }
+    for (size_t k = 0; k < ne; k++) {
+        if (!ed[k].raw || (ed[k].if_present && !has_key(s, ed[k].key)))
+            continue;
+        n += (size_t)sprintf(out + n, "%s\"%s\":%s", n > 1 ? "," : "", ed[k].key, ed[k].raw);
+    }
+    out[n++] = '}';
+    out[n] = 0;
+    *len = n;
+    return out;
+}
+
+char *rw_prefill_body(const struct rw_src *client, int kv_params, size_t *len)
+{
+    const struct rw_edit ed[] = {
+        {"stream_options", NULL, 0},
+        {"min_tokens", NULL, 0},
+        {"min_completion_tokens", NULL, 0},
+        {"stream", "false", 0},
+        {"max_tokens", "1", 0},
+        {"max_completion_tokens", "1", 1},
+        {"kv_transfer_params",
+         kv_params ? "{\"do_remote_decode\":true,\"do_remote_prefill\":false,\"remote_engine_id\":null,"
+                     "\"remote_block_ids\":null,\"remote_host\":null,\"remote_port\":null}"
+                   : NULL,
+         0},
+    };
+    return emit(client, ed, kv_params ? 7 : 6, len);
+}
+
+char *rw_decode_body(const struct rw_src *client, const cJSON *kv_params, int kv_mode, size_t *len)
 {
     if (!kv_mode)
-        return rw_print(client, len);
-    cJSON *b = XPYD_XALLOC(cJSON_Duplicate(client, 1));
-    del_all(b, "kv_transfer_params");
-    if (kv_params)
-        cJSON_AddItemToObject(b, "kv_transfer_params", XPYD_XALLOC(cJSON_Duplicate(kv_params, 1)));
-    return print_free(b, len);
+        return emit(client, NULL, 0, len);
+    char *kv = kv_params ? XPYD_XALLOC(cJSON_PrintUnformatted(kv_params)) : NULL;
+    const struct rw_edit ed[] = {{"kv_transfer_params", kv, 0}};
+    char *out = emit(client, ed, 1, len);
+    free(kv);
+    return out;
 }
 
-char *rw_bootstrap_body(const cJSON *client, const char *host, int port, uint64_t room, const char *rid, size_t *len)
+char *rw_bootstrap_body(const struct rw_src *client, const char *host, int port, uint64_t room, const char *rid,
+                        size_t *len)
 {
-    char roomtxt[32];
-    snprintf(roomtxt, sizeof roomtxt, "%" PRIu64, room);
-    cJSON *b = XPYD_XALLOC(cJSON_Duplicate(client, 1));
-    set_item(b, "bootstrap_host", cJSON_CreateString(host));
-    set_item(b, "bootstrap_port", cJSON_CreateNumber(port));
-    set_item(b, "bootstrap_room", cJSON_CreateRaw(roomtxt)); /* exact 63-bit integer */
-    set_item(b, "rid", cJSON_CreateString(rid));
-    return print_free(b, len);
+    char roomtxt[32], porttxt[16];
+    snprintf(roomtxt, sizeof roomtxt, "%" PRIu64, room); /* exact 63-bit integer */
+    snprintf(porttxt, sizeof porttxt, "%d", port);
+    cJSON *h = XPYD_XALLOC(cJSON_CreateString(host)), *r = XPYD_XALLOC(cJSON_CreateString(rid));
+    char *hs = XPYD_XALLOC(cJSON_PrintUnformatted(h)), *rs = XPYD_XALLOC(cJSON_PrintUnformatted(r));
+    const struct rw_edit ed[] = {
+        {"bootstrap_host", hs, 0}, {"bootstrap_port", porttxt, 0}, {"bootstrap_room", roomtxt, 0}, {"rid", rs, 0}};
+    char *out = emit(client, ed, 4, len);
+    cJSON_Delete(h);
+    cJSON_Delete(r);
+    free(hs);
+    free(rs);
+    return out;
 }
 
-char *rw_kv_release_body(const cJSON *client, const cJSON *kv_params, size_t *len)
+char *rw_kv_release_body(const struct rw_src *client, const cJSON *kv_params, size_t *len)
 {
-    cJSON *b = XPYD_XALLOC(cJSON_Duplicate(client, 1));
-    set_item(b, "kv_transfer_params", cJSON_Duplicate(kv_params, 1));
-    del_all(b, "stream_options");
-    set_item(b, "stream", cJSON_CreateFalse());
-    set_item(b, "max_tokens", cJSON_CreateNumber(1));
-    if (cJSON_GetObjectItemCaseSensitive(b, "max_completion_tokens"))
-        set_item(b, "max_completion_tokens", cJSON_CreateNumber(1));
-    return print_free(b, len);
+    char *kv = XPYD_XALLOC(cJSON_PrintUnformatted(kv_params));
+    const struct rw_edit ed[] = {
+        {"kv_transfer_params", kv, 0}, {"stream_options", NULL, 0}, {"stream", "false", 0},
+        {"max_tokens", "1", 0},        {"max_completion_tokens", "1", 1},
+    };
+    char *out = emit(client, ed, 5, len);
+    free(kv);
+    return out;
 }
 
 int rw_absorb_prefill(const char *json, size_t len, struct rw_prefill_answer *out)

@@ -7,6 +7,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The client's body exactly as received, with the byte span of each top-level member: the bodies sent to
+ * engines are built from these bytes (numbers and strings keep their exact text), changing only the members
+ * the router sets or removes. */
+struct rw_member {
+    char *key;          /* decoded (owned) */
+    size_t start, end;  /* the member's bytes: "key" ... value */
+    int dup;            /* a later member has the same key: dropped (the last wins, as in Python's json) */
+};
+struct rw_src {
+    char *text;
+    size_t len;
+    struct rw_member *m;
+    size_t n;
+    int has_dup;
+};
+/* Strict JSON (RFC 8259: no trailing data, no NaN/Infinity, valid UTF-8, nesting up to 512) whose top level
+ * is an object. Returns the source and *tree (the parsed body, duplicates removed as rw_dedupe_keys does),
+ * or NULL with *err (and *err_at, the byte offset) set. */
+struct rw_src *rw_src_parse(const char *data, size_t len, cJSON **tree, const char **err, size_t *err_at);
+void rw_src_free(struct rw_src *s);
+/* 0 when data[0..len) is one strict JSON value (any type) with nothing after it, else -1 with *err_at. */
+int rw_json_check(const char *data, size_t len, size_t *err_at);
+
 /* Removes all but the last of each duplicated top-level key, so the router reads what a Python engine
  * (json.loads: the last wins) will read. Call once on the client's body before anything else. */
 void rw_dedupe_keys(cJSON *o);
@@ -19,14 +42,15 @@ int64_t rw_estimate_prompt(const cJSON *body, int chat, double bytes_per_token);
 char *rw_print(const cJSON *o, size_t *len);
 /* The prefill leg's body: max_tokens 1, not streamed, no stream_options/min_tokens; with kv_params, the
  * kv_transfer_params asking the engine to keep the KV for a remote decode. */
-char *rw_prefill_body(const cJSON *client, int kv_params, size_t *len);
+char *rw_prefill_body(const struct rw_src *client, int kv_params, size_t *len);
 /* The decode leg's body: the client's; with kv_mode, its kv_transfer_params replaced by the prefill's
  * (removed when the prefill returned none). */
-char *rw_decode_body(const cJSON *client, const cJSON *kv_params, int kv_mode, size_t *len);
+char *rw_decode_body(const struct rw_src *client, const cJSON *kv_params, int kv_mode, size_t *len);
 /* SGLang bootstrap body (both legs): the client's with bootstrap_host/port/room (exact integer) and rid. */
-char *rw_bootstrap_body(const cJSON *client, const char *host, int port, uint64_t room, const char *rid, size_t *len);
+char *rw_bootstrap_body(const struct rw_src *client, const char *host, int port, uint64_t room, const char *rid,
+                        size_t *len);
 /* The dispatch-and-cancel body that frees a prefill's KV: kv_transfer_params, max_tokens 1, not streamed. */
-char *rw_kv_release_body(const cJSON *client, const cJSON *kv_params, size_t *len);
+char *rw_kv_release_body(const struct rw_src *client, const cJSON *kv_params, size_t *len);
 
 /* What the router keeps from a prefill's (non-streamed) answer. */
 struct rw_prefill_answer {

@@ -53,6 +53,7 @@ enum rt_client_reject {
     RT_CR_BODY_TIMEOUT,      /* 408: body stalled over --body-idle-timeout-ms */
     RT_CR_HEADERS_TOO_LARGE, /* 431 */
     RT_CR_IDLE,              /* closed quietly: --keepalive-timeout-ms with no request */
+    RT_CR_MALFORMED,         /* 400/501/505/417: a malformed or ambiguous request head or chunked body */
     RT_CR_COUNT
 };
 extern const char *const rt_client_reject_names[RT_CR_COUNT];
@@ -124,14 +125,23 @@ struct rthread {
     struct rthread *next_thread;      /* all threads, for kicking */
 };
 
-/* With --api-key: 1 when the request carries the key (constant-time compare), else answers 401 and returns 0.
+/* reply.c: immediate answers and authentication, a leaf every module may call.
+ * With --api-key: 1 when the request carries the key (constant-time compare), else answers 401 and returns 0.
  * Without a key configured: 1. */
 int rt_authorized(struct evhtp_request *req);
-/* Answers a request at once: body with its Content-Type; or an OpenAI error JSON for status with msg. */
+/* Answers a request at once: body with its Content-Type; or an OpenAI error JSON for status with msg. Any
+ * headers already in req->headers_out go too; a HEAD request gets the headers and no body. */
 void rt_reply(struct evhtp_request *req, int status, const char *ctype, const char *body, size_t len);
 void rt_reply_error(struct evhtp_request *req, int status, const char *msg);
+struct evbuffer;
+void rt_reply_buffer(struct evhtp_request *req, int status, const char *ctype, struct evbuffer *body);
+/* 1 when the request's method is in allow ("GET, HEAD"); else answers 405 with Allow and returns 0. */
+int rt_method_allowed(struct evhtp_request *req, const char *allow);
+/* The standard reason phrase of an HTTP status. */
+const char *rt_status_reason(int status);
 /* 1 when the request carries Authorization: Bearer <key> (constant-time compare). Replies nothing. */
 int rt_bearer_ok(struct evhtp_request *req, const char *key);
+int rt_bearer_value_ok(const char *authorization, const char *key);
 
 /* The live pools (registry.c): fixed-capacity arrays filled from the configuration, grown at runtime. */
 int rt_registry_setup(struct router *rt);
@@ -153,7 +163,10 @@ struct evhtp_connection;
 int rt_client_pre_accept_check(void);
 void *rt_client_attach(struct evhtp_connection *c);
 int rt_client_headers_hook(struct evhtp_request *req, void *guard);
-/* The connection closes once this request's answer is sent ("Connection: close" is added by libevhtp). */
+/* The handler's cleanup for req, run once when libevhtp frees the request (answer sent, or connection gone);
+ * NULL to cancel. Handlers use this instead of libevhtp's request hooks, which would hide the guard's. */
+void rt_client_set_owner(struct evhtp_request *req, void (*fini)(void *arg), void *arg);
+/* The connection closes once this request's answer is sent (rt_reply writes "Connection: close"). */
 void rt_close_after_reply(struct evhtp_request *req);
 
 /* --handoff xpyd (kvxfer.c): the router's transfer engine and its release notifications. */

@@ -63,24 +63,47 @@ class XpydHandoff(t.TestCase):
 class MetadataStore(t.TestCase):
     def test_get_put_delete(self):
         p, d = self.start(t.sim("--role", "prefill")), self.start(t.sim("--role", "decode"))
-        r = self.start(t.router([p.port], [d.port], "--metadata-max-keys", "2", "--metadata-max-value-bytes", "64"))
+        r = self.start(t.router([p.port], [d.port], "--metadata-max-keys", "2", "--metadata-max-value-bytes", "64",
+                                "--metadata-write-key", "mdk"))
+        w = {"Authorization": "Bearer mdk"}
         key = "/metadata?key=mooncake%2Fram%2Fseg-1"
         st, _, _ = t.request(r.port, "GET", key)
         self.assertEqual(st, 404)
         desc = json.dumps({"name": "seg-1", "buffers": [{"addr": 4096, "len": 8}]})
-        self.assertEqual(t.request(r.port, "PUT", key, desc)[0], 200)
+        self.assertEqual(t.request(r.port, "PUT", key, desc, headers=w)[0], 200)
         st, _, out = t.request(r.port, "GET", "/metadata?key=mooncake/ram/seg-1")  # same key, unescaped
         self.assertEqual((st, json.loads(out)["name"]), (200, "seg-1"))
         self.assertEqual(t.metric(r.port, "xpyd_metadata_keys"), 1)
-        st, _, out = t.request(r.port, "PUT", "/metadata?key=big", "x" * 65)
+        st, _, out = t.request(r.port, "PUT", "/metadata?key=big", "x" * 65, headers=w)
         self.assertOpenAIError(st, json.loads(out), 413, "max-value-bytes")
-        self.assertEqual(t.request(r.port, "PUT", "/metadata?key=k2", "v")[0], 200)
-        st, _, out = t.request(r.port, "PUT", "/metadata?key=k3", "v")
+        self.assertEqual(t.request(r.port, "PUT", "/metadata?key=k2", "v", headers=w)[0], 200)
+        st, _, out = t.request(r.port, "PUT", "/metadata?key=k3", "v", headers=w)
         self.assertOpenAIError(st, json.loads(out), 507, "max-keys")
-        self.assertEqual(t.request(r.port, "DELETE", key)[0], 200)
-        self.assertEqual(t.request(r.port, "DELETE", key)[0], 404)
+        self.assertEqual(t.request(r.port, "DELETE", key, headers=w)[0], 200)
+        self.assertEqual(t.request(r.port, "DELETE", key, headers=w)[0], 404)
         st, _, out = t.request(r.port, "GET", "/metadata")
         self.assertOpenAIError(st, json.loads(out), 400, "key=")
+
+    def test_writes_need_the_write_or_admin_key(self):
+        """Segment descriptors steer KV transfers: writes are not open to any client (issue: /metadata writes)."""
+        p, d = self.start(t.sim("--role", "prefill")), self.start(t.sim("--role", "decode"))
+        r = self.start(t.router([p.port], [d.port]))
+        st, _, out = t.request(r.port, "PUT", "/metadata?key=k", "v")
+        self.assertOpenAIError(st, json.loads(out), 403, "--metadata-write-key")
+        self.assertEqual(t.request(r.port, "DELETE", "/metadata?key=k")[0], 403)
+        r2 = self.start(t.router([p.port], [d.port], "--api-key", "ck", "--admin-key", "ak",
+                                 "--metadata-write-key", "mk"))
+        ck, ak, mk = ({"Authorization": "Bearer " + k} for k in ("ck", "ak", "mk"))
+        st, h, out = t.request(r2.port, "PUT", "/metadata?key=k", "v", headers=ck)  # the client key cannot write
+        self.assertOpenAIError(st, json.loads(out), 401, "metadata write key")
+        self.assertEqual(h.get("www-authenticate"), "Bearer")
+        self.assertEqual(t.request(r2.port, "PUT", "/metadata?key=k", "v1", headers=mk)[0], 200)
+        self.assertEqual(t.request(r2.port, "PUT", "/metadata?key=k", "v2", headers=ak)[0], 200)
+        self.assertEqual(t.request(r2.port, "GET", "/metadata?key=k")[0], 401)  # reads need the client key
+        st, _, out = t.request(r2.port, "GET", "/metadata?key=k", headers=ck)
+        self.assertEqual((st, out), (200, b"v2"))
+        st, h, _ = t.request(r2.port, "PATCH", "/metadata?key=k", "v", headers=mk)
+        self.assertEqual((st, h.get("allow")), (405, "GET, HEAD, PUT, POST, DELETE"))
 
 
 if __name__ == "__main__":
