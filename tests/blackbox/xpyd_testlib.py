@@ -383,9 +383,92 @@ def router_idle(port, headers=None):
         for p in s["pools"].values())
 
 
+class RawConn:
+    """One client connection spoken byte-exactly: send() raw bytes, response() reads one answer (framed by
+    Content-Length, chunked or the close), closed() tells whether the router closed the connection."""
+
+    def __init__(self, port, timeout=10, host="127.0.0.1"):
+        self.s = socket.create_connection((host, port), timeout=timeout)
+        self.buf = b""
+
+    def send(self, data):
+        self.s.sendall(data)
+        return self
+
+    def _fill(self):
+        c = self.s.recv(65536)
+        if not c:
+            raise EOFError("connection closed by the router")
+        self.buf += c
+
+    def _take(self, n):
+        while len(self.buf) < n:
+            self._fill()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def _line(self):
+        while b"\r\n" not in self.buf:
+            self._fill()
+        line, _, self.buf = self.buf.partition(b"\r\n")
+        return line
+
+    def response(self, head=False):
+        """(status, reason, headers dict lower-case, body bytes); head: the answer to a HEAD (no body)."""
+        status_line = self._line().decode("latin-1")
+        parts = status_line.split(" ", 2)
+        assert parts[0] in ("HTTP/1.1", "HTTP/1.0"), status_line
+        status, reason = int(parts[1]), parts[2] if len(parts) > 2 else ""
+        hdrs = {}
+        while True:
+            ln = self._line().decode("latin-1")
+            if not ln:
+                break
+            k, _, v = ln.partition(":")
+            hdrs[k.strip().lower()] = v.strip()
+        if head or status < 200 or status in (204, 304):
+            return status, reason, hdrs, b""
+        if hdrs.get("transfer-encoding", "").lower() == "chunked":
+            body = b""
+            while True:
+                n = int(self._line().split(b";")[0], 16)
+                if n == 0:
+                    while self._line():
+                        pass
+                    return status, reason, hdrs, body
+                body += self._take(n)
+                self._line()
+        if "content-length" in hdrs:
+            return status, reason, hdrs, self._take(int(hdrs["content-length"]))
+        try:
+            while True:
+                self._fill()
+        except (EOFError, OSError):
+            pass
+        body, self.buf = self.buf, b""
+        return status, reason, hdrs, body
+
+    def closed(self, timeout=5.0):
+        """True when the router closes the connection within timeout (pending bytes are discarded)."""
+        self.s.settimeout(timeout)
+        try:
+            while True:
+                c = self.s.recv(65536)
+                if not c:
+                    return True
+        except socket.timeout:
+            return False
+        except OSError:
+            return True
+
+    def close(self):
+        self.s.close()
+
+
 class FakeEngine:
     """A scripted backend on an ephemeral loopback port, for failures xpyd_sim does not produce (non-JSON
-    answers, huge bodies, ...). handler(method, path, body) returns (status, content_type, bytes)."""
+    answers, huge bodies, ...). handler(method, path, body) returns (status, content_type, bytes) or
+    (status, content_type, bytes, {extra header: value})."""
 
     def __init__(self, handler):
         import http.server
@@ -404,8 +487,11 @@ class FakeEngine:
                 body = self.rfile.read(n) if n else b""
                 outer.requests.append((self.command, self.path, body))
                 outer.headers.append({k: v for k, v in self.headers.items()})
-                st, ctype, data = handler(self.command, self.path, body)
+                res = handler(self.command, self.path, body)
+                st, ctype, data = res[:3]
                 self.send_response(st)
+                for k, v in (res[3] if len(res) > 3 else {}).items():
+                    self.send_header(k, v)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
