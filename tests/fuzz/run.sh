@@ -22,19 +22,23 @@ build fuzz_config "$ROOT/tests/fuzz/fuzz_config.c" "$ROOT/router/config.c" "$ROO
 build fuzz_sim_request "$ROOT/tests/fuzz/fuzz_sim_request.c" "$ROOT/bench/sim/sim_request.c" \
   "$ROOT/bench/sim/sim_tokens.c" "$ROOT/common/xpyd_util.c"
 build fuzz_rewrite "$ROOT/tests/fuzz/fuzz_rewrite.c" "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c"
+build fuzz_http_req "$ROOT/tests/fuzz/fuzz_http_req.c" "$ROOT/router/http_req.c"
 build fuzz_upstream "$ROOT/tests/fuzz/fuzz_upstream.c" "$ROOT/common/xpyd_http_client.c" "$ROOT/common/xpyd_sse.c" \
   "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" -I"$HTTP_PARSER_INC" -lhttp_parser
 rc=0
-for h in sse config sim_request rewrite upstream; do
+for h in sse config sim_request rewrite upstream http_req; do
   mkdir -p "$OUT/corpus_$h"
   cp "$ROOT/tests/fuzz/corpus/$h/"* "$OUT/corpus_$h/"
   echo "== fuzz_$h for ${SECS}s"
   if ! (cd "$OUT" && ./fuzz_$h -max_total_time="$SECS" -max_len=8192 -close_fd_mask=3 -print_final_stats=1 \
-        "corpus_$h" >"$OUT/fuzz_$h.log" 2>&1); then
+        -artifact_prefix="$OUT/crash_$h-" "corpus_$h" >"$OUT/fuzz_$h.log" 2>&1); then
     echo "fuzz_$h FAILED:"; tail -40 "$OUT/fuzz_$h.log"; rc=1
+    for f in "$OUT"/crash_$h-*; do # the input that failed, kept and printed so a CI log is enough to replay it
+      [ -e "$f" ] && { echo "input $f (base64):"; base64 -w0 "$f"; echo; }
+    done
   else
     grep -E "stat::number_of_executed_units" "$OUT/fuzz_$h.log" || true
   fi
 done
-[ -n "${FUZZ_OUT:-}" ] || rm -rf "$OUT"
+if [ $rc -ne 0 ]; then echo "fuzz outputs kept in $OUT"; elif [ -z "${FUZZ_OUT:-}" ]; then rm -rf "$OUT"; fi
 exit $rc
