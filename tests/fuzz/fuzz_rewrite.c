@@ -1,7 +1,8 @@
 /* fuzz_rewrite.c - libFuzzer harness: the router's request JSON rewrite and what it reads from engine
  * answers (router/rewrite.c). The first byte picks chat/completions and the handoff; the rest is a body.
- * Beyond "no crash, no UB, no leak" it checks the rewrite's promises: every body it writes is a JSON object,
- * the prefill body asks for one unstreamed token, the bootstrap body carries the room exactly. */
+ * Beyond "no crash, no UB, no leak" it checks the rewrite's promises: every body it writes is a strict JSON
+ * object, a body with nothing to change reaches the engine byte for byte, the prefill body asks for one
+ * unstreamed token, the bootstrap body carries the room exactly, no duplicate key survives. */
 #include "rewrite.h"
 
 #include <inttypes.h>
@@ -34,15 +35,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
     }
 
-    cJSON *body = cJSON_ParseWithLength(json, n);
-    if (body) {
-        cJSON *ev = cJSON_Duplicate(body, 1);
+    cJSON *ev = cJSON_ParseWithLength(json, n);
+    if (ev) {
         rw_patch_usage(ev, (long)(data[0] >> 2) - 1);
         (void)rw_event_text(ev);
         cJSON_Delete(ev);
     }
-    rw_dedupe_keys(body);
-    for (const cJSON *x = body && cJSON_IsObject(body) ? body->child : NULL; x; x = x->next)
+    cJSON *body = NULL;
+    const char *why = NULL;
+    size_t err_at = 0;
+    struct rw_src *src = rw_src_parse(json, n, &body, &why, &err_at);
+    if (!src && (!why || err_at > n))
+        abort(); /* a refusal says why and where */
+    if (src && rw_json_check(json, n, NULL) != 0)
+        abort(); /* the body reader and the strict checker agree */
+    for (const cJSON *x = body ? body->child : NULL; x; x = x->next)
         for (const cJSON *y = x->next; y; y = y->next)
             if (x->string && y->string && !strcmp(x->string, y->string))
                 abort(); /* a duplicate survived */
@@ -52,7 +59,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (max_tokens < 1 || rw_estimate_prompt(body, chat, 4.0) < 0)
             abort();
         size_t len;
-        cJSON *p = reparse(rw_prefill_body(body, kv, &len), len);
+        char *pb = rw_prefill_body(src, kv, &len);
+        if (rw_json_check(pb, len, NULL) != 0)
+            abort(); /* every body the router writes is strict JSON */
+        cJSON *p = reparse(pb, len);
         const cJSON *mt = cJSON_GetObjectItemCaseSensitive(p, "max_tokens");
         if (!cJSON_IsNumber(mt) || mt->valuedouble != 1 || !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(p, "stream")) ||
             cJSON_GetObjectItemCaseSensitive(p, "stream_options"))
@@ -61,9 +71,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                                                                  "do_remote_decode")))
             abort();
         cJSON_Delete(p);
-        cJSON_Delete(reparse(rw_decode_body(body, a.kv_params, kv, &len), len));
+        char *db = rw_decode_body(src, NULL, 0, &len);
+        if (!src->has_dup && (len != n || memcmp(db, json, n) != 0))
+            abort(); /* nothing to change: the engine gets the client's bytes */
+        cJSON_Delete(reparse(db, len));
+        cJSON_Delete(reparse(rw_decode_body(src, a.kv_params, kv, &len), len));
         uint64_t room = 0x7fffffffffffffffULL - size;
-        char *bs = rw_bootstrap_body(body, "h", 8998, room, "rid-1", &len);
+        char *bs = rw_bootstrap_body(src, "h", 8998, room, "rid-1", &len);
         char want[48];
         snprintf(want, sizeof want, "\"bootstrap_room\":%" PRIu64, room);
         if (!strstr(bs, want))
@@ -73,8 +87,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         cJSON_Delete(b);
         if (a.kv_params)
-            cJSON_Delete(reparse(rw_kv_release_body(body, a.kv_params, &len), len));
+            cJSON_Delete(reparse(rw_kv_release_body(src, a.kv_params, &len), len));
     }
+    rw_src_free(src);
     cJSON_Delete(body);
     rw_prefill_answer_free(&a);
     return 0;
