@@ -26,6 +26,7 @@ for pol in ${BAL_POLICIES:-lot rr p2c}; do
   $B/xpyd_bench --port "$RP" --num-prompts "$N" --request-rate "$RATE" --seed 7 --length-dist pareto \
     --random-input-len 512 --random-output-len 128 --ignore-eos --disable-tqdm --percentile-metrics ttft,tpot \
     --metric-percentiles 50,99 --save-result --result-filename "$WORK/$pol.json" >/dev/null || true
+  if [ -n "${XPYD_SAMPLES_DIR:-}" ]; then mkdir -p "$XPYD_SAMPLES_DIR"; cp "$WORK/$pol.json" "$XPYD_SAMPLES_DIR/cdf-policy-$pol.json"; fi
   toks=()
   for p in "${SIM_PORTS_D[@]}"; do
     toks+=("$(curl -fs "http://127.0.0.1:$p/metrics" | awk '/^vllm:generation_tokens_total/ {print $2}')")

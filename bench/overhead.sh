@@ -46,7 +46,10 @@ bench() { # result-file args...
   taskset -c 0 $B/xpyd_bench --disable-tqdm --ignore-eos --save-result --result-filename "$out" \
     --metric-percentiles 50,99 --percentile-metrics ttft,itl,e2el "$@" >/dev/null || true
 }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
+# XPYD_SAMPLES_DIR: keep the raw results for bench/plot.sh (cdf-<chart>-<label>.json, cpu.tsv)
+keep() { [ -z "${XPYD_SAMPLES_DIR:-}" ] || { mkdir -p "$XPYD_SAMPLES_DIR"; cp "$1" "$XPYD_SAMPLES_DIR/$2"; }; }
+keep_cpu() { [ -z "${XPYD_SAMPLES_DIR:-}" ] || { mkdir -p "$XPYD_SAMPLES_DIR"; printf '%s\t%s\n' "$1" "$2" >>"$XPYD_SAMPLES_DIR/cpu.tsv"; }; }
 j() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d[sys.argv[2]])" "$@"; }
 
 echo "# xpyd router overhead — $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(uname -r)"
@@ -72,6 +75,7 @@ lat_pair() { # label router-cpu prompts concurrency output itl_us
   local A=(--num-prompts "$n" --max-concurrency "$c" --random-input-len 128 --random-output-len "$out")
   bench "$WORK/direct.json" --port $D --direct-prefill 127.0.0.1:$P "${A[@]}"
   bench "$WORK/router.json" --port $R1 "${A[@]}"
+  case "$label" in 1a.*) keep "$WORK/direct.json" cdf-pd-direct.json; keep "$WORK/router.json" cdf-pd-router.json ;; esac
   python3 - "$WORK/direct.json" "$WORK/router.json" "$label" <<'PY'
 import json, sys
 d, r = (json.load(open(f)) for f in sys.argv[1:3])
@@ -122,18 +126,30 @@ taskset -c 1 nginx -c "$WORK/ng/nginx.conf" -p "$WORK/ng" &
 PIDS+=($!)
 xpyd_wait_http "http://127.0.0.1:$NG/health" 10
 HOP=(--num-prompts $NREQ --max-concurrency 64 --random-input-len 16 --random-output-len 16)
+NGW=$(pgrep -P "$(cat "$WORK/ng/nginx.pid")" | tr '\n' ' ')
+R2PID=$(cat "$WORK/r2.pid")
+t0=$(cpu_ticks $NGW)
 bench "$WORK/hop_nginx.json" --port $NG "${HOP[@]}"
+NGCPU=$(( $(cpu_ticks $NGW) - t0 ))
+t0=$(cpu_ticks $R2PID)
 bench "$WORK/hop_router.json" --port $R2 "${HOP[@]}"
-python3 - "$WORK/hop_nginx.json" "$WORK/hop_router.json" <<'PY'
+R2CPU=$(( $(cpu_ticks $R2PID) - t0 ))
+keep "$WORK/hop_nginx.json" cdf-hop-nginx.json
+keep "$WORK/hop_router.json" cdf-hop-router.json
+python3 - "$WORK/hop_nginx.json" "$WORK/hop_router.json" $NGCPU $R2CPU "$(getconf CLK_TCK)" >"$WORK/hop.md" <<'PY'
 import json, sys
 n, r = (json.load(open(f)) for f in sys.argv[1:3])
+ticks = [int(sys.argv[3]), int(sys.argv[4])]; hz = int(sys.argv[5])
 print("## 2. Single-hop relay of the same decode stream, concurrency 64, 16 tokens, one worker each on CPU 1")
-print("| relay | requests/s | p99 E2E (ms) | p99 ITL (ms) | completed |\n|---|---|---|---|---|")
-for name, d in (("nginx 1.22 (proxy_buffering off)", n), ("xpyd_router --handoff none", r)):
-    print("| %s | %.0f | %.2f | %.2f | %d/%d |" % (name, d["request_throughput"], d["p99_e2el_ms"], d["p99_itl_ms"],
-                                               d["completed"], d["num_prompts"]))
+print("| relay | requests/s | p99 E2E (ms) | p99 ITL (ms) | CPU µs / request | completed |\n|---|---|---|---|---|---|")
+for (name, d), t in zip((("nginx 1.22 (proxy_buffering off)", n), ("xpyd_router --handoff none", r)), ticks):
+    print("| %s | %.0f | %.2f | %.2f | %.0f | %d/%d |" % (name, d["request_throughput"], d["p99_e2el_ms"],
+          d["p99_itl_ms"], t / hz / max(d["completed"], 1) * 1e6, d["completed"], d["num_prompts"]))
 print("\nrouter/nginx requests/s ratio: %.2f\n" % (r["request_throughput"] / n["request_throughput"]))
 PY
+cat "$WORK/hop.md"
+keep_cpu "nginx, one hop, 16 tokens" "$(awk -F'|' '/^\| nginx/ {gsub(/ /,"",$6); print $6}' "$WORK/hop.md")"
+keep_cpu "router, one hop, 16 tokens" "$(awk -F'|' '/^\| xpyd_router/ {gsub(/ /,"",$6); print $6}' "$WORK/hop.md")"
 xpyd_cluster_down
 fi
 
@@ -161,6 +177,10 @@ cpu = ticks / hz
 print("| %s | %.0f | %.0f | %.3f | %d/%d |" % (name, d["request_throughput"], d["output_throughput"],
       cpu / max(d["completed"], 1) * 1000, d["completed"], d["num_prompts"]))
 PY
+    if [ $shape = short ] && [ $metrics = on ] && [ ! -e "$WORK/kept_pd" ]; then
+      touch "$WORK/kept_pd"
+      keep_cpu "router, P+D, 2 tokens" "$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.0f' % ($((t1 - t0)) / $(getconf CLK_TCK) / max(d['completed'], 1) * 1e6))" "$WORK/tp_${metrics}_$shape.json")"
+    fi
   done
   kill "$RPID"; wait "$RPID" 2>/dev/null || true
 done

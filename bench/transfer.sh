@@ -32,11 +32,15 @@ $B/xpyd_transfer_bench --mode target --port 0 --buffer-size 256M >"$WORK/target.
 for _ in $(seq 200); do grep -q "ready port" "$WORK/target.out" && break; sleep 0.05; done
 TPORT=$(awk '/ready port/{print $4}' "$WORK/target.out")
 echo "iperf3 single stream loopback: $IPERF GB/s"
+# XPYD_SAMPLES_DIR: keep the numbers for bench/plot.sh (transfer.tsv: label, GB/s)
+tsv() { [ -z "${XPYD_SAMPLES_DIR:-}" ] || { mkdir -p "$XPYD_SAMPLES_DIR"; printf '%s\t%s\n' "$1" "$2" >>"$XPYD_SAMPLES_DIR/transfer.tsv"; }; }
+tsv "iperf3, 1 stream" "$IPERF"
 for op in write read; do
   for th in 1 4; do
     line=$($B/xpyd_transfer_bench --mode initiator --target "127.0.0.1:$TPORT" --operation $op --block-size 4M \
       --batch-size 8 --threads $th --duration "$SECS" 2>/dev/null)
     gbs=$(echo "$line" | sed -n 's/.*throughput=\([0-9.]*\) GB\/s.*/\1/p')
+    tsv "xpyd $op, $th stream$([ $th = 1 ] || echo s)" "$gbs"
     echo "xpyd_transfer_bench $op threads=$th: $gbs GB/s ($(python3 -c "print('%.0f' % (100*$gbs/$IPERF))") % of iperf3) :: $line"
   done
 done

@@ -7,6 +7,7 @@
 #include "xpyd_http_client.h"
 #include "xpyd_sse.h"
 #include "xpyd_util.h"
+#include "xpyd_version.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -392,7 +393,9 @@ static void usage(FILE *f)
           "  --save-result --result-filename F --disable-tqdm --timeout-ms N (600000, per request)\n"
           "  --length-dist uniform|pareto (uniform: range ratio; pareto: heavy tail, shape 1.5, same mean, cap 10x)\n"
           "  --direct-prefill HOST:PORT   baseline without a router: the client sends the kv-params prefill leg there,\n"
-          "                               then the decode leg (with the returned kv_transfer_params) to --host/--port\n",
+          "                               then the decode leg (with the returned kv_transfer_params) to --host/--port\n"
+          "  -h, --help                   this text\n"
+          "  --version                    version and git revision\n",
           f);
 }
 
@@ -415,7 +418,7 @@ static int parse(int argc, char **argv)
         {"max-concurrency", 1, 0, 13}, {"ignore-eos", 0, 0, 14}, {"seed", 1, 0, 15},
         {"percentile-metrics", 1, 0, 16}, {"metric-percentiles", 1, 0, 17}, {"save-result", 0, 0, 18},
         {"result-filename", 1, 0, 19}, {"disable-tqdm", 0, 0, 20}, {"timeout-ms", 1, 0, 21},
-        {"dataset-name", 1, 0, 22}, {"direct-prefill", 1, 0, 23}, {"length-dist", 1, 0, 24}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"dataset-name", 1, 0, 22}, {"direct-prefill", 1, 0, 23}, {"length-dist", 1, 0, 24}, {"help", 0, 0, 'h'}, {"version", 0, 0, 'V'}, {0, 0, 0, 0}};
     int o;
     long v;
     while ((o = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -468,6 +471,7 @@ static int parse(int argc, char **argv)
             bad = !O.pareto && strcmp(a, "uniform") != 0;
             break;
         case 'h': usage(stdout); exit(0);
+        case 'V': xpyd_print_version("xpyd_bench"); exit(0);
         default: usage(stderr); return -1;
         }
         if (bad) {

@@ -4,6 +4,7 @@
 
 #include "xb.h"
 #include "xpyd_util.h"
+#include "xpyd_version.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -211,7 +212,7 @@ static void usage(FILE *f)
           f);
     for (size_t i = 0; i < NSETTINGS; i++)
         fprintf(f, "  --%-24s %s [%s]\n", settings[i].name, settings[i].help, settings[i].def[0] ? settings[i].def : "none");
-    fputs("  -h, --help\n", f);
+    fputs("  -h, --help                   this text\n  --version                    version and git revision\n", f);
 }
 
 /* ---------- pools ---------- */
@@ -519,6 +520,10 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
         }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
+            return 1;
+        }
+        if (!strcmp(a, "--version")) {
+            xpyd_print_version("xpyd_router");
             return 1;
         }
         if (!strcmp(a, "--dry-run")) {

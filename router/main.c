@@ -5,6 +5,7 @@
 
 #include "xpyd_oai.h"
 #include "xpyd_util.h"
+#include "xpyd_version.h"
 
 #include <errno.h>
 #include <event2/buffer.h>
@@ -65,9 +66,9 @@ static void on_status(evhtp_request_t *req, void *arg)
     if (!rt_authorized(req) || !rt_method_allowed(req, "GET, HEAD"))
         return;
     struct evbuffer *b = evbuffer_new();
-    evbuffer_add_printf(b, "{\"version\":\"%s\",\"uptime_s\":%" PRId64 ",\"handoff\":\"%s\",\"first_token\":\"%s\","
+    evbuffer_add_printf(b, "{\"version\":\"%s\",\"git_revision\":\"%s\",\"uptime_s\":%" PRId64 ",\"handoff\":\"%s\",\"first_token\":\"%s\","
                            "\"active_requests\":%" PRId64 ",\"active_streams\":%" PRId64 ",\"pools\":{",
-                        XPYD_VERSION, xpyd_wall_s() - g_rt->started_wall, rt_handoff_name(g_rt->cfg.handoff),
+                        xpyd_version(), xpyd_git_revision(), xpyd_wall_s() - g_rt->started_wall, rt_handoff_name(g_rt->cfg.handoff),
                         g_rt->cfg.first_token ? "prefill" : "decode", (int64_t)atomic_load(&g_rt->ctr.active_requests),
                         (int64_t)atomic_load(&g_rt->ctr.active_streams));
     for (int role = 0; role < 2; role++) {

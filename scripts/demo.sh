@@ -10,7 +10,7 @@ if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then
   ./scripts/deps.sh
   ./scripts/build.sh >/dev/null
 fi
-B=${XPYD_BUILD_DIR:-build}/bin
+B=${XPYD_BIN_DIR:-${XPYD_BUILD_DIR:-build}/bin} # XPYD_BIN_DIR: run installed binaries (e.g. /usr/bin)
 PROMPTS=${DEMO_PROMPTS:-200}
 CONC=${DEMO_CONCURRENCY:-32}
 HANDOFF=${DEMO_HANDOFF:-kv-params}

@@ -5,6 +5,7 @@ set -euo pipefail
 
 PKGS=(gcc make cmake pkg-config ca-certificates curl python3 procps prometheus clang libclang-rt-14-dev
       libevent-dev libevhtp-dev libhttp-parser-dev libcjson-dev libibverbs-dev libjemalloc-dev libcmocka-dev
+      help2man man-db dpkg-dev adduser gnuplot-nox
       "$@")
 
 missing=()

@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #endif
 #include "xpyd_transfer.h"
+#include "xpyd_version.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -59,11 +60,24 @@ static size_t parse_size(const char *s)
     return v > 0 ? (size_t)v : 0;
 }
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr, "usage: xpyd_transfer_bench --mode target|initiator [--protocol tcp] [--port N] "
-                    "[--target HOST:PORT] [--operation read|write] [--block-size BYTES] [--batch-size N] "
-                    "[--threads N] [--duration SECONDS] [--buffer-size BYTES] [--device NAME[,NAME]]\n");
+    fputs("usage: xpyd_transfer_bench --mode target|initiator [options]\n"
+          "Measures libxpyd_transfer: a target registers a buffer, an initiator reads or writes it in batches.\n"
+          "  --mode target|initiator      the side this process plays (initiator)\n"
+          "  --protocol tcp|rdma          transport (tcp)\n"
+          "  --port N                     target: the port to listen on (0: any, printed)\n"
+          "  --target HOST:PORT           initiator: the target to move data with\n"
+          "  --operation read|write       initiator: direction (read)\n"
+          "  --block-size BYTES           bytes per transfer request, a multiple of 8 (1M; K/M/G suffixes)\n"
+          "  --batch-size N               requests per batch (16)\n"
+          "  --threads N                  initiator threads, 1-64 (4)\n"
+          "  --duration SECONDS           how long the initiator runs (5)\n"
+          "  --buffer-size BYTES          registered buffer per side, at least the block size (256M)\n"
+          "  --device NAME[,NAME]         rdma: the NICs to use (all)\n"
+          "  -h, --help                   this text\n"
+          "  --version                    version and git revision\n",
+          f);
 }
 
 static int run_target(void)
@@ -198,7 +212,7 @@ static int cmp_u64(const void *a, const void *b)
 static int run_initiator(void)
 {
     if (!O.target) {
-        usage();
+        usage(stderr);
         return 2;
     }
     struct xt_config c = {.name = "bench-initiator", .transport = O.protocol, .rdma_devices = O.device,
@@ -273,7 +287,7 @@ int main(int argc, char **argv)
         {"mode", 1, 0, 'm'},       {"protocol", 1, 0, 'P'},  {"port", 1, 0, 'p'},       {"target", 1, 0, 't'},
         {"operation", 1, 0, 'o'},  {"block-size", 1, 0, 'b'}, {"batch-size", 1, 0, 'B'}, {"threads", 1, 0, 'T'},
         {"duration", 1, 0, 'd'},   {"device", 1, 0, 'D'},    {"buffer-size", 1, 0, 'S'}, {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"version", 0, 0, 'V'},     {0, 0, 0, 0}};
     int c;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -288,7 +302,9 @@ int main(int argc, char **argv)
         case 'd': O.duration = atoi(optarg); break;
         case 'D': O.device = optarg; break;
         case 'S': O.buffer = parse_size(optarg); break;
-        default: usage(); return c == 'h' ? 0 : 2;
+        case 'h': usage(stdout); return 0;
+        case 'V': xpyd_print_version("xpyd_transfer_bench"); return 0;
+        default: usage(stderr); return 2;
         }
     }
     if (O.block < 8 || O.block % 8 || O.batch < 1 || O.threads < 1 || O.threads > 64 || O.duration < 1 ||
@@ -307,6 +323,6 @@ int main(int argc, char **argv)
         return run_target();
     if (!strcmp(O.mode, "initiator"))
         return run_initiator();
-    usage();
+    usage(stderr);
     return 2;
 }

@@ -2,6 +2,7 @@
 #include "sim.h"
 
 #include "xpyd_util.h"
+#include "xpyd_version.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -67,7 +68,8 @@ static void usage(FILE *f)
           "  --eos-prob P                 chance per token of an early EOS unless ignore_eos (default 0: never)\n"
           "  --max-body-bytes N           largest request body accepted (default 16777216)\n"
           "  --log-level error|warn|info|debug   (default info)\n"
-          "  -h, --help                   this text\n",
+          "  -h, --help                   this text\n"
+          "  --version                    version and git revision\n",
           f);
 }
 
@@ -98,7 +100,7 @@ static int parse_args(int argc, char **argv, struct sim_config *c)
         {"status-code", 1, 0, O_STATUS}, {"fail-after-tokens", 1, 0, O_FAT}, {"stall-ms", 1, 0, O_STALL},
         {"startup-delay-ms", 1, 0, O_STARTUP}, {"eos-prob", 1, 0, O_EOS}, {"max-body-bytes", 1, 0, O_MAXBODY},
         {"log-level", 1, 0, O_LOG}, {"port-file", 1, 0, O_PORTFILE}, {"kv-capacity-tokens", 1, 0, O_KVCAP},
-        {"decode-ns-per-kv-token", 1, 0, O_KVNS}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+        {"decode-ns-per-kv-token", 1, 0, O_KVNS}, {"help", 0, 0, 'h'}, {"version", 0, 0, 'V'}, {0, 0, 0, 0}};
     int o;
     long v;
     while ((o = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
@@ -151,6 +153,7 @@ static int parse_args(int argc, char **argv, struct sim_config *c)
         case O_PORTFILE: snprintf(c->port_file, sizeof c->port_file, "%s", a); break;
         case O_LOG: c->log_level = xpyd_log_level_parse(a); bad = c->log_level < 0; break;
         case 'h': usage(stdout); exit(0);
+        case 'V': xpyd_print_version("xpyd_sim"); exit(0);
         default: usage(stderr); return -1;
         }
         if (bad) {
