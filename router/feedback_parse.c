@@ -1,6 +1,7 @@
 /* feedback_parse.c - reads vLLM's load series out of a Prometheus page (declared in probe.h). */
 #include "probe.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,8 +28,8 @@ static int parse_line(const char *l, const char *end, const char *name, int engi
     num[vl] = '\0';
     char *e;
     double v = strtod(num, &e);
-    if (e == num)
-        return 0;
+    if (e == num || !isfinite(v) || v < 0 || v > 1e12)
+        return 0; /* not a count an engine reports (NaN, inf, negative, absurd): ignored, never cast */
     *sum += v;
     if (v > *max)
         *max = v;
@@ -55,6 +56,8 @@ int probe_parse_engine_metrics(const char *page, size_t len, int engine, struct 
     out->waiting = w;
     out->running = run;
     out->kv_usage = kvfound ? kvmax : gkvmax; /* newer name first, the older one as fallback */
+    if (out->kv_usage > 1)
+        out->kv_usage = 1; /* a fraction */
     return found;
 }
 

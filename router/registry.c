@@ -5,6 +5,7 @@
  * release exactly what they charged); adding the same host:port:rank again revives that slot. Mutations
  * are serialized by one mutex. */
 #include "router.h"
+#include "admin_parse.h"
 
 #include "xpyd_oai.h"
 #include "xpyd_util.h"
@@ -267,22 +268,6 @@ static void admin_list(evhtp_request_t *req)
     send_cjson(req, 200, o);
 }
 
-static int json_long(const cJSON *o, const char *k, long lo, long hi, long def, long *out, char *err, size_t cap)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!v) {
-        *out = def;
-        return 0;
-    }
-    if (!cJSON_IsNumber(v) || v->valuedouble != (double)(long)v->valuedouble || v->valuedouble < (double)lo ||
-        v->valuedouble > (double)hi) {
-        snprintf(err, cap, "'%s' must be an integer in [%ld, %ld]", k, lo, hi);
-        return -1;
-    }
-    *out = (long)v->valuedouble;
-    return 0;
-}
-
 static int parse_role(const char *s)
 {
     return !strcmp(s, "prefill") ? RT_PREFILL : !strcmp(s, "decode") ? RT_DECODE : -1;
@@ -293,40 +278,21 @@ static int parse_role(const char *s)
 static void admin_add(evhtp_request_t *req)
 {
     size_t len = evbuffer_get_length(req->buffer_in);
-    cJSON *o = cJSON_ParseWithLength((const char *)evbuffer_pullup(req->buffer_in, -1), len);
     char err[300] = "";
-    const cJSON *jr = cJSON_GetObjectItemCaseSensitive(o, "role");
-    const cJSON *jh = cJSON_GetObjectItemCaseSensitive(o, "host");
-    int role = cJSON_IsString(jr) ? parse_role(jr->valuestring) : -1;
-    long port = 0, dp = 1, tp = 1, weight = 1, maxinf = 0, mml = 0, bport = 0;
-    if (!cJSON_IsObject(o))
-        snprintf(err, sizeof err, "the body must be a JSON object");
-    else if (role < 0)
-        snprintf(err, sizeof err, "'role' must be \"prefill\" or \"decode\"");
-    else if (!cJSON_IsString(jh) || !jh->valuestring[0] || strlen(jh->valuestring) > 255)
-        snprintf(err, sizeof err, "'host' must be a non-empty string");
-    else if (!json_long(o, "port", 1, 65535, 0, &port, err, sizeof err) && port == 0)
-        snprintf(err, sizeof err, "'port' is required");
-    if (!err[0]) {
-        const struct rt_pool_cfg *pc = &g_rt->cfg.pools[role];
-        if (json_long(o, "dp", 1, 1024, pc->dp, &dp, err, sizeof err) ||
-            json_long(o, "tp", 1, 1024, pc->tp, &tp, err, sizeof err) ||
-            json_long(o, "weight", 1, 1000000, 1, &weight, err, sizeof err) ||
-            json_long(o, "max_inflight", 0, 1000000, pc->max_inflight, &maxinf, err, sizeof err) ||
-            json_long(o, "max_model_len", 0, 1L << 40, 0, &mml, err, sizeof err) ||
-            json_long(o, "bootstrap_port", 0, 65535, port, &bport, err, sizeof err))
-            ;
-        else if (!g_rt->cfg.dp_internal && port + dp - 1 > 65535)
-            snprintf(err, sizeof err, "port + dp - 1 is above 65535");
-    }
-    if (err[0]) {
-        cJSON_Delete(o);
+    struct rt_admin_defaults defs[2];
+    for (int r = 0; r < 2; r++)
+        defs[r] = (struct rt_admin_defaults){g_rt->cfg.pools[r].dp, g_rt->cfg.pools[r].tp, g_rt->cfg.pools[r].max_inflight};
+    struct rt_admin_instance in;
+    if (rt_admin_parse_instance(len ? (const char *)evbuffer_pullup(req->buffer_in, -1) : "", len, defs,
+                                g_rt->cfg.dp_internal, &in, err, sizeof err) != 0) {
         rt_reply_error(req, 400, err);
         return;
     }
+    int role = in.role;
+    long port = in.port, dp = in.dp, tp = in.tp, weight = in.weight, maxinf = in.max_inflight, mml = in.max_model_len,
+         bport = in.bootstrap_port;
     char host[256];
-    snprintf(host, sizeof host, "%s", jh->valuestring);
-    cJSON_Delete(o);
+    snprintf(host, sizeof host, "%s", in.host);
     cJSON *out = XPYD_XALLOC(cJSON_CreateObject());
     cJSON *arr = cJSON_AddArrayToObject(out, "instances");
     int changed = 0, status = 0;

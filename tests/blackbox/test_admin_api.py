@@ -33,6 +33,16 @@ class AdminApi(t.TestCase):
     def decodes_listed(self):
         return sorted(i["port"] for i in t.request_json_status(self.r.port, CLIENT)["pools"]["decode"]["instances"])
 
+    def test_pool_full_507(self):
+        r = self.start(t.router([self.p.port], [self.d1.port], "--admin-key", "adm-secret", "--max-instances", "2"))
+        st, out = admin(r.port, "POST", "/admin/instances", {"role": "decode", "host": "127.0.0.1",
+                                                               "port": self.d2.port})
+        self.assertIn(st, (200, 201), out)
+        st, out = admin(r.port, "POST", "/admin/instances", {"role": "decode", "host": "127.0.0.1",
+                                                               "port": t.free_port()})
+        self.assertOpenAIError(st, out, 507, "max-instances")
+        self.assertEqual(len(t.status(r.port)["pools"]["decode"]["instances"]), 2)
+
     def test_keys(self):
         st, out = admin(self.r.port, "GET", "/admin/instances", headers={})
         self.assertOpenAIError(st, out, 401, "admin key")

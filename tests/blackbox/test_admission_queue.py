@@ -51,6 +51,34 @@ class AdmissionQueue(t.TestCase):
         self.assertEqual(t.metric(r.port, 'xpyd_admission_queue_depth{role="decode"}'), 0)
         t.wait_until(lambda: t.router_idle(r.port), what="router load back to zero")
 
+    def test_prefill_queue_is_fifo(self):
+        """The prefill pool has its own admission queue: with one slot, requests wait and are admitted in the
+        order they arrived (one router thread: one FIFO)."""
+        p = self.start(t.sim("--role", "prefill", "--stall-ms", "250"))
+        d = self.start(t.sim("--role", "decode"))
+        r = self.start(t.router([p.port], [d.port], "--prefill-max-inflight", "1", "--threads", "1"))
+        done, lock = [], threading.Lock()
+
+        def run(i):
+            st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "req %d" % i, "max_tokens": 1}, timeout=30)
+            with lock:
+                done.append((i, st))
+
+        threads = []
+        for i in range(4):
+            threads.append(threading.Thread(target=run, args=(i,)))
+            threads[-1].start()
+            # the next one arrives only once this one is running or queued
+            t.wait_until(lambda: t.status(r.port)["pools"]["prefill"]["inflight"] +
+                         t.metric(r.port, 'xpyd_admission_queue_depth{role="prefill"}') >= i + 1,
+                         what="request %d admitted or queued" % i)
+        self.assertGreaterEqual(t.metric(r.port, 'xpyd_admission_queue_depth{role="prefill"}'), 2)
+        for th in threads:
+            th.join()
+        self.assertEqual(done, [(0, 200), (1, 200), (2, 200), (3, 200)])  # FIFO
+        self.assertEqual(t.metric(r.port, 'xpyd_admission_queue_admitted_total{role="prefill"}'), 3)
+        t.wait_until(lambda: t.router_idle(r.port), what="router load back to zero")
+
     def test_queue_timeout_503(self):
         _, _, r = self.cluster("--queue-timeout-ms", "300", us_per_token="300000")
         first = threading.Thread(target=lambda: t.post_json(r.port, "/v1/completions", SLOW, timeout=30))

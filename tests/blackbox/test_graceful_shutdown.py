@@ -7,6 +7,25 @@ import xpyd_testlib as t
 
 
 class GracefulShutdown(t.TestCase):
+    def test_second_signal_exits_at_once(self):
+        """A second SIGTERM during the drain ends it: the router exits without waiting for streams."""
+        import time
+        p = self.start(t.sim("--role", "prefill"))
+        d = self.start(t.sim("--role", "decode", "--decode-us-per-token", "50000"))
+        r = self.start(t.router([p.port], [d.port], "--drain-timeout-ms", "60000"))
+        s = t.Stream(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 1000, "stream": True})
+        next(s.events())
+        r.signal(signal.SIGTERM)
+        t.wait_until(lambda: "event=draining" in r.output(), what="signal seen")
+        time.sleep(0.3)  # draining, with the stream still in flight
+        self.assertTrue(r.alive(), "the first SIGTERM did not drain")
+        t0 = time.monotonic()
+        r.signal(signal.SIGTERM)
+        t.wait_until(lambda: not r.alive(), timeout=10, what="exit after the second SIGTERM")
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertEqual(r.p.returncode, 0)
+        s.close()
+
     def test_streams_finish_then_exit_zero(self):
         p = self.start(t.sim("--role", "prefill"))
         d = self.start(t.sim("--role", "decode", "--decode-us-per-token", "20000"))

@@ -44,6 +44,31 @@ class MaxConnections(t.TestCase):
         st, _, _ = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 1})
         self.assertEqual(st, 200)
 
+    def test_far_over_the_cap_closed_at_accept(self):
+        """More than a quarter + 16 over --max-connections a connection is closed at accept, unanswered
+        (answering costs buffers too), and counted; the connections under that line get their 503."""
+        p, d = self.start(t.sim("--role", "prefill")), self.start(t.sim("--role", "decode"))
+        r = self.start(t.router([p.port], [d.port], "--max-connections", "4", "--threads", "1"))
+        before = t.metric(r.port, "xpyd_client_connections_rejected_total")
+        line = 4 + 4 // 4 + 16
+        conns = [socket.create_connection(("127.0.0.1", r.port)) for _ in range(line + 4)]
+        answers = []
+        for c in conns:  # all were accepted (or refused) before any of them sent a byte
+            c.settimeout(5)
+            try:
+                c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                got = c.recv(4096)
+            except OSError:
+                got = b""
+            answers.append(got[:12])
+        for c in conns:
+            c.close()
+        self.assertEqual(answers[:4], [b"HTTP/1.1 200"] * 4)
+        self.assertEqual(answers[4:line], [b"HTTP/1.1 503"] * (line - 4))
+        self.assertEqual(answers[line:], [b""] * 4)  # closed at accept, unanswered
+        t.wait_until(lambda: t.metric(r.port, "xpyd_client_connections") <= 1, what="slots freed")
+        self.assertEqual(t.metric(r.port, "xpyd_client_connections_rejected_total"), before + line - 4 + 4)
+
 
 if __name__ == "__main__":
     t.main()

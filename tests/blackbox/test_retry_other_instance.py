@@ -21,6 +21,26 @@ class RetryOtherInstance(t.TestCase):
         self.assertEqual(t.metric(p.port, "xpyd_sim:kv_leases_active"), 0)
         self.idle(r)
 
+    def test_lot_never_retries_the_instance_that_failed(self):
+        """With least outstanding tokens a dead decode (no load) always looks best; a retry must go to the
+        untried healthy one even though it is busy, not back to the one that just failed."""
+        p = self.start(t.sim("--role", "prefill"))
+        d = self.start(t.sim("--role", "decode", "--decode-us-per-token", "20000"))
+        dead = t.free_port()
+        r = self.start(t.router([p.port], [dead, d.port], "--decode-policy", "lot", "--health-interval-ms", "0",
+                                "--eject-after-failures", "0", "--max-retries", "3", "--retry-backoff-ms", "0"))
+        busy = t.Stream(r.port, "/v1/completions", stream_body(400))  # keeps the healthy decode loaded
+        next(busy.events())
+        before = t.metric(r.port, 'xpyd_retries_total{role="decode"}')
+        for _ in range(3):
+            st, _, out = t.post_json(r.port, "/v1/completions", CMPL)
+            self.assertEqual(st, 200, out)
+            self.assertEqual(out["object"], "text_completion")
+        tried = t.metric(r.port, 'xpyd_retries_total{role="decode"}') - before
+        self.assertEqual(tried, 3)  # exactly one retry each: the dead one first, then the healthy one
+        busy.close()
+        self.idle(r)
+
     def test_failing_prefill_is_retried(self):
         bad = self.start(t.sim("--role", "prefill", "--status-code", "500"))
         good = self.start(t.sim("--role", "prefill"))

@@ -195,7 +195,14 @@ class SimFaults(t.TestCase):
         self.assertEqual(t.metric(s.port, 'xpyd_sim:faults_injected_total{kind="stall"}'), 1)
 
     def test_startup_delay_is_polled(self):
-        s = self.start(t.sim("--startup-delay-ms", "300"))
+        """--startup-delay-ms: nothing listens (no port file) until the delay is over, then /health answers
+        at once, so launch scripts that poll readiness are exercised."""
+        import time
+        t0 = time.monotonic()
+        s = self.start(t.Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--startup-delay-ms", "700"],
+                              ready_path=None))
+        waited = time.monotonic() - t0
+        self.assertGreaterEqual(waited, 0.6, "the port was there before the start-up delay was over")
         self.assertEqual(t.request(s.port, "GET", "/health")[0], 200)
 
 

@@ -289,26 +289,53 @@ def content_events(payloads):
 _METRIC_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
+class Metrics(dict):
+    """{name{labels}: float} plus {name: sum over label sets}; .families holds every metric name the page
+    declares (# TYPE), with or without samples."""
+    families = frozenset()
+
+
 def metrics(port):
     """Parses a Prometheus text page into {name{labels}: float}; also {name: sum over label sets}."""
     st, _, body = request(port, "GET", "/metrics")
     if st != 200:
         raise ValueError("/metrics answered %d" % st)
-    out = {}
+    out = Metrics()
+    fams = set()
     for line in body.decode().splitlines():
+        if line.startswith("# TYPE "):
+            fams.add(line.split()[2])
         if not line or line.startswith("#"):
             continue
         m = _METRIC_RE.match(line)
         assert m, "bad metrics line: %r" % line
         name, labels, val = m.group(1), m.group(2) or "", float(m.group(3))
         out[name + labels] = val
+        fams.add(name)
         if labels:
             out[name] = out.get(name, 0.0) + val
+    out.families = frozenset(fams)
     return out
 
 
-def metric(port, key):
-    return metrics(port).get(key, 0.0)
+_NO_DEFAULT = object()
+
+
+def metric(port, key, default=_NO_DEFAULT):
+    """One series' value. A series that is not on the page fails the test (a renamed metric must not make
+    '== 0' checks pass), unless a default is given for series that only appear once counted; even then the
+    metric itself must be declared on the page."""
+    m = metrics(port)
+    if key in m:
+        return m[key]
+    family = key.split("{", 1)[0]
+    base = re.sub(r"_(bucket|sum|count|total)$", "", family)
+    if family not in m.families and base not in m.families and family + "_total" not in m.families:
+        raise AssertionError("metric %s is not exported at all (renamed or removed?)" % family)
+    if default is _NO_DEFAULT:
+        raise AssertionError("metric series %s is not on the page; pass default= if it appears only once "
+                             "counted" % key)
+    return default
 
 
 class TestCase(unittest.TestCase):
@@ -346,10 +373,25 @@ class TestCase(unittest.TestCase):
         self.assertIn(needle, err["message"])
 
 
+SKIPPED = 77  # ctest's SKIP_RETURN_CODE for these files (tests/CMakeLists.txt)
+
+
 def main():
+    """Runs the file's tests; exit 0 all passed, 1 a failure, 77 nothing failed but something was skipped (so
+    ctest reports the file as skipped, never as passed)."""
+    import sys
     import warnings
     warnings.simplefilter("ignore", ResourceWarning)
-    unittest.main(verbosity=2)
+    prog = unittest.main(verbosity=2, exit=False)
+    res = prog.result
+    if not res.wasSuccessful():
+        sys.exit(1)
+    if res.skipped:
+        print("skipped: %s" % "; ".join("%s (%s)" % (tc.id(), why) for tc, why in res.skipped))
+        sys.exit(SKIPPED)
+    if res.testsRun == 0:
+        sys.exit(SKIPPED)
+    sys.exit(0)
 
 
 def router(prefills, decodes, *args):

@@ -73,6 +73,55 @@ static void test_lot_property(void **st)
     xb_pool_free(p);
 }
 
+/* An oracle independent of the balancer's own comparison: the pick has the least outstanding tokens per unit
+ * of capacity (weight x tp), compared as exact rationals by cross-multiplication here; ranks of different
+ * weight and tp, random charges and releases, read only through the public xb_stats. */
+static void test_lot_oracle_capacity(void **st)
+{
+    int weights[5] = {1, 4, 2, 1, 3}, tps[5] = {1, 1, 2, 8, 1};
+    struct xb_pool *p = pool_of(XB_POLICY_LOT, 5, weights, tps, NULL);
+    struct {
+        int idx;
+        int64_t tok;
+    } live[2048];
+    int nlive = 0;
+    for (int step = 0; step < 20000; step++) {
+        if (nlive < 2048 && (nlive == 0 || rnd() % 3 != 0)) {
+            struct xb_instance_stats s[5];
+            for (int i = 0; i < 5; i++)
+                assert_int_equal(xb_stats(p, i, &s[i]), 0);
+            int64_t tok = (int64_t)(rnd() % 3000) + 1;
+            int idx = xb_pick(p, 0, tok, NULL, 0);
+            assert_true(idx >= 0 && idx < 5);
+            __int128 cap_pick = (__int128)s[idx].weight * s[idx].tp;
+            for (int i = 0; i < 5; i++) { /* load_pick / cap_pick <= load_i / cap_i */
+                __int128 cap_i = (__int128)s[i].weight * s[i].tp;
+                assert_true((__int128)s[idx].outstanding * cap_i <= (__int128)s[i].outstanding * cap_pick);
+            }
+            live[nlive].idx = idx;
+            live[nlive++].tok = tok;
+        } else {
+            int k = (int)(rnd() % (uint64_t)nlive);
+            xb_release(p, live[k].idx, live[k].tok);
+            live[k] = live[--nlive];
+        }
+    }
+    while (nlive > 0) {
+        nlive--;
+        xb_release(p, live[nlive].idx, live[nlive].tok);
+    }
+    xb_pool_free(p);
+    /* equal requests on an empty pool of weights 4 and 1: four go to the big rank for each one on the small */
+    int w2[2] = {4, 1};
+    p = pool_of(XB_POLICY_LOT, 2, w2, NULL, NULL);
+    int count[2] = {0, 0};
+    for (int i = 0; i < 50; i++)
+        count[xb_pick(p, 0, 100, NULL, 0)]++;
+    assert_int_equal(count[0], 40);
+    assert_int_equal(count[1], 10);
+    xb_pool_free(p);
+}
+
 /* Idle ranks fill in turn instead of piling onto the first one. */
 static void test_tie_rotation(void **st)
 {
@@ -239,7 +288,8 @@ static void test_thread_safety(void **st)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_lot_property),          cmocka_unit_test(test_tie_rotation),
+        cmocka_unit_test(test_lot_property),          cmocka_unit_test(test_lot_oracle_capacity),
+        cmocka_unit_test(test_tie_rotation),
         cmocka_unit_test(test_least_loaded_wins),     cmocka_unit_test(test_max_model_len_and_health),
         cmocka_unit_test(test_other_policies_release_to_zero), cmocka_unit_test(test_thread_safety),
         cmocka_unit_test(test_max_inflight_soft_cap), cmocka_unit_test(test_passive_ejection),

@@ -1,0 +1,24 @@
+/* admin_parse.h - the body of POST /admin/instances, read and checked without router state (registry.c
+ * applies it; tests/fuzz/fuzz_admin.c fuzzes it). */
+#ifndef XPYD_ADMIN_PARSE_H
+#define XPYD_ADMIN_PARSE_H
+
+#include <stddef.h>
+
+struct rt_admin_defaults {
+    long dp, tp, max_inflight; /* the pool's, per role (0 prefill, 1 decode) */
+};
+
+struct rt_admin_instance {
+    int role; /* 0 prefill, 1 decode */
+    char host[256];
+    long port, dp, tp, weight, max_inflight, max_model_len, bootstrap_port;
+};
+
+/* {"role","host","port"[,"dp","tp","weight","max_inflight","max_model_len","bootstrap_port"]}: 0 and *out
+ * filled (absent fields from defaults[role]; bootstrap_port defaults to port), or -1 with the reason in err
+ * (a 400 message). dp_internal: the ranks share one port (else port + dp - 1 must be a port). */
+int rt_admin_parse_instance(const char *json, size_t len, const struct rt_admin_defaults defaults[2], int dp_internal,
+                            struct rt_admin_instance *out, char *err, size_t cap);
+
+#endif

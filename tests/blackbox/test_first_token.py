@@ -1,0 +1,30 @@
+"""--first-token prefill: streamed requests get the prefill's token first (covered in test_router_paths);
+non-streamed requests always take the whole answer from the decode, so their text, id and usage are exactly
+what the same request gets with --first-token decode."""
+import xpyd_testlib as t
+
+
+class FirstTokenNonStream(t.TestCase):
+    def test_non_streamed_answer_is_the_decode_s(self):
+        p, d = self.start(t.sim("--role", "prefill")), self.start(t.sim("--role", "decode"))
+        rp = self.start(t.router([p.port], [d.port], "--first-token", "prefill"))
+        rd = self.start(t.router([p.port], [d.port], "--first-token", "decode"))
+        body = {"prompt": "the same prompt for both", "max_tokens": 6, "seed": 3}
+        st1, _, a = t.post_json(rp.port, "/v1/completions", body)
+        st2, _, b = t.post_json(rd.port, "/v1/completions", body)
+        self.assertEqual((st1, st2), (200, 200))
+        self.assertEqual(a["choices"][0]["text"], b["choices"][0]["text"])
+        self.assertEqual(a["usage"]["completion_tokens"], 6)
+        self.assertEqual(a["usage"], b["usage"])
+        self.assertEqual(t.metric(rp.port, "xpyd_first_token_mismatch_total"), 0)
+        chat = {"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 5, "seed": 3}
+        st1, _, a = t.post_json(rp.port, "/v1/chat/completions", chat)
+        st2, _, b = t.post_json(rd.port, "/v1/chat/completions", chat)
+        self.assertEqual((st1, st2), (200, 200))
+        self.assertEqual(a["choices"][0]["message"], b["choices"][0]["message"])
+        self.idle(rp)
+        self.idle(rd)
+
+
+if __name__ == "__main__":
+    t.main()

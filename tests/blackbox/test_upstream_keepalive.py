@@ -1,0 +1,85 @@
+"""A pooled keep-alive connection the engine closed while it sat idle is retried once on a fresh connection,
+transparently (even with --max-retries 0): the client never sees the stale connection."""
+import socket
+import threading
+import time
+
+import xpyd_testlib as t
+
+ANSWER = (b'{"id":"c","object":"text_completion","model":"m","choices":[{"index":0,"text":" ok",'
+          b'"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
+
+
+class ClosingEngine:
+    """Answers one request per connection with keep-alive, then closes the connection 100 ms later."""
+
+    def __init__(self):
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(16)
+        self.port = self.srv.getsockname()[1]
+        self.conns = 0
+        self.requests = 0
+        self.stop_ev = threading.Event()
+        threading.Thread(target=self.loop, daemon=True).start()
+
+    def loop(self):
+        self.srv.settimeout(0.2)
+        while not self.stop_ev.is_set():
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                continue
+            self.conns += 1
+            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+
+    def serve(self, c):
+        try:
+            c.settimeout(5)
+            got = b""
+            while b"\r\n\r\n" not in got:
+                d = c.recv(65536)
+                if not d:
+                    return
+                got += d
+            head, _, rest = got.partition(b"\r\n\r\n")
+            n = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    n = int(line.split(b":")[1])
+            while len(rest) < n:
+                rest += c.recv(65536)
+            if not head.startswith(b"GET /health"):
+                self.requests += 1
+            body = b"{}" if head.startswith(b"GET /health") else ANSWER
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            time.sleep(0.1)
+        except OSError:
+            pass
+        finally:
+            c.close()  # the keep-alive connection goes away under the router's pool
+
+    def stop(self):
+        self.stop_ev.set()
+        self.srv.close()
+
+
+class StaleConnection(t.TestCase):
+    def test_stale_pooled_connection_retried_once(self):
+        e = ClosingEngine()
+        self.addCleanup(e.stop)
+        p = self.start(t.sim("--role", "prefill"))
+        r = self.start(t.router([p.port], ["127.0.0.1:%d" % e.port], "--handoff", "none", "--max-retries", "0",
+                                "--health-interval-ms", "0", "--threads", "1"))
+        for i in range(4):
+            st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 1})
+            self.assertEqual(st, 200, out)
+            time.sleep(0.3)  # the engine closes the pooled connection meanwhile
+        self.assertEqual(e.requests, 4)
+        self.assertEqual(t.metric(r.port, 'xpyd_retries_total{role="decode"}'), 0)  # not the retry path
+        self.idle(r)
+
+
+if __name__ == "__main__":
+    t.main()

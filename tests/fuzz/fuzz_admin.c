@@ -1,0 +1,30 @@
+/* fuzz_admin.c - libFuzzer harness: the body of POST /admin/instances as the router reads it
+ * (router/admin_parse.c). Checks: a refusal says why; an accepted body yields values inside the documented
+ * ranges (role, non-empty host, port 1-65535, dp/tp 1-1024, weight >= 1, bootstrap port a port). */
+#include "admin_parse.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    static const struct rt_admin_defaults defs[2] = {{1, 1, 0}, {2, 4, 8}};
+    struct rt_admin_instance in;
+    char err[300];
+    for (int internal = 0; internal < 2; internal++) {
+        int rc = rt_admin_parse_instance((const char *)data, size, defs, internal, &in, err, sizeof err);
+        if (rc != 0) {
+            if (!err[0])
+                abort();
+            continue;
+        }
+        if (err[0] || (in.role != 0 && in.role != 1) || !in.host[0] || strlen(in.host) > 255 || in.port < 1 ||
+            in.port > 65535 || in.dp < 1 || in.dp > 1024 || in.tp < 1 || in.tp > 1024 || in.weight < 1 ||
+            in.max_inflight < 0 || in.max_model_len < 0 || in.bootstrap_port < 0 || in.bootstrap_port > 65535)
+            abort();
+        if (!internal && in.port + in.dp - 1 > 65535)
+            abort();
+    }
+    return 0;
+}

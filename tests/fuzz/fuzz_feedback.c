@@ -1,0 +1,27 @@
+/* fuzz_feedback.c - libFuzzer harness: an engine's /metrics page as the router's probe reads it for load
+ * feedback (probe_parse_engine_metrics in router/feedback_parse.c). The first byte picks the engine label
+ * (or all engines). Checks: the counts read are finite and never negative, KV usage within [0, 1] when a
+ * series matched, and no byte outside the page is read (ASan). */
+#include "probe.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    int engine = data[0] < 128 ? (int)(data[0] % 4) : -1;
+    char *page = malloc(size); /* exactly the page's bytes: the parser must not read a NUL after it */
+    memcpy(page, data + 1, size - 1);
+    struct engine_load l;
+    memset(&l, 0, sizeof l);
+    int n = probe_parse_engine_metrics(page, size - 1, engine, &l);
+    if (n < 0 || !isfinite(l.waiting) || !isfinite(l.running) || !isfinite(l.kv_usage) || l.waiting < 0 ||
+        l.running < 0 || l.kv_usage < 0 || l.kv_usage > 1)
+        abort();
+    free(page);
+    return 0;
+}
