@@ -70,6 +70,8 @@ static int handle_line(struct xpyd_sse_parser *p, const char *line, size_t n)
 
 int xpyd_sse_feed(struct xpyd_sse_parser *p, const char *bytes, size_t n, xpyd_sse_event_cb cb, void *arg)
 {
+    if (n == 0) /* nothing new (and no buffer yet: no pointer arithmetic on NULL) */
+        return 0;
     size_t max_event = p->max_event ? p->max_event : (1u << 20);
     if (grow(&p->buf, &p->cap, p->len + n))
         return -ENOMEM;

@@ -6,6 +6,7 @@
  * (done, error, timeout, client disconnect) goes through rreq_end(), which is idempotent: it cancels the
  * upstream legs, releases every balancer charge, counts and logs the request. */
 #include "router.h"
+#include "relay.h"
 #include "rewrite.h"
 
 #include "xpyd_oai.h"
@@ -1021,12 +1022,7 @@ static void start_prefill(struct rreq *r)
 
 /* ---------- decode leg ---------- */
 
-static int is_content_event(const char *data)
-{
-    return strstr(data, "\"choices\":[]") == NULL && strstr(data, "\"choices\": []") == NULL;
-}
-
-/* Replaces the usage's cached_tokens with the prefill's. Returns 1 when o changed. */
+/* Replaces the usage's cached_tokens with the prefill's (non-streamed answers). Returns 1 when o changed. */
 static int patch_usage(struct rreq *r, cJSON *o)
 {
     return r->prefill_answered ? rw_patch_usage(o, r->cached_tokens) : 0;
@@ -1053,84 +1049,33 @@ static void token_out(struct rreq *r)
     r->tokens_out++;
 }
 
-/* One decode SSE event: count it, maybe drop or patch it, forward it. */
+/* One decode SSE event: relay.c decides (forward, rewrite, drop); here the side effects happen. */
 static int on_decode_event(void *arg, const char *data, size_t len, const char *raw, size_t rawlen)
 {
     struct rreq *r = arg;
-    if (strcmp(data, "[DONE]") == 0) {
-        r->done_seen = 1;
-        client_stream_start(r);
-        client_write(r, raw, rawlen);
+    struct relay_state st = {g_rt->cfg.first_token == RT_FIRST_PREFILL, r->prefill_answered, r->cached_tokens,
+                             r->first_text, r->resp_id, r->role_sent, r->first_dropped, r->done_seen};
+    struct relay_out out;
+    relay_event(&st, data, len, &out);
+    r->role_sent = st.role_sent;
+    r->first_dropped = st.first_dropped;
+    r->done_seen = st.done_seen;
+    if (out.mismatch)
+        atomic_fetch_add(&g_rt->ctr.first_token_mismatch, 1);
+    if (out.action == RELAY_DROP)
         return 0;
-    }
-    int content = is_content_event(data);
-    int prefill_mode = g_rt->cfg.first_token == RT_FIRST_PREFILL;
-    int has_usage = strstr(data, "\"usage\":{") != NULL || strstr(data, "\"usage\": {") != NULL;
-    if (!prefill_mode && !has_usage) { /* fast path: forward the bytes as they came */
-        if (content) {
-            token_out(r);
-            decode_token_done(r);
-        }
-        client_stream_start(r);
-        client_write(r, raw, rawlen);
-        if (content && !r->clones_fired)
-            fire_clones(r);
-        return 0;
-    }
-    cJSON *o = cJSON_ParseWithLength(data, len);
-    if (!o) { /* not JSON: pass it on untouched */
-        client_stream_start(r);
-        client_write(r, raw, rawlen);
-        return 0;
-    }
-    int changed = has_usage ? patch_usage(r, o) : 0;
-    const char *text = content ? rw_event_text(o) : NULL;
-    if (prefill_mode && content) {
-        const cJSON *delta =
-            cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0), "delta");
-        int role_only = cJSON_GetObjectItemCaseSensitive(delta, "role") && (!text || !*text);
-        if (role_only && r->role_sent) {
-            cJSON_Delete(o);
-            return 0; /* the client already has the role chunk */
-        }
-        if (!role_only && !r->first_dropped) {
-            r->first_dropped = 1; /* the prefill's token stands in for it */
-            if (!r->first_text || !text || strcmp(text, r->first_text) != 0)
-                atomic_fetch_add(&g_rt->ctr.first_token_mismatch, 1);
-            const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
-            const cJSON *fr = cJSON_GetObjectItemCaseSensitive(ch, "finish_reason");
-            if (!cJSON_IsString(fr)) {
-                cJSON_Delete(o);
-                return 0;
-            }
-            /* max_tokens 1: the dropped event also ended the choice; keep its finish_reason, no text */
-            cJSON *c2 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
-            if (cJSON_GetObjectItemCaseSensitive(c2, "text"))
-                cJSON_ReplaceItemInObjectCaseSensitive(c2, "text", cJSON_CreateString(""));
-            else if (cJSON_IsObject(delta))
-                cJSON_ReplaceItemInObjectCaseSensitive((cJSON *)delta, "content", cJSON_CreateString(""));
-            changed = 1;
-        } else if (!role_only) {
-            token_out(r);
-        }
-    } else if (content && text && *text) {
+    if (out.token_out)
         token_out(r);
-    }
-    if (content)
+    if (out.content)
         decode_token_done(r);
-    /* One id across every event the client receives. */
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
-    if (prefill_mode && r->resp_id && cJSON_IsString(id) && strcmp(id->valuestring, r->resp_id) != 0) {
-        cJSON_ReplaceItemInObjectCaseSensitive(o, "id", cJSON_CreateString(r->resp_id));
-        changed = 1;
-    }
     client_stream_start(r);
-    if (changed)
-        client_event_json(r, o);
-    else
+    if (out.action == RELAY_REWRITE) {
+        client_event_json(r, out.json);
+        cJSON_Delete(out.json);
+    } else {
         client_write(r, raw, rawlen);
-    cJSON_Delete(o);
-    if (content && !r->clones_fired)
+    }
+    if (out.content && !r->clones_fired)
         fire_clones(r);
     return 0;
 }
@@ -1197,7 +1142,7 @@ static void finish_non_stream(struct rreq *r)
         return;
     }
     const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "usage"), "completion_tokens");
-    if (cJSON_IsNumber(ct))
+    if (cJSON_IsNumber(ct) && ct->valuedouble >= 0 && ct->valuedouble <= 1e12) /* range first: no UB cast */
         r->tokens_out = (int64_t)ct->valuedouble;
     cJSON_DeleteItemFromObjectCaseSensitive(o, "kv_transfer_params");
     patch_usage(r, o);

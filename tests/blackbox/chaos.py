@@ -234,9 +234,14 @@ def run(requests=300, clients=8, seconds=60, seed=1, log=print):
         t.wait_until(lambda: leases() == 0, timeout=20, what="no KV lease held by a prefill")
         report["leases_held"] = 0
         report["leases_expired"] = sum(t.metric(p.port, "xpyd_sim:kv_leases_expired_total") for p in prefills)
+        report["leases_created"] = sum(t.metric(p.port, "xpyd_sim:kv_leases_created_total") for p in prefills)
+        report["leases_released"] = sum(t.metric(p.port, "xpyd_sim:kv_leases_released_total") +
+                                        t.metric(p.port, "xpyd_sim:kv_leases_cancelled_total", default=0)
+                                        for p in prefills)
         m = t.metrics(router.port)
         report["router_active_requests"] = m.get("xpyd_active_requests", 0)
         report["router_retries"] = m.get("xpyd_retries_total", 0)
+        report["router_kv_release_dispatches"] = m.get("xpyd_kv_release_dispatches_total", 0)
         report["router_rss_kib"] = t.rss_kib(router.p.pid)
         router.stop()  # raises unless it exits 0
         report["router_exit_0"] = True

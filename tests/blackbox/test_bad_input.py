@@ -14,7 +14,11 @@ class BadInput(t.TestCase):
         cases = [('{"prompt": "a",', 400, "malformed JSON"), ('[1]', 400, "JSON object"),
                  ('{"max_tokens": 3}', 400, "'prompt' is required"),
                  ('{"prompt": "a", "stream": "yes"}', 400, "'stream' must be a boolean"),
-                 ('{"prompt": "a", "max_tokens": "x"}', 400, "'max_tokens' must be a positive integer")]
+                 ('{"prompt": "a", "max_tokens": "x"}', 400, "'max_tokens' must be a positive integer"),
+                 ('{"prompt": "a", "max_tokens": 0}', 400, "'max_tokens' must be a positive integer"),
+                 ('{"prompt": "a", "max_tokens": -1}', 400, "'max_tokens' must be a positive integer"),
+                 ('{"prompt": "a", "max_tokens": 1.5}', 400, "'max_tokens' must be a positive integer"),
+                 ('{"prompt": "a", "max_completion_tokens": 0}', 400, "'max_completion_tokens' must be")]
         for raw, status, needle in cases:
             st, h, out = t.request(r.port, "POST", "/v1/completions", raw)
             self.assertOpenAIError(st, json.loads(out), status, needle)
@@ -28,7 +32,7 @@ class BadInput(t.TestCase):
         self.assertEqual(st, 200, out)
         # nothing was dispatched for the rejected ones
         self.assertEqual(t.metric(p.port, "xpyd_sim:requests_total"), 1)
-        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="bad_request"}'), 7)  # incl. the 405
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="bad_request"}'), 11)  # incl. the 405
         self.idle(r)
 
     def test_duplicate_keys_read_as_the_engine_reads_them(self):

@@ -35,6 +35,24 @@ class BodyTooLarge(t.TestCase):
         self.assertOpenAIError(status, json.loads(out), 413, "--max-body-bytes")
         self.assertEqual(t.metric(self.p.port, "xpyd_sim:requests_total"), 0)
 
+    def test_huge_chunked_body_is_not_buffered(self):
+        """48 MiB sent chunked to a 2 KiB limit: read and discarded as it arrives, so the router's memory
+        does not grow with it (a buffered body would add its whole size)."""
+        import socket
+        before = t.rss_kib(self.r.p.pid)
+        s = socket.create_connection(("127.0.0.1", self.r.port))
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+        piece = b"%x\r\n%s\r\n" % (65536, b"x" * 65536)
+        for _ in range(768):
+            s.sendall(piece)
+        s.sendall(b"0\r\n\r\n")
+        status, _, out = t.raw_response(s)
+        s.close()
+        self.assertOpenAIError(status, json.loads(out), 413, "--max-body-bytes")
+        grown = t.rss_kib(self.r.p.pid) - before
+        self.assertLess(grown, 16 * 1024, "router RSS grew by %d KiB for a discarded body" % grown)
+
     def test_at_limit_served_and_marker_not_forgeable(self):
         st, _, out = t.request(self.r.port, "POST", "/v1/completions", body_of_size(LIMIT),
                                headers={"X-Xpyd-Body-Too-Large": "1"})

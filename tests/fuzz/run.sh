@@ -25,13 +25,15 @@ build fuzz_sim_request "$ROOT/tests/fuzz/fuzz_sim_request.c" "$ROOT/bench/sim/si
   "$ROOT/bench/sim/sim_tokens.c" "$ROOT/common/xpyd_util.c"
 build fuzz_rewrite "$ROOT/tests/fuzz/fuzz_rewrite.c" "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c"
 build fuzz_http_req "$ROOT/tests/fuzz/fuzz_http_req.c" "$ROOT/router/http_req.c"
+build fuzz_relay "$ROOT/tests/fuzz/fuzz_relay.c" "$ROOT/router/relay.c" "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_sse.c" \
+  "$ROOT/common/xpyd_util.c"
 build fuzz_admin "$ROOT/tests/fuzz/fuzz_admin.c" "$ROOT/router/admin_parse.c"
 build fuzz_metadata "$ROOT/tests/fuzz/fuzz_metadata.c" "$ROOT/router/metadata_store.c" "$ROOT/common/xpyd_util.c"
 build fuzz_feedback "$ROOT/tests/fuzz/fuzz_feedback.c" "$ROOT/router/feedback_parse.c" -lm
 build fuzz_upstream "$ROOT/tests/fuzz/fuzz_upstream.c" "$ROOT/common/xpyd_http_client.c" "$ROOT/common/xpyd_sse.c" \
   "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" -I"$HTTP_PARSER_INC" -lhttp_parser
 rc=0
-for h in sse config sim_request rewrite upstream http_req admin metadata feedback; do
+for h in sse config sim_request rewrite upstream http_req relay admin metadata feedback; do
   mkdir -p "$OUT/corpus_$h"
   cp "$ROOT/tests/fuzz/corpus/$h/"* "$OUT/corpus_$h/"
   echo "== fuzz_$h for ${SECS}s"

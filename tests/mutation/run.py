@@ -69,7 +69,7 @@ def sh(cmd, cwd=None, env=None, timeout=None):
 
 
 def copy_tree(dst):
-    files = sh(["git", "-C", ROOT, "ls-files", "-z"]).stdout.split("\0")
+    files = sh(["git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"]).stdout.split("\0")
     if not any(files):  # not a git checkout: copy what is there
         files = [os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(ROOT)
                  if "/build" not in d and "/.git" not in d for f in fs]

@@ -1,0 +1,98 @@
+/* relay.c - the decision for each decode SSE event (see relay.h). Events that need no change are forwarded
+ * byte for byte (the fast path parses nothing); JSON is parsed only when usage must be patched or the
+ * first-token-from-prefill splice is on. */
+#include "relay.h"
+
+#include "rewrite.h"
+
+#include <string.h>
+
+static int is_content_event(const char *data)
+{
+    return strstr(data, "\"choices\":[]") == NULL && strstr(data, "\"choices\": []") == NULL;
+}
+
+/* Does the event carry a usage object ("usage" : { with any JSON whitespace)? "usage":null does not count,
+ * so the usual events stay on the fast path. Whitespace is what cJSON, which parses the event, skips. */
+static int has_usage_object(const char *data)
+{
+    for (const char *p = strstr(data, "\"usage\""); p; p = strstr(p + 7, "\"usage\"")) {
+        const char *q = p + 7;
+        while (*q && (unsigned char)*q <= ' ') /* whitespace as cJSON skips it (any control byte) */
+            q++;
+        if (*q++ != ':')
+            continue;
+        while (*q && (unsigned char)*q <= ' ')
+            q++;
+        if (*q == '{')
+            return 1;
+    }
+    return 0;
+}
+
+void relay_event(struct relay_state *st, const char *data, size_t len, struct relay_out *out)
+{
+    memset(out, 0, sizeof *out);
+    if (strcmp(data, "[DONE]") == 0) {
+        st->done_seen = 1;
+        out->done = 1;
+        return;
+    }
+    if (memchr(data, 0, len)) /* a raw NUL: not JSON (and the string checks below would stop at it) */
+        return;
+    int content = is_content_event(data);
+    int has_usage = has_usage_object(data);
+    if (!st->prefill_mode && !has_usage) { /* fast path: the bytes as they came */
+        out->content = out->token_out = content;
+        return;
+    }
+    cJSON *o = cJSON_ParseWithLength(data, len);
+    if (!o) /* not JSON: passed on untouched */
+        return;
+    int changed = has_usage && st->prefill_answered ? rw_patch_usage(o, st->cached_tokens) : 0;
+    const char *text = content ? rw_event_text(o) : NULL;
+    if (st->prefill_mode && content) {
+        cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+        cJSON *delta = cJSON_GetObjectItemCaseSensitive(ch, "delta");
+        int role_only = cJSON_GetObjectItemCaseSensitive(delta, "role") && (!text || !*text);
+        if (role_only && st->role_sent) {
+            cJSON_Delete(o);
+            out->action = RELAY_DROP; /* the client already has the role chunk */
+            return;
+        }
+        if (!role_only && !st->first_dropped) {
+            st->first_dropped = 1; /* the prefill's token stands in for it */
+            out->mismatch = !st->first_text || !text || strcmp(text, st->first_text) != 0;
+            if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(ch, "finish_reason"))) {
+                cJSON_Delete(o);
+                out->action = RELAY_DROP;
+                return;
+            }
+            /* max_tokens 1: the dropped event also ended the choice; keep its finish_reason, no text */
+            if (cJSON_GetObjectItemCaseSensitive(ch, "text"))
+                cJSON_ReplaceItemInObjectCaseSensitive(ch, "text", cJSON_CreateString(""));
+            else if (cJSON_GetObjectItemCaseSensitive(delta, "content")) /* cJSON leaks the new item on a miss */
+                cJSON_ReplaceItemInObjectCaseSensitive(delta, "content", cJSON_CreateString(""));
+            if (st->role_sent && cJSON_IsObject(delta)) /* an engine that puts the role in its first token */
+                cJSON_DeleteItemFromObjectCaseSensitive(delta, "role");
+            changed = 1;
+        } else if (!role_only) {
+            out->token_out = 1;
+        }
+    } else if (content && text && *text) {
+        out->token_out = 1;
+    }
+    out->content = content;
+    /* one id across every event the client receives */
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
+    if (st->prefill_mode && st->resp_id && cJSON_IsString(id) && strcmp(id->valuestring, st->resp_id) != 0) {
+        cJSON_ReplaceItemInObjectCaseSensitive(o, "id", cJSON_CreateString(st->resp_id));
+        changed = 1;
+    }
+    if (changed) {
+        out->action = RELAY_REWRITE;
+        out->json = o;
+    } else {
+        cJSON_Delete(o);
+    }
+}

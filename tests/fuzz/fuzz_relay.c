@@ -1,0 +1,107 @@
+/* fuzz_relay.c - libFuzzer harness: the router's relay decision for each decode SSE event (router/relay.c),
+ * the real code proxy.c calls, fed with events the real SSE splitter (common/xpyd_sse.c) cuts from the
+ * input. The first two bytes choose the request's settings (first token from prefill or decode, prefill
+ * answered, cached tokens, role chunk already sent, ids). Checks what the client would see: [DONE] is
+ * always forwarded; a rewritten event is a JSON object; in prefill mode the role chunk never goes twice, the
+ * decode's first content event never carries text, and every JSON event sent carries the response id; a
+ * patched usage shows the prefill's cached tokens; nothing leaks. */
+#include "relay.h"
+#include "rewrite.h"
+#include "xpyd_sse.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ctx {
+    struct relay_state st;
+};
+
+static int sent_id_ok(const cJSON *o, const char *resp_id)
+{
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
+    return !resp_id || !cJSON_IsString(id) || strcmp(id->valuestring, resp_id) == 0;
+}
+
+static int on_event(void *arg, const char *data, size_t len, const char *raw, size_t rawlen)
+{
+    struct ctx *c = arg;
+    int role_sent_before = c->st.role_sent, first_dropped_before = c->st.first_dropped;
+    struct relay_out out;
+    relay_event(&c->st, data, len, &out);
+    if (strcmp(data, "[DONE]") == 0) {
+        if (!out.done || out.action != RELAY_FORWARD || !c->st.done_seen)
+            abort();
+        return 0;
+    }
+    if (out.action == RELAY_REWRITE) {
+        if (!cJSON_IsObject(out.json))
+            abort();
+        char *s = cJSON_PrintUnformatted(out.json);
+        cJSON *back = s ? cJSON_Parse(s) : NULL;
+        if (!back)
+            abort(); /* what the client gets parses */
+        cJSON_Delete(back);
+        free(s);
+    }
+    if (out.action != RELAY_REWRITE && out.json)
+        abort();
+    const cJSON *sent = out.action == RELAY_REWRITE ? out.json : NULL;
+    cJSON *parsed = NULL;
+    if (out.action == RELAY_FORWARD && !memchr(data, 0, len)) { /* with a raw NUL it is not JSON: passed on as is */
+        parsed = cJSON_ParseWithLength(data, len);
+        sent = parsed;
+    }
+    if (sent && c->st.prefill_mode) {
+        if (!sent_id_ok(sent, c->st.resp_id) && out.action == RELAY_REWRITE)
+            abort(); /* a rewritten event always carries the response id */
+        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(sent, "choices"), 0);
+        const cJSON *delta = cJSON_GetObjectItemCaseSensitive(ch, "delta");
+        const char *text = rw_event_text(sent);
+        if (role_sent_before && cJSON_GetObjectItemCaseSensitive(delta, "role") && (!text || !*text) &&
+            out.action != RELAY_DROP && cJSON_IsObject(sent) && strstr(data, "\"choices\":[]") == NULL &&
+            strstr(data, "\"choices\": []") == NULL)
+            abort(); /* the role chunk went to the client twice */
+        if (!first_dropped_before && c->st.first_dropped && text && *text)
+            abort(); /* the decode's first token went out although the prefill's stands in for it */
+    }
+    if (out.action == RELAY_REWRITE && c->st.prefill_answered && c->st.cached_tokens >= 0) {
+        const cJSON *u = cJSON_GetObjectItemCaseSensitive(out.json, "usage");
+        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details"),
+                                                           "cached_tokens");
+        if (cJSON_IsObject(u) && (!cJSON_IsNumber(ct) || ct->valuedouble != (double)c->st.cached_tokens))
+            abort(); /* the usage the client sees shows the prefill's cached tokens */
+    }
+    cJSON_Delete(parsed);
+    cJSON_Delete(out.json);
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 2)
+        return 0;
+    struct ctx c;
+    memset(&c, 0, sizeof c);
+    c.st.prefill_mode = data[0] & 1;
+    c.st.prefill_answered = (data[0] >> 1) & 1;
+    c.st.role_sent = (data[0] >> 2) & 1;
+    c.st.first_text = (data[0] >> 3) & 1 ? " x" : NULL;
+    c.st.resp_id = (data[0] >> 4) & 1 ? "cmpl-prefill" : NULL;
+    c.st.cached_tokens = (long)data[1] - 1;
+    struct xpyd_sse_parser p;
+    memset(&p, 0, sizeof p);
+    p.max_event = 1 << 16;
+    size_t i = 2;
+    while (i < size) { /* in input-chosen pieces, as bytes arrive from a socket */
+        size_t n = 1 + (data[i] % 64);
+        i++;
+        if (n > size - i)
+            n = size - i;
+        if (xpyd_sse_feed(&p, (const char *)data + i, n, on_event, &c) < 0)
+            break;
+        i += n;
+    }
+    xpyd_sse_reset(&p);
+    return 0;
+}
