@@ -2,6 +2,7 @@
 never dispatched, whether announced by Content-Length or sent chunked; the router's internal marker cannot be
 forged by a client; a body at the limit is served."""
 import json
+import os
 
 import xpyd_testlib as t
 
@@ -51,7 +52,8 @@ class BodyTooLarge(t.TestCase):
         s.close()
         self.assertOpenAIError(status, json.loads(out), 413, "--max-body-bytes")
         grown = t.rss_kib(self.r.p.pid) - before
-        self.assertLess(grown, 16 * 1024, "router RSS grew by %d KiB for a discarded body" % grown)
+        if os.environ.get("XPYD_SANITIZED") != "ON":  # ASan keeps freed memory in quarantine: RSS says nothing
+            self.assertLess(grown, 16 * 1024, "router RSS grew by %d KiB for a discarded body" % grown)
 
     def test_at_limit_served_and_marker_not_forgeable(self):
         st, _, out = t.request(self.r.port, "POST", "/v1/completions", body_of_size(LIMIT),
