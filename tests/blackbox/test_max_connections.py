@@ -67,7 +67,9 @@ class MaxConnections(t.TestCase):
         self.assertEqual(answers[4:line], [b"HTTP/1.1 503"] * (line - 4))
         self.assertEqual(answers[line:], [b""] * 4)  # closed at accept, unanswered
         t.wait_until(lambda: t.metric(r.port, "xpyd_client_connections") <= 1, what="slots freed")
-        self.assertEqual(t.metric(r.port, "xpyd_client_connections_rejected_total"), before + line - 4 + 4)
+        # 17 answered 503 and 4 closed at accept (polls of /metrics made before the router saw the closes may
+        # have been refused as well)
+        self.assertGreaterEqual(t.metric(r.port, "xpyd_client_connections_rejected_total"), before + line - 4 + 4)
 
 
 if __name__ == "__main__":
