@@ -14,9 +14,9 @@ if dpkg-query -W -f='${Status}' xpyd 2>/dev/null | grep -q "installed\|config-fi
 fi
 export XPYD_PACKAGE_BUILD_DIR=${XPYD_PACKAGE_BUILD_DIR:-build/package-test}
 WORK=$(mktemp -d /tmp/xpyd-pkg.XXXXXX)
-RPID=""
+RPID="" SP="" SD=""
 cleanup() {
-  [ -n "$RPID" ] && kill "$RPID" 2>/dev/null || true
+  for p in $RPID $SP $SD; do kill "$p" 2>/dev/null || true; done
   dpkg -P xpyd >/dev/null 2>&1 || true
   rm -rf "$WORK"
 }
