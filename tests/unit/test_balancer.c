@@ -35,51 +35,11 @@ static uint64_t rnd(void)
     return rng;
 }
 
-/* After each pick: no eligible instance has a lower normalised load than the picked one had. */
-static void test_lot_property(void **st)
+/* Random churn on p (n instances): two picks in three, else a release of a random live request; check()
+ * judges every pick against the instances as they were just before it; everything is released at the end. */
+typedef void (*pick_check)(const struct xb_inst *before, int n, int idx);
+static void churn(struct xb_pool *p, int n, int64_t max_tok, pick_check check)
 {
-    int weights[6] = {1, 2, 1, 3, 1, 1}, tps[6] = {1, 1, 2, 1, 1, 4};
-    struct xb_pool *p = pool_of(XB_POLICY_LOT, 6, weights, tps, NULL);
-    struct {
-        int idx;
-        int64_t tok;
-    } live[4096];
-    int nlive = 0;
-    for (int step = 0; step < 20000; step++) {
-        if (nlive < 4096 && (nlive == 0 || rnd() % 3 != 0)) {
-            struct xb_inst before[6];
-            memcpy(before, p->inst, sizeof before);
-            int64_t tok = (int64_t)(rnd() % 5000) + 1;
-            int idx = xb_pick(p, 0, tok, NULL, 0);
-            assert_true(idx >= 0 && idx < 6);
-            for (int i = 0; i < 6; i++)
-                assert_false(xb_less_loaded(&before[i], &before[idx]));
-            live[nlive].idx = idx;
-            live[nlive++].tok = tok;
-        } else {
-            int k = (int)(rnd() % (uint64_t)nlive);
-            xb_release(p, live[k].idx, live[k].tok);
-            live[k] = live[--nlive];
-        }
-    }
-    while (nlive > 0) {
-        nlive--;
-        xb_release(p, live[nlive].idx, live[nlive].tok);
-    }
-    for (int i = 0; i < 6; i++) {
-        assert_int_equal(p->inst[i].outstanding, 0);
-        assert_int_equal(p->inst[i].inflight, 0);
-    }
-    xb_pool_free(p);
-}
-
-/* An oracle independent of the balancer's own comparison: the pick has the least outstanding tokens per unit
- * of capacity (weight x tp), compared as exact rationals by cross-multiplication here; ranks of different
- * weight and tp, random charges and releases, read only through the public xb_stats. */
-static void test_lot_oracle_capacity(void **st)
-{
-    int weights[5] = {1, 4, 2, 1, 3}, tps[5] = {1, 1, 2, 8, 1};
-    struct xb_pool *p = pool_of(XB_POLICY_LOT, 5, weights, tps, NULL);
     struct {
         int idx;
         int64_t tok;
@@ -87,17 +47,12 @@ static void test_lot_oracle_capacity(void **st)
     int nlive = 0;
     for (int step = 0; step < 20000; step++) {
         if (nlive < 2048 && (nlive == 0 || rnd() % 3 != 0)) {
-            struct xb_instance_stats s[5];
-            for (int i = 0; i < 5; i++)
-                assert_int_equal(xb_stats(p, i, &s[i]), 0);
-            int64_t tok = (int64_t)(rnd() % 3000) + 1;
+            struct xb_inst before[8];
+            memcpy(before, p->inst, (size_t)n * sizeof before[0]);
+            int64_t tok = (int64_t)(rnd() % (uint64_t)max_tok) + 1;
             int idx = xb_pick(p, 0, tok, NULL, 0);
-            assert_true(idx >= 0 && idx < 5);
-            __int128 cap_pick = (__int128)s[idx].weight * s[idx].tp;
-            for (int i = 0; i < 5; i++) { /* load_pick / cap_pick <= load_i / cap_i */
-                __int128 cap_i = (__int128)s[i].weight * s[i].tp;
-                assert_true((__int128)s[idx].outstanding * cap_i <= (__int128)s[i].outstanding * cap_pick);
-            }
+            assert_true(idx >= 0 && idx < n);
+            check(before, n, idx);
             live[nlive].idx = idx;
             live[nlive++].tok = tok;
         } else {
@@ -110,6 +65,46 @@ static void test_lot_oracle_capacity(void **st)
         nlive--;
         xb_release(p, live[nlive].idx, live[nlive].tok);
     }
+}
+
+static void less_loaded_check(const struct xb_inst *before, int n, int idx)
+{
+    for (int i = 0; i < n; i++)
+        assert_false(xb_less_loaded(&before[i], &before[idx]));
+}
+
+/* After each pick: no eligible instance has a lower normalised load than the picked one had. */
+static void test_lot_property(void **st)
+{
+    int weights[6] = {1, 2, 1, 3, 1, 1}, tps[6] = {1, 1, 2, 1, 1, 4};
+    struct xb_pool *p = pool_of(XB_POLICY_LOT, 6, weights, tps, NULL);
+    churn(p, 6, 5000, less_loaded_check);
+    for (int i = 0; i < 6; i++) {
+        assert_int_equal(p->inst[i].outstanding, 0);
+        assert_int_equal(p->inst[i].inflight, 0);
+    }
+    xb_pool_free(p);
+}
+
+/* load_pick / cap_pick <= load_i / cap_i for every i, as exact rationals by cross-multiplication, with the
+ * capacity computed here (weight x tp), not by the balancer's own comparison. */
+static void rational_check(const struct xb_inst *before, int n, int idx)
+{
+    __int128 cap_pick = (__int128)before[idx].cfg.weight * before[idx].cfg.tp;
+    for (int i = 0; i < n; i++) {
+        __int128 cap_i = (__int128)before[i].cfg.weight * before[i].cfg.tp;
+        assert_true((__int128)before[idx].outstanding * cap_i <= (__int128)before[i].outstanding * cap_pick);
+    }
+}
+
+/* An oracle independent of the balancer's own comparison: the pick has the least outstanding tokens per unit
+ * of capacity (weight x tp), compared as exact rationals; ranks of different weight and tp, random charges and
+ * releases. */
+static void test_lot_oracle_capacity(void **st)
+{
+    int weights[5] = {1, 4, 2, 1, 3}, tps[5] = {1, 1, 2, 8, 1};
+    struct xb_pool *p = pool_of(XB_POLICY_LOT, 5, weights, tps, NULL);
+    churn(p, 5, 3000, rational_check);
     xb_pool_free(p);
     /* equal requests on an empty pool of weights 4 and 1: four go to the big rank for each one on the small */
     int w2[2] = {4, 1};
