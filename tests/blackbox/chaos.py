@@ -30,24 +30,10 @@ class BadEngine:
     MODES = ("garbage", "reset", "drip", "stall")
 
     def __init__(self):
-        self.srv = socket.socket()
-        self.srv.bind(("127.0.0.1", 0))
-        self.srv.listen(64)
-        self.port = self.srv.getsockname()[1]
-        self.n = 0
-        self.stop_ev = threading.Event()
         self.conns = []
-        threading.Thread(target=self.loop, daemon=True).start()
-
-    def loop(self):
-        self.srv.settimeout(0.2)
-        while not self.stop_ev.is_set():
-            try:
-                c, _ = self.srv.accept()
-            except OSError:
-                continue
-            self.n += 1
-            threading.Thread(target=self.serve, args=(c, self.MODES[self.n % 4]), daemon=True).start()
+        self.raw = t.RawServer(lambda c, n: self.serve(c, self.MODES[n % 4]))
+        self.port = self.raw.port
+        self.stop_ev = self.raw.stop_ev
 
     def serve(self, c, mode):
         self.conns.append(c)
@@ -82,8 +68,7 @@ class BadEngine:
                 pass
 
     def stop(self):
-        self.stop_ev.set()
-        self.srv.close()
+        self.raw.stop()
 
 
 def classify_stream(status, raw, hung_up):

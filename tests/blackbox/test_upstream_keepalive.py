@@ -1,7 +1,5 @@
 """A pooled keep-alive connection the engine closed while it sat idle is retried once on a fresh connection,
 transparently (even with --max-retries 0): the client never sees the stale connection."""
-import socket
-import threading
 import time
 
 import xpyd_testlib as t
@@ -14,24 +12,9 @@ class ClosingEngine:
     """Answers one request per connection with keep-alive, then closes the connection 100 ms later."""
 
     def __init__(self):
-        self.srv = socket.socket()
-        self.srv.bind(("127.0.0.1", 0))
-        self.srv.listen(16)
-        self.port = self.srv.getsockname()[1]
-        self.conns = 0
         self.requests = 0
-        self.stop_ev = threading.Event()
-        threading.Thread(target=self.loop, daemon=True).start()
-
-    def loop(self):
-        self.srv.settimeout(0.2)
-        while not self.stop_ev.is_set():
-            try:
-                c, _ = self.srv.accept()
-            except OSError:
-                continue
-            self.conns += 1
-            threading.Thread(target=self.serve, args=(c,), daemon=True).start()
+        self.raw = t.RawServer(lambda c, n: self.serve(c))
+        self.port = self.raw.port
 
     def serve(self, c):
         try:
@@ -61,8 +44,7 @@ class ClosingEngine:
             c.close()  # the keep-alive connection goes away under the router's pool
 
     def stop(self):
-        self.stop_ev.set()
-        self.srv.close()
+        self.raw.stop()
 
 
 class StaleConnection(t.TestCase):

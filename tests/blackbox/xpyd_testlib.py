@@ -507,6 +507,38 @@ class RawConn:
         self.s.close()
 
 
+class RawServer:
+    """A raw TCP server on an ephemeral loopback port for engines that misbehave below HTTP: each accepted
+    connection is handed to serve(conn, n) (n counts connections from 1) on a thread of its own; stop() ends
+    the accept loop (the serving threads are daemons and end with their connections)."""
+
+    def __init__(self, serve):
+        import threading
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(64)
+        self.port = self.srv.getsockname()[1]
+        self.n = 0
+        self.stop_ev = threading.Event()
+        self._serve = serve
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _loop(self):
+        import threading
+        self.srv.settimeout(0.2)
+        while not self.stop_ev.is_set():
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                continue
+            self.n += 1
+            threading.Thread(target=self._serve, args=(c, self.n), daemon=True).start()
+
+    def stop(self):
+        self.stop_ev.set()
+        self.srv.close()
+
+
 class FakeEngine:
     """A scripted backend on an ephemeral loopback port, for failures xpyd_sim does not produce (non-JSON
     answers, huge bodies, ...). handler(method, path, body) returns (status, content_type, bytes) or
