@@ -14,7 +14,7 @@ B=${XPYD_BIN_DIR:-${XPYD_BUILD_DIR:-build}/bin} # XPYD_BIN_DIR: run installed bi
 PROMPTS=${DEMO_PROMPTS:-200}
 CONC=${DEMO_CONCURRENCY:-32}
 HANDOFF=${DEMO_HANDOFF:-kv-params}
-WORK=$(mktemp -d /tmp/xpyd-demo.XXXXXX)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/xpyd-demo.XXXXXX")
 trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
 xpyd_cluster_up 2 2 "$HANDOFF"
 echo "== cluster: 2 prefill + 2 decode simulated engines, router on 127.0.0.1:$RP (handoff $HANDOFF)"

@@ -84,8 +84,10 @@ class Install(t.TestCase):
         self.assertIn(s["version"], out)
 
     def test_demo_runs_from_the_prefix(self):
+        tmp = tempfile.mkdtemp(prefix="xpyd-install-demo-")  # its own work dirs: test_demo may run meanwhile
+        self.addCleanup(shutil.rmtree, tmp, True)
         env = dict(os.environ, XPYD_SKIP_BUILD="1", XPYD_BIN_DIR=self.p("bin"), DEMO_PROMPTS="20",
-                   DEMO_CONCURRENCY="4")
+                   DEMO_CONCURRENCY="4", TMPDIR=tmp)
         out = subprocess.run([os.path.join(ROOT, "scripts", "demo.sh")], env=env, capture_output=True, text=True,
                              timeout=240)
         self.assertEqual(out.returncode, 0, out.stdout[-2000:] + out.stderr[-2000:])
