@@ -8,6 +8,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,7 @@ enum kind { K_LONG = 0, K_DOUBLE, K_STR, K_ENUM, K_FLAG };
 struct setting {
     const char *name;
     int kind;
-    size_t off;
+    size_t off, size; /* where the value lives in struct rt_config, and its size (from the field itself) */
     double lo, hi;
     const char *def;
     const char *const *choices; /* K_ENUM */
@@ -32,105 +33,144 @@ static const char *const log_levels[] = {"none", "error", "warn", "info", "debug
 static const char *const access_logs[] = {"off", "logfmt", "json", NULL};
 static const char *const on_off[] = {"off", "on", NULL};
 
-#define OFF(f) offsetof(struct rt_config, f)
+#define OFF(f) offsetof(struct rt_config, f), sizeof(((struct rt_config *)0)->f)
 static const struct setting settings[] = {
-    {"host", K_STR, OFF(listen_host), 0, 0, "127.0.0.1", NULL, "listen address (IPv6 as ::1)"},
-    {"port", K_LONG, OFF(listen_port), 0, 65535, "8000", NULL, "listen port (0: any free port, see --port-file)"},
-    {"threads", K_LONG, OFF(threads), 1, 256, "2", NULL, "event-loop threads serving clients"},
+    {"host", K_STR, OFF(listen_host), 0, 0, "127.0.0.1", NULL,
+     "listen address (IPv6 as `::1`)"},
+    {"port", K_LONG, OFF(listen_port), 0, 65535, "8000", NULL,
+     "listen port; 0 = any free port (see `--port-file`)"},
+    {"threads", K_LONG, OFF(threads), 1, 256, "2", NULL,
+     "event-loop threads serving clients (each owns its upstream connection pools)"},
     {"handoff", K_ENUM, OFF(handoff), 0, 0, "kv-params", handoffs,
-     "prefill->decode handoff: kv-params (vLLM NIXL/Mooncake), store (Mooncake store), bootstrap (SGLang), "
-     "none (no prefill leg: the decode pool serves whole requests, an aggregated deployment), "
-     "xpyd (kv-params flow over libxpyd_transfer; the router releases abandoned KV through the engine)"},
+     "`kv-params` (vLLM NixlConnector / MooncakeConnectorV1), `store` (MooncakeStoreConnector), "
+     "`bootstrap` (SGLang), `none` (no prefill leg: the decode pool serves whole requests, an aggregated "
+     "deployment; `-p` optional), `xpyd` (the kv-params flow with the KV moved by libxpyd_transfer: the "
+     "prefill's `kv_transfer_params` carry `xpyd_segment`/`xpyd_addr`/`xpyd_len`/`xpyd_key`, the decode "
+     "reads through its engine and asks the prefill to release; when no decode took the KV the router "
+     "sends the release itself through its own engine from a helper thread; per handoff the decode's "
+     "`X-KV-Transfer: bytes=N; us=T` feeds `xpyd_kv_handoff_seconds` and `xpyd_kv_bytes_total`)"},
     {"first-token", K_ENUM, OFF(first_token), 0, 0, "decode", first_tokens,
-     "who streams the first token: decode, or prefill (sent as soon as prefill answers)"},
+     "`decode`, or `prefill`: a streaming client gets the prefill's token as soon as prefill answers"},
     {"dp-mode", K_ENUM, OFF(dp_internal), 0, 0, "external", dp_modes,
-     "external: rank r of H:P is H:P+r; internal: one endpoint per host, rank pinned by X-data-parallel-rank"},
+     "external: host `H:P` with DP N is N backends `H:P..H:P+N-1`, interleaved across hosts port-major "
+     "(`D0:8200 D1:8200 D0:8201 …`, as the Gaudi scripts); no rank header is sent. internal: one endpoint "
+     "per host, each request pinned to a rank with `X-data-parallel-rank: r`"},
     {"repeat-d-times", K_LONG, OFF(repeat_d_times), 0, 1024, "0", NULL,
-     "benchmark repeat mode: N extra decode-only clones per request (store handoff only)"},
+     "benchmark repeat mode: N extra decode-only clones of each request, whose answers are discarded "
+     "(`store` handoff only; the README explains the warm-up rule)"},
     {"max-body-bytes", K_LONG, OFF(max_body_bytes), 1024, 1L << 30, "16777216", NULL,
-     "largest client request body; larger gets 413"},
+     "largest request body; larger gets 413 (read and discarded, never buffered)"},
     {"max-response-bytes", K_LONG, OFF(max_response_bytes), 1024, 1L << 30, "67108864", NULL,
-     "largest non-streamed upstream response the router buffers; larger fails with 502"},
-    {"connect-timeout-ms", K_LONG, OFF(connect_timeout_ms), 1, 3600000, "5000", NULL, "upstream TCP connect"},
+     "largest non-streamed engine answer the router buffers; larger fails with 502"},
+    {"connect-timeout-ms", K_LONG, OFF(connect_timeout_ms), 1, 3600000, "5000", NULL,
+     "upstream TCP connect"},
     {"first-token-timeout-ms", K_LONG, OFF(first_token_timeout_ms), 1, 86400000, "600000", NULL,
-     "upstream request sent -> first response byte, per leg"},
+     "per leg: request sent → first response byte (504 when it fires)"},
     {"stream-idle-timeout-ms", K_LONG, OFF(stream_idle_timeout_ms), 1, 86400000, "120000", NULL,
-     "upstream silence between response bytes once it started"},
+     "per leg: silence between response bytes once the answer started"},
     {"max-retries", K_LONG, OFF(max_retries), 0, 10, "2", NULL,
      "extra attempts on another instance, only while nothing reached the client"},
     {"retry-backoff-ms", K_LONG, OFF(retry_backoff_ms), 0, 10000, "10", NULL,
-     "wait before a retry: this x 2^(attempt-1), capped at 1 s, times a random 0.5-1.5 (jitter); 0 = at once"},
+     "wait before a retry: this × 2^(attempt−1), capped at 1 s, × a random 0.5–1.5 (jitter); 0 = at once"},
     {"retry-budget-percent", K_LONG, OFF(retry_budget_percent), 0, 100, "20", NULL,
-     "requests that may be retrying at once, as a share of the requests in progress"},
+     "requests that may be retrying at once, as a share of the requests in progress (but always at least "
+     "`--retry-budget-min`); beyond it the real error goes to the client (`xpyd_retries_denied_total`)"},
     {"retry-budget-min", K_LONG, OFF(retry_budget_min), 0, 100000, "3", NULL,
      "retrying requests always allowed at once, whatever the share"},
     {"max-connections", K_LONG, OFF(max_connections), 1, 1000000, "10000", NULL,
-     "client connections open at once; a connection over it is answered 503 + Retry-After and closed "
-     "(more than a quarter + 16 over it: closed at accept, unanswered)"},
+     "client connections open at once; a request on a connection over the limit gets 503 + `Retry-After: "
+     "1` + `Connection: close` (`xpyd_client_connections_rejected_total`, "
+     "`xpyd_client_rejected_total{reason=\"over_capacity\"}`); more than a quarter + 16 over it, a "
+     "connection is closed at accept unanswered (answering costs buffers too)"},
     {"header-timeout-ms", K_LONG, OFF(header_timeout_ms), 1, 3600000, "10000", NULL,
-     "a request head must be complete this long after its first byte (a new connection: after accept), else 408"},
+     "a request head (request line + headers) must be complete this long after its first byte, else 408 + "
+     "close; a new connection owes its first head this long after accept (sending nothing: closed "
+     "quietly). A client dripping bytes does not extend it (slowloris)"},
     {"body-idle-timeout-ms", K_LONG, OFF(body_idle_timeout_ms), 1, 3600000, "30000", NULL,
-     "longest pause while a request body arrives, else 408"},
+     "longest pause while a request body arrives, else 408 + close"},
     {"keepalive-timeout-ms", K_LONG, OFF(keepalive_timeout_ms), 1, 86400000, "75000", NULL,
-     "an idle client connection with no request in progress is closed after this long"},
+     "a client connection idle between requests is closed quietly after this long"},
     {"linger-ms", K_LONG, OFF(linger_ms), 0, 60000, "1000", NULL,
-     "after a 408/431 the connection is half-closed and read (discarded) this long so the answer is not lost"},
+     "after a refusal by the connection guard (400, 408, 417, 431, 501, 505) the router half-closes and "
+     "reads (discarding) this long, so the client reads the answer instead of a reset"},
     {"max-header-bytes", K_LONG, OFF(max_header_bytes), 256, 1L << 20, "32768", NULL,
-     "request line + headers, in bytes; more gets 431"},
-    {"max-headers", K_LONG, OFF(max_headers), 1, 10000, "100", NULL, "header fields per request; more gets 431"},
+     "request line + headers; more gets 431 (the head is held back from the parser until complete, so it "
+     "is never buffered beyond this)"},
+    {"max-headers", K_LONG, OFF(max_headers), 1, 10000, "100", NULL,
+     "header fields per request; more gets 431"},
     {"max-header-line-bytes", K_LONG, OFF(max_header_line_bytes), 64, 8000, "8000", NULL,
-     "one request or header line; longer gets 431 (libevhtp's parser cannot take lines over 8 KiB)"},
+     "one request or header line; longer gets 431. At most 8000: libevhtp's parser cannot take a token "
+     "over 8 KiB"},
     {"admission-queue", K_LONG, OFF(admission_queue), 0, 1000000, "1024", NULL,
-     "with max_inflight set: requests that may wait per pool when every rank is full (more get 429 + "
-     "Retry-After); 0 = no queue, max_inflight is then only a preference (the engines queue)"},
+     "when every eligible rank of a pool is at its `max_inflight`, a request waits in a FIFO (per router "
+     "thread) for a free slot; this many may wait per pool, the next gets 429 + `Retry-After: 1`. 0 = no "
+     "queue (soft cap). Gauge `xpyd_admission_queue_depth{role}`"},
     {"queue-timeout-ms", K_LONG, OFF(queue_timeout_ms), 1, 3600000, "30000", NULL,
-     "longest wait in the admission queue, then 503"},
+     "longest wait in the admission queue, then 503 naming the pool"},
     {"upstream-idle-max", K_LONG, OFF(upstream_idle_max), 0, 100000, "64", NULL,
-     "idle keep-alive connections kept per thread (all endpoints)"},
+     "idle keep-alive upstream connections kept per thread"},
     {"client-buffer-bytes", K_LONG, OFF(client_buffer_bytes), 4096, 1L << 30, "262144", NULL,
-     "unsent bytes to a slow client before the decode leg is paused (backpressure)"},
+     "unsent bytes to a slow client before the decode leg is paused (backpressure; resumed below half)"},
     {"bytes-per-token", K_DOUBLE, OFF(bytes_per_token), 0.5, 64, "4.0", NULL,
      "prompt-size estimate for text prompts (token-id arrays are counted exactly)"},
-    {"log-level", K_ENUM, OFF(log_level), 0, 0, "info", log_levels, "none|error|warn|info|debug"},
-    {"access-log", K_ENUM, OFF(access_log), 0, 0, "off", access_logs, "one line per request: off|logfmt|json"},
+    {"log-level", K_ENUM, OFF(log_level), 0, 0, "info", log_levels,
+     "none, error, warn, info, debug; request failures (`event=request_failed`), health transitions, "
+     "ejections and drain events are printed at every level but none"},
+    {"access-log", K_ENUM, OFF(access_log), 0, 0, "off", access_logs,
+     "one line per request to stderr: `off`, `logfmt`, `json`"},
     {"metrics", K_ENUM, OFF(metrics), 0, 0, "on", on_off,
-     "record latency histograms (off only to measure their cost; counters stay on)"},
+     "`on`: latency histograms recorded; `off` only to measure their cost (counters stay)"},
     {"health-interval-ms", K_LONG, OFF(health_interval_ms), 0, 3600000, "2000", NULL,
-     "active health check (GET /health) period per endpoint; 0 turns checks off"},
-    {"health-timeout-ms", K_LONG, OFF(health_timeout_ms), 1, 600000, "1000", NULL, "one health check's deadline"},
-    {"health-rise", K_LONG, OFF(health_rise), 1, 100, "2", NULL, "passes in a row that bring a down endpoint up"},
-    {"health-fall", K_LONG, OFF(health_fall), 1, 100, "3", NULL, "failures in a row that take an endpoint down"},
+     "active health check period: `GET /health` on every endpoint; 0 turns checks off"},
+    {"health-timeout-ms", K_LONG, OFF(health_timeout_ms), 1, 600000, "1000", NULL,
+     "one check's deadline (connect and answer)"},
+    {"health-rise", K_LONG, OFF(health_rise), 1, 100, "2", NULL,
+     "passed checks in a row that bring a down endpoint back"},
+    {"health-fall", K_LONG, OFF(health_fall), 1, 100, "3", NULL,
+     "failed checks in a row that take an endpoint down"},
     {"eject-after-failures", K_LONG, OFF(eject_after), 0, 1000, "3", NULL,
-     "passive ejection: consecutive failures (connect, timeout, 5xx; never 4xx) that take a rank out; 0 = off"},
+     "passive ejection: consecutive failed attempts on a rank (connect error, timeout, 5xx, unusable "
+     "answer; never a 4xx) that take it out of rotation; 0 = off"},
     {"eject-base-ms", K_LONG, OFF(eject_base_ms), 1, 3600000, "1000", NULL,
-     "first ejection's length; doubles per repeat while the rank keeps failing"},
-    {"eject-max-ms", K_LONG, OFF(eject_max_ms), 1, 3600000, "30000", NULL, "longest ejection"},
+     "first ejection's length, doubling per repeat (reset by a success) up to `--eject-max-ms`; at most "
+     "half of a pool is ejected at once"},
+    {"eject-max-ms", K_LONG, OFF(eject_max_ms), 1, 3600000, "30000", NULL,
+     "longest ejection"},
     {"drain-timeout-ms", K_LONG, OFF(drain_timeout_ms), 0, 3600000, "30000", NULL,
-     "on SIGTERM/SIGINT: /health turns 503, no new connections, in-flight requests get this long to finish"},
+     "on SIGTERM/SIGINT: `/health` answers 503, the listener closes, generate requests on open connections "
+     "get 503 + `Connection: close`, in-flight requests get this long to finish, then exit 0 (a second "
+     "signal exits at once)"},
     {"scrape-interval-ms", K_LONG, OFF(scrape_interval_ms), 0, 3600000, "0", NULL,
-     "read each engine's /metrics this often and blend it into the load; 0 = off"},
+     "engine feedback: read each endpoint's `/metrics` this often and blend it into the load; 0 = off"},
     {"feedback-waiting-tokens", K_LONG, OFF(feedback_waiting_tokens), 0, 1L << 30, "512", NULL,
-     "load (tokens) one request waiting in the engine adds"},
+     "load one request waiting in the engine (`vllm:num_requests_waiting`) adds, in tokens"},
     {"feedback-running-tokens", K_LONG, OFF(feedback_running_tokens), 0, 1L << 30, "0", NULL,
-     "load (tokens) one request running in the engine adds; 0 by default because the router's own requests "
-     "are already in its outstanding tokens (set it when other clients share the engines)"},
+     "load one request running in the engine (`vllm:num_requests_running`) adds; 0 because the router's "
+     "own requests are already in its outstanding tokens — set it when other clients share the engines"},
     {"feedback-kv-tokens", K_LONG, OFF(feedback_kv_tokens), 0, 1L << 30, "8192", NULL,
-     "load (tokens) a full engine KV cache (usage 1.0) adds"},
+     "load a full engine KV cache (`vllm:kv_cache_usage_perc`, else `vllm:gpu_cache_usage_perc`, = 1.0) "
+     "adds"},
     {"api-key", K_STR, OFF(api_key), 0, 0, "", NULL,
-     "require Authorization: Bearer <key> on every endpoint but /health and /metrics (or env XPYD_API_KEY)"},
+     "every endpoint but `/health` and `/metrics` needs `Authorization: Bearer KEY` (401, constant-time "
+     "compare); env `XPYD_API_KEY` when the flag is absent; the key is never logged and is forwarded to "
+     "engines as the client sent it"},
     {"admin-key", K_STR, OFF(admin_key), 0, 0, "", NULL,
-     "enables the admin API (/admin/instances) for Authorization: Bearer <key> (or env XPYD_ADMIN_KEY); "
-     "the --api-key does not open it"},
+     "turns the admin API on for `Authorization: Bearer KEY` (env `XPYD_ADMIN_KEY` when the flag is "
+     "absent)"},
     {"metadata-write-key", K_STR, OFF(metadata_write_key), 0, 0, "", NULL,
-     "Authorization: Bearer <key> that may write /metadata (PUT, POST, DELETE; or env XPYD_METADATA_WRITE_KEY); "
-     "the --admin-key also may; with neither set, writes are refused (403); reads need only the --api-key"},
+     "`PUT`/`POST`/`DELETE /metadata` need `Authorization: Bearer KEY` (or the admin key): the store holds "
+     "transfer-engine segment descriptors, which steer where KV bytes are written. With neither key set, "
+     "writes get 403; env `XPYD_METADATA_WRITE_KEY`"},
     {"metadata-max-keys", K_LONG, OFF(metadata_max_keys), 0, 10000000, "65536", NULL,
-     "keys the /metadata store holds (Mooncake-compatible metadata for transfer engines); more get 507"},
+     "keys the Mooncake-compatible metadata store (`GET|PUT|DELETE /metadata?key=K`, value = body) holds; "
+     "reads are guarded by `--api-key` like client endpoints, writes need the `--metadata-write-key` or "
+     "the `--admin-key`; a new key beyond this gets 507 (gauge `xpyd_metadata_keys`)"},
     {"metadata-max-value-bytes", K_LONG, OFF(metadata_max_value_bytes), 1, 1L << 26, "1048576", NULL,
-     "largest /metadata value; larger gets 413"},
+     "largest `/metadata` value; larger gets 413"},
     {"max-instances", K_LONG, OFF(max_instances), 1, 4096, "1024", NULL,
-     "ranks a pool can hold, counting ones added at runtime (admin API, SIGHUP reload)"},
-    {"port-file", K_STR, OFF(port_file), 0, 0, "", NULL, "write the bound port here once listening"},
+     "ranks a pool can hold, including ones added at runtime"},
+    {"port-file", K_STR, OFF(port_file), 0, 0, "", NULL,
+     "write the bound port there once listening"},
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
 
@@ -149,8 +189,8 @@ static int set_value(struct rt_config *c, const struct setting *s, const char *v
             fprintf(stderr, "xpyd_router: --%s needs an integer in [%.0f, %.0f], got '%s'\n", s->name, s->lo, s->hi, v);
             return -1;
         }
-        if (s->off == OFF(listen_port) || s->off == OFF(threads) || s->off == OFF(repeat_d_times))
-            *(int *)(base + s->off) = (int)x;
+        if (s->size == sizeof(int))
+            *(int *)(base + s->off) = (int)x; /* the range check above keeps every int field's range in int */
         else
             *(long *)(base + s->off) = x;
         return 0;
@@ -162,7 +202,11 @@ static int set_value(struct rt_config *c, const struct setting *s, const char *v
         }
         return 0;
     case K_STR:
-        snprintf(base + s->off, 256, "%s", v);
+        if (strlen(v) >= s->size) {
+            fprintf(stderr, "xpyd_router: --%s: longer than %zu bytes\n", s->name, s->size - 1);
+            return -1;
+        }
+        memcpy(base + s->off, v, strlen(v) + 1);
         return 0;
     case K_ENUM:
         for (int i = 0; s->choices[i]; i++) {
@@ -190,6 +234,33 @@ static const struct setting *find_setting(const char *name)
     return NULL;
 }
 
+/* Prints text (Markdown: backquotes dropped) wrapped at width, continuation lines indented. */
+static void print_wrapped(FILE *f, const char *text, int indent, int width)
+{
+    int col = indent;
+    const char *p = text;
+    while (*p) {
+        while (*p == ' ')
+            p++;
+        const char *w = p;
+        int len = 0;
+        for (; *p && *p != ' '; p++)
+            len += *p != '`' && ((unsigned char)*p & 0xC0) != 0x80; /* display width: no quotes, UTF-8 once */
+        if (col > indent && col + 1 + len > width) {
+            fprintf(f, "\n%*s", indent, "");
+            col = indent;
+        } else if (col > indent) {
+            fputc(' ', f);
+            col++;
+        }
+        for (; w < p; w++)
+            if (*w != '`')
+                fputc(*w, f);
+        col += len;
+    }
+    fputc('\n', f);
+}
+
 static void usage(FILE *f)
 {
     fputs("usage: xpyd_router -p HOST:PORT [HOST:PORT ...] -d HOST:PORT [HOST:PORT ...] [options]\n"
@@ -210,9 +281,38 @@ static void usage(FILE *f)
           "  --repeat_d_times N (= --repeat-d-times)  --generator_on_p_node (= --first-token prefill)\n"
           "Settings (default in brackets):\n",
           f);
-    for (size_t i = 0; i < NSETTINGS; i++)
-        fprintf(f, "  --%-24s %s [%s]\n", settings[i].name, settings[i].help, settings[i].def[0] ? settings[i].def : "none");
-    fputs("  -h, --help                   this text\n  --version                    version and git revision\n", f);
+    for (size_t i = 0; i < NSETTINGS; i++) {
+        char line[2048];
+        snprintf(line, sizeof line, "%s [%s]", settings[i].help, settings[i].def[0] ? settings[i].def : "none");
+        fprintf(f, "  --%-24s ", settings[i].name);
+        print_wrapped(f, line, 29, 110);
+    }
+    fputs("  -h, --help                   this text\n  --version                    version and git revision\n"
+          "  --config-reference           the settings as the Markdown table of docs/CONFIGURATION.md\n",
+          f);
+}
+
+/* The settings table as Markdown rows (docs/CONFIGURATION.md is generated from it: cmake --build build
+ * --target config-doc; the test config_doc_fresh fails when the checked-in file is stale). */
+static void config_reference(FILE *f)
+{
+    fputs("| setting | default | range | meaning |\n|---|---|---|---|\n", f);
+    for (size_t i = 0; i < NSETTINGS; i++) {
+        const struct setting *s = &settings[i];
+        fprintf(f, "| `--%s` | %s%s%s | ", s->name, s->def[0] ? "`" : "", s->def[0] ? s->def : "none",
+                s->def[0] ? "`" : "");
+        if (s->kind == K_LONG)
+            fprintf(f, "%.0f – %.0f", s->lo, s->hi);
+        else if (s->kind == K_DOUBLE)
+            fprintf(f, "%g – %g", s->lo, s->hi);
+        else if (s->kind == K_ENUM)
+            for (int k = 0; s->choices[k]; k++)
+                fprintf(f, "%s`%s`", k ? ", " : "", s->choices[k]);
+        fputs(" | ", f);
+        for (const char *c = s->help; *c; c++)
+            fputs(*c == '|' ? "\\|" : (char[]){*c, 0}, f);
+        fputs(" |\n", f);
+    }
 }
 
 /* ---------- pools ---------- */
@@ -457,12 +557,41 @@ static void append_list(char *dst, size_t cap, const char *v)
     snprintf(dst + l, cap - l, "%s%s", l ? "," : "", v);
 }
 
+/* The table checks itself: each row's type must fit the field it names (so a field changed from int to long,
+ * or a string buffer shrunk, fails every start of the router and so every test, instead of writing past it),
+ * and its default must parse. */
+static int settings_check(struct rt_config *c)
+{
+    for (size_t i = 0; i < NSETTINGS; i++) {
+        const struct setting *s = &settings[i];
+        int ok = 0;
+        switch (s->kind) {
+        case K_LONG:
+            ok = s->size == sizeof(long) || (s->size == sizeof(int) && s->lo >= INT_MIN && s->hi <= INT_MAX);
+            break;
+        case K_DOUBLE:
+            ok = s->size == sizeof(double);
+            break;
+        case K_ENUM:
+            ok = s->size == sizeof(int) && s->choices;
+            break;
+        case K_STR:
+            ok = s->size > strlen(s->def);
+            break;
+        }
+        if (!ok || (s->def[0] && set_value(c, s, s->def) != 0)) {
+            fprintf(stderr, "xpyd_router: internal error: setting --%s does not fit its field\n", s->name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 int rt_config_load(struct rt_config *c, int argc, char **argv)
 {
     memset(c, 0, sizeof *c);
-    for (size_t i = 0; i < NSETTINGS; i++)
-        if (settings[i].def[0])
-            set_value(c, &settings[i], settings[i].def);
+    if (settings_check(c) != 0)
+        return -1;
     snprintf(c->id_prefix, sizeof c->id_prefix, "xpyd");
     for (int r = 0; r < 2; r++) {
         c->pools[r].dp = 1;
@@ -524,6 +653,10 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
         }
         if (!strcmp(a, "--version")) {
             xpyd_print_version("xpyd_router");
+            return 1;
+        }
+        if (!strcmp(a, "--config-reference")) {
+            config_reference(stdout);
             return 1;
         }
         if (!strcmp(a, "--dry-run")) {
