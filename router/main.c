@@ -21,8 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-struct router *g_rt;
-
 
 /* 200 only while at least one prefill and one decode instance are usable. */
 static int pool_usable(int role)
@@ -219,6 +217,7 @@ int main(int argc, char **argv)
     evhtp_set_pre_accept_cb(htp, on_pre_accept, NULL);
     evhtp_set_post_accept_cb(htp, on_accept, NULL);
     rt_install_handlers(htp);
+    rt_status_handlers(htp);
     if (evhtp_use_threads_wexit(htp, thread_init, thread_exit, rt->cfg.threads, NULL) != 0) {
         fprintf(stderr, "xpyd_router: cannot start %d threads\n", rt->cfg.threads);
         return 1;

@@ -16,7 +16,7 @@ struct evhtp_request;
 /* Marker the body reader adds to a request whose body exceeded --max-body-bytes. */
 #define XPYD_TOO_LARGE_HEADER "X-Xpyd-Body-Too-Large"
 
-/* Every way a request can fail, one row each in rt_fail_table (router.c). */
+/* Every way a request can fail, one row each in rt_fail_table (state.c). */
 enum rt_fail {
     RF_NONE = 0,
     RF_BAD_REQUEST,
@@ -42,7 +42,6 @@ enum rt_fail {
 struct rt_fail_row {
     const char *name;   /* metrics `reason` label and access-log value */
     int status;         /* HTTP status the client gets when it happens before the first byte */
-    int retryable;      /* another instance may succeed */
 };
 extern const struct rt_fail_row rt_fail_table[RF_COUNT];
 
@@ -114,12 +113,12 @@ struct router {
 extern struct router *g_rt;
 
 /* Per event-loop thread. */
-struct rreq;
+struct request;
 struct rthread {
     struct event_base *base;
     struct up_thread *up;
     uint64_t rng;
-    struct rreq *qhead[2], *qtail[2]; /* admission queues (FIFO), per role */
+    struct request *qhead[2], *qtail[2]; /* admission queues (FIFO), per role */
     struct event *kick;               /* activated (from any thread) when an instance frees a slot */
     int kick_role, kick_blocked;
     struct rthread *next_thread;      /* all threads, for kicking */
@@ -177,7 +176,16 @@ void rt_kvxfer_stop(void);
 int rt_kvxfer_release(const struct cJSON *kv_params);
 
 /* Thread init for evhtp worker threads. */
+/* server.c: a router thread's state (its upstream pools, its admission queues). */
 struct rthread *rt_thread_new(struct event_base *base);
 void rt_thread_free(struct rthread *t);
+/* threads.c: the list of router threads, and the calling thread's. */
+void rt_threads_add(struct rthread *t);
+void rt_threads_remove(struct rthread *t);
+struct rthread *rt_thread_self(void);
+void rt_threads_kick_all(void);
+/* models.c: GET /v1/models */
+void rt_models_handler(struct evhtp_request *req, void *arg);
+void rt_status_handlers(struct evhtp *htp);
 
 #endif

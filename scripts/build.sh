@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${XPYD_BUILD_DIR:-build}
-cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=${XPYD_BUILD_TYPE:-RelWithDebInfo} "$@" >/dev/null
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=${XPYD_BUILD_TYPE:-RelWithDebInfo} \
+  -DXPYD_ASSERTS=${XPYD_ASSERTS:-OFF} "$@" >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 run_suite() { # build-dir sanitize(ON|OFF)
-  XPYD_BUILD_DIR=$1 ./scripts/build.sh -DXPYD_WERROR=ON -DXPYD_SANITIZE=$2
+  XPYD_BUILD_DIR=$1 XPYD_ASSERTS=ON ./scripts/build.sh -DXPYD_WERROR=ON -DXPYD_SANITIZE=$2
   echo "== ctest in $1 (sanitizers $2)"
   (cd "$1" && ctest --output-on-failure --timeout 300 -j"${XPYD_TEST_JOBS:-2}")
 }

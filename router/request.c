@@ -1,0 +1,704 @@
+/* request.c - the request core: states and their transitions, legs (pick, send, answer, retry), and the one
+ * way a request ends (req_end) or fails (req_fail). The handoff mode is never tested here: what differs
+ * between modes is behind r->ho (handoff.h), one file per mode. See request.h for the state diagram. */
+#include "request.h"
+#include "handoff.h"
+#include "rewrite.h"
+
+#include "xpyd_oai.h"
+#include "xpyd_util.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <evhtp/evhtp.h>
+#include <inttypes.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* ---------- states ---------- */
+
+static const char *const state_names[] = {"new", "legs", "backoff", "queued", "done"};
+
+/* allowed[from][to]: every transition the core makes, and no other. */
+static const unsigned char allowed[5][5] = {
+    /*              NEW LEGS BACKOFF QUEUED DONE */
+    /* NEW     */ {0, 1, 0, 1, 1},
+    /* LEGS    */ {0, 1, 1, 1, 1},
+    /* BACKOFF */ {0, 1, 0, 1, 1},
+    /* QUEUED  */ {0, 1, 0, 1, 1},
+    /* DONE    */ {0, 0, 0, 0, 0},
+};
+
+void req_set_state(struct request *r, enum req_state to)
+{
+    assert(r->state <= REQ_DONE && to <= REQ_DONE);
+    if (!allowed[r->state][to]) { /* a bug: test builds stop here; production builds say so and go on */
+        xpyd_log_event("event=bug request_id=%s msg=\"state transition %s -> %s is not in the table\"", r->xid,
+                       state_names[r->state], state_names[to]);
+        assert(!"request state transition not in the table");
+    }
+    XLOG_DEBUG("msg=\"request state\" request_id=%s from=%s to=%s", r->xid, state_names[r->state], state_names[to]);
+    r->state = to;
+}
+
+static struct request *leg_request(struct leg *l)
+{
+    return (struct request *)((char *)(l - l->role) - offsetof(struct request, legs));
+}
+
+static const char *role_name(int role)
+{
+    return role == RT_DECODE ? "decode" : "prefill";
+}
+
+/* ---------- upstream requests ---------- */
+
+int req_endpoint(int role, int idx)
+{
+    return g_rt->cfg.ranks[role][idx].endpoint;
+}
+
+const char *req_path(const struct request *r)
+{
+    return r->kind == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions";
+}
+
+const struct up_timeouts *req_timeouts(void)
+{
+    static __thread struct up_timeouts to;
+    to.connect_ms = g_rt->cfg.connect_timeout_ms;
+    to.first_byte_ms = g_rt->cfg.first_token_timeout_ms;
+    to.idle_ms = g_rt->cfg.stream_idle_timeout_ms;
+    return &to;
+}
+
+struct evbuffer *req_build(struct request *r, int role, int idx, const char *method, const char *path, const char *body,
+                           size_t len)
+{
+    const struct up_endpoint *ep = &g_rt->endpoints[req_endpoint(role, idx)];
+    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
+    up_request_line(b, ep, method, path);
+    evbuffer_add_printf(b, "X-Request-Id: %s\r\n", r->xid);
+    int dp = g_rt->cfg.ranks[role][idx].dp_rank;
+    if (dp >= 0)
+        evbuffer_add_printf(b, "X-data-parallel-rank: %d\r\n", dp);
+    if (r->fwd_headers)
+        evbuffer_add(b, r->fwd_headers, strlen(r->fwd_headers));
+    if (body)
+        evbuffer_add_printf(b, "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", len);
+    else
+        evbuffer_add_printf(b, "\r\n");
+    if (body)
+        evbuffer_add(b, body, len);
+    return b;
+}
+
+static void inst_desc(int role, int idx, char *out, size_t cap)
+{
+    struct xb_instance_stats st;
+    if (idx < 0 || xb_stats(g_rt->pools[role], idx, &st) != 0) {
+        snprintf(out, cap, "%s", role_name(role));
+        return;
+    }
+    char hp[280];
+    xpyd_hostport(st.host, st.port, hp, sizeof hp);
+    if (st.dp_rank >= 0)
+        snprintf(out, cap, "%s %s (dp rank %d)", role_name(role), hp, st.dp_rank);
+    else
+        snprintf(out, cap, "%s %s", role_name(role), hp);
+}
+
+static void inst_short(int role, int idx, char *out, size_t cap)
+{
+    struct xb_instance_stats st;
+    if (idx < 0 || xb_stats(g_rt->pools[role], idx, &st) != 0) {
+        snprintf(out, cap, "-");
+        return;
+    }
+    xpyd_hostport(st.host, st.port, out, cap);
+    if (st.dp_rank >= 0)
+        snprintf(out + strlen(out), cap - strlen(out), "#%d", st.dp_rank);
+}
+
+static void access_log(const struct request *r, int fail)
+{
+    if (!g_rt->cfg.access_log)
+        return;
+    char pi[300], di[300];
+    inst_short(RT_PREFILL, r->legs[RT_PREFILL].last_idx, pi, sizeof pi);
+    inst_short(RT_DECODE, r->legs[RT_DECODE].last_idx, di, sizeof di);
+    uint64_t now = xpyd_now_us();
+    double total = (double)(now - r->t_start) / 1e6;
+    double ttft = r->t_first ? (double)(r->t_first - r->t_start) / 1e6 : -1;
+    if (g_rt->cfg.access_log == 2)
+        fprintf(stderr,
+                "{\"request_id\":\"%s\",\"endpoint\":\"%s\",\"prefill\":\"%s\",\"decode\":\"%s\",\"status\":%d,"
+                "\"stream\":%s,\"prompt_tokens\":%" PRId64 ",\"output_tokens\":%" PRId64
+                ",\"ttft_s\":%.6f,\"total_s\":%.6f,\"error\":\"%s\"}\n",
+                r->xid, req_path(r), pi, di, r->status, r->stream ? "true" : "false", r->prompt_tokens, r->tokens_out,
+                ttft, total, rt_fail_table[fail].name);
+    else
+        fprintf(stderr,
+                "access request_id=%s endpoint=%s prefill=%s decode=%s status=%d stream=%d prompt_tokens=%" PRId64
+                " output_tokens=%" PRId64 " ttft_s=%.6f total_s=%.6f error=%s\n",
+                r->xid, req_path(r), pi, di, r->status, r->stream, r->prompt_tokens, r->tokens_out, ttft, total,
+                rt_fail_table[fail].name);
+}
+
+/* ---------- ending ---------- */
+
+void req_release(struct request *r, int role)
+{
+    struct leg *l = &r->legs[role];
+    if (l->idx >= 0) {
+        xb_release(g_rt->pools[role], l->idx, l->charge);
+        admission_wake(role);
+        l->idx = -1;
+        l->charge = 0;
+    }
+}
+
+static void free_event(struct event **ev)
+{
+    if (*ev) {
+        event_free(*ev);
+        *ev = NULL;
+    }
+}
+
+void req_end(struct request *r, int fail)
+{
+    if (r->state == REQ_DONE)
+        return;
+    struct leg *p = &r->legs[RT_PREFILL], *d = &r->legs[RT_DECODE];
+    int decode_in_flight = d->up != NULL;
+    req_set_state(r, REQ_DONE);
+    r->fail = fail;
+    admission_leave(r);
+    if (p->up) {
+        up_leg_cancel(p->up);
+        p->up = NULL;
+    }
+    if (d->up) {
+        /* dispatch-and-cancel (handoff.h): the decode may still have to pull (and so free) the prefill's KV */
+        if (p->answered && r->ho->finish_decode_write)
+            up_leg_cancel_after_send(d->up);
+        else
+            up_leg_cancel(d->up);
+        d->up = NULL;
+    }
+    if (fail != RF_NONE && p->answered && r->kv_params && !d->accepted && r->ho->abandon)
+        r->ho->abandon(r, decode_in_flight);
+    req_release(r, RT_PREFILL);
+    req_release(r, RT_DECODE);
+    free_event(&r->close_ev);
+    free_event(&r->retry_timer);
+    if (r->retrying) {
+        r->retrying = 0;
+        atomic_fetch_sub(&g_rt->ctr.retries_active, 1);
+    }
+    client_stream_free(r); /* the backpressure timer; active_streams when the stream had started */
+    atomic_fetch_sub(&g_rt->ctr.active_requests, 1);
+    if (fail == RF_CLIENT_DISCONNECT)
+        r->status = 499;
+    atomic_fetch_add(&g_rt->ctr.requests[r->kind][r->status >= 100 && r->status < 600 ? r->status : 0], 1);
+    if (fail == RF_NONE)
+        rt_hist_observe(RT_H_E2E, (double)(xpyd_now_us() - r->t_start) / 1e6);
+    else
+        atomic_fetch_add(&g_rt->ctr.errors[fail], 1);
+    atomic_fetch_add(&g_rt->ctr.prompt_tokens, (uint64_t)r->prompt_tokens);
+    atomic_fetch_add(&g_rt->ctr.generation_tokens, (uint64_t)r->tokens_out);
+    access_log(r, fail);
+}
+
+void req_fail(struct request *r, int fail, int status, const char *msg)
+{
+    if (r->state == REQ_DONE)
+        return;
+    /* errors are always logged, whatever --log-level (but none), as one structured line */
+    xpyd_log_event("event=request_failed request_id=%s reason=%s detail=\"%s\"", r->xid, rt_fail_table[fail].name, msg);
+    client_error(r, status, msg);
+    req_end(r, fail);
+}
+
+void req_leg_fail(struct request *r, int fail, int role, int idx, const char *detail)
+{
+    char where[400], msg[1000];
+    inst_desc(role, idx, where, sizeof where);
+    snprintf(msg, sizeof msg, "%s failed: %s", where, detail);
+    if (idx >= 0 && (size_t)idx < 4096)
+        atomic_fetch_add(&g_rt->ctr.instance_errors[role][idx], 1);
+    req_fail(r, fail, rt_fail_table[fail].status, msg);
+}
+
+/* libevhtp is freeing the client request (answer sent, or the connection is gone): the single safe point. */
+static void req_free_cb(void *arg)
+{
+    struct request *r = arg;
+    r->ereq = NULL;
+    if (r->state != REQ_DONE) {
+        atomic_fetch_add(&g_rt->ctr.client_disconnects, 1);
+        req_end(r, RF_CLIENT_DISCONNECT);
+    }
+    cJSON_Delete(r->body);
+    rw_src_free(r->src);
+    cJSON_Delete(r->kv_params);
+    free(r->fwd_headers);
+    free(r->first_text);
+    free(r->resp_id);
+    for (int role = 0; role < 2; role++)
+        if (r->legs[role].buf)
+            evbuffer_free(r->legs[role].buf);
+    if (r->chunk)
+        evbuffer_free(r->chunk);
+    xpyd_sse_reset(&r->sse);
+    free(r);
+}
+
+static void on_client_closed(evutil_socket_t fd, short ev, void *arg)
+{
+    struct request *r = arg;
+    free_event(&r->close_ev);
+    if (r->state == REQ_DONE || !r->ereq)
+        return;
+    atomic_fetch_add(&g_rt->ctr.client_disconnects, 1);
+    req_end(r, RF_CLIENT_DISCONNECT);
+    evhtp_connection_free(evhtp_request_get_connection(r->ereq)); /* calls req_free_cb */
+}
+
+void req_begin(struct request *r)
+{
+    for (int role = 0; role < 2; role++) {
+        r->legs[role].role = role;
+        r->legs[role].idx = r->legs[role].last_idx = -1;
+    }
+    r->queued_role = -1;
+    r->cached_tokens = -1;
+    r->sse.max_event = 4u << 20;
+    atomic_fetch_add(&g_rt->ctr.active_requests, 1);
+    evhtp_request_t *req = r->ereq;
+    rt_client_set_owner(req, req_free_cb, r);
+    evhtp_connection_t *conn = evhtp_request_get_connection(req);
+    evhtp_request_pause(req);
+    /* libevhtp's pause turns EV_WRITE off too: without it a stream stalls once the client's socket fills */
+    bufferevent_enable(evhtp_connection_get_bev(conn), EV_WRITE);
+    evutil_socket_t fd = bufferevent_getfd(evhtp_connection_get_bev(conn));
+    r->close_ev = event_new(r->t->base, fd, EV_CLOSED, on_client_closed, r);
+    if (r->close_ev)
+        event_add(r->close_ev, NULL);
+    r->ho->start(r);
+}
+
+/* ---------- picking ---------- */
+
+static void on_queue_expired(struct request *r, int role)
+{
+    char msg[300];
+    snprintf(msg, sizeof msg,
+             "no %s instance had room within --queue-timeout-ms (%ld ms): every rank is at its max_inflight",
+             role_name(role), g_rt->cfg.queue_timeout_ms);
+    req_fail(r, RF_QUEUE_TIMEOUT, 503, msg);
+}
+
+int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct request *r))
+{
+    struct leg *l = &r->legs[role];
+    uint64_t need = (uint64_t)(r->prompt_tokens + r->max_tokens);
+    int idx = xb_pick(g_rt->pools[role], need, charge, l->tried, l->ntried);
+    if (idx == -EBUSY) {
+        if (admission_wait(r, role, again, on_queue_expired) == ADMISSION_QUEUED) {
+            req_set_state(r, REQ_QUEUED);
+        } else {
+            char msg[300];
+            snprintf(msg, sizeof msg,
+                     "too many requests: every %s rank is at its max_inflight and %ld requests are already waiting "
+                     "(--admission-queue); retry later",
+                     role_name(role), g_rt->cfg.admission_queue);
+            snprintf(r->retry_after, sizeof r->retry_after, "1");
+            req_fail(r, RF_QUEUE_FULL, 429, msg);
+        }
+        return -1;
+    }
+    if (idx >= 0)
+        admission_admitted(r, role);
+    if (idx == -E2BIG) {
+        char msg[300];
+        snprintf(msg, sizeof msg,
+                 "no %s instance can hold this request: about %" PRId64 " prompt tokens + %" PRId64
+                 " max tokens exceed every instance's max_model_len",
+                 role_name(role), r->prompt_tokens, r->max_tokens);
+        req_fail(r, RF_CONTEXT_TOO_LONG, 503, msg);
+        return -1;
+    }
+    if (idx < 0) {
+        req_fail(r, role ? RF_NO_DECODE : RF_NO_PREFILL, 503,
+                 role ? "no healthy decode instance available" : "no healthy prefill instance available");
+        return -1;
+    }
+    if (r->state != REQ_LEGS)
+        req_set_state(r, REQ_LEGS);
+    if (l->ntried < MAX_TRIED)
+        l->tried[l->ntried++] = idx;
+    l->attempts++;
+    l->last_idx = idx;
+    l->t_sent = xpyd_now_us();
+    l->idx = idx;
+    l->charge = charge;
+    return idx;
+}
+
+/* A pick that is given back (bootstrap waiting for a decode returns its prefill): as if never made. */
+void req_unpick(struct request *r, int role)
+{
+    struct leg *l = &r->legs[role];
+    req_release(r, role);
+    l->ntried--;
+    l->attempts--;
+}
+
+/* ---------- legs ---------- */
+
+static void leg_head(struct up_leg *up, int status, void *arg)
+{
+    struct leg *l = arg;
+    l->status = status;
+    if (status == 200)
+        l->accepted = 1;
+}
+
+/* An engine's Retry-After (kept for a 429/503 passed through); the xpyd decode's KV transfer report. */
+static void leg_header(struct up_leg *up, const char *name, const char *value, void *arg)
+{
+    struct leg *l = arg;
+    struct request *r = leg_request(l);
+    if (strcasecmp(name, "Retry-After") == 0) {
+        if (strlen(value) < sizeof r->retry_after && !strpbrk(value, "\r\n"))
+            snprintf(r->retry_after, sizeof r->retry_after, "%s", value);
+        return;
+    }
+    if (l->role != RT_DECODE || strcasecmp(name, "X-KV-Transfer") != 0)
+        return;
+    unsigned long long bytes = 0, us = 0;
+    if (sscanf(value, "bytes=%llu; us=%llu", &bytes, &us) == 2) {
+        atomic_fetch_add(&g_rt->ctr.kv_bytes, bytes);
+        rt_hist_observe(RT_H_KV_HANDOFF, (double)us / 1e6);
+    }
+}
+
+static void leg_body(struct up_leg *up, const char *data, size_t len, void *arg)
+{
+    struct leg *l = arg;
+    struct request *r = leg_request(l);
+    if (l->role == RT_DECODE && l->status == 200 && r->stream) {
+        if (client_relay(r, data, len) < 0) {
+            l->up = NULL;
+            up_leg_cancel(up);
+            req_leg_fail(r, RF_DECODE_BROKEN_STREAM, RT_DECODE, l->idx, "an SSE event exceeded the size limit");
+        }
+        return;
+    }
+    if (evbuffer_get_length(l->buf) + len > (size_t)g_rt->cfg.max_response_bytes) {
+        l->up = NULL;
+        up_leg_cancel(up);
+        req_leg_fail(r, RF_RESPONSE_TOO_LARGE, l->role, l->idx, "response larger than --max-response-bytes");
+        return;
+    }
+    evbuffer_add(l->buf, data, len);
+}
+
+/* The leg's answer is complete (or it failed): what that means is the sender's (the core's or a handoff's). */
+static void leg_done(struct up_leg *up, int err, void *arg)
+{
+    struct leg *l = arg;
+    l->on_done(up, err, arg);
+}
+
+void req_send(struct request *r, int role, const char *body, size_t len, void (*on_done)(struct up_leg *, int, void *))
+{
+    struct leg *l = &r->legs[role];
+    l->status = 0;
+    r->retry_after[0] = 0;
+    if (l->buf)
+        evbuffer_drain(l->buf, evbuffer_get_length(l->buf));
+    else
+        l->buf = XPYD_XALLOC(evbuffer_new());
+    l->on_done = on_done;
+    struct evbuffer *req = req_build(r, role, l->idx, "POST", req_path(r), body, len);
+    static const struct up_leg_cbs cbs = {leg_head, leg_body, leg_done, NULL, leg_header};
+    l->up = up_leg_start(r->t->up, req_endpoint(role, l->idx), req, req_timeouts(), &cbs, l);
+    evbuffer_free(req);
+    if (!l->up)
+        req_leg_fail(r, role ? RF_DECODE_CONNECT : RF_PREFILL_CONNECT, role, l->idx, "out of memory");
+}
+
+/* ---------- retries ---------- */
+
+/* Counts one attempt's outcome against the instance (failures: connect, timeout, 5xx, unusable answer). */
+void req_report(int role, int idx, int ok)
+{
+    long ms = xb_report(g_rt->pools[role], idx, ok);
+    if (ms > 0) {
+        char where[400];
+        inst_desc(role, idx, where, sizeof where);
+        xpyd_log_event("event=ejected instance=\"%s\" for_ms=%ld reason=consecutive_failures", where, ms);
+    }
+}
+
+static int leg_fail_kind(int role, int err, int status)
+{
+    if (status)
+        return role ? RF_DECODE_STATUS : RF_PREFILL_STATUS;
+    if (err == -ETIMEDOUT)
+        return role ? RF_DECODE_CONNECT : RF_PREFILL_CONNECT;
+    if (err == -ETIME)
+        return role ? RF_DECODE_TIMEOUT : RF_PREFILL_TIMEOUT;
+    return role ? RF_DECODE_CONNECT : RF_PREFILL_CONNECT;
+}
+
+static const char *err_text(int err, char *buf, size_t cap)
+{
+    if (err == -ETIME)
+        snprintf(buf, cap, "no answer within the timeout");
+    else if (err == -ETIMEDOUT)
+        snprintf(buf, cap, "connect timed out");
+    else if (err == -EPROTO)
+        snprintf(buf, cap, "malformed HTTP response");
+    else if (err == -ECONNRESET)
+        snprintf(buf, cap, "connection closed before the response was complete");
+    else
+        snprintf(buf, cap, "%s", strerror(-err));
+    return buf;
+}
+
+/* Another attempt on a different instance, while nothing reached the client and budget remains. */
+static int may_retry(struct request *r, int role, int status)
+{
+    struct leg *l = &r->legs[role];
+    if (r->client != CLIENT_NOTHING || r->state == REQ_DONE || !r->ereq)
+        return 0;
+    if (status && status < 500)
+        return 0; /* the engine judged the request itself: another one would too */
+    if (l->attempts > g_rt->cfg.max_retries || l->ntried >= MAX_TRIED || (size_t)l->ntried >= g_rt->cfg.n_ranks[role])
+        return 0; /* out of attempts, or every instance was tried: the real error goes to the client */
+    if (!r->retrying) {
+        /* Retry budget: in an outage, retries must not multiply the load on what is left. */
+        int64_t active = (int64_t)atomic_load(&g_rt->ctr.active_requests);
+        int64_t allowed_now = active * g_rt->cfg.retry_budget_percent / 100;
+        if (allowed_now < g_rt->cfg.retry_budget_min)
+            allowed_now = g_rt->cfg.retry_budget_min;
+        if ((int64_t)atomic_load(&g_rt->ctr.retries_active) >= allowed_now) {
+            atomic_fetch_add(&g_rt->ctr.retries_denied, 1);
+            return 0;
+        }
+        r->retrying = 1;
+        atomic_fetch_add(&g_rt->ctr.retries_active, 1);
+    }
+    atomic_fetch_add(&g_rt->ctr.retries[role], 1);
+    return 1;
+}
+
+static void on_retry_timer(evutil_socket_t fd, short ev, void *arg)
+{
+    struct request *r = arg;
+    if (r->state == REQ_BACKOFF)
+        r->next(r);
+}
+
+/* Runs next (the next attempt) after a jittered exponential backoff. */
+static void retry_later(struct request *r, int role, void (*next)(struct request *r))
+{
+    long base = g_rt->cfg.retry_backoff_ms;
+    if (base <= 0) {
+        next(r);
+        return;
+    }
+    double ms = (double)base;
+    for (int k = 1; k < r->legs[role].attempts && ms < 1000; k++)
+        ms *= 2;
+    if (ms > 1000)
+        ms = 1000;
+    r->t->rng = xpyd_mix64(r->t->rng);
+    ms *= 0.5 + (double)(r->t->rng >> 11) / 9007199254740992.0;
+    r->next = next;
+    req_set_state(r, REQ_BACKOFF);
+    if (!r->retry_timer)
+        r->retry_timer = XPYD_XALLOC(event_new(r->t->base, -1, 0, on_retry_timer, r));
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)((long)(ms * 1000) % 1000000)};
+    event_add(r->retry_timer, &tv);
+}
+
+/* Passes an upstream error answer through (status and JSON body). */
+static void pass_through_error(struct request *r, int role, int status)
+{
+    struct leg *l = &r->legs[role];
+    size_t n = l->buf ? evbuffer_get_length(l->buf) : 0;
+    const char *data = n ? (const char *)evbuffer_pullup(l->buf, (ssize_t)n) : "";
+    cJSON *j = n ? cJSON_ParseWithLength(data, n) : NULL;
+    int fail = role ? RF_DECODE_STATUS : RF_PREFILL_STATUS;
+    int openai = j && (cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(j, "error")) ||
+                       cJSON_GetObjectItemCaseSensitive(j, "message"));
+    cJSON_Delete(j);
+    if (!openai) {
+        char detail[200];
+        snprintf(detail, sizeof detail, "HTTP %d without an OpenAI error body", status);
+        req_leg_fail(r, fail, role, l->idx, detail);
+        return;
+    }
+    if (l->idx >= 0 && (size_t)l->idx < 4096 && status >= 500)
+        atomic_fetch_add(&g_rt->ctr.instance_errors[role][l->idx], 1);
+    if (r->client == CLIENT_NOTHING) {
+        if (!(status == 429 || status == 503))
+            r->retry_after[0] = 0;
+        client_answer_json(r, status, data, n); /* the engine's own answer, as it sent it */
+        req_end(r, status < 500 ? RF_BAD_REQUEST : fail);
+        return;
+    }
+    char msg[600];
+    snprintf(msg, sizeof msg, "%s answered HTTP %d", role_name(role), status);
+    req_fail(r, status < 500 ? RF_BAD_REQUEST : fail, status, msg);
+}
+
+/* A failed attempt of role (err, or its status): retried through next when allowed, else the request fails. */
+static void leg_failed(struct request *r, int role, int err, int status, void (*next)(struct request *r))
+{
+    struct leg *l = &r->legs[role];
+    char buf[200];
+    if ((err || status >= 500) && may_retry(r, role, status)) {
+        XLOG_INFO("msg=\"retrying %s elsewhere\" request_id=%s err=%s status=%d", role_name(role), r->xid,
+                  err ? err_text(err, buf, sizeof buf) : "-", status);
+        if (l->idx >= 0 && (size_t)l->idx < 4096)
+            atomic_fetch_add(&g_rt->ctr.instance_errors[role][l->idx], 1);
+        req_release(r, role);
+        xpyd_sse_reset(&r->sse);
+        retry_later(r, role, next);
+        return;
+    }
+    if (err) {
+        int fail = role == RT_DECODE && r->client != CLIENT_NOTHING ? RF_DECODE_BROKEN_STREAM
+                                                                   : leg_fail_kind(role, err, 0);
+        req_leg_fail(r, fail, role, l->idx, err_text(err, buf, sizeof buf));
+        return;
+    }
+    pass_through_error(r, role, status);
+}
+
+void req_prefill_failed(struct request *r, int err, void (*next)(struct request *r))
+{
+    leg_failed(r, RT_PREFILL, err, err ? 0 : r->legs[RT_PREFILL].status, next);
+}
+
+/* ---------- the sequential flow's completions (kv-params, xpyd, store) ---------- */
+
+/* Reads what the decode needs out of the prefill's JSON answer. 0, or -1 when it is not usable. */
+static int absorb_prefill(struct request *r)
+{
+    struct evbuffer *b = r->legs[RT_PREFILL].buf;
+    size_t n = evbuffer_get_length(b);
+    struct rw_prefill_answer a;
+    if (rw_absorb_prefill((const char *)evbuffer_pullup(b, (ssize_t)n), n, &a) != 0)
+        return -1;
+    r->kv_params = a.kv_params;
+    a.kv_params = NULL;
+    if (a.prompt_tokens >= 0)
+        r->prompt_tokens = a.prompt_tokens; /* exact, replaces the estimate */
+    if (a.cached_tokens >= 0)
+        r->cached_tokens = a.cached_tokens;
+    r->resp_id = a.id;
+    r->first_text = a.first_text;
+    a.id = a.first_text = NULL;
+    rw_prefill_answer_free(&a);
+    return 0;
+}
+
+void req_prefill_done(struct up_leg *up, int err, void *arg)
+{
+    struct leg *p = arg;
+    struct request *r = leg_request(p);
+    p->up = NULL;
+    if (r->state == REQ_DONE)
+        return;
+    int ok = !err && p->status == 200;
+    if (ok || err || p->status >= 500)
+        req_report(RT_PREFILL, p->idx, ok);
+    if (!ok) {
+        req_prefill_failed(r, err, r->ho->start);
+        return;
+    }
+    if (absorb_prefill(r) != 0) {
+        req_leg_fail(r, RF_PREFILL_BAD_RESPONSE, RT_PREFILL, p->idx, "the answer is not a JSON completion");
+        return;
+    }
+    p->answered = 1;
+    rt_hist_observe(RT_H_PREFILL, (double)(xpyd_now_us() - p->t_sent) / 1e6);
+    req_release(r, RT_PREFILL);
+    if (g_rt->cfg.first_token == RT_FIRST_PREFILL && r->stream)
+        client_prefill_first_token(r);
+    req_start_decode(r);
+}
+
+void req_start_prefill(struct request *r)
+{
+    if (req_pick(r, RT_PREFILL, r->prompt_tokens, req_start_prefill) < 0)
+        return;
+    size_t len;
+    char *body = r->ho->prefill_body(r, &len);
+    req_send(r, RT_PREFILL, body, len, req_prefill_done);
+    free(body);
+}
+
+void req_decode_done(struct up_leg *up, int err, void *arg)
+{
+    struct leg *d = arg;
+    struct request *r = leg_request(d);
+    d->up = NULL;
+    if (r->state == REQ_DONE)
+        return;
+    int status = d->status;
+    if (!err && status == 200)
+        rt_hist_observe(RT_H_DECODE, (double)(xpyd_now_us() - d->t_sent) / 1e6);
+    int broken = !err && status == 200 && r->stream && !r->done_seen; /* a stream without [DONE] is broken */
+    if (err || status >= 500 || broken)
+        req_report(RT_DECODE, d->idx, 0);
+    else if (status == 200)
+        req_report(RT_DECODE, d->idx, 1);
+    if (!err && status == 200 && !broken) {
+        if (!r->stream) {
+            if (client_finish_json(r) != 0) {
+                req_leg_fail(r, RF_DECODE_BROKEN_STREAM, RT_DECODE, d->idx, "the answer is not JSON");
+                return;
+            }
+        } else {
+            client_stream_end(r);
+        }
+        req_end(r, RF_NONE);
+        return;
+    }
+    if (broken) {
+        err = -ECONNRESET;
+        status = 0;
+    }
+    leg_failed(r, RT_DECODE, err, err ? 0 : status, r->ho->decode_retry);
+}
+
+void req_decode_charge(struct request *r, int64_t *charge)
+{
+    *charge = r->prompt_tokens + r->max_tokens; /* KV held + tokens still to generate */
+}
+
+void req_start_decode(struct request *r)
+{
+    int64_t charge;
+    req_decode_charge(r, &charge);
+    if (req_pick(r, RT_DECODE, charge, req_start_decode) < 0)
+        return;
+    size_t len;
+    char *body = r->ho->decode_body(r, &len);
+    req_send(r, RT_DECODE, body, len, req_decode_done);
+    free(body);
+}

@@ -1,0 +1,171 @@
+/* request.h - one client generate request inside the router: its state machine, its two legs, and the calls
+ * the modules that drive it share (request.c: the core; stream.c: what the client receives; admission.c:
+ * waiting for a rank; handoff_*.c: the five handoff modes behind struct handoff_ops).
+ *
+ * States and transitions (request.c, req_set_state() checks each one with assert):
+ *
+ *   NEW --start--> LEGS --prefill ok, decode next--> LEGS ... --last byte--> DONE
+ *    |               |  \--leg failed, may retry--> BACKOFF --timer--> LEGS
+ *    |               |  \--every rank full--------> QUEUED  --slot---> LEGS
+ *    \---------------+--------------------------------------------------------> DONE (error, client gone)
+ *
+ * LEGS means one or two legs are in flight (legs[RT_PREFILL], legs[RT_DECODE]); which ones is the handoff's
+ * business. What the client has received is the separate client state (CLIENT_NOTHING, CLIENT_STREAMING,
+ * CLIENT_ANSWERED), because a stream may start before the decode leg does (--first-token prefill).
+ *
+ * Ownership: a request is created when a generate request's body is valid and freed only when libevhtp frees
+ * the client request (req_free_cb), the single safe point. Every ending goes through req_end() (idempotent);
+ * every ending with an error goes through req_fail(), whatever the client already received. */
+#ifndef XPYD_REQUEST_H
+#define XPYD_REQUEST_H
+
+#include "router.h"
+#include "xpyd_sse.h"
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+struct rw_src;
+struct evbuffer;
+struct event;
+struct evhtp_request;
+
+enum req_state {
+    REQ_NEW = 0, /* created, nothing sent */
+    REQ_LEGS,    /* legs in flight (or about to be sent) */
+    REQ_BACKOFF, /* a leg failed; the next attempt waits for its backoff timer */
+    REQ_QUEUED,  /* every eligible rank is full: waiting in the admission queue */
+    REQ_DONE     /* ended: legs closed, charges released, counted; freed when libevhtp lets go */
+};
+
+enum req_client { CLIENT_NOTHING = 0, CLIENT_STREAMING, CLIENT_ANSWERED };
+
+#define MAX_TRIED 16
+
+/* One upstream leg (prefill or decode): the instance, its charge, the connection and its answer. */
+struct leg {
+    int role;                   /* RT_PREFILL / RT_DECODE */
+    int idx;                    /* balancer instance of the current attempt, -1 none */
+    int64_t charge;             /* tokens charged on it, released exactly */
+    struct up_leg *up;          /* in flight, or NULL */
+    struct evbuffer *buf;       /* its answer body (non-streamed, or an error body) */
+    int status;                 /* its HTTP status, 0 before the head */
+    int accepted;               /* some attempt of this leg answered 200 (decode: it took the prefill's KV) */
+    int answered;               /* the leg finished with a usable answer (prefill: its KV is waiting) */
+    int tried[MAX_TRIED];       /* instances tried, so retries go elsewhere */
+    int ntried, attempts;
+    int last_idx;               /* the last instance picked (access log), -1 none */
+    uint64_t t_sent;            /* when the current attempt was sent */
+    void (*on_done)(struct up_leg *up, int err, void *leg); /* the current attempt's completion */
+};
+
+struct request {
+    enum req_state state;
+    enum req_client client;
+    int fail;                   /* enum rt_fail, once DONE */
+    int status;                 /* what the client got */
+    struct rthread *t;
+    struct evhtp_request *ereq; /* NULL once libevhtp freed it */
+    const struct handoff_ops *ho;
+    int kind;                   /* RT_EP_COMPLETIONS / RT_EP_CHAT */
+    cJSON *body;                /* the client's body, parsed once (read by the router); owned */
+    struct rw_src *src;         /* the client's body bytes, what engines receive (rewrite.h); owned */
+    int stream;
+    char xid[128];              /* X-Request-Id sent on every leg */
+    char *fwd_headers;          /* client headers forwarded upstream, serialized; owned */
+    int64_t prompt_tokens;      /* estimate, corrected by prefill's usage */
+    int64_t max_tokens;
+    uint64_t t_start, t_first, t_last_tok;
+    struct leg legs[2];
+    char retry_after[64];       /* the failing engine's Retry-After, passed through with its 429/503 */
+    /* what the prefill handed over */
+    cJSON *kv_params;           /* kv-params / xpyd: returned by prefill; owned */
+    long cached_tokens;         /* prefill's usage.prompt_tokens_details.cached_tokens, -1 unknown */
+    char *first_text;           /* prefill's token (first-token prefill mode); owned */
+    char *resp_id;              /* the id the client sees in every event (prefill mode); owned */
+    /* the client's stream (stream.c) */
+    struct xpyd_sse_parser sse;
+    int role_sent, first_dropped, done_seen; /* relay progress (relay.h) */
+    int64_t tokens_out;
+    int paused;                 /* the decode leg is paused: the client is slow */
+    struct evbuffer *chunk;     /* the next chunk to the client, reused for every event (owned) */
+    struct event *bp_timer;     /* while paused: watches the client's output drain (owned) */
+    int first_token_seen;       /* the decode produced its first token (handoff_ops.first_token ran) */
+    /* retries and waiting */
+    int retrying;               /* counted in retries_active until the request ends */
+    struct event *retry_timer;  /* backoff before the next attempt (owned) */
+    void (*next)(struct request *r); /* what runs after the backoff or the queue */
+    void (*expired)(struct request *r, int role); /* admission.c: the queue deadline passed */
+    int queued_role;            /* admission.c: -1 when not queued */
+    struct request *qprev, *qnext;
+    struct event *queue_timer;  /* --queue-timeout-ms deadline (owned) */
+    struct event *close_ev;     /* the client's connection closing */
+};
+
+/* ---- request.c: the core ---- */
+/* A request whose fields the server filled (t, ereq, ho, kind, body, src, stream, xid, fwd_headers,
+ * prompt_tokens, max_tokens, t_start) starts: it owns the client request from here, and ho->start runs. */
+void req_begin(struct request *r);
+void req_set_state(struct request *r, enum req_state to);
+/* Ends the request (idempotent): legs closed, charges released, counted, logged. */
+void req_end(struct request *r, int fail);
+/* Ends the request with an error, whatever the client already received: an OpenAI error answer before the
+ * first byte, an error event then [DONE] after. msg is the whole message. */
+void req_fail(struct request *r, int fail, int status, const char *msg);
+/* req_fail with the failure table's status and "<role> <instance> failed: <detail>". */
+void req_leg_fail(struct request *r, int fail, int role, int idx, const char *detail);
+/* Picks an instance for role and charges it; -1 when the request waits (queued) or ended (no instance). */
+int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct request *r));
+/* Sends a leg's attempt to legs[role].idx; on_done is the handoff's (or the core's) completion. */
+void req_send(struct request *r, int role, const char *body, size_t len, void (*on_done)(struct up_leg *, int, void *));
+/* The core's leg completions: what a prefill or a decode answer means, for every handoff. */
+void req_prefill_done(struct up_leg *leg, int err, void *arg);
+void req_decode_done(struct up_leg *leg, int err, void *arg);
+/* A failed prefill attempt (err, or its status): retries through next when allowed, else fails the request. */
+void req_prefill_failed(struct request *r, int err, void (*next)(struct request *r));
+void req_release(struct request *r, int role);
+/* One attempt's outcome against its instance (passive ejection; an ejection is logged). */
+void req_report(int role, int idx, int ok);
+/* A pick given back (bootstrap waiting for its decode returns its prefill): as if it had not been made. */
+void req_unpick(struct request *r, int role);
+/* The sequential flow (kv-params, xpyd, store, none): a prefill leg, then a decode leg. */
+void req_start_prefill(struct request *r);
+void req_start_decode(struct request *r);
+void req_decode_charge(struct request *r, int64_t *charge);
+/* An upstream request to legs[role]'s instance idx: request line, our headers, the client's, the body. */
+struct evbuffer *req_build(struct request *r, int role, int idx, const char *method, const char *path, const char *body,
+                           size_t len);
+int req_endpoint(int role, int idx);
+const struct up_timeouts *req_timeouts(void);
+const char *req_path(const struct request *r);
+
+/* ---- stream.c: what the client receives ---- */
+void client_answer_json(struct request *r, int status, const char *body, size_t len);
+/* An error in OpenAI's shape: an answer before the first byte, else an error event and [DONE]. */
+void client_error(struct request *r, int status, const char *msg);
+void client_stream_start(struct request *r);
+void client_stream_end(struct request *r);
+/* The decode's body bytes of a streamed answer, relayed event by event; -1 when the stream is broken. */
+int client_relay(struct request *r, const char *data, size_t len);
+/* First token from the prefill: the client's first event(s), built from the prefill's answer. */
+void client_prefill_first_token(struct request *r);
+/* The decode's non-streamed answer, usage patched; -1 when it is not JSON. */
+int client_finish_json(struct request *r);
+void client_stream_free(struct request *r);
+
+/* ---- admission.c: waiting for a rank under max_inflight ---- */
+enum admission_outcome { ADMISSION_QUEUED = 0, ADMISSION_FULL };
+/* Every eligible rank of role is full: r waits (FIFO per thread), and again(r) runs when a slot frees, or
+ * expired(r) at --queue-timeout-ms. ADMISSION_FULL: the queue is full; the caller answers (429). */
+int admission_wait(struct request *r, int role, void (*again)(struct request *r),
+                   void (*expired)(struct request *r, int role));
+/* The request leaves the queue, if it is in it (it ended). */
+void admission_leave(struct request *r);
+/* The request got an instance of role: a waiting one is counted as admitted and its deadline dropped. */
+void admission_admitted(struct request *r, int role);
+/* An instance of role freed a slot: every thread's queue for role tries again. */
+void admission_wake(int role);
+/* The thread's kick event (rthread.kick): its queues try again, in order. */
+void admission_on_kick(int fd, short ev, void *arg);
+
+#endif

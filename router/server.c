@@ -1,0 +1,211 @@
+/* server.c - the router's HTTP front: the routes, each event-loop thread's state, and what is answered before
+ * a request object exists (authentication, method, draining, body size, JSON validation). A valid generate
+ * request becomes a struct request (request.h) driven by the handoff mode chosen by --handoff. */
+#include "handoff.h"
+#include "request.h"
+#include "rewrite.h"
+
+#include "xpyd_util.h"
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <evhtp/evhtp.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+/* --handoff: one row per mode, indexed by config.c's choice (its `handoffs` names, in the same order). */
+static const struct handoff_ops *const handoffs[] = {&handoff_kv_params, &handoff_store, &handoff_bootstrap,
+                                                    &handoff_none, &handoff_xpyd};
+
+/* ---------- request headers forwarded to engines ---------- */
+
+static int hop_by_hop(const char *k)
+{
+    static const char *const skip[] = {"connection", "keep-alive", "proxy-connection", "proxy-authorization",
+                                       "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
+                                       "content-type", "x-request-id", "accept-encoding", "x-data-parallel-rank",
+                                       XPYD_TOO_LARGE_HEADER,
+                                       "expect", NULL};
+    for (int i = 0; skip[i]; i++)
+        if (strcasecmp(k, skip[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static int collect_header(evhtp_kv_t *kv, void *arg)
+{
+    struct evbuffer *b = arg;
+    if (kv->key && kv->val && !hop_by_hop(kv->key) && !strpbrk(kv->val, "\r\n"))
+        evbuffer_add_printf(b, "%s: %s\r\n", kv->key, kv->val);
+    return 0;
+}
+
+/* The access-log line of a request rejected before it got a request object. */
+static void access_log_rejected(evhtp_request_t *req, int kind, int status, int fail)
+{
+    if (!g_rt->cfg.access_log)
+        return;
+    const char *xid = evhtp_header_find(req->headers_in, "X-Request-Id");
+    if (!xid || strpbrk(xid, "\r\n\"\\") || strlen(xid) > 120)
+        xid = "-";
+    if (g_rt->cfg.access_log == 2)
+        fprintf(stderr,
+                "{\"request_id\":\"%s\",\"endpoint\":\"%s\",\"prefill\":\"-\",\"decode\":\"-\",\"status\":%d,"
+                "\"stream\":false,\"prompt_tokens\":0,\"output_tokens\":0,\"ttft_s\":-1,\"total_s\":0,"
+                "\"error\":\"%s\"}\n",
+                xid, (kind == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions"), status, rt_fail_table[fail].name);
+    else
+        fprintf(stderr,
+                "access request_id=%s endpoint=%s prefill=- decode=- status=%d stream=0 prompt_tokens=0 "
+                "output_tokens=0 ttft_s=-1 total_s=0 error=%s\n",
+                xid, (kind == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions"), status, rt_fail_table[fail].name);
+}
+
+/* 128 random bits: unique across router processes and restarts, so replicas sharing engines never send the
+ * same X-Request-Id (vLLM's request id). */
+static void new_request_id(char *out, size_t cap)
+{
+    uint64_t v[2];
+    if (getrandom(v, sizeof v, 0) != (ssize_t)sizeof v) { /* never on Linux >= 3.17 for 16 bytes; still unique */
+        v[0] = xpyd_mix64(atomic_fetch_add(&g_rt->id_seq, 1) ^ xpyd_now_us());
+        v[1] = xpyd_mix64((uint64_t)getpid() ^ ((uint64_t)g_rt->started_wall << 20) ^ (uint64_t)(uintptr_t)out);
+    }
+    snprintf(out, cap, "%s-%016" PRIx64 "%016" PRIx64, g_rt->cfg.id_prefix, v[0], v[1]);
+}
+
+static void handle_generate(evhtp_request_t *req, int kind)
+{
+    struct rthread *t = rt_thread_self();
+    if (!rt_authorized(req)) {
+        atomic_fetch_add(&g_rt->ctr.requests[kind][401], 1);
+        access_log_rejected(req, kind, 401, RF_BAD_REQUEST);
+        return;
+    }
+    if (!rt_method_allowed(req, "POST")) {
+        atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);
+        atomic_fetch_add(&g_rt->ctr.requests[kind][405], 1);
+        access_log_rejected(req, kind, 405, RF_BAD_REQUEST);
+        return;
+    }
+    if (atomic_load(&g_rt->draining)) {
+        rt_close_after_reply(req);
+        rt_reply_error(req, 503, "the router is shutting down (draining): retry on another router");
+        atomic_fetch_add(&g_rt->ctr.requests[kind][503], 1);
+        access_log_rejected(req, kind, 503, RF_NONE);
+        return;
+    }
+    size_t len = evbuffer_get_length(req->buffer_in);
+    if (len > (size_t)g_rt->cfg.max_body_bytes || evhtp_header_find(req->headers_in, XPYD_TOO_LARGE_HEADER)) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "request body exceeds the limit of %ld bytes (--max-body-bytes)",
+                 g_rt->cfg.max_body_bytes);
+        rt_reply_error(req, 413, msg);
+        atomic_fetch_add(&g_rt->ctr.errors[RF_BODY_TOO_LARGE], 1);
+        atomic_fetch_add(&g_rt->ctr.requests[kind][413], 1);
+        access_log_rejected(req, kind, 413, RF_BODY_TOO_LARGE);
+        return;
+    }
+    const char *data = len ? (const char *)evbuffer_pullup(req->buffer_in, -1) : "";
+    const char *why = NULL;
+    size_t err_at = 0;
+    cJSON *body = NULL;
+    /* strict JSON (trailing data refused); duplicated keys: the last wins, as the engines (Python json) read */
+    struct rw_src *src = rw_src_parse(data, len, &body, &why, &err_at);
+    int stream = 0;
+    int64_t max_tokens = 0;
+    const char *bad = body ? rw_validate(body, kind == RT_EP_CHAT, &stream, &max_tokens) : NULL;
+    if (!body || bad) {
+        char msg[200];
+        if (!body)
+            snprintf(msg, sizeof msg, "malformed JSON body: %s (near byte %zu)", why, err_at);
+        rt_reply_error(req, 400, body ? bad : msg);
+        cJSON_Delete(body);
+        rw_src_free(src);
+        atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);
+        atomic_fetch_add(&g_rt->ctr.requests[kind][400], 1);
+        access_log_rejected(req, kind, 400, RF_BAD_REQUEST);
+        return;
+    }
+    struct request *r = XPYD_XALLOC(calloc(1, sizeof *r));
+    r->t = t;
+    r->ereq = req;
+    r->ho = handoffs[g_rt->cfg.handoff];
+    r->kind = kind;
+    r->body = body;
+    r->src = src;
+    r->stream = stream;
+    r->max_tokens = max_tokens;
+    r->t_start = xpyd_now_us();
+    r->prompt_tokens = rw_estimate_prompt(body, kind == RT_EP_CHAT, g_rt->cfg.bytes_per_token);
+    const char *xid = evhtp_header_find(req->headers_in, "X-Request-Id");
+    if (xid && *xid && strlen(xid) < sizeof r->xid && !strpbrk(xid, "\r\n\"\\"))
+        snprintf(r->xid, sizeof r->xid, "%s", xid); /* vLLM uses the client's id too */
+    else
+        new_request_id(r->xid, sizeof r->xid);
+    struct evbuffer *hb = XPYD_XALLOC(evbuffer_new());
+    evhtp_kvs_for_each(req->headers_in, collect_header, hb);
+    size_t hl = evbuffer_get_length(hb);
+    if (hl) {
+        r->fwd_headers = XPYD_XALLOC(malloc(hl + 1));
+        evbuffer_remove(hb, r->fwd_headers, hl);
+        r->fwd_headers[hl] = '\0';
+    }
+    evbuffer_free(hb);
+    req_begin(r);
+}
+
+static void on_completions(evhtp_request_t *req, void *arg)
+{
+    handle_generate(req, RT_EP_COMPLETIONS);
+}
+
+static void on_chat(evhtp_request_t *req, void *arg)
+{
+    handle_generate(req, RT_EP_CHAT);
+}
+
+/* ---------- thread state ---------- */
+
+struct rthread *rt_thread_new(struct event_base *base)
+{
+    struct rthread *t = XPYD_XALLOC(calloc(1, sizeof *t));
+    t->base = base;
+    t->rng = xpyd_mix64((uint64_t)(uintptr_t)t ^ xpyd_now_us());
+    t->up = up_thread_new_shared(base, g_rt->endpoints, g_rt->ep_cap, (size_t)g_rt->cfg.upstream_idle_max);
+    if (!t->up)
+        abort();
+    t->kick_role = -1;
+    t->kick = XPYD_XALLOC(event_new(base, -1, 0, admission_on_kick, t));
+    rt_threads_add(t);
+    return t;
+}
+
+void rt_thread_free(struct rthread *t)
+{
+    if (!t)
+        return;
+    rt_threads_remove(t);
+    event_free(t->kick);
+    up_thread_free(t->up);
+    free(t);
+}
+
+void rt_install_handlers(evhtp_t *htp)
+{
+    for (size_t i = 0; i < sizeof handoffs / sizeof handoffs[0]; i++)
+        if (strcmp(handoffs[i]->name, rt_handoff_name((int)i)) != 0) { /* the two tables must agree */
+            fprintf(stderr, "xpyd_router: internal error: handoff %zu is '%s' in config.c, '%s' in server.c\n", i,
+                    rt_handoff_name((int)i), handoffs[i]->name);
+            abort();
+        }
+    evhtp_set_cb(htp, "/v1/completions", on_completions, NULL);
+    evhtp_set_cb(htp, "/v1/chat/completions", on_chat, NULL);
+    evhtp_set_cb(htp, "/v1/models", rt_models_handler, NULL);
+    rt_admin_handlers(htp);
+    rt_metadata_handlers(htp);
+}

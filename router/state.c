@@ -1,0 +1,28 @@
+/* state.c - the router's one global (g_rt: configuration, pools, endpoints, counters; set up by main.c) and
+ * its constant tables. A leaf: every module reads these, and this file calls nobody. */
+#include "router.h"
+
+struct router *g_rt;
+
+/* Every way a request can fail: the `reason` label of xpyd_request_errors_total and the access log, and the
+ * HTTP status the client gets when it happens before the first byte. */
+const struct rt_fail_row rt_fail_table[RF_COUNT] = {
+    [RF_NONE] = {"none", 200},
+    [RF_BAD_REQUEST] = {"bad_request", 400},
+    [RF_BODY_TOO_LARGE] = {"body_too_large", 413},
+    [RF_NO_PREFILL] = {"no_prefill_available", 503},
+    [RF_NO_DECODE] = {"no_decode_available", 503},
+    [RF_CONTEXT_TOO_LONG] = {"context_too_long", 503},
+    [RF_PREFILL_CONNECT] = {"prefill_connect", 502},
+    [RF_PREFILL_TIMEOUT] = {"prefill_timeout", 504},
+    [RF_PREFILL_STATUS] = {"prefill_status", 502},
+    [RF_PREFILL_BAD_RESPONSE] = {"prefill_bad_response", 502},
+    [RF_DECODE_CONNECT] = {"decode_connect", 502},
+    [RF_DECODE_TIMEOUT] = {"decode_timeout", 504},
+    [RF_DECODE_STATUS] = {"decode_status", 502},
+    [RF_DECODE_BROKEN_STREAM] = {"decode_broken_stream", 502},
+    [RF_RESPONSE_TOO_LARGE] = {"response_too_large", 502},
+    [RF_CLIENT_DISCONNECT] = {"client_disconnect", 499},
+    [RF_QUEUE_FULL] = {"queue_full", 429},
+    [RF_QUEUE_TIMEOUT] = {"queue_timeout", 503},
+};

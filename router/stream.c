@@ -1,0 +1,264 @@
+/* stream.c - what the client of a generate request receives: a JSON answer, or an SSE stream relayed event by
+ * event from the decode (relay.c decides per event: forward the engine's bytes, rewrite, drop), with the first
+ * token spliced in from the prefill (--first-token prefill), usage patched, and backpressure (a slow client
+ * pauses the decode leg). Errors take OpenAI's shape: an answer before the first byte, an error event and
+ * [DONE] after. Nothing here ends a request: request.c does. */
+#include "handoff.h"
+#include "relay.h"
+#include "request.h"
+#include "rewrite.h"
+
+#include "xpyd_oai.h"
+#include "xpyd_sse.h"
+#include "xpyd_util.h"
+
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <evhtp/evhtp.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void add_header(evhtp_request_t *req, const char *k, const char *v)
+{
+    evhtp_headers_add_header(req->headers_out, evhtp_header_new(k, v, 0, 1));
+}
+
+/* A complete JSON answer (generate requests are paused: resuming lets the connection go on). */
+void client_answer_json(struct request *r, int status, const char *body, size_t len)
+{
+    evhtp_request_t *req = r->ereq;
+    if (!req || r->client != CLIENT_NOTHING)
+        return;
+    r->client = CLIENT_ANSWERED;
+    r->status = status;
+    if ((status == 429 || status == 503) && r->retry_after[0])
+        add_header(req, "Retry-After", r->retry_after);
+    rt_reply(req, status, "application/json", body, len);
+    evhtp_request_resume(req);
+}
+
+void client_stream_start(struct request *r)
+{
+    if (r->client != CLIENT_NOTHING || !r->ereq)
+        return;
+    r->client = CLIENT_STREAMING;
+    r->status = 200;
+    r->t_first = xpyd_now_us();
+    rt_hist_observe(RT_H_TTFT, (double)(r->t_first - r->t_start) / 1e6);
+    atomic_fetch_add(&g_rt->ctr.active_streams, 1);
+    add_header(r->ereq, "Content-Type", "text/event-stream");
+    add_header(r->ereq, "Cache-Control", "no-cache");
+    evhtp_send_reply_chunk_start(r->ereq, EVHTP_RES_OK);
+}
+
+/* While the decode leg is paused for a slow client: resume once the client's buffer drained to half. */
+static void on_backpressure_tick(evutil_socket_t fd, short ev, void *arg)
+{
+    struct request *r = arg;
+    struct up_leg *dleg = r->legs[RT_DECODE].up;
+    if (!r->paused || !r->ereq || !dleg)
+        return;
+    struct bufferevent *bev = evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq));
+    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > (size_t)g_rt->cfg.client_buffer_bytes / 2) {
+        struct timeval tv = {0, 2000};
+        event_add(r->bp_timer, &tv);
+        return;
+    }
+    r->paused = 0;
+    XLOG_DEBUG("msg=\"client caught up: decode leg resumed\" request_id=%s", r->xid);
+    up_leg_resume(dleg);
+}
+
+static struct evbuffer *chunk_of(struct request *r)
+{
+    if (!r->chunk)
+        r->chunk = XPYD_XALLOC(evbuffer_new());
+    return r->chunk;
+}
+
+/* Sends what r->chunk holds as one chunk (libevhtp moves the bytes out, so the buffer is reused). */
+static void flush_chunk(struct request *r)
+{
+    struct evbuffer *c = chunk_of(r);
+    if (!r->ereq) {
+        evbuffer_drain(c, evbuffer_get_length(c));
+        return;
+    }
+    evhtp_send_reply_chunk(r->ereq, c);
+    /* Backpressure: a slow client pauses the decode leg instead of growing this buffer without bound. */
+    struct up_leg *dleg = r->legs[RT_DECODE].up;
+    struct bufferevent *bev = evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq));
+    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > (size_t)g_rt->cfg.client_buffer_bytes && dleg &&
+        !r->paused) {
+        r->paused = 1;
+        XLOG_DEBUG("msg=\"client slow: decode leg paused\" request_id=%s", r->xid);
+        up_leg_pause(dleg);
+        if (!r->bp_timer)
+            r->bp_timer = XPYD_XALLOC(event_new(r->t->base, -1, 0, on_backpressure_tick, r));
+        struct timeval tv = {0, 2000};
+        event_add(r->bp_timer, &tv);
+    }
+}
+
+static void write_event_json(struct request *r, const cJSON *o)
+{
+    char *s = XPYD_XALLOC(cJSON_PrintUnformatted(o));
+    xpyd_sse_write(chunk_of(r), s, strlen(s));
+    free(s);
+    flush_chunk(r);
+}
+
+void client_stream_end(struct request *r)
+{
+    if (r->ereq) {
+        evhtp_send_reply_chunk_end(r->ereq);
+        evhtp_request_resume(r->ereq); /* deferred by libevhtp: the keep-alive connection reads again */
+    }
+}
+
+void client_error(struct request *r, int status, const char *msg)
+{
+    char *e = xpyd_oai_error_json(status, NULL, msg, NULL);
+    if (r->client == CLIENT_STREAMING) { /* one error event, then [DONE] */
+        xpyd_sse_write(chunk_of(r), e, strlen(e));
+        xpyd_sse_write_done(chunk_of(r));
+        flush_chunk(r);
+        client_stream_end(r);
+    } else {
+        client_answer_json(r, status, e, strlen(e));
+    }
+    free(e);
+}
+
+void client_stream_free(struct request *r)
+{
+    if (r->bp_timer) {
+        event_free(r->bp_timer);
+        r->bp_timer = NULL;
+    }
+    if (r->client == CLIENT_STREAMING)
+        atomic_fetch_sub(&g_rt->ctr.active_streams, 1);
+}
+
+/* A content event is going to the client: count it and record the inter-token gap. */
+static void token_out(struct request *r)
+{
+    uint64_t now = xpyd_now_us();
+    if (r->t_last_tok)
+        rt_hist_observe(RT_H_ITL, (double)(now - r->t_last_tok) / 1e6);
+    r->t_last_tok = now;
+    r->tokens_out++;
+}
+
+/* The decode produced one more token: its load falls by one, down to the KV part it still holds. */
+static void decode_token_done(struct request *r)
+{
+    struct leg *d = &r->legs[RT_DECODE];
+    if (d->charge > r->prompt_tokens) {
+        xb_adjust(g_rt->pools[RT_DECODE], d->idx, -1);
+        d->charge--;
+    }
+}
+
+/* One decode SSE event: relay.c decides (forward, rewrite, drop); here the side effects happen. */
+static int on_decode_event(void *arg, const char *data, size_t len, const char *raw, size_t rawlen)
+{
+    struct request *r = arg;
+    struct relay_state st = {g_rt->cfg.first_token == RT_FIRST_PREFILL, r->legs[RT_PREFILL].answered,
+                             r->cached_tokens, r->first_text, r->resp_id, r->role_sent, r->first_dropped, r->done_seen};
+    struct relay_out out;
+    relay_event(&st, data, len, &out);
+    r->role_sent = st.role_sent;
+    r->first_dropped = st.first_dropped;
+    r->done_seen = st.done_seen;
+    if (out.mismatch)
+        atomic_fetch_add(&g_rt->ctr.first_token_mismatch, 1);
+    if (out.action == RELAY_DROP)
+        return 0;
+    if (out.token_out)
+        token_out(r);
+    if (out.content)
+        decode_token_done(r);
+    client_stream_start(r);
+    if (out.action == RELAY_REWRITE) {
+        write_event_json(r, out.json);
+        cJSON_Delete(out.json);
+    } else {
+        evbuffer_add(chunk_of(r), raw, rawlen);
+        flush_chunk(r);
+    }
+    if (out.content && !r->first_token_seen) {
+        r->first_token_seen = 1;
+        if (r->ho->first_token)
+            r->ho->first_token(r);
+    }
+    return 0;
+}
+
+int client_relay(struct request *r, const char *data, size_t len)
+{
+    return xpyd_sse_feed(&r->sse, data, len, on_decode_event, r) < 0 ? -1 : 0;
+}
+
+void client_prefill_first_token(struct request *r)
+{
+    const char *model = NULL;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(r->body, "model");
+    if (cJSON_IsString(m))
+        model = m->valuestring;
+    client_stream_start(r);
+    cJSON *o = XPYD_XALLOC(cJSON_CreateObject());
+    cJSON_AddStringToObject(o, "id", r->resp_id ? r->resp_id : r->xid);
+    cJSON_AddStringToObject(o, "object", r->kind == RT_EP_CHAT ? "chat.completion.chunk" : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)xpyd_wall_s());
+    cJSON_AddStringToObject(o, "model", model ? model : "");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *c = cJSON_CreateObject();
+    cJSON_AddItemToArray(choices, c);
+    cJSON_AddNumberToObject(c, "index", 0);
+    if (r->kind == RT_EP_CHAT) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        cJSON_AddStringToObject(d, "role", "assistant");
+        cJSON_AddStringToObject(d, "content", "");
+        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddNullToObject(c, "finish_reason");
+        write_event_json(r, o);
+        r->role_sent = 1;
+        cJSON_DeleteItemFromObjectCaseSensitive(d, "role");
+        cJSON_ReplaceItemInObjectCaseSensitive(d, "content", cJSON_CreateString(r->first_text ? r->first_text : ""));
+    } else {
+        cJSON_AddStringToObject(c, "text", r->first_text ? r->first_text : "");
+        cJSON_AddNullToObject(c, "logprobs");
+        cJSON_AddNullToObject(c, "finish_reason");
+        cJSON_AddNullToObject(c, "stop_reason");
+        cJSON_AddNullToObject(o, "usage");
+    }
+    write_event_json(r, o);
+    cJSON_Delete(o);
+    token_out(r);
+}
+
+int client_finish_json(struct request *r)
+{
+    struct evbuffer *b = r->legs[RT_DECODE].buf;
+    size_t n = evbuffer_get_length(b);
+    cJSON *o = cJSON_ParseWithLength((const char *)evbuffer_pullup(b, (ssize_t)n), n);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        return -1;
+    }
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "usage"), "completion_tokens");
+    if (cJSON_IsNumber(ct) && ct->valuedouble >= 0 && ct->valuedouble <= 1e12) /* range first: no UB cast */
+        r->tokens_out = (int64_t)ct->valuedouble;
+    cJSON_DeleteItemFromObjectCaseSensitive(o, "kv_transfer_params");
+    if (r->legs[RT_PREFILL].answered)
+        rw_patch_usage(o, r->cached_tokens);
+    size_t len;
+    char *s = rw_print(o, &len);
+    cJSON_Delete(o);
+    r->t_first = xpyd_now_us();
+    client_answer_json(r, 200, s, len);
+    free(s);
+    return 0;
+}
