@@ -1,4 +1,5 @@
-/* xb.c - balancer pools: instance table, load accounting and the policy dispatch. */
+/* xb.c - balancer pools: the instance table, load accounting, health and ejection, and the dispatch to the
+ * pool's policy (xb_<policy>.c, behind struct xb_policy_ops). */
 #include "xb_internal.h"
 
 #include <errno.h>
@@ -7,25 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 static uint64_t mono_us(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
-}
-
-uint64_t xb_rand(struct xb_pool *p)
-{
-    p->rng = mix(p->rng);
-    return p->rng;
 }
 
 struct xb_pool *xb_pool_new(int policy, uint64_t seed)
@@ -134,45 +121,23 @@ size_t xb_pool_size(const struct xb_pool *p)
     return p->n;
 }
 
+/* The policies, indexed by enum xb_policy (xb.h). Adding one: a new xb_<name>.c defining its
+ * `const struct xb_policy_ops`, a row here, a value in enum xb_policy. */
+static const struct xb_policy_ops *const policies[] = {&xb_policy_lot, &xb_policy_p2c, &xb_policy_rr,
+                                                      &xb_policy_random};
+#define NPOLICIES (int)(sizeof policies / sizeof policies[0])
+
 int xb_policy_parse(const char *s)
 {
-    static const char *const names[] = {"lot", "p2c", "rr", "random"};
-    for (int i = 0; i < 4; i++)
-        if (strcmp(s, names[i]) == 0)
+    for (int i = 0; i < NPOLICIES; i++)
+        if (strcmp(s, policies[i]->name) == 0)
             return i;
     return -1;
 }
 
 const char *xb_policy_name(int policy)
 {
-    static const char *const names[] = {"lot", "p2c", "rr", "random"};
-    return policy >= 0 && policy < 4 ? names[policy] : "?";
-}
-
-int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int *exclude, int nexclude)
-{
-    const struct xb_inst *in = &p->inst[i];
-    if (in->removed || !in->healthy || in->ejected_until > p->now)
-        return 0;
-    if (p->skip_full && in->cfg.max_inflight > 0 && in->inflight >= in->cfg.max_inflight)
-        return 0;
-    for (int k = 0; k < nexclude; k++)
-        if (exclude[k] == (int)i)
-            return 0;
-    return in->cfg.max_model_len <= 0 || need_len <= (uint64_t)in->cfg.max_model_len;
-}
-
-int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b)
-{
-    /* load_a / cap_a < load_b / cap_b  <=>  load_a * cap_b < load_b * cap_a (all non-negative, fits 64 bits
-     * for loads below 2^40 tokens and capacities below 2^23). Ties fall back to fewer in-flight requests. */
-    uint64_t ca = (uint64_t)a->cfg.weight * (uint64_t)a->cfg.tp, cb = (uint64_t)b->cfg.weight * (uint64_t)b->cfg.tp;
-    int64_t oa = __atomic_load_n(&a->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&a->feedback, __ATOMIC_RELAXED);
-    int64_t ob = __atomic_load_n(&b->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&b->feedback, __ATOMIC_RELAXED);
-    uint64_t la = (uint64_t)(oa > 0 ? oa : 0), lb = (uint64_t)(ob > 0 ? ob : 0);
-    if (la * cb != lb * ca)
-        return la * cb < lb * ca;
-    return (uint64_t)a->inflight * cb < (uint64_t)b->inflight * ca;
+    return policy >= 0 && policy < NPOLICIES ? policies[policy]->name : "?";
 }
 
 int xb_pick(struct xb_pool *p, uint64_t need_len, int64_t tokens, const int *exclude, int nexclude)
@@ -182,12 +147,8 @@ int xb_pick(struct xb_pool *p, uint64_t need_len, int64_t tokens, const int *exc
     int idx = -1;
     int last_pass = p->hard_cap ? 1 : 0;
     for (p->skip_full = 1; p->skip_full >= last_pass && idx < 0; p->skip_full--) {
-        switch (p->policy) {
-        case XB_POLICY_P2C: idx = xb_pick_p2c(p, need_len, exclude, nexclude); break;
-        case XB_POLICY_RR: idx = xb_pick_rr(p, need_len, exclude, nexclude); break;
-        case XB_POLICY_RANDOM: idx = xb_pick_random(p, need_len, exclude, nexclude); break;
-        default: idx = xb_pick_lot(p, need_len, exclude, nexclude); break;
-        }
+        idx = policies[p->policy >= 0 && p->policy < NPOLICIES ? p->policy : XB_POLICY_LOT]->pick(p, need_len, exclude,
+                                                                                                 nexclude);
     }
     p->skip_full = 0;
     if (idx >= 0) {

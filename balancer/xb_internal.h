@@ -34,16 +34,20 @@ struct xb_pool {
     int fixed;      /* capacity reserved up front: never reallocated (instances added while picking) */
 };
 
+/* xb_load.c: the arithmetic every policy shares. */
 /* Candidate filter used by every policy. */
 int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int *exclude, int nexclude);
 /* a less loaded than b, normalised by capacity (weight * tp), by 64-bit cross-multiplication. */
 int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b);
 uint64_t xb_rand(struct xb_pool *p);
+/* A uniformly random eligible instance, or -1. */
+int xb_pick_random_eligible(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude);
 
-/* Policies: return the chosen index among eligible ones, or -1. Called under p->mu. */
-int xb_pick_lot(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude);
-int xb_pick_p2c(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude);
-int xb_pick_rr(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude);
-int xb_pick_random(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude);
+/* A policy: pick returns the chosen index among eligible ones, or -1. Called under p->mu. */
+struct xb_policy_ops {
+    const char *name;
+    int (*pick)(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude);
+};
+extern const struct xb_policy_ops xb_policy_lot, xb_policy_p2c, xb_policy_rr, xb_policy_random;
 
 #endif

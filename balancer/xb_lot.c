@@ -3,7 +3,7 @@
  * instead of piling onto the first one. */
 #include "xb_internal.h"
 
-int xb_pick_lot(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude)
+static int pick_lot(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude)
 {
     int best = -1;
     size_t start = p->n ? (size_t)(p->rotor++ % p->n) : 0;
@@ -16,3 +16,5 @@ int xb_pick_lot(struct xb_pool *p, uint64_t need_len, const int *exclude, int ne
     }
     return best;
 }
+
+const struct xb_policy_ops xb_policy_lot = {"lot", pick_lot};

@@ -1,7 +1,7 @@
 /* xb_rr.c - round robin over eligible instances. */
 #include "xb_internal.h"
 
-int xb_pick_rr(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude)
+static int pick_rr(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude)
 {
     for (size_t k = 0; k < p->n; k++) {
         size_t i = (size_t)(p->rotor++ % p->n);
@@ -10,3 +10,5 @@ int xb_pick_rr(struct xb_pool *p, uint64_t need_len, const int *exclude, int nex
     }
     return -1;
 }
+
+const struct xb_policy_ops xb_policy_rr = {"rr", pick_rr};

@@ -1,0 +1,58 @@
+/* xb_load.c - the arithmetic every policy shares: which instances may take a request, which of two is less
+ * loaded per unit of capacity, and the pool's seeded random numbers. A leaf: policies call it, it calls
+ * nobody. */
+#include "xb_internal.h"
+
+static uint64_t mix(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+uint64_t xb_rand(struct xb_pool *p)
+{
+    p->rng = mix(p->rng);
+    return p->rng;
+}
+
+int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int *exclude, int nexclude)
+{
+    const struct xb_inst *in = &p->inst[i];
+    if (in->removed || !in->healthy || in->ejected_until > p->now)
+        return 0;
+    if (p->skip_full && in->cfg.max_inflight > 0 && in->inflight >= in->cfg.max_inflight)
+        return 0;
+    for (int k = 0; k < nexclude; k++)
+        if (exclude[k] == (int)i)
+            return 0;
+    return in->cfg.max_model_len <= 0 || need_len <= (uint64_t)in->cfg.max_model_len;
+}
+
+int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b)
+{
+    /* load_a / cap_a < load_b / cap_b  <=>  load_a * cap_b < load_b * cap_a (all non-negative, fits 64 bits
+     * for loads below 2^40 tokens and capacities below 2^23). Ties fall back to fewer in-flight requests. */
+    uint64_t ca = (uint64_t)a->cfg.weight * (uint64_t)a->cfg.tp, cb = (uint64_t)b->cfg.weight * (uint64_t)b->cfg.tp;
+    int64_t oa = __atomic_load_n(&a->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&a->feedback, __ATOMIC_RELAXED);
+    int64_t ob = __atomic_load_n(&b->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&b->feedback, __ATOMIC_RELAXED);
+    uint64_t la = (uint64_t)(oa > 0 ? oa : 0), lb = (uint64_t)(ob > 0 ? ob : 0);
+    if (la * cb != lb * ca)
+        return la * cb < lb * ca;
+    return (uint64_t)a->inflight * cb < (uint64_t)b->inflight * ca;
+}
+
+int xb_pick_random_eligible(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude)
+{
+    size_t count = 0;
+    for (size_t i = 0; i < p->n; i++)
+        count += (size_t)xb_eligible(p, i, need_len, exclude, nexclude);
+    if (count == 0)
+        return -1;
+    size_t want = (size_t)(xb_rand(p) % count);
+    for (size_t i = 0; i < p->n; i++)
+        if (xb_eligible(p, i, need_len, exclude, nexclude) && want-- == 0)
+            return (int)i;
+    return -1;
+}
