@@ -1,5 +1,5 @@
 /* relay.h - what the router does with each SSE event of a decode's stream, as a pure function (no I/O, no
- * router state): forward the engine's bytes, forward a rewritten JSON event, or drop it. proxy.c does the
+ * router state): forward the engine's bytes, forward a rewritten JSON event, or drop it. stream.c does the
  * writing, counting and placement side effects; tests/fuzz/fuzz_relay.c fuzzes this decision directly. */
 #ifndef XPYD_RELAY_H
 #define XPYD_RELAY_H

@@ -1,5 +1,5 @@
 /* fuzz_relay.c - libFuzzer harness: the router's relay decision for each decode SSE event (router/relay.c),
- * the real code proxy.c calls, fed with events the real SSE splitter (common/xpyd_sse.c) cuts from the
+ * the real code stream.c calls, fed with events the real SSE splitter (common/xpyd_sse.c) cuts from the
  * input. The first two bytes choose the request's settings (first token from prefill or decode, prefill
  * answered, cached tokens, role chunk already sent, ids). Checks what the client would see: [DONE] is
  * always forwarded; a rewritten event is a JSON object; in prefill mode the role chunk never goes twice, the
