@@ -15,10 +15,17 @@ enum xpyd_log_level { XPYD_LOG_NONE = 0, XPYD_LOG_ERROR, XPYD_LOG_WARN, XPYD_LOG
 extern int xpyd_log_level;
 /* Writes one line to stderr: "ts=... level=... <msg>". Any thread. */
 void xpyd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-#define XLOG_ERR(...) xpyd_log(XPYD_LOG_ERROR, __VA_ARGS__)
-#define XLOG_WARN(...) xpyd_log(XPYD_LOG_WARN, __VA_ARGS__)
-#define XLOG_INFO(...) xpyd_log(XPYD_LOG_INFO, __VA_ARGS__)
-#define XLOG_DEBUG(...) xpyd_log(XPYD_LOG_DEBUG, __VA_ARGS__)
+/* The level is tested before the call, so a line below --log-level costs one comparison (the request path
+ * logs its state transitions at debug). */
+#define XLOG_AT(lvl, ...)                   \
+    do {                                    \
+        if ((lvl) <= xpyd_log_level)        \
+            xpyd_log((lvl), __VA_ARGS__);   \
+    } while (0)
+#define XLOG_ERR(...) XLOG_AT(XPYD_LOG_ERROR, __VA_ARGS__)
+#define XLOG_WARN(...) XLOG_AT(XPYD_LOG_WARN, __VA_ARGS__)
+#define XLOG_INFO(...) XLOG_AT(XPYD_LOG_INFO, __VA_ARGS__)
+#define XLOG_DEBUG(...) XLOG_AT(XPYD_LOG_DEBUG, __VA_ARGS__)
 
 /* A structured event line (health transitions, ...) written whatever the log level, unless it is none. */
 void xpyd_log_event(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
