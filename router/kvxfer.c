@@ -53,7 +53,7 @@ static void *release_loop(void *arg)
         int rc = xt_open_segment(K.engine, it->segment, &s); /* the engine keeps peers open */
         if (!rc && (rc = xt_send_notify(K.engine, s, msg)) != 0)
             xt_close_segment(K.engine, s); /* reconnect next time */
-        atomic_fetch_add(&g_rt->ctr.kv_releases[rc ? 1 : 0], 1);
+        atomic_fetch_add(rc ? &g_rt->ctr.kv_release_failures : &g_rt->ctr.kv_releases, 1);
         if (rc)
             xpyd_log_event("event=kv_release_failed segment=%s key=%s error=\"%s\"", it->segment, it->key,
                            strerror(-rc));
@@ -117,7 +117,7 @@ int rt_kvxfer_release(const cJSON *kv_params)
     if (K.queued >= KVX_QUEUE_MAX) {
         pthread_mutex_unlock(&K.mu);
         free(it);
-        atomic_fetch_add(&g_rt->ctr.kv_releases[1], 1);
+        atomic_fetch_add(&g_rt->ctr.kv_release_failures, 1);
         return -ENOBUFS;
     }
     if (K.tail)

@@ -209,7 +209,7 @@ void req_end(struct request *r, int fail)
         r->status = 499;
     atomic_fetch_add(&g_rt->ctr.requests[r->kind][r->status >= 100 && r->status < 600 ? r->status : 0], 1);
     if (fail == RF_NONE)
-        rt_hist_observe(RT_H_E2E, (double)(xpyd_now_us() - r->t_start) / 1e6);
+        rt_hist_observe(&g_rt->ctr.e2e, (double)(xpyd_now_us() - r->t_start) / 1e6);
     else
         atomic_fetch_add(&g_rt->ctr.errors[fail], 1);
     atomic_fetch_add(&g_rt->ctr.prompt_tokens, (uint64_t)r->prompt_tokens);
@@ -387,7 +387,7 @@ static void leg_header(struct up_leg *up, const char *name, const char *value, v
     unsigned long long bytes = 0, us = 0;
     if (sscanf(value, "bytes=%llu; us=%llu", &bytes, &us) == 2) {
         atomic_fetch_add(&g_rt->ctr.kv_bytes, bytes);
-        rt_hist_observe(RT_H_KV_HANDOFF, (double)us / 1e6);
+        rt_hist_observe(&g_rt->ctr.kv_handoff_time, (double)us / 1e6);
     }
 }
 
@@ -635,7 +635,7 @@ void req_prefill_done(struct up_leg *up, int err, void *arg)
         return;
     }
     p->answered = 1;
-    rt_hist_observe(RT_H_PREFILL, (double)(xpyd_now_us() - p->t_sent) / 1e6);
+    rt_hist_observe(&g_rt->ctr.prefill_time, (double)(xpyd_now_us() - p->t_sent) / 1e6);
     req_release(r, RT_PREFILL);
     if (g_rt->cfg.first_token == RT_FIRST_PREFILL && r->stream)
         client_prefill_first_token(r);
@@ -661,7 +661,7 @@ void req_decode_done(struct up_leg *up, int err, void *arg)
         return;
     int status = d->status;
     if (!err && status == 200)
-        rt_hist_observe(RT_H_DECODE, (double)(xpyd_now_us() - d->t_sent) / 1e6);
+        rt_hist_observe(&g_rt->ctr.decode_time, (double)(xpyd_now_us() - d->t_sent) / 1e6);
     int broken = !err && status == 200 && r->stream && !r->done_seen; /* a stream without [DONE] is broken */
     if (err || status >= 500 || broken)
         req_report(RT_DECODE, d->idx, 0);

@@ -4,6 +4,7 @@
 #define XPYD_ROUTER_H
 
 #include "config.h"
+#include "metrics_table.h"
 #include "xpyd_http_client.h"
 #include "xb.h"
 
@@ -61,40 +62,28 @@ enum rt_endpoint_kind { RT_EP_COMPLETIONS = 0, RT_EP_CHAT, RT_EP_COUNT };
 
 /* Latency histograms, buckets 1 ms .. 240 s (+Inf implied by count). */
 #define RT_HIST_NB 17
-enum rt_hist_kind { RT_H_TTFT = 0, RT_H_ITL, RT_H_E2E, RT_H_PREFILL, RT_H_DECODE, RT_H_KV_HANDOFF, RT_H_COUNT };
 struct rt_hist {
-    atomic_uint_fast64_t b[RT_HIST_NB]; /* non-cumulative; summed when scraped */
-    atomic_uint_fast64_t count;
-    atomic_uint_fast64_t sum_ns;
+    atomic_int_fast64_t b[RT_HIST_NB]; /* non-cumulative; summed when scraped */
+    atomic_int_fast64_t count;
+    atomic_int_fast64_t sum_ns;
 };
-/* Records one observation (seconds). Lock-free; any thread; a no-op with --metrics off. */
-void rt_hist_observe(int kind, double seconds);
+/* Records one observation (seconds) in h (&g_rt->ctr.<field>). Lock-free; any thread; a no-op with --metrics off. */
+void rt_hist_observe(struct rt_hist *h, double seconds);
 
-/* Process-wide counters: atomics, summed at scrape time, never locked on the hot path. */
+/* Process-wide counters: atomics, summed at scrape time, never locked on the hot path. The exported ones are
+ * generated from metrics_table.h (one row per metric), in the shape their labels need. */
+#define RT_STORE_NONE(f) atomic_int_fast64_t f;
+#define RT_STORE_ROLE(f) atomic_int_fast64_t f[2];
+#define RT_STORE_REASON(f) atomic_int_fast64_t f[RF_COUNT];
+#define RT_STORE_GUARD(f) atomic_int_fast64_t f[RT_CR_COUNT];
+#define RT_STORE_STATUS(f) atomic_int_fast64_t f[RT_EP_COUNT][600];
+#define RT_STORE_HIST(f) struct rt_hist f;
+#define RT_METRIC_FIELD(field, name, type, labels, help) RT_STORE_##labels(field)
 struct rt_counters {
-    atomic_uint_fast64_t requests[RT_EP_COUNT][600]; /* by exact HTTP status (499: client went away) */
-    struct rt_hist hist[RT_H_COUNT];
-    atomic_uint_fast64_t errors[RF_COUNT];
-    atomic_uint_fast64_t retries[2];
-    atomic_uint_fast64_t repeat_clones;
-    atomic_uint_fast64_t kv_release_dispatches; /* dispatch-and-cancel to free a prefill's KV */
-    atomic_uint_fast64_t kv_releases[2];        /* xpyd: release notifications sent, failed */
-    atomic_uint_fast64_t kv_bytes;              /* xpyd: KV bytes decodes reported moving (X-KV-Transfer) */
-    atomic_uint_fast64_t first_token_mismatch;
-    atomic_uint_fast64_t client_disconnects;
-    atomic_int_fast64_t active_streams;
-    atomic_int_fast64_t active_requests;
-    atomic_uint_fast64_t prompt_tokens, generation_tokens;
-    atomic_uint_fast64_t health_transitions;
-    atomic_int_fast64_t retries_active;      /* requests currently in a retry (budget) */
-    atomic_uint_fast64_t retries_denied;     /* retries refused by the budget */
-    atomic_int_fast64_t connections;         /* client connections open */
-    atomic_uint_fast64_t connections_accepted;
-    atomic_uint_fast64_t connections_rejected;
-    atomic_uint_fast64_t client_rejected[RT_CR_COUNT]; /* answered by the connection guard, by reason */
-    atomic_uint_fast64_t instance_errors[2][4096];
-    atomic_int_fast64_t queued[2];           /* requests waiting in the admission queues, per role */
-    atomic_uint_fast64_t queue_admitted[2];  /* requests that waited and then got an instance */
+    RT_METRICS(RT_METRIC_FIELD)
+    /* used by the router itself, not exported as such */
+    atomic_int_fast64_t retries_active;          /* requests currently in a retry (the retry budget) */
+    atomic_int_fast64_t instance_errors[2][4096]; /* shown per rank as xpyd_instance_errors_total */
 };
 
 struct router {

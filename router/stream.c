@@ -45,7 +45,7 @@ void client_stream_start(struct request *r)
     r->client = CLIENT_STREAMING;
     r->status = 200;
     r->t_first = xpyd_now_us();
-    rt_hist_observe(RT_H_TTFT, (double)(r->t_first - r->t_start) / 1e6);
+    rt_hist_observe(&g_rt->ctr.ttft, (double)(r->t_first - r->t_start) / 1e6);
     atomic_fetch_add(&g_rt->ctr.active_streams, 1);
     add_header(r->ereq, "Content-Type", "text/event-stream");
     add_header(r->ereq, "Cache-Control", "no-cache");
@@ -146,7 +146,7 @@ static void token_out(struct request *r)
 {
     uint64_t now = xpyd_now_us();
     if (r->t_last_tok)
-        rt_hist_observe(RT_H_ITL, (double)(now - r->t_last_tok) / 1e6);
+        rt_hist_observe(&g_rt->ctr.itl, (double)(now - r->t_last_tok) / 1e6);
     r->t_last_tok = now;
     r->tokens_out++;
 }

@@ -1,0 +1,58 @@
+/* metrics_table.h - every counter, gauge and histogram of the router's /metrics, one row each:
+ *   X(field, name, type, labels, help)
+ * `field` is its storage in struct rt_counters (router.h), generated from this table with the shape its
+ * labels need; metrics.c writes /metrics from the same rows. Adding a metric is one row here plus the line
+ * that updates it (g_rt->ctr.<field>). Labels:
+ *   NONE    one series
+ *   ROLE    role="prefill" | "decode" (field[2])
+ *   REASON  reason=<rt_fail_table name> (field[RF_COUNT], "none" not shown)
+ *   GUARD   reason=<rt_client_reject_names> (field[RT_CR_COUNT])
+ *   STATUS  endpoint=..., status=<exact HTTP status> (field[RT_EP_COUNT][600]; 200 always shown)
+ *   HIST    a latency histogram, buckets 1 ms .. 240 s (struct rt_hist field)
+ * Per-rank series (xpyd_instance_*) come from the balancer's numbers: metrics.c's instance table. */
+#ifndef XPYD_METRICS_TABLE_H
+#define XPYD_METRICS_TABLE_H
+
+#define RT_METRICS(X)                                                                                            \
+    X(requests, "xpyd_requests_total", counter, STATUS,                                                          \
+      "Client requests by endpoint and HTTP status (499: the client went away first).")                         \
+    X(ttft, "xpyd_ttft_seconds", histogram, HIST, "Time to first token the client saw (streams).")              \
+    X(itl, "xpyd_itl_seconds", histogram, HIST, "Gaps between streamed tokens relayed to clients.")             \
+    X(e2e, "xpyd_e2e_seconds", histogram, HIST, "Whole request, accept to last byte (successful requests).")    \
+    X(prefill_time, "xpyd_prefill_seconds", histogram, HIST, "Prefill leg: sent to answered.")                 \
+    X(decode_time, "xpyd_decode_seconds", histogram, HIST, "Decode leg: sent to finished.")                    \
+    X(kv_handoff_time, "xpyd_kv_handoff_seconds", histogram, HIST,                                              \
+      "xpyd handoff: KV transfer time the decode reported (X-KV-Transfer).")                                    \
+    X(errors, "xpyd_request_errors_total", counter, REASON, "Failed requests by reason (the router's failure table).") \
+    X(retries, "xpyd_retries_total", counter, ROLE, "Attempts retried on another instance.")                   \
+    X(repeat_clones, "xpyd_repeat_clones_total", counter, NONE, "Decode-only clones fired by --repeat-d-times.") \
+    X(kv_release_dispatches, "xpyd_kv_release_dispatches_total", counter, NONE,                                 \
+      "Requests dispatched to a decode and cancelled to free a prefill's KV after every decode attempt failed.") \
+    X(metadata_keys, "xpyd_metadata_keys", gauge, NONE, "Keys in the /metadata store.")                        \
+    X(kv_bytes, "xpyd_kv_bytes_total", counter, NONE, "xpyd handoff: KV bytes the decodes reported moving.")    \
+    X(kv_releases, "xpyd_kv_releases_total", counter, NONE,                                                     \
+      "xpyd handoff: release notifications sent to prefill engines.")                                           \
+    X(kv_release_failures, "xpyd_kv_release_failures_total", counter, NONE,                                     \
+      "xpyd handoff: release notifications that could not be sent.")                                            \
+    X(first_token_mismatch, "xpyd_first_token_mismatch_total", counter, NONE,                                   \
+      "Prefill and decode first tokens that differed.")                                                          \
+    X(client_disconnects, "xpyd_client_disconnects_total", counter, NONE,                                       \
+      "Clients that went away before their answer ended.")                                                       \
+    X(active_streams, "xpyd_active_streams", gauge, NONE, "Streams being relayed now.")                        \
+    X(active_requests, "xpyd_active_requests", gauge, NONE, "Generate requests in progress now.")              \
+    X(prompt_tokens, "xpyd_prompt_tokens_total", counter, NONE, "Prompt tokens of finished requests.")         \
+    X(generation_tokens, "xpyd_generation_tokens_total", counter, NONE, "Tokens relayed to clients.")          \
+    X(retries_denied, "xpyd_retries_denied_total", counter, NONE, "Retries refused by the retry budget.")      \
+    X(connections, "xpyd_client_connections", gauge, NONE, "Client connections open.")                         \
+    X(connections_accepted, "xpyd_client_connections_accepted_total", counter, NONE, "Client connections accepted.") \
+    X(connections_rejected, "xpyd_client_connections_rejected_total", counter, NONE,                            \
+      "Client connections over --max-connections (answered 503, or closed far over it).")                      \
+    X(health_transitions, "xpyd_health_transitions_total", counter, NONE,                                       \
+      "Endpoints that went up or down (active health checks).")                                                 \
+    X(queued, "xpyd_admission_queue_depth", gauge, ROLE, "Requests waiting for a rank under max_inflight.")    \
+    X(queue_admitted, "xpyd_admission_queue_admitted_total", counter, ROLE,                                     \
+      "Requests that waited in the queue, then ran.")                                                            \
+    X(client_rejected, "xpyd_client_rejected_total", counter, GUARD,                                            \
+      "Client connections the guard answered (408/431/503) or closed idle, by reason.")
+
+#endif
