@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #endif
 #include "xpyd_transfer.h"
+#include "xt_internal.h" /* xt_desc_parse: the one descriptor reader */
 #include "xpyd_version.h"
 
 #include <errno.h>
@@ -228,14 +229,14 @@ static int run_initiator(void)
         fprintf(stderr, "xpyd_transfer_bench: cannot reach %s: %s\n", O.target, strerror(-rc));
         return 1;
     }
-    char desc[4096];
-    xt_peer_descriptor(e, seg, desc, sizeof desc);
-    const char *a = strstr(desc, "\"addr\":"), *l = strstr(desc, "\"len\":");
-    if (!a || !l) {
+    char desc[65536];
+    struct xt_desc pd;
+    if (xt_peer_descriptor(e, seg, desc, sizeof desc) < 0 || xt_desc_parse(desc, &pd) != 0 || pd.nbufs == 0) {
         fprintf(stderr, "xpyd_transfer_bench: the target registered no buffer\n");
         return 1;
     }
-    uint64_t base = strtoull(a + 7, NULL, 10), rlen = strtoull(l + 6, NULL, 10);
+    uint64_t base = pd.bufs[0].addr, rlen = pd.bufs[0].len;
+    xt_desc_free(&pd);
     size_t span = (size_t)O.batch * O.block;
     if (span > rlen) {
         fprintf(stderr, "xpyd_transfer_bench: batch-size x block-size exceeds the target's buffer\n");

@@ -1,6 +1,7 @@
-/* xt_engine.c - libxpyd_transfer core: engine life cycle, registered memory, peer segments, batches cut into
- * slices that worker threads move over per-peer persistent connections (one per worker, so a large
- * request is striped over `threads` TCP streams), notifications. */
+/* xt_engine.c - libxpyd_transfer core: engine life cycle, peer segments, batches cut into slices that worker
+ * threads move through the segment's transport (xt_tcp.c, xt_rdma.c, behind struct xt_transport_ops) over
+ * per-peer persistent connections (one per worker, so a large request is striped over `threads` streams),
+ * notifications. Registered memory and the descriptor: xt_mem.c; the serving side: xt_serve.c. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -22,282 +23,11 @@
 #include <time.h>
 #include <unistd.h>
 
-void xt_wake(xt_engine *e)
-{
-    uint64_t one = 1;
-    if (write(e->evfd, &one, sizeof one) < 0) {
-        /* the counter saturated: the reader is already due to wake */
-    }
-}
-
-int xt_engine_event_fd(const xt_engine *e)
-{
-    return e ? e->evfd : -EINVAL;
-}
-
-void xt_log_error(xt_engine *e, const char *what, int err)
-{
-    /* first error in full; later ones are counted by their callers' status, not printed again */
-    if (atomic_exchange(&e->logged_error, 1) && !e->cfg.verbose)
-        return;
-    fprintf(stderr, "xpyd_transfer[%s]: %s: %s\n", e->name, what, strerror(-err));
-}
-
-/* ---------- registry ---------- */
-
-int xt_range_ok(const xt_engine *e, uint64_t addr, uint64_t len)
-{
-    for (size_t i = 0; i < e->nregions; i++) {
-        const struct xt_region *r = &e->regions[i];
-        if (addr >= r->addr && len <= r->len && addr - r->addr <= r->len - len)
-            return 1;
-    }
-    return 0;
-}
-
-int xt_register_memory(xt_engine *e, void *addr, size_t len, const char *location)
-{
-    if (!e || !addr || !len)
-        return -EINVAL;
-    uintptr_t a = (uintptr_t)addr;
-    if (a + len < a)
-        return -EINVAL;
-    pthread_rwlock_wrlock(&e->reg_lock);
-    int rc = 0;
-    for (size_t i = 0; i < e->nregions && !rc; i++)
-        if (a < e->regions[i].addr + e->regions[i].len && e->regions[i].addr < a + len)
-            rc = -EEXIST;
-    if (!rc && e->nregions == e->capregions) {
-        size_t nc = e->capregions ? e->capregions * 2 : 8;
-        struct xt_region *nr = realloc(e->regions, nc * sizeof *nr);
-        if (!nr)
-            rc = -ENOMEM;
-        else {
-            e->regions = nr;
-            e->capregions = nc;
-        }
-    }
-    if (!rc) {
-        struct xt_region *r = &e->regions[e->nregions];
-        memset(r, 0, sizeof *r);
-        r->addr = a;
-        r->len = len;
-        snprintf(r->location, sizeof r->location, "%s", location ? location : "cpu");
-        if (e->rdma)
-            rc = xt_rdma_reg(e, r); /* pinned and registered on every device (rkeys published) */
-        if (!rc)
-            e->nregions++;
-    }
-    pthread_rwlock_unlock(&e->reg_lock);
-    return rc;
-}
-
-int xt_unregister_memory(xt_engine *e, void *addr)
-{
-    if (!e)
-        return -EINVAL;
-    pthread_rwlock_wrlock(&e->reg_lock); /* waits for peers' transfers into it to finish */
-    int rc = -ENOENT;
-    for (size_t i = 0; i < e->nregions; i++)
-        if (e->regions[i].addr == (uintptr_t)addr) {
-            if (e->rdma)
-                xt_rdma_dereg(e, &e->regions[i]);
-            e->regions[i] = e->regions[--e->nregions];
-            rc = 0;
-            break;
-        }
-    pthread_rwlock_unlock(&e->reg_lock);
-    return rc;
-}
-
-int xt_describe(xt_engine *e, char *buf, size_t cap)
-{
-    pthread_rwlock_rdlock(&e->reg_lock);
-    size_t n = (size_t)snprintf(buf, cap, "{\"name\":\"%s\",\"host\":\"%s\",\"port\":%d,\"transport\":\"%s\",\"max_frame\":%zu",
-                                e->name, e->host, e->port, e->rdma ? "rdma" : "tcp", e->cfg.max_frame_bytes);
-    if (e->rdma && n < cap)
-        n += xt_rdma_describe_nics(e, buf + n, cap - n);
-    if (n < cap)
-        n += (size_t)snprintf(buf + n, cap - n, ",\"buffers\":[");
-    for (size_t i = 0; i < e->nregions && n < cap; i++) {
-        n += (size_t)snprintf(buf + n, cap - n, "%s{\"addr\":%" PRIu64 ",\"len\":%zu,\"location\":\"%s\"", i ? "," : "",
-                              (uint64_t)e->regions[i].addr, e->regions[i].len, e->regions[i].location);
-        if (e->rdma && n < cap)
-            n += xt_rdma_describe_rkeys(e, &e->regions[i], buf + n, cap - n);
-        if (n < cap)
-            n += (size_t)snprintf(buf + n, cap - n, "}");
-    }
-    if (n < cap)
-        n += (size_t)snprintf(buf + n, cap - n, "]}");
-    pthread_rwlock_unlock(&e->reg_lock);
-    return n < cap ? (int)n : -ENOSPC;
-}
-
-int xt_segment_descriptor(xt_engine *e, char *buf, size_t cap)
-{
-    return e && buf ? xt_describe(e, buf, cap) : -EINVAL;
-}
-
-static int local_ok(xt_engine *e, const void *p, size_t len)
-{
-    pthread_rwlock_rdlock(&e->reg_lock);
-    int ok = xt_range_ok(e, (uintptr_t)p, len);
-    pthread_rwlock_unlock(&e->reg_lock);
-    return ok;
-}
-
-/* ---------- listener ---------- */
-
-static void reap_served(xt_engine *e, int all)
-{
-    pthread_mutex_lock(&e->conns_mu);
-    for (struct xt_served **pp = &e->served; *pp;) {
-        struct xt_served *sv = *pp;
-        if (all)
-            shutdown(sv->fd, SHUT_RDWR);
-        if (all || sv->done) {
-            *pp = sv->next;
-            pthread_mutex_unlock(&e->conns_mu);
-            pthread_join(sv->th, NULL);
-            close(sv->fd);
-            free(sv);
-            pthread_mutex_lock(&e->conns_mu);
-        } else {
-            pp = &sv->next;
-        }
-    }
-    pthread_mutex_unlock(&e->conns_mu);
-}
-
-static void *accept_loop(void *arg)
-{
-    xt_engine *e = arg;
-    struct pollfd p[2] = {{e->lfd, POLLIN, 0}, {e->wake[0], POLLIN, 0}};
-    while (!atomic_load(&e->stopping)) {
-        if (poll(p, 2, 1000) <= 0) {
-            reap_served(e, 0);
-            continue;
-        }
-        if (p[1].revents)
-            break;
-        int fd = accept4(e->lfd, NULL, NULL, SOCK_CLOEXEC);
-        if (fd < 0)
-            continue;
-        struct timeval tv = {e->cfg.io_timeout_ms / 1000, (e->cfg.io_timeout_ms % 1000) * 1000};
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv); /* the next frame may be far off: no RCVTIMEO */
-        int one = 1, idle = 5, intvl = 2, cnt = 3;       /* a vanished host is noticed in ~11 s */
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
-        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
-        struct xt_served *sv = calloc(1, sizeof *sv);
-        if (!sv) {
-            close(fd);
-            continue;
-        }
-        sv->e = e;
-        sv->fd = fd;
-        if (pthread_create(&sv->th, NULL, xt_serve_conn, sv) != 0) {
-            close(fd);
-            free(sv);
-            continue;
-        }
-        pthread_mutex_lock(&e->conns_mu);
-        sv->next = e->served;
-        e->served = sv;
-        pthread_mutex_unlock(&e->conns_mu);
-        reap_served(e, 0);
-    }
-    return NULL;
-}
-
-static int listen_on(xt_engine *e)
-{
-    struct sockaddr_storage ss;
-    socklen_t sl;
-    memset(&ss, 0, sizeof ss);
-    if (strchr(e->host, ':')) {
-        struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-        a->sin6_family = AF_INET6;
-        a->sin6_port = htons((uint16_t)e->cfg.listen_port);
-        if (inet_pton(AF_INET6, e->host, &a->sin6_addr) != 1)
-            return -EINVAL;
-        sl = sizeof *a;
-    } else {
-        struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-        a->sin_family = AF_INET;
-        a->sin_port = htons((uint16_t)e->cfg.listen_port);
-        if (inet_pton(AF_INET, e->host, &a->sin_addr) != 1)
-            return -EINVAL;
-        sl = sizeof *a;
-    }
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
-    if (fd < 0)
-        return -errno;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, (struct sockaddr *)&ss, sl) < 0 || listen(fd, 128) < 0) {
-        int rc = -errno;
-        close(fd);
-        return rc;
-    }
-    sl = sizeof ss;
-    getsockname(fd, (struct sockaddr *)&ss, &sl);
-    e->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                             : ((struct sockaddr_in *)&ss)->sin_port);
-    e->lfd = fd;
-    return 0;
-}
-
 /* ---------- workers ---------- */
 
 static struct xt_seg *seg_get(xt_engine *e, xt_segment s)
 {
     return s >= 0 && (size_t)s < e->nsegs && e->segs[s]->used == 1 ? e->segs[s] : NULL;
-}
-
-/* The worker's connection to the segment's peer, made on first use. */
-static int conn_fd(xt_engine *e, struct xt_seg *sg, int slot)
-{
-    struct xt_conn *c = &sg->conns[slot];
-    if (c->fd < 0)
-        c->fd = xt_connect(sg->host, sg->port, e->cfg.io_timeout_ms);
-    return c->fd;
-}
-
-static void conn_drop(struct xt_seg *sg, int slot)
-{
-    if (sg->conns[slot].fd >= 0) {
-        close(sg->conns[slot].fd);
-        sg->conns[slot].fd = -1;
-    }
-}
-
-static int do_slice_once(xt_engine *e, struct xt_seg *sg, int slot, const struct xt_slice *sl)
-{
-    int fd = conn_fd(e, sg, slot);
-    if (fd < 0)
-        return fd;
-    struct xt_hdr h = {XT_MAGIC, sl->opcode == XT_WRITE ? (uint32_t)sl->len : 0,
-                       sl->opcode == XT_WRITE ? XF_WRITE : XF_READ, 0, 0, sl->remote, sl->len};
-    int rc = xt_send_hdr(fd, &h);
-    if (!rc && sl->opcode == XT_WRITE)
-        rc = xt_send_all(fd, sl->local, sl->len);
-    struct xt_hdr a;
-    if (!rc)
-        rc = xt_recv_hdr(fd, &a, e->cfg.max_frame_bytes);
-    if (rc)
-        return rc;
-    if (a.type != (sl->opcode == XT_WRITE ? XF_ACK : XF_DATA))
-        return -EPROTO;
-    if (a.status)
-        return a.status < 0 ? a.status : -EPROTO; /* e.g. -EFAULT: outside the peer's buffers; frame done */
-    if (sl->opcode == XT_READ) {
-        if (a.len != sl->len)
-            return -EPROTO;
-        rc = xt_recv_all(fd, sl->local, sl->len);
-    }
-    return rc;
 }
 
 static void finish_slice(xt_engine *e, const struct xt_slice *sl, int rc)
@@ -320,54 +50,6 @@ static void finish_slice(xt_engine *e, const struct xt_slice *sl, int rc)
         pthread_cond_broadcast(&e->cond);
         pthread_mutex_unlock(&e->mu);
         xt_wake(e);
-    }
-}
-
-#define XT_PIPELINE 8 /* tcp: slices one worker keeps in flight on its connection */
-
-/* tcp: sends every slice's request (and WRITE payload) back to back, then reads the answers in order, so the
- * connection never idles waiting for an ack (the target serves one connection in order). rcs[i] gets each
- * slice's result; a slice whose answer did not arrive is retried alone on a fresh connection. */
-static void tcp_slices(xt_engine *e, struct xt_seg *sg, int slot, struct xt_slice **sls, int n, int *rcs)
-{
-    int fd = conn_fd(e, sg, slot), sent = 0, done = 0, rc = fd < 0 ? fd : 0;
-    for (; !rc && sent < n; sent++) {
-        const struct xt_slice *sl = sls[sent];
-        struct xt_hdr h = {XT_MAGIC, sl->opcode == XT_WRITE ? (uint32_t)sl->len : 0,
-                           sl->opcode == XT_WRITE ? XF_WRITE : XF_READ, 0, (uint64_t)sent, sl->remote, sl->len};
-        rc = xt_send_hdr(fd, &h);
-        if (!rc && sl->opcode == XT_WRITE)
-            rc = xt_send_all(fd, sl->local, sl->len);
-    }
-    for (; !rc && done < sent; done++) {
-        const struct xt_slice *sl = sls[done];
-        struct xt_hdr a;
-        rc = xt_recv_hdr(fd, &a, e->cfg.max_frame_bytes);
-        if (!rc && (a.type != (sl->opcode == XT_WRITE ? XF_ACK : XF_DATA) || a.seq != (uint64_t)done))
-            rc = -EPROTO;
-        if (rc)
-            break;
-        if (a.status) {
-            rcs[done] = a.status < 0 ? a.status : -EPROTO; /* e.g. -EFAULT: the frame is complete, go on */
-            continue;
-        }
-        if (sl->opcode == XT_READ && a.len != sl->len) {
-            rc = -EPROTO;
-            break;
-        }
-        rcs[done] = sl->opcode == XT_READ ? xt_recv_all(fd, sl->local, sl->len) : 0;
-        if (rcs[done]) {
-            rc = rcs[done];
-            break;
-        }
-    }
-    if (done == n)
-        return;
-    conn_drop(sg, slot); /* the connection is suspect: each unanswered slice once more on a fresh one */
-    for (int i = done; i < n; i++) {
-        rcs[i] = do_slice_once(e, sg, slot, sls[i]);
-        if (rcs[i] && rcs[i] != -EFAULT)
-            conn_drop(sg, slot);
     }
 }
 
@@ -396,12 +78,8 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&e->mu);
         for (int i = 0; i < n; i++)
             rcs[i] = -EBADF;
-        if (sg && sg->rdma) {
-            for (int i = 0; i < n; i++)
-                rcs[i] = xt_rdma_slice(e, sg, slot, sls[i]); /* striped over NIC pairs, retried on another */
-        } else if (sg) {
-            tcp_slices(e, sg, slot, sls, n, rcs);
-        }
+        if (sg)
+            sg->tp->slices(e, sg, slot, sls, n, rcs);
         for (int i = 0; i < n; i++) {
             struct xt_slice *sl = sls[i];
             if (sg) {
@@ -466,28 +144,19 @@ int xt_engine_create(const struct xt_config *cfg, xt_engine **out)
     pthread_cond_init(&e->q_cond, NULL);
     pthread_mutex_init(&e->n_mu, NULL);
     int rc = 0;
+    e->tp = &xt_transport_tcp;
     if (strcmp(tr, "tcp") != 0) {
-        rc = xt_rdma_init(e);
+        rc = xt_transport_rdma.init(e);
         if (rc == 0)
-            e->rdma = 1;
+            e->tp = &xt_transport_rdma;
         else if (strcmp(tr, "auto") == 0)
             rc = 0; /* no usable RDMA device: tcp (said below) */
     }
     if (!rc)
-        rc = listen_on(e);
-    if (!rc && pipe2(e->wake, O_CLOEXEC) < 0)
-        rc = -errno;
-    if (!rc && pthread_create(&e->accept_th, NULL, accept_loop, e) != 0)
-        rc = -EAGAIN;
+        rc = xt_serve_start(e);
     if (rc) {
-        if (e->rdma)
-            xt_rdma_fini(e);
-        if (e->lfd >= 0)
-            close(e->lfd);
-        if (e->wake[0] >= 0) {
-            close(e->wake[0]);
-            close(e->wake[1]);
-        }
+        if (e->tp->fini)
+            e->tp->fini(e);
         close(e->evfd);
         free(e);
         return rc;
@@ -496,8 +165,8 @@ int xt_engine_create(const struct xt_config *cfg, xt_engine **out)
     for (int i = 0; e->workers && i < e->cfg.threads; i++)
         pthread_create(&e->workers[i], NULL, worker, e);
     if (strcmp(tr, "auto") == 0 && e->cfg.verbose)
-        fprintf(stderr, "xpyd_transfer[%s]: transport %s%s\n", e->name, e->rdma ? "rdma" : "tcp",
-                e->rdma ? "" : " (no usable RDMA device: ibv_get_device_list found none)");
+        fprintf(stderr, "xpyd_transfer[%s]: transport %s%s\n", e->name, e->tp->name,
+                e->tp != &xt_transport_tcp ? "" : " (no usable RDMA device: ibv_get_device_list found none)");
     *out = e;
     return 0;
 }
@@ -513,13 +182,7 @@ void xt_engine_destroy(xt_engine *e)
     for (int i = 0; e->workers && i < e->cfg.threads; i++)
         pthread_join(e->workers[i], NULL);
     free(e->workers);
-    if (write(e->wake[1], "x", 1) < 0) {
-    }
-    pthread_join(e->accept_th, NULL);
-    reap_served(e, 1);
-    close(e->lfd);
-    close(e->wake[0]);
-    close(e->wake[1]);
+    xt_serve_stop(e);
     close(e->evfd);
     for (struct xt_slice *s = e->q_head, *n; s; s = n) {
         n = s->next;
@@ -528,9 +191,10 @@ void xt_engine_destroy(xt_engine *e)
     for (size_t i = 0; i < e->nsegs; i++) {
         struct xt_seg *sg = e->segs[i];
         if (sg->used == 1) {
-            xt_rdma_close_segment(e, sg);
+            if (sg->tp->close_segment)
+                sg->tp->close_segment(e, sg);
             for (int k = 0; k <= e->cfg.threads; k++)
-                conn_drop(sg, k);
+                xt_conn_drop(sg, k);
             free(sg->conns);
             free(sg->peer_desc);
             pthread_mutex_destroy(&sg->ctl_mu);
@@ -543,10 +207,10 @@ void xt_engine_destroy(xt_engine *e)
         free(e->batches[i]);
     }
     free(e->batches);
-    for (size_t i = 0; e->rdma && i < e->nregions; i++)
-        xt_rdma_dereg(e, &e->regions[i]);
-    if (e->rdma)
-        xt_rdma_fini(e);
+    for (size_t i = 0; e->tp->dereg && i < e->nregions; i++)
+        e->tp->dereg(e, &e->regions[i]);
+    if (e->tp->fini)
+        e->tp->fini(e);
     free(e->regions);
     free(e->notes);
     pthread_rwlock_destroy(&e->reg_lock);
@@ -560,7 +224,7 @@ int xt_engine_port(const xt_engine *e)
 
 const char *xt_engine_transport(const xt_engine *e)
 {
-    return e && e->rdma ? "rdma" : "tcp";
+    return e ? e->tp->name : "tcp";
 }
 
 void xt_engine_counters(xt_engine *e, uint64_t *out_init, uint64_t *out_served)
@@ -673,28 +337,32 @@ int xt_open_segment(xt_engine *e, const char *peer, xt_segment *out)
     sg->conns[e->cfg.threads].fd = fd; /* the control connection: handshake, notifications */
     snprintf(sg->host, sizeof sg->host, "%s", host);
     sg->port = (int)port;
+    struct xt_desc pd;
+    rc = xt_desc_parse(desc, &pd);
     /* slices never exceed what the peer accepts in one frame (it says so in its descriptor) */
-    const char *mf = strstr(desc, "\"max_frame\":");
-    unsigned long long peer_max = mf ? strtoull(mf + 12, NULL, 10) : 0;
     sg->max_slice = e->cfg.slice_bytes;
-    if (peer_max >= 4096 && peer_max < sg->max_slice)
-        sg->max_slice = (size_t)peer_max;
+    if (!rc && pd.max_frame >= 4096 && pd.max_frame < sg->max_slice)
+        sg->max_slice = (size_t)pd.max_frame;
     sg->peer_desc = desc;
+    sg->tp = &xt_transport_tcp;
     pthread_mutex_init(&sg->ctl_mu, NULL);
     pthread_mutex_unlock(&e->mu);
-    if (e->rdma && strstr(desc, "\"transport\":\"rdma\"")) { /* both sides have RDMA: QPs up to RTS now */
-        rc = xt_rdma_open_segment(e, sg);
-        if (rc) {
-            xt_log_error(e, "RDMA handshake", rc);
-            close(sg->conns[e->cfg.threads].fd);
-            free(sg->conns);
-            free(sg->peer_desc);
-            pthread_mutex_destroy(&sg->ctl_mu);
-            pthread_mutex_lock(&e->mu);
-            sg->used = 0;
-            pthread_mutex_unlock(&e->mu);
-            return rc;
-        }
+    if (!rc && pd.rdma && e->tp->open_segment) { /* both sides have RDMA: QPs up to RTS now */
+        rc = e->tp->open_segment(e, sg, &pd);
+        if (!rc)
+            sg->tp = e->tp;
+    }
+    xt_desc_free(&pd);
+    if (rc) {
+        xt_log_error(e, "segment handshake", rc);
+        close(sg->conns[e->cfg.threads].fd);
+        free(sg->conns);
+        free(sg->peer_desc);
+        pthread_mutex_destroy(&sg->ctl_mu);
+        pthread_mutex_lock(&e->mu);
+        sg->used = 0;
+        pthread_mutex_unlock(&e->mu);
+        return rc;
     }
     pthread_mutex_lock(&e->mu);
     sg->used = 1;
@@ -713,9 +381,10 @@ int xt_close_segment(xt_engine *e, xt_segment s)
     }
     sg->used = 0;
     pthread_mutex_unlock(&e->mu);
-    xt_rdma_close_segment(e, sg);
+    if (sg->tp->close_segment)
+        sg->tp->close_segment(e, sg);
     for (int k = 0; k <= e->cfg.threads; k++)
-        conn_drop(sg, k);
+        xt_conn_drop(sg, k);
     free(sg->conns);
     free(sg->peer_desc);
     pthread_mutex_destroy(&sg->ctl_mu);
@@ -770,7 +439,7 @@ int xt_submit(xt_engine *e, xt_batch bid, const struct xt_request *reqs, size_t 
         return -EINVAL;
     for (size_t i = 0; i < n; i++) /* all or nothing: every request is checked before any moves */
         if ((reqs[i].opcode != XT_READ && reqs[i].opcode != XT_WRITE) || !reqs[i].length ||
-            !local_ok(e, reqs[i].local, reqs[i].length))
+            !xt_local_ok(e, reqs[i].local, reqs[i].length))
             return -EINVAL;
     pthread_mutex_lock(&e->mu);
     struct xt_batchs *b = batch_get(e, bid);
@@ -945,10 +614,10 @@ int xt_send_notify(xt_engine *e, xt_segment s, const char *msg)
     pthread_mutex_lock(&sg->ctl_mu);
     int slot = e->cfg.threads;
     struct xt_hdr ack;
-    int fd = conn_fd(e, sg, slot);
+    int fd = xt_conn_fd(e, sg, slot);
     rc = fd < 0 ? fd : exchange(e, fd, XF_NOTIFY, buf, (uint32_t)(nl + 1 + ml), &ack, NULL);
     if (rc)
-        conn_drop(sg, slot);
+        xt_conn_drop(sg, slot);
     pthread_mutex_unlock(&sg->ctl_mu);
     return rc;
 }

@@ -1,4 +1,5 @@
-/* xt_internal.h - libxpyd_transfer internals: the engine, its registry, batches and the wire format. */
+/* xt_internal.h - libxpyd_transfer internals: the engine, its registry, batches, the wire format, the
+ * transports' ops table and the descriptor reader. */
 #ifndef XT_INTERNAL_H
 #define XT_INTERNAL_H
 
@@ -42,6 +43,7 @@ void xt_set_timeouts(int fd, int ms);
 
 /* ---- engine ---- */
 #define XT_MAX_NICS 8
+#define XT_PIPELINE 8 /* slices one worker hands its transport at once (tcp keeps them in flight together) */
 #define XT_SERVED_QPS 512
 
 struct xt_region {
@@ -79,6 +81,7 @@ struct xt_seg {
     pthread_mutex_t ctl_mu;
     atomic_int inflight_writes; /* WRITE slices submitted and not yet acked */
     atomic_int inflight;        /* slices of any kind not finished */
+    const struct xt_transport_ops *tp; /* the transport its slices take (rdma when both sides have it) */
     struct xt_rseg *rdma;       /* rdma QPs and the peer's rkeys, or NULL (tcp) */
     atomic_uint rr;             /* NIC pair round robin */
 };
@@ -143,7 +146,7 @@ struct xt_engine {
     atomic_uint_fast64_t bytes_initiated, bytes_served;
     atomic_int logged_error;
     int evfd;                   /* eventfd written when a task ends or a notification arrives */
-    int rdma;                   /* the rdma transport is active */
+    const struct xt_transport_ops *tp; /* the local transport: tcp, or rdma when a device is usable */
     struct xt_nic nics[XT_MAX_NICS];
     int nnics;
 };
@@ -158,25 +161,60 @@ struct xt_served {
     int nqps;
 };
 
-/* Target side: serves one peer connection until it closes (xt_target.c). */
-void *xt_serve_conn(void *arg);
+/* ---- the one descriptor reader (xt_desc.c) ---- */
+struct xt_desc_buf {
+    uint64_t addr, len;
+    uint32_t rkey[XT_MAX_NICS];
+    int nrkeys;
+};
+struct xt_desc {
+    int rdma;               /* the peer's transport is rdma */
+    uint64_t max_frame;     /* the largest frame it accepts, 0 unknown */
+    int nnics;              /* its RDMA devices */
+    struct xt_desc_buf *bufs;
+    size_t nbufs;
+};
+int xt_desc_parse(const char *json, struct xt_desc *d); /* 0, or -EPROTO / -ENOMEM; free with xt_desc_free */
+void xt_desc_free(struct xt_desc *d);
+
+/* ---- transports: what differs between tcp (xt_tcp.c) and rdma (xt_rdma.c); NULL hooks do nothing ---- */
+struct xt_transport_ops {
+    const char *name;
+    int (*init)(xt_engine *e);                 /* 0, or -ENODEV when no device is usable */
+    void (*fini)(xt_engine *e);
+    int (*reg)(xt_engine *e, struct xt_region *r);
+    void (*dereg)(xt_engine *e, struct xt_region *r);
+    /* descriptor fields: the engine's (r NULL) or one registered buffer's */
+    size_t (*describe)(xt_engine *e, const struct xt_region *r, char *buf, size_t cap);
+    /* target side: a peer's QP handshake frame; its QPs go when its connection does */
+    int (*serve_qp)(xt_engine *e, struct xt_served *sv, const struct xt_hdr *h, const void *payload);
+    void (*served_close)(struct xt_served *sv);
+    /* initiator side */
+    int (*open_segment)(xt_engine *e, struct xt_seg *sg, const struct xt_desc *peer);
+    void (*close_segment)(xt_engine *e, struct xt_seg *sg);
+    /* moves n slices of one worker to one segment; rcs[i] = each slice's result */
+    void (*slices)(xt_engine *e, struct xt_seg *sg, int worker, struct xt_slice **sls, int n, int *rcs);
+};
+extern const struct xt_transport_ops xt_transport_tcp, xt_transport_rdma;
+
+/* ---- frames (xt_frame.c) ---- */
+int xt_frame_reply(int fd, uint32_t type, uint64_t seq, int status, const void *payload, uint32_t len);
+int xt_frame_discard(int fd, size_t n); /* reads and drops n payload bytes */
+
+/* ---- registered memory, descriptor, shared services (xt_mem.c) ---- */
 /* 1 when [addr, addr+len) lies inside one registered region. Caller holds reg_lock. */
 int xt_range_ok(const xt_engine *e, uint64_t addr, uint64_t len);
+int xt_local_ok(xt_engine *e, const void *p, size_t len); /* takes reg_lock itself */
 int xt_describe(xt_engine *e, char *buf, size_t cap);
-
-/* rdma transport (xt_rdma.c) */
-int xt_rdma_init(xt_engine *e);                 /* 0, or -ENODEV when no device is usable */
-void xt_rdma_fini(xt_engine *e);
-int xt_rdma_reg(xt_engine *e, struct xt_region *r);
-void xt_rdma_dereg(xt_engine *e, struct xt_region *r);
-size_t xt_rdma_describe_nics(xt_engine *e, char *buf, size_t cap);
-size_t xt_rdma_describe_rkeys(xt_engine *e, const struct xt_region *r, char *buf, size_t cap);
-int xt_rdma_serve_qp(xt_engine *e, struct xt_served *sv, const struct xt_hdr *h, const void *payload);
-void xt_rdma_served_close(struct xt_served *sv);
-int xt_rdma_open_segment(xt_engine *e, struct xt_seg *sg);
-void xt_rdma_close_segment(xt_engine *e, struct xt_seg *sg);
-int xt_rdma_slice(xt_engine *e, struct xt_seg *sg, int worker, const struct xt_slice *sl);
 void xt_log_error(xt_engine *e, const char *what, int err);
 void xt_wake(xt_engine *e); /* makes xt_engine_event_fd readable */
+
+/* ---- serving side (xt_serve.c): the listener and one thread per peer connection ---- */
+int xt_serve_start(xt_engine *e);
+void xt_serve_stop(xt_engine *e);
+
+/* ---- connections to peers (xt_tcp.c): per worker slot, made on first use ---- */
+int xt_conn_fd(xt_engine *e, struct xt_seg *sg, int slot);
+void xt_conn_drop(struct xt_seg *sg, int slot);
 
 #endif

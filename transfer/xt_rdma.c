@@ -14,7 +14,6 @@
 #endif
 #include "xt_internal.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -75,7 +74,7 @@ static int pick_gid(struct ibv_context *ctx, int want, union ibv_gid *gid)
     return first;
 }
 
-int xt_rdma_init(xt_engine *e)
+static int rdma_init(xt_engine *e)
 {
     int n = 0;
     struct ibv_device **list = ibv_get_device_list(&n);
@@ -135,7 +134,7 @@ int xt_rdma_init(xt_engine *e)
     return 0;
 }
 
-void xt_rdma_fini(xt_engine *e)
+static void rdma_fini(xt_engine *e)
 {
     for (int i = 0; i < e->nnics; i++) {
         struct xt_nic *c = &e->nics[i];
@@ -149,7 +148,7 @@ void xt_rdma_fini(xt_engine *e)
     e->nnics = 0;
 }
 
-int xt_rdma_reg(xt_engine *e, struct xt_region *r)
+static int rdma_reg(xt_engine *e, struct xt_region *r)
 {
     for (int i = 0; i < e->nnics; i++) {
         r->mr[i] = ibv_reg_mr(e->nics[i].pd, (void *)r->addr, r->len,
@@ -164,14 +163,14 @@ int xt_rdma_reg(xt_engine *e, struct xt_region *r)
     return 0;
 }
 
-void xt_rdma_dereg(xt_engine *e, struct xt_region *r)
+static void rdma_dereg(xt_engine *e, struct xt_region *r)
 {
     for (int i = 0; i < e->nnics; i++)
         if (r->mr[i])
             ibv_dereg_mr(r->mr[i]);
 }
 
-size_t xt_rdma_describe_nics(xt_engine *e, char *buf, size_t cap)
+static size_t rdma_describe_nics(xt_engine *e, char *buf, size_t cap)
 {
     size_t n = (size_t)snprintf(buf, cap, ",\"nics\":[");
     for (int i = 0; i < e->nnics && n < cap; i++)
@@ -183,7 +182,7 @@ size_t xt_rdma_describe_nics(xt_engine *e, char *buf, size_t cap)
     return n;
 }
 
-size_t xt_rdma_describe_rkeys(xt_engine *e, const struct xt_region *r, char *buf, size_t cap)
+static size_t rdma_describe_rkeys(xt_engine *e, const struct xt_region *r, char *buf, size_t cap)
 {
     size_t n = (size_t)snprintf(buf, cap, ",\"rkeys\":[");
     for (int i = 0; i < e->nnics && n < cap; i++)
@@ -280,7 +279,7 @@ static void wire_fill(xt_engine *e, int nic, struct ibv_qp *qp, uint32_t psn, st
 
 /* ---------- target side: QPs made on a peer's request, destroyed with its control connection ---------- */
 
-int xt_rdma_serve_qp(xt_engine *e, struct xt_served *sv, const struct xt_hdr *h, const void *payload)
+static int rdma_serve_qp(xt_engine *e, struct xt_served *sv, const struct xt_hdr *h, const void *payload)
 {
     if (h->len != sizeof(struct xt_qp_wire) || !e->nnics)
         return -EPROTO;
@@ -307,7 +306,7 @@ int xt_rdma_serve_qp(xt_engine *e, struct xt_served *sv, const struct xt_hdr *h,
     return wrc;
 }
 
-void xt_rdma_served_close(struct xt_served *sv)
+static void rdma_served_close(struct xt_served *sv)
 {
     for (int i = 0; i < sv->nqps; i++)
         ibv_destroy_qp(sv->qps[i]);
@@ -316,35 +315,22 @@ void xt_rdma_served_close(struct xt_served *sv)
 
 /* ---------- initiator side ---------- */
 
-static int parse_peer(struct xt_rseg *rs, const char *desc)
+static int parse_peer(struct xt_rseg *rs, const struct xt_desc *d)
 {
-    cJSON *d = cJSON_Parse(desc);
-    const cJSON *nics = cJSON_GetObjectItemCaseSensitive(d, "nics"), *bufs = cJSON_GetObjectItemCaseSensitive(d, "buffers");
-    int n = cJSON_GetArraySize(nics), nb = cJSON_GetArraySize(bufs);
-    if (!cJSON_IsArray(nics) || n < 1 || n > XT_MAX_NICS || !cJSON_IsArray(bufs)) {
-        cJSON_Delete(d);
+    if (d->nnics < 1 || d->nnics > XT_MAX_NICS)
         return -EPROTONOSUPPORT; /* the peer speaks tcp only */
-    }
-    rs->peer_nics = n;
-    rs->bufs = calloc((size_t)nb + 1, sizeof *rs->bufs);
-    if (!rs->bufs) {
-        cJSON_Delete(d);
+    rs->peer_nics = d->nnics;
+    rs->bufs = calloc(d->nbufs + 1, sizeof *rs->bufs);
+    if (!rs->bufs)
         return -ENOMEM;
-    }
-    const cJSON *b;
-    cJSON_ArrayForEach(b, bufs)
-    {
-        const cJSON *a = cJSON_GetObjectItemCaseSensitive(b, "addr"), *l = cJSON_GetObjectItemCaseSensitive(b, "len");
-        const cJSON *rk = cJSON_GetObjectItemCaseSensitive(b, "rkeys");
-        if (!cJSON_IsNumber(a) || !cJSON_IsNumber(l) || cJSON_GetArraySize(rk) != n)
+    for (size_t k = 0; k < d->nbufs; k++) {
+        if (d->bufs[k].nrkeys != d->nnics)
             continue;
-        rs->bufs[rs->nbufs].addr = (uint64_t)a->valuedouble;
-        rs->bufs[rs->nbufs].len = (uint64_t)l->valuedouble;
-        for (int i = 0; i < n; i++)
-            rs->bufs[rs->nbufs].rkey[i] = (uint32_t)cJSON_GetArrayItem(rk, i)->valuedouble;
+        rs->bufs[rs->nbufs].addr = d->bufs[k].addr;
+        rs->bufs[rs->nbufs].len = d->bufs[k].len;
+        memcpy(rs->bufs[rs->nbufs].rkey, d->bufs[k].rkey, sizeof d->bufs[k].rkey);
         rs->nbufs++;
     }
-    cJSON_Delete(d);
     return 0;
 }
 
@@ -391,12 +377,14 @@ static int rqp_handshake(xt_engine *e, struct xt_seg *sg, int w, int nic)
     return 0;
 }
 
-int xt_rdma_open_segment(xt_engine *e, struct xt_seg *sg)
+static void rdma_close_segment(xt_engine *e, struct xt_seg *sg);
+
+static int rdma_open_segment(xt_engine *e, struct xt_seg *sg, const struct xt_desc *peer)
 {
     struct xt_rseg *rs = calloc(1, sizeof *rs);
     if (!rs)
         return -ENOMEM;
-    int rc = parse_peer(rs, sg->peer_desc);
+    int rc = parse_peer(rs, peer);
     if (!rc && !(rs->qps = calloc((size_t)e->cfg.threads * (size_t)e->nnics, sizeof *rs->qps)))
         rc = -ENOMEM;
     sg->rdma = rs;
@@ -404,11 +392,11 @@ int xt_rdma_open_segment(xt_engine *e, struct xt_seg *sg)
         for (int i = 0; !rc && i < e->nnics; i++)
             rc = rqp_handshake(e, sg, w, i); /* every QP is at RTS before any slice is posted */
     if (rc)
-        xt_rdma_close_segment(e, sg);
+        rdma_close_segment(e, sg);
     return rc;
 }
 
-void xt_rdma_close_segment(xt_engine *e, struct xt_seg *sg)
+static void rdma_close_segment(xt_engine *e, struct xt_seg *sg)
 {
     struct xt_rseg *rs = sg->rdma;
     if (!rs)
@@ -483,7 +471,7 @@ static int post_and_wait(xt_engine *e, struct xt_rqp *q, int w, const struct xt_
     }
 }
 
-int xt_rdma_slice(xt_engine *e, struct xt_seg *sg, int w, const struct xt_slice *sl)
+static int rdma_slice(xt_engine *e, struct xt_seg *sg, int w, const struct xt_slice *sl)
 {
     struct xt_rseg *rs = sg->rdma;
     int tries = e->nnics;
@@ -524,3 +512,30 @@ int xt_rdma_slice(xt_engine *e, struct xt_seg *sg, int w, const struct xt_slice 
     }
     return last;
 }
+
+/* A batch of slices of one worker for one segment: each one work request, striped over the NIC pairs. */
+static void rdma_slices(xt_engine *e, struct xt_seg *sg, int worker, struct xt_slice **sls, int n, int *rcs)
+{
+    for (int i = 0; i < n; i++)
+        rcs[i] = rdma_slice(e, sg, worker, sls[i]); /* retried on another pair when one fails */
+}
+
+/* The engine's devices (r NULL), or one buffer's rkeys, as descriptor fields. */
+static size_t rdma_describe(xt_engine *e, const struct xt_region *r, char *buf, size_t cap)
+{
+    return r ? rdma_describe_rkeys(e, r, buf, cap) : rdma_describe_nics(e, buf, cap);
+}
+
+const struct xt_transport_ops xt_transport_rdma = {
+    .name = "rdma",
+    .init = rdma_init,
+    .fini = rdma_fini,
+    .reg = rdma_reg,
+    .dereg = rdma_dereg,
+    .describe = rdma_describe,
+    .serve_qp = rdma_serve_qp,
+    .served_close = rdma_served_close,
+    .open_segment = rdma_open_segment,
+    .close_segment = rdma_close_segment,
+    .slices = rdma_slices,
+};
