@@ -9,7 +9,7 @@ mkdir -p "$OUT"
 SECS=${FUZZ_SECONDS:-20}
 CC=${FUZZ_CC:-clang}
 FLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -Wall -Werror -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -I"$ROOT/common" -I"$ROOT/router" -I"$ROOT/balancer" -I"$ROOT/bench/sim" $(pkg-config --cflags libcjson libevent))
+       -I"$ROOT/common" -I"$ROOT/router" -I"$ROOT/balancer" -I"$ROOT/sim" $(pkg-config --cflags libcjson libevent))
 HTTP_PARSER_INC=${HTTP_PARSER_INC:-/usr/include}
 LIBS=($(pkg-config --libs libcjson libevent) -lpthread)
 echo '#define XPYD_GIT_REV "fuzz"' >"$OUT/xpyd_gitrev.h" # what the build generates (cmake/gitrev.cmake)
@@ -21,8 +21,8 @@ build fuzz_sse "$ROOT/tests/fuzz/fuzz_sse.c" "$ROOT/common/xpyd_sse.c"
 build fuzz_config "$ROOT/tests/fuzz/fuzz_config.c" "$ROOT/router/config.c" "$ROOT/common/xpyd_util.c" \
   "$ROOT/common/xpyd_version.c" -I"$OUT" -DXPYD_VERSION=\"fuzz\" \
   "$ROOT"/balancer/xb*.c
-build fuzz_sim_request "$ROOT/tests/fuzz/fuzz_sim_request.c" "$ROOT/bench/sim/sim_request.c" \
-  "$ROOT/bench/sim/sim_tokens.c" "$ROOT/common/xpyd_util.c"
+build fuzz_sim_request "$ROOT/tests/fuzz/fuzz_sim_request.c" "$ROOT/sim/sim_request.c" \
+  "$ROOT/sim/sim_tokens.c" "$ROOT/common/xpyd_util.c"
 build fuzz_rewrite "$ROOT/tests/fuzz/fuzz_rewrite.c" "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c"
 build fuzz_http_req "$ROOT/tests/fuzz/fuzz_http_req.c" "$ROOT/router/http_req.c"
 build fuzz_relay "$ROOT/tests/fuzz/fuzz_relay.c" "$ROOT/router/relay.c" "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_sse.c" \

@@ -1,0 +1,708 @@
+/* sim_engine.c - a simulated request's life: per-rank scheduling (max_batch running slots, a FIFO of waiting
+ * requests), the handoff legs (KV leases, pulls, the store, bootstrap rooms, libxpyd_transfer reads),
+ * generation and streaming, faults.
+ *
+ * A request (struct sreq) lives from the moment its body is validated until libevhtp frees the underlying
+ * evhtp request (the request_fini hook), which is the single place a sreq is freed. Every other path (done,
+ * error, abort, client disconnect) goes through sreq_release(), which is idempotent and returns the slot,
+ * cancels timers and pulls, and counts what happened. */
+#include "sim_internal.h"
+
+#include "xpyd_oai.h"
+#include "xpyd_sse.h"
+#include "xpyd_util.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/listener.h>
+#include <netinet/in.h>
+#include <evhtp/evhtp.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+const char *const ho_result_names[HO_NRESULTS] = {"done", "failed", "recomputed"};
+
+/* ---------- request lifecycle ---------- */
+
+evhtp_res on_request_fini(evhtp_request_t *req, void *arg)
+{
+    struct sreq *r = arg;
+    r->ereq = NULL;
+    if (r->state != SREQ_DONE) { /* the client went away before we answered */
+        r->aborted = 1;
+        sreq_release(r);
+    }
+    LIST_REMOVE(r, all);
+    sim_params_free(&r->p);
+    if (r->text)
+        evbuffer_free(r->text);
+    cJSON_Delete(r->kv_out);
+    free(r);
+    return EVHTP_RES_OK;
+}
+
+void on_client_closed(evutil_socket_t fd, short ev, void *arg)
+{
+    struct sreq *r = arg;
+    event_free(r->close_ev);
+    r->close_ev = NULL;
+    if (r->state == SREQ_DONE || !r->ereq)
+        return;
+    r->aborted = 1;
+    sreq_release(r);
+    /* Let libevhtp see the EOF itself; it frees the connection and calls on_request_fini. */
+    evhtp_connection_t *c = evhtp_request_get_connection(r->ereq);
+    evhtp_connection_free(c);
+}
+
+/* Whether a request with a prompt of n tokens may start now: a free slot, and room for its KV (a request
+ * alone on the rank always fits, as an engine would preempt the rest for it). */
+static int rank_has_room(const struct sim_rank *rk, size_t n)
+{
+    const struct sim_config *c = &rk->sim->cfg;
+    if (rk->running >= c->max_batch)
+        return 0;
+    return c->kv_capacity_tokens <= 0 || rk->running == 0 ||
+           rk->kv_tokens_running + n <= (uint64_t)c->kv_capacity_tokens;
+}
+
+void pump_waiting(struct sim_rank *rk)
+{
+    while (!TAILQ_EMPTY(&rk->waiting) && rank_has_room(rk, TAILQ_FIRST(&rk->waiting)->p.prompt.n)) {
+        struct sreq *w = TAILQ_FIRST(&rk->waiting);
+        TAILQ_REMOVE(&rk->waiting, w, wq);
+        rk->waiting_n--;
+        sreq_start(w);
+    }
+}
+
+static void free_pull_conn_cb(evutil_socket_t fd, short ev, void *arg)
+{
+    evhttp_connection_free(arg);
+}
+
+static void pull_cancel(struct sreq *r)
+{
+    if (r->pull_req) {
+        evhttp_cancel_request(r->pull_req);
+        r->pull_req = NULL;
+    }
+    if (r->pull_conn) {
+        struct timeval zero = {0, 0};
+        event_base_once(r->sim->base, -1, EV_TIMEOUT, free_pull_conn_cb, r->pull_conn, &zero);
+        r->pull_conn = NULL;
+    }
+}
+
+/* Idempotent: gives back everything the request holds. After it the request is SREQ_DONE. */
+void sreq_release(struct sreq *r)
+{
+    struct sim_rank *rk = r->rank;
+    if (r->state == SREQ_DONE)
+        return;
+    if (r->state == SREQ_WAITING) {
+        TAILQ_REMOVE(&rk->waiting, r, wq);
+        rk->waiting_n--;
+    }
+    int unpulled = r->aborted && r->p.h.do_remote_prefill && !r->p.h.has_bootstrap &&
+                   (r->state == SREQ_WAITING || r->state == SREQ_HANDOFF || r->state == SREQ_STALLED);
+    r->state = SREQ_DONE;
+    if (r->timer) {
+        event_free(r->timer);
+        r->timer = NULL;
+    }
+    if (r->close_ev) {
+        event_free(r->close_ev);
+        r->close_ev = NULL;
+    }
+    pull_cancel(r);
+    if (r->xp) { /* the read finishes on its own; its poll then releases the KV and frees the buffer */
+        r->xp->r = NULL;
+        r->xp = NULL;
+        unpulled = 0;
+    }
+    if (unpulled)
+        notify_release(r);
+    if (r->aborted) {
+        rk->aborted_total++;
+        if (r->lease_key[0]) { /* a prefill aborted after registering KV: drop it */
+            struct sim_lease *l = sim_lease_take(&r->sim->leases, r->lease_key);
+            if (l) {
+                r->sim->leases_aborted++;
+                lease_drop(r->sim, l);
+            }
+        }
+    }
+    if (r->in_slot) {
+        r->in_slot = 0;
+        rk->running--;
+        rk->kv_tokens_running -= r->p.prompt.n + r->pos;
+        pump_waiting(rk);
+    }
+}
+
+void sreq_schedule(struct sreq *r, uint64_t us)
+{
+    struct timeval tv = us_to_tv(us);
+    if (!r->timer)
+        r->timer = XPYD_XALLOC(event_new(r->sim->base, -1, 0, sreq_tick, r));
+    event_add(r->timer, &tv);
+}
+
+/* Sends a whole non-streamed answer for a paused request and ends it. */
+void sreq_reply(struct sreq *r, int status, const char *ctype, const char *body, size_t len)
+{
+    evhtp_request_t *req = r->ereq;
+    sreq_release(r);
+    if (!req)
+        return;
+    reply_raw(req, status, ctype, body, len);
+    evhtp_request_resume(req);
+}
+
+void sreq_fail(struct sreq *r, int status, const char *msg)
+{
+    char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
+    if (r->stream_started && r->ereq) { /* mid-stream: one error event, then [DONE] */
+        evhtp_request_t *req = r->ereq;
+        struct evbuffer *b = evbuffer_new();
+        xpyd_sse_write(b, body, strlen(body));
+        xpyd_sse_write_done(b);
+        sreq_release(r);
+        evhtp_send_reply_chunk(req, b);
+        evhtp_send_reply_chunk_end(req);
+        evhtp_request_resume(req);
+        evbuffer_free(b);
+    } else {
+        sreq_reply(r, status, "application/json", body, strlen(body));
+    }
+    free(body);
+}
+
+/* Cuts the client's connection without an answer (--fail-after-tokens). */
+void sreq_cut(struct sreq *r)
+{
+    r->sim->faults_disconnect++;
+    evhtp_request_t *req = r->ereq;
+    r->aborted = 1;
+    sreq_release(r);
+    if (req)
+        evhtp_connection_free(evhtp_request_get_connection(req));
+}
+
+/* ---------- handoff: KV leases, store, pulls ---------- */
+
+/* A lease's KV registered with the transfer engine must leave the engine before its memory is freed
+ * (unregistering waits for peers reading it). */
+void lease_unregister(void *arg, struct sim_lease *l)
+{
+    struct sim *s = arg;
+    if (s->xt && l->kv)
+        xt_unregister_memory(s->xt, l->kv);
+}
+
+void lease_drop(struct sim *s, struct sim_lease *l)
+{
+    lease_unregister(s, l);
+    sim_lease_free(l);
+}
+
+static int prefill_register_kv_params(struct sreq *r)
+{
+    struct sim *s = r->sim;
+    size_t kvlen;
+    unsigned char *kv = kv_make(r, &kvlen);
+    size_t nblocks = (r->p.prompt.n + 15) / 16;
+    uint64_t base = r->rank->next_block;
+    r->rank->next_block += nblocks;
+    uint64_t sig = XPYD_FNV_INIT;
+    cJSON *o = XPYD_XALLOC(cJSON_CreateObject());
+    cJSON_AddBoolToObject(o, "do_remote_prefill", 1);
+    cJSON_AddBoolToObject(o, "do_remote_decode", 0);
+    cJSON *blocks = cJSON_AddArrayToObject(o, "remote_block_ids");
+    for (size_t i = 0; i < nblocks; i++) {
+        long long id = (long long)(base + i);
+        sig = xpyd_fnv64(sig, &id, sizeof id);
+        cJSON_AddItemToArray(blocks, cJSON_CreateNumber((double)id));
+    }
+    char key[240], rid[220];
+    snprintf(rid, sizeof rid, "%s", r->id);
+    snprintf(key, sizeof key, "req:%s", rid);
+    if (sim_lease_find(&s->leases, key)) { /* the same X-Request-Id reused while its KV is held */
+        snprintf(rid, sizeof rid, "%.150s~%" PRIu64, r->id, ++s->seq);
+        snprintf(key, sizeof key, "req:%s", rid);
+    }
+    uint64_t exp = xpyd_now_us() + (uint64_t)s->cfg.lease_ms * 1000u;
+    if (sim_lease_put(&s->leases, key, r->rank->engine_id, sig, r->p.prompt.hash, kv, kvlen, exp)) {
+        cJSON_Delete(o);
+        return -1;
+    }
+    s->leases_created++;
+    snprintf(r->lease_key, sizeof r->lease_key, "%s", key);
+    cJSON_AddStringToObject(o, "remote_engine_id", r->rank->engine_id);
+    cJSON_AddStringToObject(o, "remote_request_id", rid);
+    cJSON_AddStringToObject(o, "remote_host", s->cfg.host);
+    cJSON_AddNumberToObject(o, "remote_port", s->cfg.bootstrap_port ? s->cfg.bootstrap_port : r->rank->port);
+    cJSON_AddNumberToObject(o, "tp_size", 1);
+    if (s->xt) { /* xpyd: the decode reads the bytes through libxpyd_transfer, then asks for the release */
+        struct sim_lease *l = sim_lease_find(&s->leases, key);
+        if (!l || xt_register_memory(s->xt, l->kv, l->kv_len ? l->kv_len : 1, "sim:kv") != 0) {
+            lease_drop(s, sim_lease_take(&s->leases, key));
+            r->lease_key[0] = 0;
+            cJSON_Delete(o);
+            return -1;
+        }
+        char seg[300], addr[32];
+        xpyd_hostport(s->cfg.host, xt_engine_port(s->xt), seg, sizeof seg);
+        snprintf(addr, sizeof addr, "%" PRIu64, (uint64_t)(uintptr_t)l->kv);
+        cJSON_AddStringToObject(o, "xpyd_segment", seg);
+        cJSON_AddStringToObject(o, "xpyd_addr", addr);
+        cJSON_AddNumberToObject(o, "xpyd_len", (double)l->kv_len);
+        cJSON_AddStringToObject(o, "xpyd_key", key);
+    }
+    r->kv_out = o;
+    return 0;
+}
+
+static int prefill_register_room(struct sreq *r)
+{
+    struct sim *s = r->sim;
+    size_t kvlen;
+    unsigned char *kv = kv_make(r, &kvlen);
+    char key[64];
+    snprintf(key, sizeof key, "room:%" PRIu64, r->p.h.bootstrap_room);
+    uint64_t exp = xpyd_now_us() + (uint64_t)s->cfg.lease_ms * 1000u;
+    int rc = sim_lease_put(&s->leases, key, r->rank->engine_id, 0, r->p.prompt.hash, kv, kvlen, exp);
+    if (rc == 0) {
+        s->leases_created++;
+        snprintf(r->lease_key, sizeof r->lease_key, "%s", key);
+    }
+    return rc;
+}
+
+static void handoff_finished(struct sreq *r, int result)
+{
+    r->sim->handoffs[r->ho_mode][result]++;
+    if (result == HO_DONE) {
+        r->cached_tokens = (long)r->p.prompt.n; /* the whole prompt came from the remote KV */
+        r->state = SREQ_DECODE;
+        sreq_schedule(r, (uint64_t)r->sim->cfg.decode_us_per_token);
+    } else {
+        r->state = SREQ_PREFILL;
+        sreq_schedule(r, (uint64_t)r->sim->cfg.prefill_us_per_token * r->p.prompt.n);
+    }
+}
+
+static void pull_send(struct sreq *r);
+
+static void on_pull_done(struct evhttp_request *resp, void *arg)
+{
+    struct sreq *r = arg;
+    r->pull_req = NULL; /* libevent frees it after this callback */
+    if (r->state != SREQ_HANDOFF)
+        return;
+    int code = resp ? evhttp_request_get_response_code(resp) : 0;
+    struct evbuffer *in = resp ? evhttp_request_get_input_buffer(resp) : NULL;
+    size_t len = in ? evbuffer_get_length(in) : 0;
+    const unsigned char *data = len ? evbuffer_pullup(in, -1) : NULL;
+    char msg[600];
+    if (code == 200) {
+        if (!kv_verify(r, data, len)) {
+            r->sim->handoffs[r->ho_mode][HO_FAILED]++;
+            sreq_fail(r, 500, "KV transfer failed: the pulled KV does not match this request's prompt "
+                              "(integrity check failed)");
+            return;
+        }
+        r->sim->kv_bytes_received += len;
+        pull_cancel(r);
+        handoff_finished(r, HO_DONE);
+        return;
+    }
+    if (code == 409 && r->p.h.has_bootstrap && xpyd_now_us() < r->deadline_us) {
+        sreq_schedule(r, 2000); /* the prefill has not registered the room yet: poll again */
+        return;
+    }
+    r->sim->handoffs[r->ho_mode][HO_FAILED]++;
+    if (code == 0) {
+        const char *host = r->p.h.has_bootstrap ? r->p.h.bootstrap_host : r->p.h.remote_host;
+        int port = r->p.h.has_bootstrap ? r->p.h.bootstrap_port : r->p.h.remote_port;
+        snprintf(msg, sizeof msg, "KV transfer failed: could not reach the prefill engine at %s:%d", host, port);
+        sreq_fail(r, 500, msg);
+    } else if (code == 409) {
+        snprintf(msg, sizeof msg, "KV transfer failed: bootstrap room %" PRIu64 " was not ready within %ld ms",
+                 r->p.h.bootstrap_room, r->sim->cfg.handoff_timeout_ms);
+        sreq_fail(r, 500, msg);
+    } else {
+        snprintf(msg, sizeof msg, "kv_transfer_params rejected by the prefill engine (HTTP %d): %.*s", code,
+                 (int)(len > 400 ? 400 : len), data ? (const char *)data : "");
+        sreq_fail(r, 400, msg);
+    }
+}
+
+static char *pull_json(const struct sreq *r)
+{
+    cJSON *o = XPYD_XALLOC(cJSON_CreateObject());
+    char sig[32];
+    if (r->p.h.has_bootstrap) {
+        snprintf(sig, sizeof sig, "%" PRIu64, r->p.h.bootstrap_room);
+        cJSON_AddStringToObject(o, "bootstrap_room", sig);
+    } else {
+        snprintf(sig, sizeof sig, "%016" PRIx64, r->p.h.block_sig);
+        cJSON_AddStringToObject(o, "remote_engine_id", r->p.h.remote_engine_id);
+        cJSON_AddStringToObject(o, "remote_request_id", r->p.h.remote_request_id);
+        cJSON_AddStringToObject(o, "block_sig", sig);
+    }
+    char *body = XPYD_XALLOC(cJSON_PrintUnformatted(o));
+    cJSON_Delete(o);
+    return body;
+}
+
+static void release_done_cb(struct evhttp_request *resp, void *arg)
+{
+    struct timeval zero = {0, 0};
+    event_base_once(evhttp_connection_get_base(arg), -1, EV_TIMEOUT, free_pull_conn_cb, arg, &zero);
+}
+
+/* A decode aborted before it pulled its KV tells the prefill to free it (as vLLM's connectors do), so an
+ * abandoned request leaves nothing stranded. Fire and forget. */
+void notify_release(struct sreq *r)
+{
+    struct evhttp_connection *c =
+        evhttp_connection_base_new(r->sim->base, NULL, r->p.h.remote_host, (unsigned short)r->p.h.remote_port);
+    if (!c)
+        return;
+    evhttp_connection_set_timeout(c, 5);
+    struct evhttp_request *req = evhttp_request_new(release_done_cb, c);
+    char *body = pull_json(r);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", r->p.h.remote_host);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
+    evbuffer_add(evhttp_request_get_output_buffer(req), body, strlen(body));
+    free(body);
+    if (evhttp_make_request(c, req, EVHTTP_REQ_POST, "/kv/release") != 0)
+        evhttp_connection_free(c);
+    r->sim->release_notices++;
+}
+
+static void pull_send(struct sreq *r)
+{
+    struct sim *s = r->sim;
+    const char *host = r->p.h.has_bootstrap ? r->p.h.bootstrap_host : r->p.h.remote_host;
+    int port = r->p.h.has_bootstrap ? r->p.h.bootstrap_port : r->p.h.remote_port;
+    if (!r->pull_conn) {
+        r->pull_conn = evhttp_connection_base_new(s->base, NULL, host, (unsigned short)port);
+        if (!r->pull_conn) {
+            on_pull_done(NULL, r);
+            return;
+        }
+        evhttp_connection_set_timeout(r->pull_conn, (int)((s->cfg.handoff_timeout_ms + 999) / 1000));
+    }
+    char *body = pull_json(r);
+    struct evhttp_request *req = XPYD_XALLOC(evhttp_request_new(on_pull_done, r));
+    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
+    evhttp_add_header(h, "Host", host);
+    evhttp_add_header(h, "Content-Type", "application/json");
+    evbuffer_add(evhttp_request_get_output_buffer(req), body, strlen(body));
+    free(body);
+    r->pull_req = req;
+    if (evhttp_make_request(r->pull_conn, req, EVHTTP_REQ_POST, "/kv/pull") != 0) {
+        r->pull_req = NULL; /* libevent freed it */
+        on_pull_done(NULL, r);
+    }
+}
+
+/* ---------- xpyd handoff: the KV read through libxpyd_transfer ---------- */
+
+static void xpull_free(struct xpull *xp)
+{
+    for (struct xpull **pp = &xp->sim->pulls; *pp; pp = &(*pp)->next)
+        if (*pp == xp) {
+            *pp = xp->next;
+            break;
+        }
+    xt_free_batch(xp->sim->xt, xp->batch);
+    xt_unregister_memory(xp->sim->xt, xp->buf);
+    free(xp->buf);
+    free(xp);
+}
+
+/* A read that is no longer pending: verify, ask the prefill to release, go on generating (or fail). */
+static void xpull_done(struct xpull *xp, int st)
+{
+    struct sim *s = xp->sim;
+    struct sreq *r = xp->r;
+    xt_segment xp_seg = xp->seg;
+    char msg[400];
+    snprintf(msg, sizeof msg, "release %s", xp->key);
+    /* read or not, the prefill may let go of the blocks now */
+    if (xt_send_notify(s->xt, xp->seg, msg) != 0)
+        XLOG_WARN("msg=\"xpyd release notification failed\" key=%s", xp->key);
+    if (!r) {
+        xpull_free(xp);
+        return;
+    }
+    r->xp = NULL;
+    if (st == XT_COMPLETED && kv_verify(r, xp->buf, xp->len)) {
+        r->kv_xfer_bytes = xp->len;
+        r->kv_xfer_us = xpyd_now_us() - xp->t0;
+        s->kv_bytes_received += xp->len;
+        xpull_free(xp);
+        handoff_finished(r, HO_DONE);
+        return;
+    }
+    xpull_free(xp);
+    if (st != XT_COMPLETED) /* reopened next time: the peer may have restarted */
+        xt_close_segment(s->xt, xp_seg);
+    s->handoffs[r->ho_mode][HO_FAILED]++;
+    sreq_fail(r, 500, st == XT_COMPLETED ? "KV transfer failed: the KV read does not match this request's prompt "
+                                           "(integrity check failed)"
+                                         : "KV transfer failed: the read from the prefill's transfer engine failed");
+}
+
+static void xpull_start(struct sreq *r)
+{
+    struct sim *s = r->sim;
+    const struct sim_handoff_in *h = &r->p.h;
+    char msg[500];
+    struct xpull *xp = XPYD_XALLOC(calloc(1, sizeof *xp));
+    xp->sim = s;
+    xp->r = r;
+    xp->len = (size_t)h->xpyd_len;
+    xp->buf = XPYD_XALLOC(malloc(xp->len ? xp->len : 1));
+    xp->t0 = xpyd_now_us();
+    snprintf(xp->key, sizeof xp->key, "%s", h->xpyd_key);
+    int rc = xt_open_segment(s->xt, h->xpyd_segment, &xp->seg); /* the engine keeps peers open */
+    if (!rc)
+        rc = xt_register_memory(s->xt, xp->buf, xp->len ? xp->len : 1, "sim:kv");
+    if (!rc && (rc = xt_alloc_batch(s->xt, 1, &xp->batch)) == 0) {
+        struct xt_request q = {XT_READ, xp->buf, xp->seg, h->xpyd_addr, xp->len ? xp->len : 1};
+        if ((rc = xt_submit(s->xt, xp->batch, &q, 1)) != 0)
+            xt_free_batch(s->xt, xp->batch);
+        else {
+            xp->next = s->pulls; /* finished when the engine's event fd fires */
+            s->pulls = xp;
+            r->xp = xp;
+            return;
+        }
+    }
+    xt_unregister_memory(s->xt, xp->buf);
+    free(xp->buf);
+    free(xp);
+    s->handoffs[r->ho_mode][HO_FAILED]++;
+    snprintf(msg, sizeof msg, "KV transfer failed: cannot read from the prefill's transfer engine at %.200s: %s",
+             h->xpyd_segment, strerror(-rc));
+    sreq_fail(r, 500, msg);
+}
+
+/* The engine's event fd fired. Decode: reads that finished. Prefill: "release <key>" notifications from
+ * decodes (after their read) and from the router (when the request died before any decode read). */
+void xt_on_event(evutil_socket_t fd, short ev, void *arg)
+{
+    struct sim *s = arg;
+    uint64_t count;
+    if (read(fd, &count, sizeof count) < 0) {
+        /* nothing to clear (EAGAIN): look anyway */
+    }
+    for (struct xpull *xp = s->pulls, *next; xp; xp = next) {
+        next = xp->next;
+        int st = XT_PENDING;
+        if (xt_batch_status(s->xt, xp->batch, &st) == 0 && st != XT_PENDING)
+            xpull_done(xp, st);
+    }
+    struct xt_notify n[32];
+    int k;
+    while ((k = xt_get_notifies(s->xt, n, 32)) > 0)
+        for (int i = 0; i < k; i++) {
+            if (strncmp(n[i].msg, "release ", 8) != 0)
+                continue;
+            struct sim_lease *l = sim_lease_take(&s->leases, n[i].msg + 8);
+            if (!l)
+                continue; /* already released (the decode and the router may both say so) */
+            s->xt_releases++;
+            s->leases_released++;
+            s->kv_bytes_sent += l->kv_len;
+            lease_drop(s, l);
+        }
+}
+
+/* ---------- scheduling and generation ---------- */
+
+/* Takes a slot and begins: the KV handoff (decode side), else local prefill compute. */
+void sreq_start(struct sreq *r)
+{
+    struct sim *s = r->sim;
+    r->in_slot = 1;
+    r->rank->running++;
+    r->rank->kv_tokens_running += r->p.prompt.n;
+    int remote = r->p.h.do_remote_prefill && !r->p.h.do_remote_decode;
+    int boot = r->p.h.has_bootstrap && s->cfg.role == SIM_ROLE_DECODE;
+    int store = s->cfg.handoff == SIM_HANDOFF_STORE && s->cfg.role == SIM_ROLE_DECODE;
+    if (remote && r->p.h.has_xpyd && s->xt) {
+        r->state = SREQ_HANDOFF;
+        r->ho_mode = SIM_HANDOFF_XPYD;
+        xpull_start(r);
+    } else if (remote || boot) {
+        r->state = SREQ_HANDOFF;
+        r->ho_mode = boot ? SIM_HANDOFF_BOOTSTRAP : SIM_HANDOFF_KV_PARAMS;
+        r->deadline_us = xpyd_now_us() + (uint64_t)s->cfg.handoff_timeout_ms * 1000u;
+        pull_send(r);
+    } else if (store) {
+        r->state = SREQ_HANDOFF;
+        r->ho_mode = SIM_HANDOFF_STORE;
+        r->deadline_us = xpyd_now_us() + (uint64_t)s->cfg.store_wait_ms * 1000u;
+        sreq_schedule(r, 0);
+    } else {
+        r->state = SREQ_PREFILL;
+        sreq_schedule(r, (uint64_t)s->cfg.prefill_us_per_token * r->p.prompt.n);
+    }
+}
+
+void sreq_admit(struct sreq *r)
+{
+    struct sim_rank *rk = r->rank;
+    if (TAILQ_EMPTY(&rk->waiting) && rank_has_room(rk, r->p.prompt.n)) { /* FIFO: no overtaking the queue */
+        sreq_start(r);
+    } else {
+        r->state = SREQ_WAITING;
+        TAILQ_INSERT_TAIL(&rk->waiting, r, wq);
+        rk->waiting_n++;
+    }
+}
+
+/* The finished non-streamed answer, and the request ends. */
+static void sreq_send_final_json(struct sreq *r)
+{
+    char *body = sim_final_json(r);
+    r->rank->success_total++;
+    sim_kv_transfer_header(r);
+    sreq_reply(r, 200, "application/json", body, strlen(body));
+    free(body);
+}
+
+/* Streams token `tok`; the last one also carries the usage chunk and [DONE], and the request ends. */
+static void stream_token(struct sreq *r, const char *tok, int last)
+{
+    struct evbuffer *b = sim_token_event(r, tok, last);
+    if (last) {
+        evhtp_request_t *req = r->ereq;
+        r->rank->success_total++;
+        sreq_release(r);
+        evhtp_send_reply_chunk(req, b);
+        evhtp_send_reply_chunk_end(req);
+        evhtp_request_resume(req);
+    } else {
+        evhtp_send_reply_chunk(r->ereq, b);
+    }
+    evbuffer_free(b);
+}
+
+/* Prefill compute finished: a prefill registers its KV; everyone then emits the first token. */
+static void prefill_done(struct sreq *r)
+{
+    struct sim *s = r->sim;
+    if (s->cfg.handoff == SIM_HANDOFF_STORE && s->cfg.role != SIM_ROLE_DECODE)
+        store_write(r);
+    if (r->p.h.do_remote_decode && s->cfg.role != SIM_ROLE_DECODE && prefill_register_kv_params(r) != 0) {
+        sreq_fail(r, 500, "could not register the KV lease");
+        return;
+    }
+    if (r->p.h.has_bootstrap && s->cfg.role == SIM_ROLE_PREFILL) {
+        if (prefill_register_room(r) == -EEXIST) {
+            sreq_fail(r, 400, "bootstrap_room is already in use on this prefill engine");
+            return;
+        }
+    }
+    r->state = SREQ_DECODE;
+}
+
+static void store_poll(struct sreq *r)
+{
+    int found = store_read(r);
+    if (found == 1)
+        handoff_finished(r, HO_DONE);
+    else if (found == 0 && xpyd_now_us() < r->deadline_us)
+        sreq_schedule(r, 2000);
+    else
+        handoff_finished(r, HO_RECOMPUTED);
+}
+
+static void generate_one(struct sreq *r)
+{
+    struct sim *s = r->sim;
+    char tok[32];
+    uint32_t id = sim_gen_token(r->p.prompt.hash, s->cfg.seed, r->pos);
+    sim_token_text(id, tok, sizeof tok);
+    r->pos++;
+    r->rank->generation_tokens_total++;
+    r->rank->kv_tokens_running++;
+    int last = 0;
+    if ((long)r->pos >= r->p.max_tokens) {
+        last = 1;
+        r->finish_reason = "length";
+    } else if (!r->p.ignore_eos && (long)r->pos >= r->p.min_tokens &&
+               sim_gen_eos(r->p.prompt.hash, s->cfg.seed, r->pos - 1, s->cfg.eos_prob)) {
+        last = 1;
+        r->finish_reason = "stop";
+    }
+    if (s->cfg.fail_after_tokens >= 0 && (long)r->pos > s->cfg.fail_after_tokens) {
+        sreq_cut(r);
+        return;
+    }
+    if (r->p.stream) {
+        if (!r->stream_started)
+            sim_stream_begin(r);
+        stream_token(r, tok, last);
+    } else {
+        evbuffer_add(r->text, tok, strlen(tok)); /* same text as the stream's deltas */
+        if (last)
+            sreq_send_final_json(r);
+    }
+    if (!last) {
+        uint64_t now = xpyd_now_us();
+        if (!r->next_due_us || r->next_due_us + 10000 < now)
+            r->next_due_us = now; /* first token, or badly late: restart the cadence */
+        /* a step costs more the more KV the rank's batch holds (attention reads all of it) */
+        r->next_due_us += (uint64_t)s->cfg.decode_us_per_token +
+                          r->rank->kv_tokens_running * (uint64_t)s->cfg.decode_ns_per_kv_token / 1000u;
+        sreq_schedule(r, r->next_due_us > now ? r->next_due_us - now : 0);
+    }
+}
+
+void sreq_tick(evutil_socket_t fd, short ev, void *arg)
+{
+    struct sreq *r = arg;
+    switch (r->state) {
+    case SREQ_STALLED:
+        sreq_admit(r);
+        break;
+    case SREQ_HANDOFF:
+        if (r->ho_mode == SIM_HANDOFF_STORE)
+            store_poll(r);
+        else
+            pull_send(r); /* bootstrap room not ready yet: ask again */
+        break;
+    case SREQ_PREFILL:
+        r->rank->prompt_tokens_total += r->p.prompt.n;
+        prefill_done(r);
+        if (r->state == SREQ_DECODE)
+            generate_one(r);
+        break;
+    case SREQ_DECODE:
+        generate_one(r);
+        break;
+    default:
+        break;
+    }
+}
+

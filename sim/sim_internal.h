@@ -1,0 +1,161 @@
+/* sim_internal.h - xpyd_sim's shared internals: the simulator, its DP ranks and its requests (struct sreq),
+ * and the calls between its files: sim_engine.c (a request's life: scheduling, handoff legs, generation),
+ * sim_server.c (HTTP handlers and set-up), sim_metrics.c (/metrics), sim_kv.c (simulated KV bytes and the
+ * store), sim_http.c (small reply helpers). */
+#ifndef SIM_INTERNAL_H
+#define SIM_INTERNAL_H
+
+#include "sim.h"
+#include "sim_lease.h"
+#include "sim_request.h"
+#include "sim_tokens.h"
+#include "xpyd_transfer.h"
+
+#include <cjson/cJSON.h>
+#include <event2/event.h>
+#include <evhtp/evhtp.h>
+#include <stdint.h>
+#include <sys/queue.h>
+
+enum sreq_state { SREQ_NONE = 0, SREQ_STALLED, SREQ_WAITING, SREQ_HANDOFF, SREQ_PREFILL, SREQ_DECODE, SREQ_DONE };
+
+enum { HO_DONE = 0, HO_FAILED, HO_RECOMPUTED, HO_NRESULTS };
+extern const char *const ho_result_names[HO_NRESULTS];
+
+struct sim;
+
+struct sim_rank {
+    struct sim *sim;
+    int idx;
+    evhtp_t *htp; /* external DP: this rank's own server; internal: NULL (rank 0 owns sim->htp) */
+    char engine_id[128];
+    int port;             /* the port this rank is reached on */
+    long running;
+    TAILQ_HEAD(, sreq) waiting;
+    long waiting_n;
+    uint64_t kv_tokens_running; /* prompt + generated tokens of running requests */
+    uint64_t next_block;
+    /* counters */
+    uint64_t prompt_tokens_total, generation_tokens_total, requests_total, success_total, aborted_total;
+};
+
+struct sim {
+    struct sim_config cfg;
+    struct event_base *base;
+    evhtp_t *htp;            /* internal DP (or dp 1): the one server */
+    evhtp_t *bootstrap_htp;  /* optional separate bootstrap listener */
+    struct sim_rank *ranks;
+    int nranks;
+    struct sim_lease_table leases;
+    LIST_HEAD(, sreq) all;
+    struct event *sweep_ev;
+    struct event *sig_int, *sig_term;
+    char model_json[300];    /* model name, JSON-escaped without quotes */
+    uint64_t rng;
+    uint64_t seq;
+    /* counters */
+    uint64_t handoffs[5][HO_NRESULTS]; /* [handoff mode][result] */
+    /* xpyd handoff: this engine's libxpyd_transfer engine, peers opened, notifications polled */
+    xt_engine *xt;
+    struct event *xt_ev;     /* the engine's event fd: a read finished or a notification arrived */
+    struct xpull *pulls;     /* reads in flight (decode side) */
+    uint64_t xt_releases;
+    uint64_t leases_created, leases_released, leases_expired, leases_aborted;
+    uint64_t kv_bytes_sent, kv_bytes_received;
+    uint64_t faults_fail_rate, faults_status, faults_disconnect, faults_stall;
+    uint64_t aborts_requested;
+    uint64_t abort_calls; /* POST /abort_request received, whether or not it found its request */
+    uint64_t release_notices, leases_cancelled;
+};
+
+struct sreq {
+    struct sim *sim;
+    struct sim_rank *rank;
+    evhtp_request_t *ereq;  /* NULL once libevhtp has freed it */
+    struct sim_params p;
+    char id[200];           /* request id (X-Request-Id or generated) */
+    char id_json[220];      /* "cmpl-<id>" or "chatcmpl-<id>", JSON-safe */
+    int64_t created;
+    int state;
+    int in_slot;
+    int stream_started;
+    int aborted;
+    int ho_mode;            /* index into sim->handoffs for the pull this request does */
+    long cached_tokens;
+    size_t pos;             /* tokens generated so far */
+    uint64_t next_due_us;   /* absolute deadline of the next token, so ITL does not drift */
+    const char *finish_reason;
+    struct event *timer;
+    struct event *close_ev;
+    struct evbuffer *text;  /* non-stream: generated text */
+    struct evhttp_connection *pull_conn;
+    struct evhttp_request *pull_req;
+    uint64_t deadline_us;
+    char lease_key[240];    /* prefill: the lease created for this request */
+    struct xpull *xp;       /* decode, xpyd handoff: the read in flight (outlives the request if aborted) */
+    uint64_t kv_xfer_bytes, kv_xfer_us; /* decode, xpyd: what the transfer moved and took (X-KV-Transfer) */
+    cJSON *kv_out;          /* prefill: kv_transfer_params to return */
+    TAILQ_ENTRY(sreq) wq;
+    LIST_ENTRY(sreq) all;
+};
+
+struct xpull {
+    struct sim *sim;
+    struct sreq *r;         /* NULL once the request went away (the read still has to finish) */
+    xt_batch batch;
+    xt_segment seg;
+    unsigned char *buf;     /* registered with the engine while the read runs */
+    size_t len;
+    uint64_t t0;
+    char key[240];
+    struct xpull *next;
+};
+
+
+
+/* sim_http.c */
+uint64_t sim_rand(struct sim *s);
+void json_escape_into(const char *in, char *out, size_t cap);
+void add_header(evhtp_request_t *req, const char *k, const char *v);
+void reply_raw(evhtp_request_t *req, int status, const char *ctype, const char *body, size_t len);
+void reply_error(evhtp_request_t *req, int status, const char *msg);
+int is_post(evhtp_request_t *req);
+const char *body_of(evhtp_request_t *req, size_t *len);
+struct timeval us_to_tv(uint64_t us);
+struct sim_rank *rank_of(void *arg);
+
+/* sim_kv.c */
+unsigned char *kv_make(const struct sreq *r, size_t *len);
+int kv_verify(const struct sreq *r, const unsigned char *data, size_t len);
+void store_path(const struct sim *s, uint64_t hash, char *out, size_t cap);
+int store_write(struct sreq *r);
+int store_read(struct sreq *r);
+
+/* sim_engine.c */
+evhtp_res on_request_fini(evhtp_request_t *req, void *arg);
+void on_client_closed(evutil_socket_t fd, short ev, void *arg);
+void sreq_schedule(struct sreq *r, uint64_t us);
+void sreq_admit(struct sreq *r);
+void sreq_start(struct sreq *r);
+void sreq_tick(evutil_socket_t fd, short ev, void *arg);
+void sreq_fail(struct sreq *r, int status, const char *msg);
+void sreq_release(struct sreq *r);
+void sreq_reply(struct sreq *r, int status, const char *ctype, const char *body, size_t len);
+void notify_release(struct sreq *r);
+void lease_drop(struct sim *s, struct sim_lease *l);
+void lease_unregister(void *arg, struct sim_lease *l);
+void xt_on_event(evutil_socket_t fd, short ev, void *arg);
+void sreq_cut(struct sreq *r);
+void pump_waiting(struct sim_rank *rk);
+
+/* sim_metrics.c */
+void on_metrics(evhtp_request_t *req, void *arg);
+
+/* sim_output.c: what a simulated engine writes */
+char *sim_final_json(struct sreq *r);
+struct evbuffer *sim_token_event(struct sreq *r, const char *tok, int last);
+void sim_stream_begin(struct sreq *r);
+void sim_kv_transfer_header(struct sreq *r);
+void sim_usage_json(const struct sreq *r, char *out, size_t cap);
+
+#endif

@@ -1,0 +1,496 @@
+/* sim_server.c - xpyd_sim's HTTP server: the OpenAI endpoints, KV pulls and aborts, DP ranks' listeners,
+ * signals and set-up. One process, one event loop. */
+#include "sim_internal.h"
+
+#include "xpyd_oai.h"
+#include "xpyd_sse.h"
+#include "xpyd_util.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <event2/buffer.h>
+#include <event2/bufferevent.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/listener.h>
+#include <netinet/in.h>
+#include <evhtp/evhtp.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/queue.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ---------- HTTP handlers ---------- */
+
+static struct sim_rank *pick_rank(struct sim *s, struct sim_rank *own, evhtp_request_t *req,
+                                  const struct sim_params *p, char *err, size_t errcap)
+{
+    const char *hdr = evhtp_header_find(req->headers_in, "X-data-parallel-rank");
+    long r = -1;
+    if (hdr && xpyd_parse_long(hdr, 0, 1 << 20, &r) != 0) {
+        snprintf(err, errcap, "X-data-parallel-rank must be a non-negative integer");
+        return NULL;
+    }
+    if (r < 0 && p && p->h.dp_rank >= 0)
+        r = p->h.dp_rank;
+    if (!s->cfg.dp_internal) { /* external LB: each rank is its own server and only knows itself */
+        if (r > 0) {
+            snprintf(err, errcap, "data parallel rank %ld is out of range for this engine (external LB: only 0)", r);
+            return NULL;
+        }
+        return own;
+    }
+    if (r >= s->nranks) {
+        snprintf(err, errcap, "data parallel rank %ld is out of range [0, %d)", r, s->nranks);
+        return NULL;
+    }
+    if (r >= 0)
+        return &s->ranks[r];
+    if (p && p->h.has_bootstrap && s->cfg.role == SIM_ROLE_PREFILL)
+        return &s->ranks[p->h.bootstrap_room % (uint64_t)s->nranks]; /* SGLang's rule */
+    struct sim_rank *best = &s->ranks[0];
+    for (int i = 1; i < s->nranks; i++)
+        if (s->ranks[i].running + s->ranks[i].waiting_n < best->running + best->waiting_n)
+            best = &s->ranks[i];
+    return best;
+}
+
+static void handle_generate(evhtp_request_t *req, struct sim_rank *own, int chat)
+{
+    struct sim *s = own->sim;
+    if (!is_post(req)) {
+        reply_error(req, 405, "Method Not Allowed");
+        return;
+    }
+    if (s->cfg.status_code) {
+        s->faults_status++;
+        reply_error(req, s->cfg.status_code, "xpyd_sim: injected status (--status-code)");
+        return;
+    }
+    if (s->cfg.fail_rate > 0 && (double)(sim_rand(s) >> 11) / 9007199254740992.0 < s->cfg.fail_rate) {
+        s->faults_fail_rate++;
+        reply_error(req, 500, "xpyd_sim: injected failure (--fail-rate)");
+        return;
+    }
+    size_t len;
+    const char *body = body_of(req, &len);
+    struct sim_limits lim = {s->cfg.model, s->cfg.max_model_len};
+    struct sim_params p;
+    char *err = NULL;
+    int status = sim_params_parse(body, len, chat, &lim, &p, &err);
+    if (status) {
+        reply_error(req, status, err);
+        free(err);
+        return;
+    }
+    char rerr[160];
+    if ((p.h.do_remote_prefill && s->cfg.role == SIM_ROLE_PREFILL) ||
+        (p.h.do_remote_decode && s->cfg.role == SIM_ROLE_DECODE)) {
+        sim_params_free(&p);
+        reply_error(req, 400, s->cfg.role == SIM_ROLE_PREFILL
+                                  ? "this engine is a KV producer (prefill): it cannot take do_remote_prefill"
+                                  : "this engine is a KV consumer (decode): it cannot take do_remote_decode");
+        return;
+    }
+    struct sim_rank *rk = pick_rank(s, own, req, &p, rerr, sizeof rerr);
+    if (!rk) {
+        sim_params_free(&p);
+        reply_error(req, 400, rerr);
+        return;
+    }
+    struct sreq *r = XPYD_XALLOC(calloc(1, sizeof *r));
+    r->sim = s;
+    r->rank = rk;
+    r->ereq = req;
+    r->p = p;
+    r->created = xpyd_wall_s();
+    r->text = p.stream ? NULL : XPYD_XALLOC(evbuffer_new());
+    const char *xid = evhtp_header_find(req->headers_in, "X-Request-Id");
+    if (p.rid)
+        snprintf(r->id, sizeof r->id, "%.190s", p.rid);
+    else if (xid && *xid)
+        snprintf(r->id, sizeof r->id, "%.190s", xid);
+    else
+        snprintf(r->id, sizeof r->id, "%016" PRIx64, sim_rand(s));
+    char esc[220];
+    json_escape_into(r->id, esc, sizeof esc);
+    snprintf(r->id_json, sizeof r->id_json, "%s%.200s", chat ? "chatcmpl-" : "cmpl-", esc);
+    LIST_INSERT_HEAD(&s->all, r, all);
+    rk->requests_total++;
+    evhtp_request_set_hook(req, evhtp_hook_on_request_fini, (evhtp_hook)on_request_fini, r);
+    evhtp_request_pause(req);
+    /* libevhtp's pause turns EV_WRITE off too: without it a reader that fell behind is never written again */
+    bufferevent_enable(evhtp_connection_get_bev(evhtp_request_get_connection(req)), EV_WRITE);
+    evutil_socket_t fd = bufferevent_getfd(evhtp_connection_get_bev(evhtp_request_get_connection(req)));
+    r->close_ev = event_new(s->base, fd, EV_CLOSED, on_client_closed, r);
+    if (r->close_ev)
+        event_add(r->close_ev, NULL);
+    if (s->cfg.stall_ms > 0) {
+        s->faults_stall++;
+        r->state = SREQ_STALLED;
+        sreq_schedule(r, (uint64_t)s->cfg.stall_ms * 1000u);
+        return;
+    }
+    sreq_admit(r);
+}
+
+
+static void on_completions(evhtp_request_t *req, void *arg)
+{
+    handle_generate(req, rank_of(arg), 0);
+}
+
+static void on_chat(evhtp_request_t *req, void *arg)
+{
+    handle_generate(req, rank_of(arg), 1);
+}
+
+static void on_health(evhtp_request_t *req, void *arg)
+{
+    reply_raw(req, 200, "application/json", "", 0);
+}
+
+static void on_models(evhtp_request_t *req, void *arg)
+{
+    struct sim *s = rank_of(arg)->sim;
+    char buf[1024];
+    int n = snprintf(buf, sizeof buf,
+                     "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,"
+                     "\"owned_by\":\"vllm\",\"root\":\"%s\",\"parent\":null,\"max_model_len\":%ld,"
+                     "\"permission\":[]}]}",
+                     s->model_json, (long long)xpyd_wall_s(), s->model_json, s->cfg.max_model_len);
+    reply_raw(req, 200, "application/json", buf, (size_t)n);
+}
+
+static void on_tokenize(evhtp_request_t *req, void *arg)
+{
+    struct sim *s = rank_of(arg)->sim;
+    if (!is_post(req)) {
+        reply_error(req, 405, "Method Not Allowed");
+        return;
+    }
+    size_t len;
+    const char *body = body_of(req, &len);
+    struct sim_prompt pr;
+    char *err = NULL;
+    int st = sim_tokenize_parse(body, len, &pr, &err);
+    if (st) {
+        reply_error(req, st, err);
+        free(err);
+        return;
+    }
+    struct evbuffer *b = req->buffer_out;
+    evbuffer_add_printf(b, "{\"count\":%zu,\"max_model_len\":%ld,\"tokens\":[", pr.n, s->cfg.max_model_len);
+    for (size_t i = 0; i < pr.n; i++)
+        evbuffer_add_printf(b, i ? ",%u" : "%u", pr.ids[i]);
+    evbuffer_add_printf(b, "],\"token_strs\":null}");
+    sim_prompt_free(&pr);
+    reply_raw(req, 200, "application/json", "", 0);
+}
+
+static void kv_take(evhtp_request_t *req, struct sim *s, int release);
+
+/* The prefill's KV channel: a decode pulls a lease (kv-params) or a bootstrap room... */
+static void on_kv_pull(evhtp_request_t *req, void *arg)
+{
+    kv_take(req, rank_of(arg)->sim, 0);
+}
+
+/* ...or, aborted before pulling, asks the prefill to free it. */
+static void on_kv_release(evhtp_request_t *req, void *arg)
+{
+    kv_take(req, rank_of(arg)->sim, 1);
+}
+
+static void kv_take(evhtp_request_t *req, struct sim *s, int release)
+{
+    size_t len;
+    const char *body = body_of(req, &len);
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    const cJSON *room = cJSON_GetObjectItemCaseSensitive(o, "bootstrap_room");
+    const cJSON *eid = cJSON_GetObjectItemCaseSensitive(o, "remote_engine_id");
+    const cJSON *rid = cJSON_GetObjectItemCaseSensitive(o, "remote_request_id");
+    const cJSON *sig = cJSON_GetObjectItemCaseSensitive(o, "block_sig");
+    char key[260], msg[400];
+    if (cJSON_IsString(room)) {
+        snprintf(key, sizeof key, "room:%s", room->valuestring);
+    } else if (cJSON_IsString(eid) && cJSON_IsString(rid) && cJSON_IsString(sig)) {
+        snprintf(key, sizeof key, "req:%.240s", rid->valuestring);
+    } else {
+        cJSON_Delete(o);
+        reply_error(req, 400, "kv pull needs bootstrap_room, or remote_engine_id + remote_request_id + block_sig");
+        return;
+    }
+    struct sim_lease *l = sim_lease_find(&s->leases, key);
+    if (!l) {
+        cJSON_Delete(o);
+        if (cJSON_IsString(room)) {
+            reply_error(req, 409, "bootstrap room not registered yet");
+            return;
+        }
+        snprintf(msg, sizeof msg, "no KV held for remote_request_id '%.200s' (expired, already pulled, or never "
+                                  "issued)", key + 4);
+        reply_error(req, 404, msg);
+        return;
+    }
+    if (!cJSON_IsString(room)) {
+        char want[32];
+        snprintf(want, sizeof want, "%016" PRIx64, l->block_sig);
+        if (strcmp(l->engine_id, eid->valuestring) != 0 || strcmp(want, sig->valuestring) != 0) {
+            snprintf(msg, sizeof msg, "remote_engine_id or remote_block_ids do not match the KV held for '%.200s'",
+                     key + 4);
+            cJSON_Delete(o);
+            reply_error(req, 404, msg);
+            return;
+        }
+    }
+    cJSON_Delete(o);
+    l = sim_lease_take(&s->leases, key);
+    if (release) {
+        s->leases_cancelled++;
+        lease_drop(s, l);
+        reply_raw(req, 200, "application/json", "{\"released\":true}", 17);
+        return;
+    }
+    s->leases_released++;
+    s->kv_bytes_sent += l->kv_len;
+    reply_raw(req, 200, "application/octet-stream", (const char *)l->kv, l->kv_len);
+    lease_drop(s, l);
+}
+
+static void on_abort(evhtp_request_t *req, void *arg)
+{
+    struct sim *s = rank_of(arg)->sim;
+    s->abort_calls++;
+    size_t len;
+    const char *body = body_of(req, &len);
+    cJSON *o = cJSON_ParseWithLength(body, len);
+    const cJSON *rid = cJSON_GetObjectItemCaseSensitive(o, "rid");
+    if (!cJSON_IsString(rid)) {
+        cJSON_Delete(o);
+        reply_error(req, 400, "abort_request needs a string 'rid'");
+        return;
+    }
+    int n = 0;
+    struct sreq *r, *next;
+    for (r = LIST_FIRST(&s->all); r; r = next) {
+        next = LIST_NEXT(r, all);
+        if (r->state != SREQ_DONE && strcmp(r->id, rid->valuestring) == 0) {
+            char msg[300];
+            snprintf(msg, sizeof msg, "request %.200s was aborted (abort_request)", r->id);
+            r->aborted = 1;
+            s->aborts_requested++;
+            sreq_fail(r, 400, msg);
+            n++;
+        }
+    }
+    cJSON_Delete(o);
+    char out[64];
+    int k = snprintf(out, sizeof out, "{\"aborted\":%d}", n);
+    reply_raw(req, 200, "application/json", out, (size_t)k);
+}
+
+static void on_not_found(evhtp_request_t *req, void *arg)
+{
+    reply_error(req, 404, "Not Found");
+}
+
+/* ---------- setup ---------- */
+
+static void on_sweep(evutil_socket_t fd, short ev, void *arg)
+{
+    struct sim *s = arg;
+    size_t n = sim_lease_expire(&s->leases, xpyd_now_us());
+    if (n) {
+        s->leases_expired += n;
+        XLOG_WARN("msg=\"KV leases expired unpulled\" count=%zu", n);
+    }
+}
+
+static void on_signal(evutil_socket_t sig, short ev, void *arg)
+{
+    struct sim *s = arg;
+    event_base_loopexit(s->base, NULL);
+}
+
+static evhtp_res on_accept(evhtp_connection_t *c, void *arg)
+{
+    xpyd_tcp_nodelay(c->sock);
+    return EVHTP_RES_OK;
+}
+
+static evhtp_t *make_server(struct sim *s, struct sim_rank *rk, int port, int kv_only)
+{
+    evhtp_t *h = evhtp_new(s->base, rk);
+    if (!h)
+        return NULL;
+    evhtp_set_max_body_size(h, (uint64_t)s->cfg.max_body_bytes);
+    evhtp_set_post_accept_cb(h, on_accept, NULL);
+    evhtp_set_cb(h, "/kv/pull", on_kv_pull, rk);
+    evhtp_set_cb(h, "/kv/release", on_kv_release, rk);
+    if (!kv_only) {
+        evhtp_set_cb(h, "/v1/completions", on_completions, rk);
+        evhtp_set_cb(h, "/v1/chat/completions", on_chat, rk);
+        evhtp_set_cb(h, "/v1/models", on_models, rk);
+        evhtp_set_cb(h, "/health", on_health, rk);
+        evhtp_set_cb(h, "/metrics", on_metrics, rk);
+        evhtp_set_cb(h, "/tokenize", on_tokenize, rk);
+        evhtp_set_cb(h, "/abort_request", on_abort, rk);
+    }
+    evhtp_set_gencb(h, on_not_found, rk);
+    char addr[300];
+    if (strchr(s->cfg.host, ':'))
+        snprintf(addr, sizeof addr, "ipv6:%s", s->cfg.host);
+    else
+        snprintf(addr, sizeof addr, "%s", s->cfg.host);
+    if (evhtp_bind_socket(h, addr, (uint16_t)port, 4096) != 0) {
+        XLOG_ERR("msg=\"cannot listen\" host=%s port=%d errno=%d", s->cfg.host, port, errno);
+        evhtp_free(h);
+        return NULL;
+    }
+    if (port == 0) { /* ephemeral: learn what the kernel gave us */
+        struct sockaddr_storage ss;
+        socklen_t sl = sizeof ss;
+        getsockname(evconnlistener_get_fd(h->server), (struct sockaddr *)&ss, &sl);
+        s->cfg.port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                     : ((struct sockaddr_in *)&ss)->sin_port);
+    }
+    return h;
+}
+
+const char *sim_role_name(int role)
+{
+    return role == SIM_ROLE_PREFILL ? "prefill" : role == SIM_ROLE_DECODE ? "decode" : "both";
+}
+
+const char *sim_handoff_name(int h)
+{
+    static const char *const n[] = {"kv-params", "store", "bootstrap", "none", "xpyd"};
+    return h >= 0 && h <= 4 ? n[h] : "?";
+}
+
+int sim_run(const struct sim_config *cfg)
+{
+    struct sim *s = XPYD_XALLOC(calloc(1, sizeof *s));
+    int rc = 1;
+    s->cfg = *cfg;
+    xpyd_log_level = cfg->log_level;
+    s->rng = xpyd_mix64(cfg->seed ^ 0xabcdefu ^ (uint64_t)cfg->port);
+    LIST_INIT(&s->all);
+    json_escape_into(cfg->model, s->model_json, sizeof s->model_json);
+    signal(SIGPIPE, SIG_IGN);
+    xpyd_raise_nofile();
+    if (cfg->startup_delay_ms > 0)
+        usleep((useconds_t)cfg->startup_delay_ms * 1000u);
+    if (cfg->handoff == SIM_HANDOFF_STORE && mkdir(cfg->store_dir, 0755) != 0 && errno != EEXIST) {
+        XLOG_ERR("msg=\"cannot create store dir\" dir=%s errno=%d", cfg->store_dir, errno);
+        free(s);
+        return 1;
+    }
+    struct event_config *ec = event_config_new();
+    event_config_require_features(ec, EV_FEATURE_EARLY_CLOSE);
+    event_config_set_flag(ec, EVENT_BASE_FLAG_PRECISE_TIMER); /* sub-millisecond token timing */
+    s->base = event_base_new_with_config(ec);
+    event_config_free(ec);
+    if (!s->base) {
+        s->base = event_base_new(); /* no early-close: disconnects are noticed on the next write */
+        XLOG_WARN("msg=\"event backend without early close detection\"");
+    }
+    s->nranks = cfg->dp_size;
+    s->ranks = XPYD_XALLOC(calloc((size_t)s->nranks, sizeof *s->ranks));
+    uint64_t nonce = xpyd_mix64(xpyd_now_us() ^ (uint64_t)getpid());
+    for (int i = 0; i < s->nranks; i++) {
+        struct sim_rank *rk = &s->ranks[i];
+        rk->sim = s;
+        rk->idx = i;
+        TAILQ_INIT(&rk->waiting);
+        int port = cfg->dp_internal ? cfg->port : cfg->port + i;
+        snprintf(rk->engine_id, sizeof rk->engine_id, "xpyd-sim-%d-dp%d-%08" PRIx64, port, i, nonce & 0xffffffffu);
+        if (!cfg->dp_internal || i == 0) {
+            rk->htp = make_server(s, rk, port, 0);
+            if (!rk->htp)
+                goto out;
+        }
+        rk->port = (cfg->dp_internal || port == 0) ? s->cfg.port : port;
+    }
+    if (cfg->bootstrap_port) {
+        s->bootstrap_htp = make_server(s, &s->ranks[0], cfg->bootstrap_port, 1);
+        if (!s->bootstrap_htp)
+            goto out;
+    }
+    if (cfg->handoff == SIM_HANDOFF_XPYD) {
+        char name[64];
+        snprintf(name, sizeof name, "xpyd-sim-%d", s->cfg.port);
+        struct xt_config xc = {.name = name, .listen_host = cfg->host, .transport = "auto", .threads = 2,
+                               .io_timeout_ms = (int)(cfg->handoff_timeout_ms > 0 ? cfg->handoff_timeout_ms : 10000)};
+        int xrc = xt_engine_create(&xc, &s->xt);
+        if (xrc) {
+            XLOG_ERR("msg=\"cannot start the transfer engine\" error=\"%s\"", strerror(-xrc));
+            goto out;
+        }
+        s->leases.on_drop = lease_unregister;
+        s->leases.on_drop_arg = s;
+        s->xt_ev = event_new(s->base, xt_engine_event_fd(s->xt), EV_READ | EV_PERSIST, xt_on_event, s);
+        event_add(s->xt_ev, NULL);
+    }
+    s->sweep_ev = event_new(s->base, -1, EV_PERSIST, on_sweep, s);
+    struct timeval sweep = {0, 50000};
+    event_add(s->sweep_ev, &sweep);
+    s->sig_int = evsignal_new(s->base, SIGINT, on_signal, s);
+    s->sig_term = evsignal_new(s->base, SIGTERM, on_signal, s);
+    event_add(s->sig_int, NULL);
+    event_add(s->sig_term, NULL);
+    if (cfg->port_file[0]) {
+        char tmp[600];
+        snprintf(tmp, sizeof tmp, "%s.tmp", cfg->port_file);
+        FILE *pf = fopen(tmp, "w");
+        if (!pf || fprintf(pf, "%d\n", s->cfg.port) < 0 || fclose(pf) != 0 || rename(tmp, cfg->port_file) != 0) {
+            XLOG_ERR("msg=\"cannot write port file\" path=%s", cfg->port_file);
+            goto out;
+        }
+    }
+    XLOG_INFO("msg=\"xpyd_sim ready\" role=%s host=%s port=%d dp=%d dp_mode=%s handoff=%s model=%s",
+              sim_role_name(cfg->role), cfg->host, s->cfg.port, cfg->dp_size,
+              cfg->dp_internal ? "internal" : "external", sim_handoff_name(cfg->handoff), cfg->model);
+    fflush(stderr);
+    event_base_dispatch(s->base);
+    rc = 0;
+out:
+    for (int i = 0; i < s->nranks; i++)
+        if (s->ranks[i].htp) {
+            evhtp_unbind_socket(s->ranks[i].htp);
+            evhtp_free(s->ranks[i].htp);
+        }
+    if (s->bootstrap_htp) {
+        evhtp_unbind_socket(s->bootstrap_htp);
+        evhtp_free(s->bootstrap_htp);
+    }
+    if (s->sweep_ev)
+        event_free(s->sweep_ev);
+    if (s->sig_int)
+        event_free(s->sig_int);
+    if (s->sig_term)
+        event_free(s->sig_term);
+    if (s->xt_ev)
+        event_free(s->xt_ev);
+    sim_lease_clear(&s->leases);
+    if (s->xt)
+        xt_engine_destroy(s->xt); /* reads still in flight end with it; their buffers go below */
+    for (struct xpull *xp = s->pulls, *next; xp; xp = next) {
+        next = xp->next;
+        free(xp->buf);
+        free(xp);
+    }
+    XLOG_INFO("msg=\"xpyd_sim stopped\" port=%d", s->cfg.port);
+    /* Connections still open are reclaimed by the OS at exit; evhtp has no safe bulk close for them. */
+    free(s->ranks);
+    free(s);
+    return rc;
+}
+
