@@ -23,6 +23,7 @@
  * read) -> BUSY (handed to libevhtp, answer in progress) -> IDLE (answer finished: the request-fini hook),
  * or REJECTED (answer written, lingering) from HEAD/BODY. */
 #include "router.h"
+#include "xpyd_reply.h"
 #include "http_req.h"
 
 #include "xpyd_oai.h"
@@ -127,7 +128,7 @@ static void reject(struct cconn *cc, int status, const char *reason, int reason_
     struct evbuffer *out = bufferevent_get_output(cc->c->bev);
     evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
                              "Connection: close\r\n\r\n%s",
-                        status, rt_status_reason(status), strlen(body), body);
+                        status, xpyd_status_reason(status), strlen(body), body);
     free(body);
     cc->state = CC_REJECTED;
     evbuffer_drain(cc->raw, evbuffer_get_length(cc->raw));
@@ -224,7 +225,7 @@ static int auth_would_pass(struct cconn *cc)
         return 1;
     char auth[512];
     snprintf(auth, sizeof auth, "%.*s", h->auth ? (int)h->authlen : 0, h->auth ? h->auth : "");
-    return rt_bearer_value_ok(auth, key);
+    return xpyd_bearer_value_ok(auth, key);
 }
 
 static void collect_body(void *arg, const char *p, size_t n)
@@ -395,15 +396,15 @@ static void on_kick(evutil_socket_t fd, short ev, void *arg)
 static void over_capacity_handler(evhtp_request_t *req, void *arg)
 {
     evhtp_headers_add_header(req->headers_out, evhtp_header_new("Retry-After", "1", 0, 0));
-    rt_close_after_reply(req);
-    rt_reply_error(req, 503, "the router is at --max-connections; retry later");
+    xpyd_close_after_reply(req);
+    xpyd_reply_error(req, 503, "the router is at --max-connections; retry later");
 }
 
 static void too_large_handler(evhtp_request_t *req, void *arg)
 {
     char msg[160];
     snprintf(msg, sizeof msg, "request body exceeds the limit of %ld bytes (--max-body-bytes)", g_rt->cfg.max_body_bytes);
-    rt_reply_error(req, 413, msg);
+    xpyd_reply_error(req, 413, msg);
 }
 
 const char *const rt_client_reject_names[RT_CR_COUNT] = {"over_capacity", "header_timeout", "body_timeout",

@@ -1,6 +1,7 @@
 /* main.c - xpyd_router: configuration, listener and worker threads, and the operational endpoints
  * (/health, /status, /metrics). */
 #include "router.h"
+#include "xpyd_reply.h"
 #include "probe.h"
 
 #include "xpyd_oai.h"
@@ -35,13 +36,13 @@ static int pool_usable(int role)
 
 static void on_health(evhtp_request_t *req, void *arg)
 {
-    if (!rt_method_allowed(req, "GET, HEAD"))
+    if (!xpyd_method_allowed(req, "GET, HEAD"))
         return;
     struct evbuffer *b = evbuffer_new();
     int draining = atomic_load(&g_rt->draining);
     int ok = !draining && (g_rt->cfg.handoff == RT_HANDOFF_NONE || pool_usable(RT_PREFILL)) && pool_usable(RT_DECODE);
     evbuffer_add_printf(b, "{\"status\":\"%s\"}", ok ? "ok" : draining ? "draining" : "unavailable");
-    rt_reply_buffer(req, ok ? 200 : 503, "application/json", b);
+    xpyd_reply_buffer(req, ok ? 200 : 503, "application/json", b);
     evbuffer_free(b);
 }
 
@@ -61,7 +62,7 @@ static void json_str(struct evbuffer *b, const char *s)
 
 static void on_status(evhtp_request_t *req, void *arg)
 {
-    if (!rt_authorized(req) || !rt_method_allowed(req, "GET, HEAD"))
+    if (!rt_authorized(req) || !xpyd_method_allowed(req, "GET, HEAD"))
         return;
     struct evbuffer *b = evbuffer_new();
     evbuffer_add_printf(b, "{\"version\":\"%s\",\"git_revision\":\"%s\",\"uptime_s\":%" PRId64 ",\"handoff\":\"%s\",\"first_token\":\"%s\","
@@ -94,13 +95,13 @@ static void on_status(evhtp_request_t *req, void *arg)
         evbuffer_add_printf(b, "]}");
     }
     evbuffer_add_printf(b, "}}");
-    rt_reply_buffer(req, 200, "application/json", b);
+    xpyd_reply_buffer(req, 200, "application/json", b);
     evbuffer_free(b);
 }
 
 static void on_not_found(evhtp_request_t *req, void *arg)
 {
-    rt_reply_error(req, 404, "Not Found");
+    xpyd_reply_error(req, 404, "Not Found");
 }
 
 void rt_status_handlers(evhtp_t *htp)

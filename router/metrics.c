@@ -1,6 +1,7 @@
 /* metrics.c - the router's Prometheus page: counters, latency histograms, per-rank numbers. Updates are
  * atomics on the hot path; a scrape only reads them and never blocks request handling. */
 #include "router.h"
+#include "xpyd_reply.h"
 #include "xpyd_util.h"
 
 #include <event2/buffer.h>
@@ -116,7 +117,7 @@ static const struct instance_metric instance_metrics[] = {
 
 void rt_metrics_handler(evhtp_request_t *req, void *arg)
 {
-    if (!rt_method_allowed(req, "GET, HEAD"))
+    if (!xpyd_method_allowed(req, "GET, HEAD"))
         return;
     struct rt_counters *c = &g_rt->ctr;
     atomic_store(&c->metadata_keys, (int64_t)rt_metadata_count()); /* a gauge sampled when scraped */
@@ -139,7 +140,7 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
             }
         }
     }
-    rt_reply_buffer(req, 200, "text/plain; version=0.0.4; charset=utf-8", b);
+    xpyd_reply_buffer(req, 200, "text/plain; version=0.0.4; charset=utf-8", b);
     evbuffer_free(b);
 }
 

@@ -52,9 +52,9 @@ static void m_done(struct up_leg *leg, int err, void *arg)
     evhtp_request_t *req = m->ereq;
     rt_client_set_owner(req, NULL, NULL);
     if (err || m->status != 200)
-        rt_reply_error(req, 502, "no backend answered GET /v1/models");
+        xpyd_reply_error(req, 502, "no backend answered GET /v1/models");
     else
-        rt_reply_buffer(req, 200, "application/json", m->body);
+        xpyd_reply_buffer(req, 200, "application/json", m->body);
     evhtp_request_resume(req);
     evbuffer_free(m->body);
     free(m);
@@ -92,7 +92,7 @@ static void models_try(struct models_req *m)
 
 void rt_models_handler(evhtp_request_t *req, void *arg)
 {
-    if (!rt_authorized(req) || !rt_method_allowed(req, "GET, HEAD"))
+    if (!rt_authorized(req) || !xpyd_method_allowed(req, "GET, HEAD"))
         return;
     struct models_req *m = XPYD_XALLOC(calloc(1, sizeof *m));
     m->ereq = req;

@@ -5,6 +5,7 @@
  * release exactly what they charged); adding the same host:port:rank again revives that slot. Mutations
  * are serialized by one mutex. */
 #include "router.h"
+#include "xpyd_reply.h"
 #include "admin_parse.h"
 
 #include "xpyd_oai.h"
@@ -214,12 +215,12 @@ int rt_reload(void)
 static int admin_allowed(evhtp_request_t *req)
 {
     if (!g_rt->cfg.admin_key[0]) {
-        rt_reply_error(req, 403, "the admin API is off: start the router with --admin-key (or XPYD_ADMIN_KEY)");
+        xpyd_reply_error(req, 403, "the admin API is off: start the router with --admin-key (or XPYD_ADMIN_KEY)");
         return 0;
     }
     if (!rt_bearer_ok(req, g_rt->cfg.admin_key)) {
         evhtp_headers_add_header(req->headers_out, evhtp_header_new("WWW-Authenticate", "Bearer", 0, 0));
-        rt_reply_error(req, 401, "invalid or missing admin key: send Authorization: Bearer <admin key>");
+        xpyd_reply_error(req, 401, "invalid or missing admin key: send Authorization: Bearer <admin key>");
         return 0;
     }
     return 1;
@@ -251,7 +252,7 @@ static void send_cjson(evhtp_request_t *req, int status, cJSON *o)
 {
     char *s = XPYD_XALLOC(cJSON_PrintUnformatted(o));
     cJSON_Delete(o);
-    rt_reply(req, status, "application/json", s, strlen(s));
+    xpyd_reply(req, status, "application/json", s, strlen(s));
     free(s);
 }
 
@@ -285,7 +286,7 @@ static void admin_add(evhtp_request_t *req)
     struct rt_admin_instance in;
     if (rt_admin_parse_instance(len ? (const char *)evbuffer_pullup(req->buffer_in, -1) : "", len, defs,
                                 g_rt->cfg.dp_internal, &in, err, sizeof err) != 0) {
-        rt_reply_error(req, 400, err);
+        xpyd_reply_error(req, 400, err);
         return;
     }
     int role = in.role;
@@ -321,7 +322,7 @@ static void admin_add(evhtp_request_t *req)
     pthread_mutex_unlock(&reg_mu);
     if (status) {
         cJSON_Delete(out);
-        rt_reply_error(req, status, err);
+        xpyd_reply_error(req, status, err);
         return;
     }
     send_cjson(req, changed ? 201 : 200, out);
@@ -342,7 +343,7 @@ static void admin_remove(evhtp_request_t *req, const char *rest)
         role = parse_role(buf);
     }
     if (role < 0 || !colon || xpyd_parse_long(colon + 1, 1, 65535, &port) != 0) {
-        rt_reply_error(req, 400, "use DELETE /admin/instances/<prefill|decode>/<host>:<port>");
+        xpyd_reply_error(req, 400, "use DELETE /admin/instances/<prefill|decode>/<host>:<port>");
         return;
     }
     *colon = 0;
@@ -369,7 +370,7 @@ static void admin_remove(evhtp_request_t *req, const char *rest)
     pthread_mutex_unlock(&reg_mu);
     if (!n) {
         cJSON_Delete(out);
-        rt_reply_error(req, 404, "no such active instance in that pool");
+        xpyd_reply_error(req, 404, "no such active instance in that pool");
         return;
     }
     send_cjson(req, 200, out);
@@ -392,7 +393,7 @@ static void on_admin_instances(evhtp_request_t *req, void *arg)
     else {
         evhtp_headers_add_header(req->headers_out,
                                  evhtp_header_new("Allow", rest[0] ? "DELETE" : "GET, POST", 0, 0));
-        rt_reply_error(req, 405, "use GET or POST /admin/instances, or DELETE /admin/instances/<role>/<host>:<port>");
+        xpyd_reply_error(req, 405, "use GET or POST /admin/instances, or DELETE /admin/instances/<role>/<host>:<port>");
     }
 }
 

@@ -6,6 +6,7 @@
 #include "config.h"
 #include "metrics_table.h"
 #include "xpyd_http_client.h"
+#include "xpyd_reply.h"
 #include "xb.h"
 
 #include <stdatomic.h>
@@ -113,23 +114,12 @@ struct rthread {
     struct rthread *next_thread;      /* all threads, for kicking */
 };
 
-/* reply.c: immediate answers and authentication, a leaf every module may call.
+/* auth.c: the client --api-key, a leaf every module may call (answers: xpyd_reply.h, common/).
  * With --api-key: 1 when the request carries the key (constant-time compare), else answers 401 and returns 0.
  * Without a key configured: 1. */
 int rt_authorized(struct evhtp_request *req);
-/* Answers a request at once: body with its Content-Type; or an OpenAI error JSON for status with msg. Any
- * headers already in req->headers_out go too; a HEAD request gets the headers and no body. */
-void rt_reply(struct evhtp_request *req, int status, const char *ctype, const char *body, size_t len);
-void rt_reply_error(struct evhtp_request *req, int status, const char *msg);
-struct evbuffer;
-void rt_reply_buffer(struct evhtp_request *req, int status, const char *ctype, struct evbuffer *body);
-/* 1 when the request's method is in allow ("GET, HEAD"); else answers 405 with Allow and returns 0. */
-int rt_method_allowed(struct evhtp_request *req, const char *allow);
-/* The standard reason phrase of an HTTP status. */
-const char *rt_status_reason(int status);
 /* 1 when the request carries Authorization: Bearer <key> (constant-time compare). Replies nothing. */
 int rt_bearer_ok(struct evhtp_request *req, const char *key);
-int rt_bearer_value_ok(const char *authorization, const char *key);
 
 /* The live pools (registry.c): fixed-capacity arrays filled from the configuration, grown at runtime. */
 int rt_registry_setup(struct router *rt);
@@ -154,8 +144,6 @@ int rt_client_headers_hook(struct evhtp_request *req, void *guard);
 /* The handler's cleanup for req, run once when libevhtp frees the request (answer sent, or connection gone);
  * NULL to cancel. Handlers use this instead of libevhtp's request hooks, which would hide the guard's. */
 void rt_client_set_owner(struct evhtp_request *req, void (*fini)(void *arg), void *arg);
-/* The connection closes once this request's answer is sent (rt_reply writes "Connection: close"). */
-void rt_close_after_reply(struct evhtp_request *req);
 
 /* --handoff xpyd (kvxfer.c): the router's transfer engine and its release notifications. */
 struct cJSON;

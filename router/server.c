@@ -86,15 +86,15 @@ static void handle_generate(evhtp_request_t *req, int kind)
         access_log_rejected(req, kind, 401, RF_BAD_REQUEST);
         return;
     }
-    if (!rt_method_allowed(req, "POST")) {
+    if (!xpyd_method_allowed(req, "POST")) {
         atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);
         atomic_fetch_add(&g_rt->ctr.requests[kind][405], 1);
         access_log_rejected(req, kind, 405, RF_BAD_REQUEST);
         return;
     }
     if (atomic_load(&g_rt->draining)) {
-        rt_close_after_reply(req);
-        rt_reply_error(req, 503, "the router is shutting down (draining): retry on another router");
+        xpyd_close_after_reply(req);
+        xpyd_reply_error(req, 503, "the router is shutting down (draining): retry on another router");
         atomic_fetch_add(&g_rt->ctr.requests[kind][503], 1);
         access_log_rejected(req, kind, 503, RF_NONE);
         return;
@@ -104,7 +104,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
         char msg[160];
         snprintf(msg, sizeof msg, "request body exceeds the limit of %ld bytes (--max-body-bytes)",
                  g_rt->cfg.max_body_bytes);
-        rt_reply_error(req, 413, msg);
+        xpyd_reply_error(req, 413, msg);
         atomic_fetch_add(&g_rt->ctr.errors[RF_BODY_TOO_LARGE], 1);
         atomic_fetch_add(&g_rt->ctr.requests[kind][413], 1);
         access_log_rejected(req, kind, 413, RF_BODY_TOO_LARGE);
@@ -123,7 +123,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
         char msg[200];
         if (!body)
             snprintf(msg, sizeof msg, "malformed JSON body: %s (near byte %zu)", why, err_at);
-        rt_reply_error(req, 400, body ? bad : msg);
+        xpyd_reply_error(req, 400, body ? bad : msg);
         cJSON_Delete(body);
         rw_src_free(src);
         atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);

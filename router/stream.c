@@ -34,7 +34,7 @@ void client_answer_json(struct request *r, int status, const char *body, size_t 
     r->status = status;
     if ((status == 429 || status == 503) && r->retry_after[0])
         add_header(req, "Retry-After", r->retry_after);
-    rt_reply(req, status, "application/json", body, len);
+    xpyd_reply(req, status, "application/json", body, len);
     evhtp_request_resume(req);
 }
 

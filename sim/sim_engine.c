@@ -7,6 +7,7 @@
  * error, abort, client disconnect) goes through sreq_release(), which is idempotent and returns the slot,
  * cancels timers and pulls, and counts what happened. */
 #include "sim_internal.h"
+#include "xpyd_reply.h"
 
 #include "xpyd_oai.h"
 #include "xpyd_sse.h"
@@ -168,7 +169,7 @@ void sreq_reply(struct sreq *r, int status, const char *ctype, const char *body,
     sreq_release(r);
     if (!req)
         return;
-    reply_raw(req, status, ctype, body, len);
+    xpyd_reply(req, status, ctype, body, len);
     evhtp_request_resume(req);
 }
 

@@ -50,27 +50,6 @@ void add_header(evhtp_request_t *req, const char *k, const char *v)
     evhtp_headers_add_header(req->headers_out, evhtp_header_new(k, v, 0, 1));
 }
 
-/* Sends a complete response (not for paused requests: see sreq_reply). */
-void reply_raw(evhtp_request_t *req, int status, const char *ctype, const char *body, size_t len)
-{
-    add_header(req, "Content-Type", ctype);
-    if (len)
-        evbuffer_add(req->buffer_out, body, len);
-    evhtp_send_reply(req, (evhtp_res)status);
-}
-
-void reply_error(evhtp_request_t *req, int status, const char *msg)
-{
-    char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
-    reply_raw(req, status, "application/json", body, strlen(body));
-    free(body);
-}
-
-int is_post(evhtp_request_t *req)
-{
-    return evhtp_request_get_method(req) == htp_method_POST;
-}
-
 const char *body_of(evhtp_request_t *req, size_t *len)
 {
     *len = evbuffer_get_length(req->buffer_in);

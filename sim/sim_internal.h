@@ -1,7 +1,7 @@
 /* sim_internal.h - xpyd_sim's shared internals: the simulator, its DP ranks and its requests (struct sreq),
  * and the calls between its files: sim_engine.c (a request's life: scheduling, handoff legs, generation),
  * sim_server.c (HTTP handlers and set-up), sim_metrics.c (/metrics), sim_kv.c (simulated KV bytes and the
- * store), sim_http.c (small reply helpers). */
+ * store), sim_http.c (small helpers); complete answers are common/xpyd_reply.c's, shared with the router. */
 #ifndef SIM_INTERNAL_H
 #define SIM_INTERNAL_H
 
@@ -117,9 +117,6 @@ struct xpull {
 uint64_t sim_rand(struct sim *s);
 void json_escape_into(const char *in, char *out, size_t cap);
 void add_header(evhtp_request_t *req, const char *k, const char *v);
-void reply_raw(evhtp_request_t *req, int status, const char *ctype, const char *body, size_t len);
-void reply_error(evhtp_request_t *req, int status, const char *msg);
-int is_post(evhtp_request_t *req);
 const char *body_of(evhtp_request_t *req, size_t *len);
 struct timeval us_to_tv(uint64_t us);
 struct sim_rank *rank_of(void *arg);

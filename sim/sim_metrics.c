@@ -1,5 +1,6 @@
 /* sim_metrics.c - xpyd_sim's /metrics: vLLM's series (per DP rank) and the simulator's own counters. */
 #include "sim_internal.h"
+#include "xpyd_reply.h"
 
 #include "xpyd_oai.h"
 #include "xpyd_sse.h"
@@ -33,7 +34,7 @@ static void metric_head(struct evbuffer *b, const char *name, const char *type, 
 void on_metrics(evhtp_request_t *req, void *arg)
 {
     struct sim *s = rank_of(arg)->sim;
-    struct evbuffer *b = req->buffer_out;
+    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
     int lo = 0, hi = s->nranks;
     if (!s->cfg.dp_internal && s->nranks > 1) { /* external: each port reports its own rank */
         lo = rank_of(arg)->idx;
@@ -128,6 +129,7 @@ void on_metrics(evhtp_request_t *req, void *arg)
     evbuffer_add_printf(b, "xpyd_sim:faults_injected_total{kind=\"status_code\"} %" PRIu64 "\n", s->faults_status);
     evbuffer_add_printf(b, "xpyd_sim:faults_injected_total{kind=\"disconnect\"} %" PRIu64 "\n", s->faults_disconnect);
     evbuffer_add_printf(b, "xpyd_sim:faults_injected_total{kind=\"stall\"} %" PRIu64 "\n", s->faults_stall);
-    reply_raw(req, 200, "text/plain; version=0.0.4", "", 0);
+    xpyd_reply_buffer(req, 200, "text/plain; version=0.0.4", b);
+    evbuffer_free(b);
 }
 

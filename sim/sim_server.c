@@ -1,6 +1,7 @@
 /* sim_server.c - xpyd_sim's HTTP server: the OpenAI endpoints, KV pulls and aborts, DP ranks' listeners,
  * signals and set-up. One process, one event loop. */
 #include "sim_internal.h"
+#include "xpyd_reply.h"
 
 #include "xpyd_oai.h"
 #include "xpyd_sse.h"
@@ -64,18 +65,16 @@ static struct sim_rank *pick_rank(struct sim *s, struct sim_rank *own, evhtp_req
 static void handle_generate(evhtp_request_t *req, struct sim_rank *own, int chat)
 {
     struct sim *s = own->sim;
-    if (!is_post(req)) {
-        reply_error(req, 405, "Method Not Allowed");
+    if (!xpyd_method_allowed(req, "POST"))
         return;
-    }
     if (s->cfg.status_code) {
         s->faults_status++;
-        reply_error(req, s->cfg.status_code, "xpyd_sim: injected status (--status-code)");
+        xpyd_reply_error(req, s->cfg.status_code, "xpyd_sim: injected status (--status-code)");
         return;
     }
     if (s->cfg.fail_rate > 0 && (double)(sim_rand(s) >> 11) / 9007199254740992.0 < s->cfg.fail_rate) {
         s->faults_fail_rate++;
-        reply_error(req, 500, "xpyd_sim: injected failure (--fail-rate)");
+        xpyd_reply_error(req, 500, "xpyd_sim: injected failure (--fail-rate)");
         return;
     }
     size_t len;
@@ -85,7 +84,7 @@ static void handle_generate(evhtp_request_t *req, struct sim_rank *own, int chat
     char *err = NULL;
     int status = sim_params_parse(body, len, chat, &lim, &p, &err);
     if (status) {
-        reply_error(req, status, err);
+        xpyd_reply_error(req, status, err);
         free(err);
         return;
     }
@@ -93,7 +92,7 @@ static void handle_generate(evhtp_request_t *req, struct sim_rank *own, int chat
     if ((p.h.do_remote_prefill && s->cfg.role == SIM_ROLE_PREFILL) ||
         (p.h.do_remote_decode && s->cfg.role == SIM_ROLE_DECODE)) {
         sim_params_free(&p);
-        reply_error(req, 400, s->cfg.role == SIM_ROLE_PREFILL
+        xpyd_reply_error(req, 400, s->cfg.role == SIM_ROLE_PREFILL
                                   ? "this engine is a KV producer (prefill): it cannot take do_remote_prefill"
                                   : "this engine is a KV consumer (decode): it cannot take do_remote_decode");
         return;
@@ -101,7 +100,7 @@ static void handle_generate(evhtp_request_t *req, struct sim_rank *own, int chat
     struct sim_rank *rk = pick_rank(s, own, req, &p, rerr, sizeof rerr);
     if (!rk) {
         sim_params_free(&p);
-        reply_error(req, 400, rerr);
+        xpyd_reply_error(req, 400, rerr);
         return;
     }
     struct sreq *r = XPYD_XALLOC(calloc(1, sizeof *r));
@@ -153,7 +152,7 @@ static void on_chat(evhtp_request_t *req, void *arg)
 
 static void on_health(evhtp_request_t *req, void *arg)
 {
-    reply_raw(req, 200, "application/json", "", 0);
+    xpyd_reply(req, 200, "application/json", "", 0);
 }
 
 static void on_models(evhtp_request_t *req, void *arg)
@@ -165,33 +164,32 @@ static void on_models(evhtp_request_t *req, void *arg)
                      "\"owned_by\":\"vllm\",\"root\":\"%s\",\"parent\":null,\"max_model_len\":%ld,"
                      "\"permission\":[]}]}",
                      s->model_json, (long long)xpyd_wall_s(), s->model_json, s->cfg.max_model_len);
-    reply_raw(req, 200, "application/json", buf, (size_t)n);
+    xpyd_reply(req, 200, "application/json", buf, (size_t)n);
 }
 
 static void on_tokenize(evhtp_request_t *req, void *arg)
 {
     struct sim *s = rank_of(arg)->sim;
-    if (!is_post(req)) {
-        reply_error(req, 405, "Method Not Allowed");
+    if (!xpyd_method_allowed(req, "POST"))
         return;
-    }
     size_t len;
     const char *body = body_of(req, &len);
     struct sim_prompt pr;
     char *err = NULL;
     int st = sim_tokenize_parse(body, len, &pr, &err);
     if (st) {
-        reply_error(req, st, err);
+        xpyd_reply_error(req, st, err);
         free(err);
         return;
     }
-    struct evbuffer *b = req->buffer_out;
+    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
     evbuffer_add_printf(b, "{\"count\":%zu,\"max_model_len\":%ld,\"tokens\":[", pr.n, s->cfg.max_model_len);
     for (size_t i = 0; i < pr.n; i++)
         evbuffer_add_printf(b, i ? ",%u" : "%u", pr.ids[i]);
     evbuffer_add_printf(b, "],\"token_strs\":null}");
     sim_prompt_free(&pr);
-    reply_raw(req, 200, "application/json", "", 0);
+    xpyd_reply_buffer(req, 200, "application/json", b);
+    evbuffer_free(b);
 }
 
 static void kv_take(evhtp_request_t *req, struct sim *s, int release);
@@ -224,19 +222,19 @@ static void kv_take(evhtp_request_t *req, struct sim *s, int release)
         snprintf(key, sizeof key, "req:%.240s", rid->valuestring);
     } else {
         cJSON_Delete(o);
-        reply_error(req, 400, "kv pull needs bootstrap_room, or remote_engine_id + remote_request_id + block_sig");
+        xpyd_reply_error(req, 400, "kv pull needs bootstrap_room, or remote_engine_id + remote_request_id + block_sig");
         return;
     }
     struct sim_lease *l = sim_lease_find(&s->leases, key);
     if (!l) {
         cJSON_Delete(o);
         if (cJSON_IsString(room)) {
-            reply_error(req, 409, "bootstrap room not registered yet");
+            xpyd_reply_error(req, 409, "bootstrap room not registered yet");
             return;
         }
         snprintf(msg, sizeof msg, "no KV held for remote_request_id '%.200s' (expired, already pulled, or never "
                                   "issued)", key + 4);
-        reply_error(req, 404, msg);
+        xpyd_reply_error(req, 404, msg);
         return;
     }
     if (!cJSON_IsString(room)) {
@@ -246,7 +244,7 @@ static void kv_take(evhtp_request_t *req, struct sim *s, int release)
             snprintf(msg, sizeof msg, "remote_engine_id or remote_block_ids do not match the KV held for '%.200s'",
                      key + 4);
             cJSON_Delete(o);
-            reply_error(req, 404, msg);
+            xpyd_reply_error(req, 404, msg);
             return;
         }
     }
@@ -255,12 +253,12 @@ static void kv_take(evhtp_request_t *req, struct sim *s, int release)
     if (release) {
         s->leases_cancelled++;
         lease_drop(s, l);
-        reply_raw(req, 200, "application/json", "{\"released\":true}", 17);
+        xpyd_reply(req, 200, "application/json", "{\"released\":true}", 17);
         return;
     }
     s->leases_released++;
     s->kv_bytes_sent += l->kv_len;
-    reply_raw(req, 200, "application/octet-stream", (const char *)l->kv, l->kv_len);
+    xpyd_reply(req, 200, "application/octet-stream", (const char *)l->kv, l->kv_len);
     lease_drop(s, l);
 }
 
@@ -274,7 +272,7 @@ static void on_abort(evhtp_request_t *req, void *arg)
     const cJSON *rid = cJSON_GetObjectItemCaseSensitive(o, "rid");
     if (!cJSON_IsString(rid)) {
         cJSON_Delete(o);
-        reply_error(req, 400, "abort_request needs a string 'rid'");
+        xpyd_reply_error(req, 400, "abort_request needs a string 'rid'");
         return;
     }
     int n = 0;
@@ -293,12 +291,12 @@ static void on_abort(evhtp_request_t *req, void *arg)
     cJSON_Delete(o);
     char out[64];
     int k = snprintf(out, sizeof out, "{\"aborted\":%d}", n);
-    reply_raw(req, 200, "application/json", out, (size_t)k);
+    xpyd_reply(req, 200, "application/json", out, (size_t)k);
 }
 
 static void on_not_found(evhtp_request_t *req, void *arg)
 {
-    reply_error(req, 404, "Not Found");
+    xpyd_reply_error(req, 404, "Not Found");
 }
 
 /* ---------- setup ---------- */

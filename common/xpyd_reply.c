@@ -1,12 +1,11 @@
-/* reply.c - immediate answers and authentication: a leaf every router module may call.
- *
- * Every complete (non-streamed) answer is written here, not by libevhtp's evhtp_send_reply, so that the
- * router controls its status line and framing: the reason phrase is the standard one for every status
- * (libevhtp's table says "UNKNOWN" for 429 and others), HEAD answers carry the headers of the GET answer
- * and no body, and "Connection: close" is written exactly when the connection will close. What libevhtp
- * needs afterwards is what evhtp_send_reply does: the request is marked finished and the bytes are queued
- * on the connection's bufferevent; libevhtp's write callback then ends the request (keep-alive or close). */
-#include "router.h"
+/* xpyd_reply.c - complete HTTP answers written by xpyd's servers (the router and the simulator), not by
+ * libevhtp's evhtp_send_reply, so that they control the status line and framing: the reason phrase is the
+ * standard one for every status (libevhtp's table says "UNKNOWN" for 429 and others), HEAD answers carry the
+ * headers of the GET answer and no body, and "Connection: close" is written exactly when the connection will
+ * close. What libevhtp needs afterwards is what evhtp_send_reply does: the request is marked finished and the
+ * bytes are queued on the connection's bufferevent; libevhtp's write callback then ends the request
+ * (keep-alive or close). Also the bearer-token comparison both servers' keys use. */
+#include "xpyd_reply.h"
 
 #include "xpyd_oai.h"
 
@@ -18,7 +17,7 @@
 #include <string.h>
 #include <strings.h>
 
-const char *rt_status_reason(int status)
+const char *xpyd_status_reason(int status)
 {
     switch (status) {
     case 100: return "Continue";
@@ -64,7 +63,7 @@ static int add_out_header(evhtp_kv_t *kv, void *arg)
     return 0;
 }
 
-void rt_reply(evhtp_request_t *req, int status, const char *ctype, const char *body, size_t len)
+void xpyd_reply(evhtp_request_t *req, int status, const char *ctype, const char *body, size_t len)
 {
     struct bufferevent *bev = req->conn ? req->conn->bev : NULL;
     if (!bev)
@@ -74,7 +73,7 @@ void rt_reply(evhtp_request_t *req, int status, const char *ctype, const char *b
     struct evbuffer *b = evbuffer_new();
     if (!b)
         abort();
-    evbuffer_add_printf(b, "HTTP/1.%d %d %s\r\n", v10 ? 0 : 1, status, rt_status_reason(status));
+    evbuffer_add_printf(b, "HTTP/1.%d %d %s\r\n", v10 ? 0 : 1, status, xpyd_status_reason(status));
     evhtp_headers_for_each(req->headers_out, add_out_header, b);
     evbuffer_add_printf(b, "Content-Type: %s\r\nContent-Length: %zu\r\n", ctype, len);
     if (!keep)
@@ -89,20 +88,20 @@ void rt_reply(evhtp_request_t *req, int status, const char *ctype, const char *b
     evbuffer_free(b);
 }
 
-void rt_reply_error(evhtp_request_t *req, int status, const char *msg)
+void xpyd_reply_error(evhtp_request_t *req, int status, const char *msg)
 {
     char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
-    rt_reply(req, status, "application/json", body, strlen(body));
+    xpyd_reply(req, status, "application/json", body, strlen(body));
     free(body);
 }
 
-void rt_reply_buffer(evhtp_request_t *req, int status, const char *ctype, struct evbuffer *body)
+void xpyd_reply_buffer(evhtp_request_t *req, int status, const char *ctype, struct evbuffer *body)
 {
     size_t n = body ? evbuffer_get_length(body) : 0;
-    rt_reply(req, status, ctype, n ? (const char *)evbuffer_pullup(body, -1) : "", n);
+    xpyd_reply(req, status, ctype, n ? (const char *)evbuffer_pullup(body, -1) : "", n);
 }
 
-int rt_method_allowed(evhtp_request_t *req, const char *allow)
+int xpyd_method_allowed(evhtp_request_t *req, const char *allow)
 {
     const char *m = htparser_get_methodstr_m(evhtp_request_get_method(req));
     size_t ml = m ? strlen(m) : 0;
@@ -118,18 +117,18 @@ int rt_method_allowed(evhtp_request_t *req, const char *allow)
     evhtp_headers_add_header(req->headers_out, evhtp_header_new("Allow", allow, 0, 1));
     char msg[160];
     snprintf(msg, sizeof msg, "Method Not Allowed: use %s", allow);
-    rt_reply_error(req, 405, msg);
+    xpyd_reply_error(req, 405, msg);
     return 0;
 }
 
 /* libevhtp 1.2.18's evhtp_request_set_keepalive(req, 0) does not clear the flag; clearing it directly makes
- * rt_reply write "Connection: close" and libevhtp close the connection once the answer is sent. */
-void rt_close_after_reply(evhtp_request_t *req)
+ * xpyd_reply write "Connection: close" and libevhtp close the connection once the answer is sent. */
+void xpyd_close_after_reply(evhtp_request_t *req)
 {
     req->flags &= (uint16_t)~EVHTP_REQ_FLAG_KEEPALIVE;
 }
 
-int rt_bearer_value_ok(const char *h, const char *key)
+int xpyd_bearer_value_ok(const char *h, const char *key)
 {
     const char *got = h && strncasecmp(h, "Bearer ", 7) == 0 ? h + 7 : "";
     size_t kl = strlen(key), gl = strlen(got);
@@ -139,17 +138,3 @@ int rt_bearer_value_ok(const char *h, const char *key)
     return diff == 0;
 }
 
-int rt_bearer_ok(evhtp_request_t *req, const char *key)
-{
-    return rt_bearer_value_ok(evhtp_header_find(req->headers_in, "Authorization"), key);
-}
-
-int rt_authorized(evhtp_request_t *req)
-{
-    const char *key = g_rt->cfg.api_key;
-    if (!key[0] || rt_bearer_ok(req, key))
-        return 1;
-    evhtp_headers_add_header(req->headers_out, evhtp_header_new("WWW-Authenticate", "Bearer", 0, 0));
-    rt_reply_error(req, 401, "invalid or missing API key: send Authorization: Bearer <key>");
-    return 0;
-}
