@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include "xb.h"
+#include "xpyd_settings.h"
 #include "xpyd_util.h"
 #include "xpyd_version.h"
 
@@ -13,19 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum kind { K_LONG = 0, K_DOUBLE, K_STR, K_ENUM, K_FLAG };
-
-/* The one table of scalar settings: flag name (JSON key: the same with '_'), type, where, range, default. */
-struct setting {
-    const char *name;
-    int kind;
-    size_t off, size; /* where the value lives in struct rt_config, and its size (from the field itself) */
-    double lo, hi;
-    const char *def;
-    const char *const *choices; /* K_ENUM */
-    const char *help;
-};
-
 static const char *const handoffs[] = {"kv-params", "store", "bootstrap", "none", "xpyd", NULL};
 static const char *const first_tokens[] = {"decode", "prefill", NULL};
 static const char *const dp_modes[] = {"external", "internal", NULL};
@@ -33,15 +21,17 @@ static const char *const log_levels[] = {"none", "error", "warn", "info", "debug
 static const char *const access_logs[] = {"off", "logfmt", "json", NULL};
 static const char *const on_off[] = {"off", "on", NULL};
 
-#define OFF(f) offsetof(struct rt_config, f), sizeof(((struct rt_config *)0)->f)
-static const struct setting settings[] = {
-    {"host", K_STR, OFF(listen_host), 0, 0, "127.0.0.1", NULL,
+#define OFF(f) XPYD_FIELD(struct rt_config, f)
+/* The one table of scalar settings (common/xpyd_settings.h): flag name (JSON key: the same with '_'), type,
+ * field, range, default, choices, text. */
+static const struct xpyd_setting settings[] = {
+    {"host", XS_STR, OFF(listen_host), 0, 0, "127.0.0.1", NULL,
      "listen address (IPv6 as `::1`)"},
-    {"port", K_LONG, OFF(listen_port), 0, 65535, "8000", NULL,
+    {"port", XS_LONG, OFF(listen_port), 0, 65535, "8000", NULL,
      "listen port; 0 = any free port (see `--port-file`)"},
-    {"threads", K_LONG, OFF(threads), 1, 256, "2", NULL,
+    {"threads", XS_LONG, OFF(threads), 1, 256, "2", NULL,
      "event-loop threads serving clients (each owns its upstream connection pools)"},
-    {"handoff", K_ENUM, OFF(handoff), 0, 0, "kv-params", handoffs,
+    {"handoff", XS_ENUM, OFF(handoff), 0, 0, "kv-params", handoffs,
      "`kv-params` (vLLM NixlConnector / MooncakeConnectorV1), `store` (MooncakeStoreConnector), "
      "`bootstrap` (SGLang), `none` (no prefill leg: the decode pool serves whole requests, an aggregated "
      "deployment; `-p` optional), `xpyd` (the kv-params flow with the KV moved by libxpyd_transfer: the "
@@ -49,127 +39,127 @@ static const struct setting settings[] = {
      "reads through its engine and asks the prefill to release; when no decode took the KV the router "
      "sends the release itself through its own engine from a helper thread; per handoff the decode's "
      "`X-KV-Transfer: bytes=N; us=T` feeds `xpyd_kv_handoff_seconds` and `xpyd_kv_bytes_total`)"},
-    {"first-token", K_ENUM, OFF(first_token), 0, 0, "decode", first_tokens,
+    {"first-token", XS_ENUM, OFF(first_token), 0, 0, "decode", first_tokens,
      "`decode`, or `prefill`: a streaming client gets the prefill's token as soon as prefill answers"},
-    {"dp-mode", K_ENUM, OFF(dp_internal), 0, 0, "external", dp_modes,
+    {"dp-mode", XS_ENUM, OFF(dp_internal), 0, 0, "external", dp_modes,
      "external: host `H:P` with DP N is N backends `H:P..H:P+N-1`, interleaved across hosts port-major "
      "(`D0:8200 D1:8200 D0:8201 …`, as the Gaudi scripts); no rank header is sent. internal: one endpoint "
      "per host, each request pinned to a rank with `X-data-parallel-rank: r`"},
-    {"repeat-d-times", K_LONG, OFF(repeat_d_times), 0, 1024, "0", NULL,
+    {"repeat-d-times", XS_LONG, OFF(repeat_d_times), 0, 1024, "0", NULL,
      "benchmark repeat mode: N extra decode-only clones of each request, whose answers are discarded "
      "(`store` handoff only; the README explains the warm-up rule)"},
-    {"max-body-bytes", K_LONG, OFF(max_body_bytes), 1024, 1L << 30, "16777216", NULL,
+    {"max-body-bytes", XS_LONG, OFF(max_body_bytes), 1024, 1L << 30, "16777216", NULL,
      "largest request body; larger gets 413 (read and discarded, never buffered)"},
-    {"max-response-bytes", K_LONG, OFF(max_response_bytes), 1024, 1L << 30, "67108864", NULL,
+    {"max-response-bytes", XS_LONG, OFF(max_response_bytes), 1024, 1L << 30, "67108864", NULL,
      "largest non-streamed engine answer the router buffers; larger fails with 502"},
-    {"connect-timeout-ms", K_LONG, OFF(connect_timeout_ms), 1, 3600000, "5000", NULL,
+    {"connect-timeout-ms", XS_LONG, OFF(connect_timeout_ms), 1, 3600000, "5000", NULL,
      "upstream TCP connect"},
-    {"first-token-timeout-ms", K_LONG, OFF(first_token_timeout_ms), 1, 86400000, "600000", NULL,
+    {"first-token-timeout-ms", XS_LONG, OFF(first_token_timeout_ms), 1, 86400000, "600000", NULL,
      "per leg: request sent → first response byte (504 when it fires)"},
-    {"stream-idle-timeout-ms", K_LONG, OFF(stream_idle_timeout_ms), 1, 86400000, "120000", NULL,
+    {"stream-idle-timeout-ms", XS_LONG, OFF(stream_idle_timeout_ms), 1, 86400000, "120000", NULL,
      "per leg: silence between response bytes once the answer started"},
-    {"max-retries", K_LONG, OFF(max_retries), 0, 10, "2", NULL,
+    {"max-retries", XS_LONG, OFF(max_retries), 0, 10, "2", NULL,
      "extra attempts on another instance, only while nothing reached the client"},
-    {"retry-backoff-ms", K_LONG, OFF(retry_backoff_ms), 0, 10000, "10", NULL,
+    {"retry-backoff-ms", XS_LONG, OFF(retry_backoff_ms), 0, 10000, "10", NULL,
      "wait before a retry: this × 2^(attempt−1), capped at 1 s, × a random 0.5–1.5 (jitter); 0 = at once"},
-    {"retry-budget-percent", K_LONG, OFF(retry_budget_percent), 0, 100, "20", NULL,
+    {"retry-budget-percent", XS_LONG, OFF(retry_budget_percent), 0, 100, "20", NULL,
      "requests that may be retrying at once, as a share of the requests in progress (but always at least "
      "`--retry-budget-min`); beyond it the real error goes to the client (`xpyd_retries_denied_total`)"},
-    {"retry-budget-min", K_LONG, OFF(retry_budget_min), 0, 100000, "3", NULL,
+    {"retry-budget-min", XS_LONG, OFF(retry_budget_min), 0, 100000, "3", NULL,
      "retrying requests always allowed at once, whatever the share"},
-    {"max-connections", K_LONG, OFF(max_connections), 1, 1000000, "10000", NULL,
+    {"max-connections", XS_LONG, OFF(max_connections), 1, 1000000, "10000", NULL,
      "client connections open at once; a request on a connection over the limit gets 503 + `Retry-After: "
      "1` + `Connection: close` (`xpyd_client_connections_rejected_total`, "
      "`xpyd_client_rejected_total{reason=\"over_capacity\"}`); more than a quarter + 16 over it, a "
      "connection is closed at accept unanswered (answering costs buffers too)"},
-    {"header-timeout-ms", K_LONG, OFF(header_timeout_ms), 1, 3600000, "10000", NULL,
+    {"header-timeout-ms", XS_LONG, OFF(header_timeout_ms), 1, 3600000, "10000", NULL,
      "a request head (request line + headers) must be complete this long after its first byte, else 408 + "
      "close; a new connection owes its first head this long after accept (sending nothing: closed "
      "quietly). A client dripping bytes does not extend it (slowloris)"},
-    {"body-idle-timeout-ms", K_LONG, OFF(body_idle_timeout_ms), 1, 3600000, "30000", NULL,
+    {"body-idle-timeout-ms", XS_LONG, OFF(body_idle_timeout_ms), 1, 3600000, "30000", NULL,
      "longest pause while a request body arrives, else 408 + close"},
-    {"keepalive-timeout-ms", K_LONG, OFF(keepalive_timeout_ms), 1, 86400000, "75000", NULL,
+    {"keepalive-timeout-ms", XS_LONG, OFF(keepalive_timeout_ms), 1, 86400000, "75000", NULL,
      "a client connection idle between requests is closed quietly after this long"},
-    {"linger-ms", K_LONG, OFF(linger_ms), 0, 60000, "1000", NULL,
+    {"linger-ms", XS_LONG, OFF(linger_ms), 0, 60000, "1000", NULL,
      "after a refusal by the connection guard (400, 408, 417, 431, 501, 505) the router half-closes and "
      "reads (discarding) this long, so the client reads the answer instead of a reset"},
-    {"max-header-bytes", K_LONG, OFF(max_header_bytes), 256, 1L << 20, "32768", NULL,
+    {"max-header-bytes", XS_LONG, OFF(max_header_bytes), 256, 1L << 20, "32768", NULL,
      "request line + headers; more gets 431 (the head is held back from the parser until complete, so it "
      "is never buffered beyond this)"},
-    {"max-headers", K_LONG, OFF(max_headers), 1, 10000, "100", NULL,
+    {"max-headers", XS_LONG, OFF(max_headers), 1, 10000, "100", NULL,
      "header fields per request; more gets 431"},
-    {"max-header-line-bytes", K_LONG, OFF(max_header_line_bytes), 64, 8000, "8000", NULL,
+    {"max-header-line-bytes", XS_LONG, OFF(max_header_line_bytes), 64, 8000, "8000", NULL,
      "one request or header line; longer gets 431. At most 8000: libevhtp's parser cannot take a token "
      "over 8 KiB"},
-    {"admission-queue", K_LONG, OFF(admission_queue), 0, 1000000, "1024", NULL,
+    {"admission-queue", XS_LONG, OFF(admission_queue), 0, 1000000, "1024", NULL,
      "when every eligible rank of a pool is at its `max_inflight`, a request waits in a FIFO (per router "
      "thread) for a free slot; this many may wait per pool, the next gets 429 + `Retry-After: 1`. 0 = no "
      "queue (soft cap). Gauge `xpyd_admission_queue_depth{role}`"},
-    {"queue-timeout-ms", K_LONG, OFF(queue_timeout_ms), 1, 3600000, "30000", NULL,
+    {"queue-timeout-ms", XS_LONG, OFF(queue_timeout_ms), 1, 3600000, "30000", NULL,
      "longest wait in the admission queue, then 503 naming the pool"},
-    {"upstream-idle-max", K_LONG, OFF(upstream_idle_max), 0, 100000, "64", NULL,
+    {"upstream-idle-max", XS_LONG, OFF(upstream_idle_max), 0, 100000, "64", NULL,
      "idle keep-alive upstream connections kept per thread"},
-    {"client-buffer-bytes", K_LONG, OFF(client_buffer_bytes), 4096, 1L << 30, "262144", NULL,
+    {"client-buffer-bytes", XS_LONG, OFF(client_buffer_bytes), 4096, 1L << 30, "262144", NULL,
      "unsent bytes to a slow client before the decode leg is paused (backpressure; resumed below half)"},
-    {"bytes-per-token", K_DOUBLE, OFF(bytes_per_token), 0.5, 64, "4.0", NULL,
+    {"bytes-per-token", XS_DOUBLE, OFF(bytes_per_token), 0.5, 64, "4.0", NULL,
      "prompt-size estimate for text prompts (token-id arrays are counted exactly)"},
-    {"log-level", K_ENUM, OFF(log_level), 0, 0, "info", log_levels,
+    {"log-level", XS_ENUM, OFF(log_level), 0, 0, "info", log_levels,
      "none, error, warn, info, debug; request failures (`event=request_failed`), health transitions, "
      "ejections and drain events are printed at every level but none"},
-    {"access-log", K_ENUM, OFF(access_log), 0, 0, "off", access_logs,
+    {"access-log", XS_ENUM, OFF(access_log), 0, 0, "off", access_logs,
      "one line per request to stderr: `off`, `logfmt`, `json`"},
-    {"metrics", K_ENUM, OFF(metrics), 0, 0, "on", on_off,
+    {"metrics", XS_ENUM, OFF(metrics), 0, 0, "on", on_off,
      "`on`: latency histograms recorded; `off` only to measure their cost (counters stay)"},
-    {"health-interval-ms", K_LONG, OFF(health_interval_ms), 0, 3600000, "2000", NULL,
+    {"health-interval-ms", XS_LONG, OFF(health_interval_ms), 0, 3600000, "2000", NULL,
      "active health check period: `GET /health` on every endpoint; 0 turns checks off"},
-    {"health-timeout-ms", K_LONG, OFF(health_timeout_ms), 1, 600000, "1000", NULL,
+    {"health-timeout-ms", XS_LONG, OFF(health_timeout_ms), 1, 600000, "1000", NULL,
      "one check's deadline (connect and answer)"},
-    {"health-rise", K_LONG, OFF(health_rise), 1, 100, "2", NULL,
+    {"health-rise", XS_LONG, OFF(health_rise), 1, 100, "2", NULL,
      "passed checks in a row that bring a down endpoint back"},
-    {"health-fall", K_LONG, OFF(health_fall), 1, 100, "3", NULL,
+    {"health-fall", XS_LONG, OFF(health_fall), 1, 100, "3", NULL,
      "failed checks in a row that take an endpoint down"},
-    {"eject-after-failures", K_LONG, OFF(eject_after), 0, 1000, "3", NULL,
+    {"eject-after-failures", XS_LONG, OFF(eject_after), 0, 1000, "3", NULL,
      "passive ejection: consecutive failed attempts on a rank (connect error, timeout, 5xx, unusable "
      "answer; never a 4xx) that take it out of rotation; 0 = off"},
-    {"eject-base-ms", K_LONG, OFF(eject_base_ms), 1, 3600000, "1000", NULL,
+    {"eject-base-ms", XS_LONG, OFF(eject_base_ms), 1, 3600000, "1000", NULL,
      "first ejection's length, doubling per repeat (reset by a success) up to `--eject-max-ms`; at most "
      "half of a pool is ejected at once"},
-    {"eject-max-ms", K_LONG, OFF(eject_max_ms), 1, 3600000, "30000", NULL,
+    {"eject-max-ms", XS_LONG, OFF(eject_max_ms), 1, 3600000, "30000", NULL,
      "longest ejection"},
-    {"drain-timeout-ms", K_LONG, OFF(drain_timeout_ms), 0, 3600000, "30000", NULL,
+    {"drain-timeout-ms", XS_LONG, OFF(drain_timeout_ms), 0, 3600000, "30000", NULL,
      "on SIGTERM/SIGINT: `/health` answers 503, the listener closes, generate requests on open connections "
      "get 503 + `Connection: close`, in-flight requests get this long to finish, then exit 0 (a second "
      "signal exits at once)"},
-    {"scrape-interval-ms", K_LONG, OFF(scrape_interval_ms), 0, 3600000, "0", NULL,
+    {"scrape-interval-ms", XS_LONG, OFF(scrape_interval_ms), 0, 3600000, "0", NULL,
      "engine feedback: read each endpoint's `/metrics` this often and blend it into the load; 0 = off"},
-    {"feedback-waiting-tokens", K_LONG, OFF(feedback_waiting_tokens), 0, 1L << 30, "512", NULL,
+    {"feedback-waiting-tokens", XS_LONG, OFF(feedback_waiting_tokens), 0, 1L << 30, "512", NULL,
      "load one request waiting in the engine (`vllm:num_requests_waiting`) adds, in tokens"},
-    {"feedback-running-tokens", K_LONG, OFF(feedback_running_tokens), 0, 1L << 30, "0", NULL,
+    {"feedback-running-tokens", XS_LONG, OFF(feedback_running_tokens), 0, 1L << 30, "0", NULL,
      "load one request running in the engine (`vllm:num_requests_running`) adds; 0 because the router's "
      "own requests are already in its outstanding tokens — set it when other clients share the engines"},
-    {"feedback-kv-tokens", K_LONG, OFF(feedback_kv_tokens), 0, 1L << 30, "8192", NULL,
+    {"feedback-kv-tokens", XS_LONG, OFF(feedback_kv_tokens), 0, 1L << 30, "8192", NULL,
      "load a full engine KV cache (`vllm:kv_cache_usage_perc`, else `vllm:gpu_cache_usage_perc`, = 1.0) "
      "adds"},
-    {"api-key", K_STR, OFF(api_key), 0, 0, "", NULL,
+    {"api-key", XS_STR, OFF(api_key), 0, 0, "", NULL,
      "every endpoint but `/health` and `/metrics` needs `Authorization: Bearer KEY` (401, constant-time "
      "compare); env `XPYD_API_KEY` when the flag is absent; the key is never logged and is forwarded to "
      "engines as the client sent it"},
-    {"admin-key", K_STR, OFF(admin_key), 0, 0, "", NULL,
+    {"admin-key", XS_STR, OFF(admin_key), 0, 0, "", NULL,
      "turns the admin API on for `Authorization: Bearer KEY` (env `XPYD_ADMIN_KEY` when the flag is "
      "absent)"},
-    {"metadata-write-key", K_STR, OFF(metadata_write_key), 0, 0, "", NULL,
+    {"metadata-write-key", XS_STR, OFF(metadata_write_key), 0, 0, "", NULL,
      "`PUT`/`POST`/`DELETE /metadata` need `Authorization: Bearer KEY` (or the admin key): the store holds "
      "transfer-engine segment descriptors, which steer where KV bytes are written. With neither key set, "
      "writes get 403; env `XPYD_METADATA_WRITE_KEY`"},
-    {"metadata-max-keys", K_LONG, OFF(metadata_max_keys), 0, 10000000, "65536", NULL,
+    {"metadata-max-keys", XS_LONG, OFF(metadata_max_keys), 0, 10000000, "65536", NULL,
      "keys the Mooncake-compatible metadata store (`GET|PUT|DELETE /metadata?key=K`, value = body) holds; "
      "reads are guarded by `--api-key` like client endpoints, writes need the `--metadata-write-key` or "
      "the `--admin-key`; a new key beyond this gets 507 (gauge `xpyd_metadata_keys`)"},
-    {"metadata-max-value-bytes", K_LONG, OFF(metadata_max_value_bytes), 1, 1L << 26, "1048576", NULL,
+    {"metadata-max-value-bytes", XS_LONG, OFF(metadata_max_value_bytes), 1, 1L << 26, "1048576", NULL,
      "largest `/metadata` value; larger gets 413"},
-    {"max-instances", K_LONG, OFF(max_instances), 1, 4096, "1024", NULL,
+    {"max-instances", XS_LONG, OFF(max_instances), 1, 4096, "1024", NULL,
      "ranks a pool can hold, including ones added at runtime"},
-    {"port-file", K_STR, OFF(port_file), 0, 0, "", NULL,
+    {"port-file", XS_STR, OFF(port_file), 0, 0, "", NULL,
      "write the bound port there once listening"},
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
@@ -177,88 +167,6 @@ static const struct setting settings[] = {
 const char *rt_handoff_name(int h)
 {
     return h >= 0 && h < 5 ? handoffs[h] : "?";
-}
-
-static int set_value(struct rt_config *c, const struct setting *s, const char *v)
-{
-    char *base = (char *)c;
-    switch (s->kind) {
-    case K_LONG: {
-        long x;
-        if (xpyd_parse_long(v, (long)s->lo, (long)s->hi, &x) != 0) {
-            fprintf(stderr, "xpyd_router: --%s needs an integer in [%.0f, %.0f], got '%s'\n", s->name, s->lo, s->hi, v);
-            return -1;
-        }
-        if (s->size == sizeof(int))
-            *(int *)(base + s->off) = (int)x; /* the range check above keeps every int field's range in int */
-        else
-            *(long *)(base + s->off) = x;
-        return 0;
-    }
-    case K_DOUBLE:
-        if (xpyd_parse_double(v, s->lo, s->hi, (double *)(base + s->off)) != 0) {
-            fprintf(stderr, "xpyd_router: --%s needs a number in [%g, %g], got '%s'\n", s->name, s->lo, s->hi, v);
-            return -1;
-        }
-        return 0;
-    case K_STR:
-        if (strlen(v) >= s->size) {
-            fprintf(stderr, "xpyd_router: --%s: longer than %zu bytes\n", s->name, s->size - 1);
-            return -1;
-        }
-        memcpy(base + s->off, v, strlen(v) + 1);
-        return 0;
-    case K_ENUM:
-        for (int i = 0; s->choices[i]; i++) {
-            if (strcmp(s->choices[i], v) == 0) {
-                *(int *)(base + s->off) = i;
-                return 0;
-            }
-        }
-        fprintf(stderr, "xpyd_router: --%s: unknown value '%s'\n", s->name, v);
-        return -1;
-    default:
-        return -1;
-    }
-}
-
-static const struct setting *find_setting(const char *name)
-{
-    for (size_t i = 0; i < NSETTINGS; i++) {
-        const char *a = settings[i].name, *b = name;
-        while (*a && (*a == *b || (*a == '-' && *b == '_'))) /* JSON keys may use '_' */
-            a++, b++;
-        if (!*a && !*b)
-            return &settings[i];
-    }
-    return NULL;
-}
-
-/* Prints text (Markdown: backquotes dropped) wrapped at width, continuation lines indented. */
-static void print_wrapped(FILE *f, const char *text, int indent, int width)
-{
-    int col = indent;
-    const char *p = text;
-    while (*p) {
-        while (*p == ' ')
-            p++;
-        const char *w = p;
-        int len = 0;
-        for (; *p && *p != ' '; p++)
-            len += *p != '`' && ((unsigned char)*p & 0xC0) != 0x80; /* display width: no quotes, UTF-8 once */
-        if (col > indent && col + 1 + len > width) {
-            fprintf(f, "\n%*s", indent, "");
-            col = indent;
-        } else if (col > indent) {
-            fputc(' ', f);
-            col++;
-        }
-        for (; w < p; w++)
-            if (*w != '`')
-                fputc(*w, f);
-        col += len;
-    }
-    fputc('\n', f);
 }
 
 static void usage(FILE *f)
@@ -281,38 +189,10 @@ static void usage(FILE *f)
           "  --repeat_d_times N (= --repeat-d-times)  --generator_on_p_node (= --first-token prefill)\n"
           "Settings (default in brackets):\n",
           f);
-    for (size_t i = 0; i < NSETTINGS; i++) {
-        char line[2048];
-        snprintf(line, sizeof line, "%s [%s]", settings[i].help, settings[i].def[0] ? settings[i].def : "none");
-        fprintf(f, "  --%-24s ", settings[i].name);
-        print_wrapped(f, line, 29, 110);
-    }
+    xpyd_settings_usage(f, settings, NSETTINGS);
     fputs("  -h, --help                   this text\n  --version                    version and git revision\n"
           "  --config-reference           the settings as the Markdown table of docs/CONFIGURATION.md\n",
           f);
-}
-
-/* The settings table as Markdown rows (docs/CONFIGURATION.md is generated from it: cmake --build build
- * --target config-doc; the test config_doc_fresh fails when the checked-in file is stale). */
-static void config_reference(FILE *f)
-{
-    fputs("| setting | default | range | meaning |\n|---|---|---|---|\n", f);
-    for (size_t i = 0; i < NSETTINGS; i++) {
-        const struct setting *s = &settings[i];
-        fprintf(f, "| `--%s` | %s%s%s | ", s->name, s->def[0] ? "`" : "", s->def[0] ? s->def : "none",
-                s->def[0] ? "`" : "");
-        if (s->kind == K_LONG)
-            fprintf(f, "%.0f – %.0f", s->lo, s->hi);
-        else if (s->kind == K_DOUBLE)
-            fprintf(f, "%g – %g", s->lo, s->hi);
-        else if (s->kind == K_ENUM)
-            for (int k = 0; s->choices[k]; k++)
-                fprintf(f, "%s`%s`", k ? ", " : "", s->choices[k]);
-        fputs(" | ", f);
-        for (const char *c = s->help; *c; c++)
-            fputs(*c == '|' ? "\\|" : (char[]){*c, 0}, f);
-        fputs(" |\n", f);
-    }
 }
 
 /* ---------- pools ---------- */
@@ -444,7 +324,7 @@ static int load_json(struct rt_config *c, const char *path)
     {
         if (!strcmp(it->string, "prefill") || !strcmp(it->string, "decode") || it->string[0] == '_')
             continue; /* pools below; keys starting with '_' are comments */
-        const struct setting *s = find_setting(it->string);
+        const struct xpyd_setting *s = xpyd_setting_find(settings, NSETTINGS, it->string);
         if (!s) {
             fprintf(stderr, "xpyd_router: config '%s': unknown setting \"%s\"\n", path, it->string);
             rc = -1;
@@ -460,7 +340,7 @@ static int load_json(struct rt_config *c, const char *path)
             rc = -1;
             break;
         }
-        if ((rc = set_value(c, s, val)) != 0)
+        if ((rc = xpyd_setting_set(c, s, val, "xpyd_router")) != 0)
             break;
     }
     if (rc == 0)
@@ -557,40 +437,10 @@ static void append_list(char *dst, size_t cap, const char *v)
     snprintf(dst + l, cap - l, "%s%s", l ? "," : "", v);
 }
 
-/* The table checks itself: each row's type must fit the field it names (so a field changed from int to long,
- * or a string buffer shrunk, fails every start of the router and so every test, instead of writing past it),
- * and its default must parse. */
-static int settings_check(struct rt_config *c)
-{
-    for (size_t i = 0; i < NSETTINGS; i++) {
-        const struct setting *s = &settings[i];
-        int ok = 0;
-        switch (s->kind) {
-        case K_LONG:
-            ok = s->size == sizeof(long) || (s->size == sizeof(int) && s->lo >= INT_MIN && s->hi <= INT_MAX);
-            break;
-        case K_DOUBLE:
-            ok = s->size == sizeof(double);
-            break;
-        case K_ENUM:
-            ok = s->size == sizeof(int) && s->choices;
-            break;
-        case K_STR:
-            ok = s->size > strlen(s->def);
-            break;
-        }
-        if (!ok || (s->def[0] && set_value(c, s, s->def) != 0)) {
-            fprintf(stderr, "xpyd_router: internal error: setting --%s does not fit its field\n", s->name);
-            return -1;
-        }
-    }
-    return 0;
-}
-
 int rt_config_load(struct rt_config *c, int argc, char **argv)
 {
     memset(c, 0, sizeof *c);
-    if (settings_check(c) != 0)
+    if (xpyd_settings_defaults(c, settings, NSETTINGS, "xpyd_router") != 0) /* and the table checks itself */
         return -1;
     snprintf(c->id_prefix, sizeof c->id_prefix, "xpyd");
     for (int r = 0; r < 2; r++) {
@@ -656,7 +506,7 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
             return 1;
         }
         if (!strcmp(a, "--config-reference")) {
-            config_reference(stdout);
+            xpyd_settings_reference(stdout, settings, NSETTINGS); /* docs/CONFIGURATION.md (target config-doc) */
             return 1;
         }
         if (!strcmp(a, "--dry-run")) {
@@ -716,12 +566,12 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
         const char *name = a + 2;
         if (!strcmp(name, "repeat_d_times"))
             name = "repeat-d-times";
-        const struct setting *s = find_setting(name);
+        const struct xpyd_setting *s = xpyd_setting_find(settings, NSETTINGS, name);
         if (!s) {
             fprintf(stderr, "xpyd_router: unknown option '%s' (see --help)\n", a);
             return -1;
         }
-        if (set_value(c, s, v) != 0)
+        if (xpyd_setting_set(c, s, v, "xpyd_router") != 0)
             return -1;
     }
     for (int r = 0; r < 2; r++)
