@@ -18,7 +18,6 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/http.h>
 #include <event2/listener.h>
 #include <netinet/in.h>
 #include <evhtp/evhtp.h>
@@ -47,6 +46,8 @@ evhtp_res on_request_fini(evhtp_request_t *req, void *arg)
     }
     LIST_REMOVE(r, all);
     sim_params_free(&r->p);
+    if (r->pull_buf)
+        evbuffer_free(r->pull_buf);
     if (r->text)
         evbuffer_free(r->text);
     cJSON_Delete(r->kv_out);
@@ -89,25 +90,42 @@ void pump_waiting(struct sim_rank *rk)
     }
 }
 
-static void free_pull_conn_cb(evutil_socket_t fd, short ev, void *arg)
-{
-    evhttp_connection_free(arg);
-}
-
 static void pull_cancel(struct sreq *r)
 {
-    if (r->pull_req) {
-        evhttp_cancel_request(r->pull_req);
-        r->pull_req = NULL;
-    }
-    if (r->pull_conn) {
-        struct timeval zero = {0, 0};
-        event_base_once(r->sim->base, -1, EV_TIMEOUT, free_pull_conn_cb, r->pull_conn, &zero);
-        r->pull_conn = NULL;
+    if (r->pull_leg) {
+        up_leg_cancel(r->pull_leg);
+        r->pull_leg = NULL;
     }
 }
 
-/* Idempotent: gives back everything the request holds. After it the request is SREQ_DONE. */
+/* The endpoint index of a peer (a prefill this decode pulls from or notifies), added on first use. -1 when it
+ * cannot be resolved or the table is full. */
+int sim_peer(struct sim *s, const char *host, int port)
+{
+    for (size_t i = 0; i < s->npeers; i++)
+        if (s->peers[i].port == port && strcmp(s->peers[i].host, host) == 0)
+            return (int)i;
+    if (s->npeers == SIM_MAX_PEERS || up_endpoint_resolve(&s->peers[s->npeers], host, port) != 0)
+        return -1;
+    return (int)s->npeers++;
+}
+
+/* A POST of a small JSON body to a peer through common/'s HTTP client. */
+static struct up_leg *peer_post(struct sim *s, const char *host, int port, const char *path, const char *body,
+                                long timeout_ms, const struct up_leg_cbs *cbs, void *arg)
+{
+    int ep = sim_peer(s, host, port);
+    if (ep < 0)
+        return NULL;
+    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
+    up_request_line(b, &s->peers[ep], "POST", path);
+    evbuffer_add_printf(b, "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    struct up_timeouts to = {timeout_ms, timeout_ms, timeout_ms};
+    struct up_leg *leg = up_leg_start(s->up, ep, b, &to, cbs, arg);
+    evbuffer_free(b);
+    return leg;
+}
+
 void sreq_release(struct sreq *r)
 {
     struct sim_rank *rk = r->rank;
@@ -308,14 +326,27 @@ static void handoff_finished(struct sreq *r, int result)
 
 static void pull_send(struct sreq *r);
 
-static void on_pull_done(struct evhttp_request *resp, void *arg)
+static void pull_head(struct up_leg *leg, int status, void *arg)
+{
+    ((struct sreq *)arg)->pull_status = status;
+}
+
+static void pull_body(struct up_leg *leg, const char *data, size_t len, void *arg)
 {
     struct sreq *r = arg;
-    r->pull_req = NULL; /* libevent frees it after this callback */
+    if (evbuffer_get_length(r->pull_buf) < (64u << 20)) /* far above any simulated KV */
+        evbuffer_add(r->pull_buf, data, len);
+}
+
+/* The pull's answer (err: it could not be had; the leg is gone after this). */
+static void on_pull_done(struct up_leg *leg, int err, void *arg)
+{
+    struct sreq *r = arg;
+    r->pull_leg = NULL;
     if (r->state != SREQ_HANDOFF)
         return;
-    int code = resp ? evhttp_request_get_response_code(resp) : 0;
-    struct evbuffer *in = resp ? evhttp_request_get_input_buffer(resp) : NULL;
+    int code = err ? 0 : r->pull_status;
+    struct evbuffer *in = r->pull_buf;
     size_t len = in ? evbuffer_get_length(in) : 0;
     const unsigned char *data = len ? evbuffer_pullup(in, -1) : NULL;
     char msg[600];
@@ -370,29 +401,14 @@ static char *pull_json(const struct sreq *r)
     return body;
 }
 
-static void release_done_cb(struct evhttp_request *resp, void *arg)
-{
-    struct timeval zero = {0, 0};
-    event_base_once(evhttp_connection_get_base(arg), -1, EV_TIMEOUT, free_pull_conn_cb, arg, &zero);
-}
-
 /* A decode aborted before it pulled its KV tells the prefill to free it (as vLLM's connectors do), so an
  * abandoned request leaves nothing stranded. Fire and forget. */
 void notify_release(struct sreq *r)
 {
-    struct evhttp_connection *c =
-        evhttp_connection_base_new(r->sim->base, NULL, r->p.h.remote_host, (unsigned short)r->p.h.remote_port);
-    if (!c)
-        return;
-    evhttp_connection_set_timeout(c, 5);
-    struct evhttp_request *req = evhttp_request_new(release_done_cb, c);
+    static const struct up_leg_cbs cbs = {NULL, NULL, NULL, NULL, NULL};
     char *body = pull_json(r);
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Host", r->p.h.remote_host);
-    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "application/json");
-    evbuffer_add(evhttp_request_get_output_buffer(req), body, strlen(body));
+    peer_post(r->sim, r->p.h.remote_host, r->p.h.remote_port, "/kv/release", body, 5000, &cbs, NULL);
     free(body);
-    if (evhttp_make_request(c, req, EVHTTP_REQ_POST, "/kv/release") != 0)
-        evhttp_connection_free(c);
     r->sim->release_notices++;
 }
 
@@ -401,26 +417,17 @@ static void pull_send(struct sreq *r)
     struct sim *s = r->sim;
     const char *host = r->p.h.has_bootstrap ? r->p.h.bootstrap_host : r->p.h.remote_host;
     int port = r->p.h.has_bootstrap ? r->p.h.bootstrap_port : r->p.h.remote_port;
-    if (!r->pull_conn) {
-        r->pull_conn = evhttp_connection_base_new(s->base, NULL, host, (unsigned short)port);
-        if (!r->pull_conn) {
-            on_pull_done(NULL, r);
-            return;
-        }
-        evhttp_connection_set_timeout(r->pull_conn, (int)((s->cfg.handoff_timeout_ms + 999) / 1000));
-    }
+    if (r->pull_buf)
+        evbuffer_drain(r->pull_buf, evbuffer_get_length(r->pull_buf));
+    else
+        r->pull_buf = XPYD_XALLOC(evbuffer_new());
+    r->pull_status = 0;
+    static const struct up_leg_cbs cbs = {pull_head, pull_body, on_pull_done, NULL, NULL};
     char *body = pull_json(r);
-    struct evhttp_request *req = XPYD_XALLOC(evhttp_request_new(on_pull_done, r));
-    struct evkeyvalq *h = evhttp_request_get_output_headers(req);
-    evhttp_add_header(h, "Host", host);
-    evhttp_add_header(h, "Content-Type", "application/json");
-    evbuffer_add(evhttp_request_get_output_buffer(req), body, strlen(body));
+    r->pull_leg = peer_post(s, host, port, "/kv/pull", body, s->cfg.handoff_timeout_ms, &cbs, r);
     free(body);
-    r->pull_req = req;
-    if (evhttp_make_request(r->pull_conn, req, EVHTTP_REQ_POST, "/kv/pull") != 0) {
-        r->pull_req = NULL; /* libevent freed it */
-        on_pull_done(NULL, r);
-    }
+    if (!r->pull_leg)
+        on_pull_done(NULL, -EHOSTUNREACH, r);
 }
 
 /* ---------- xpyd handoff: the KV read through libxpyd_transfer ---------- */

@@ -9,6 +9,7 @@
 #include "sim_lease.h"
 #include "sim_request.h"
 #include "sim_tokens.h"
+#include "xpyd_http_client.h"
 #include "xpyd_transfer.h"
 
 #include <cjson/cJSON.h>
@@ -66,7 +67,12 @@ struct sim {
     uint64_t aborts_requested;
     uint64_t abort_calls; /* POST /abort_request received, whether or not it found its request */
     uint64_t release_notices, leases_cancelled;
+    /* peers this engine pulls KV from or notifies: common/'s HTTP client, one endpoint per host:port */
+    struct up_thread *up;
+    struct up_endpoint *peers; /* SIM_MAX_PEERS entries, filled on first use */
+    size_t npeers;
 };
+#define SIM_MAX_PEERS 256
 
 struct sreq {
     struct sim *sim;
@@ -88,8 +94,9 @@ struct sreq {
     struct event *timer;
     struct event *close_ev;
     struct evbuffer *text;  /* non-stream: generated text */
-    struct evhttp_connection *pull_conn;
-    struct evhttp_request *pull_req;
+    struct up_leg *pull_leg;  /* decode: the KV pull in flight (common/'s HTTP client) */
+    struct evbuffer *pull_buf; /* its answer */
+    int pull_status;
     uint64_t deadline_us;
     char lease_key[240];    /* prefill: the lease created for this request */
     struct xpull *xp;       /* decode, xpyd handoff: the read in flight (outlives the request if aborted) */
@@ -129,6 +136,7 @@ int store_write(struct sreq *r);
 int store_read(struct sreq *r);
 
 /* sim_engine.c */
+int sim_peer(struct sim *s, const char *host, int port);
 evhtp_res on_request_fini(evhtp_request_t *req, void *arg);
 void on_client_closed(evutil_socket_t fd, short ev, void *arg);
 void sreq_schedule(struct sreq *r, uint64_t us);

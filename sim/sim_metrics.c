@@ -11,7 +11,6 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/http.h>
 #include <event2/listener.h>
 #include <netinet/in.h>
 #include <evhtp/evhtp.h>

@@ -12,7 +12,6 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
-#include <event2/http.h>
 #include <event2/listener.h>
 #include <netinet/in.h>
 #include <evhtp/evhtp.h>
@@ -400,6 +399,10 @@ int sim_run(const struct sim_config *cfg)
         s->base = event_base_new(); /* no early-close: disconnects are noticed on the next write */
         XLOG_WARN("msg=\"event backend without early close detection\"");
     }
+    s->peers = XPYD_XALLOC(calloc(SIM_MAX_PEERS, sizeof *s->peers));
+    s->up = up_thread_new_shared(s->base, s->peers, SIM_MAX_PEERS, 16);
+    if (!s->up)
+        abort();
     s->nranks = cfg->dp_size;
     s->ranks = XPYD_XALLOC(calloc((size_t)s->nranks, sizeof *s->ranks));
     uint64_t nonce = xpyd_mix64(xpyd_now_us() ^ (uint64_t)getpid());
@@ -485,6 +488,8 @@ out:
         free(xp->buf);
         free(xp);
     }
+    up_thread_free(s->up);
+    free(s->peers);
     XLOG_INFO("msg=\"xpyd_sim stopped\" port=%d", s->cfg.port);
     /* Connections still open are reclaimed by the OS at exit; evhtp has no safe bulk close for them. */
     free(s->ranks);
