@@ -30,8 +30,6 @@ void xb_pool_free(struct xb_pool *p)
 {
     if (!p)
         return;
-    for (size_t i = 0; i < p->n; i++)
-        free((char *)p->inst[i].cfg.host);
     free(p->inst);
     pthread_mutex_destroy(&p->mu);
     free(p);
@@ -52,15 +50,11 @@ int xb_pool_reserve(struct xb_pool *p, size_t cap)
 
 int xb_pool_add(struct xb_pool *p, const struct xb_instance_cfg *cfg)
 {
-    if (!cfg->host || cfg->tp < 1 || cfg->weight < 1)
+    if (cfg->tp < 1 || cfg->weight < 1)
         return -EINVAL;
-    char *host = strdup(cfg->host);
-    if (!host)
-        return -ENOMEM;
     pthread_mutex_lock(&p->mu);
     if (p->n == p->cap && p->fixed) {
         pthread_mutex_unlock(&p->mu);
-        free(host);
         return -ENOSPC;
     }
     if (p->n == p->cap) {
@@ -68,7 +62,6 @@ int xb_pool_add(struct xb_pool *p, const struct xb_instance_cfg *cfg)
         struct xb_inst *ni = realloc(p->inst, nc * sizeof *ni);
         if (!ni) {
             pthread_mutex_unlock(&p->mu);
-            free(host);
             return -ENOMEM;
         }
         p->inst = ni;
@@ -77,7 +70,6 @@ int xb_pool_add(struct xb_pool *p, const struct xb_instance_cfg *cfg)
     struct xb_inst *in = &p->inst[p->n];
     memset(in, 0, sizeof *in);
     in->cfg = *cfg;
-    in->cfg.host = host;
     in->healthy = 1;
     int idx = (int)p->n;
     __atomic_store_n(&p->n, p->n + 1, __ATOMIC_RELEASE);
@@ -110,7 +102,6 @@ int xb_update(struct xb_pool *p, int idx, const struct xb_instance_cfg *cfg)
     in->cfg.tp = cfg->tp;
     in->cfg.weight = cfg->weight;
     in->cfg.max_model_len = cfg->max_model_len;
-    in->cfg.bootstrap_port = cfg->bootstrap_port;
     in->cfg.max_inflight = cfg->max_inflight;
     pthread_mutex_unlock(&p->mu);
     return 0;
@@ -259,13 +250,9 @@ int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out)
         return -EINVAL;
     pthread_mutex_lock(&p->mu);
     const struct xb_inst *in = &p->inst[idx];
-    snprintf(out->host, sizeof out->host, "%s", in->cfg.host);
-    out->port = in->cfg.port;
-    out->dp_rank = in->cfg.dp_rank;
     out->tp = in->cfg.tp;
     out->weight = in->cfg.weight;
     out->max_model_len = in->cfg.max_model_len;
-    out->bootstrap_port = in->cfg.bootstrap_port;
     out->max_inflight = in->cfg.max_inflight;
     out->healthy = in->healthy;
     out->inflight = in->inflight;

@@ -11,22 +11,18 @@
 
 enum xb_policy { XB_POLICY_LOT = 0, XB_POLICY_P2C, XB_POLICY_RR, XB_POLICY_RANDOM };
 
+/* What placement needs to know of an instance: its capacity and limits. Who the instance is (host, port, DP
+ * rank, engine-specific ports) is the caller's registry's business; the balancer knows instances by index. */
 struct xb_instance_cfg {
-    const char *host;     /* copied */
-    int port;
-    int dp_rank;          /* rank pinned with X-data-parallel-rank (internal DP), or -1 */
     int tp;               /* tensor-parallel size, >= 1 */
     int weight;           /* relative capacity, >= 1 */
     long max_model_len;   /* 0: unknown (no filtering) */
-    int bootstrap_port;   /* SGLang bootstrap port, 0 if none */
     int max_inflight;     /* requests the engine runs at once (vLLM max_num_seqs); 0 = unknown */
 };
 
 struct xb_instance_stats {
-    char host[256];
-    int port, dp_rank, tp, weight, healthy, max_inflight;
+    int tp, weight, healthy, max_inflight;
     long max_model_len;
-    int bootstrap_port;
     int64_t inflight;         /* requests charged and not yet released */
     int64_t outstanding;      /* tokens charged and not yet released */
     uint64_t selected;        /* picks */
@@ -50,7 +46,7 @@ int xb_pool_add(struct xb_pool *p, const struct xb_instance_cfg *cfg);
 /* Runtime membership: a removed instance is never picked (in-flight requests finish); 0 puts it back with
  * a clean health/ejection state. */
 int xb_set_removed(struct xb_pool *p, int idx, int removed);
-/* Updates tp, weight, max_model_len, bootstrap_port, max_inflight of an instance. */
+/* Updates tp, weight, max_model_len, max_inflight of an instance. */
 int xb_update(struct xb_pool *p, int idx, const struct xb_instance_cfg *cfg);
 size_t xb_pool_size(const struct xb_pool *p);
 int xb_policy_parse(const char *s); /* lot|p2c|rr|random, -1 if unknown */

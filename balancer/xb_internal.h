@@ -7,7 +7,7 @@
 #include <pthread.h>
 
 struct xb_inst {
-    struct xb_instance_cfg cfg; /* cfg.host owned */
+    struct xb_instance_cfg cfg;
     int healthy;
     int64_t inflight, outstanding;
     int64_t feedback; /* atomic: engine-reported load in tokens */

@@ -83,12 +83,14 @@ static void on_status(evhtp_request_t *req, void *arg)
             xb_stats(g_rt->pools[role], (int)i, &st);
             if (st.removed)
                 continue;
+            const struct rt_rank *rk = &g_rt->cfg.ranks[role][i];
+            const struct rt_endpoint_cfg *ep = &g_rt->cfg.endpoints[rk->endpoint];
             evbuffer_add_printf(b, "%s{\"host\":", listed++ ? "," : "");
-            json_str(b, st.host);
+            json_str(b, ep->host);
             evbuffer_add_printf(b, ",\"port\":%d,\"dp_rank\":%d,\"tp\":%d,\"weight\":%d,\"max_model_len\":%ld,"
                                    "\"max_inflight\":%d,\"healthy\":%s,\"ejected\":%s,\"inflight\":%" PRId64 ",\"outstanding_tokens\":%" PRId64
                                    ",\"feedback_tokens\":%" PRId64 ",\"selected\":%" PRIu64 "}",
-                                st.port, st.dp_rank, st.tp, st.weight, st.max_model_len, st.max_inflight,
+                                ep->port, rk->dp_rank, st.tp, st.weight, st.max_model_len, st.max_inflight,
                                 st.healthy ? "true" : "false", st.ejected ? "true" : "false",
                                 st.inflight, st.outstanding, st.feedback, st.selected);
         }

@@ -134,9 +134,9 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
                 if (st.removed)
                     continue;
                 char hp[300];
+                int dp = rt_rank_identity(role, (int)i, hp, sizeof hp);
                 evbuffer_add_printf(b, "%s{role=\"%s\",instance=\"%s\",dp_rank=\"%d\"} %" PRId64 "\n", im->name,
-                                    roles[role], xpyd_hostport(st.host, st.port, hp, sizeof hp),
-                                    st.dp_rank < 0 ? 0 : st.dp_rank, im->value(&st, role, i));
+                                    roles[role], hp, dp < 0 ? 0 : dp, im->value(&st, role, i));
             }
         }
     }

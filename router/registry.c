@@ -28,9 +28,7 @@ static const char *const apply_names[] = {"updated", "added", "revived"};
 
 static struct xb_instance_cfg inst_cfg(const struct rt_rank *r)
 {
-    const struct rt_endpoint_cfg *e = &g_rt->cfg.endpoints[r->endpoint];
-    struct xb_instance_cfg ic = {e->host, e->port, r->dp_rank, r->tp, r->weight, r->max_model_len,
-                                 r->bootstrap_port, r->max_inflight};
+    struct xb_instance_cfg ic = {r->tp, r->weight, r->max_model_len, r->max_inflight};
     return ic;
 }
 
@@ -238,11 +236,12 @@ static cJSON *rank_json(int role, int idx)
     cJSON_AddStringToObject(o, "host", e->host);
     cJSON_AddNumberToObject(o, "port", e->port);
     cJSON_AddNumberToObject(o, "dp_rank", r->dp_rank);
-    cJSON_AddNumberToObject(o, "tp", r->tp);
-    cJSON_AddNumberToObject(o, "weight", r->weight);
-    cJSON_AddNumberToObject(o, "max_inflight", r->max_inflight);
-    cJSON_AddNumberToObject(o, "max_model_len", (double)r->max_model_len);
-    cJSON_AddBoolToObject(o, "removed", r->removed);
+    /* capacity, limits and eligibility as placement uses them: the balancer's (their one owner at runtime) */
+    cJSON_AddNumberToObject(o, "tp", st.tp);
+    cJSON_AddNumberToObject(o, "weight", st.weight);
+    cJSON_AddNumberToObject(o, "max_inflight", st.max_inflight);
+    cJSON_AddNumberToObject(o, "max_model_len", (double)st.max_model_len);
+    cJSON_AddBoolToObject(o, "removed", st.removed);
     cJSON_AddBoolToObject(o, "healthy", st.healthy);
     cJSON_AddNumberToObject(o, "inflight", (double)st.inflight);
     return o;

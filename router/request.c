@@ -101,29 +101,23 @@ struct evbuffer *req_build(struct request *r, int role, int idx, const char *met
 
 static void inst_desc(int role, int idx, char *out, size_t cap)
 {
-    struct xb_instance_stats st;
-    if (idx < 0 || xb_stats(g_rt->pools[role], idx, &st) != 0) {
+    char hp[280];
+    if (idx < 0) {
         snprintf(out, cap, "%s", role_name(role));
         return;
     }
-    char hp[280];
-    xpyd_hostport(st.host, st.port, hp, sizeof hp);
-    if (st.dp_rank >= 0)
-        snprintf(out, cap, "%s %s (dp rank %d)", role_name(role), hp, st.dp_rank);
+    int dp = rt_rank_identity(role, idx, hp, sizeof hp);
+    if (dp >= 0)
+        snprintf(out, cap, "%s %s (dp rank %d)", role_name(role), hp, dp);
     else
         snprintf(out, cap, "%s %s", role_name(role), hp);
 }
 
 static void inst_short(int role, int idx, char *out, size_t cap)
 {
-    struct xb_instance_stats st;
-    if (idx < 0 || xb_stats(g_rt->pools[role], idx, &st) != 0) {
-        snprintf(out, cap, "-");
-        return;
-    }
-    xpyd_hostport(st.host, st.port, out, cap);
-    if (st.dp_rank >= 0)
-        snprintf(out + strlen(out), cap - strlen(out), "#%d", st.dp_rank);
+    int dp = rt_rank_identity(role, idx, out, cap);
+    if (dp >= 0)
+        snprintf(out + strlen(out), cap - strlen(out), "#%d", dp);
 }
 
 static void access_log(const struct request *r, int fail)

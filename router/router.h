@@ -46,6 +46,9 @@ struct rt_fail_row {
     int status;         /* HTTP status the client gets when it happens before the first byte */
 };
 extern const struct rt_fail_row rt_fail_table[RF_COUNT];
+/* state.c: who rank idx of role is ("host:port" into hp; returns its pinned DP rank or -1). The registry
+ * (g_rt->cfg.ranks, endpoints) is the one owner of identities; the balancer knows ranks by index only. */
+int rt_rank_identity(int role, int idx, char *hp, size_t cap);
 
 /* What the client connection guard (client_conn.c) answered or closed, one counter each. */
 enum rt_client_reject {

@@ -2,6 +2,11 @@
  * its constant tables. A leaf: every module reads these, and this file calls nobody. */
 #include "router.h"
 
+#include "xpyd_util.h"
+
+#include <stdio.h>
+#include <string.h>
+
 struct router *g_rt;
 
 /* Every way a request can fail: the `reason` label of xpyd_request_errors_total and the access log, and the
@@ -26,3 +31,16 @@ const struct rt_fail_row rt_fail_table[RF_COUNT] = {
     [RF_QUEUE_FULL] = {"queue_full", 429},
     [RF_QUEUE_TIMEOUT] = {"queue_timeout", 503},
 };
+
+/* Who rank idx of role is: "host:port" (IPv6 in brackets) into hp, and its pinned DP rank (-1: none). */
+int rt_rank_identity(int role, int idx, char *hp, size_t cap)
+{
+    if (idx < 0 || (size_t)idx >= __atomic_load_n(&g_rt->cfg.n_ranks[role], __ATOMIC_ACQUIRE)) {
+        snprintf(hp, cap, "-");
+        return -1;
+    }
+    const struct rt_rank *r = &g_rt->cfg.ranks[role][idx];
+    const struct rt_endpoint_cfg *e = &g_rt->cfg.endpoints[r->endpoint];
+    xpyd_hostport(e->host, e->port, hp, cap);
+    return r->dp_rank;
+}
