@@ -37,7 +37,7 @@ static void kv_abandon(struct request *r, int decode_in_flight)
         return; /* finish_decode_write: that decode sees the request and its cancellation */
     const struct leg *d = &r->legs[RT_DECODE];
     int idx = -1;
-    for (size_t i = 0; i < g_rt->cfg.n_ranks[RT_DECODE]; i++) {
+    for (size_t i = 0; i < g_rt->reg.n_ranks[RT_DECODE]; i++) {
         struct xb_instance_stats st;
         if (xb_stats(g_rt->pools[RT_DECODE], (int)i, &st) != 0 || !st.healthy || st.ejected || st.removed)
             continue;

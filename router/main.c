@@ -26,7 +26,7 @@
 /* 200 only while at least one prefill and one decode instance are usable. */
 static int pool_usable(int role)
 {
-    for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
+    for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
         struct xb_instance_stats st;
         if (xb_stats(g_rt->pools[role], (int)i, &st) == 0 && st.healthy && !st.removed)
             return 1;
@@ -78,13 +78,13 @@ static void on_status(evhtp_request_t *req, void *arg)
                             role ? "," : "", role ? "decode" : "prefill", xb_policy_name(g_rt->cfg.pools[role].policy),
                             inflight, outstanding);
         int listed = 0;
-        for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
+        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
             struct xb_instance_stats st;
             xb_stats(g_rt->pools[role], (int)i, &st);
             if (st.removed)
                 continue;
-            const struct rt_rank *rk = &g_rt->cfg.ranks[role][i];
-            const struct rt_endpoint_cfg *ep = &g_rt->cfg.endpoints[rk->endpoint];
+            const struct rt_rank *rk = &g_rt->reg.ranks[role][i];
+            const struct rt_endpoint_cfg *ep = &g_rt->reg.endpoints[rk->endpoint];
             evbuffer_add_printf(b, "%s{\"host\":", listed++ ? "," : "");
             json_str(b, ep->host);
             evbuffer_add_printf(b, ",\"port\":%d,\"dp_rank\":%d,\"tp\":%d,\"weight\":%d,\"max_model_len\":%ld,"
@@ -254,8 +254,8 @@ int main(int argc, char **argv)
     event_add(st, NULL);
     event_add(sh, NULL);
     XLOG_INFO("msg=\"xpyd_router ready\" listen=%s:%d threads=%d handoff=%s prefill_ranks=%zu decode_ranks=%zu",
-              rt->cfg.listen_host, port, rt->cfg.threads, rt_handoff_name(rt->cfg.handoff), rt->cfg.n_ranks[0],
-              rt->cfg.n_ranks[1]);
+              rt->cfg.listen_host, port, rt->cfg.threads, rt_handoff_name(rt->cfg.handoff), rt->reg.n_ranks[0],
+              rt->reg.n_ranks[1]);
     fflush(stderr);
     struct probe *probe = probe_start(base);
     event_base_dispatch(base);

@@ -128,7 +128,7 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
         const struct instance_metric *im = &instance_metrics[m];
         evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", im->name, im->help, im->name, im->type);
         for (int role = 0; role < 2; role++) {
-            for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
+            for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
                 struct xb_instance_stats st;
                 xb_stats(g_rt->pools[role], (int)i, &st);
                 if (st.removed)

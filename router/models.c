@@ -45,7 +45,7 @@ static void m_done(struct up_leg *leg, int err, void *arg)
         free(m);
         return;
     }
-    if ((err || m->status != 200) && m->tries < (int)g_rt->cfg.n_ranks[RT_DECODE] + (int)g_rt->cfg.n_ranks[RT_PREFILL]) {
+    if ((err || m->status != 200) && m->tries < (int)g_rt->reg.n_ranks[RT_DECODE] + (int)g_rt->reg.n_ranks[RT_PREFILL]) {
         models_try(m);
         return;
     }
@@ -63,11 +63,11 @@ static void m_done(struct up_leg *leg, int err, void *arg)
 static void models_try(struct models_req *m)
 {
     /* decode ranks first, then prefill ranks, healthy ones only */
-    int total = (int)(g_rt->cfg.n_ranks[RT_DECODE] + g_rt->cfg.n_ranks[RT_PREFILL]);
+    int total = (int)(g_rt->reg.n_ranks[RT_DECODE] + g_rt->reg.n_ranks[RT_PREFILL]);
     while (m->tries < total) {
         int k = m->tries++;
-        int role = k < (int)g_rt->cfg.n_ranks[RT_DECODE] ? RT_DECODE : RT_PREFILL;
-        int idx = role == RT_DECODE ? k : k - (int)g_rt->cfg.n_ranks[RT_DECODE];
+        int role = k < (int)g_rt->reg.n_ranks[RT_DECODE] ? RT_DECODE : RT_PREFILL;
+        int idx = role == RT_DECODE ? k : k - (int)g_rt->reg.n_ranks[RT_DECODE];
         struct xb_instance_stats st;
         if (xb_stats(g_rt->pools[role], idx, &st) != 0 || !st.healthy || st.removed)
             continue;

@@ -37,8 +37,8 @@ static void ep_desc(int idx, char *out, size_t cap)
 static void apply_health(struct ep_state *s)
 {
     for (int role = 0; role < 2; role++)
-        for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++)
-            if (g_rt->cfg.ranks[role][i].endpoint == s->idx)
+        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++)
+            if (g_rt->reg.ranks[role][i].endpoint == s->idx)
                 xb_set_healthy(g_rt->pools[role], (int)i, s->healthy);
 }
 
@@ -52,8 +52,8 @@ static int ep_in_use(struct probe *p, size_t i)
         p->eps[i].sbody = XPYD_XALLOC(evbuffer_new());
     }
     for (int role = 0; role < 2; role++)
-        for (size_t k = 0; k < g_rt->cfg.n_ranks[role]; k++)
-            if (g_rt->cfg.ranks[role][k].endpoint == (int)i && !g_rt->cfg.ranks[role][k].removed)
+        for (size_t k = 0; k < g_rt->reg.n_ranks[role]; k++)
+            if (g_rt->reg.ranks[role][k].endpoint == (int)i && !g_rt->reg.ranks[role][k].removed)
                 return 1;
     return 0;
 }
@@ -150,8 +150,8 @@ static void s_done(struct up_leg *leg, int err, void *arg)
     size_t len = evbuffer_get_length(s->sbody);
     const char *page = len ? (const char *)evbuffer_pullup(s->sbody, -1) : "";
     for (int role = 0; role < 2; role++) {
-        for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
-            const struct rt_rank *rk = &g_rt->cfg.ranks[role][i];
+        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
+            const struct rt_rank *rk = &g_rt->reg.ranks[role][i];
             if (rk->endpoint != s->idx)
                 continue;
             struct engine_load el;

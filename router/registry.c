@@ -1,5 +1,6 @@
-/* registry.c - the live pools. Endpoints and ranks live in arrays of fixed capacity (--max-instances) made
- * at start, so they never move: worker threads read them without a lock while the admin API or a SIGHUP
+/* registry.c - the live pools, their one owner (g_rt->reg): it starts from the configuration's plan and
+ * the configuration is not changed afterwards. Endpoints and ranks live in arrays of fixed capacity
+ * (--max-instances) made at start, so they never move: worker threads read them without a lock while the admin API or a SIGHUP
  * reload appends (an entry is written completely, then the count is published with a release store) or
  * marks an entry removed. A removed rank keeps its slot and index (requests in flight on it finish and
  * release exactly what they charged); adding the same host:port:rank again revives that slot. Mutations
@@ -32,9 +33,12 @@ static struct xb_instance_cfg inst_cfg(const struct rt_rank *r)
     return ic;
 }
 
+/* The registry starts from the configuration's plan (its endpoints and expanded ranks), copied into arrays
+ * of fixed capacity it owns from here on; the configuration itself is not changed after start. */
 int rt_registry_setup(struct router *rt)
 {
-    struct rt_config *c = &rt->cfg;
+    const struct rt_config *c = &rt->cfg;
+    struct rt_registry *g = &rt->reg;
     size_t cap = (size_t)c->max_instances, ecap = 2 * cap;
     for (int role = 0; role < 2; role++)
         if (c->n_ranks[role] > cap) {
@@ -42,26 +46,29 @@ int rt_registry_setup(struct router *rt)
                     role ? "decode" : "prefill", c->n_ranks[role], cap);
             return -1;
         }
-    c->endpoints = XPYD_XALLOC(realloc(c->endpoints, ecap * sizeof *c->endpoints));
-    memset(c->endpoints + c->n_endpoints, 0, (ecap - c->n_endpoints) * sizeof *c->endpoints);
+    g->endpoints = XPYD_XALLOC(calloc(ecap, sizeof *g->endpoints));
+    memcpy(g->endpoints, c->endpoints, c->n_endpoints * sizeof *g->endpoints);
+    g->n_endpoints = c->n_endpoints;
     rt->endpoints = XPYD_XALLOC(calloc(ecap, sizeof *rt->endpoints));
     rt->ep_cap = ecap;
-    for (size_t i = 0; i < c->n_endpoints; i++) {
-        if (up_endpoint_resolve(&rt->endpoints[i], c->endpoints[i].host, c->endpoints[i].port) != 0) {
-            fprintf(stderr, "xpyd_router: cannot resolve '%s'\n", c->endpoints[i].host);
+    for (size_t i = 0; i < g->n_endpoints; i++) {
+        if (up_endpoint_resolve(&rt->endpoints[i], g->endpoints[i].host, g->endpoints[i].port) != 0) {
+            fprintf(stderr, "xpyd_router: cannot resolve '%s'\n", g->endpoints[i].host);
             return -1;
         }
     }
-    rt->n_endpoints = c->n_endpoints;
+    rt->n_endpoints = g->n_endpoints;
     for (int role = 0; role < 2; role++) {
-        c->ranks[role] = XPYD_XALLOC(realloc(c->ranks[role], cap * sizeof(struct rt_rank)));
+        g->ranks[role] = XPYD_XALLOC(calloc(cap, sizeof(struct rt_rank)));
+        memcpy(g->ranks[role], c->ranks[role], c->n_ranks[role] * sizeof(struct rt_rank));
+        g->n_ranks[role] = c->n_ranks[role];
         rt->pools[role] = XPYD_XALLOC(xb_pool_new(c->pools[role].policy, 0x5eed + (uint64_t)role));
         xb_set_ejection(rt->pools[role], (int)c->eject_after, c->eject_base_ms, c->eject_max_ms);
         xb_set_hard_cap(rt->pools[role], c->admission_queue > 0);
         if (xb_pool_reserve(rt->pools[role], cap) != 0)
             return -1;
-        for (size_t i = 0; i < c->n_ranks[role]; i++) {
-            struct xb_instance_cfg ic = inst_cfg(&c->ranks[role][i]);
+        for (size_t i = 0; i < g->n_ranks[role]; i++) {
+            struct xb_instance_cfg ic = inst_cfg(&g->ranks[role][i]);
             if (xb_pool_add(rt->pools[role], &ic) != (int)i)
                 return -1;
         }
@@ -72,7 +79,7 @@ int rt_registry_setup(struct router *rt)
 /* The endpoint host:port, appended (and resolved) when new. Under reg_mu. */
 static int endpoint_for(const char *host, int port, char *err, size_t errcap)
 {
-    struct rt_config *c = &g_rt->cfg;
+    struct rt_registry *c = &g_rt->reg;
     for (size_t i = 0; i < c->n_endpoints; i++)
         if (c->endpoints[i].port == port && strcmp(c->endpoints[i].host, host) == 0)
             return (int)i;
@@ -98,7 +105,7 @@ static int endpoint_for(const char *host, int port, char *err, size_t errcap)
 static int apply_rank(int role, const char *host, int port, const struct rt_rank *want, int *idx_out, char *err,
                       size_t errcap)
 {
-    struct rt_config *c = &g_rt->cfg;
+    struct rt_registry *c = &g_rt->reg;
     int ep = endpoint_for(host, port, err, errcap);
     if (ep < 0)
         return ep;
@@ -125,9 +132,9 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
         return APPLY_REVIVED;
     }
     size_t n = c->n_ranks[role];
-    if (n >= (size_t)c->max_instances) {
+    if (n >= (size_t)g_rt->cfg.max_instances) {
         snprintf(err, errcap, "the %s pool is full (--max-instances %ld)", role ? "decode" : "prefill",
-                 c->max_instances);
+                 g_rt->cfg.max_instances);
         return -ENOSPC;
     }
     c->ranks[role][n] = r;
@@ -143,14 +150,14 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
 
 static void remove_rank(int role, int idx)
 {
-    __atomic_store_n(&g_rt->cfg.ranks[role][idx].removed, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_rt->reg.ranks[role][idx].removed, 1, __ATOMIC_RELEASE);
     xb_set_removed(g_rt->pools[role], idx, 1);
 }
 
 static void log_change(const char *what, int role, int idx)
 {
-    const struct rt_rank *r = &g_rt->cfg.ranks[role][idx];
-    const struct rt_endpoint_cfg *e = &g_rt->cfg.endpoints[r->endpoint];
+    const struct rt_rank *r = &g_rt->reg.ranks[role][idx];
+    const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
     char hp[300];
     xpyd_log_event("event=instance_%s role=%s instance=%s dp_rank=%d", what, role ? "decode" : "prefill",
                    xpyd_hostport(e->host, e->port, hp, sizeof hp), r->dp_rank);
@@ -173,7 +180,7 @@ int rt_reload(void)
     char err[300] = "";
     pthread_mutex_lock(&reg_mu);
     for (int role = 0; role < 2 && !err[0]; role++) {
-        size_t n_old = g_rt->cfg.n_ranks[role];
+        size_t n_old = g_rt->reg.n_ranks[role];
         char *keep = XPYD_XALLOC(calloc(n_old + nc.n_ranks[role] + 1, 1));
         for (size_t i = 0; i < nc.n_ranks[role]; i++) {
             const struct rt_rank *want = &nc.ranks[role][i];
@@ -189,7 +196,7 @@ int rt_reload(void)
                 keep[idx] = 1;
         }
         for (size_t i = 0; i < n_old && !err[0]; i++)
-            if (!keep[i] && !g_rt->cfg.ranks[role][i].removed) {
+            if (!keep[i] && !g_rt->reg.ranks[role][i].removed) {
                 remove_rank(role, (int)i);
                 log_change("removed", role, (int)i);
                 counts[3]++;
@@ -226,8 +233,8 @@ static int admin_allowed(evhtp_request_t *req)
 
 static cJSON *rank_json(int role, int idx)
 {
-    const struct rt_rank *r = &g_rt->cfg.ranks[role][idx];
-    const struct rt_endpoint_cfg *e = &g_rt->cfg.endpoints[r->endpoint];
+    const struct rt_rank *r = &g_rt->reg.ranks[role][idx];
+    const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
     struct xb_instance_stats st;
     xb_stats(g_rt->pools[role], idx, &st);
     cJSON *o = XPYD_XALLOC(cJSON_CreateObject());
@@ -261,7 +268,7 @@ static void admin_list(evhtp_request_t *req)
     pthread_mutex_lock(&reg_mu);
     for (int role = 0; role < 2; role++) {
         cJSON *a = cJSON_AddArrayToObject(o, role ? "decode" : "prefill");
-        for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++)
+        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++)
             cJSON_AddItemToArray(a, rank_json(role, (int)i));
     }
     pthread_mutex_unlock(&reg_mu);
@@ -356,9 +363,9 @@ static void admin_remove(evhtp_request_t *req, const char *rest)
     cJSON *arr = cJSON_AddArrayToObject(out, "removed");
     int n = 0;
     pthread_mutex_lock(&reg_mu);
-    for (size_t i = 0; i < g_rt->cfg.n_ranks[role]; i++) {
-        struct rt_rank *r = &g_rt->cfg.ranks[role][i];
-        const struct rt_endpoint_cfg *e = &g_rt->cfg.endpoints[r->endpoint];
+    for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
+        struct rt_rank *r = &g_rt->reg.ranks[role][i];
+        const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
         if (r->removed || e->port != (int)port || strcmp(e->host, host) != 0)
             continue;
         remove_rank(role, (int)i);

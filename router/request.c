@@ -61,7 +61,7 @@ static const char *role_name(int role)
 
 int req_endpoint(int role, int idx)
 {
-    return g_rt->cfg.ranks[role][idx].endpoint;
+    return g_rt->reg.ranks[role][idx].endpoint;
 }
 
 const char *req_path(const struct request *r)
@@ -85,7 +85,7 @@ struct evbuffer *req_build(struct request *r, int role, int idx, const char *met
     struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
     up_request_line(b, ep, method, path);
     evbuffer_add_printf(b, "X-Request-Id: %s\r\n", r->xid);
-    int dp = g_rt->cfg.ranks[role][idx].dp_rank;
+    int dp = g_rt->reg.ranks[role][idx].dp_rank;
     if (dp >= 0)
         evbuffer_add_printf(b, "X-data-parallel-rank: %d\r\n", dp);
     if (r->fwd_headers)
@@ -478,7 +478,7 @@ static int may_retry(struct request *r, int role, int status)
         return 0;
     if (status && status < 500)
         return 0; /* the engine judged the request itself: another one would too */
-    if (l->attempts > g_rt->cfg.max_retries || l->ntried >= MAX_TRIED || (size_t)l->ntried >= g_rt->cfg.n_ranks[role])
+    if (l->attempts > g_rt->cfg.max_retries || l->ntried >= MAX_TRIED || (size_t)l->ntried >= g_rt->reg.n_ranks[role])
         return 0; /* out of attempts, or every instance was tried: the real error goes to the client */
     if (!r->retrying) {
         /* Retry budget: in an outage, retries must not multiply the load on what is left. */

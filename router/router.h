@@ -90,8 +90,17 @@ struct rt_counters {
     atomic_int_fast64_t instance_errors[2][4096]; /* shown per rank as xpyd_instance_errors_total */
 };
 
+/* The live ranks and endpoints (registry.c owns them; they start as a copy of the configuration's plan). */
+struct rt_registry {
+    struct rt_endpoint_cfg *endpoints; /* ep_cap entries; the first n_endpoints are in use */
+    size_t n_endpoints;
+    struct rt_rank *ranks[2];          /* --max-instances entries per role */
+    size_t n_ranks[2];
+};
+
 struct router {
-    struct rt_config cfg;
+    struct rt_config cfg;          /* the configuration as loaded: not changed after start */
+    struct rt_registry reg;
     struct xb_pool *pools[2];
     struct up_endpoint *endpoints; /* ep_cap entries; the first n_endpoints are in use (registry.c) */
     size_t n_endpoints, ep_cap;

@@ -35,12 +35,12 @@ const struct rt_fail_row rt_fail_table[RF_COUNT] = {
 /* Who rank idx of role is: "host:port" (IPv6 in brackets) into hp, and its pinned DP rank (-1: none). */
 int rt_rank_identity(int role, int idx, char *hp, size_t cap)
 {
-    if (idx < 0 || (size_t)idx >= __atomic_load_n(&g_rt->cfg.n_ranks[role], __ATOMIC_ACQUIRE)) {
+    if (idx < 0 || (size_t)idx >= __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE)) {
         snprintf(hp, cap, "-");
         return -1;
     }
-    const struct rt_rank *r = &g_rt->cfg.ranks[role][idx];
-    const struct rt_endpoint_cfg *e = &g_rt->cfg.endpoints[r->endpoint];
+    const struct rt_rank *r = &g_rt->reg.ranks[role][idx];
+    const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
     xpyd_hostport(e->host, e->port, hp, cap);
     return r->dp_rank;
 }
