@@ -29,13 +29,13 @@ struct rt_pool_cfg {
     int policy;          /* balancer policy */
 };
 
-/* One rank after expansion: what the balancer sees (index = balancer instance index). */
+/* One rank of the plan (the configuration after expansion): who it is and what placement should know of it.
+ * The registry turns each into a live rank (router.h) and the balancer's instance of the same index. */
 struct rt_rank {
     int endpoint;        /* index into rt_config.endpoints (connection pool key) */
     int dp_rank;         /* X-data-parallel-rank to send (internal DP), else -1 */
     int tp, weight, bootstrap_port, max_inflight;
     long max_model_len;
-    int removed;         /* taken out at runtime (admin API / reload): never picked; the slot stays */
 };
 
 struct rt_endpoint_cfg {

@@ -80,7 +80,7 @@ static void start_both(struct request *r)
     }
     int pidx = r->legs[RT_PREFILL].idx;
     /* A fresh 63-bit room per attempt; with internal DP on the prefill, room % dp picks the rank. */
-    const struct rt_rank *prank = &g_rt->reg.ranks[RT_PREFILL][pidx];
+    const struct rt_live_rank *prank = &g_rt->reg.ranks[RT_PREFILL][pidx];
     r->t->rng = xpyd_mix64(r->t->rng);
     uint64_t room = r->t->rng >> 1;
     if (prank->dp_rank >= 0) {

@@ -83,7 +83,7 @@ static void on_status(evhtp_request_t *req, void *arg)
             xb_stats(g_rt->pools[role], (int)i, &st);
             if (st.removed)
                 continue;
-            const struct rt_rank *rk = &g_rt->reg.ranks[role][i];
+            const struct rt_live_rank *rk = &g_rt->reg.ranks[role][i];
             const struct rt_endpoint_cfg *ep = &g_rt->reg.endpoints[rk->endpoint];
             evbuffer_add_printf(b, "%s{\"host\":", listed++ ? "," : "");
             json_str(b, ep->host);

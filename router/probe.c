@@ -151,7 +151,7 @@ static void s_done(struct up_leg *leg, int err, void *arg)
     const char *page = len ? (const char *)evbuffer_pullup(s->sbody, -1) : "";
     for (int role = 0; role < 2; role++) {
         for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
-            const struct rt_rank *rk = &g_rt->reg.ranks[role][i];
+            const struct rt_live_rank *rk = &g_rt->reg.ranks[role][i];
             if (rk->endpoint != s->idx)
                 continue;
             struct engine_load el;

@@ -27,6 +27,13 @@ static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 enum { APPLY_UPDATED = 0, APPLY_ADDED, APPLY_REVIVED };
 static const char *const apply_names[] = {"updated", "added", "revived"};
 
+static struct rt_live_rank live_rank(const struct rt_rank *plan, int endpoint)
+{
+    struct rt_live_rank r = {endpoint, plan->dp_rank, plan->bootstrap_port, 0};
+    return r;
+}
+
+/* What the balancer is told of a planned rank. */
 static struct xb_instance_cfg inst_cfg(const struct rt_rank *r)
 {
     struct xb_instance_cfg ic = {r->tp, r->weight, r->max_model_len, r->max_inflight};
@@ -59,8 +66,9 @@ int rt_registry_setup(struct router *rt)
     }
     rt->n_endpoints = g->n_endpoints;
     for (int role = 0; role < 2; role++) {
-        g->ranks[role] = XPYD_XALLOC(calloc(cap, sizeof(struct rt_rank)));
-        memcpy(g->ranks[role], c->ranks[role], c->n_ranks[role] * sizeof(struct rt_rank));
+        g->ranks[role] = XPYD_XALLOC(calloc(cap, sizeof(struct rt_live_rank)));
+        for (size_t i = 0; i < c->n_ranks[role]; i++)
+            g->ranks[role][i] = live_rank(&c->ranks[role][i], c->ranks[role][i].endpoint);
         g->n_ranks[role] = c->n_ranks[role];
         rt->pools[role] = XPYD_XALLOC(xb_pool_new(c->pools[role].policy, 0x5eed + (uint64_t)role));
         xb_set_ejection(rt->pools[role], (int)c->eject_after, c->eject_base_ms, c->eject_max_ms);
@@ -68,7 +76,7 @@ int rt_registry_setup(struct router *rt)
         if (xb_pool_reserve(rt->pools[role], cap) != 0)
             return -1;
         for (size_t i = 0; i < g->n_ranks[role]; i++) {
-            struct xb_instance_cfg ic = inst_cfg(&g->ranks[role][i]);
+            struct xb_instance_cfg ic = inst_cfg(&c->ranks[role][i]);
             if (xb_pool_add(rt->pools[role], &ic) != (int)i)
                 return -1;
         }
@@ -109,20 +117,13 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
     int ep = endpoint_for(host, port, err, errcap);
     if (ep < 0)
         return ep;
-    struct rt_rank r = *want;
-    r.endpoint = ep;
-    r.removed = 0;
+    struct xb_instance_cfg ic = inst_cfg(want);
     for (size_t i = 0; i < c->n_ranks[role]; i++) {
-        struct rt_rank *cur = &c->ranks[role][i];
-        if (cur->endpoint != ep || cur->dp_rank != r.dp_rank)
+        struct rt_live_rank *cur = &c->ranks[role][i];
+        if (cur->endpoint != ep || cur->dp_rank != want->dp_rank)
             continue;
         int was_removed = cur->removed;
-        cur->tp = r.tp;
-        cur->weight = r.weight;
-        cur->max_inflight = r.max_inflight;
-        cur->max_model_len = r.max_model_len;
-        cur->bootstrap_port = r.bootstrap_port;
-        struct xb_instance_cfg ic = inst_cfg(cur);
+        cur->bootstrap_port = want->bootstrap_port;
         xb_update(g_rt->pools[role], (int)i, &ic);
         *idx_out = (int)i;
         if (!was_removed)
@@ -137,8 +138,7 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
                  g_rt->cfg.max_instances);
         return -ENOSPC;
     }
-    c->ranks[role][n] = r;
-    struct xb_instance_cfg ic = inst_cfg(&r);
+    c->ranks[role][n] = live_rank(want, ep);
     if (xb_pool_add(g_rt->pools[role], &ic) != (int)n) {
         snprintf(err, errcap, "the balancer refused the instance");
         return -EINVAL;
@@ -156,7 +156,7 @@ static void remove_rank(int role, int idx)
 
 static void log_change(const char *what, int role, int idx)
 {
-    const struct rt_rank *r = &g_rt->reg.ranks[role][idx];
+    const struct rt_live_rank *r = &g_rt->reg.ranks[role][idx];
     const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
     char hp[300];
     xpyd_log_event("event=instance_%s role=%s instance=%s dp_rank=%d", what, role ? "decode" : "prefill",
@@ -233,7 +233,7 @@ static int admin_allowed(evhtp_request_t *req)
 
 static cJSON *rank_json(int role, int idx)
 {
-    const struct rt_rank *r = &g_rt->reg.ranks[role][idx];
+    const struct rt_live_rank *r = &g_rt->reg.ranks[role][idx];
     const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
     struct xb_instance_stats st;
     xb_stats(g_rt->pools[role], idx, &st);
@@ -364,7 +364,7 @@ static void admin_remove(evhtp_request_t *req, const char *rest)
     int n = 0;
     pthread_mutex_lock(&reg_mu);
     for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
-        struct rt_rank *r = &g_rt->reg.ranks[role][i];
+        struct rt_live_rank *r = &g_rt->reg.ranks[role][i];
         const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
         if (r->removed || e->port != (int)port || strcmp(e->host, host) != 0)
             continue;

@@ -90,11 +90,20 @@ struct rt_counters {
     atomic_int_fast64_t instance_errors[2][4096]; /* shown per rank as xpyd_instance_errors_total */
 };
 
-/* The live ranks and endpoints (registry.c owns them; they start as a copy of the configuration's plan). */
+/* One live rank: who it is. What placement uses (tp, weight, max_model_len, max_inflight), its health and its
+ * load are the balancer's, by the same index. */
+struct rt_live_rank {
+    int endpoint;        /* index into rt_registry.endpoints (and router.endpoints: the connection pool key) */
+    int dp_rank;         /* X-data-parallel-rank to send (internal DP), else -1 */
+    int bootstrap_port;  /* SGLang bootstrap port */
+    int removed;         /* taken out at runtime (admin API / reload): never picked; the slot stays */
+};
+
+/* The live ranks and endpoints (registry.c owns them; they start from the configuration's plan). */
 struct rt_registry {
     struct rt_endpoint_cfg *endpoints; /* ep_cap entries; the first n_endpoints are in use */
     size_t n_endpoints;
-    struct rt_rank *ranks[2];          /* --max-instances entries per role */
+    struct rt_live_rank *ranks[2];     /* --max-instances entries per role */
     size_t n_ranks[2];
 };
 

@@ -39,7 +39,7 @@ int rt_rank_identity(int role, int idx, char *hp, size_t cap)
         snprintf(hp, cap, "-");
         return -1;
     }
-    const struct rt_rank *r = &g_rt->reg.ranks[role][idx];
+    const struct rt_live_rank *r = &g_rt->reg.ranks[role][idx];
     const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
     xpyd_hostport(e->host, e->port, hp, cap);
     return r->dp_rank;
