@@ -53,7 +53,7 @@ static int ep_in_use(struct probe *p, size_t i)
     }
     for (int role = 0; role < 2; role++)
         for (size_t k = 0; k < g_rt->reg.n_ranks[role]; k++)
-            if (g_rt->reg.ranks[role][k].endpoint == (int)i && !g_rt->reg.ranks[role][k].removed)
+            if (g_rt->reg.ranks[role][k].endpoint == (int)i && !rt_rank_removed(role, (int)k))
                 return 1;
     return 0;
 }

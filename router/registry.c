@@ -29,7 +29,7 @@ static const char *const apply_names[] = {"updated", "added", "revived"};
 
 static struct rt_live_rank live_rank(const struct rt_rank *plan, int endpoint)
 {
-    struct rt_live_rank r = {endpoint, plan->dp_rank, plan->bootstrap_port, 0};
+    struct rt_live_rank r = {endpoint, plan->dp_rank, plan->bootstrap_port};
     return r;
 }
 
@@ -122,13 +122,12 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
         struct rt_live_rank *cur = &c->ranks[role][i];
         if (cur->endpoint != ep || cur->dp_rank != want->dp_rank)
             continue;
-        int was_removed = cur->removed;
+        int was_removed = rt_rank_removed(role, (int)i);
         cur->bootstrap_port = want->bootstrap_port;
         xb_update(g_rt->pools[role], (int)i, &ic);
         *idx_out = (int)i;
         if (!was_removed)
             return APPLY_UPDATED;
-        __atomic_store_n(&cur->removed, 0, __ATOMIC_RELEASE);
         xb_set_removed(g_rt->pools[role], (int)i, 0);
         return APPLY_REVIVED;
     }
@@ -150,7 +149,6 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
 
 static void remove_rank(int role, int idx)
 {
-    __atomic_store_n(&g_rt->reg.ranks[role][idx].removed, 1, __ATOMIC_RELEASE);
     xb_set_removed(g_rt->pools[role], idx, 1);
 }
 
@@ -196,7 +194,7 @@ int rt_reload(void)
                 keep[idx] = 1;
         }
         for (size_t i = 0; i < n_old && !err[0]; i++)
-            if (!keep[i] && !g_rt->reg.ranks[role][i].removed) {
+            if (!keep[i] && !rt_rank_removed(role, (int)i)) {
                 remove_rank(role, (int)i);
                 log_change("removed", role, (int)i);
                 counts[3]++;
@@ -366,7 +364,7 @@ static void admin_remove(evhtp_request_t *req, const char *rest)
     for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
         struct rt_live_rank *r = &g_rt->reg.ranks[role][i];
         const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
-        if (r->removed || e->port != (int)port || strcmp(e->host, host) != 0)
+        if (rt_rank_removed(role, (int)i) || e->port != (int)port || strcmp(e->host, host) != 0)
             continue;
         remove_rank(role, (int)i);
         log_change("removed", role, (int)i);

@@ -49,6 +49,8 @@ extern const struct rt_fail_row rt_fail_table[RF_COUNT];
 /* state.c: who rank idx of role is ("host:port" into hp; returns its pinned DP rank or -1). The registry
  * (g_rt->cfg.ranks, endpoints) is the one owner of identities; the balancer knows ranks by index only. */
 int rt_rank_identity(int role, int idx, char *hp, size_t cap);
+/* 1 when rank idx of role was taken out at runtime (admin API, reload): the balancer's fact. */
+int rt_rank_removed(int role, int idx);
 
 /* What the client connection guard (client_conn.c) answered or closed, one counter each. */
 enum rt_client_reject {
@@ -90,13 +92,13 @@ struct rt_counters {
     atomic_int_fast64_t instance_errors[2][4096]; /* shown per rank as xpyd_instance_errors_total */
 };
 
-/* One live rank: who it is. What placement uses (tp, weight, max_model_len, max_inflight), its health and its
- * load are the balancer's, by the same index. */
+/* One live rank: who it is. What placement uses (tp, weight, max_model_len, max_inflight), whether it is in
+ * the pool (removed at runtime: rt_rank_removed), its health and its load are the balancer's, by the same
+ * index. */
 struct rt_live_rank {
     int endpoint;        /* index into rt_registry.endpoints (and router.endpoints: the connection pool key) */
     int dp_rank;         /* X-data-parallel-rank to send (internal DP), else -1 */
     int bootstrap_port;  /* SGLang bootstrap port */
-    int removed;         /* taken out at runtime (admin API / reload): never picked; the slot stays */
 };
 
 /* The live ranks and endpoints (registry.c owns them; they start from the configuration's plan). */

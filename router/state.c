@@ -44,3 +44,9 @@ int rt_rank_identity(int role, int idx, char *hp, size_t cap)
     xpyd_hostport(e->host, e->port, hp, cap);
     return r->dp_rank;
 }
+
+int rt_rank_removed(int role, int idx)
+{
+    struct xb_instance_stats st;
+    return xb_stats(g_rt->pools[role], idx, &st) != 0 || st.removed;
+}
