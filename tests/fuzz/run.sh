@@ -19,6 +19,7 @@ build() { # name sources...
 }
 build fuzz_sse "$ROOT/tests/fuzz/fuzz_sse.c" "$ROOT/common/xpyd_sse.c"
 build fuzz_config "$ROOT/tests/fuzz/fuzz_config.c" "$ROOT/router/config.c" "$ROOT/common/xpyd_util.c" \
+  "$ROOT/common/xpyd_settings.c" \
   "$ROOT/common/xpyd_version.c" -I"$OUT" -DXPYD_VERSION=\"fuzz\" \
   "$ROOT"/balancer/xb*.c
 build fuzz_sim_request "$ROOT/tests/fuzz/fuzz_sim_request.c" "$ROOT/sim/sim_request.c" \
