@@ -14,7 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const handoffs[] = {"kv-params", "store", "bootstrap", "none", "xpyd", NULL};
 static const char *const first_tokens[] = {"decode", "prefill", NULL};
 static const char *const dp_modes[] = {"external", "internal", NULL};
 static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
@@ -31,7 +30,7 @@ static const struct xpyd_setting settings[] = {
      "listen port; 0 = any free port (see `--port-file`)"},
     {"threads", XS_LONG, OFF(threads), 1, 256, "2", NULL,
      "event-loop threads serving clients (each owns its upstream connection pools)"},
-    {"handoff", XS_ENUM, OFF(handoff), 0, 0, "kv-params", handoffs,
+    {"handoff", XS_STR, OFF(handoff), 0, 0, "kv-params", NULL,
      "`kv-params` (vLLM NixlConnector / MooncakeConnectorV1), `store` (MooncakeStoreConnector), "
      "`bootstrap` (SGLang), `none` (no prefill leg: the decode pool serves whole requests, an aggregated "
      "deployment; `-p` optional), `xpyd` (the kv-params flow with the KV moved by libxpyd_transfer: the "
@@ -164,10 +163,6 @@ static const struct xpyd_setting settings[] = {
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
 
-const char *rt_handoff_name(int h)
-{
-    return h >= 0 && h < 5 ? handoffs[h] : "?";
-}
 
 static void usage(FILE *f)
 {
@@ -587,18 +582,8 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
     const char *envmd = getenv("XPYD_METADATA_WRITE_KEY");
     if (!c->metadata_write_key[0] && envmd && *envmd)
         snprintf(c->metadata_write_key, sizeof c->metadata_write_key, "%s", envmd);
-    if ((c->pools[RT_PREFILL].n == 0 && c->handoff != RT_HANDOFF_NONE) || c->pools[RT_DECODE].n == 0) {
-        fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required "
-                        "(--handoff none needs only -d)\n");
-        return -1;
-    }
-    if (c->handoff == RT_HANDOFF_NONE && c->first_token == RT_FIRST_PREFILL) {
-        fprintf(stderr, "xpyd_router: --first-token prefill needs a prefill leg (not --handoff none)\n");
-        return -1;
-    }
-    if (c->repeat_d_times > 0 && c->handoff != RT_HANDOFF_STORE) {
-        fprintf(stderr, "xpyd_router: --repeat-d-times needs --handoff store (kv-params leases and bootstrap rooms "
-                        "are consumed by one decode; clones could not find the KV)\n");
+    if (c->pools[RT_DECODE].n == 0) { /* what each handoff mode needs besides is its own (router/handoffs.c) */
+        fprintf(stderr, "xpyd_router: at least one decode (-d) instance is required\n");
         return -1;
     }
     if (expand_pool(c, RT_PREFILL, bootstrap_default) || expand_pool(c, RT_DECODE, 0))
@@ -609,7 +594,7 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
 void rt_config_print(const struct rt_config *c, FILE *f)
 {
     fprintf(f, "listen %s:%d threads=%d handoff=%s first-token=%s dp-mode=%s repeat-d-times=%d\n", c->listen_host,
-            c->listen_port, c->threads, rt_handoff_name(c->handoff), first_tokens[c->first_token],
+            c->listen_port, c->threads, c->handoff, first_tokens[c->first_token],
             dp_modes[c->dp_internal], c->repeat_d_times);
     for (int role = 0; role < 2; role++) {
         fprintf(f, "%s pool: %zu ranks, policy %s\n", role ? "decode" : "prefill", c->n_ranks[role],
@@ -621,7 +606,7 @@ void rt_config_print(const struct rt_config *c, FILE *f)
             fprintf(f, "  %s[%zu] %s dp_rank=%d tp=%d weight=%d max_model_len=%ld max_inflight=%d", role ? "D" : "P", i,
                     xpyd_hostport(e->host, e->port, hp, sizeof hp), r->dp_rank, r->tp, r->weight, r->max_model_len,
                     r->max_inflight);
-            if (role == RT_PREFILL && c->handoff == RT_HANDOFF_BOOTSTRAP)
+            if (role == RT_PREFILL && r->bootstrap_port != e->port) /* set in the file or by --prefill-bootstrap-port */
                 fprintf(f, " bootstrap_port=%d", r->bootstrap_port);
             fputc('\n', f);
         }

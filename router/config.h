@@ -6,9 +6,7 @@
 #include <stdio.h>
 
 enum rt_role { RT_PREFILL = 0, RT_DECODE = 1 };
-enum rt_handoff { RT_HANDOFF_KV_PARAMS = 0, RT_HANDOFF_STORE, RT_HANDOFF_BOOTSTRAP, RT_HANDOFF_NONE, RT_HANDOFF_XPYD };
 /* kv-params and xpyd share the two-stage flow with kv_transfer_params */
-#define RT_KV_FLOW(h) ((h) == RT_HANDOFF_KV_PARAMS || (h) == RT_HANDOFF_XPYD)
 enum rt_first_token { RT_FIRST_DECODE = 0, RT_FIRST_PREFILL };
 
 /* One configured host of a pool, before expansion into ranks. -1 / 0 fields mean "pool default". */
@@ -47,7 +45,7 @@ struct rt_config {
     char listen_host[256];
     int listen_port;
     int threads;
-    int handoff;
+    char handoff[32];          /* the handoff mode's name: router/handoffs.c resolves it */
     int first_token;
     int dp_internal;
     int repeat_d_times;
@@ -100,7 +98,6 @@ int rt_config_load(struct rt_config *c, int argc, char **argv);
 void rt_config_free(struct rt_config *c);
 /* Writes the expanded topology (the --dry-run output). */
 void rt_config_print(const struct rt_config *c, FILE *f);
-const char *rt_handoff_name(int h);
 /* Index of host:port in c->endpoints, appended when new (the configuration's own arrays, before start). */
 int rt_config_endpoint_index(struct rt_config *c, const char *host, int port);
 

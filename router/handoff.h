@@ -2,17 +2,23 @@
  * `const struct handoff_ops` per mode in a file of its own (handoff_<mode>.c). The request core (request.c)
  * calls only these hooks and never tests the mode.
  *
- * Adding a mode: a new handoff_<name>.c defining `const struct handoff_ops handoff_<name>`, a row in the
- * `handoffs` table of server.c, and its name in config.c's `--handoff` choices. */
+ * Adding a mode: a new handoff_<name>.c defining `const struct handoff_ops handoff_<name>`, and its row in
+ * the table of router/handoffs.c (`--handoff <name>` finds it there; what the mode needs of the configuration
+ * is in its traits below). */
 #ifndef XPYD_HANDOFF_H
 #define XPYD_HANDOFF_H
 
 #include <stddef.h>
 
 struct request;
+struct rt_config;
 
 struct handoff_ops {
-    const char *name;
+    const char *name;   /* --handoff <name> */
+    /* traits, checked against the configuration (handoffs.c) and read by the router */
+    int needs_prefill;  /* a prefill pool is required (and /health needs a usable prefill) */
+    int repeat_mode;    /* --repeat-d-times may be used (the decode's KV can be read by many decodes) */
+    int kvxfer;         /* the router runs its own transfer engine to release abandoned KV (kvxfer.c) */
     /* The first attempt; also what a failed prefill attempt restarts. */
     void (*start)(struct request *r);
     /* The sequential flow's bodies (req_start_prefill / req_start_decode); NULL where the mode has its own. */
@@ -31,5 +37,9 @@ struct handoff_ops {
 };
 
 extern const struct handoff_ops handoff_kv_params, handoff_store, handoff_bootstrap, handoff_none, handoff_xpyd;
+
+/* handoffs.c: the mode named c->handoff, checked against the rest of the configuration; NULL after printing
+ * why (an unknown name, a missing prefill pool, a setting the mode cannot take). */
+const struct handoff_ops *rt_handoff_resolve(const struct rt_config *c);
 
 #endif

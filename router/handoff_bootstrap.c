@@ -98,6 +98,7 @@ static void start_both(struct request *r)
 
 const struct handoff_ops handoff_bootstrap = {
     .name = "bootstrap",
+    .needs_prefill = 1,
     .start = start_both,
     .decode_retry = start_both,
 };

@@ -3,6 +3,7 @@
  * by a notification "release <key>" on the prefill's segment (named in the kv_transfer_params the prefill
  * returned: xpyd_segment, xpyd_key). The notifications go out from one helper thread with its own queue, so
  * a slow or dead prefill never blocks an event loop; the engine keeps each prefill's segment open. */
+#include "handoff.h"
 #include "router.h"
 
 #include "xpyd_transfer.h"
@@ -66,7 +67,7 @@ static void *release_loop(void *arg)
 
 int rt_kvxfer_start(void)
 {
-    if (g_rt->cfg.handoff != RT_HANDOFF_XPYD)
+    if (!g_rt->ho->kvxfer)
         return 0;
     struct xt_config c = {.name = "xpyd-router", .transport = "tcp", .threads = 1,
                           .io_timeout_ms = (int)g_rt->cfg.connect_timeout_ms};

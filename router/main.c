@@ -1,5 +1,6 @@
 /* main.c - xpyd_router: configuration, listener and worker threads, and the operational endpoints
  * (/health, /status, /metrics). */
+#include "handoff.h"
 #include "router.h"
 #include "xpyd_reply.h"
 #include "probe.h"
@@ -40,7 +41,7 @@ static void on_health(evhtp_request_t *req, void *arg)
         return;
     struct evbuffer *b = evbuffer_new();
     int draining = atomic_load(&g_rt->draining);
-    int ok = !draining && (g_rt->cfg.handoff == RT_HANDOFF_NONE || pool_usable(RT_PREFILL)) && pool_usable(RT_DECODE);
+    int ok = !draining && (!g_rt->ho->needs_prefill || pool_usable(RT_PREFILL)) && pool_usable(RT_DECODE);
     evbuffer_add_printf(b, "{\"status\":\"%s\"}", ok ? "ok" : draining ? "draining" : "unavailable");
     xpyd_reply_buffer(req, ok ? 200 : 503, "application/json", b);
     evbuffer_free(b);
@@ -67,7 +68,7 @@ static void on_status(evhtp_request_t *req, void *arg)
     struct evbuffer *b = evbuffer_new();
     evbuffer_add_printf(b, "{\"version\":\"%s\",\"git_revision\":\"%s\",\"uptime_s\":%" PRId64 ",\"handoff\":\"%s\",\"first_token\":\"%s\","
                            "\"active_requests\":%" PRId64 ",\"active_streams\":%" PRId64 ",\"pools\":{",
-                        xpyd_version(), xpyd_git_revision(), xpyd_wall_s() - g_rt->started_wall, rt_handoff_name(g_rt->cfg.handoff),
+                        xpyd_version(), xpyd_git_revision(), xpyd_wall_s() - g_rt->started_wall, g_rt->cfg.handoff,
                         g_rt->cfg.first_token ? "prefill" : "decode", (int64_t)atomic_load(&g_rt->ctr.active_requests),
                         (int64_t)atomic_load(&g_rt->ctr.active_streams));
     for (int role = 0; role < 2; role++) {
@@ -195,6 +196,8 @@ int main(int argc, char **argv)
     int rc = rt_config_load(&rt->cfg, argc, argv);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
+    if (!(rt->ho = rt_handoff_resolve(&rt->cfg)))
+        return 2;
     if (rt->cfg.dry_run) {
         rt_config_print(&rt->cfg, stdout);
         return 0;
@@ -254,7 +257,7 @@ int main(int argc, char **argv)
     event_add(st, NULL);
     event_add(sh, NULL);
     XLOG_INFO("msg=\"xpyd_router ready\" listen=%s:%d threads=%d handoff=%s prefill_ranks=%zu decode_ranks=%zu",
-              rt->cfg.listen_host, port, rt->cfg.threads, rt_handoff_name(rt->cfg.handoff), rt->reg.n_ranks[0],
+              rt->cfg.listen_host, port, rt->cfg.threads, rt->cfg.handoff, rt->reg.n_ranks[0],
               rt->reg.n_ranks[1]);
     fflush(stderr);
     struct probe *probe = probe_start(base);

@@ -5,6 +5,7 @@
  * marks an entry removed. A removed rank keeps its slot and index (requests in flight on it finish and
  * release exactly what they charged); adding the same host:port:rank again revives that slot. Mutations
  * are serialized by one mutex. */
+#include "handoff.h"
 #include "router.h"
 #include "xpyd_reply.h"
 #include "admin_parse.h"
@@ -167,6 +168,12 @@ int rt_reload(void)
 {
     struct rt_config nc;
     int rc = rt_config_load(&nc, g_rt->argc, g_rt->argv);
+    if (rc == 0 && strcmp(nc.handoff, g_rt->cfg.handoff) != 0) {
+        fprintf(stderr, "xpyd_router: --handoff changes need a restart (running: %s)\n", g_rt->cfg.handoff);
+        rc = -1;
+    }
+    if (rc == 0 && !rt_handoff_resolve(&nc))
+        rc = -1;
     xpyd_log_level = g_rt->cfg.log_level; /* the reload parses --log-level too; the running one stays */
     if (rc != 0) {
         xpyd_log_event("event=reload_failed reason=\"configuration rejected (see the message above); nothing "

@@ -109,8 +109,10 @@ struct rt_registry {
     size_t n_ranks[2];
 };
 
+struct handoff_ops;
 struct router {
     struct rt_config cfg;          /* the configuration as loaded: not changed after start */
+    const struct handoff_ops *ho;  /* the --handoff mode (handoffs.c) */
     struct rt_registry reg;
     struct xb_pool *pools[2];
     struct up_endpoint *endpoints; /* ep_cap entries; the first n_endpoints are in use (registry.c) */

@@ -18,10 +18,6 @@
 #include <sys/random.h>
 #include <unistd.h>
 
-/* --handoff: one row per mode, indexed by config.c's choice (its `handoffs` names, in the same order). */
-static const struct handoff_ops *const handoffs[] = {&handoff_kv_params, &handoff_store, &handoff_bootstrap,
-                                                    &handoff_none, &handoff_xpyd};
-
 /* ---------- request headers forwarded to engines ---------- */
 
 static int hop_by_hop(const char *k)
@@ -134,7 +130,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
     struct request *r = XPYD_XALLOC(calloc(1, sizeof *r));
     r->t = t;
     r->ereq = req;
-    r->ho = handoffs[g_rt->cfg.handoff];
+    r->ho = g_rt->ho;
     r->kind = kind;
     r->body = body;
     r->src = src;
@@ -197,12 +193,6 @@ void rt_thread_free(struct rthread *t)
 
 void rt_install_handlers(evhtp_t *htp)
 {
-    for (size_t i = 0; i < sizeof handoffs / sizeof handoffs[0]; i++)
-        if (strcmp(handoffs[i]->name, rt_handoff_name((int)i)) != 0) { /* the two tables must agree */
-            fprintf(stderr, "xpyd_router: internal error: handoff %zu is '%s' in config.c, '%s' in server.c\n", i,
-                    rt_handoff_name((int)i), handoffs[i]->name);
-            abort();
-        }
     evhtp_set_cb(htp, "/v1/completions", on_completions, NULL);
     evhtp_set_cb(htp, "/v1/chat/completions", on_chat, NULL);
     evhtp_set_cb(htp, "/v1/models", rt_models_handler, NULL);
