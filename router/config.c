@@ -583,7 +583,8 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
     if (!c->metadata_write_key[0] && envmd && *envmd)
         snprintf(c->metadata_write_key, sizeof c->metadata_write_key, "%s", envmd);
     if (c->pools[RT_DECODE].n == 0) { /* what each handoff mode needs besides is its own (router/handoffs.c) */
-        fprintf(stderr, "xpyd_router: at least one decode (-d) instance is required\n");
+        fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required "
+                        "(--handoff none needs only -d)\n");
         return -1;
     }
     if (expand_pool(c, RT_PREFILL, bootstrap_default) || expand_pool(c, RT_DECODE, 0))
