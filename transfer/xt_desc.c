@@ -34,7 +34,9 @@ int xt_desc_parse(const char *json, struct xt_desc *d)
     {
         const cJSON *a = cJSON_GetObjectItemCaseSensitive(b, "addr"), *l = cJSON_GetObjectItemCaseSensitive(b, "len");
         const cJSON *rk = cJSON_GetObjectItemCaseSensitive(b, "rkeys");
-        if (!cJSON_IsNumber(a) || !cJSON_IsNumber(l) || a->valuedouble < 0 || l->valuedouble < 0)
+        /* a peer's numbers are checked before they are converted: a double out of range is undefined behaviour */
+        if (!cJSON_IsNumber(a) || !cJSON_IsNumber(l) || !(a->valuedouble >= 0 && a->valuedouble < 0x1p64) ||
+            !(l->valuedouble >= 0 && l->valuedouble < 0x1p64))
             continue;
         struct xt_desc_buf *out = &d->bufs[d->nbufs++];
         out->addr = (uint64_t)a->valuedouble;
@@ -42,7 +44,7 @@ int xt_desc_parse(const char *json, struct xt_desc *d)
         int nk = cJSON_IsArray(rk) ? cJSON_GetArraySize(rk) : 0;
         for (int i = 0; i < nk && i < XT_MAX_NICS; i++) {
             const cJSON *k = cJSON_GetArrayItem(rk, i);
-            out->rkey[i] = cJSON_IsNumber(k) ? (uint32_t)k->valuedouble : 0;
+            out->rkey[i] = cJSON_IsNumber(k) && k->valuedouble >= 0 && k->valuedouble < 0x1p32 ? (uint32_t)k->valuedouble : 0;
         }
         out->nrkeys = nk;
     }

@@ -31,10 +31,11 @@ build fuzz_relay "$ROOT/tests/fuzz/fuzz_relay.c" "$ROOT/router/relay.c" "$ROOT/r
 build fuzz_admin "$ROOT/tests/fuzz/fuzz_admin.c" "$ROOT/router/admin_parse.c"
 build fuzz_metadata "$ROOT/tests/fuzz/fuzz_metadata.c" "$ROOT/router/metadata_store.c" "$ROOT/common/xpyd_util.c"
 build fuzz_feedback "$ROOT/tests/fuzz/fuzz_feedback.c" "$ROOT/router/feedback_parse.c" -lm
+build fuzz_desc "$ROOT/tests/fuzz/fuzz_desc.c" "$ROOT/transfer/xt_desc.c" -I"$ROOT/transfer"
 build fuzz_upstream "$ROOT/tests/fuzz/fuzz_upstream.c" "$ROOT/common/xpyd_http_client.c" "$ROOT/common/xpyd_sse.c" \
   "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" -I"$HTTP_PARSER_INC" -lhttp_parser
 rc=0
-for h in sse config sim_request rewrite upstream http_req relay admin metadata feedback; do
+for h in sse config sim_request rewrite upstream http_req relay admin metadata feedback desc; do
   mkdir -p "$OUT/corpus_$h"
   cp "$ROOT/tests/fuzz/corpus/$h/"* "$OUT/corpus_$h/"
   echo "== fuzz_$h for ${SECS}s"
