@@ -9,7 +9,6 @@
 #include "xpyd_util.h"
 
 #include <event2/buffer.h>
-#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -33,14 +32,11 @@ static void start_both(struct request *r);
 static void prefill_done(struct up_leg *up, int err, void *arg)
 {
     struct leg *p = arg;
-    struct request *r = (struct request *)((char *)(p - RT_PREFILL) - offsetof(struct request, legs));
-    struct leg *d = &r->legs[RT_DECODE];
-    p->up = NULL;
-    if (r->state == REQ_DONE)
+    int ok;
+    struct request *r = req_prefill_finished(p, err, &ok);
+    if (!r)
         return;
-    int ok = !err && p->status == 200;
-    if (ok || err || p->status >= 500)
-        req_report(RT_PREFILL, p->idx, ok);
+    struct leg *d = &r->legs[RT_DECODE];
     if (ok) {
         req_release(r, RT_PREFILL);
         p->answered = 1;

@@ -610,16 +610,25 @@ static int absorb_prefill(struct request *r)
     return 0;
 }
 
-void req_prefill_done(struct up_leg *up, int err, void *arg)
+struct request *req_prefill_finished(struct leg *p, int err, int *ok)
 {
-    struct leg *p = arg;
     struct request *r = leg_request(p);
     p->up = NULL;
     if (r->state == REQ_DONE)
+        return NULL;
+    *ok = !err && p->status == 200;
+    if (*ok || err || p->status >= 500) /* a 4xx judged the request, not the instance */
+        req_report(RT_PREFILL, p->idx, *ok);
+    return r;
+}
+
+void req_prefill_done(struct up_leg *up, int err, void *arg)
+{
+    struct leg *p = arg;
+    int ok;
+    struct request *r = req_prefill_finished(p, err, &ok);
+    if (!r)
         return;
-    int ok = !err && p->status == 200;
-    if (ok || err || p->status >= 500)
-        req_report(RT_PREFILL, p->idx, ok);
     if (!ok) {
         req_prefill_failed(r, err, r->ho->start);
         return;

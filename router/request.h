@@ -121,6 +121,9 @@ void req_send(struct request *r, int role, const char *body, size_t len, void (*
 /* The core's leg completions: what a prefill or a decode answer means, for every handoff. */
 void req_prefill_done(struct up_leg *leg, int err, void *arg);
 void req_decode_done(struct up_leg *leg, int err, void *arg);
+/* A prefill attempt finished (any mode): the leg lets go of its connection and the outcome counts against its
+ * instance (200 a success; an error or a 5xx a failure). *ok: usable answer. NULL: the request had ended. */
+struct request *req_prefill_finished(struct leg *p, int err, int *ok);
 /* A failed prefill attempt (err, or its status): retries through next when allowed, else fails the request. */
 void req_prefill_failed(struct request *r, int err, void (*next)(struct request *r));
 void req_release(struct request *r, int role);
