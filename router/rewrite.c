@@ -614,6 +614,18 @@ void rw_prefill_answer_free(struct rw_prefill_answer *a)
     memset(a, 0, sizeof *a);
 }
 
+/* Removes every member named k: an engine's JSON may repeat a key, and the client must not see a stale copy
+ * next to the patched one. Returns how many went. */
+static int delete_all(cJSON *o, const char *k)
+{
+    int n = 0;
+    while (cJSON_GetObjectItemCaseSensitive(o, k)) {
+        cJSON_DeleteItemFromObjectCaseSensitive(o, k);
+        n++;
+    }
+    return n;
+}
+
 int rw_patch_usage(cJSON *o, long cached_tokens)
 {
     cJSON *usage = cJSON_GetObjectItemCaseSensitive(o, "usage");
@@ -622,17 +634,16 @@ int rw_patch_usage(cJSON *o, long cached_tokens)
     if (cached_tokens < 0) {
         /* The decode counts the transferred KV as cached, which is wrong, and the prefill did not say: the
          * truth is unknown, so the field goes rather than a wrong number. */
-        if (!cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details"))
-            return 0;
-        cJSON_DeleteItemFromObjectCaseSensitive(usage, "prompt_tokens_details");
-        return 1;
+        return delete_all(usage, "prompt_tokens_details") > 0;
     }
-    cJSON *d = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
+    cJSON *d = cJSON_DetachItemFromObjectCaseSensitive(usage, "prompt_tokens_details");
+    delete_all(usage, "prompt_tokens_details");
     if (!cJSON_IsObject(d)) {
-        cJSON_DeleteItemFromObjectCaseSensitive(usage, "prompt_tokens_details");
-        d = cJSON_AddObjectToObject(usage, "prompt_tokens_details");
+        cJSON_Delete(d);
+        d = cJSON_CreateObject();
     }
-    cJSON_DeleteItemFromObjectCaseSensitive(d, "cached_tokens");
+    cJSON_AddItemToObject(usage, "prompt_tokens_details", d);
+    delete_all(d, "cached_tokens");
     cJSON_AddNumberToObject(d, "cached_tokens", (double)cached_tokens);
     return 1;
 }

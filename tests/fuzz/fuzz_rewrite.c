@@ -37,7 +37,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     cJSON *ev = cJSON_ParseWithLength(json, n);
     if (ev) {
-        rw_patch_usage(ev, (long)(data[0] >> 2) - 1);
+        long cached = (long)(data[0] >> 2) - 1;
+        rw_patch_usage(ev, cached);
+        const cJSON *u = cJSON_GetObjectItemCaseSensitive(ev, "usage");
+        if (cJSON_IsObject(u)) { /* one prompt_tokens_details at most, holding exactly the cached tokens given */
+            int n = 0, m = 0;
+            const cJSON *d = NULL;
+            for (const cJSON *x = u->child; x; x = x->next)
+                if (x->string && !strcmp(x->string, "prompt_tokens_details"))
+                    n++, d = x;
+            for (const cJSON *x = d ? d->child : NULL; x; x = x->next)
+                if (x->string && !strcmp(x->string, "cached_tokens"))
+                    m++;
+            if (cached < 0 ? n != 0 : (n != 1 || !cJSON_IsObject(d) || m != 1 ||
+                                       cJSON_GetObjectItemCaseSensitive(d, "cached_tokens")->valuedouble != (double)cached))
+                abort();
+        }
         (void)rw_event_text(ev);
         cJSON_Delete(ev);
     }
