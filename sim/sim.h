@@ -5,7 +5,17 @@
 #include <stdint.h>
 
 enum sim_role { SIM_ROLE_BOTH = 0, SIM_ROLE_PREFILL, SIM_ROLE_DECODE };
-enum sim_handoff { SIM_HANDOFF_KV_PARAMS = 0, SIM_HANDOFF_STORE, SIM_HANDOFF_BOOTSTRAP, SIM_HANDOFF_NONE, SIM_HANDOFF_XPYD };
+enum sim_handoff {
+    SIM_HANDOFF_KV_PARAMS = 0,
+    SIM_HANDOFF_STORE,
+    SIM_HANDOFF_BOOTSTRAP,
+    SIM_HANDOFF_NONE,
+    SIM_HANDOFF_XPYD,
+    SIM_HANDOFF_MOONCAKE, /* vLLM's MooncakeConnector: both legs at once, meeting on transfer_id */
+    SIM_NHANDOFFS
+};
+/* The modes' names, in enum order, NULL-terminated (--handoff, metrics). */
+extern const char *const sim_handoff_names[];
 
 struct sim_config {
     int role;

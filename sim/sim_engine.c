@@ -311,6 +311,23 @@ static int prefill_register_room(struct sreq *r)
     return rc;
 }
 
+/* vLLM MooncakeConnector: the prefill keeps its KV for the decode that claims transfer_id. -EEXIST: in use. */
+static int prefill_register_transfer(struct sreq *r)
+{
+    struct sim *s = r->sim;
+    size_t kvlen;
+    unsigned char *kv = kv_make(r, &kvlen);
+    char key[240];
+    snprintf(key, sizeof key, "xfer:%s", r->p.h.transfer_id);
+    uint64_t exp = xpyd_now_us() + (uint64_t)s->cfg.lease_ms * 1000u;
+    int rc = sim_lease_put(&s->leases, key, r->rank->engine_id, 0, r->p.prompt.hash, kv, kvlen, exp);
+    if (rc == 0) {
+        s->leases_created++;
+        snprintf(r->lease_key, sizeof r->lease_key, "%s", key);
+    }
+    return rc;
+}
+
 static void handoff_finished(struct sreq *r, int result)
 {
     r->sim->handoffs[r->ho_mode][result]++;
@@ -362,8 +379,9 @@ static void on_pull_done(struct up_leg *leg, int err, void *arg)
         handoff_finished(r, HO_DONE);
         return;
     }
-    if (code == 409 && r->p.h.has_bootstrap && xpyd_now_us() < r->deadline_us) {
-        sreq_schedule(r, 2000); /* the prefill has not registered the room yet: poll again */
+    int rendezvous = r->p.h.has_bootstrap || r->p.h.transfer_id;
+    if (code == 409 && rendezvous && xpyd_now_us() < r->deadline_us) {
+        sreq_schedule(r, 2000); /* the prefill has not registered the room (transfer) yet: poll again */
         return;
     }
     r->sim->handoffs[r->ho_mode][HO_FAILED]++;
@@ -371,6 +389,10 @@ static void on_pull_done(struct up_leg *leg, int err, void *arg)
         const char *host = r->p.h.has_bootstrap ? r->p.h.bootstrap_host : r->p.h.remote_host;
         int port = r->p.h.has_bootstrap ? r->p.h.bootstrap_port : r->p.h.remote_port;
         snprintf(msg, sizeof msg, "KV transfer failed: could not reach the prefill engine at %s:%d", host, port);
+        sreq_fail(r, 500, msg);
+    } else if (code == 409 && r->p.h.transfer_id) {
+        snprintf(msg, sizeof msg, "KV transfer failed: the prefill did not produce transfer_id %.200s within %ld ms",
+                 r->p.h.transfer_id, r->sim->cfg.handoff_timeout_ms);
         sreq_fail(r, 500, msg);
     } else if (code == 409) {
         snprintf(msg, sizeof msg, "KV transfer failed: bootstrap room %" PRIu64 " was not ready within %ld ms",
@@ -390,6 +412,9 @@ static char *pull_json(const struct sreq *r)
     if (r->p.h.has_bootstrap) {
         snprintf(sig, sizeof sig, "%" PRIu64, r->p.h.bootstrap_room);
         cJSON_AddStringToObject(o, "bootstrap_room", sig);
+    } else if (r->p.h.transfer_id) {
+        cJSON_AddStringToObject(o, "transfer_id", r->p.h.transfer_id);
+        cJSON_AddStringToObject(o, "remote_engine_id", r->p.h.remote_engine_id);
     } else {
         snprintf(sig, sizeof sig, "%016" PRIx64, r->p.h.block_sig);
         cJSON_AddStringToObject(o, "remote_engine_id", r->p.h.remote_engine_id);
@@ -562,7 +587,7 @@ void sreq_start(struct sreq *r)
         xpull_start(r);
     } else if (remote || boot) {
         r->state = SREQ_HANDOFF;
-        r->ho_mode = boot ? SIM_HANDOFF_BOOTSTRAP : SIM_HANDOFF_KV_PARAMS;
+        r->ho_mode = boot ? SIM_HANDOFF_BOOTSTRAP : r->p.h.transfer_id ? SIM_HANDOFF_MOONCAKE : SIM_HANDOFF_KV_PARAMS;
         r->deadline_us = xpyd_now_us() + (uint64_t)s->cfg.handoff_timeout_ms * 1000u;
         pull_send(r);
     } else if (store) {
@@ -621,7 +646,12 @@ static void prefill_done(struct sreq *r)
     struct sim *s = r->sim;
     if (s->cfg.handoff == SIM_HANDOFF_STORE && s->cfg.role != SIM_ROLE_DECODE)
         store_write(r);
-    if (r->p.h.do_remote_decode && s->cfg.role != SIM_ROLE_DECODE && prefill_register_kv_params(r) != 0) {
+    if (r->p.h.transfer_id && r->p.h.do_remote_decode && s->cfg.role != SIM_ROLE_DECODE) {
+        if (prefill_register_transfer(r) != 0) {
+            sreq_fail(r, 400, "transfer_id is already in use on this prefill engine");
+            return;
+        }
+    } else if (r->p.h.do_remote_decode && s->cfg.role != SIM_ROLE_DECODE && prefill_register_kv_params(r) != 0) {
         sreq_fail(r, 500, "could not register the KV lease");
         return;
     }

@@ -55,7 +55,7 @@ struct sim {
     uint64_t rng;
     uint64_t seq;
     /* counters */
-    uint64_t handoffs[5][HO_NRESULTS]; /* [handoff mode][result] */
+    uint64_t handoffs[SIM_NHANDOFFS][HO_NRESULTS]; /* [handoff mode][result] */
     /* xpyd handoff: this engine's libxpyd_transfer engine, peers opened, notifications polled */
     xt_engine *xt;
     struct event *xt_ev;     /* the engine's event fd: a read finished or a notification arrived */

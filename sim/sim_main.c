@@ -13,7 +13,6 @@
 
 static const char *const roles[] = {"both", "prefill", "decode", NULL};
 static const char *const dp_modes[] = {"external", "internal", NULL};
-static const char *const handoffs[] = {"kv-params", "store", "bootstrap", "none", "xpyd", NULL};
 static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
 
 #define F(m) XPYD_FIELD(struct sim_config, m)
@@ -39,8 +38,9 @@ static const struct xpyd_setting settings[] = {
      "KV tokens a rank holds; a request waits until its prompt fits (0: no limit)"},
     {"decode-ns-per-kv-token", XS_LONG, F(decode_ns_per_kv_token), 0, 1000000, "0", NULL,
      "each decode step takes this much longer per KV token the rank holds"},
-    {"handoff", XS_ENUM, F(handoff), 0, 0, "kv-params", handoffs,
-     "PD handoff this engine speaks (xpyd: kv-params with the KV moved by libxpyd_transfer)"},
+    {"handoff", XS_ENUM, F(handoff), 0, 0, "kv-params", sim_handoff_names,
+     "PD handoff this engine speaks (xpyd: kv-params with the KV moved by libxpyd_transfer; mooncake: vLLM's "
+     "MooncakeConnector, `/query` served on the bootstrap port)"},
     {"store-dir", XS_STR, F(store_dir), 0, 0, "/tmp/xpyd-sim-store", NULL, "KV store shared by sims in store mode"},
     {"store-wait-ms", XS_LONG, F(store_wait_ms), 0, 3600000, "10000", NULL,
      "decode polls the store this long, then recomputes"},

@@ -75,7 +75,7 @@ void on_metrics(evhtp_request_t *req, void *arg)
         }
     }
     metric_head(b, "xpyd_sim:handoffs_total", "counter", "KV handoffs on the decode side, by mode and result.");
-    for (int mo = 0; mo < 5; mo++)
+    for (int mo = 0; mo < SIM_NHANDOFFS; mo++)
         for (int res = 0; res < HO_NRESULTS; res++)
             if (mo != SIM_HANDOFF_NONE)
             evbuffer_add_printf(b, "xpyd_sim:handoffs_total{mode=\"%s\",result=\"%s\"} %" PRIu64 "\n",

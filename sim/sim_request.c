@@ -108,6 +108,54 @@ static char *dup_str(const cJSON *v)
     return cJSON_IsString(v) ? XPYD_XALLOC(strdup(v->valuestring)) : NULL;
 }
 
+/* "http://host:port[/]" or "http://[v6]:port[/]" into host and port; 0 or -1. */
+static int parse_http_addr(const char *s, char **host, int *port)
+{
+    if (strncmp(s, "http://", 7) != 0)
+        return -1;
+    s += 7;
+    const char *h = s, *he, *colon;
+    if (*s == '[') {
+        h = s + 1;
+        he = strchr(h, ']');
+        if (!he || he[1] != ':')
+            return -1;
+        colon = he + 1;
+    } else {
+        colon = strchr(s, ':');
+        he = colon;
+        if (!colon || memchr(s, '/', (size_t)(colon - s)))
+            return -1;
+    }
+    char *end = NULL;
+    long p = strtol(colon + 1, &end, 10);
+    if (he == h || end == colon + 1 || p < 1 || p > 65535 || (*end && strcmp(end, "/") != 0))
+        return -1;
+    *host = XPYD_XALLOC(strndup(h, (size_t)(he - h)));
+    *port = (int)p;
+    return 0;
+}
+
+/* vLLM's MooncakeConnector fields: a prefill keeps its KV for transfer_id; a decode claims it. */
+static int parse_transfer(const cJSON *kv, const cJSON *xfer, struct sim_handoff_in *h, char **err)
+{
+    if (!cJSON_IsString(xfer) || !xfer->valuestring[0] || strlen(xfer->valuestring) > 200)
+        return fail(err, 400, "kv_transfer_params.transfer_id must be a non-empty string (at most 200 bytes)");
+    if (h->do_remote_decode == h->do_remote_prefill)
+        return fail(err, 400, "kv_transfer_params with transfer_id needs exactly one of do_remote_decode and "
+                              "do_remote_prefill");
+    h->transfer_id = dup_str(xfer);
+    if (h->do_remote_decode)
+        return 0;
+    const cJSON *addr = cJSON_GetObjectItemCaseSensitive(kv, "remote_bootstrap_addr");
+    h->remote_engine_id = dup_str(cJSON_GetObjectItemCaseSensitive(kv, "remote_engine_id"));
+    if (!cJSON_IsString(addr) || !h->remote_engine_id ||
+        parse_http_addr(addr->valuestring, &h->remote_host, &h->remote_port) != 0)
+        return fail(err, 400, "kv_transfer_params with do_remote_prefill and transfer_id needs remote_engine_id and "
+                              "remote_bootstrap_addr (\"http://<host>:<port>\")");
+    return 0;
+}
+
 static int parse_kv_params(const cJSON *kv, struct sim_handoff_in *h, char **err)
 {
     if (!kv || cJSON_IsNull(kv))
@@ -116,6 +164,9 @@ static int parse_kv_params(const cJSON *kv, struct sim_handoff_in *h, char **err
         return fail(err, 400, "kv_transfer_params must be an object");
     h->do_remote_decode = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(kv, "do_remote_decode"));
     h->do_remote_prefill = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(kv, "do_remote_prefill"));
+    const cJSON *xfer = cJSON_GetObjectItemCaseSensitive(kv, "transfer_id");
+    if (xfer && !cJSON_IsNull(xfer))
+        return parse_transfer(kv, xfer, h, err);
     if (!h->do_remote_prefill)
         return 0;
     h->remote_engine_id = dup_str(cJSON_GetObjectItemCaseSensitive(kv, "remote_engine_id"));
@@ -334,6 +385,7 @@ void sim_params_free(struct sim_params *p)
     free(p->h.remote_request_id);
     free(p->h.remote_host);
     free(p->h.bootstrap_host);
+    free(p->h.transfer_id);
     free(p->h.xpyd_segment);
     free(p->h.xpyd_key);
     free(p->rid);

@@ -26,6 +26,9 @@ struct sim_handoff_in {
     int bootstrap_port;
     uint64_t bootstrap_room;
     long dp_rank;           /* body data_parallel_rank, -1 if absent */
+    /* vLLM MooncakeConnector: the legs meet on transfer_id; a decode claims the KV from remote_bootstrap_addr
+     * (parsed into remote_host/remote_port) and checks remote_engine_id */
+    char *transfer_id;
     /* xpyd handoff (libxpyd_transfer): where the prefill's KV is, and the lease to release */
     int has_xpyd;
     char *xpyd_segment;     /* "host:port" of the prefill's transfer engine */

@@ -214,21 +214,25 @@ static void kv_take(evhtp_request_t *req, struct sim *s, int release)
     const cJSON *eid = cJSON_GetObjectItemCaseSensitive(o, "remote_engine_id");
     const cJSON *rid = cJSON_GetObjectItemCaseSensitive(o, "remote_request_id");
     const cJSON *sig = cJSON_GetObjectItemCaseSensitive(o, "block_sig");
+    const cJSON *xfer = cJSON_GetObjectItemCaseSensitive(o, "transfer_id");
     char key[260], msg[400];
-    if (cJSON_IsString(room)) {
+    if (cJSON_IsString(xfer) && cJSON_IsString(eid)) {
+        snprintf(key, sizeof key, "xfer:%.240s", xfer->valuestring);
+    } else if (cJSON_IsString(room)) {
         snprintf(key, sizeof key, "room:%s", room->valuestring);
     } else if (cJSON_IsString(eid) && cJSON_IsString(rid) && cJSON_IsString(sig)) {
         snprintf(key, sizeof key, "req:%.240s", rid->valuestring);
     } else {
         cJSON_Delete(o);
-        xpyd_reply_error(req, 400, "kv pull needs bootstrap_room, or remote_engine_id + remote_request_id + block_sig");
+        xpyd_reply_error(req, 400, "kv pull needs transfer_id + remote_engine_id, bootstrap_room, or remote_engine_id "
+                                   "+ remote_request_id + block_sig");
         return;
     }
     struct sim_lease *l = sim_lease_find(&s->leases, key);
     if (!l) {
         cJSON_Delete(o);
-        if (cJSON_IsString(room)) {
-            xpyd_reply_error(req, 409, "bootstrap room not registered yet");
+        if (cJSON_IsString(room) || cJSON_IsString(xfer)) {
+            xpyd_reply_error(req, 409, cJSON_IsString(xfer) ? "transfer_id not produced yet" : "bootstrap room not registered yet");
             return;
         }
         snprintf(msg, sizeof msg, "no KV held for remote_request_id '%.200s' (expired, already pulled, or never "
@@ -236,7 +240,15 @@ static void kv_take(evhtp_request_t *req, struct sim *s, int release)
         xpyd_reply_error(req, 404, msg);
         return;
     }
-    if (!cJSON_IsString(room)) {
+    if (cJSON_IsString(xfer)) {
+        if (strcmp(l->engine_id, eid->valuestring) != 0) {
+            snprintf(msg, sizeof msg, "remote_engine_id '%.100s' does not match the engine that produced transfer_id "
+                                      "'%.100s' (%.100s)", eid->valuestring, xfer->valuestring, l->engine_id);
+            cJSON_Delete(o);
+            xpyd_reply_error(req, 404, msg);
+            return;
+        }
+    } else if (!cJSON_IsString(room)) {
         char want[32];
         snprintf(want, sizeof want, "%016" PRIx64, l->block_sig);
         if (strcmp(l->engine_id, eid->valuestring) != 0 || strcmp(want, sig->valuestring) != 0) {
@@ -293,6 +305,25 @@ static void on_abort(evhtp_request_t *req, void *arg)
     xpyd_reply(req, 200, "application/json", out, (size_t)k);
 }
 
+/* GET /query (vLLM MooncakeConnector's bootstrap server): {"<dp rank>": {"engine_id": "..."}, ...}. */
+static void on_query(evhtp_request_t *req, void *arg)
+{
+    struct sim *s = rank_of(arg)->sim;
+    if (!xpyd_method_allowed(req, "GET"))
+        return;
+    cJSON *o = XPYD_XALLOC(cJSON_CreateObject());
+    for (int i = 0; i < s->nranks; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "%d", i);
+        cJSON *e = XPYD_XALLOC(cJSON_AddObjectToObject(o, k));
+        cJSON_AddStringToObject(e, "engine_id", s->ranks[i].engine_id);
+    }
+    char *txt = XPYD_XALLOC(cJSON_PrintUnformatted(o));
+    cJSON_Delete(o);
+    xpyd_reply(req, 200, "application/json", txt, strlen(txt));
+    free(txt);
+}
+
 static void on_not_found(evhtp_request_t *req, void *arg)
 {
     xpyd_reply_error(req, 404, "Not Found");
@@ -331,6 +362,7 @@ static evhtp_t *make_server(struct sim *s, struct sim_rank *rk, int port, int kv
     evhtp_set_post_accept_cb(h, on_accept, NULL);
     evhtp_set_cb(h, "/kv/pull", on_kv_pull, rk);
     evhtp_set_cb(h, "/kv/release", on_kv_release, rk);
+    evhtp_set_cb(h, "/query", on_query, rk);
     if (!kv_only) {
         evhtp_set_cb(h, "/v1/completions", on_completions, rk);
         evhtp_set_cb(h, "/v1/chat/completions", on_chat, rk);
@@ -366,10 +398,11 @@ const char *sim_role_name(int role)
     return role == SIM_ROLE_PREFILL ? "prefill" : role == SIM_ROLE_DECODE ? "decode" : "both";
 }
 
+const char *const sim_handoff_names[] = {"kv-params", "store", "bootstrap", "none", "xpyd", "mooncake", NULL};
+
 const char *sim_handoff_name(int h)
 {
-    static const char *const n[] = {"kv-params", "store", "bootstrap", "none", "xpyd"};
-    return h >= 0 && h <= 4 ? n[h] : "?";
+    return h >= 0 && h < SIM_NHANDOFFS ? sim_handoff_names[h] : "?";
 }
 
 int sim_run(const struct sim_config *cfg)
