@@ -244,6 +244,15 @@ void xb_set_healthy(struct xb_pool *p, int idx, int healthy)
     pthread_mutex_unlock(&p->mu);
 }
 
+void xb_set_ready(struct xb_pool *p, int idx, int ready)
+{
+    if (idx < 0 || (size_t)idx >= p->n)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->inst[idx].unready = !ready;
+    pthread_mutex_unlock(&p->mu);
+}
+
 int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out)
 {
     if (idx < 0 || (size_t)idx >= p->n)
@@ -262,6 +271,7 @@ int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out)
     out->ejected = in->ejected_until > mono_us();
     out->ejections = in->ejections_total;
     out->removed = in->removed;
+    out->ready = !in->unready;
     pthread_mutex_unlock(&p->mu);
     return 0;
 }

@@ -30,6 +30,7 @@ struct xb_instance_stats {
     int ejected;              /* passively ejected right now (consecutive failures) */
     uint64_t ejections;       /* times it was ejected */
     int removed;              /* taken out at runtime; in-flight requests on it finish */
+    int ready;                /* usable as far as its description goes (xb_set_ready) */
 };
 
 struct xb_pool;
@@ -66,6 +67,9 @@ void xb_adjust(struct xb_pool *p, int idx, int64_t delta);
 /* Ends one request on idx: releases one in-flight and `tokens` outstanding tokens. */
 void xb_release(struct xb_pool *p, int idx, int64_t tokens);
 void xb_set_healthy(struct xb_pool *p, int idx, int healthy);
+/* ready 0: never picked until it is 1 again (an engine whose own description, e.g. vLLM MooncakeConnector's
+ * /query, has not been read). Instances start ready; separate from health, which the probe owns. */
+void xb_set_ready(struct xb_pool *p, int idx, int ready);
 /* Engine feedback (from its /metrics), in tokens, added to the router's own outstanding tokens when the
  * policy compares loads. Lock-free; any thread. */
 void xb_set_feedback(struct xb_pool *p, int idx, int64_t tokens);

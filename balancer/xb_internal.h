@@ -17,6 +17,7 @@ struct xb_inst {
     uint64_t ejections;      /* ejections so far; the next one lasts longer; reset by a success */
     uint64_t ejections_total;
     int removed;             /* taken out at runtime (admin API, reload): never picked; slot kept */
+    int unready;             /* xb_set_ready(0): never picked until ready again */
 };
 
 struct xb_pool {

@@ -20,7 +20,7 @@ uint64_t xb_rand(struct xb_pool *p)
 int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int *exclude, int nexclude)
 {
     const struct xb_inst *in = &p->inst[i];
-    if (in->removed || !in->healthy || in->ejected_until > p->now)
+    if (in->removed || in->unready || !in->healthy || in->ejected_until > p->now)
         return 0;
     if (p->skip_full && in->cfg.max_inflight > 0 && in->inflight >= in->cfg.max_inflight)
         return 0;

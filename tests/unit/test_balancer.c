@@ -166,6 +166,34 @@ static void test_max_model_len_and_health(void **st)
     xb_pool_free(p);
 }
 
+/* An unready instance (its engine not yet described) is never picked by any policy, whatever its load, and
+ * health changes do not make it ready; made ready it is picked again. */
+static void test_unready_never_picked(void **st)
+{
+    int pols[4] = {XB_POLICY_LOT, XB_POLICY_P2C, XB_POLICY_RR, XB_POLICY_RANDOM};
+    for (int k = 0; k < 4; k++) {
+        struct xb_pool *p = pool_of(pols[k], 3, NULL, NULL, NULL);
+        xb_set_ready(p, 0, 0);
+        xb_set_healthy(p, 0, 1);
+        struct xb_instance_stats s;
+        assert_int_equal(xb_stats(p, 0, &s), 0);
+        assert_false(s.ready);
+        xb_adjust(p, 1, 1000000); /* 0 is by far the least loaded */
+        for (int i = 0; i < 200; i++) {
+            int idx = xb_pick(p, 0, 1, NULL, 0);
+            assert_true(idx == 1 || idx == 2);
+            xb_release(p, idx, 1);
+        }
+        xb_set_ready(p, 1, 0);
+        xb_set_ready(p, 2, 0);
+        assert_int_equal(xb_pick(p, 0, 1, NULL, 0), -ENOENT);
+        xb_set_ready(p, 0, 1);
+        assert_int_equal(xb_pick(p, 0, 1, NULL, 0), 0);
+        xb_release(p, 0, 1);
+        xb_pool_free(p);
+    }
+}
+
 static void test_other_policies_release_to_zero(void **st)
 {
     int pols[3] = {XB_POLICY_P2C, XB_POLICY_RR, XB_POLICY_RANDOM};
@@ -287,6 +315,7 @@ int main(void)
         cmocka_unit_test(test_tie_rotation),
         cmocka_unit_test(test_least_loaded_wins),     cmocka_unit_test(test_max_model_len_and_health),
         cmocka_unit_test(test_other_policies_release_to_zero), cmocka_unit_test(test_thread_safety),
+        cmocka_unit_test(test_unready_never_picked),
         cmocka_unit_test(test_max_inflight_soft_cap), cmocka_unit_test(test_passive_ejection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
