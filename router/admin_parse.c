@@ -47,7 +47,7 @@ int rt_admin_parse_instance(const char *json, size_t len, const struct rt_admin_
             json_long(o, "weight", 1, 1000000, 1, &out->weight, err, cap) ||
             json_long(o, "max_inflight", 0, 1000000, d->max_inflight, &out->max_inflight, err, cap) ||
             json_long(o, "max_model_len", 0, 1L << 40, 0, &out->max_model_len, err, cap) ||
-            json_long(o, "bootstrap_port", 0, 65535, out->port, &out->bootstrap_port, err, cap))
+            json_long(o, "bootstrap_port", 0, 65535, 0, &out->bootstrap_port, err, cap))
             ;
         else if (!dp_internal && out->port + out->dp - 1 > 65535)
             snprintf(err, cap, "port + dp - 1 is above 65535");

@@ -113,6 +113,12 @@ static const struct xpyd_setting settings[] = {
      "active health check period: `GET /health` on every endpoint; 0 turns checks off"},
     {"health-timeout-ms", XS_LONG, OFF(health_timeout_ms), 1, 600000, "1000", NULL,
      "one check's deadline (connect and answer)"},
+    {"query-interval-ms", XS_LONG, OFF(query_interval_ms), 100, 3600000, "2000", NULL,
+     "`--handoff mooncake`: period of `GET /query` on every prefill's bootstrap server (its DP ranks and "
+     "their engine ids). A prefill is not eligible until it answers; a failed query makes it ineligible "
+     "until the next good one; a restarted prefill's new engine ids are used from the next answer on"},
+    {"query-timeout-ms", XS_LONG, OFF(query_timeout_ms), 1, 600000, "1000", NULL,
+     "one `GET /query`'s deadline (connect and answer)"},
     {"health-rise", XS_LONG, OFF(health_rise), 1, 100, "2", NULL,
      "passed checks in a row that bring a down endpoint back"},
     {"health-fall", XS_LONG, OFF(health_fall), 1, 100, "3", NULL,
@@ -174,7 +180,8 @@ static void usage(FILE *f)
           "  --prefill-dp N, --decode-dp N   data-parallel ranks per host (default 1)\n"
           "  --prefill-tp N, --decode-tp N   tensor-parallel size per rank (capacity weight, default 1)\n"
           "  --prefill-policy P, --decode-policy P   lot (default) | p2c | rr | random\n"
-          "  --prefill-bootstrap-port N   SGLang bootstrap port of every prefill (default: its HTTP port)\n"
+          "  --prefill-bootstrap-port N   bootstrap port of every prefill without its own (default: 8998 with\n"
+          "                               --handoff mooncake, else its HTTP port)\n"
           "  --prefill-max-inflight N, --decode-max-inflight N   requests a rank runs at once (vLLM max_num_seqs);\n"
           "                               full ranks are passed over while another has room (default 0: unknown)\n"
           "  --config FILE                JSON configuration (see conf/); the command line wins\n"
@@ -359,13 +366,33 @@ int rt_config_endpoint_index(struct rt_config *c, const char *host, int port)
     return (int)c->n_endpoints++;
 }
 
-static int expand_pool(struct rt_config *c, int role, int bootstrap_default)
+int rt_config_prefill_by_query(const struct rt_config *c)
+{
+    return strcmp(c->handoff, "mooncake") == 0;
+}
+
+int rt_config_bootstrap_port(const struct rt_config *c, int bootstrap_port, int http_port)
+{
+    if (bootstrap_port > 0)
+        return bootstrap_port;
+    if (c->prefill_bootstrap_port > 0)
+        return c->prefill_bootstrap_port;
+    return rt_config_prefill_by_query(c) ? RT_MOONCAKE_BOOTSTRAP_PORT : http_port;
+}
+
+int rt_config_ranks_by_header(const struct rt_config *c, int role)
+{
+    return c->dp_internal || (role == RT_PREFILL && rt_config_prefill_by_query(c));
+}
+
+static int expand_pool(struct rt_config *c, int role)
 {
     struct rt_pool_cfg *p = &c->pools[role];
+    int internal = rt_config_ranks_by_header(c, role);
     int maxdp = 0;
     for (size_t h = 0; h < p->n; h++) {
         int dp = p->hosts[h].dp > 0 ? p->hosts[h].dp : p->dp;
-        if (dp < 1 || dp > 1024 || (!c->dp_internal && p->hosts[h].port + dp - 1 > 65535)) {
+        if (dp < 1 || dp > 1024 || (!internal && p->hosts[h].port + dp - 1 > 65535)) {
             fprintf(stderr, "xpyd_router: %s host %s:%d: bad dp %d\n", role ? "decode" : "prefill",
                     p->hosts[h].host, p->hosts[h].port, dp);
             return -1;
@@ -382,13 +409,13 @@ static int expand_pool(struct rt_config *c, int role, int bootstrap_default)
             c->ranks[role] = XPYD_XALLOC(realloc(c->ranks[role], (c->n_ranks[role] + 1) * sizeof(struct rt_rank)));
             struct rt_rank *r = &c->ranks[role][c->n_ranks[role]++];
             memset(r, 0, sizeof *r);
-            r->endpoint = rt_config_endpoint_index(c, rh->host, c->dp_internal ? rh->port : rh->port + i);
-            r->dp_rank = c->dp_internal ? i : -1;
+            r->endpoint = rt_config_endpoint_index(c, rh->host, internal ? rh->port : rh->port + i);
+            r->dp_rank = internal ? i : -1;
             r->tp = rh->tp > 0 ? rh->tp : p->tp;
             r->weight = rh->weight > 0 ? rh->weight : 1;
             r->max_model_len = rh->max_model_len;
             r->max_inflight = rh->max_inflight > 0 ? rh->max_inflight : p->max_inflight;
-            r->bootstrap_port = rh->bootstrap_port > 0 ? rh->bootstrap_port : bootstrap_default > 0 ? bootstrap_default : rh->port;
+            r->bootstrap_port = role == RT_PREFILL ? rt_config_bootstrap_port(c, rh->bootstrap_port, rh->port) : 0;
         }
     }
     return 0;
@@ -452,7 +479,6 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
     struct alias_lists al;
     memset(&al, 0, sizeof al);
     int cli_pool[2] = {0, 0};
-    int bootstrap_default = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int role = -1;
@@ -555,7 +581,7 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
                 fprintf(stderr, "xpyd_router: --prefill-bootstrap-port needs a port\n");
                 return -1;
             }
-            bootstrap_default = (int)lv;
+            c->prefill_bootstrap_port = (int)lv;
             continue;
         }
         const char *name = a + 2;
@@ -587,7 +613,7 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
                         "(--handoff none needs only -d)\n");
         return -1;
     }
-    if (expand_pool(c, RT_PREFILL, bootstrap_default) || expand_pool(c, RT_DECODE, 0))
+    if (expand_pool(c, RT_PREFILL) || expand_pool(c, RT_DECODE))
         return -1;
     return 0;
 }

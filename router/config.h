@@ -65,6 +65,8 @@ struct rt_config {
     long health_interval_ms;   /* active health checks; 0 = off */
     long health_timeout_ms;
     long health_rise, health_fall;
+    long query_interval_ms, query_timeout_ms; /* --handoff mooncake: GET /query on the prefills */
+    int prefill_bootstrap_port; /* --prefill-bootstrap-port; 0: per mode (rt_config_bootstrap_port) */
     long drain_timeout_ms;
     long eject_after, eject_base_ms, eject_max_ms; /* passive ejection */
     long retry_backoff_ms, retry_budget_percent, retry_budget_min;
@@ -98,6 +100,17 @@ int rt_config_load(struct rt_config *c, int argc, char **argv);
 void rt_config_free(struct rt_config *c);
 /* Writes the expanded topology (the --dry-run output). */
 void rt_config_print(const struct rt_config *c, FILE *f);
+/* vLLM's default bootstrap server port (VLLM_MOONCAKE_BOOTSTRAP_PORT). */
+#define RT_MOONCAKE_BOOTSTRAP_PORT 8998
+/* 1 when the prefill pool's ranks are learned from each prefill's bootstrap server (GET /query), i.e.
+ * `--handoff mooncake`: then every prefill's DP ranks share its one HTTP port, pinned by the rank header. */
+int rt_config_prefill_by_query(const struct rt_config *c);
+/* A prefill's bootstrap port: its own when set, else --prefill-bootstrap-port, else vLLM's 8998 under
+ * --handoff mooncake, else its HTTP port (SGLang bootstrap mode, where the sims serve it there). */
+int rt_config_bootstrap_port(const struct rt_config *c, int bootstrap_port, int http_port);
+/* 1 when role's ranks share their host's one port, pinned by X-data-parallel-rank (--dp-mode internal, and
+ * the prefill pool under --handoff mooncake). */
+int rt_config_ranks_by_header(const struct rt_config *c, int role);
 /* Index of host:port in c->endpoints, appended when new (the configuration's own arrays, before start). */
 int rt_config_endpoint_index(struct rt_config *c, const char *host, int port);
 

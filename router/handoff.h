@@ -19,6 +19,8 @@ struct handoff_ops {
     int needs_prefill;  /* a prefill pool is required (and /health needs a usable prefill) */
     int repeat_mode;    /* --repeat-d-times may be used (the decode's KV can be read by many decodes) */
     int kvxfer;         /* the router runs its own transfer engine to release abandoned KV (kvxfer.c) */
+    int query_prefill;  /* prefill ranks and engine ids come from each prefill's GET /query (discovery.c); must
+                         * agree with rt_config_prefill_by_query, which expands the pool before modes resolve */
     /* The first attempt; also what a failed prefill attempt restarts. */
     void (*start)(struct request *r);
     /* The sequential flow's bodies (req_start_prefill / req_start_decode); NULL where the mode has its own. */
@@ -36,7 +38,8 @@ struct handoff_ops {
     int finish_decode_write;
 };
 
-extern const struct handoff_ops handoff_kv_params, handoff_store, handoff_bootstrap, handoff_none, handoff_xpyd;
+extern const struct handoff_ops handoff_kv_params, handoff_store, handoff_bootstrap, handoff_none, handoff_xpyd,
+    handoff_mooncake;
 
 /* handoffs.c: the mode named c->handoff, checked against the rest of the configuration; NULL after printing
  * why (an unknown name, a missing prefill pool, a setting the mode cannot take). */

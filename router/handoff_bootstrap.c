@@ -52,19 +52,13 @@ static void prefill_done(struct up_leg *up, int err, void *arg)
         up_leg_cancel_after_send(d->up);
         d->up = NULL;
     }
-    req_release(r, RT_DECODE);
+    req_unpick(r, RT_DECODE); /* it did not fail: the retry may use it again */
     xpyd_sse_reset(&r->sse);
     req_prefill_failed(r, err, start_both);
 }
 
 static void start_both(struct request *r)
 {
-    struct leg *p = &r->legs[RT_PREFILL];
-    if (p->up) { /* a decode retry while the old prefill still runs: both legs start again */
-        up_leg_cancel(p->up);
-        p->up = NULL;
-    }
-    req_release(r, RT_PREFILL);
     if (req_pick(r, RT_PREFILL, r->prompt_tokens, start_both) < 0)
         return;
     int64_t charge;
@@ -92,9 +86,22 @@ static void start_both(struct request *r)
     free(body);
 }
 
+/* The decode failed (after its backoff): both legs start again; the prefill did not fail, so it may serve
+ * the retry too (its leg, if still running, is closed). */
+static void decode_retry(struct request *r)
+{
+    struct leg *p = &r->legs[RT_PREFILL];
+    if (p->up) {
+        up_leg_cancel(p->up);
+        p->up = NULL;
+    }
+    req_unpick(r, RT_PREFILL);
+    start_both(r);
+}
+
 const struct handoff_ops handoff_bootstrap = {
     .name = "bootstrap",
     .needs_prefill = 1,
     .start = start_both,
-    .decode_retry = start_both,
+    .decode_retry = decode_retry,
 };

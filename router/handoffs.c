@@ -7,7 +7,7 @@
 #include <string.h>
 
 static const struct handoff_ops *const modes[] = {&handoff_kv_params, &handoff_store, &handoff_bootstrap,
-                                                  &handoff_none, &handoff_xpyd};
+                                                  &handoff_none, &handoff_xpyd, &handoff_mooncake};
 #define NMODES (sizeof modes / sizeof modes[0])
 
 const struct handoff_ops *rt_handoff_resolve(const struct rt_config *c)
@@ -23,6 +23,11 @@ const struct handoff_ops *rt_handoff_resolve(const struct rt_config *c)
         fprintf(stderr, ")\n");
         return NULL;
     }
+    if (ho->query_prefill != rt_config_prefill_by_query(c)) { /* config.c expanded the pool for another mode */
+        fprintf(stderr, "xpyd_router: internal error: --handoff %s and the configuration's pool expansion disagree\n",
+                ho->name);
+        return NULL;
+    }
     if (ho->needs_prefill && c->pools[RT_PREFILL].n == 0) {
         fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required "
                         "(--handoff none needs only -d)\n");
@@ -33,8 +38,8 @@ const struct handoff_ops *rt_handoff_resolve(const struct rt_config *c)
         return NULL;
     }
     if (c->repeat_d_times > 0 && !ho->repeat_mode) {
-        fprintf(stderr, "xpyd_router: --repeat-d-times needs --handoff store (kv-params leases and bootstrap rooms "
-                        "are consumed by one decode; clones could not find the KV)\n");
+        fprintf(stderr, "xpyd_router: --repeat-d-times needs --handoff store (kv-params leases, bootstrap rooms and "
+                        "mooncake transfer ids are consumed by one decode; clones could not find the KV)\n");
         return NULL;
     }
     return ho;

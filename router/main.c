@@ -3,6 +3,7 @@
 #include "handoff.h"
 #include "router.h"
 #include "xpyd_reply.h"
+#include "discovery.h"
 #include "probe.h"
 
 #include "xpyd_oai.h"
@@ -29,7 +30,7 @@ static int pool_usable(int role)
 {
     for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
         struct xb_instance_stats st;
-        if (xb_stats(g_rt->pools[role], (int)i, &st) == 0 && st.healthy && !st.removed)
+        if (xb_stats(g_rt->pools[role], (int)i, &st) == 0 && st.healthy && st.ready && !st.removed)
             return 1;
     }
     return 0;
@@ -90,10 +91,16 @@ static void on_status(evhtp_request_t *req, void *arg)
             json_str(b, ep->host);
             evbuffer_add_printf(b, ",\"port\":%d,\"dp_rank\":%d,\"tp\":%d,\"weight\":%d,\"max_model_len\":%ld,"
                                    "\"max_inflight\":%d,\"healthy\":%s,\"ejected\":%s,\"inflight\":%" PRId64 ",\"outstanding_tokens\":%" PRId64
-                                   ",\"feedback_tokens\":%" PRId64 ",\"selected\":%" PRIu64 "}",
+                                   ",\"feedback_tokens\":%" PRId64 ",\"selected\":%" PRIu64 ",\"ready\":%s",
                                 ep->port, rk->dp_rank, st.tp, st.weight, st.max_model_len, st.max_inflight,
                                 st.healthy ? "true" : "false", st.ejected ? "true" : "false",
-                                st.inflight, st.outstanding, st.feedback, st.selected);
+                                st.inflight, st.outstanding, st.feedback, st.selected, st.ready ? "true" : "false");
+            char eid[sizeof rk->engine_id];
+            if (rt_rank_engine_id(role, (int)i, eid, sizeof eid) == 0) {
+                evbuffer_add_printf(b, ",\"engine_id\":");
+                json_str(b, eid);
+            }
+            evbuffer_add_printf(b, "}");
         }
         evbuffer_add_printf(b, "]}");
     }
@@ -261,7 +268,9 @@ int main(int argc, char **argv)
               rt->reg.n_ranks[1]);
     fflush(stderr);
     struct probe *probe = probe_start(base);
+    struct discovery *disc = discovery_start(base);
     event_base_dispatch(base);
+    discovery_stop(disc);
     probe_stop(probe);
     if (drain.timer)
         event_free(drain.timer);

@@ -92,7 +92,7 @@ static void metric_print(struct evbuffer *b, const struct metric_desc *m, const 
 static int64_t i_inflight(const struct xb_instance_stats *st, int role, size_t i) { return st->inflight; }
 static int64_t i_outstanding(const struct xb_instance_stats *st, int role, size_t i) { return st->outstanding; }
 static int64_t i_selected(const struct xb_instance_stats *st, int role, size_t i) { return (int64_t)st->selected; }
-static int64_t i_healthy(const struct xb_instance_stats *st, int role, size_t i) { return st->healthy && !st->ejected; }
+static int64_t i_healthy(const struct xb_instance_stats *st, int role, size_t i) { return st->healthy && st->ready && !st->ejected; }
 static int64_t i_feedback(const struct xb_instance_stats *st, int role, size_t i) { return st->feedback; }
 static int64_t i_ejections(const struct xb_instance_stats *st, int role, size_t i) { return (int64_t)st->ejections; }
 static int64_t i_errors(const struct xb_instance_stats *st, int role, size_t i)
@@ -108,7 +108,7 @@ static const struct instance_metric instance_metrics[] = {
     {"xpyd_instance_outstanding_tokens", "gauge", "Tokens the router has outstanding on the rank (its load).",
      i_outstanding},
     {"xpyd_instance_selected_total", "counter", "Times the balancer picked the rank.", i_selected},
-    {"xpyd_instance_healthy", "gauge", "1 while the rank may be picked (healthy, not ejected).", i_healthy},
+    {"xpyd_instance_healthy", "gauge", "1 while the rank may be picked (healthy, ready, not ejected).", i_healthy},
     {"xpyd_instance_errors_total", "counter", "Failed attempts on the rank.", i_errors},
     {"xpyd_instance_feedback_tokens", "gauge", "Load the engine's own /metrics add (--scrape-interval-ms).",
      i_feedback},

@@ -30,8 +30,14 @@ static const char *const apply_names[] = {"updated", "added", "revived"};
 
 static struct rt_live_rank live_rank(const struct rt_rank *plan, int endpoint)
 {
-    struct rt_live_rank r = {endpoint, plan->dp_rank, plan->bootstrap_port};
+    struct rt_live_rank r = {endpoint, plan->dp_rank, plan->bootstrap_port, ""};
     return r;
+}
+
+/* A prefill rank that must describe itself first (--handoff mooncake: GET /query) starts unready. */
+static int learned_role(const struct rt_config *c, int role)
+{
+    return role == RT_PREFILL && rt_config_prefill_by_query(c);
 }
 
 /* What the balancer is told of a planned rank. */
@@ -80,6 +86,8 @@ int rt_registry_setup(struct router *rt)
             struct xb_instance_cfg ic = inst_cfg(&c->ranks[role][i]);
             if (xb_pool_add(rt->pools[role], &ic) != (int)i)
                 return -1;
+            if (learned_role(c, role))
+                xb_set_ready(rt->pools[role], (int)i, 0);
         }
     }
     return 0;
@@ -129,6 +137,10 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
         *idx_out = (int)i;
         if (!was_removed)
             return APPLY_UPDATED;
+        if (learned_role(&g_rt->cfg, role)) { /* back, but its engine must describe itself again */
+            cur->engine_id[0] = 0;
+            xb_set_ready(g_rt->pools[role], (int)i, 0);
+        }
         xb_set_removed(g_rt->pools[role], (int)i, 0);
         return APPLY_REVIVED;
     }
@@ -143,6 +155,8 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
         snprintf(err, errcap, "the balancer refused the instance");
         return -EINVAL;
     }
+    if (learned_role(&g_rt->cfg, role))
+        xb_set_ready(g_rt->pools[role], (int)n, 0);
     __atomic_store_n(&c->n_ranks[role], n + 1, __ATOMIC_RELEASE);
     *idx_out = (int)n;
     return APPLY_ADDED;
@@ -200,6 +214,13 @@ int rt_reload(void)
             if ((size_t)idx < n_old + nc.n_ranks[role])
                 keep[idx] = 1;
         }
+        if (learned_role(&g_rt->cfg, role)) /* the prefill's own ranks (from /query) stay while it is planned */
+            for (size_t i = 0; i < n_old; i++)
+                for (size_t k = 0; k < nc.n_ranks[role] && !keep[i]; k++) {
+                    const struct rt_endpoint_cfg *e = &nc.endpoints[nc.ranks[role][k].endpoint];
+                    const struct rt_endpoint_cfg *cur = &g_rt->reg.endpoints[g_rt->reg.ranks[role][i].endpoint];
+                    keep[i] = e->port == cur->port && strcmp(e->host, cur->host) == 0;
+                }
         for (size_t i = 0; i < n_old && !err[0]; i++)
             if (!keep[i] && !rt_rank_removed(role, (int)i)) {
                 remove_rank(role, (int)i);
@@ -217,6 +238,128 @@ int rt_reload(void)
     xpyd_log_event("event=reloaded added=%d revived=%d updated=%d removed=%d", counts[APPLY_ADDED],
                    counts[APPLY_REVIVED], counts[APPLY_UPDATED], counts[3]);
     return 0;
+}
+
+/* ---------- ranks a prefill describes itself (--handoff mooncake: GET /query) ---------- */
+
+size_t rt_registry_query_targets(struct rt_query_target *out, size_t cap)
+{
+    size_t n = 0;
+    char err[300];
+    pthread_mutex_lock(&reg_mu);
+    for (size_t i = 0; i < g_rt->reg.n_ranks[RT_PREFILL] && n < cap; i++) {
+        const struct rt_live_rank *r = &g_rt->reg.ranks[RT_PREFILL][i];
+        int seen = 0;
+        for (size_t k = 0; k < n && !seen; k++)
+            seen = out[k].endpoint == r->endpoint;
+        if (seen || rt_rank_removed(RT_PREFILL, (int)i))
+            continue;
+        int q = endpoint_for(g_rt->reg.endpoints[r->endpoint].host, r->bootstrap_port, err, sizeof err);
+        if (q < 0) {
+            XLOG_WARN("msg=\"cannot query a prefill's bootstrap server\" reason=\"%s\"", err);
+            continue;
+        }
+        out[n].endpoint = r->endpoint;
+        out[n].query_endpoint = q;
+        n++;
+    }
+    pthread_mutex_unlock(&reg_mu);
+    return n;
+}
+
+void rt_registry_learned(int endpoint, const char *const *ids, int n, const char *why)
+{
+    struct rt_registry *g = &g_rt->reg;
+    pthread_mutex_lock(&reg_mu);
+    int tmpl = -1; /* an active rank of the endpoint: what new ranks of it inherit */
+    for (size_t i = 0; i < g->n_ranks[RT_PREFILL] && tmpl < 0; i++)
+        if (g->ranks[RT_PREFILL][i].endpoint == endpoint && !rt_rank_removed(RT_PREFILL, (int)i))
+            tmpl = (int)i;
+    if (tmpl < 0) { /* taken out meanwhile (admin API, reload): it stays out */
+        pthread_mutex_unlock(&reg_mu);
+        return;
+    }
+    const struct rt_endpoint_cfg *e = &g->endpoints[endpoint];
+    char hp[300];
+    xpyd_hostport(e->host, e->port, hp, sizeof hp);
+    int changed = 0, ready = 0;
+    if (n < 0) {
+        for (size_t i = 0; i < g->n_ranks[RT_PREFILL]; i++) {
+            struct xb_instance_stats st;
+            if (g->ranks[RT_PREFILL][i].endpoint != endpoint || rt_rank_removed(RT_PREFILL, (int)i) ||
+                xb_stats(g_rt->pools[RT_PREFILL], (int)i, &st) != 0 || !st.ready)
+                continue;
+            xb_set_ready(g_rt->pools[RT_PREFILL], (int)i, 0);
+            changed++;
+        }
+        pthread_mutex_unlock(&reg_mu);
+        if (changed)
+            xpyd_log_event("event=prefill_unready instance=%s ranks=%d reason=\"%s\"", hp, changed, why);
+        return;
+    }
+    struct xb_instance_stats ts;
+    xb_stats(g_rt->pools[RT_PREFILL], tmpl, &ts);
+    struct rt_rank want = {0};
+    want.tp = ts.tp;
+    want.weight = ts.weight;
+    want.max_model_len = ts.max_model_len;
+    want.max_inflight = ts.max_inflight;
+    want.bootstrap_port = g->ranks[RT_PREFILL][tmpl].bootstrap_port;
+    char host[256];
+    snprintf(host, sizeof host, "%s", e->host);
+    int port = e->port;
+    for (int r = 0; r < n; r++) {
+        if (!ids[r])
+            continue;
+        want.dp_rank = r;
+        int idx = -1;
+        char err[300];
+        int res = APPLY_UPDATED;
+        for (size_t i = 0; i < g->n_ranks[RT_PREFILL] && idx < 0; i++)
+            if (g->ranks[RT_PREFILL][i].endpoint == endpoint && g->ranks[RT_PREFILL][i].dp_rank == r &&
+                !rt_rank_removed(RT_PREFILL, (int)i))
+                idx = (int)i;
+        if (idx < 0) {
+            res = apply_rank(RT_PREFILL, host, port, &want, &idx, err, sizeof err);
+            if (res < 0) {
+                XLOG_WARN("msg=\"cannot add a prefill rank\" instance=%s dp_rank=%d reason=\"%s\"", hp, r, err);
+                continue;
+            }
+            log_change(apply_names[res], RT_PREFILL, idx);
+            changed++;
+        }
+        struct rt_live_rank *lr = &g->ranks[RT_PREFILL][idx];
+        struct xb_instance_stats st;
+        xb_stats(g_rt->pools[RT_PREFILL], idx, &st);
+        if (strcmp(lr->engine_id, ids[r]) != 0 || !st.ready) {
+            snprintf(lr->engine_id, sizeof lr->engine_id, "%s", ids[r]);
+            xb_set_ready(g_rt->pools[RT_PREFILL], idx, 1);
+            changed++;
+        }
+        ready++;
+    }
+    for (size_t i = 0; i < g->n_ranks[RT_PREFILL]; i++) { /* ranks the prefill no longer has */
+        struct rt_live_rank *lr = &g->ranks[RT_PREFILL][i];
+        if (lr->endpoint != endpoint || rt_rank_removed(RT_PREFILL, (int)i) ||
+            (lr->dp_rank >= 0 && lr->dp_rank < n && ids[lr->dp_rank]))
+            continue;
+        remove_rank(RT_PREFILL, (int)i);
+        log_change("removed", RT_PREFILL, (int)i);
+        changed++;
+    }
+    pthread_mutex_unlock(&reg_mu);
+    if (changed)
+        xpyd_log_event("event=prefill_ranks_learned instance=%s ranks=%d", hp, ready);
+}
+
+int rt_rank_engine_id(int role, int idx, char *out, size_t cap)
+{
+    pthread_mutex_lock(&reg_mu);
+    const char *id = g_rt->reg.ranks[role][idx].engine_id;
+    int ok = id[0] != 0;
+    snprintf(out, cap, "%s", id);
+    pthread_mutex_unlock(&reg_mu);
+    return ok ? 0 : -1;
 }
 
 /* ---------- admin API ---------- */
@@ -255,6 +398,9 @@ static cJSON *rank_json(int role, int idx)
     cJSON_AddNumberToObject(o, "max_model_len", (double)st.max_model_len);
     cJSON_AddBoolToObject(o, "removed", st.removed);
     cJSON_AddBoolToObject(o, "healthy", st.healthy);
+    cJSON_AddBoolToObject(o, "ready", st.ready);
+    if (r->engine_id[0])
+        cJSON_AddStringToObject(o, "engine_id", r->engine_id);
     cJSON_AddNumberToObject(o, "inflight", (double)st.inflight);
     return o;
 }
@@ -309,16 +455,17 @@ static void admin_add(evhtp_request_t *req)
     cJSON *arr = cJSON_AddArrayToObject(out, "instances");
     int changed = 0, status = 0;
     pthread_mutex_lock(&reg_mu);
+    int by_header = rt_config_ranks_by_header(&g_rt->cfg, role);
     for (long i = 0; i < dp; i++) {
         struct rt_rank want = {0};
-        want.dp_rank = g_rt->cfg.dp_internal ? (int)i : -1;
+        want.dp_rank = by_header ? (int)i : -1;
         want.tp = (int)tp;
         want.weight = (int)weight;
         want.max_inflight = (int)maxinf;
         want.max_model_len = mml;
-        want.bootstrap_port = (int)bport;
+        want.bootstrap_port = role == RT_PREFILL ? rt_config_bootstrap_port(&g_rt->cfg, (int)bport, (int)port) : 0;
         int idx = -1;
-        int res = apply_rank(role, host, (int)(g_rt->cfg.dp_internal ? port : port + i), &want, &idx, err, sizeof err);
+        int res = apply_rank(role, host, (int)(by_header ? port : port + i), &want, &idx, err, sizeof err);
         if (res < 0) {
             status = res == -ENOSPC ? 507 : 400;
             break;

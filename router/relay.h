@@ -9,7 +9,7 @@
 
 struct relay_state {
     /* this request's settings */
-    int prefill_mode;       /* --first-token prefill (streamed): the client already has the prefill's token */
+    int prefill_mode;       /* the client already has the prefill's token (--first-token prefill, streamed) */
     int prefill_answered;   /* a prefill answered: usage's cached_tokens becomes cached_tokens */
     long cached_tokens;     /* the prefill's usage.prompt_tokens_details.cached_tokens, -1 unknown */
     const char *first_text; /* prefill mode: the prefill's token, or NULL */

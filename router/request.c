@@ -352,8 +352,11 @@ void req_unpick(struct request *r, int role)
 {
     struct leg *l = &r->legs[role];
     req_release(r, role);
-    l->ntried--;
-    l->attempts--;
+    if (l->ntried > 0 && l->tried[l->ntried - 1] == l->last_idx) {
+        l->ntried--;
+        l->attempts--;
+        l->last_idx = -1; /* once per pick */
+    }
 }
 
 /* ---------- legs ---------- */
@@ -589,8 +592,7 @@ void req_prefill_failed(struct request *r, int err, void (*next)(struct request 
 
 /* ---------- the sequential flow's completions (kv-params, xpyd, store) ---------- */
 
-/* Reads what the decode needs out of the prefill's JSON answer. 0, or -1 when it is not usable. */
-static int absorb_prefill(struct request *r)
+int req_absorb_prefill(struct request *r)
 {
     struct evbuffer *b = r->legs[RT_PREFILL].buf;
     size_t n = evbuffer_get_length(b);
@@ -633,7 +635,7 @@ void req_prefill_done(struct up_leg *up, int err, void *arg)
         req_prefill_failed(r, err, r->ho->start);
         return;
     }
-    if (absorb_prefill(r) != 0) {
+    if (req_absorb_prefill(r) != 0) {
         req_leg_fail(r, RF_PREFILL_BAD_RESPONSE, RT_PREFILL, p->idx, "the answer is not a JSON completion");
         return;
     }

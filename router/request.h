@@ -91,6 +91,8 @@ struct request {
     struct evbuffer *chunk;     /* the next chunk to the client, reused for every event (owned) */
     struct event *bp_timer;     /* while paused: watches the client's output drain (owned) */
     int first_token_seen;       /* the decode produced its first token (handoff_ops.first_token ran) */
+    int prefill_token_sent;     /* the client's first token was the prefill's (client_prefill_first_token) */
+    unsigned attempt_seq;       /* attempts that sent both legs at once (mooncake: a new transfer_id each) */
     /* retries and waiting */
     int retrying;               /* counted in retries_active until the request ends */
     struct event *retry_timer;  /* backoff before the next attempt (owned) */
@@ -127,9 +129,13 @@ struct request *req_prefill_finished(struct leg *p, int err, int *ok);
 /* A failed prefill attempt (err, or its status): retries through next when allowed, else fails the request. */
 void req_prefill_failed(struct request *r, int err, void (*next)(struct request *r));
 void req_release(struct request *r, int role);
+/* Reads the prefill's JSON answer (legs[RT_PREFILL].buf): exact prompt tokens, cached tokens, the response id,
+ * its token, kv_transfer_params. 0, or -1 when it is not a usable completion. */
+int req_absorb_prefill(struct request *r);
 /* One attempt's outcome against its instance (passive ejection; an ejection is logged). */
 void req_report(int role, int idx, int ok);
-/* A pick given back (bootstrap waiting for its decode returns its prefill): as if it had not been made. */
+/* A pick given back, as if it had not been made (bootstrap waiting for its decode returns its prefill; in the
+ * modes that send both legs at once, the leg whose partner failed may be picked again for the retry). */
 void req_unpick(struct request *r, int role);
 /* The sequential flow (kv-params, xpyd, store, none): a prefill leg, then a decode leg. */
 void req_start_prefill(struct request *r);

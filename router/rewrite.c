@@ -515,6 +515,15 @@ static char *emit(const struct rw_src *s, const struct rw_edit *ed, size_t ne, s
 
 char *rw_prefill_body(const struct rw_src *client, int kv_params, size_t *len)
 {
+    return rw_prefill_body_kv(client,
+                              kv_params ? "{\"do_remote_decode\":true,\"do_remote_prefill\":false,\"remote_engine_id\":null,"
+                                          "\"remote_block_ids\":null,\"remote_host\":null,\"remote_port\":null}"
+                                        : NULL,
+                              len);
+}
+
+char *rw_prefill_body_kv(const struct rw_src *client, const char *kv_json, size_t *len)
+{
     const struct rw_edit ed[] = {
         {"stream_options", NULL, 0},
         {"min_tokens", NULL, 0},
@@ -522,13 +531,9 @@ char *rw_prefill_body(const struct rw_src *client, int kv_params, size_t *len)
         {"stream", "false", 0},
         {"max_tokens", "1", 0},
         {"max_completion_tokens", "1", 1},
-        {"kv_transfer_params",
-         kv_params ? "{\"do_remote_decode\":true,\"do_remote_prefill\":false,\"remote_engine_id\":null,"
-                     "\"remote_block_ids\":null,\"remote_host\":null,\"remote_port\":null}"
-                   : NULL,
-         0},
+        {"kv_transfer_params", kv_json, 0},
     };
-    return emit(client, ed, kv_params ? 7 : 6, len);
+    return emit(client, ed, kv_json ? 7 : 6, len);
 }
 
 char *rw_decode_body(const struct rw_src *client, const cJSON *kv_params, int kv_mode, size_t *len)

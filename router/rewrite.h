@@ -43,6 +43,8 @@ char *rw_print(const cJSON *o, size_t *len);
 /* The prefill leg's body: max_tokens 1, not streamed, no stream_options/min_tokens; with kv_params, the
  * kv_transfer_params asking the engine to keep the KV for a remote decode. */
 char *rw_prefill_body(const struct rw_src *client, int kv_params, size_t *len);
+/* The same prefill body with kv_transfer_params set to kv_json (JSON text); NULL: left as the client sent it. */
+char *rw_prefill_body_kv(const struct rw_src *client, const char *kv_json, size_t *len);
 /* The decode leg's body: the client's; with kv_mode, its kv_transfer_params replaced by the prefill's
  * (removed when the prefill returned none). */
 char *rw_decode_body(const struct rw_src *client, const cJSON *kv_params, int kv_mode, size_t *len);

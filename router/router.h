@@ -98,7 +98,9 @@ struct rt_counters {
 struct rt_live_rank {
     int endpoint;        /* index into rt_registry.endpoints (and router.endpoints: the connection pool key) */
     int dp_rank;         /* X-data-parallel-rank to send (internal DP), else -1 */
-    int bootstrap_port;  /* SGLang bootstrap port */
+    int bootstrap_port;  /* the prefill's bootstrap server (SGLang; vLLM MooncakeConnector's /query) */
+    char engine_id[128]; /* --handoff mooncake: this rank's engine id from /query ("" unknown); read it with
+                          * rt_rank_engine_id (it changes when the prefill restarts) */
 };
 
 /* The live ranks and endpoints (registry.c owns them; they start from the configuration's plan). */
@@ -148,6 +150,19 @@ int rt_bearer_ok(struct evhtp_request *req, const char *key);
 
 /* The live pools (registry.c): fixed-capacity arrays filled from the configuration, grown at runtime. */
 int rt_registry_setup(struct router *rt);
+/* --handoff mooncake (discovery.c): the prefill endpoints to ask GET /query, each with the endpoint of its
+ * bootstrap server (appended to the endpoint table when new). Returns how many were written. */
+struct rt_query_target {
+    int endpoint;       /* the prefill's HTTP endpoint */
+    int query_endpoint; /* host:bootstrap_port */
+};
+size_t rt_registry_query_targets(struct rt_query_target *out, size_t cap);
+/* What /query answered for a prefill endpoint: ids[r] the engine id of DP rank r (NULL: no such rank), for r
+ * < n; n < 0: the query failed. Ranks are added, revived, given new ids and made ready, or taken out (ranks
+ * the answer lacks), or, on failure, made unready; nothing happens to an endpoint with no active rank. */
+void rt_registry_learned(int endpoint, const char *const *ids, int n, const char *why);
+/* Copies rank idx's engine id into out; 0, or -1 when it has none (not learned, or unready). */
+int rt_rank_engine_id(int role, int idx, char *out, size_t cap);
 /* SIGHUP: reads the configuration again and applies the pools as a difference (add, revive, update,
  * remove); streams in flight are untouched. 0 or -1 (logged). */
 int rt_reload(void);

@@ -165,7 +165,7 @@ static void decode_token_done(struct request *r)
 static int on_decode_event(void *arg, const char *data, size_t len, const char *raw, size_t rawlen)
 {
     struct request *r = arg;
-    struct relay_state st = {g_rt->cfg.first_token == RT_FIRST_PREFILL, r->legs[RT_PREFILL].answered,
+    struct relay_state st = {r->prefill_token_sent, r->legs[RT_PREFILL].answered,
                              r->cached_tokens, r->first_text, r->resp_id, r->role_sent, r->first_dropped, r->done_seen};
     struct relay_out out;
     relay_event(&st, data, len, &out);
@@ -237,6 +237,7 @@ void client_prefill_first_token(struct request *r)
     write_event_json(r, o);
     cJSON_Delete(o);
     token_out(r);
+    r->prefill_token_sent = 1; /* the relay now drops the decode's copy of this token */
 }
 
 int client_finish_json(struct request *r)

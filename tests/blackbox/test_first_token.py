@@ -26,5 +26,23 @@ class FirstTokenNonStream(t.TestCase):
         self.idle(rd)
 
 
+class FirstTokenConcurrentModes(t.TestCase):
+    def test_bootstrap_stream_loses_no_token(self):
+        # SGLang bootstrap sends both legs at once and never splices the prefill's token: with --first-token
+        # prefill the client must still get every decode token (the first one used to be dropped as if the
+        # prefill's had stood in for it)
+        p = self.start(t.sim("--role", "prefill", "--handoff", "bootstrap"))
+        d = self.start(t.sim("--role", "decode", "--handoff", "bootstrap"))
+        r = self.start(t.router([p.port], [d.port], "--handoff", "bootstrap", "--first-token", "prefill"))
+        for path, body in (("/v1/completions", {"prompt": "a b c", "max_tokens": 5}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a b"}],
+                                                     "max_tokens": 5})):
+            b = dict(body, stream=True, ignore_eos=True)
+            evs = t.Stream(r.port, path, b).read_all()
+            self.assertEqual(evs[-1], "[DONE]")
+            self.assertEqual(len(t.content_events(evs)), 5, evs)
+        self.idle(r)
+
+
 if __name__ == "__main__":
     t.main()

@@ -53,5 +53,39 @@ class RetryOtherInstance(t.TestCase):
         self.idle(r)
 
 
+class RetryBothLegsAtOnce(t.TestCase):
+    """Modes that send both legs at once: when one leg fails, its partner did not, so the retry may use the
+    partner's instance again (with a single decode, a failed prefill must not leave 'no decode' behind)."""
+
+    def test_bootstrap_prefill_failure_reuses_the_only_decode(self):
+        bad = self.start(t.sim("--role", "prefill", "--handoff", "bootstrap", "--status-code", "500"))
+        good = self.start(t.sim("--role", "prefill", "--handoff", "bootstrap"))
+        d = self.start(t.sim("--role", "decode", "--handoff", "bootstrap"))
+        r = self.start(t.router([bad.port, good.port], [d.port], "--handoff", "bootstrap", "--prefill-policy", "rr",
+                                "--max-retries", "1", "--retry-backoff-ms", "0", "--eject-after-failures", "0"))
+        for _ in range(4):
+            st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a b", "max_tokens": 3})
+            self.assertEqual(st, 200, out)
+        # every attempt on the failing prefill was retried, and no request failed for want of a decode
+        failed = t.metric(r.port, 'xpyd_instance_errors_total{role="prefill",instance="127.0.0.1:%d",dp_rank="0"}' % bad.port)
+        self.assertGreater(failed, 0)
+        self.assertEqual(t.metric(r.port, 'xpyd_retries_total{role="prefill"}'), failed)
+        self.idle(r)
+
+    def test_bootstrap_decode_failure_reuses_the_only_prefill(self):
+        p = self.start(t.sim("--role", "prefill", "--handoff", "bootstrap"))
+        bad = self.start(t.sim("--role", "decode", "--handoff", "bootstrap", "--status-code", "503"))
+        good = self.start(t.sim("--role", "decode", "--handoff", "bootstrap"))
+        r = self.start(t.router([p.port], [bad.port, good.port], "--handoff", "bootstrap", "--decode-policy", "rr",
+                                "--max-retries", "1", "--retry-backoff-ms", "0", "--eject-after-failures", "0"))
+        for _ in range(4):
+            st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a b", "max_tokens": 3})
+            self.assertEqual(st, 200, out)
+        failed = t.metric(r.port, 'xpyd_instance_errors_total{role="decode",instance="127.0.0.1:%d",dp_rank="0"}' % bad.port)
+        self.assertGreater(failed, 0)
+        self.assertEqual(t.metric(r.port, 'xpyd_retries_total{role="decode"}'), failed)
+        self.idle(r)
+
+
 if __name__ == "__main__":
     t.main()
