@@ -31,7 +31,10 @@ static const struct xpyd_setting settings[] = {
     {"threads", XS_LONG, OFF(threads), 1, 256, "2", NULL,
      "event-loop threads serving clients (each owns its upstream connection pools)"},
     {"handoff", XS_STR, OFF(handoff), 0, 0, "kv-params", NULL,
-     "`kv-params` (vLLM NixlConnector / MooncakeConnectorV1), `store` (MooncakeStoreConnector), "
+     "`kv-params` (vLLM NixlConnector, vllm-ascend MooncakeConnectorV1), `mooncake` (upstream vLLM "
+     "MooncakeConnector: both legs at once meeting on `transfer_id`; prefill DP ranks and engine ids from "
+     "`GET /query` on each prefill's bootstrap port), `store` (MooncakeStoreConnector, also the vLLM v0 "
+     "MooncakeConnector's kv_buffer flow), "
      "`bootstrap` (SGLang), `none` (no prefill leg: the decode pool serves whole requests, an aggregated "
      "deployment; `-p` optional), `xpyd` (the kv-params flow with the KV moved by libxpyd_transfer: the "
      "prefill's `kv_transfer_params` carry `xpyd_segment`/`xpyd_addr`/`xpyd_len`/`xpyd_key`, the decode "
@@ -626,6 +629,8 @@ void rt_config_print(const struct rt_config *c, FILE *f)
     for (int role = 0; role < 2; role++) {
         fprintf(f, "%s pool: %zu ranks, policy %s\n", role ? "decode" : "prefill", c->n_ranks[role],
                 xb_policy_name(c->pools[role].policy));
+        if (role == RT_PREFILL && rt_config_prefill_by_query(c))
+            fprintf(f, "  (at run time each prefill's ranks are those its GET /query lists; below: the first plan)\n");
         for (size_t i = 0; i < c->n_ranks[role]; i++) {
             const struct rt_rank *r = &c->ranks[role][i];
             const struct rt_endpoint_cfg *e = &c->endpoints[r->endpoint];

@@ -2,8 +2,11 @@
 # scripts/launch_engine.sh - start (or --print) real engine instances for a PD deployment behind xpyd_router:
 # one vLLM (or SGLang) server per DP rank in external DP mode, one per host in internal mode, with the
 # --kv-transfer-config each handoff mode needs. --stop ends what a previous run started (pid file).
+# Connectors: nixl (--handoff kv-params); mooncake = upstream vLLM's MooncakeConnector (--handoff mooncake:
+# the prefill runs its DP ranks internally and serves /query on --bootstrap-port); mooncake-ascend =
+# vllm-ascend's MooncakeConnectorV1 (--handoff kv-params); mooncake-store (--handoff store); sglang.
 #
-#   launch_engine.sh --role prefill|decode --connector nixl|mooncake|mooncake-store|sglang --model M
+#   launch_engine.sh --role prefill|decode --connector nixl|mooncake|mooncake-ascend|mooncake-store|sglang --model M
 #                    [--host 0.0.0.0] [--port 8100] [--dp 1] [--dp-mode external|internal] [--tp 1]
 #                    [--dp-address IP] [--dp-rpc-port 13345] [--side-port 5600] [--kv-port 20001]
 #                    [--bootstrap-port 8998] [--mooncake-config mooncake.json] [--run-dir DIR] [--print]
@@ -20,7 +23,7 @@ while [ $# -gt 0 ]; do
     --dp-rpc-port) DPRPC=$2; shift 2 ;; --side-port) SIDE=$2; shift 2 ;; --kv-port) KVPORT=$2; shift 2 ;;
     --bootstrap-port) BOOT=$2; shift 2 ;; --mooncake-config) MCFG=$2; shift 2 ;; --run-dir) RUN=$2; shift 2 ;;
     --print) PRINT=1; shift ;; --stop) STOP=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) die "unknown argument '$1'" ;;
   esac
 done
@@ -43,7 +46,11 @@ add_vllm() { # rank port
     nixl)
       env="VLLM_NIXL_SIDE_CHANNEL_PORT=$((SIDE + r)) "
       cfg='{"kv_connector":"NixlConnector","kv_role":"kv_both"}' ;;
-    mooncake)
+    mooncake) # upstream vLLM: the prefill's bootstrap server answers /query (one per instance; vLLM derives
+              # each worker's own port from this base)
+      [ "$ROLE" = prefill ] && env="VLLM_MOONCAKE_BOOTSTRAP_PORT=$BOOT "
+      cfg="{\"kv_connector\":\"MooncakeConnector\",\"kv_role\":\"$KVROLE\"}" ;;
+    mooncake-ascend)
       cfg="{\"kv_connector\":\"MooncakeConnectorV1\",\"kv_role\":\"$KVROLE\",\"kv_port\":\"$((KVPORT + r))\",\"engine_id\":\"$ROLE-$p\",\"kv_connector_module_path\":\"vllm_ascend.distributed.mooncake_connector\"}" ;;
     mooncake-store)
       env="MOONCAKE_CONFIG_PATH=$MCFG "
@@ -57,10 +64,14 @@ add_vllm() { # rank port
       dpargs=" --data-parallel-size $DP --data-parallel-address $DPADDR --data-parallel-rpc-port $DPRPC"
     fi
   fi
+  [ -n "$env" ] && env="env $env" # runnable as printed, and through bash -c "exec ..."
   cmds+=("${env}vllm serve $MODEL --host $HOST --port $p --tensor-parallel-size $TP$dpargs --kv-transfer-config '$cfg'")
 }
+if [ "$CONN" = mooncake ] && [ "$ROLE" = prefill ] && [ "$DPMODE" = external ] && [ "$DP" -gt 1 ]; then
+  die "--connector mooncake: a prefill runs its DP ranks internally (one port, /query lists them): use --dp-mode internal"
+fi
 case "$CONN" in
-  nixl|mooncake|mooncake-store)
+  nixl|mooncake|mooncake-ascend|mooncake-store)
     if [ "$DPMODE" = external ]; then
       for ((r = 0; r < DP; r++)); do add_vllm $r $((PORT + r)); done
     else
@@ -70,7 +81,7 @@ case "$CONN" in
     dpflag=""; [ "$DP" -gt 1 ] && dpflag=" --dp-size $DP --enable-dp-attention"
     boot=""; [ "$ROLE" = prefill ] && boot=" --disaggregation-bootstrap-port $BOOT"
     cmds+=("python3 -m sglang.launch_server --model-path $MODEL --host $HOST --port $PORT --tp-size $TP$dpflag --disaggregation-mode $ROLE$boot --disaggregation-transfer-backend mooncake") ;;
-  *) die "--connector must be nixl, mooncake, mooncake-store or sglang" ;;
+  *) die "--connector must be nixl, mooncake, mooncake-ascend, mooncake-store or sglang" ;;
 esac
 if [ $PRINT = 1 ]; then printf '%s\n' "${cmds[@]}"; exit 0; fi
 mkdir -p "$RUN"

@@ -109,6 +109,27 @@ class BenchmarkServingCompat(t.TestCase):
         t.wait_until(lambda: t.router_idle(r.port), what="idle")
         self.assertEqual(t.metric(p.port, "xpyd_sim:kv_leases_active"), 0)
 
+    def test_backends_complete_through_mooncake_handoff(self):
+        # --handoff mooncake over sims: a DP-2 prefill learned from its /query, two decodes; every request of
+        # every backend completes with the requested output length, and every transfer was claimed
+        boot = t.free_port()
+        p = self.start(t.sim("--role", "prefill", "--handoff", "mooncake", "--dp-size", "2", "--dp-mode", "internal",
+                             "--bootstrap-port", str(boot), "--prefill-us-per-token", "100"))
+        ds = [self.start(t.sim("--role", "decode", "--handoff", "mooncake", "--decode-us-per-token", "2000"))
+              for _ in range(2)]
+        r = self.start(t.router([p.port], [d.port for d in ds], "--handoff", "mooncake",
+                                "--prefill-bootstrap-port", str(boot)))
+        for backend in ("vllm", "openai", "openai-chat"):
+            res = self.run_backend(r.port, backend, n=24, conc=8)
+            failed = [x["error"] for x in res if not x["success"]]
+            self.assertEqual(failed, [], backend)
+            self.assertEqual({x["output_tokens"] for x in res}, {12}, backend)
+        t.wait_until(lambda: t.router_idle(r.port), what="idle")
+        done = sum(t.metric(d.port, 'xpyd_sim:handoffs_total{mode="mooncake",result="done"}') for d in ds)
+        self.assertEqual(done, 72)
+        t.wait_until(lambda: t.metric(p.port, "xpyd_sim:kv_leases_active") == 0, what="every transfer claimed")
+        self.assertEqual(t.metric(p.port, "xpyd_sim:kv_leases_expired_total"), 0)
+
 
 if __name__ == "__main__":
     t.main()

@@ -1,9 +1,11 @@
 """Router configuration: host lists in every accepted form, the Python proxies' aliases, JSON topology
 files (the CLI wins), DP expansion, errors, --help; and the launch helpers' --print commands."""
+import json
 import os
 import subprocess
 
 import socket
+import tempfile
 
 import xpyd_testlib as t
 
@@ -62,12 +64,16 @@ class Files(t.TestCase):
         self.assertIn("tp=8", [l.split()[3] for l in out.splitlines() if l.strip().startswith("P[")])
         for f, handoff, np, nd in [("conf/1p1d.json", "kv-params", 1, 1), ("conf/store.json", "store", 1, 2),
                                    ("conf/sglang-bootstrap.json", "bootstrap", 1, 1),
+                                   ("conf/mooncake.json", "mooncake", 2, 1),
                                    ("conf/sim-cluster.json", "kv-params", 2, 2)]:
             rc, out, err = dry("--config", f)
             self.assertEqual(rc, 0, err)
             self.assertIn("handoff=" + handoff, out)
             self.assertEqual((len(ranks(out, "P")), len(ranks(out, "D"))), (np, nd), f)
         rc, out, _ = dry("--config", "conf/sglang-bootstrap.json")
+        self.assertIn("bootstrap_port=8998", out)
+        rc, out, _ = dry("--config", "conf/mooncake.json")
+        self.assertIn("P[1] 10.0.0.2:8100 dp_rank=0", out)
         self.assertIn("bootstrap_port=8998", out)
 
     def test_cli_wins(self):
@@ -116,17 +122,74 @@ class LaunchHelpers(t.TestCase):
             self.assertIn("\"kv_connector\":\"NixlConnector\"", l)
 
     def test_mooncake_and_store_and_sglang(self):
-        l = self.run_print("launch_engine.sh", "--role", "prefill", "--connector", "mooncake", "--model", "m")[0]
+        l = self.run_print("launch_engine.sh", "--role", "prefill", "--connector", "mooncake-ascend", "--model", "m")[0]
         self.assertIn("\"kv_connector\":\"MooncakeConnectorV1\"", l)
         self.assertIn("\"kv_role\":\"kv_producer\"", l)
         l = self.run_print("launch_engine.sh", "--role", "decode", "--connector", "mooncake-store", "--model", "m")[0]
-        self.assertTrue(l.startswith("MOONCAKE_CONFIG_PATH="))
+        self.assertTrue(l.startswith("env MOONCAKE_CONFIG_PATH="))
         self.assertIn("\"kv_connector\":\"MooncakeStoreConnector\",\"kv_role\":\"kv_consumer\"", l)
         l = self.run_print("launch_engine.sh", "--role", "prefill", "--connector", "sglang", "--model", "m")[0]
         self.assertIn("--disaggregation-mode prefill", l)
         self.assertIn("--disaggregation-bootstrap-port 8998", l)
         l = self.run_print("launch_engine.sh", "--role", "decode", "--connector", "sglang", "--model", "m")[0]
         self.assertNotIn("bootstrap-port", l)
+
+    def launch_recorded(self, *args):
+        """Runs launch_engine.sh for real with a recording `vllm` first on PATH; returns what each started
+        process received: [(argv, VLLM_MOONCAKE_BOOTSTRAP_PORT or None)]."""
+        tmp = tempfile.mkdtemp(prefix="xpyd-launch-")
+        rec = os.path.join(tmp, "rec")
+        os.mkdir(rec)
+        fake = os.path.join(tmp, "vllm")
+        with open(fake, "w") as f:
+            f.write("#!/usr/bin/env python3\nimport json, os, sys\n"
+                    "json.dump({'argv': sys.argv[1:], 'boot': os.environ.get('VLLM_MOONCAKE_BOOTSTRAP_PORT')},"
+                    " open(os.path.join(%r, str(os.getpid())), 'w'))\n" % rec)
+        os.chmod(fake, 0o755)
+        env = dict(os.environ, PATH=tmp + ":" + os.environ["PATH"])
+        run = os.path.join(tmp, "run")
+        out = subprocess.run([os.path.join(ROOT, "scripts", "launch_engine.sh")] + list(args) + ["--run-dir", run],
+                             capture_output=True, text=True, cwd=ROOT, env=env)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        n = len(out.stdout.strip().splitlines())
+        t.wait_until(lambda: len(os.listdir(rec)) == n, what="every launched engine recorded")
+        subprocess.run([os.path.join(ROOT, "scripts", "launch_engine.sh"), "--stop", "--run-dir", run], check=True)
+        got = []
+        for name in sorted(os.listdir(rec)):
+            with open(os.path.join(rec, name)) as f:
+                j = json.load(f)
+            got.append((j["argv"], j["boot"]))
+        return sorted(got, key=lambda g: g[0])
+
+    def test_vllm_mooncake_connector_launched(self):
+        # upstream vLLM's MooncakeConnector, executed (not only printed): the prefill runs DP internally with
+        # its bootstrap server's port in VLLM_MOONCAKE_BOOTSTRAP_PORT; the decodes are consumers without it
+        got = self.launch_recorded("--role", "prefill", "--connector", "mooncake", "--model", "m", "--port", "8100",
+                                   "--dp", "2", "--dp-mode", "internal", "--bootstrap-port", "9100")
+        self.assertEqual(len(got), 1)
+        argv, boot = got[0]
+        self.assertEqual(boot, "9100")
+        self.assertEqual(argv[:2], ["serve", "m"])
+        self.assertEqual(argv[argv.index("--port") + 1], "8100")
+        self.assertEqual(argv[argv.index("--data-parallel-size") + 1], "2")
+        self.assertNotIn("--data-parallel-rank", argv)
+        self.assertEqual(json.loads(argv[argv.index("--kv-transfer-config") + 1]),
+                         {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer"})
+        got = self.launch_recorded("--role", "decode", "--connector", "mooncake", "--model", "m", "--port", "8200",
+                                   "--dp", "2")
+        self.assertEqual(len(got), 2)
+        for r, (argv, boot) in enumerate(got):
+            self.assertIsNone(boot)
+            self.assertEqual(argv[argv.index("--port") + 1], str(8200 + r))
+            self.assertEqual(argv[argv.index("--data-parallel-rank") + 1], str(r))
+            self.assertEqual(json.loads(argv[argv.index("--kv-transfer-config") + 1]),
+                             {"kv_connector": "MooncakeConnector", "kv_role": "kv_consumer"})
+
+    def test_mooncake_prefill_refuses_external_dp(self):
+        out = subprocess.run([os.path.join(ROOT, "scripts", "launch_engine.sh"), "--role", "prefill", "--connector",
+                              "mooncake", "--model", "m", "--dp", "2", "--print"], capture_output=True, text=True)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("use --dp-mode internal", out.stderr)
 
     def test_router_from_topology(self):
         lines = self.run_print("launch_router.sh", "--config", "conf/xpyd-dp16.json")

@@ -1,4 +1,4 @@
-"""xpyd_sim handoff modes driven by the test itself (kv-params, store, bootstrap), forged and expired
+"""xpyd_sim handoff modes driven by the test itself (kv-params, store, bootstrap, mooncake), forged and expired
 params, abort_request, and data-parallel ranks (external and internal)."""
 import json
 import shutil
@@ -203,6 +203,76 @@ class DataParallel(t.TestCase):
             st.read_all()
         st, _, out = t.post_json(s.port, "/v1/completions", {"prompt": "a"}, headers={"X-data-parallel-rank": "3"})
         self.assertOpenAIError(st, out, 400, "out of range")
+
+
+class Mooncake(t.TestCase):
+    """vLLM MooncakeConnector's wire, as a test drives it: /query on the bootstrap port, a prefill keeping KV
+    for transfer_id on the pinned rank, a decode claiming it with the engine id, and vLLM-like refusals."""
+
+    def setUp(self):
+        super().setUp()
+        self.boot = t.free_port()
+        self.p = self.start(t.sim("--role", "prefill", "--handoff", "mooncake", "--dp-size", "2", "--dp-mode",
+                                  "internal", "--bootstrap-port", str(self.boot), "--kv-lease-ms", "60000"))
+        self.d = self.start(t.sim("--role", "decode", "--handoff", "mooncake", "--decode-us-per-token", "100",
+                                  "--handoff-timeout-ms", "500"))
+
+    def prefill(self, xfer, rank):
+        st, _, out = t.post_json(self.p.port, "/v1/completions",
+                                 {"prompt": PROMPT, "max_tokens": 1, "stream": False,
+                                  "kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False,
+                                                         "transfer_id": xfer}},
+                                 headers={"X-data-parallel-rank": str(rank)})
+        return st, out
+
+    def decode(self, xfer, engine_id, addr=None):
+        return t.post_json(self.d.port, "/v1/completions",
+                           {"prompt": PROMPT, "max_tokens": 3,
+                            "kv_transfer_params": {"do_remote_decode": False, "do_remote_prefill": True,
+                                                   "remote_bootstrap_addr": addr or "http://127.0.0.1:%d" % self.boot,
+                                                   "remote_engine_id": engine_id, "transfer_id": xfer}})
+
+    def test_query_claim_and_refusals(self):
+        st, _, body = t.request(self.boot, "GET", "/query")
+        self.assertEqual(st, 200)
+        q = json.loads(body)
+        self.assertEqual(sorted(q), ["0", "1"])
+        ids = [q["0"]["engine_id"], q["1"]["engine_id"]]
+        self.assertNotEqual(ids[0], ids[1])
+        self.assertEqual(self.prefill("xfer-a", 1)[0], 200)
+        self.assertEqual(t.metric(self.p.port, "xpyd_sim:kv_leases_active"), 1)
+        # the engine id must be the pinned rank's
+        st, _, out = self.decode("xfer-a", ids[0])
+        self.assertOpenAIError(st, out, 400, "does not match the engine that produced transfer_id")
+        st, _, out = self.decode("xfer-a", ids[1])
+        self.assertEqual(st, 200, out)
+        self.assertEqual(out["usage"]["completion_tokens"], 3)
+        self.assertEqual(out["usage"]["prompt_tokens_details"]["cached_tokens"], 9)  # the whole prompt came over
+        self.assertEqual(t.metric(self.p.port, "xpyd_sim:kv_leases_active"), 0)
+        # claimed once: a second claim waits, then fails as vLLM's decode does
+        st, _, out = self.decode("xfer-a", ids[1])
+        self.assertOpenAIError(st, out, 500, "did not produce transfer_id xfer-a within 500 ms")
+        # the same transfer_id twice while held
+        self.assertEqual(self.prefill("xfer-b", 0)[0], 200)
+        st, out = self.prefill("xfer-b", 0)
+        self.assertOpenAIError(st, out, 400, "transfer_id is already in use")
+        self.assertEqual(t.metric(self.d.port, 'xpyd_sim:handoffs_total{mode="mooncake",result="done"}'), 1)
+        self.assertEqual(t.metric(self.d.port, 'xpyd_sim:handoffs_total{mode="mooncake",result="failed"}'), 2)
+
+    def test_bad_fields_are_400(self):
+        st, _, out = self.decode("x", "e", addr="127.0.0.1:1")
+        self.assertOpenAIError(st, out, 400, "remote_bootstrap_addr")
+        st, _, out = t.post_json(self.d.port, "/v1/completions",
+                                 {"prompt": "a", "kv_transfer_params": {"do_remote_prefill": True, "transfer_id": 5}})
+        self.assertOpenAIError(st, out, 400, "transfer_id must be a non-empty string")
+        st, _, out = t.post_json(self.p.port, "/v1/completions",
+                                 {"prompt": "a", "kv_transfer_params": {"transfer_id": "x"}})
+        self.assertOpenAIError(st, out, 400, "exactly one of do_remote_decode and do_remote_prefill")
+
+    def test_decode_reaches_an_ipv6_style_address(self):
+        # remote_bootstrap_addr with a bracketed host parses (the prefill is not there: a clear 500)
+        st, _, out = self.decode("x", "e", addr="http://[::1]:%d" % t.free_port())
+        self.assertOpenAIError(st, out, 500, "could not reach the prefill engine")
 
 
 if __name__ == "__main__":
