@@ -5,6 +5,7 @@ client's body with {do_remote_prefill, remote_bootstrap_addr, remote_engine_id, 
 recording fake engine (the exact wire fields and headers of both legs) and end to end through xpyd_sim."""
 import json
 import os
+import signal
 import tempfile
 import threading
 import time
@@ -354,6 +355,56 @@ class ThroughSims(t.TestCase):
         st, _, ref = t.post_json(d.port, "/v1/completions", dict(b, stream=False))
         self.assertEqual("".join(texts), ref["choices"][0]["text"])
         self.assertEqual(len(texts), 5)
+        self.idle(r)
+
+    def test_admission_queue_waits_for_a_decode_slot(self):
+        # every decode at max_inflight: requests wait (their prefill pick given back) and all complete
+        p, d, r = self.cluster("--decode-max-inflight", "1", "--admission-queue", "16",
+                               "--queue-timeout-ms", "20000")
+        results = []
+
+        def one(i):
+            results.append(t.post_json(r.port, "/v1/completions", {"model": "sim-model", "prompt": "w%d x" % i,
+                                                                   "max_tokens": 8, "ignore_eos": True})[0])
+        ths = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join(60)
+        self.assertEqual(results, [200] * 6)
+        self.assertGreater(t.metric(r.port, "xpyd_admission_queue_admitted_total"), 0)
+        self.assertEqual(t.metric(d.port, 'xpyd_sim:handoffs_total{mode="mooncake",result="done"}'), 6)
+        self.idle(r)
+
+    def test_admin_add_and_reload_keep_learned_ranks(self):
+        # a prefill added at runtime is unready until its /query answers, then serves with its own ranks; a
+        # SIGHUP that still lists a prefill keeps the ranks learned from it
+        p1, b1 = mooncake_prefill("--dp-size", "2")
+        p1 = self.start(p1)
+        d = self.start(t.sim("--role", "decode", "--handoff", "mooncake"))
+        path = os.path.join(tempfile.mkdtemp(prefix="xpyd-test-"), "topo.json")
+        topo = {"handoff": "mooncake", "query_interval_ms": 100, "admin_key": "adm",
+                "prefill": {"hosts": [{"host": "127.0.0.1", "port": p1.port, "bootstrap_port": b1}]},
+                "decode": {"hosts": [{"host": "127.0.0.1", "port": d.port}]}}
+        with open(path, "w") as f:
+            json.dump(topo, f)
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--config", path]))
+        inst = lambda: sorted((i["port"], i["dp_rank"], i["ready"]) for i in t.status(r.port)["pools"]["prefill"]["instances"])
+        t.wait_until(lambda: inst() == [(p1.port, 0, True), (p1.port, 1, True)], what="p1's two ranks")
+        p2, b2 = mooncake_prefill("--dp-size", "3")
+        p2 = self.start(p2)
+        st, _, out = t.post_json(r.port, "/admin/instances", {"role": "prefill", "host": "127.0.0.1", "port": p2.port,
+                                                               "bootstrap_port": b2},
+                                 headers={"Authorization": "Bearer adm"})
+        self.assertEqual(st, 201, out)
+        self.assertEqual([(i["dp_rank"], i["ready"]) for i in out["instances"]], [(0, False)])
+        t.wait_until(lambda: [x for x in inst() if x[0] == p2.port] ==
+                     [(p2.port, 0, True), (p2.port, 1, True), (p2.port, 2, True)], what="p2's three ranks")
+        r.signal(signal.SIGHUP)  # the file lists p1 only: p2 goes, p1 keeps both learned ranks
+        t.wait_until(lambda: inst() == [(p1.port, 0, True), (p1.port, 1, True)], what="reloaded")
+        for _ in range(4):
+            self.assertEqual(t.post_json(r.port, "/v1/completions", {"model": "sim-model", "prompt": "a",
+                                                                     "max_tokens": 2})[0], 200)
         self.idle(r)
 
 

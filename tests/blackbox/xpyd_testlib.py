@@ -575,8 +575,15 @@ class FakeEngine:
 
         self.requests = []
         self.headers = []
-        self.srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.srv.daemon_threads = True
+        class Srv(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):
+                import sys
+                if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+                    super().handle_error(request, client_address)  # a leg the router closed is expected
+
+        self.srv = Srv(("127.0.0.1", 0), H)
         self.port = self.srv.server_address[1]
         self.th = threading.Thread(target=self.srv.serve_forever, daemon=True)
         self.th.start()
