@@ -240,57 +240,119 @@ static int pool_add_list(struct rt_pool_cfg *p, const char *s, const char *what)
     return 0;
 }
 
-/* Reads an integer field in [0, 2^31); an absent field leaves *out; anything else is an error. */
-static int json_int(const cJSON *o, const char *k, int *out)
+/* A topology file's key equals want when they differ only in '-' for '_' (as on the command line). */
+static int key_is(const char *k, const char *want)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    for (; *k && *want; k++, want++)
+        if (*k != *want && !(*k == '-' && *want == '_'))
+            return 0;
+    return *k == *want;
+}
+
+static const cJSON *json_get(const cJSON *o, const char *want)
+{
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o)
+    {
+        if (it->string && key_is(it->string, want))
+            return it;
+    }
+    return NULL;
+}
+
+/* Every key of object o (at path `where`) must be one of allowed[] (or a "_comment"); else an error naming
+ * the key's whole path. */
+static int json_known_keys(const cJSON *o, const char *const *allowed, const char *where)
+{
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o)
+    {
+        if (!it->string || it->string[0] == '_')
+            continue;
+        int ok = 0;
+        for (const char *const *a = allowed; *a && !ok; a++)
+            ok = key_is(it->string, *a);
+        if (!ok) {
+            fprintf(stderr, "xpyd_router: config: unknown key \"%s.%s\" (known there:", where, it->string);
+            for (const char *const *a = allowed; *a; a++)
+                fprintf(stderr, " %s", *a);
+            fprintf(stderr, ")\n");
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Reads an integer field in [0, 2^31); an absent field leaves *out; anything else is an error. */
+static int json_int(const cJSON *o, const char *k, int *out, const char *where)
+{
+    const cJSON *v = json_get(o, k);
     if (!v)
         return 0;
     if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 2147483648.0) ||
         v->valuedouble != (double)(int)v->valuedouble) {
-        fprintf(stderr, "xpyd_router: config: \"%s\" must be a non-negative integer\n", k);
+        fprintf(stderr, "xpyd_router: config: \"%s.%s\" must be a non-negative integer\n", where, k);
         return -1;
     }
     *out = (int)v->valuedouble;
     return 0;
 }
 
+static const char *const pool_keys[] = {"hosts", "dp", "tp", "max_inflight", "policy", NULL};
+static const char *const host_keys[] = {"host", "port", "dp", "tp", "weight", "bootstrap_port", "max_inflight",
+                                        "max_model_len", NULL};
+
 static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *what)
 {
-    if (!cJSON_IsObject(o))
+    if (!o)
         return 0;
-    if (json_int(o, "dp", &p->dp) || json_int(o, "tp", &p->tp) || json_int(o, "max_inflight", &p->max_inflight))
-        return -1;
-    const cJSON *pol = cJSON_GetObjectItemCaseSensitive(o, "policy");
-    if (cJSON_IsString(pol) && (p->policy = xb_policy_parse(pol->valuestring)) < 0) {
-        fprintf(stderr, "xpyd_router: %s.policy: unknown '%s'\n", what, pol->valuestring);
+    if (!cJSON_IsObject(o)) {
+        fprintf(stderr, "xpyd_router: config: \"%s\" must be an object {\"hosts\": [...], ...}\n", what);
         return -1;
     }
-    const cJSON *hosts = cJSON_GetObjectItemCaseSensitive(o, "hosts"), *h;
+    if (json_known_keys(o, pool_keys, what) || json_int(o, "dp", &p->dp, what) || json_int(o, "tp", &p->tp, what) ||
+        json_int(o, "max_inflight", &p->max_inflight, what))
+        return -1;
+    const cJSON *pol = json_get(o, "policy");
+    if (pol && (!cJSON_IsString(pol) || (p->policy = xb_policy_parse(pol->valuestring)) < 0)) {
+        fprintf(stderr, "xpyd_router: config: \"%s.policy\" must be one of lot, p2c, rr, random\n", what);
+        return -1;
+    }
+    const cJSON *hosts = json_get(o, "hosts"), *h;
+    if (hosts && !cJSON_IsArray(hosts)) {
+        fprintf(stderr, "xpyd_router: config: \"%s.hosts\" must be an array\n", what);
+        return -1;
+    }
+    int i = 0;
     cJSON_ArrayForEach(h, hosts)
     {
+        char where[64];
+        snprintf(where, sizeof where, "%s.hosts[%d]", what, i++);
         if (cJSON_IsString(h)) {
             if (pool_add_list(p, h->valuestring, what))
                 return -1;
             continue;
         }
-        const cJSON *host = cJSON_GetObjectItemCaseSensitive(h, "host");
-        if (!cJSON_IsString(host)) {
-            fprintf(stderr, "xpyd_router: %s.hosts[]: each entry needs \"host\"\n", what);
+        const cJSON *host = json_get(h, "host");
+        if (!cJSON_IsObject(h) || !cJSON_IsString(host)) {
+            fprintf(stderr, "xpyd_router: config: \"%s\" must be \"HOST:PORT\" or an object with \"host\"\n", where);
             return -1;
         }
+        if (json_known_keys(h, host_keys, where))
+            return -1;
         struct rt_host *rh = pool_add(p);
         if (!rh)
             return -1;
         snprintf(rh->host, sizeof rh->host, "%s", host->valuestring);
         int mml = 0;
-        if (json_int(h, "port", &rh->port) || json_int(h, "dp", &rh->dp) || json_int(h, "tp", &rh->tp) ||
-            json_int(h, "weight", &rh->weight) || json_int(h, "bootstrap_port", &rh->bootstrap_port) ||
-            json_int(h, "max_inflight", &rh->max_inflight) || json_int(h, "max_model_len", &mml))
+        if (json_int(h, "port", &rh->port, where) || json_int(h, "dp", &rh->dp, where) ||
+            json_int(h, "tp", &rh->tp, where) || json_int(h, "weight", &rh->weight, where) ||
+            json_int(h, "bootstrap_port", &rh->bootstrap_port, where) ||
+            json_int(h, "max_inflight", &rh->max_inflight, where) || json_int(h, "max_model_len", &mml, where))
             return -1;
         rh->max_model_len = mml;
         if (rh->port < 1 || rh->port > 65535) {
-            fprintf(stderr, "xpyd_router: %s host %s: bad port %d\n", what, rh->host, rh->port);
+            fprintf(stderr, "xpyd_router: config: \"%s.port\" must be a port (1-65535), got %d\n", where, rh->port);
             return -1;
         }
     }
@@ -434,24 +496,37 @@ static int apply_alias(struct rt_config *c, struct alias_lists *a, int role)
 {
     if (!a->hosts[role][0])
         return 0;
-    char hb[4096], pb[1024];
+    /* Pairing (decisions): as many ports as hosts pair in order; one port serves every host; one host with
+     * several ports is that host on each port; no port is 8000; any other mix is an error, never a drop. */
+    const char *who = role ? "decoder" : "prefiller";
+    char hb[4096], pb[1024], *hv[256], *pv[256];
+    int nh = 0, np = 0;
     snprintf(hb, sizeof hb, "%s", a->hosts[role]);
     snprintf(pb, sizeof pb, "%s", a->ports[role]);
-    char *hs = NULL, *ps = NULL;
-    char *port = strtok_r(pb, ",", &ps);
-    char *last_port = port;
-    for (char *h = strtok_r(hb, ",", &hs); h; h = strtok_r(NULL, ",", &hs)) {
-        struct rt_host *rh = pool_add(&c->pools[role]);
-        long pv = 8000;
-        if (!rh || (last_port && xpyd_parse_long(last_port, 1, 65535, &pv) != 0)) {
-            fprintf(stderr, "xpyd_router: bad --%s-ports value\n", role ? "decoder" : "prefiller");
+    char *sp = NULL;
+    for (char *h = strtok_r(hb, ",", &sp); h; h = strtok_r(NULL, ",", &sp))
+        if (nh < 256)
+            hv[nh++] = h;
+    for (char *p = strtok_r(pb, ",", &sp); p; p = strtok_r(NULL, ",", &sp))
+        if (np < 256)
+            pv[np++] = p;
+    if (np > 1 && nh > 1 && np != nh) {
+        fprintf(stderr, "xpyd_router: --%s-hosts lists %d hosts and --%s-ports %d ports: give one port, one host, "
+                        "or as many ports as hosts\n", who, nh, who, np);
+        return -1;
+    }
+    int n = nh > np ? nh : np;
+    for (int i = 0; i < n; i++) {
+        long port = 8000;
+        if (np && xpyd_parse_long(pv[np == 1 ? 0 : i], 1, 65535, &port) != 0) {
+            fprintf(stderr, "xpyd_router: bad --%s-ports value '%s'\n", who, pv[np == 1 ? 0 : i]);
             return -1;
         }
-        snprintf(rh->host, sizeof rh->host, "%s", h);
-        rh->port = (int)pv;
-        char *next = strtok_r(NULL, ",", &ps);
-        if (next)
-            last_port = next; /* one port for all hosts when fewer ports than hosts */
+        struct rt_host *rh = pool_add(&c->pools[role]);
+        if (!rh)
+            return -1;
+        snprintf(rh->host, sizeof rh->host, "%s", hv[nh == 1 ? 0 : i]);
+        rh->port = (int)port;
     }
     return 0;
 }

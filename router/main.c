@@ -206,6 +206,14 @@ int main(int argc, char **argv)
     if (!(rt->ho = rt_handoff_resolve(&rt->cfg)))
         return 2;
     if (rt->cfg.dry_run) {
+        /* names resolve as the real start resolves them, so a dry run that passes starts */
+        for (size_t i = 0; i < rt->cfg.n_endpoints; i++) {
+            struct up_endpoint ep;
+            if (up_endpoint_resolve(&ep, rt->cfg.endpoints[i].host, rt->cfg.endpoints[i].port) != 0) {
+                fprintf(stderr, "xpyd_router: cannot resolve '%s'\n", rt->cfg.endpoints[i].host);
+                return 2;
+            }
+        }
         rt_config_print(&rt->cfg, stdout);
         return 0;
     }

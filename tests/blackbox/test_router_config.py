@@ -24,14 +24,14 @@ def ranks(out, pool):
 
 class Lists(t.TestCase):
     def test_forms(self):
-        for args in (["-p", "h1:1", "h2:2", "-d", "h3:3"], ["-p", "h1:1,h2:2", "-d", "h3:3"],
-                     ["-p", "h1:1", "-p", "h2:2", "--decode", "h3:3"],
-                     ["--prefiller-hosts", "h1", "h2", "--prefiller-ports", "1", "2", "--decoder-hosts", "h3",
+        for args in (["-p", "10.0.0.1:1", "10.0.0.2:2", "-d", "10.0.0.3:3"], ["-p", "10.0.0.1:1,10.0.0.2:2", "-d", "10.0.0.3:3"],
+                     ["-p", "10.0.0.1:1", "-p", "10.0.0.2:2", "--decode", "10.0.0.3:3"],
+                     ["--prefiller-hosts", "10.0.0.1", "10.0.0.2", "--prefiller-ports", "1", "2", "--decoder-hosts", "10.0.0.3",
                       "--decoder-ports", "3"]):
             rc, out, err = dry(*args)
             self.assertEqual(rc, 0, err)
-            self.assertEqual(ranks(out, "P"), ["h1:1", "h2:2"], args)
-            self.assertEqual(ranks(out, "D"), ["h3:3"], args)
+            self.assertEqual(ranks(out, "P"), ["10.0.0.1:1", "10.0.0.2:2"], args)
+            self.assertEqual(ranks(out, "D"), ["10.0.0.3:3"], args)
 
     def test_ipv6_and_hostnames(self):
         rc, out, err = dry("-p", "[::1]:8100", "-d", "localhost:8200")
@@ -40,13 +40,13 @@ class Lists(t.TestCase):
         self.assertEqual(ranks(out, "D"), ["localhost:8200"])
 
     def test_internal_dp_pins_ranks(self):
-        rc, out, _ = dry("-p", "a:1", "-d", "b:2", "c:2", "--decode-dp", "2", "--dp-mode", "internal")
-        self.assertEqual(ranks(out, "D"), ["b:2", "c:2", "b:2", "c:2"])
+        rc, out, _ = dry("-p", "10.0.1.1:1", "-d", "10.0.1.2:2", "10.0.1.3:2", "--decode-dp", "2", "--dp-mode", "internal")
+        self.assertEqual(ranks(out, "D"), ["10.0.1.2:2", "10.0.1.3:2", "10.0.1.2:2", "10.0.1.3:2"])
         self.assertEqual([l.split()[2] for l in out.splitlines() if l.strip().startswith("D[")],
                          ["dp_rank=0", "dp_rank=0", "dp_rank=1", "dp_rank=1"])
 
     def test_aliases_for_first_token_and_repeat(self):
-        rc, out, _ = dry("-p", "a:1", "-d", "b:2", "--generator_on_p_node", "--handoff", "store",
+        rc, out, _ = dry("-p", "10.0.1.1:1", "-d", "10.0.1.2:2", "--generator_on_p_node", "--handoff", "store",
                          "--repeat_d_times", "3")
         self.assertEqual(rc, 0)
         self.assertIn("first-token=prefill", out)
@@ -77,23 +77,76 @@ class Files(t.TestCase):
         self.assertIn("bootstrap_port=8998", out)
 
     def test_cli_wins(self):
-        rc, out, _ = dry("--config", "conf/1p1d.json", "--port", "9999", "-d", "z:1")
+        rc, out, _ = dry("--config", "conf/1p1d.json", "--port", "9999", "-d", "10.0.9.9:1")
         self.assertIn("listen 0.0.0.0:9999", out)
-        self.assertEqual(ranks(out, "D"), ["z:1"])
+        self.assertEqual(ranks(out, "D"), ["10.0.9.9:1"])
         self.assertEqual(ranks(out, "P"), ["10.0.0.1:8100"])
 
 
 class Errors(t.TestCase):
     def test_clear_errors(self):
-        for args, needle in [(["-p", "a:1"], "at least one prefill"), (["-p", "a:1", "-d", "b:x"], "bad decode address"),
-                             (["-p", "a:1", "-d", "b:1", "--bogus", "1"], "unknown option"),
-                             (["-p", "a:1", "-d", "b:1", "--handoff", "magic"], "unknown value"),
-                             (["-p", "a:1", "-d", "b:1", "--repeat-d-times", "2"], "needs --handoff store"),
-                             (["-p", "a:1", "-d", "b:1", "--connect-timeout-ms", "0"], "[1, 3600000]"),
+        for args, needle in [(["-p", "10.0.1.1:1"], "at least one prefill"), (["-p", "10.0.1.1:1", "-d", "10.0.1.2:x"], "bad decode address"),
+                             (["-p", "10.0.1.1:1", "-d", "10.0.1.2:1", "--bogus", "1"], "unknown option"),
+                             (["-p", "10.0.1.1:1", "-d", "10.0.1.2:1", "--handoff", "magic"], "unknown value"),
+                             (["-p", "10.0.1.1:1", "-d", "10.0.1.2:1", "--repeat-d-times", "2"], "needs --handoff store"),
+                             (["-p", "10.0.1.1:1", "-d", "10.0.1.2:1", "--connect-timeout-ms", "0"], "[1, 3600000]"),
                              (["--config", "/nonexistent.json"], "cannot open config")]:
             rc, out, err = dry(*args)
             self.assertEqual(rc, 2, args)
             self.assertIn(needle, err)
+
+    def topo(self, obj):
+        path = os.path.join(tempfile.mkdtemp(prefix="xpyd-topo-"), "t.json")
+        with open(path, "w") as f:
+            json.dump(obj, f)
+        return dry("--config", path)
+
+    def test_topology_keys_are_strict_at_every_level(self):
+        base = lambda: {"prefill": {"hosts": [{"host": "10.0.0.1", "port": 8100}]},
+                        "decode": {"hosts": [{"host": "10.0.0.2", "port": 8200}]}}
+        for mutate, path in [(lambda o: o["prefill"].update(polcy="rr"), "prefill.polcy"),
+                             (lambda o: o["decode"].update({"max-inflght": 4}), "decode.max-inflght"),
+                             (lambda o: o["decode"]["hosts"][0].update(wieght=2), "decode.hosts[0].wieght"),
+                             (lambda o: o["prefill"]["hosts"].append({"host": "10.0.0.3", "port": 1, "bootstrap": 1}),
+                              "prefill.hosts[1].bootstrap"),
+                             (lambda o: o.update(helth_interval_ms=5), "helth_interval_ms")]:
+            o = base()
+            mutate(o)
+            rc, out, err = self.topo(o)
+            self.assertEqual(rc, 2, (path, out))
+            self.assertIn('"%s"' % path, err)
+        # '-' and '_' are the same at every level; "_comment" keys are skipped
+        o = base()
+        o["_comment"] = "x"
+        o["prefill"].update({"max-inflight": 3, "_note": "y"})
+        o["decode"]["hosts"][0].update({"max-model-len": 4096, "weight": 2})
+        o["health-interval-ms"] = 500
+        rc, out, err = self.topo(o)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("max_inflight=3", [w for l in out.splitlines() if "P[0]" in l for w in l.split()])
+        self.assertIn("max_model_len=4096", out)
+        self.assertIn("weight=2", out)
+        # wrong shapes say where
+        o = base()
+        o["decode"]["hosts"] = {"host": "10.0.0.2"}
+        self.assertIn('"decode.hosts" must be an array', self.topo(o)[2])
+        o = base()
+        o["prefill"]["hosts"][0]["port"] = "8100"
+        self.assertIn('"prefill.hosts[0].port" must be a non-negative integer', self.topo(o)[2])
+
+    def test_dry_run_resolves_names_and_aliases_pair(self):
+        rc, out, err = dry("-p", "no-such-host.invalid:1", "-d", "127.0.0.1:2")
+        self.assertEqual(rc, 2)
+        self.assertIn("cannot resolve 'no-such-host.invalid'", err)
+        rc, out, err = dry("-p", "10.0.0.1:1", "--decoder-hosts", "10.0.0.2", "--decoder-ports", "8200", "8201")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(ranks(out, "D"), ["10.0.0.2:8200", "10.0.0.2:8201"])  # one host on each port
+        rc, out, err = dry("-p", "10.0.0.1:1", "--decoder-hosts", "10.0.0.2", "10.0.0.3", "--decoder-ports", "8200")
+        self.assertEqual(ranks(out, "D"), ["10.0.0.2:8200", "10.0.0.3:8200"])  # one port for every host
+        rc, out, err = dry("-p", "10.0.0.1:1", "--decoder-hosts", "10.0.0.2", "10.0.0.3", "10.0.0.4",
+                           "--decoder-ports", "8200", "8201")
+        self.assertEqual(rc, 2)
+        self.assertIn("3 hosts and --decoder-ports 2 ports", err)
 
     def test_help_documents_every_setting(self):
         out = subprocess.run([ROUTER, "--help"], capture_output=True, text=True).stdout
