@@ -53,6 +53,14 @@ int xpyd_setting_set(void *base, const struct xpyd_setting *s, const char *v, co
     }
 }
 
+int xpyd_setting_equal(const void *a, const void *b, const struct xpyd_setting *s)
+{
+    const char *fa = (const char *)a + s->off, *fb = (const char *)b + s->off;
+    if (s->kind == XS_STR)
+        return strncmp(fa, fb, s->size) == 0;
+    return memcmp(fa, fb, s->size) == 0;
+}
+
 const struct xpyd_setting *xpyd_setting_find(const struct xpyd_setting *t, size_t n, const char *name)
 {
     for (size_t i = 0; i < n; i++) {

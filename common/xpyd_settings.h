@@ -24,6 +24,8 @@ struct xpyd_setting {
 
 /* Stores v into the field of s in the struct at base. 0, or -1 with a message naming prog and the flag. */
 int xpyd_setting_set(void *base, const struct xpyd_setting *s, const char *v, const char *prog);
+/* 1 when the field of s holds the same value in the structs at a and b. */
+int xpyd_setting_equal(const void *a, const void *b, const struct xpyd_setting *s);
 /* The row named name ('-' and '_' are the same), or NULL. */
 const struct xpyd_setting *xpyd_setting_find(const struct xpyd_setting *t, size_t n, const char *name);
 /* Checks that every row fits its field (type and size) and that its default parses, then applies the

@@ -431,6 +431,21 @@ int rt_config_endpoint_index(struct rt_config *c, const char *host, int port)
     return (int)c->n_endpoints++;
 }
 
+size_t rt_config_changed(const struct rt_config *a, const struct rt_config *b, char *out, size_t cap)
+{
+    size_t n = 0, len = 0;
+    out[0] = 0;
+    for (size_t i = 0; i < NSETTINGS; i++) {
+        if (xpyd_setting_equal(a, b, &settings[i]))
+            continue;
+        int k = snprintf(out + len, cap - len, "%s%s", n ? "," : "", settings[i].name);
+        if (k > 0 && (size_t)k < cap - len)
+            len += (size_t)k;
+        n++;
+    }
+    return n; /* --prefill-bootstrap-port is not a row: it reaches the ranks, which a reload updates */
+}
+
 int rt_config_prefill_by_query(const struct rt_config *c)
 {
     return strcmp(c->handoff, "mooncake") == 0;

@@ -100,6 +100,9 @@ int rt_config_load(struct rt_config *c, int argc, char **argv);
 void rt_config_free(struct rt_config *c);
 /* Writes the expanded topology (the --dry-run output). */
 void rt_config_print(const struct rt_config *c, FILE *f);
+/* The names of the settings (table rows, not pools) whose values differ between a and b, comma-separated into
+ * out; returns how many. A SIGHUP reload reports them: only the pools change at runtime. */
+size_t rt_config_changed(const struct rt_config *a, const struct rt_config *b, char *out, size_t cap);
 /* vLLM's default bootstrap server port (VLLM_MOONCAKE_BOOTSTRAP_PORT). */
 #define RT_MOONCAKE_BOOTSTRAP_PORT 8998
 /* 1 when the prefill pool's ranks are learned from each prefill's bootstrap server (GET /query), i.e.

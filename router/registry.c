@@ -25,8 +25,8 @@
 
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 
-enum { APPLY_UPDATED = 0, APPLY_ADDED, APPLY_REVIVED };
-static const char *const apply_names[] = {"updated", "added", "revived"};
+enum { APPLY_UPDATED = 0, APPLY_ADDED, APPLY_REVIVED, APPLY_UNCHANGED };
+static const char *const apply_names[] = {"updated", "added", "revived", "unchanged"};
 
 static struct rt_live_rank live_rank(const struct rt_rank *plan, int endpoint)
 {
@@ -132,11 +132,15 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
         if (cur->endpoint != ep || cur->dp_rank != want->dp_rank)
             continue;
         int was_removed = rt_rank_removed(role, (int)i);
+        struct xb_instance_stats st;
+        xb_stats(g_rt->pools[role], (int)i, &st);
+        int same = cur->bootstrap_port == want->bootstrap_port && st.tp == ic.tp && st.weight == ic.weight &&
+                   st.max_model_len == ic.max_model_len && st.max_inflight == ic.max_inflight;
         cur->bootstrap_port = want->bootstrap_port;
         xb_update(g_rt->pools[role], (int)i, &ic);
         *idx_out = (int)i;
         if (!was_removed)
-            return APPLY_UPDATED;
+            return same ? APPLY_UNCHANGED : APPLY_UPDATED;
         if (learned_role(&g_rt->cfg, role)) { /* back, but its engine must describe itself again */
             cur->engine_id[0] = 0;
             xb_set_ready(g_rt->pools[role], (int)i, 0);
@@ -195,7 +199,9 @@ int rt_reload(void)
         rt_config_free(&nc);
         return -1;
     }
-    int counts[4] = {0, 0, 0, 0}; /* updated, added, revived, removed */
+    char restart[600];
+    size_t nrestart = rt_config_changed(&g_rt->cfg, &nc, restart, sizeof restart);
+    int counts[5] = {0, 0, 0, 0, 0}; /* updated, added, revived, unchanged, removed */
     char err[300] = "";
     pthread_mutex_lock(&reg_mu);
     for (int role = 0; role < 2 && !err[0]; role++) {
@@ -209,7 +215,7 @@ int rt_reload(void)
             if (res < 0)
                 break;
             counts[res]++;
-            if (res != APPLY_UPDATED)
+            if (res == APPLY_ADDED || res == APPLY_REVIVED)
                 log_change(apply_names[res], role, idx);
             if ((size_t)idx < n_old + nc.n_ranks[role])
                 keep[idx] = 1;
@@ -225,7 +231,7 @@ int rt_reload(void)
             if (!keep[i] && !rt_rank_removed(role, (int)i)) {
                 remove_rank(role, (int)i);
                 log_change("removed", role, (int)i);
-                counts[3]++;
+                counts[4]++;
             }
         free(keep);
     }
@@ -235,8 +241,11 @@ int rt_reload(void)
         xpyd_log_event("event=reload_failed reason=\"%s\" (changes before it were applied)", err);
         return -1;
     }
-    xpyd_log_event("event=reloaded added=%d revived=%d updated=%d removed=%d", counts[APPLY_ADDED],
-                   counts[APPLY_REVIVED], counts[APPLY_UPDATED], counts[3]);
+    xpyd_log_event("event=reloaded added=%d revived=%d updated=%d unchanged=%d removed=%d", counts[APPLY_ADDED],
+                   counts[APPLY_REVIVED], counts[APPLY_UPDATED], counts[APPLY_UNCHANGED], counts[4]);
+    if (nrestart)
+        xpyd_log_event("event=reload_needs_restart settings=\"%s\" detail=\"only the pools change at runtime; these "
+                       "keep their running values until a restart\"", restart);
     return 0;
 }
 
@@ -470,8 +479,9 @@ static void admin_add(evhtp_request_t *req)
             status = res == -ENOSPC ? 507 : 400;
             break;
         }
-        changed |= res != APPLY_UPDATED;
-        if (res != APPLY_UPDATED)
+        int grew = res == APPLY_ADDED || res == APPLY_REVIVED;
+        changed |= grew;
+        if (grew)
             log_change(apply_names[res], role, idx);
         cJSON *rj = rank_json(role, idx);
         cJSON_AddStringToObject(rj, "result", apply_names[res]);

@@ -35,8 +35,10 @@ class Reload(t.TestCase):
 
         write_config(path, [p.port], [d2.port])
         r.signal(signal.SIGHUP)
-        t.wait_until(lambda: "event=reloaded added=1 revived=0 updated=1 removed=1" in r.output(),
+        # exact counts: the prefill is listed again unchanged, d2 added, d1 removed
+        t.wait_until(lambda: "event=reloaded added=1 revived=0 updated=0 unchanged=1 removed=1" in r.output(),
                      what="reload logged")
+        self.assertNotIn("reload_needs_restart", r.output())
         th.join()
         self.assertEqual(results["p"][-1], "[DONE]")
         self.assertEqual(len(t.content_events(results["p"])), 30)  # the stream on the removed d1 finished
@@ -65,6 +67,20 @@ class Reload(t.TestCase):
         inst = t.status(r.port)["pools"]["decode"]["instances"]
         self.assertEqual([(i["port"], i["weight"]) for i in inst], [(d1.port, 3)])
         t.wait_until(lambda: t.router_idle(r.port), what="router load back to zero")
+
+        # a setting that only a restart applies is named, and keeps its running value
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["decode"]["hosts"][0]["weight"] = 4
+        cfg["max_retries"] = 5
+        cfg["threads"] = 3
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        r.signal(signal.SIGHUP)
+        t.wait_until(lambda: "updated=1 unchanged=1 removed=0" in r.output(), what="third reload logged")
+        t.wait_until(lambda: 'event=reload_needs_restart settings="threads,max-retries"' in r.output(),
+                     what="restart-only settings named")
+        self.assertEqual([i["weight"] for i in t.status(r.port)["pools"]["decode"]["instances"]], [4])
 
 
 if __name__ == "__main__":
