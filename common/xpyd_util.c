@@ -55,18 +55,20 @@ void xpyd_log(int level, const char *fmt, ...)
     fprintf(stderr, "%s\n", line);
 }
 
-void xpyd_log_event(const char *fmt, ...)
+void xpyd_log_event(int level, const char *fmt, ...)
 {
     if (xpyd_log_level <= XPYD_LOG_NONE)
         return;
+    if (level < XPYD_LOG_ERROR || level > XPYD_LOG_DEBUG)
+        level = XPYD_LOG_INFO;
     char msg[1536];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     int saved = xpyd_log_level;
-    xpyd_log_level = XPYD_LOG_ERROR; /* printed at any level: tag it as a notice */
-    xpyd_log(XPYD_LOG_ERROR, "notice=1 %s", msg);
+    xpyd_log_level = XPYD_LOG_DEBUG; /* printed whatever the level, under its own level name */
+    xpyd_log(level, "%s", msg);
     xpyd_log_level = saved;
 }
 

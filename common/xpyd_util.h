@@ -27,8 +27,10 @@ void xpyd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 #define XLOG_INFO(...) XLOG_AT(XPYD_LOG_INFO, __VA_ARGS__)
 #define XLOG_DEBUG(...) XLOG_AT(XPYD_LOG_DEBUG, __VA_ARGS__)
 
-/* A structured event line (health transitions, ...) written whatever the log level, unless it is none. */
-void xpyd_log_event(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* A structured event line (health transitions, reloads, failures, ...): written whatever --log-level (unless
+ * none), so operators always see what happened, but tagged with its true level (info for routine events,
+ * warn for degradations, error for failures), so alerts on level=error see only errors. */
+void xpyd_log_event(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Parses a log level name (error|warn|info|debug); returns -1 when unknown. */
 int xpyd_log_level_parse(const char *s);

@@ -123,7 +123,7 @@ static void guard_event(struct bufferevent *bev, short what, void *arg)
 static void reject(struct cconn *cc, int status, const char *reason, int reason_idx, const char *msg)
 {
     atomic_fetch_add(&g_rt->ctr.client_rejected[reason_idx], 1);
-    xpyd_log_event("event=client_rejected status=%d reason=%s detail=\"%s\"", status, reason, msg);
+    xpyd_log_event(XPYD_LOG_WARN, "event=client_rejected status=%d reason=%s detail=\"%s\"", status, reason, msg);
     char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
     struct evbuffer *out = bufferevent_get_output(cc->c->bev);
     evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"

@@ -63,7 +63,7 @@ static void kv_abandon(struct request *r, int decode_in_flight)
     if (leg) {
         up_leg_cancel_after_send(leg);
         atomic_fetch_add(&g_rt->ctr.kv_release_dispatches, 1);
-        xpyd_log_event("event=kv_release_dispatch request_id=%s", r->xid);
+        xpyd_log_event(XPYD_LOG_INFO, "event=kv_release_dispatch request_id=%s", r->xid);
     }
 }
 

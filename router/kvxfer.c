@@ -56,7 +56,7 @@ static void *release_loop(void *arg)
             xt_close_segment(K.engine, s); /* reconnect next time */
         atomic_fetch_add(rc ? &g_rt->ctr.kv_release_failures : &g_rt->ctr.kv_releases, 1);
         if (rc)
-            xpyd_log_event("event=kv_release_failed segment=%s key=%s error=\"%s\"", it->segment, it->key,
+            xpyd_log_event(XPYD_LOG_WARN, "event=kv_release_failed segment=%s key=%s error=\"%s\"", it->segment, it->key,
                            strerror(-rc));
         free(it);
         pthread_mutex_lock(&K.mu);

@@ -169,7 +169,7 @@ static void on_drain_tick(evutil_socket_t fd, short ev, void *arg)
         return;
     if (active > 0)
         XLOG_WARN("msg=\"drain timeout: closing with requests in flight\" active=%lld", (long long)active);
-    xpyd_log_event("event=drained active=%lld", (long long)active);
+    xpyd_log_event(XPYD_LOG_INFO, "event=drained active=%lld", (long long)active);
     event_base_loopexit(d->base, NULL);
 }
 
@@ -182,7 +182,7 @@ static void on_signal(evutil_socket_t sig, short ev, void *arg)
         event_base_loopexit(d->base, NULL);
         return;
     }
-    xpyd_log_event("event=draining signal=%d active=%lld timeout_ms=%ld", (int)sig,
+    xpyd_log_event(XPYD_LOG_INFO, "event=draining signal=%d active=%lld timeout_ms=%ld", (int)sig,
                    (long long)atomic_load(&g_rt->ctr.active_requests), g_rt->cfg.drain_timeout_ms);
     evhtp_unbind_socket(d->htp);
     d->deadline_us = xpyd_now_us() + (uint64_t)g_rt->cfg.drain_timeout_ms * 1000u;

@@ -81,7 +81,7 @@ static void health_result(struct ep_state *s, int ok, const char *why)
     atomic_fetch_add(&g_rt->ctr.health_transitions, 1);
     char d[300];
     ep_desc(s->idx, d, sizeof d);
-    xpyd_log_event("event=health_transition endpoint=%s state=%s reason=\"%s\"", d, ok ? "up" : "down", why);
+    xpyd_log_event(ok ? XPYD_LOG_INFO : XPYD_LOG_WARN, "event=health_transition endpoint=%s state=%s reason=\"%s\"", d, ok ? "up" : "down", why);
 }
 
 static void h_head(struct up_leg *leg, int status, void *arg)

@@ -176,7 +176,7 @@ static void log_change(const char *what, int role, int idx)
     const struct rt_live_rank *r = &g_rt->reg.ranks[role][idx];
     const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
     char hp[300];
-    xpyd_log_event("event=instance_%s role=%s instance=%s dp_rank=%d", what, role ? "decode" : "prefill",
+    xpyd_log_event(XPYD_LOG_INFO, "event=instance_%s role=%s instance=%s dp_rank=%d", what, role ? "decode" : "prefill",
                    xpyd_hostport(e->host, e->port, hp, sizeof hp), r->dp_rank);
 }
 
@@ -194,7 +194,7 @@ int rt_reload(void)
         rc = -1;
     xpyd_log_level = g_rt->cfg.log_level; /* the reload parses --log-level too; the running one stays */
     if (rc != 0) {
-        xpyd_log_event("event=reload_failed reason=\"configuration rejected (see the message above); nothing "
+        xpyd_log_event(XPYD_LOG_ERROR, "event=reload_failed reason=\"configuration rejected (see the message above); nothing "
                        "changed\"");
         rt_config_free(&nc);
         return -1;
@@ -238,13 +238,13 @@ int rt_reload(void)
     pthread_mutex_unlock(&reg_mu);
     rt_config_free(&nc);
     if (err[0]) {
-        xpyd_log_event("event=reload_failed reason=\"%s\" (changes before it were applied)", err);
+        xpyd_log_event(XPYD_LOG_ERROR, "event=reload_failed reason=\"%s\" (changes before it were applied)", err);
         return -1;
     }
-    xpyd_log_event("event=reloaded added=%d revived=%d updated=%d unchanged=%d removed=%d", counts[APPLY_ADDED],
+    xpyd_log_event(XPYD_LOG_INFO, "event=reloaded added=%d revived=%d updated=%d unchanged=%d removed=%d", counts[APPLY_ADDED],
                    counts[APPLY_REVIVED], counts[APPLY_UPDATED], counts[APPLY_UNCHANGED], counts[4]);
     if (nrestart)
-        xpyd_log_event("event=reload_needs_restart settings=\"%s\" detail=\"only the pools change at runtime; these "
+        xpyd_log_event(XPYD_LOG_WARN, "event=reload_needs_restart settings=\"%s\" detail=\"only the pools change at runtime; these "
                        "keep their running values until a restart\"", restart);
     return 0;
 }
@@ -303,7 +303,7 @@ void rt_registry_learned(int endpoint, const char *const *ids, int n, const char
         }
         pthread_mutex_unlock(&reg_mu);
         if (changed)
-            xpyd_log_event("event=prefill_unready instance=%s ranks=%d reason=\"%s\"", hp, changed, why);
+            xpyd_log_event(XPYD_LOG_WARN, "event=prefill_unready instance=%s ranks=%d reason=\"%s\"", hp, changed, why);
         return;
     }
     struct xb_instance_stats ts;
@@ -358,7 +358,7 @@ void rt_registry_learned(int endpoint, const char *const *ids, int n, const char
     }
     pthread_mutex_unlock(&reg_mu);
     if (changed)
-        xpyd_log_event("event=prefill_ranks_learned instance=%s ranks=%d", hp, ready);
+        xpyd_log_event(XPYD_LOG_INFO, "event=prefill_ranks_learned instance=%s ranks=%d", hp, ready);
 }
 
 int rt_rank_engine_id(int role, int idx, char *out, size_t cap)

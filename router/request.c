@@ -2,6 +2,7 @@
  * way a request ends (req_end) or fails (req_fail). The handoff mode is never tested here: what differs
  * between modes is behind r->ho (handoff.h), one file per mode. See request.h for the state diagram. */
 #include "request.h"
+#include "access_log.h"
 #include "handoff.h"
 #include "rewrite.h"
 
@@ -39,7 +40,7 @@ void req_set_state(struct request *r, enum req_state to)
 {
     assert(r->state <= REQ_DONE && to <= REQ_DONE);
     if (!allowed[r->state][to]) { /* a bug: test builds stop here; production builds say so and go on */
-        xpyd_log_event("event=bug request_id=%s msg=\"state transition %s -> %s is not in the table\"", r->xid,
+        xpyd_log_event(XPYD_LOG_ERROR, "event=bug request_id=%s msg=\"state transition %s -> %s is not in the table\"", r->xid,
                        state_names[r->state], state_names[to]);
         assert(!"request state transition not in the table");
     }
@@ -127,22 +128,11 @@ static void access_log(const struct request *r, int fail)
     char pi[300], di[300];
     inst_short(RT_PREFILL, r->legs[RT_PREFILL].last_idx, pi, sizeof pi);
     inst_short(RT_DECODE, r->legs[RT_DECODE].last_idx, di, sizeof di);
-    uint64_t now = xpyd_now_us();
-    double total = (double)(now - r->t_start) / 1e6;
-    double ttft = r->t_first ? (double)(r->t_first - r->t_start) / 1e6 : -1;
-    if (g_rt->cfg.access_log == 2)
-        fprintf(stderr,
-                "{\"request_id\":\"%s\",\"endpoint\":\"%s\",\"prefill\":\"%s\",\"decode\":\"%s\",\"status\":%d,"
-                "\"stream\":%s,\"prompt_tokens\":%" PRId64 ",\"output_tokens\":%" PRId64
-                ",\"ttft_s\":%.6f,\"total_s\":%.6f,\"error\":\"%s\"}\n",
-                r->xid, req_path(r), pi, di, r->status, r->stream ? "true" : "false", r->prompt_tokens, r->tokens_out,
-                ttft, total, rt_fail_table[fail].name);
-    else
-        fprintf(stderr,
-                "access request_id=%s endpoint=%s prefill=%s decode=%s status=%d stream=%d prompt_tokens=%" PRId64
-                " output_tokens=%" PRId64 " ttft_s=%.6f total_s=%.6f error=%s\n",
-                r->xid, req_path(r), pi, di, r->status, r->stream, r->prompt_tokens, r->tokens_out, ttft, total,
-                rt_fail_table[fail].name);
+    struct access_entry e = {r->xid, r->client_addr, "POST", req_path(r), r->status, r->stream, pi, di,
+                             r->prompt_tokens, r->tokens_out,
+                             r->t_first ? (double)(r->t_first - r->t_start) / 1e6 : -1,
+                             (double)(xpyd_now_us() - r->t_start) / 1e6, rt_fail_table[fail].name};
+    rt_access_log(&e);
 }
 
 /* ---------- ending ---------- */
@@ -216,7 +206,7 @@ void req_fail(struct request *r, int fail, int status, const char *msg)
     if (r->state == REQ_DONE)
         return;
     /* errors are always logged, whatever --log-level (but none), as one structured line */
-    xpyd_log_event("event=request_failed request_id=%s reason=%s detail=\"%s\"", r->xid, rt_fail_table[fail].name, msg);
+    xpyd_log_event(XPYD_LOG_ERROR, "event=request_failed request_id=%s reason=%s detail=\"%s\"", r->xid, rt_fail_table[fail].name, msg);
     client_error(r, status, msg);
     req_end(r, fail);
 }
@@ -443,7 +433,7 @@ void req_report(int role, int idx, int ok)
     if (ms > 0) {
         char where[400];
         inst_desc(role, idx, where, sizeof where);
-        xpyd_log_event("event=ejected instance=\"%s\" for_ms=%ld reason=consecutive_failures", where, ms);
+        xpyd_log_event(XPYD_LOG_WARN, "event=ejected instance=\"%s\" for_ms=%ld reason=consecutive_failures", where, ms);
     }
 }
 

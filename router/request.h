@@ -72,6 +72,7 @@ struct request {
     struct rw_src *src;         /* the client's body bytes, what engines receive (rewrite.h); owned */
     int stream;
     char xid[128];              /* X-Request-Id sent on every leg */
+    char client_addr[64];       /* the client's ip:port (access log) */
     char *fwd_headers;          /* client headers forwarded upstream, serialized; owned */
     int64_t prompt_tokens;      /* estimate, corrected by prefill's usage */
     int64_t max_tokens;

@@ -1,6 +1,7 @@
 /* server.c - the router's HTTP front: the routes, each event-loop thread's state, and what is answered before
  * a request object exists (authentication, method, draining, body size, JSON validation). A valid generate
  * request becomes a struct request (request.h) driven by the handoff mode chosen by --handoff. */
+#include "access_log.h"
 #include "handoff.h"
 #include "request.h"
 #include "rewrite.h"
@@ -41,25 +42,27 @@ static int collect_header(evhtp_kv_t *kv, void *arg)
     return 0;
 }
 
-/* The access-log line of a request rejected before it got a request object. */
-static void access_log_rejected(evhtp_request_t *req, int kind, int status, int fail)
+static void new_request_id(char *out, size_t cap);
+static int client_request_id(evhtp_request_t *req, char *out, size_t cap);
+
+/* The access-log line of a request refused before it got a request object: counted under its failure reason,
+ * with the client's request id (or one of the router's, as a routed request gets). */
+static void rejected(evhtp_request_t *req, int kind, int status, int fail)
 {
+    atomic_fetch_add(&g_rt->ctr.requests[kind][status], 1);
+    atomic_fetch_add(&g_rt->ctr.errors[fail], 1);
     if (!g_rt->cfg.access_log)
         return;
-    const char *xid = evhtp_header_find(req->headers_in, "X-Request-Id");
-    if (!xid || strpbrk(xid, "\r\n\"\\") || strlen(xid) > 120)
-        xid = "-";
-    if (g_rt->cfg.access_log == 2)
-        fprintf(stderr,
-                "{\"request_id\":\"%s\",\"endpoint\":\"%s\",\"prefill\":\"-\",\"decode\":\"-\",\"status\":%d,"
-                "\"stream\":false,\"prompt_tokens\":0,\"output_tokens\":0,\"ttft_s\":-1,\"total_s\":0,"
-                "\"error\":\"%s\"}\n",
-                xid, (kind == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions"), status, rt_fail_table[fail].name);
-    else
-        fprintf(stderr,
-                "access request_id=%s endpoint=%s prefill=- decode=- status=%d stream=0 prompt_tokens=0 "
-                "output_tokens=0 ttft_s=-1 total_s=0 error=%s\n",
-                xid, (kind == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions"), status, rt_fail_table[fail].name);
+    char xid[128], client[64];
+    if (!client_request_id(req, xid, sizeof xid))
+        new_request_id(xid, sizeof xid);
+    rt_client_addr(req, client, sizeof client);
+    htp_method m = evhtp_request_get_method(req);
+    const char *method = m == htp_method_GET ? "GET" : m == htp_method_POST ? "POST" : m == htp_method_HEAD ? "HEAD"
+                       : m == htp_method_PUT ? "PUT" : m == htp_method_DELETE ? "DELETE" : "OTHER";
+    struct access_entry e = {xid, client, method, kind == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions",
+                             status, 0, "-", "-", 0, 0, -1, 0, rt_fail_table[fail].name};
+    rt_access_log(&e);
 }
 
 /* 128 random bits: unique across router processes and restarts, so replicas sharing engines never send the
@@ -74,25 +77,35 @@ static void new_request_id(char *out, size_t cap)
     snprintf(out, cap, "%s-%016" PRIx64 "%016" PRIx64, g_rt->cfg.id_prefix, v[0], v[1]);
 }
 
+/* The client's X-Request-Id into out when it is a safe one (printable, no space, quote or backslash: it goes
+ * into upstream headers, JSON bodies and log lines as is). 1 when taken. */
+static int client_request_id(evhtp_request_t *req, char *out, size_t cap)
+{
+    const char *xid = evhtp_header_find(req->headers_in, "X-Request-Id");
+    if (!xid || !*xid || strlen(xid) >= cap)
+        return 0;
+    for (const char *c = xid; *c; c++)
+        if (*c <= ' ' || *c > '~' || *c == '"' || *c == '\\')
+            return 0;
+    snprintf(out, cap, "%s", xid);
+    return 1;
+}
+
 static void handle_generate(evhtp_request_t *req, int kind)
 {
     struct rthread *t = rt_thread_self();
     if (!rt_authorized(req)) {
-        atomic_fetch_add(&g_rt->ctr.requests[kind][401], 1);
-        access_log_rejected(req, kind, 401, RF_BAD_REQUEST);
+        rejected(req, kind, 401, RF_UNAUTHORIZED);
         return;
     }
     if (!xpyd_method_allowed(req, "POST")) {
-        atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);
-        atomic_fetch_add(&g_rt->ctr.requests[kind][405], 1);
-        access_log_rejected(req, kind, 405, RF_BAD_REQUEST);
+        rejected(req, kind, 405, RF_METHOD_NOT_ALLOWED);
         return;
     }
     if (atomic_load(&g_rt->draining)) {
         xpyd_close_after_reply(req);
         xpyd_reply_error(req, 503, "the router is shutting down (draining): retry on another router");
-        atomic_fetch_add(&g_rt->ctr.requests[kind][503], 1);
-        access_log_rejected(req, kind, 503, RF_NONE);
+        rejected(req, kind, 503, RF_DRAINING);
         return;
     }
     size_t len = evbuffer_get_length(req->buffer_in);
@@ -101,9 +114,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
         snprintf(msg, sizeof msg, "request body exceeds the limit of %ld bytes (--max-body-bytes)",
                  g_rt->cfg.max_body_bytes);
         xpyd_reply_error(req, 413, msg);
-        atomic_fetch_add(&g_rt->ctr.errors[RF_BODY_TOO_LARGE], 1);
-        atomic_fetch_add(&g_rt->ctr.requests[kind][413], 1);
-        access_log_rejected(req, kind, 413, RF_BODY_TOO_LARGE);
+        rejected(req, kind, 413, RF_BODY_TOO_LARGE);
         return;
     }
     const char *data = len ? (const char *)evbuffer_pullup(req->buffer_in, -1) : "";
@@ -122,9 +133,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
         xpyd_reply_error(req, 400, body ? bad : msg);
         cJSON_Delete(body);
         rw_src_free(src);
-        atomic_fetch_add(&g_rt->ctr.errors[RF_BAD_REQUEST], 1);
-        atomic_fetch_add(&g_rt->ctr.requests[kind][400], 1);
-        access_log_rejected(req, kind, 400, RF_BAD_REQUEST);
+        rejected(req, kind, 400, RF_BAD_REQUEST);
         return;
     }
     struct request *r = XPYD_XALLOC(calloc(1, sizeof *r));
@@ -138,11 +147,9 @@ static void handle_generate(evhtp_request_t *req, int kind)
     r->max_tokens = max_tokens;
     r->t_start = xpyd_now_us();
     r->prompt_tokens = rw_estimate_prompt(body, kind == RT_EP_CHAT, g_rt->cfg.bytes_per_token);
-    const char *xid = evhtp_header_find(req->headers_in, "X-Request-Id");
-    if (xid && *xid && strlen(xid) < sizeof r->xid && !strpbrk(xid, "\r\n\"\\"))
-        snprintf(r->xid, sizeof r->xid, "%s", xid); /* vLLM uses the client's id too */
-    else
+    if (!client_request_id(req, r->xid, sizeof r->xid)) /* vLLM uses the client's id too */
         new_request_id(r->xid, sizeof r->xid);
+    rt_client_addr(req, r->client_addr, sizeof r->client_addr);
     struct evbuffer *hb = XPYD_XALLOC(evbuffer_new());
     evhtp_kvs_for_each(req->headers_in, collect_header, hb);
     size_t hl = evbuffer_get_length(hb);

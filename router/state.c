@@ -30,6 +30,9 @@ const struct rt_fail_row rt_fail_table[RF_COUNT] = {
     [RF_CLIENT_DISCONNECT] = {"client_disconnect", 499},
     [RF_QUEUE_FULL] = {"queue_full", 429},
     [RF_QUEUE_TIMEOUT] = {"queue_timeout", 503},
+    [RF_UNAUTHORIZED] = {"unauthorized", 401},
+    [RF_METHOD_NOT_ALLOWED] = {"method_not_allowed", 405},
+    [RF_DRAINING] = {"draining", 503},
 };
 
 /* Who rank idx of role is: "host:port" (IPv6 in brackets) into hp, and its pinned DP rank (-1: none). */

@@ -71,6 +71,78 @@ class Counts(t.TestCase):
             self.assertEqual(other, [])
 
 
+class AccessLogAndLevels(t.TestCase):
+    """The access log has one format for every request (served, failed, refused before routing): timestamp,
+    request id, client address, method, path, status, six-decimal durations; log levels mean what they say."""
+
+    def lines(self, r, fmt):
+        out = r.output().splitlines()
+        if fmt == "json":
+            return [json.loads(l) for l in out if l.startswith("{")]
+        got = []
+        for l in out:
+            if " access " in l:
+                got.append(dict(kv.split("=", 1) for kv in l.split() if "=" in kv))
+        return got
+
+    def test_every_request_one_line_in_both_formats(self):
+        p = self.start(t.sim("--role", "prefill"))
+        d = self.start(t.sim("--role", "decode"))
+        for fmt in ("json", "logfmt"):
+            r = self.start(t.router([p.port], [d.port], "--api-key", "k", "--access-log", fmt))
+            auth = {"Authorization": "Bearer k"}
+            s = t.Stream(r.port, "/v1/completions", {"prompt": "a b", "max_tokens": 3, "stream": True},
+                         headers=dict(auth, **{"X-Request-Id": "mine-1"}))
+            s.read_all()
+            self.assertEqual(t.post_json(r.port, "/v1/completions", {"prompt": "a"})[0], 401)
+            self.assertEqual(t.request(r.port, "GET", "/v1/chat/completions", headers=auth)[0], 405)
+            self.assertEqual(t.request(r.port, "POST", "/v1/completions", "{", headers=auth)[0], 400)
+            r.stop()
+            ls = self.lines(r, fmt)
+            self.assertEqual([l["status"] if fmt == "json" else int(l["status"]) for l in ls], [200, 401, 405, 400])
+            ok, unauth, wrong, bad = ls
+            self.assertEqual(ok["request_id"], "mine-1")
+            for l in ls:
+                self.assertRegex(l["ts"], r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+                self.assertRegex(l["client"], r"^127\.0\.0\.1:\d+$")
+                self.assertNotEqual(l["request_id"], "-")
+                for k in ("ttft_s", "total_s"):
+                    self.assertRegex(str(l[k]) if fmt == "logfmt" else "%.6f" % l[k], r"^-?\d+\.\d{6}$")
+                    if fmt == "logfmt":
+                        self.assertRegex(l[k], r"^-?\d+\.\d{6}$")
+            self.assertEqual([l["method"] for l in ls], ["POST", "POST", "GET", "POST"])
+            self.assertEqual([l["path"] for l in ls], ["/v1/completions", "/v1/completions", "/v1/chat/completions",
+                                                      "/v1/completions"])
+            self.assertEqual([l["error"] for l in ls], ["none", "unauthorized", "method_not_allowed", "bad_request"])
+            self.assertGreater(float(ok["ttft_s"]), 0)
+            self.assertEqual(float(unauth["ttft_s"]), -1)
+            if fmt == "logfmt":
+                self.assertEqual(unauth["ttft_s"], "-1.000000")
+            self.assertTrue(unauth["request_id"].startswith("xpyd-"))
+
+    def test_routine_events_are_info_failures_error(self):
+        p = self.start(t.sim("--role", "prefill"))
+        dead = t.free_port()
+        r = self.start(t.router([p.port], [dead], "--admin-key", "adm", "--max-retries", "0",
+                                "--health-interval-ms", "0"))
+        d2 = self.start(t.sim("--role", "decode"))
+        st, _, _ = t.post_json(r.port, "/admin/instances", {"role": "decode", "host": "127.0.0.1", "port": d2.port},
+                               headers={"Authorization": "Bearer adm"})
+        self.assertEqual(st, 201)
+        t.request(r.port, "DELETE", "/admin/instances/decode/127.0.0.1:%d" % d2.port,
+                  headers={"Authorization": "Bearer adm"})
+        self.assertEqual(t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 2})[0], 502)
+        out = r.output()  # started with --log-level warn: events are still written, under their own level
+        added = [l for l in out.splitlines() if "event=instance_added" in l]
+        removed = [l for l in out.splitlines() if "event=instance_removed" in l]
+        failed = [l for l in out.splitlines() if "event=request_failed" in l]
+        self.assertEqual(len(added), 1)
+        self.assertIn("level=info", added[0])
+        self.assertIn("level=info", removed[0])
+        self.assertIn("level=error", failed[0])
+        self.assertEqual([l for l in out.splitlines() if "level=error" in l and "event=request_failed" not in l], [])
+
+
 def reason(port, name):
     return t.metric(port, 'xpyd_request_errors_total{reason="%s"}' % name)
 

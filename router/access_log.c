@@ -1,0 +1,59 @@
+/* access_log.c - the access log's one format (decisions): a UTC timestamp with milliseconds first, then the
+ * request id (the client's X-Request-Id or the router's own, also for refused requests), client address,
+ * method, path, status, the instances, token counts, and durations in seconds always with six decimals
+ * (ttft_s -1.000000 when no token reached the client). logfmt quotes nothing (every value is a token the
+ * router made or checked); json is one object per line. */
+#include "access_log.h"
+
+#include "router.h"
+
+#include <arpa/inet.h>
+#include <evhtp/evhtp.h>
+#include <inttypes.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+void rt_client_addr(struct evhtp_request *req, char *out, size_t cap)
+{
+    snprintf(out, cap, "-");
+    const struct sockaddr *sa = req && req->conn ? req->conn->saddr : NULL;
+    char ip[INET6_ADDRSTRLEN];
+    if (sa && sa->sa_family == AF_INET) {
+        const struct sockaddr_in *s = (const struct sockaddr_in *)sa;
+        if (inet_ntop(AF_INET, &s->sin_addr, ip, sizeof ip))
+            snprintf(out, cap, "%s:%u", ip, (unsigned)ntohs(s->sin_port));
+    } else if (sa && sa->sa_family == AF_INET6) {
+        const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)sa;
+        if (inet_ntop(AF_INET6, &s->sin6_addr, ip, sizeof ip))
+            snprintf(out, cap, "[%s]:%u", ip, (unsigned)ntohs(s->sin6_port));
+    }
+}
+
+void rt_access_log(const struct access_entry *e)
+{
+    if (!g_rt->cfg.access_log)
+        return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char when[80];
+    snprintf(when, sizeof when, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+             tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+    double ttft = e->ttft_s < 0 ? -1 : e->ttft_s;
+    if (g_rt->cfg.access_log == 2)
+        fprintf(stderr,
+                "{\"ts\":\"%s\",\"request_id\":\"%s\",\"client\":\"%s\",\"method\":\"%s\",\"path\":\"%s\","
+                "\"status\":%d,\"stream\":%s,\"prefill\":\"%s\",\"decode\":\"%s\",\"prompt_tokens\":%" PRId64
+                ",\"output_tokens\":%" PRId64 ",\"ttft_s\":%.6f,\"total_s\":%.6f,\"error\":\"%s\"}\n",
+                when, e->request_id, e->client, e->method, e->path, e->status, e->stream ? "true" : "false",
+                e->prefill, e->decode, e->prompt_tokens, e->output_tokens, ttft, e->total_s, e->error);
+    else
+        fprintf(stderr,
+                "ts=%s access request_id=%s client=%s method=%s path=%s status=%d stream=%d prefill=%s decode=%s "
+                "prompt_tokens=%" PRId64 " output_tokens=%" PRId64 " ttft_s=%.6f total_s=%.6f error=%s\n",
+                when, e->request_id, e->client, e->method, e->path, e->status, e->stream, e->prefill, e->decode,
+                e->prompt_tokens, e->output_tokens, ttft, e->total_s, e->error);
+}
