@@ -49,7 +49,7 @@ static const struct xpyd_setting settings[] = {
      "per host, each request pinned to a rank with `X-data-parallel-rank: r`"},
     {"repeat-d-times", XS_LONG, OFF(repeat_d_times), 0, 1024, "0", NULL,
      "benchmark repeat mode: N extra decode-only clones of each request, whose answers are discarded "
-     "(`store` handoff only; the README explains the warm-up rule)"},
+     "(`store` handoff only; streamed and non-streamed requests; docs/PROTOCOLS.md explains the warm-up rule)"},
     {"max-body-bytes", XS_LONG, OFF(max_body_bytes), 1024, 1L << 30, "16777216", NULL,
      "largest request body; larger gets 413 (read and discarded, never buffered)"},
     {"max-response-bytes", XS_LONG, OFF(max_response_bytes), 1024, 1L << 30, "67108864", NULL,

@@ -668,6 +668,10 @@ void req_decode_done(struct up_leg *up, int err, void *arg)
                 req_leg_fail(r, RF_DECODE_BROKEN_STREAM, RT_DECODE, d->idx, "the answer is not JSON");
                 return;
             }
+            if (!r->first_token_seen && r->ho->first_token) { /* non-streamed: its tokens came all at once */
+                r->first_token_seen = 1;
+                r->ho->first_token(r);
+            }
         } else {
             client_stream_end(r);
         }

@@ -33,6 +33,25 @@ class RepeatMode(t.TestCase):
         self.assertEqual(t.metric(r.port, "xpyd_repeat_clones_total"), 2)
         self.idle(r)
 
+    def test_non_streamed_requests_get_their_clones_after_the_answer(self):
+        # a non-streamed answer arrives whole: the clones go out once it did (its KV is in the store), and
+        # every clone reads the KV from the store (no recompute)
+        store = tempfile.mkdtemp(prefix="xpyd-store-")
+        self.addCleanup(shutil.rmtree, store, True)
+        p = self.start(t.sim("--role", "prefill", "--handoff", "store", "--store-dir", store))
+        decodes = [self.start(t.sim("--role", "decode", "--handoff", "store", "--store-dir", store,
+                                    "--store-wait-ms", "2000")) for _ in range(2)]
+        r = self.start(t.router([p.port], [d.port for d in decodes], "--handoff", "store", "--repeat-d-times", "3"))
+        st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "measured twice", "max_tokens": 4})
+        self.assertEqual(st, 200, out)
+        self.assertEqual(out["usage"]["completion_tokens"], 4)
+        total = lambda key: sum(t.metric(d.port, key) for d in decodes)
+        t.wait_until(lambda: total("xpyd_sim:requests_total") == 4, what="the answer and three clones")
+        self.assertEqual(t.metric(r.port, "xpyd_repeat_clones_total"), 3)
+        t.wait_until(lambda: total('xpyd_sim:handoffs_total{mode="store",result="done"}') == 4, what="store hits")
+        self.assertEqual(total('xpyd_sim:handoffs_total{mode="store",result="recomputed"}'), 0)
+        self.idle(r)
+
 
 if __name__ == "__main__":
     t.main()
