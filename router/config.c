@@ -183,8 +183,8 @@ static void usage(FILE *f)
           "  --prefill-dp N, --decode-dp N   data-parallel ranks per host (default 1)\n"
           "  --prefill-tp N, --decode-tp N   tensor-parallel size per rank (capacity weight, default 1)\n"
           "  --prefill-policy P, --decode-policy P   lot (default) | p2c | rr | random\n"
-          "  --prefill-bootstrap-port N   bootstrap port of every prefill without its own (default: 8998 with\n"
-          "                               --handoff mooncake, else its HTTP port)\n"
+          "  --prefill-bootstrap-port N   bootstrap server port of every prefill without its own (--handoff\n"
+          "                               bootstrap and mooncake; default 8998, SGLang's and vLLM's)\n"
           "  --prefill-max-inflight N, --decode-max-inflight N   requests a rank runs at once (vLLM max_num_seqs);\n"
           "                               full ranks are passed over while another has room (default 0: unknown)\n"
           "  --config FILE                JSON configuration (see conf/); the command line wins\n"
@@ -451,13 +451,19 @@ int rt_config_prefill_by_query(const struct rt_config *c)
     return strcmp(c->handoff, "mooncake") == 0;
 }
 
+/* The modes that talk to a prefill's bootstrap server (SGLang's; vLLM MooncakeConnector's /query). */
+static int uses_bootstrap(const struct rt_config *c)
+{
+    return strcmp(c->handoff, "bootstrap") == 0 || rt_config_prefill_by_query(c);
+}
+
 int rt_config_bootstrap_port(const struct rt_config *c, int bootstrap_port, int http_port)
 {
     if (bootstrap_port > 0)
         return bootstrap_port;
     if (c->prefill_bootstrap_port > 0)
         return c->prefill_bootstrap_port;
-    return rt_config_prefill_by_query(c) ? RT_MOONCAKE_BOOTSTRAP_PORT : http_port;
+    return uses_bootstrap(c) ? RT_BOOTSTRAP_PORT : http_port;
 }
 
 int rt_config_ranks_by_header(const struct rt_config *c, int role)
@@ -728,7 +734,7 @@ void rt_config_print(const struct rt_config *c, FILE *f)
             fprintf(f, "  %s[%zu] %s dp_rank=%d tp=%d weight=%d max_model_len=%ld max_inflight=%d", role ? "D" : "P", i,
                     xpyd_hostport(e->host, e->port, hp, sizeof hp), r->dp_rank, r->tp, r->weight, r->max_model_len,
                     r->max_inflight);
-            if (role == RT_PREFILL && r->bootstrap_port != e->port) /* set in the file or by --prefill-bootstrap-port */
+            if (role == RT_PREFILL && uses_bootstrap(c))
                 fprintf(f, " bootstrap_port=%d", r->bootstrap_port);
             fputc('\n', f);
         }

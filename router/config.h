@@ -103,13 +103,14 @@ void rt_config_print(const struct rt_config *c, FILE *f);
 /* The names of the settings (table rows, not pools) whose values differ between a and b, comma-separated into
  * out; returns how many. A SIGHUP reload reports them: only the pools change at runtime. */
 size_t rt_config_changed(const struct rt_config *a, const struct rt_config *b, char *out, size_t cap);
-/* vLLM's default bootstrap server port (VLLM_MOONCAKE_BOOTSTRAP_PORT). */
-#define RT_MOONCAKE_BOOTSTRAP_PORT 8998
+/* The default bootstrap server port of SGLang (--disaggregation-bootstrap-port) and vLLM's MooncakeConnector
+ * (VLLM_MOONCAKE_BOOTSTRAP_PORT). */
+#define RT_BOOTSTRAP_PORT 8998
 /* 1 when the prefill pool's ranks are learned from each prefill's bootstrap server (GET /query), i.e.
  * `--handoff mooncake`: then every prefill's DP ranks share its one HTTP port, pinned by the rank header. */
 int rt_config_prefill_by_query(const struct rt_config *c);
-/* A prefill's bootstrap port: its own when set, else --prefill-bootstrap-port, else vLLM's 8998 under
- * --handoff mooncake, else its HTTP port (SGLang bootstrap mode, where the sims serve it there). */
+/* A prefill's bootstrap port: its own when set, else --prefill-bootstrap-port, else 8998 (the engines' default)
+ * in the modes that use one (bootstrap, mooncake); in the others it is unused (its HTTP port). */
 int rt_config_bootstrap_port(const struct rt_config *c, int bootstrap_port, int http_port);
 /* 1 when role's ranks share their host's one port, pinned by X-data-parallel-rank (--dp-mode internal, and
  * the prefill pool under --handoff mooncake). */

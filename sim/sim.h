@@ -37,7 +37,7 @@ struct sim_config {
     long handoff_timeout_ms;
     long lease_ms;
     long kv_bytes_per_token;
-    int bootstrap_port;       /* 0: the HTTP port serves bootstrap pulls */
+    int bootstrap_port;       /* -1: per mode; 0: the HTTP port serves bootstrap pulls; after start: the bound one or 0 */
     double fail_rate;
     int status_code;          /* 0: off */
     long fail_after_tokens;   /* -1: off */

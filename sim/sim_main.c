@@ -22,7 +22,9 @@ static const struct xpyd_setting settings[] = {
     {"host", XS_STR, F(host), 0, 0, "127.0.0.1", NULL, "listen address (IPv6 like `::1` works)"},
     {"port", XS_LONG, F(port), 0, 65535, "8000", NULL,
      "listen port; 0 = any free port (with `--dp-size 1` or `--dp-mode internal`)"},
-    {"port-file", XS_STR, F(port_file), 0, 0, "", NULL, "write the bound port here once listening (readiness for scripts)"},
+    {"port-file", XS_STR, F(port_file), 0, 0, "", NULL,
+     "write the bound port here once listening (readiness for scripts); a bootstrap listener's port follows on a "
+     "second line"},
     {"model", XS_STR, F(model), 0, 0, "sim-model", NULL, "served model name"},
     {"max-model-len", XS_LONG, F(max_model_len), 1, 1L << 30, "8192", NULL, "context length: prompt + max_tokens limit"},
     {"seed", XS_LONG, F(seed), 0, 9.2e18, "0", NULL, "seed of the generated tokens; prefill and decode must share it"},
@@ -49,8 +51,10 @@ static const struct xpyd_setting settings[] = {
     {"kv-lease-ms", XS_LONG, F(lease_ms), 1, 3600000, "30000", NULL,
      "a prefill holds unpulled KV this long, then it is stranded"},
     {"kv-bytes-per-token", XS_LONG, F(kv_bytes_per_token), 1, 1 << 20, "64", NULL, "simulated KV size per prompt token"},
-    {"bootstrap-port", XS_LONG, F(bootstrap_port), 0, 65535, "0", NULL,
-     "extra listener serving only KV pulls (0: the HTTP port serves them)"},
+    {"bootstrap-port", XS_LONG, F(bootstrap_port), -1, 65535, "-1", NULL,
+     "the bootstrap server: a listener serving only KV pulls and `/query`. -1: a prefill (or `both`) in "
+     "`bootstrap` and `mooncake` modes gets one on a free port (the port file's second line), others none; "
+     "0: none, the HTTP port serves them"},
     {"fail-rate", XS_DOUBLE, F(fail_rate), 0, 1, "0", NULL, "answer 500 to this fraction of generate requests"},
     {"status-code", XS_LONG, F(status_code), 0, 599, "0", NULL,
      "answer every generate request with this status (100-599; 0: off)"},

@@ -353,17 +353,26 @@ static evhtp_res on_accept(evhtp_connection_t *c, void *arg)
     return EVHTP_RES_OK;
 }
 
-static evhtp_t *make_server(struct sim *s, struct sim_rank *rk, int port, int kv_only)
+enum srv_kind {
+    SRV_FULL = 0, /* the OpenAI server, also serving KV pulls and /query (no bootstrap listener) */
+    SRV_KV_ONLY,  /* the bootstrap listener: KV pulls and /query only */
+    SRV_NO_KV     /* the OpenAI server next to a bootstrap listener: no KV routes, as a real engine's */
+};
+
+/* A listener for rank rk on port (0: any free one, written to *bound). */
+static evhtp_t *make_server(struct sim *s, struct sim_rank *rk, int port, enum srv_kind kind, int *bound)
 {
     evhtp_t *h = evhtp_new(s->base, rk);
     if (!h)
         return NULL;
     evhtp_set_max_body_size(h, (uint64_t)s->cfg.max_body_bytes);
     evhtp_set_post_accept_cb(h, on_accept, NULL);
-    evhtp_set_cb(h, "/kv/pull", on_kv_pull, rk);
-    evhtp_set_cb(h, "/kv/release", on_kv_release, rk);
-    evhtp_set_cb(h, "/query", on_query, rk);
-    if (!kv_only) {
+    if (kind != SRV_NO_KV) {
+        evhtp_set_cb(h, "/kv/pull", on_kv_pull, rk);
+        evhtp_set_cb(h, "/kv/release", on_kv_release, rk);
+        evhtp_set_cb(h, "/query", on_query, rk);
+    }
+    if (kind != SRV_KV_ONLY) {
         evhtp_set_cb(h, "/v1/completions", on_completions, rk);
         evhtp_set_cb(h, "/v1/chat/completions", on_chat, rk);
         evhtp_set_cb(h, "/v1/models", on_models, rk);
@@ -383,12 +392,13 @@ static evhtp_t *make_server(struct sim *s, struct sim_rank *rk, int port, int kv
         evhtp_free(h);
         return NULL;
     }
+    *bound = port;
     if (port == 0) { /* ephemeral: learn what the kernel gave us */
         struct sockaddr_storage ss;
         socklen_t sl = sizeof ss;
         getsockname(evconnlistener_get_fd(h->server), (struct sockaddr *)&ss, &sl);
-        s->cfg.port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                                     : ((struct sockaddr_in *)&ss)->sin_port);
+        *bound = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                : ((struct sockaddr_in *)&ss)->sin_port);
     }
     return h;
 }
@@ -439,6 +449,14 @@ int sim_run(const struct sim_config *cfg)
     s->nranks = cfg->dp_size;
     s->ranks = XPYD_XALLOC(calloc((size_t)s->nranks, sizeof *s->ranks));
     uint64_t nonce = xpyd_mix64(xpyd_now_us() ^ (uint64_t)getpid());
+    /* The bootstrap server (SGLang's, vLLM MooncakeConnector's /query) is a listener of its own, as in the real
+     * engines: by default in the modes that have one, on a free port (the port file's second line); the HTTP
+     * port then serves no KV route, so a router that sends pulls to the wrong port fails in the tests. */
+    int want_boot = cfg->bootstrap_port;
+    if (want_boot < 0)
+        want_boot = cfg->role != SIM_ROLE_DECODE &&
+                            (cfg->handoff == SIM_HANDOFF_BOOTSTRAP || cfg->handoff == SIM_HANDOFF_MOONCAKE) ? 0 : -1;
+    s->cfg.bootstrap_port = 0;
     for (int i = 0; i < s->nranks; i++) {
         struct sim_rank *rk = &s->ranks[i];
         rk->sim = s;
@@ -447,14 +465,17 @@ int sim_run(const struct sim_config *cfg)
         int port = cfg->dp_internal ? cfg->port : cfg->port + i;
         snprintf(rk->engine_id, sizeof rk->engine_id, "xpyd-sim-%d-dp%d-%08" PRIx64, port, i, nonce & 0xffffffffu);
         if (!cfg->dp_internal || i == 0) {
-            rk->htp = make_server(s, rk, port, 0);
+            int bound;
+            rk->htp = make_server(s, rk, port, want_boot >= 0 ? SRV_NO_KV : SRV_FULL, &bound);
             if (!rk->htp)
                 goto out;
+            if (port == 0)
+                s->cfg.port = bound;
         }
         rk->port = (cfg->dp_internal || port == 0) ? s->cfg.port : port;
     }
-    if (cfg->bootstrap_port) {
-        s->bootstrap_htp = make_server(s, &s->ranks[0], cfg->bootstrap_port, 1);
+    if (want_boot >= 0) {
+        s->bootstrap_htp = make_server(s, &s->ranks[0], want_boot, SRV_KV_ONLY, &s->cfg.bootstrap_port);
         if (!s->bootstrap_htp)
             goto out;
     }
@@ -484,13 +505,16 @@ int sim_run(const struct sim_config *cfg)
         char tmp[600];
         snprintf(tmp, sizeof tmp, "%s.tmp", cfg->port_file);
         FILE *pf = fopen(tmp, "w");
-        if (!pf || fprintf(pf, "%d\n", s->cfg.port) < 0 || fclose(pf) != 0 || rename(tmp, cfg->port_file) != 0) {
+        int ok = pf && fprintf(pf, "%d\n", s->cfg.port) > 0;
+        if (ok && s->cfg.bootstrap_port)
+            ok = fprintf(pf, "%d\n", s->cfg.bootstrap_port) > 0;
+        if (!pf || !ok || fclose(pf) != 0 || rename(tmp, cfg->port_file) != 0) {
             XLOG_ERR("msg=\"cannot write port file\" path=%s", cfg->port_file);
             goto out;
         }
     }
-    XLOG_INFO("msg=\"xpyd_sim ready\" role=%s host=%s port=%d dp=%d dp_mode=%s handoff=%s model=%s",
-              sim_role_name(cfg->role), cfg->host, s->cfg.port, cfg->dp_size,
+    XLOG_INFO("msg=\"xpyd_sim ready\" role=%s host=%s port=%d bootstrap_port=%d dp=%d dp_mode=%s handoff=%s model=%s",
+              sim_role_name(cfg->role), cfg->host, s->cfg.port, s->cfg.bootstrap_port, cfg->dp_size,
               cfg->dp_internal ? "internal" : "external", sim_handoff_name(cfg->handoff), cfg->model);
     fflush(stderr);
     event_base_dispatch(s->base);

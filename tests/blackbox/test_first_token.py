@@ -33,7 +33,7 @@ class FirstTokenConcurrentModes(t.TestCase):
         # prefill's had stood in for it)
         p = self.start(t.sim("--role", "prefill", "--handoff", "bootstrap"))
         d = self.start(t.sim("--role", "decode", "--handoff", "bootstrap"))
-        r = self.start(t.router([p.port], [d.port], "--handoff", "bootstrap", "--first-token", "prefill"))
+        r = self.start(t.router([p], [d.port], "--handoff", "bootstrap", "--first-token", "prefill"))
         for path, body in (("/v1/completions", {"prompt": "a b c", "max_tokens": 5}),
                            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a b"}],
                                                      "max_tokens": 5})):

@@ -12,7 +12,7 @@ class BootstrapPrefillFailure(t.TestCase):
     def test_prefill_error_aborts_decode(self):
         p = self.start(t.sim("--role", "prefill", "--handoff", "bootstrap", "--status-code", "500"))
         d = self.start(t.sim("--role", "decode", "--handoff", "bootstrap", "--handoff-timeout-ms", "60000"))
-        r = self.start(t.router([p.port], [d.port], "--handoff", "bootstrap", "--max-retries", "0"))
+        r = self.start(t.router([p], [d.port], "--handoff", "bootstrap", "--max-retries", "0"))
         st, _, out = t.post_json(r.port, "/v1/completions", CMPL)
         self.assertOpenAIError(st, out, 500, "injected")
         # /abort_request was sent, and the decode leg closed once written: whichever reached the decode first,

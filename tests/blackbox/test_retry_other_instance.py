@@ -61,7 +61,7 @@ class RetryBothLegsAtOnce(t.TestCase):
         bad = self.start(t.sim("--role", "prefill", "--handoff", "bootstrap", "--status-code", "500"))
         good = self.start(t.sim("--role", "prefill", "--handoff", "bootstrap"))
         d = self.start(t.sim("--role", "decode", "--handoff", "bootstrap"))
-        r = self.start(t.router([bad.port, good.port], [d.port], "--handoff", "bootstrap", "--prefill-policy", "rr",
+        r = self.start(t.router([bad, good], [d.port], "--handoff", "bootstrap", "--prefill-policy", "rr",
                                 "--max-retries", "1", "--retry-backoff-ms", "0", "--eject-after-failures", "0"))
         for _ in range(4):
             st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a b", "max_tokens": 3})
@@ -76,7 +76,7 @@ class RetryBothLegsAtOnce(t.TestCase):
         p = self.start(t.sim("--role", "prefill", "--handoff", "bootstrap"))
         bad = self.start(t.sim("--role", "decode", "--handoff", "bootstrap", "--status-code", "503"))
         good = self.start(t.sim("--role", "decode", "--handoff", "bootstrap"))
-        r = self.start(t.router([p.port], [bad.port, good.port], "--handoff", "bootstrap", "--decode-policy", "rr",
+        r = self.start(t.router([p], [bad.port, good.port], "--handoff", "bootstrap", "--decode-policy", "rr",
                                 "--max-retries", "1", "--retry-backoff-ms", "0", "--eject-after-failures", "0"))
         for _ in range(4):
             st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a b", "max_tokens": 3})

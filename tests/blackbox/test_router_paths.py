@@ -37,7 +37,7 @@ class Cluster(t.TestCase):
         common = ["--handoff", self.handoff, "--store-dir", self.store, "--decode-us-per-token", "200"]
         self.P = [self.start(t.sim("--role", "prefill", *common, *p_args)) for _ in range(np)]
         self.D = [self.start(t.sim("--role", "decode", *common, *d_args)) for _ in range(nd)]
-        self.R = self.start(t.router([p.port for p in self.P], [d.port for d in self.D],
+        self.R = self.start(t.router(self.P, [d.port for d in self.D],
                                      "--handoff", self.handoff, *router_args))
         return self.R
 

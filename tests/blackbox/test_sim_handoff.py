@@ -130,7 +130,7 @@ class Bootstrap(t.TestCase):
                                   "--handoff-timeout-ms", "5000"))
 
     def body(self, room, **kw):
-        b = {"prompt": PROMPT, "max_tokens": 3, "bootstrap_host": "127.0.0.1", "bootstrap_port": self.p.port,
+        b = {"prompt": PROMPT, "max_tokens": 3, "bootstrap_host": "127.0.0.1", "bootstrap_port": self.p.bootstrap_port,
              "bootstrap_room": room}
         b.update(kw)
         return b
@@ -152,6 +152,15 @@ class Bootstrap(t.TestCase):
         self.assertEqual(len(out["choices"][0]["text"].split()), 3)
         self.assertEqual(t.metric(self.d.port, 'xpyd_sim:handoffs_total{mode="bootstrap",result="done"}'), 1)
         self.assertEqual(t.metric(self.p.port, "xpyd_sim:kv_leases_active"), 0)
+
+    def test_bootstrap_server_is_its_own_listener(self):
+        # as SGLang's: the prefill's bootstrap server has a port of its own (the port file's second line), and
+        # its HTTP port serves no KV route, so a router that sends the decode to the HTTP port fails
+        self.assertIsNotNone(self.p.bootstrap_port)
+        self.assertNotEqual(self.p.bootstrap_port, self.p.port)
+        self.assertEqual(t.request(self.p.port, "POST", "/kv/pull", "{}")[0], 404)
+        self.assertEqual(t.request(self.p.bootstrap_port, "POST", "/kv/pull", "{}")[0], 400)
+        self.assertIsNone(self.d.bootstrap_port)  # a decode has none
 
     def test_abort_request_cancels_waiting_decode(self):
         result = {}

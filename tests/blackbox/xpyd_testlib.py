@@ -82,6 +82,7 @@ class Proc:
                                   env=dict(os.environ, **(env or {})))
         _LIVE.append(self)
         self.port = None
+        self.bootstrap_port = None
         if port_flag:
             self.port = wait_until(self._read_port, timeout=20, what="%s port file" % name)
             if ready_path:
@@ -89,13 +90,16 @@ class Proc:
                            what="%s readiness" % name)
 
     def _read_port(self):
+        """The port file: the HTTP port, then (xpyd_sim with a bootstrap listener) its bootstrap port."""
         if self.p.poll() is not None:
             raise AssertionError("process exited with %s: %s" % (self.p.returncode, self.output()))
         try:
             with open(self.port_file) as f:
-                return int(f.read().strip())
+                ports = [int(x) for x in f.read().split()]
         except (OSError, ValueError):
             return None
+        self.bootstrap_port = ports[1] if len(ports) > 1 else None
+        return ports[0] if ports else None
 
     def output(self):
         if not self.log.closed:
@@ -394,12 +398,23 @@ def main():
     sys.exit(0)
 
 
-def router(prefills, decodes, *args):
-    """Starts xpyd_router on an ephemeral port in front of the given sim ports (or HOST:PORT strings)."""
-    fmt = lambda p: p if isinstance(p, str) else "127.0.0.1:%d" % p
+def router(prefills, decodes, *args, ready_path="/health"):
+    """Starts xpyd_router on an ephemeral port in front of the given engines: sim processes (Proc), ports, or
+    HOST:PORT strings. A sim prefill with a bootstrap listener gets its bootstrap port through a topology file
+    (per host, as a deployment gives it)."""
+    fmt = lambda p: p if isinstance(p, str) else "127.0.0.1:%d" % (p.port if isinstance(p, Proc) else p)
     argv = ["--port", "0", "--log-level", "warn", "--threads", "2"]
-    argv += ["-p"] + [fmt(p) for p in prefills] + ["-d"] + [fmt(d) for d in decodes] + list(args)
-    return Proc("xpyd_router", argv)
+    if any(isinstance(p, Proc) and p.bootstrap_port for p in prefills):
+        host = lambda p: {"host": "127.0.0.1", "port": p.port, "bootstrap_port": p.bootstrap_port} \
+            if isinstance(p, Proc) and p.bootstrap_port else fmt(p)
+        topo = {"prefill": {"hosts": [host(p) for p in prefills]}, "decode": {"hosts": [fmt(d) for d in decodes]}}
+        path = os.path.join(tempfile.mkdtemp(prefix="xpyd-topo-"), "topology.json")
+        with open(path, "w") as f:
+            json.dump(topo, f)
+        argv += ["--config", path]
+    else:
+        argv += ["-p"] + [fmt(p) for p in prefills] + ["-d"] + [fmt(d) for d in decodes]
+    return Proc("xpyd_router", argv + list(args), ready_path=ready_path)
 
 
 def request_json_status(port, headers=None):
