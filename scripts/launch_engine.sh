@@ -1,94 +1,191 @@
 #!/usr/bin/env bash
-# scripts/launch_engine.sh - start (or --print) real engine instances for a PD deployment behind xpyd_router:
-# one vLLM (or SGLang) server per DP rank in external DP mode, one per host in internal mode, with the
-# --kv-transfer-config each handoff mode needs. --stop ends what a previous run started (pid file).
-# Connectors: nixl (--handoff kv-params); mooncake = upstream vLLM's MooncakeConnector (--handoff mooncake:
-# the prefill runs its DP ranks internally and serves /query on --bootstrap-port); mooncake-ascend =
-# vllm-ascend's MooncakeConnectorV1 (--handoff kv-params); mooncake-store (--handoff store); sglang.
-#
-#   launch_engine.sh --role prefill|decode --connector nixl|mooncake|mooncake-ascend|mooncake-store|sglang --model M
-#                    [--host 0.0.0.0] [--port 8100] [--dp 1] [--dp-mode external|internal] [--tp 1]
-#                    [--dp-address IP] [--dp-rpc-port 13345] [--side-port 5600] [--kv-port 20001]
-#                    [--bootstrap-port 8998] [--mooncake-config mooncake.json] [--run-dir DIR] [--print]
-#   launch_engine.sh --stop [--run-dir DIR]
+# scripts/launch_engine.sh - start (or --print) the real engines of one node of a PD deployment behind
+# xpyd_router, with the --kv-transfer-config and environment each connector's own documentation prescribes.
+# vLLM: external DP = one `vllm serve` per local rank (ports --port, --port+1, ...), internal DP = one process
+# for the node's ranks (multi-node: --dp-size global, --dp-start-rank, --dp-local; non-head nodes headless).
+# SGLang: internal DP = one server with --dp-size, external DP = one server per rank. --stop ends what a
+# previous run in the same --run-dir started. Connectors and the router's --handoff for each:
+#   nixl            vLLM NixlConnector                          --handoff kv-params
+#   mooncake        vLLM MooncakeConnector (upstream v1)        --handoff mooncake (prefill: internal DP)
+#   mooncake-ascend vllm-ascend MooncakeConnectorV1             --handoff kv-params
+#   mooncake-store  vLLM MooncakeStoreConnector                 --handoff store
+#   sglang          SGLang PD disaggregation                    --handoff bootstrap
 set -euo pipefail
-ROLE="" CONN="" MODEL="" HOST=0.0.0.0 PORT=8100 DP=1 DPMODE=external TP=1 DPADDR=127.0.0.1 DPRPC=13345
-SIDE=5600 KVPORT=20001 BOOT=8998 MCFG=mooncake.json RUN=/tmp/xpyd-engines PRINT=0 STOP=0
+# flag | variable | default | meaning   (--help and the parser are generated from this table)
+OPTS=(
+  "--role|ROLE||prefill or decode (required)"
+  "--connector|CONN||nixl, mooncake, mooncake-ascend, mooncake-store or sglang (required)"
+  "--model|MODEL||model name or path (required)"
+  "--host|HOST|0.0.0.0|address the engines' HTTP servers listen on"
+  "--port|PORT|role|HTTP port of the node's first rank (role: 8100 for prefill, 8200 for decode)"
+  "--dp|DP||shorthand for --dp-size N --dp-local N (one node)"
+  "--dp-size|DPSIZE|1|data-parallel size of the whole engine (all nodes)"
+  "--dp-local|DPLOCAL|all|DP ranks on this node (all: --dp-size)"
+  "--dp-start-rank|DPSTART|0|first global DP rank on this node"
+  "--dp-mode|DPMODE|external|external: a server per rank; internal: one server for the node's ranks"
+  "--dp-address|DPADDR|127.0.0.1|address of the node holding DP rank 0 (vLLM --data-parallel-address)"
+  "--dp-rpc-port|DPRPC|13345|vLLM --data-parallel-rpc-port"
+  "--tp|TP|1|tensor-parallel size per rank"
+  "--gpus|GPUS||comma list of this node's GPU ids; each rank gets --tp of them in order (CUDA_VISIBLE_DEVICES)"
+  "--side-host|SIDEHOST|auto|NIXL side-channel host others reach this node on (auto: --host, or this node's first address when --host is a wildcard)"
+  "--side-port|SIDE|role|NIXL side-channel base port; vLLM adds the DP rank (role: 5600 prefill, 6600 decode)"
+  "--kv-port|KVPORT|20001|mooncake-ascend kv_port base (plus the local rank)"
+  "--bootstrap-port|BOOT|8998|prefill bootstrap server port (SGLang, vLLM MooncakeConnector)"
+  "--mooncake-config|MCFG|mooncake.json|MOONCAKE_CONFIG_PATH for mooncake-store"
+  "--run-dir|RUN|/tmp/xpyd-engines|where the pid file and logs go"
+  "--check-s|CHECK|2|after starting, seconds to watch for an engine that exits at once (reported as a failure)"
+)
+usage() {
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  echo "usage: launch_engine.sh --role R --connector C --model M [options]   |   launch_engine.sh --stop [--run-dir DIR]"
+  local o f v d h
+  for o in "${OPTS[@]}"; do
+    IFS='|' read -r f v d h <<<"$o"
+    printf '  %-17s %s%s\n' "$f" "$h" "${d:+ (default: $d)}"
+  done
+  printf '  %-17s %s\n' --print "print the commands (runnable as printed), start nothing" --stop "stop what --run-dir's last run started"
+}
 die() { echo "launch_engine.sh: $*" >&2; exit 2; }
+for o in "${OPTS[@]}"; do IFS='|' read -r f v d h <<<"$o"; printf -v "$v" '%s' "$d"; done
+PRINT=0 STOP=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --role) ROLE=$2; shift 2 ;; --connector) CONN=$2; shift 2 ;; --model) MODEL=$2; shift 2 ;;
-    --host) HOST=$2; shift 2 ;; --port) PORT=$2; shift 2 ;; --dp) DP=$2; shift 2 ;;
-    --dp-mode) DPMODE=$2; shift 2 ;; --tp) TP=$2; shift 2 ;; --dp-address) DPADDR=$2; shift 2 ;;
-    --dp-rpc-port) DPRPC=$2; shift 2 ;; --side-port) SIDE=$2; shift 2 ;; --kv-port) KVPORT=$2; shift 2 ;;
-    --bootstrap-port) BOOT=$2; shift 2 ;; --mooncake-config) MCFG=$2; shift 2 ;; --run-dir) RUN=$2; shift 2 ;;
-    --print) PRINT=1; shift ;; --stop) STOP=1; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
-    *) die "unknown argument '$1'" ;;
+    --print) PRINT=1; shift; continue ;; --stop) STOP=1; shift; continue ;; -h|--help) usage; exit 0 ;;
   esac
+  found=0
+  for o in "${OPTS[@]}"; do
+    IFS='|' read -r f v d h <<<"$o"
+    if [ "$1" = "$f" ]; then
+      [ $# -ge 2 ] || die "$f needs a value"
+      printf -v "$v" '%s' "$2"; found=1; shift 2; break
+    fi
+  done
+  [ $found = 1 ] || die "unknown argument '$1' (see --help)"
 done
 if [ $STOP = 1 ]; then
   [ -f "$RUN/engines.pids" ] || exit 0
   while read -r pid; do kill "$pid" 2>/dev/null || true; done <"$RUN/engines.pids"
   rm -f "$RUN/engines.pids"; exit 0
 fi
+
+# ---- checks and derived values ----
 case "$ROLE" in prefill|decode) ;; *) die "--role must be prefill or decode" ;; esac
+case "$CONN" in nixl|mooncake|mooncake-ascend|mooncake-store|sglang) ;;
+  *) die "--connector must be nixl, mooncake, mooncake-ascend, mooncake-store or sglang" ;; esac
 [ -n "$MODEL" ] || die "--model is required"
 case "$DPMODE" in external|internal) ;; *) die "--dp-mode must be external or internal" ;; esac
-[[ "$DP" =~ ^[1-9][0-9]*$ && "$TP" =~ ^[1-9][0-9]*$ ]] || die "--dp and --tp take positive integers"
-
-# kv_role per connector: NIXL pulls with kv_both on either side; the Mooncake connectors are directional.
-if [ "$ROLE" = prefill ]; then KVROLE=kv_producer; else KVROLE=kv_consumer; fi
-cmds=()
-add_vllm() { # rank port
-  local r=$1 p=$2 env="" cfg
-  case "$CONN" in
-    nixl)
-      env="VLLM_NIXL_SIDE_CHANNEL_PORT=$((SIDE + r)) "
-      cfg='{"kv_connector":"NixlConnector","kv_role":"kv_both"}' ;;
-    mooncake) # upstream vLLM: the prefill's bootstrap server answers /query (one per instance; vLLM derives
-              # each worker's own port from this base)
-      [ "$ROLE" = prefill ] && env="VLLM_MOONCAKE_BOOTSTRAP_PORT=$BOOT "
-      cfg="{\"kv_connector\":\"MooncakeConnector\",\"kv_role\":\"$KVROLE\"}" ;;
-    mooncake-ascend)
-      cfg="{\"kv_connector\":\"MooncakeConnectorV1\",\"kv_role\":\"$KVROLE\",\"kv_port\":\"$((KVPORT + r))\",\"engine_id\":\"$ROLE-$p\",\"kv_connector_module_path\":\"vllm_ascend.distributed.mooncake_connector\"}" ;;
-    mooncake-store)
-      env="MOONCAKE_CONFIG_PATH=$MCFG "
-      cfg="{\"kv_connector\":\"MooncakeStoreConnector\",\"kv_role\":\"$KVROLE\"}" ;;
-  esac
-  local dpargs=""
-  if [ "$DP" -gt 1 ]; then
-    if [ "$DPMODE" = external ]; then
-      dpargs=" --data-parallel-size $DP --data-parallel-rank $r --data-parallel-address $DPADDR --data-parallel-rpc-port $DPRPC"
-    else
-      dpargs=" --data-parallel-size $DP --data-parallel-address $DPADDR --data-parallel-rpc-port $DPRPC"
-    fi
-  fi
-  [ -n "$env" ] && env="env $env" # runnable as printed, and through bash -c "exec ..."
-  cmds+=("${env}vllm serve $MODEL --host $HOST --port $p --tensor-parallel-size $TP$dpargs --kv-transfer-config '$cfg'")
-}
-if [ "$CONN" = mooncake ] && [ "$ROLE" = prefill ] && [ "$DPMODE" = external ] && [ "$DP" -gt 1 ]; then
+if [ -n "$DP" ]; then DPSIZE=$DP; DPLOCAL=$DP; fi
+[ "$DPLOCAL" = all ] && DPLOCAL=$DPSIZE
+for n in "$DPSIZE" "$DPLOCAL" "$TP"; do [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "--dp-size, --dp-local and --tp take positive integers"; done
+[[ "$DPSTART" =~ ^[0-9]+$ ]] || die "--dp-start-rank takes a non-negative integer"
+[ $((DPSTART + DPLOCAL)) -le "$DPSIZE" ] || die "--dp-start-rank $DPSTART + --dp-local $DPLOCAL is more than --dp-size $DPSIZE"
+[ "$PORT" = role ] && { [ "$ROLE" = prefill ] && PORT=8100 || PORT=8200; }
+[ "$SIDE" = role ] && { [ "$ROLE" = prefill ] && SIDE=5600 || SIDE=6600; }
+for n in "$PORT" "$SIDE" "$KVPORT" "$BOOT" "$DPRPC"; do [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -ge 1 ] && [ "$n" -le 65535 ] || die "ports are 1-65535 (got '$n')"; done
+if [ "$CONN" = mooncake ] && [ "$ROLE" = prefill ] && [ "$DPMODE" = external ] && [ "$DPSIZE" -gt 1 ]; then
   die "--connector mooncake: a prefill runs its DP ranks internally (one port, /query lists them): use --dp-mode internal"
 fi
-case "$CONN" in
-  nixl|mooncake|mooncake-ascend|mooncake-store)
-    if [ "$DPMODE" = external ]; then
-      for ((r = 0; r < DP; r++)); do add_vllm $r $((PORT + r)); done
+if [ "$CONN" = sglang ] && [ "$DPLOCAL" -ne "$DPSIZE" ]; then
+  die "--connector sglang: multi-node DP is not generated by this helper (use SGLang's --nnodes/--node-rank directly)"
+fi
+if [ "$SIDEHOST" = auto ]; then
+  case "$HOST" in 0.0.0.0|::|"") SIDEHOST=$( (hostname -I 2>/dev/null || true) | awk '{print $1}'); SIDEHOST=${SIDEHOST:-127.0.0.1} ;;
+    *) SIDEHOST=$HOST ;; esac
+fi
+IFS=',' read -r -a GPULIST <<<"$GPUS"
+if [ -n "$GPUS" ]; then
+  need=$((DPLOCAL * TP))
+  [ ${#GPULIST[@]} -ge $need ] || die "--gpus lists ${#GPULIST[@]} GPUs; this node's $DPLOCAL rank(s) x --tp $TP need $need"
+fi
+gpus_for() { # first-local-rank count -> "0,1,..." (empty without --gpus)
+  [ -n "$GPUS" ] || return 0
+  local from=$(($1 * TP)) n=$(($2 * TP)) out="" i
+  for ((i = from; i < from + n; i++)); do out+="${out:+,}${GPULIST[$i]}"; done
+  echo "$out"
+}
+if [ "$ROLE" = prefill ]; then KVROLE=kv_producer; else KVROLE=kv_consumer; fi
+
+# ---- the commands ----
+cmds=()
+add() { # env-assignments command...
+  local env=$1; shift
+  cmds+=("${env:+env $env }$*")
+}
+vllm_cmd() { # local-index port nranks(local) external?
+  local i=$1 p=$2 n=$3 ext=$4 env="" cfg dpargs="" g
+  g=$(gpus_for "$i" "$n")
+  [ -n "$g" ] && env+="CUDA_VISIBLE_DEVICES=$g "
+  case "$CONN" in
+    nixl)
+      env+="VLLM_NIXL_SIDE_CHANNEL_HOST=$SIDEHOST VLLM_NIXL_SIDE_CHANNEL_PORT=$SIDE "
+      cfg="{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"$KVROLE\",\"kv_load_failure_policy\":\"fail\"}" ;;
+    mooncake)
+      [ "$ROLE" = prefill ] && env+="VLLM_MOONCAKE_BOOTSTRAP_PORT=$BOOT "
+      cfg="{\"kv_connector\":\"MooncakeConnector\",\"kv_role\":\"$KVROLE\"}" ;;
+    mooncake-ascend)
+      cfg="{\"kv_connector\":\"MooncakeConnectorV1\",\"kv_role\":\"$KVROLE\",\"kv_port\":\"$((KVPORT + i))\",\"engine_id\":\"$ROLE-$p\",\"kv_connector_module_path\":\"vllm_ascend.distributed.mooncake_connector\"}" ;;
+    mooncake-store)
+      env+="MOONCAKE_CONFIG_PATH=$MCFG "
+      cfg="{\"kv_connector\":\"MooncakeStoreConnector\",\"kv_role\":\"$KVROLE\"}" ;;
+  esac
+  if [ "$DPSIZE" -gt 1 ]; then
+    dpargs=" --data-parallel-size $DPSIZE --data-parallel-address $DPADDR --data-parallel-rpc-port $DPRPC"
+    if [ "$ext" = 1 ]; then
+      dpargs+=" --data-parallel-rank $((DPSTART + i))"
     else
-      add_vllm 0 "$PORT"
-    fi ;;
+      dpargs+=" --data-parallel-size-local $DPLOCAL --data-parallel-start-rank $DPSTART"
+      [ "$DPSTART" -gt 0 ] && dpargs+=" --headless" # the API server runs on the node with rank 0
+    fi
+  fi
+  add "${env% }" "vllm serve $MODEL --host $HOST --port $p --tensor-parallel-size $TP$dpargs --kv-transfer-config '$cfg'"
+}
+case "$CONN" in
   sglang)
-    dpflag=""; [ "$DP" -gt 1 ] && dpflag=" --dp-size $DP --enable-dp-attention"
-    boot=""; [ "$ROLE" = prefill ] && boot=" --disaggregation-bootstrap-port $BOOT"
-    cmds+=("python3 -m sglang.launch_server --model-path $MODEL --host $HOST --port $PORT --tp-size $TP$dpflag --disaggregation-mode $ROLE$boot --disaggregation-transfer-backend mooncake") ;;
-  *) die "--connector must be nixl, mooncake, mooncake-ascend, mooncake-store or sglang" ;;
+    if [ "$DPMODE" = internal ] || [ "$DPSIZE" -eq 1 ]; then
+      g=$(gpus_for 0 "$DPLOCAL"); env=""; [ -n "$g" ] && env="CUDA_VISIBLE_DEVICES=$g"
+      dpflag=""; [ "$DPSIZE" -gt 1 ] && dpflag=" --dp-size $DPSIZE --enable-dp-attention"
+      boot=""; [ "$ROLE" = prefill ] && boot=" --disaggregation-bootstrap-port $BOOT"
+      add "$env" "python3 -m sglang.launch_server --model-path $MODEL --host $HOST --port $PORT --tp-size $TP$dpflag --disaggregation-mode $ROLE$boot --disaggregation-transfer-backend mooncake"
+    else
+      for ((i = 0; i < DPLOCAL; i++)); do
+        g=$(gpus_for "$i" 1); env=""; [ -n "$g" ] && env="CUDA_VISIBLE_DEVICES=$g"
+        boot=""; [ "$ROLE" = prefill ] && boot=" --disaggregation-bootstrap-port $((BOOT + i))"
+        add "$env" "python3 -m sglang.launch_server --model-path $MODEL --host $HOST --port $((PORT + i)) --tp-size $TP --disaggregation-mode $ROLE$boot --disaggregation-transfer-backend mooncake"
+      done
+    fi ;;
+  *)
+    if [ "$DPMODE" = external ]; then
+      for ((i = 0; i < DPLOCAL; i++)); do vllm_cmd "$i" $((PORT + i)) 1 1; done
+    else
+      vllm_cmd 0 "$PORT" "$DPLOCAL" 0
+    fi ;;
 esac
 if [ $PRINT = 1 ]; then printf '%s\n' "${cmds[@]}"; exit 0; fi
+
+# ---- start, and report engines that die at once ----
 mkdir -p "$RUN"
+pids=()
 i=0
 for c in "${cmds[@]}"; do
-  nohup bash -c "exec $c" >"$RUN/$ROLE-$PORT-$i.log" 2>&1 &
+  log="$RUN/$ROLE-$PORT-$i.log"
+  nohup bash -c "exec $c" >"$log" 2>&1 &
+  pids+=($!)
   echo $! >>"$RUN/engines.pids"
-  echo "started pid $! (log $RUN/$ROLE-$PORT-$i.log): $c"
+  echo "started pid $! (log $log): $c"
   i=$((i + 1))
 done
+now() { date +%s.%N; }
+end=$(awk -v n="$(now)" -v c="$CHECK" 'BEGIN{printf "%.3f", n + c}')
+failed=0
+while awk -v n="$(now)" -v e="$end" 'BEGIN{exit !(n < e)}'; do
+  for k in "${!pids[@]}"; do
+    if ! kill -0 "${pids[$k]}" 2>/dev/null; then
+      echo "launch_engine.sh: pid ${pids[$k]} exited at once; its log ($RUN/$ROLE-$PORT-$k.log):" >&2
+      tail -5 "$RUN/$ROLE-$PORT-$k.log" >&2
+      failed=1; unset 'pids[k]'
+    fi
+  done
+  [ $failed = 1 ] && break
+  sleep 0.1
+done
+exit $failed

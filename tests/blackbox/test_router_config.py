@@ -2,6 +2,8 @@
 files (the CLI wins), DP expansion, errors, --help; and the launch helpers' --print commands."""
 import json
 import os
+import re
+import shutil
 import subprocess
 
 import socket
@@ -157,97 +159,204 @@ class Errors(t.TestCase):
             self.assertIn(flag, out)
 
 
+RECORDER = """#!/usr/bin/env python3
+import json, os, sys, time
+args = sys.argv[1:]
+real = %(real)r
+if real and args[:2] != ["-m", "sglang.launch_server"]:
+    os.execv(real, [real] + args)  # a stand-in python3 runs everything but SGLang's launcher for real
+keep = ("CUDA_VISIBLE_DEVICES", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
+        "VLLM_MOONCAKE_BOOTSTRAP_PORT", "MOONCAKE_CONFIG_PATH")
+path = os.path.join(%(rec)r, str(os.getpid()))
+with open(path + ".tmp", "w") as f:
+    json.dump({"prog": os.path.basename(sys.argv[0]), "argv": args,
+               "env": {k: os.environ[k] for k in keep if k in os.environ}}, f)
+os.rename(path + ".tmp", path)
+code = int(os.environ.get("FAKE_EXIT", "-1"))
+if code >= 0:
+    sys.exit(code)
+time.sleep(60)  # a live engine until --stop
+"""
+
+
+def opt(argv, flag):
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
 class LaunchHelpers(t.TestCase):
+    """The launch helpers run for real against recording stand-ins for `vllm` and `python3 -m
+    sglang.launch_server` put first on PATH: each started engine records its argv and environment."""
+
     def run_print(self, script, *args):
         out = subprocess.run([os.path.join(ROOT, "scripts", script)] + list(args) + ["--print"],
                              capture_output=True, text=True, cwd=ROOT, env=dict(os.environ, XPYD_BIN=t.BIN))
         self.assertEqual(out.returncode, 0, out.stderr)
         return out.stdout.strip().splitlines()
 
-    def test_nixl_external_dp(self):
-        lines = self.run_print("launch_engine.sh", "--role", "decode", "--connector", "nixl", "--model", "m",
-                               "--port", "8200", "--dp", "2")
-        self.assertEqual(len(lines), 2)
-        for r, l in enumerate(lines):
-            self.assertIn("VLLM_NIXL_SIDE_CHANNEL_PORT=%d" % (5600 + r), l)
-            self.assertIn("--port %d" % (8200 + r), l)
-            self.assertIn("--data-parallel-rank %d" % r, l)
-            self.assertIn("\"kv_connector\":\"NixlConnector\"", l)
-
-    def test_mooncake_and_store_and_sglang(self):
-        l = self.run_print("launch_engine.sh", "--role", "prefill", "--connector", "mooncake-ascend", "--model", "m")[0]
-        self.assertIn("\"kv_connector\":\"MooncakeConnectorV1\"", l)
-        self.assertIn("\"kv_role\":\"kv_producer\"", l)
-        l = self.run_print("launch_engine.sh", "--role", "decode", "--connector", "mooncake-store", "--model", "m")[0]
-        self.assertTrue(l.startswith("env MOONCAKE_CONFIG_PATH="))
-        self.assertIn("\"kv_connector\":\"MooncakeStoreConnector\",\"kv_role\":\"kv_consumer\"", l)
-        l = self.run_print("launch_engine.sh", "--role", "prefill", "--connector", "sglang", "--model", "m")[0]
-        self.assertIn("--disaggregation-mode prefill", l)
-        self.assertIn("--disaggregation-bootstrap-port 8998", l)
-        l = self.run_print("launch_engine.sh", "--role", "decode", "--connector", "sglang", "--model", "m")[0]
-        self.assertNotIn("bootstrap-port", l)
-
-    def launch_recorded(self, *args):
-        """Runs launch_engine.sh for real with a recording `vllm` first on PATH; returns what each started
-        process received: [(argv, VLLM_MOONCAKE_BOOTSTRAP_PORT or None)]."""
+    def launch(self, *args, fake_exit=None, expect_rc=0):
         tmp = tempfile.mkdtemp(prefix="xpyd-launch-")
         rec = os.path.join(tmp, "rec")
         os.mkdir(rec)
-        fake = os.path.join(tmp, "vllm")
-        with open(fake, "w") as f:
-            f.write("#!/usr/bin/env python3\nimport json, os, sys\n"
-                    "json.dump({'argv': sys.argv[1:], 'boot': os.environ.get('VLLM_MOONCAKE_BOOTSTRAP_PORT')},"
-                    " open(os.path.join(%r, str(os.getpid())), 'w'))\n" % rec)
-        os.chmod(fake, 0o755)
+        real_py = shutil.which("python3")
+        for prog, real in (("vllm", None), ("python3", real_py)):
+            path = os.path.join(tmp, prog)
+            with open(path, "w") as f:
+                f.write(RECORDER.replace("#!/usr/bin/env python3", "#!" + real_py) % {"real": real, "rec": rec})
+            os.chmod(path, 0o755)
         env = dict(os.environ, PATH=tmp + ":" + os.environ["PATH"])
+        if fake_exit is not None:
+            env["FAKE_EXIT"] = str(fake_exit)
         run = os.path.join(tmp, "run")
-        out = subprocess.run([os.path.join(ROOT, "scripts", "launch_engine.sh")] + list(args) + ["--run-dir", run],
-                             capture_output=True, text=True, cwd=ROOT, env=env)
-        self.assertEqual(out.returncode, 0, out.stderr)
-        n = len(out.stdout.strip().splitlines())
-        t.wait_until(lambda: len(os.listdir(rec)) == n, what="every launched engine recorded")
-        subprocess.run([os.path.join(ROOT, "scripts", "launch_engine.sh"), "--stop", "--run-dir", run], check=True)
+        out = subprocess.run([os.path.join(ROOT, "scripts", "launch_engine.sh")] + list(args) +
+                             ["--run-dir", run, "--check-s", "1.5"], capture_output=True, text=True, cwd=tmp, env=env)
+        self.addCleanup(subprocess.run, [os.path.join(ROOT, "scripts", "launch_engine.sh"), "--stop", "--run-dir", run])
+        self.assertEqual(out.returncode, expect_rc, out.stdout + out.stderr)
+        n = len([l for l in out.stdout.splitlines() if l.startswith("started pid")])
+        t.wait_until(lambda: len([x for x in os.listdir(rec) if not x.endswith(".tmp")]) == n,
+                     what="every launched engine recorded")
         got = []
-        for name in sorted(os.listdir(rec)):
+        for name in [x for x in os.listdir(rec) if not x.endswith(".tmp")]:
             with open(os.path.join(rec, name)) as f:
-                j = json.load(f)
-            got.append((j["argv"], j["boot"]))
-        return sorted(got, key=lambda g: g[0])
+                got.append(json.load(f))
+        return sorted(got, key=lambda g: int(opt(g["argv"], "--port") or 0)), out
+
+    def kv(self, argv):
+        return json.loads(opt(argv, "--kv-transfer-config"))
+
+    def test_nixl_one_host_prefill_and_decode(self):
+        # vLLM's NIXL guide: producer/consumer roles, the side channel's host set, one base port per instance
+        # (vLLM adds the DP rank), prefill and decode on one host not sharing ports, a GPU set per rank
+        (p,), _ = self.launch("--role", "prefill", "--connector", "nixl", "--model", "m", "--side-host", "10.0.0.5",
+                              "--gpus", "0")
+        self.assertEqual(p["prog"], "vllm")
+        self.assertEqual(p["argv"][:2], ["serve", "m"])
+        self.assertEqual(opt(p["argv"], "--port"), "8100")
+        self.assertEqual(p["env"], {"CUDA_VISIBLE_DEVICES": "0", "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.5",
+                                    "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600"})
+        self.assertEqual(self.kv(p["argv"]), {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
+                                              "kv_load_failure_policy": "fail"})
+        ds, _ = self.launch("--role", "decode", "--connector", "nixl", "--model", "m", "--side-host", "10.0.0.5",
+                            "--dp", "2", "--tp", "2", "--gpus", "1,2,3,4")
+        self.assertEqual([opt(d["argv"], "--port") for d in ds], ["8200", "8201"])
+        self.assertEqual([opt(d["argv"], "--data-parallel-rank") for d in ds], ["0", "1"])
+        self.assertEqual([d["env"]["CUDA_VISIBLE_DEVICES"] for d in ds], ["1,2", "3,4"])
+        self.assertEqual({d["env"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] for d in ds}, {"6600"})  # 6600+r: no clash
+        self.assertEqual({self.kv(d["argv"])["kv_role"] for d in ds}, {"kv_consumer"})
+
+    def test_decode_dp16_over_two_nodes_gives_global_ranks(self):
+        # conf/xpyd-dp16.json's decode side: DP 16 over two nodes, 8 ranks each on ports 8200-8207
+        ranks = []
+        for start in (0, 8):
+            ds, _ = self.launch("--role", "decode", "--connector", "nixl", "--model", "m", "--dp-size", "16",
+                                "--dp-local", "8", "--dp-start-rank", str(start), "--dp-address", "10.0.1.1",
+                                "--gpus", "0,1,2,3,4,5,6,7")
+            self.assertEqual([opt(d["argv"], "--port") for d in ds], [str(8200 + i) for i in range(8)])
+            for d in ds:
+                self.assertEqual(opt(d["argv"], "--data-parallel-size"), "16")
+                self.assertEqual(opt(d["argv"], "--data-parallel-address"), "10.0.1.1")
+            ranks += [int(opt(d["argv"], "--data-parallel-rank")) for d in ds]
+        self.assertEqual(sorted(ranks), list(range(16)))
+        # internal DP: one process per node, the second headless
+        (d,), _ = self.launch("--role", "decode", "--connector", "nixl", "--model", "m", "--dp-size", "16",
+                              "--dp-local", "8", "--dp-start-rank", "8", "--dp-mode", "internal")
+        self.assertEqual((opt(d["argv"], "--data-parallel-size-local"), opt(d["argv"], "--data-parallel-start-rank")),
+                         ("8", "8"))
+        self.assertIn("--headless", d["argv"])
 
     def test_vllm_mooncake_connector_launched(self):
-        # upstream vLLM's MooncakeConnector, executed (not only printed): the prefill runs DP internally with
-        # its bootstrap server's port in VLLM_MOONCAKE_BOOTSTRAP_PORT; the decodes are consumers without it
-        got = self.launch_recorded("--role", "prefill", "--connector", "mooncake", "--model", "m", "--port", "8100",
-                                   "--dp", "2", "--dp-mode", "internal", "--bootstrap-port", "9100")
-        self.assertEqual(len(got), 1)
-        argv, boot = got[0]
-        self.assertEqual(boot, "9100")
-        self.assertEqual(argv[:2], ["serve", "m"])
-        self.assertEqual(argv[argv.index("--port") + 1], "8100")
-        self.assertEqual(argv[argv.index("--data-parallel-size") + 1], "2")
-        self.assertNotIn("--data-parallel-rank", argv)
-        self.assertEqual(json.loads(argv[argv.index("--kv-transfer-config") + 1]),
-                         {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer"})
-        got = self.launch_recorded("--role", "decode", "--connector", "mooncake", "--model", "m", "--port", "8200",
-                                   "--dp", "2")
-        self.assertEqual(len(got), 2)
-        for r, (argv, boot) in enumerate(got):
-            self.assertIsNone(boot)
-            self.assertEqual(argv[argv.index("--port") + 1], str(8200 + r))
-            self.assertEqual(argv[argv.index("--data-parallel-rank") + 1], str(r))
-            self.assertEqual(json.loads(argv[argv.index("--kv-transfer-config") + 1]),
-                             {"kv_connector": "MooncakeConnector", "kv_role": "kv_consumer"})
+        (p,), _ = self.launch("--role", "prefill", "--connector", "mooncake", "--model", "m", "--dp", "2",
+                              "--dp-mode", "internal", "--bootstrap-port", "9100")
+        self.assertEqual(p["env"], {"VLLM_MOONCAKE_BOOTSTRAP_PORT": "9100"})
+        self.assertEqual(opt(p["argv"], "--data-parallel-size"), "2")
+        self.assertNotIn("--data-parallel-rank", p["argv"])
+        self.assertEqual(self.kv(p["argv"]), {"kv_connector": "MooncakeConnector", "kv_role": "kv_producer"})
+        ds, _ = self.launch("--role", "decode", "--connector", "mooncake", "--model", "m", "--dp", "2")
+        self.assertEqual([d["env"] for d in ds], [{}, {}])
+        self.assertEqual([opt(d["argv"], "--data-parallel-rank") for d in ds], ["0", "1"])
+        self.assertEqual({json.dumps(self.kv(d["argv"])) for d in ds},
+                         {json.dumps({"kv_connector": "MooncakeConnector", "kv_role": "kv_consumer"})})
 
-    def test_mooncake_prefill_refuses_external_dp(self):
-        out = subprocess.run([os.path.join(ROOT, "scripts", "launch_engine.sh"), "--role", "prefill", "--connector",
-                              "mooncake", "--model", "m", "--dp", "2", "--print"], capture_output=True, text=True)
-        self.assertEqual(out.returncode, 2)
-        self.assertIn("use --dp-mode internal", out.stderr)
+    def test_mooncake_ascend_and_store(self):
+        (p,), _ = self.launch("--role", "prefill", "--connector", "mooncake-ascend", "--model", "m")
+        self.assertEqual(self.kv(p["argv"])["kv_connector"], "MooncakeConnectorV1")
+        self.assertEqual(self.kv(p["argv"])["kv_port"], "20001")
+        (d,), _ = self.launch("--role", "decode", "--connector", "mooncake-store", "--model", "m",
+                              "--mooncake-config", "/etc/mc.json")
+        self.assertEqual(d["env"], {"MOONCAKE_CONFIG_PATH": "/etc/mc.json"})
+        self.assertEqual(self.kv(d["argv"]), {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_consumer"})
+
+    def test_sglang_internal_and_external_dp(self):
+        (p,), _ = self.launch("--role", "prefill", "--connector", "sglang", "--model", "m", "--dp", "2",
+                              "--dp-mode", "internal")
+        self.assertEqual(p["argv"][:2], ["-m", "sglang.launch_server"])
+        self.assertEqual((opt(p["argv"], "--port"), opt(p["argv"], "--dp-size")), ("8100", "2"))
+        self.assertIn("--enable-dp-attention", p["argv"])
+        self.assertEqual(opt(p["argv"], "--disaggregation-bootstrap-port"), "8998")
+        self.assertEqual(opt(p["argv"], "--disaggregation-mode"), "prefill")
+        ds, _ = self.launch("--role", "decode", "--connector", "sglang", "--model", "m", "--dp", "2",
+                            "--gpus", "4,5")
+        self.assertEqual([opt(d["argv"], "--port") for d in ds], ["8200", "8201"])  # decode's own default port
+        self.assertEqual([d["env"]["CUDA_VISIBLE_DEVICES"] for d in ds], ["4", "5"])
+        self.assertEqual([opt(d["argv"], "--disaggregation-bootstrap-port") for d in ds], [None, None])
+        self.assertEqual([opt(d["argv"], "--dp-size") for d in ds], [None, None])
+
+    def test_engine_that_dies_at_once_is_reported(self):
+        got, out = self.launch("--role", "prefill", "--connector", "nixl", "--model", "m", fake_exit=3, expect_rc=1)
+        self.assertEqual(len(got), 1)
+        self.assertIn("exited at once", out.stderr)
+
+    def test_bad_combinations_refused(self):
+        for args, needle in [(["--connector", "mooncake", "--dp", "2"], "use --dp-mode internal"),
+                             (["--connector", "nixl", "--dp-size", "4", "--dp-local", "2", "--dp-start-rank", "3"],
+                              "more than --dp-size"),
+                             (["--connector", "nixl", "--dp", "2", "--tp", "2", "--gpus", "0,1,2"], "need 4"),
+                             (["--connector", "nixl", "--polcy", "x"], "unknown argument")]:
+            out = subprocess.run([os.path.join(ROOT, "scripts", "launch_engine.sh"), "--role", "prefill", "--model",
+                                  "m", "--print"] + args, capture_output=True, text=True)
+            self.assertEqual(out.returncode, 2, args)
+            self.assertIn(needle, out.stderr)
+
+    def test_help_lists_every_flag(self):
+        out = subprocess.run([os.path.join(ROOT, "scripts", "launch_engine.sh"), "--help"], capture_output=True,
+                             text=True).stdout
+        src = open(os.path.join(ROOT, "scripts", "launch_engine.sh")).read()
+        for flag in re.findall(r'^  "(--[a-z-]+)\|', src, re.M):
+            self.assertRegex(out, r"\n  %s " % re.escape(flag))
+        self.assertNotIn("set -euo", out)
 
     def test_router_from_topology(self):
         lines = self.run_print("launch_router.sh", "--config", "conf/xpyd-dp16.json")
-        self.assertTrue(lines[0].endswith("xpyd_router --config conf/xpyd-dp16.json"))
+        self.assertTrue(lines[0].endswith("xpyd_router --config %s" % os.path.realpath(
+            os.path.join(ROOT, "conf", "xpyd-dp16.json"))), lines[0])
         self.assertIn("decode pool: 16 ranks, policy lot", lines)
+
+    def test_launch_router_paths_and_outcome(self):
+        # a relative --config is the caller's; a router that exits is reported, one that comes up too
+        tmp = tempfile.mkdtemp(prefix="xpyd-lr-")
+        with open(os.path.join(tmp, "good.json"), "w") as f:
+            json.dump({"port": 0, "prefill": {"hosts": ["127.0.0.1:9"]}, "decode": {"hosts": ["127.0.0.1:9"]}}, f)
+        with open(os.path.join(tmp, "bad.json"), "w") as f:
+            json.dump({"port": 0, "prefill": {"hosts": ["127.0.0.1:9"]}, "decode": {"hosts": [{"hots": "x"}]}}, f)
+        script = os.path.join(ROOT, "scripts", "launch_router.sh")
+        env = dict(os.environ, XPYD_BIN=t.BIN)
+        run = os.path.join(tmp, "run")
+        out = subprocess.run([script, "--config", "bad.json", "--run-dir", run], cwd=tmp, env=env,
+                             capture_output=True, text=True)
+        self.assertEqual(out.returncode, 1, out.stdout)
+        self.assertIn("exited (status 2) instead of starting", out.stderr)
+        self.assertIn("decode.hosts[0]", out.stderr)
+        out = subprocess.run([script, "--config", "good.json", "--run-dir", run], cwd=tmp, env=env,
+                             capture_output=True, text=True)
+        self.addCleanup(subprocess.run, [script, "--stop", "--run-dir", run])
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertRegex(out.stdout, r"xpyd_router (ready|up)")
+        port = int(open(os.path.join(run, "router.port")).read())
+        self.assertLess(t.request(port, "GET", "/health")[0], 600)
+        subprocess.run([script, "--stop", "--run-dir", run], check=True)
+        self.assertFalse(os.path.exists(os.path.join(run, "router.pid")))
+        out = subprocess.run([script, "--config", "missing.json"], cwd=tmp, env=env, capture_output=True, text=True)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("relative paths are from %s" % tmp, out.stderr)
 
 
 class Ipv6Live(t.TestCase):
