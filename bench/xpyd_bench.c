@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 struct opts {
@@ -41,6 +42,9 @@ struct opts {
     int disable_tqdm;
     long timeout_ms;
     int pareto;               /* --length-dist pareto: heavy-tailed lengths (shape 1.5, mean kept, cap 10x) */
+    int token_ids;            /* --tokenizer-free: prompts as token-id arrays (completions only) */
+    double slo_ttft_ms, slo_tpot_ms, slo_e2el_ms; /* --goodput: 0 = not part of the SLO */
+    int goodput;
     char direct_prefill[300]; /* HOST:PORT: do the kv-params P->D sequence from the client (baseline) */
     char dp_host[256];
     int dp_port;
@@ -54,6 +58,8 @@ struct req {
     double *itl;         /* s, owned */
     size_t n_itl, cap_itl;
     long out_tokens;     /* from usage, else counted */
+    long in_tokens;      /* the server's usage.prompt_tokens, -1 when it sent none */
+    struct evbuffer *text; /* generated text (result file: generated_texts) */
     long counted;
     int status;
     int done_seen;
@@ -118,14 +124,42 @@ static int rand_len(int mean)
     return lo + (int)(urand() * (hi - lo + 1));
 }
 
+/* Common English words that are one token each, with or without the leading space, in the BPE vocabularies
+ * real models use (OpenAI cl100k_base and o200k_base, hence Llama 3 and Qwen, whose vocabularies extend
+ * them): a prompt of N of them joined by spaces is N tokens there, as it is on xpyd_sim (checked against
+ * both encodings by tests/blackbox/test_bench.py when the tokenizer package is installed). */
+static const char *const prompt_words[] = {
+    "the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "an",
+    "be", "this", "are", "or", "but", "not", "had", "were", "they", "which", "have", "one", "you", "all", "we",
+    "can", "her", "has", "there", "been", "if", "more", "when", "will", "would", "who", "so", "no", "out", "up",
+    "into", "do", "than", "its", "only", "other", "new", "some", "could", "time", "these", "two", "may", "first",
+    "then", "any", "like", "my", "now", "over", "such", "our", "man", "me", "even", "most", "made", "after", "also",
+    "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down",
+    "should", "because", "each", "just", "those", "people", "how", "too", "little", "state", "good", "very", "make",
+    "world", "still", "own", "see", "men", "work", "long", "get", "here", "between", "both", "life", "being",
+    "under", "never", "day", "same", "another", "know", "while", "last", "might", "us", "great", "old", "year",
+    "off", "come", "since", "against", "go", "came", "right", "used", "take", "three", "house", "place", "water",
+    "small", "found", "part", "city", "home", "light", "hand", "high", "school", "every", "end", "few", "game",
+    "line", "name", "side", "point", "form", "child", "head", "group", "fact", "night", "word", "river", "music",
+    "story", "money", "table", "field", "power", "order", "paper", "market", "plan", "color", "stone", "window",
+    "letter", "summer", "winter", "spring", "doctor", "teacher", "mother", "father", "family", "friend", "number",
+    "system", "program", "question", "government", "company", "problem", "service", "area", "country", "week",
+    "case",
+};
+#define N_PROMPT_WORDS (sizeof prompt_words / sizeof prompt_words[0])
+
 static void make_prompt(struct req *r)
 {
-    /* A random prompt of in_len words: one word is one token on xpyd_sim, and about one on real models. */
     struct evbuffer *p = evbuffer_new();
-    static const char *const words[] = {"alpha", "beta", "gamma", "delta", "omega", "sigma", "kappa", "theta",
-                                        "lambda", "zeta", "eta", "iota", "rho", "tau", "phi", "chi"};
-    for (int k = 0; k < r->in_len; k++)
-        evbuffer_add_printf(p, "%s%s%d", k ? " " : "", words[(size_t)(urand() * 16) & 15], (int)(urand() * 100));
+    if (O.token_ids) { /* --tokenizer-free: token ids, exactly in_len tokens on any engine */
+        evbuffer_add(p, "[", 1);
+        for (int k = 0; k < r->in_len; k++)
+            evbuffer_add_printf(p, "%s%d", k ? "," : "", 1000 + (int)(urand() * 29000));
+        evbuffer_add(p, "]", 1);
+    } else {
+        for (int k = 0; k < r->in_len; k++)
+            evbuffer_add_printf(p, "%s%s", k ? " " : "", prompt_words[(size_t)(urand() * N_PROMPT_WORDS) % N_PROMPT_WORDS]);
+    }
     size_t n = evbuffer_get_length(p);
     r->prompt = XPYD_XALLOC(malloc(n + 1));
     evbuffer_remove(p, r->prompt, n);
@@ -147,7 +181,10 @@ static char *make_body(struct req *r, int prefill, const cJSON *kv)
         cJSON_AddItemToArray(msgs, m);
         cJSON_AddNumberToObject(o, "max_completion_tokens", prefill ? 1 : r->out_len);
     } else {
-        cJSON_AddStringToObject(o, "prompt", r->prompt);
+        if (O.token_ids)
+            cJSON_AddItemToObject(o, "prompt", XPYD_XALLOC(cJSON_Parse(r->prompt)));
+        else
+            cJSON_AddStringToObject(o, "prompt", r->prompt);
         cJSON_AddNumberToObject(o, "max_tokens", prefill ? 1 : r->out_len);
     }
     if (prefill) {
@@ -204,9 +241,15 @@ static int on_event(void *arg, const char *data, size_t len, const char *raw, si
         if (cJSON_IsString(text) && text->valuestring[0])
             r->counted++; /* fallback output length when no usage event came */
     }
-    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "usage"), "completion_tokens");
+    if (cJSON_IsString(text) && text->valuestring[0] && r->text && evbuffer_get_length(r->text) < (1u << 20))
+        evbuffer_add(r->text, text->valuestring, strlen(text->valuestring));
+    const cJSON *usage = cJSON_GetObjectItemCaseSensitive(o, "usage");
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
     if (cJSON_IsNumber(ct))
         r->out_tokens = (long)ct->valuedouble;
+    if (cJSON_IsNumber(pt))
+        r->in_tokens = (long)pt->valuedouble; /* what the server counted, not what was asked for */
     cJSON_Delete(o);
     return 0;
 }
@@ -392,11 +435,39 @@ static void usage(FILE *f)
           "  --seed N (0) --percentile-metrics ttft,tpot,itl,e2el (ttft,tpot,itl) --metric-percentiles 50,90,99 (99)\n"
           "  --save-result --result-filename F --disable-tqdm --timeout-ms N (600000, per request)\n"
           "  --length-dist uniform|pareto (uniform: range ratio; pareto: heavy tail, shape 1.5, same mean, cap 10x)\n"
+          "  --tokenizer-free             prompts as token-id arrays (exactly --random-input-len tokens on any\n"
+          "                               engine; completions backends only). Default: words that are one token\n"
+          "                               each in cl100k/o200k-family vocabularies (and on xpyd_sim)\n"
+          "  --goodput KEY:MS ...         SLOs (ttft, tpot, e2el in ms) for request_goodput, as benchmark_serving\n"
           "  --direct-prefill HOST:PORT   baseline without a router: the client sends the kv-params prefill leg there,\n"
           "                               then the decode leg (with the returned kv_transfer_params) to --host/--port\n"
           "  -h, --help                   this text\n"
           "  --version                    version and git revision\n",
           f);
+}
+
+/* One --goodput value: KEY:MS (ttft, tpot, e2el), several separated by commas. 0 or 1 (bad). */
+static int goodput_arg(const char *a)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", a);
+    for (char *sp = NULL, *t = strtok_r(buf, ",", &sp); t; t = strtok_r(NULL, ",", &sp)) {
+        char *c = strchr(t, ':');
+        double ms;
+        if (!c || xpyd_parse_double(c + 1, 0, 1e9, &ms) != 0)
+            return 1;
+        *c = 0;
+        if (!strcmp(t, "ttft"))
+            O.slo_ttft_ms = ms;
+        else if (!strcmp(t, "tpot"))
+            O.slo_tpot_ms = ms;
+        else if (!strcmp(t, "e2el"))
+            O.slo_e2el_ms = ms;
+        else
+            return 1;
+        O.goodput = 1;
+    }
+    return 0;
 }
 
 static int parse(int argc, char **argv)
@@ -418,7 +489,8 @@ static int parse(int argc, char **argv)
         {"max-concurrency", 1, 0, 13}, {"ignore-eos", 0, 0, 14}, {"seed", 1, 0, 15},
         {"percentile-metrics", 1, 0, 16}, {"metric-percentiles", 1, 0, 17}, {"save-result", 0, 0, 18},
         {"result-filename", 1, 0, 19}, {"disable-tqdm", 0, 0, 20}, {"timeout-ms", 1, 0, 21},
-        {"dataset-name", 1, 0, 22}, {"direct-prefill", 1, 0, 23}, {"length-dist", 1, 0, 24}, {"help", 0, 0, 'h'}, {"version", 0, 0, 'V'}, {0, 0, 0, 0}};
+        {"dataset-name", 1, 0, 22}, {"direct-prefill", 1, 0, 23}, {"length-dist", 1, 0, 24},
+        {"tokenizer-free", 0, 0, 25}, {"goodput", 1, 0, 26}, {"help", 0, 0, 'h'}, {"version", 0, 0, 'V'}, {0, 0, 0, 0}};
     int o;
     long v;
     while ((o = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -470,6 +542,8 @@ static int parse(int argc, char **argv)
             O.pareto = !strcmp(a, "pareto");
             bad = !O.pareto && strcmp(a, "uniform") != 0;
             break;
+        case 25: O.token_ids = 1; break;
+        case 26: bad = goodput_arg(a); break;
         case 'h': usage(stdout); exit(0);
         case 'V': xpyd_print_version("xpyd_bench"); exit(0);
         default: usage(stderr); return -1;
@@ -479,8 +553,19 @@ static int parse(int argc, char **argv)
             return -1;
         }
     }
+    for (int k = optind; k < argc; k++) { /* benchmark_serving takes --goodput K:V K:V (several after one flag) */
+        if (!O.goodput || goodput_arg(argv[k]) != 0) {
+            fprintf(stderr, "xpyd_bench: unexpected argument '%s' (see --help)\n", argv[k]);
+            return -1;
+        }
+    }
     if (O.chat && !strcmp(O.endpoint, "/v1/completions"))
         snprintf(O.endpoint, sizeof O.endpoint, "/v1/chat/completions");
+    if (O.chat && O.token_ids) {
+        fprintf(stderr, "xpyd_bench: --tokenizer-free sends token-id prompts, which only completions take (not "
+                        "--backend openai-chat)\n");
+        return -1;
+    }
     return 0;
 }
 
@@ -526,12 +611,19 @@ static void report(void)
     int ok = 0;
     long in_total = 0, out_total = 0;
     size_t n_itl = 0;
+    int good = 0, in_from_server = 0;
     for (int i = 0; i < O.num_prompts; i++) {
-        if (reqs[i].ok) {
+        struct req *r = &reqs[i];
+        if (r->ok) {
             ok++;
-            in_total += reqs[i].in_len;
-            out_total += reqs[i].out_tokens;
-            n_itl += reqs[i].n_itl;
+            /* the server's count when it sent usage (benchmark_serving's tokenizer count stands for it) */
+            in_total += r->in_tokens >= 0 ? r->in_tokens : r->in_len;
+            in_from_server += r->in_tokens >= 0;
+            out_total += r->out_tokens;
+            n_itl += r->n_itl;
+            double tpot_ms = r->out_tokens > 1 ? (r->e2el - r->ttft) / (double)(r->out_tokens - 1) * 1e3 : 0;
+            good += (!O.slo_ttft_ms || r->ttft * 1e3 <= O.slo_ttft_ms) && (!O.slo_tpot_ms || tpot_ms <= O.slo_tpot_ms) &&
+                    (!O.slo_e2el_ms || r->e2el * 1e3 <= O.slo_e2el_ms);
         }
     }
     double *ttft = XPYD_XALLOC(calloc((size_t)ok + 1, sizeof(double)));
@@ -541,12 +633,18 @@ static void report(void)
     size_t k = 0, nt = 0, ni = 0;
     cJSON *out = cJSON_CreateObject();
     cJSON *a_ttft = cJSON_CreateArray(), *a_itl = cJSON_CreateArray(), *a_err = cJSON_CreateArray();
-    cJSON *a_in = cJSON_CreateArray(), *a_out = cJSON_CreateArray();
+    cJSON *a_in = cJSON_CreateArray(), *a_out = cJSON_CreateArray(), *a_txt = cJSON_CreateArray();
     for (int i = 0; i < O.num_prompts; i++) {
         struct req *r = &reqs[i];
         cJSON_AddItemToArray(a_ttft, cJSON_CreateNumber(r->ok ? r->ttft : 0));
         cJSON_AddItemToArray(a_err, cJSON_CreateString(r->err));
-        cJSON_AddItemToArray(a_in, cJSON_CreateNumber(r->in_len));
+        cJSON_AddItemToArray(a_in, cJSON_CreateNumber(r->in_tokens >= 0 ? r->in_tokens : r->in_len));
+        size_t tl = evbuffer_get_length(r->text);
+        char *tx = XPYD_XALLOC(malloc(tl + 1));
+        evbuffer_copyout(r->text, tx, tl);
+        tx[tl] = 0;
+        cJSON_AddItemToArray(a_txt, cJSON_CreateString(r->ok ? tx : ""));
+        free(tx);
         cJSON_AddItemToArray(a_out, cJSON_CreateNumber(r->ok ? (double)r->out_tokens : 0));
         cJSON *ri = cJSON_CreateArray();
         for (size_t j = 0; j < r->n_itl; j++)
@@ -566,12 +664,23 @@ static void report(void)
     printf("%-40s%-10d\n", "Failed requests:", O.num_prompts - ok);
     printf("%-40s%-10.2f\n", "Benchmark duration (s):", dur);
     printf("%-40s%-10ld\n", "Total input tokens:", in_total);
+    if (in_from_server < ok)
+        printf("  (%d of %d requests without a usage prompt_tokens: their requested length counted)\n", ok - in_from_server, ok);
     printf("%-40s%-10ld\n", "Total generated tokens:", out_total);
     printf("%-40s%-10.2f\n", "Request throughput (req/s):", ok / dur);
+    if (O.goodput)
+        printf("%-40s%-10.2f\n", "Request goodput (req/s):", good / dur);
     printf("%-40s%-10.2f\n", "Output token throughput (tok/s):", (double)out_total / dur);
     printf("%-40s%-10.2f\n", "Total Token throughput (tok/s):", (double)(in_total + out_total) / dur);
+    char date[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    strftime(date, sizeof date, "%Y%m%d-%H%M%S", &tm); /* benchmark_serving's format */
+    cJSON_AddStringToObject(out, "date", date);
     cJSON_AddStringToObject(out, "backend", O.chat ? "openai-chat" : "openai");
     cJSON_AddStringToObject(out, "model_id", O.model);
+    cJSON_AddStringToObject(out, "tokenizer_id", O.model); /* no tokenizer: lengths come from the server */
     cJSON_AddNumberToObject(out, "num_prompts", O.num_prompts);
     cJSON_AddNumberToObject(out, "duration", dur);
     cJSON_AddNumberToObject(out, "completed", ok);
@@ -579,6 +688,10 @@ static void report(void)
     cJSON_AddNumberToObject(out, "total_input_tokens", (double)in_total);
     cJSON_AddNumberToObject(out, "total_output_tokens", (double)out_total);
     cJSON_AddNumberToObject(out, "request_throughput", ok / dur);
+    if (O.goodput)
+        cJSON_AddNumberToObject(out, "request_goodput", good / dur);
+    else
+        cJSON_AddNullToObject(out, "request_goodput");
     cJSON_AddNumberToObject(out, "output_throughput", (double)out_total / dur);
     cJSON_AddNumberToObject(out, "total_token_throughput", (double)(in_total + out_total) / dur);
     if (O.rate > 0)
@@ -614,6 +727,7 @@ static void report(void)
     cJSON_AddItemToObject(out, "output_lens", a_out);
     cJSON_AddItemToObject(out, "ttfts", a_ttft);
     cJSON_AddItemToObject(out, "itls", a_itl);
+    cJSON_AddItemToObject(out, "generated_texts", a_txt);
     cJSON_AddItemToObject(out, "errors", a_err);
     if (O.save_result) {
         char fn[600];
@@ -655,6 +769,8 @@ int main(int argc, char **argv)
         reqs[i].out_len = rand_len(O.output_len);
         reqs[i].ttft = -1;
         reqs[i].out_tokens = -1;
+        reqs[i].in_tokens = -1;
+        reqs[i].text = XPYD_XALLOC(evbuffer_new());
         reqs[i].sse.max_event = 1 << 20;
         reqs[i].errbody = evbuffer_new();
     }
@@ -674,6 +790,7 @@ int main(int argc, char **argv)
         if (reqs[i].pbody)
             evbuffer_free(reqs[i].pbody);
         evbuffer_free(reqs[i].errbody);
+        evbuffer_free(reqs[i].text);
     }
     free(reqs);
     event_free(arrival_ev);

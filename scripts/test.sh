@@ -4,7 +4,7 @@
 # Exit status is the result. XPYD_SANITIZE=0 skips the sanitizer pass; XPYD_SANITIZE=only runs just it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/deps.sh
+XPYD_TEST_DEPS=1 ./scripts/deps.sh
 run_suite() { # build-dir sanitize(ON|OFF)
   XPYD_BUILD_DIR=$1 XPYD_ASSERTS=ON ./scripts/build.sh -DXPYD_WERROR=ON -DXPYD_SANITIZE=$2
   echo "== ctest in $1 (sanitizers $2)"
