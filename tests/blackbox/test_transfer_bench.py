@@ -44,6 +44,20 @@ class TransferBench(t.TestCase):
         self.assertEqual(out.returncode, 1)
         self.assertIn("no usable RDMA device", out.stderr)
 
+    def test_help_on_stdout_with_defaults_and_documented_protocols_only(self):
+        out = subprocess.run([os.path.join(t.BIN, "xpyd_transfer_bench"), "--help"], capture_output=True, text=True)
+        self.assertEqual((out.returncode, out.stderr), (0, ""))
+        for line in ("--protocol tcp|rdma          transport (tcp)", "--block-size BYTES", "(1M; K/M/G suffixes)",
+                     "--threads N                  initiator threads, 1-64 (4)"):
+            self.assertIn(line, out.stdout)
+        bad = subprocess.run([os.path.join(t.BIN, "xpyd_transfer_bench"), "--protocol", "auto"], capture_output=True,
+                             text=True)
+        self.assertNotEqual(bad.returncode, 0)
+        self.assertIn("--protocol must be tcp or rdma", bad.stderr)
+        readme = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "transfer",
+                                   "README.md")).read()
+        self.assertNotIn("`auto`", readme)  # what the README documents, the bench takes
+
 
 if __name__ == "__main__":
     t.main()
