@@ -13,6 +13,18 @@ install(FILES ${CMAKE_SOURCE_DIR}/transfer/xpyd_transfer.h DESTINATION ${CMAKE_I
 file(RELATIVE_PATH XPYD_PC_TO_PREFIX "${CMAKE_INSTALL_FULL_LIBDIR}/pkgconfig" "${CMAKE_INSTALL_PREFIX}")
 configure_file(${CMAKE_SOURCE_DIR}/transfer/xpyd_transfer.pc.in ${CMAKE_BINARY_DIR}/xpyd_transfer.pc @ONLY)
 install(FILES ${CMAKE_BINARY_DIR}/xpyd_transfer.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+# Python: the binding (Debian's dist-packages layout), finding the library relative to itself (relocatable),
+# and the mooncake.engine-compatible package, which users put on PYTHONPATH when they want it.
+set(XPYD_PY_DIR lib/python3/dist-packages)
+file(WRITE ${CMAKE_BINARY_DIR}/xpyd_transfer_paths.py
+     "import os\n# written by cmake --install: where libxpyd_transfer is, relative to this package\n"
+     "LIBDIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', '..', '..', '..',\n"
+     "                                       '${CMAKE_INSTALL_LIBDIR}'))\n")
+install(FILES ${CMAKE_SOURCE_DIR}/python/xpyd_transfer/__init__.py DESTINATION ${XPYD_PY_DIR}/xpyd_transfer)
+install(FILES ${CMAKE_BINARY_DIR}/xpyd_transfer_paths.py DESTINATION ${XPYD_PY_DIR}/xpyd_transfer
+        RENAME _paths.py)
+install(FILES ${CMAKE_SOURCE_DIR}/python/compat/mooncake/__init__.py ${CMAKE_SOURCE_DIR}/python/compat/mooncake/engine.py
+        DESTINATION ${CMAKE_INSTALL_DATADIR}/xpyd/python-compat/mooncake)
 file(GLOB XPYD_CONF_FILES ${CMAKE_SOURCE_DIR}/conf/*.json)
 install(FILES ${XPYD_CONF_FILES} DESTINATION ${CMAKE_INSTALL_DATADIR}/xpyd/conf)
 install(FILES ${CMAKE_SOURCE_DIR}/conf/grafana/xpyd.json DESTINATION ${CMAKE_INSTALL_DATADIR}/xpyd/grafana)

@@ -178,6 +178,10 @@ int xt_desc_parse(const char *json, struct xt_desc *d); /* 0, or -EPROTO / -ENOM
 void xt_desc_free(struct xt_desc *d);
 
 /* ---- transports: what differs between tcp (xt_tcp.c) and rdma (xt_rdma.c); NULL hooks do nothing ---- */
+/* 1 when addr is GPU memory according to the CUDA driver (libcuda.so.1, opened with dlopen on first use when
+ * it exists; without it, or for host memory, 0). Any thread. */
+int xt_is_device_memory(const void *addr);
+
 struct xt_transport_ops {
     const char *name;
     int (*init)(xt_engine *e);                 /* 0, or -ENODEV when no device is usable */

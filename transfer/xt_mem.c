@@ -6,7 +6,9 @@
 #endif
 #include "xt_internal.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +44,33 @@ int xt_range_ok(const xt_engine *e, uint64_t addr, uint64_t len)
             return 1;
     }
     return 0;
+}
+
+/* The CUDA driver API, only if this machine has it: cuPointerGetAttribute(CU_POINTER_ATTRIBUTE_MEMORY_TYPE)
+ * says whether a pointer is device memory. */
+typedef int (*cu_init_fn)(unsigned);
+typedef int (*cu_ptr_attr_fn)(void *data, int attribute, unsigned long long ptr);
+static cu_ptr_attr_fn cu_ptr_attr;
+static pthread_once_t cu_once = PTHREAD_ONCE_INIT;
+
+static void cu_load(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h)
+        return;
+    cu_init_fn init = (cu_init_fn)dlsym(h, "cuInit");
+    cu_ptr_attr_fn attr = (cu_ptr_attr_fn)dlsym(h, "cuPointerGetAttribute");
+    if (init && attr && init(0) == 0)
+        cu_ptr_attr = attr;
+}
+
+int xt_is_device_memory(const void *addr)
+{
+    pthread_once(&cu_once, cu_load);
+    unsigned type = 0;
+    enum { CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2, CU_MEMORYTYPE_DEVICE = 2 };
+    return cu_ptr_attr && cu_ptr_attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (unsigned long long)(uintptr_t)addr) == 0 &&
+           type == CU_MEMORYTYPE_DEVICE;
 }
 
 int xt_register_memory(xt_engine *e, void *addr, size_t len, const char *location)

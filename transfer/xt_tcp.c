@@ -99,7 +99,15 @@ static void tcp_slices(xt_engine *e, struct xt_seg *sg, int slot, struct xt_slic
     }
 }
 
+/* The tcp transport copies with the CPU: GPU memory (recognised by the CUDA driver, when one is installed)
+ * is refused at registration with -EFAULT instead of faulting at the first transfer. */
+static int tcp_reg(xt_engine *e, struct xt_region *r)
+{
+    return xt_is_device_memory((const void *)r->addr) ? -EFAULT : 0;
+}
+
 const struct xt_transport_ops xt_transport_tcp = {
     .name = "tcp",
+    .reg = tcp_reg,
     .slices = tcp_slices,
 };
