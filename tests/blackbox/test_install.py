@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import xpyd_testlib as t
@@ -110,6 +111,28 @@ class Install(t.TestCase):
         out = subprocess.run([os.path.join(work, "prog")], env=run_env, capture_output=True, text=True, timeout=30)
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
         self.assertRegex(out.stdout, r"transport=tcp port=[1-9]\d* register=0 descriptor=[1-9]")
+
+    def test_python_packages_from_the_prefix(self):
+        # the binding finds the installed library by itself; the mooncake.engine compatibility package is on
+        # PYTHONPATH as a user would put it
+        pypath = self.p("lib", "python3", "dist-packages") + ":" + self.p("share", "xpyd", "python-compat")
+        env = t.preload_sanitizers(dict(os.environ, PYTHONPATH=pypath))
+        env.pop("XPYD_TRANSFER_LIB", None)
+        code = ("import ctypes, os, xpyd_transfer\n"
+                "from mooncake.engine import TransferEngine\n"
+                "assert xpyd_transfer.library()._name.startswith(%r), xpyd_transfer.library()._name\n"
+                "a, b = TransferEngine(), TransferEngine()\n"
+                "assert a.initialize('127.0.0.1', 'P2PHANDSHAKE', 'tcp', '') == 0\n"
+                "assert b.initialize('127.0.0.1', 'P2PHANDSHAKE', 'tcp', '') == 0\n"
+                "x = (ctypes.c_char * 65536).from_buffer_copy(os.urandom(65536)); y = (ctypes.c_char * 65536)()\n"
+                "assert a.register_memory(ctypes.addressof(x), 65536) == 0\n"
+                "assert b.register_memory(ctypes.addressof(y), 65536) == 0\n"
+                "rc = a.transfer_sync_write('127.0.0.1:%%d' %% b.get_rpc_port(), ctypes.addressof(x), "
+                "ctypes.addressof(y), 65536)\n"
+                "print(rc, bytes(x) == bytes(y))\n") % self.prefix
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.split(), ["0", "True"])
 
     def test_man_pages_render_without_warnings(self):
         for tool in TOOLS:

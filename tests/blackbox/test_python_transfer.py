@@ -19,7 +19,7 @@ PYPATH = os.path.join(ROOT, "python") + ":" + os.path.join(ROOT, "python", "comp
 def env(lib="libxpyd_transfer.so.0", **extra):
     e = dict(os.environ, PYTHONPATH=PYPATH, XPYD_TRANSFER_LIB=os.path.join(LIBDIR, lib))
     e.update(extra)
-    return e
+    return t.preload_sanitizers(e)
 
 
 # The decode (receiver) side of vLLM's MooncakeConnector: registers its KV blocks, publishes its session and

@@ -144,6 +144,18 @@ def _stop_all():
         p.stop(check=False)
 
 
+def preload_sanitizers(env):
+    """For a Python process that loads one of the build's shared libraries with ctypes: in the sanitizer build
+    the ASan/UBSan runtimes must come first, so they are preloaded (leak checks off: the interpreter's own
+    allocations at exit are not ours)."""
+    if os.environ.get("XPYD_SANITIZED") == "ON":
+        libs = [subprocess.run(["gcc", "-print-file-name=%s" % n], capture_output=True, text=True).stdout.strip()
+                for n in ("libasan.so", "libubsan.so")]
+        env["LD_PRELOAD"] = " ".join(libs)
+        env["ASAN_OPTIONS"] = "detect_leaks=0"
+    return env
+
+
 def sim(*args):
     return Proc("xpyd_sim", ["--port", "0", "--log-level", "warn"] + list(args))
 
