@@ -99,6 +99,11 @@ pa, da = ctypes.addressof(a), ctypes.addressof(b)
 assert p.register_memory(pa, n * bs) == 0 and d.register_memory(da, n * bs) == 0
 dsess = "127.0.0.1:%d" % d.get_rpc_port()
 psess = "127.0.0.1:%d" % p.get_rpc_port()
+# vLLM's sequence: the prefill writes every block with batch_transfer_sync_write, out of order
+order = list(range(n))[::-1]
+out["vllm_rc"] = p.batch_transfer_sync_write(dsess, [pa + i * bs for i in order], [da + i * bs for i in order], [bs] * n)
+out["vllm_same"] = bytes(a) == bytes(b)
+ctypes.memset(da, 0, n * bs)
 # SGLang's sequence: async batch writes of the KV, status polled, then a read back of one block
 bid = p.batch_transfer_async_write(dsess, [pa + i * bs for i in range(n)], [da + i * bs for i in range(n)], [bs] * n)
 assert bid > 0
@@ -143,6 +148,7 @@ class OneProcess(t.TestCase):
         self.assertEqual(res.returncode, 0, res.stderr)
         out = json.loads(res.stdout)
         self.assertEqual(out["transport"], proto)
+        self.assertEqual((out["vllm_rc"], out["vllm_same"]), (0, True))
         self.assertEqual(out["batch_status"], 0)
         self.assertTrue(out["same"])
         self.assertEqual(out["read"], 0)
