@@ -25,7 +25,7 @@ py_run() { # block-bytes batch
 import sys, time
 import xpyd_transfer as xt
 port, block, batch, secs = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-e = xt.Engine("py-bench", transport="tcp")
+e = xt.Engine("py-bench", transport="tcp", threads=1)  # as the C bench with --threads 1: one engine stream
 buf = bytearray(block * batch)
 local = e.register(buf)
 seg = e.open_segment("127.0.0.1:%d" % port)
