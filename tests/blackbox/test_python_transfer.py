@@ -243,6 +243,32 @@ print(json.dumps(out))
         self.assertIn("GPU memory needs the rdma transport", out["gpu"][1])
         self.assertTrue(out["host"])
 
+    def test_notification_arrives_after_the_data(self):
+        code = r"""
+import os, time, json
+import xpyd_transfer as xt
+a, b = xt.Engine("sender", transport="tcp"), xt.Engine("receiver", transport="tcp")
+src, dst = bytearray(os.urandom(1 << 20)), bytearray(1 << 20)
+sa, da = a.register(src), b.register(dst)
+seg = a.open_segment(b.session)
+bt = a.submit(seg, [(xt.WRITE, sa, da, 1 << 20)])
+a.send_notify(seg, "kv ready: req-7")   # delivered only after the write before it landed
+got = []
+for _ in range(500):
+    got = b.get_notifies()
+    if got:
+        break
+    time.sleep(0.01)
+print(json.dumps({"notes": got, "data": bytes(src) == bytes(dst), "state": a.wait(bt, 10000)}))
+a.free_batch(bt)
+"""
+        res = subprocess.run([sys.executable, "-c", code], env=env(), capture_output=True, text=True, timeout=60)
+        self.assertEqual(res.returncode, 0, res.stderr)
+        out = json.loads(res.stdout)
+        self.assertEqual(out["notes"], [["sender", "kv ready: req-7"]])
+        self.assertTrue(out["data"])  # the data was there when the notification was
+        self.assertEqual(out["state"], 1)
+
     def test_library_is_found_or_the_error_says_how(self):
         code = "import xpyd_transfer as xt\ntry:\n    xt.library()\nexcept OSError as e:\n    print(e)\n"
         res = subprocess.run([sys.executable, "-c", code], env=env("nope.so"), capture_output=True, text=True)
