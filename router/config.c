@@ -41,6 +41,10 @@ static const struct xpyd_setting settings[] = {
      "reads through its engine and asks the prefill to release; when no decode took the KV the router "
      "sends the release itself through its own engine from a helper thread; per handoff the decode's "
      "`X-KV-Transfer: bytes=N; us=T` feeds `xpyd_kv_handoff_seconds` and `xpyd_kv_bytes_total`)"},
+    {"prefill-fallback", XS_ENUM, OFF(prefill_fallback), 0, 0, "on", on_off,
+     "`on`: when no prefill can serve a request (every attempt failed with a retryable error, or none is "
+     "usable), the decode computes the prompt itself instead of the client getting 502/503 "
+     "(`xpyd_prefill_fallbacks_total`); only the modes whose decode can run alone (kv-params, xpyd, store)"},
     {"first-token", XS_ENUM, OFF(first_token), 0, 0, "decode", first_tokens,
      "`decode`, or `prefill`: a streaming client gets the prefill's token as soon as prefill answers"},
     {"dp-mode", XS_ENUM, OFF(dp_internal), 0, 0, "external", dp_modes,

@@ -47,6 +47,7 @@ struct rt_config {
     int threads;
     char handoff[32];          /* the handoff mode's name: router/handoffs.c resolves it */
     int first_token;
+    int prefill_fallback;      /* 1: a decode computes the prompt when no prefill can (sequential modes) */
     int dp_internal;
     int repeat_d_times;
     long max_body_bytes;

@@ -19,6 +19,8 @@ struct handoff_ops {
     int needs_prefill;  /* a prefill pool is required (and /health needs a usable prefill) */
     int repeat_mode;    /* --repeat-d-times may be used (the decode's KV can be read by many decodes) */
     int kvxfer;         /* the router runs its own transfer engine to release abandoned KV (kvxfer.c) */
+    int local_prefill;  /* the decode can compute the prompt alone (its body without the prefill's handoff):
+                         * --prefill-fallback may skip a prefill that cannot serve */
     int query_prefill;  /* prefill ranks and engine ids come from each prefill's GET /query (discovery.c); must
                          * agree with rt_config_prefill_by_query, which expands the pool before modes resolve */
     /* The first attempt; also what a failed prefill attempt restarts. */

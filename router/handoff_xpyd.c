@@ -16,6 +16,7 @@ static void xpyd_abandon(struct request *r, int decode_in_flight)
 const struct handoff_ops handoff_xpyd = {
     .name = "xpyd",
     .needs_prefill = 1,
+    .local_prefill = 1,
     .kvxfer = 1,
     .start = req_start_prefill,
     .prefill_body = kv_prefill_body,

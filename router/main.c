@@ -42,7 +42,10 @@ static void on_health(evhtp_request_t *req, void *arg)
         return;
     struct evbuffer *b = evbuffer_new();
     int draining = atomic_load(&g_rt->draining);
-    int ok = !draining && (!g_rt->ho->needs_prefill || pool_usable(RT_PREFILL)) && pool_usable(RT_DECODE);
+    /* a prefill is needed unless the decodes can compute prompts themselves (--prefill-fallback) */
+    int prefill_ok = !g_rt->ho->needs_prefill || pool_usable(RT_PREFILL) ||
+                     (g_rt->cfg.prefill_fallback && g_rt->ho->local_prefill);
+    int ok = !draining && prefill_ok && pool_usable(RT_DECODE);
     evbuffer_add_printf(b, "{\"status\":\"%s\"}", ok ? "ok" : draining ? "draining" : "unavailable");
     xpyd_reply_buffer(req, ok ? 200 : 503, "application/json", b);
     evbuffer_free(b);

@@ -127,6 +127,8 @@ static void access_log(const struct request *r, int fail)
         return;
     char pi[300], di[300];
     inst_short(RT_PREFILL, r->legs[RT_PREFILL].last_idx, pi, sizeof pi);
+    if (r->local_prefill)
+        snprintf(pi, sizeof pi, "local"); /* the decode computed the prompt (--prefill-fallback) */
     inst_short(RT_DECODE, r->legs[RT_DECODE].last_idx, di, sizeof di);
     struct access_entry e = {r->xid, r->client_addr, "POST", req_path(r), r->status, r->stream, pi, di,
                              r->prompt_tokens, r->tokens_out,
@@ -290,6 +292,25 @@ static void on_queue_expired(struct request *r, int role)
     req_fail(r, RF_QUEUE_TIMEOUT, 503, msg);
 }
 
+/* --prefill-fallback: no prefill can serve r, but its decode can compute the prompt itself (the modes whose
+ * decode runs alone), and nothing reached the client yet. */
+static int may_fall_back(const struct request *r)
+{
+    return g_rt->cfg.prefill_fallback && r->ho->local_prefill && r->client == CLIENT_NOTHING && r->state != REQ_DONE &&
+           r->ereq && !r->legs[RT_PREFILL].answered;
+}
+
+/* The decode gets the client's body without any prefill handoff and computes the prompt itself. */
+static void fall_back_to_local_prefill(struct request *r, const char *why)
+{
+    req_release(r, RT_PREFILL);
+    r->local_prefill = 1;
+    atomic_fetch_add(&g_rt->ctr.prefill_fallbacks, 1);
+    XLOG_INFO("msg=\"no prefill could serve: the decode computes the prompt\" request_id=%s reason=\"%s\"", r->xid,
+              why);
+    req_start_decode(r);
+}
+
 int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct request *r))
 {
     struct leg *l = &r->legs[role];
@@ -318,6 +339,10 @@ int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct r
                  " max tokens exceed every instance's max_model_len",
                  role_name(role), r->prompt_tokens, r->max_tokens);
         req_fail(r, RF_CONTEXT_TOO_LONG, 503, msg);
+        return -1;
+    }
+    if (idx < 0 && role == RT_PREFILL && may_fall_back(r)) {
+        fall_back_to_local_prefill(r, "no healthy prefill instance");
         return -1;
     }
     if (idx < 0) {
@@ -564,6 +589,15 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         req_release(r, role);
         xpyd_sse_reset(&r->sse);
         retry_later(r, role, next);
+        return;
+    }
+    if (role == RT_PREFILL && (err || status >= 500) && may_fall_back(r)) {
+        char why[200];
+        snprintf(why, sizeof why, "prefill %s", err ? err_text(err, buf, sizeof buf) : "answered 5xx");
+        if (l->idx >= 0 && (size_t)l->idx < 4096)
+            atomic_fetch_add(&g_rt->ctr.instance_errors[role][l->idx], 1);
+        xpyd_sse_reset(&r->sse);
+        fall_back_to_local_prefill(r, why);
         return;
     }
     if (err) {

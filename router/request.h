@@ -93,6 +93,7 @@ struct request {
     struct event *bp_timer;     /* while paused: watches the client's output drain (owned) */
     int first_token_seen;       /* the decode produced its first token (handoff_ops.first_token ran) */
     int prefill_token_sent;     /* the client's first token was the prefill's (client_prefill_first_token) */
+    int local_prefill;          /* --prefill-fallback: no prefill could, the decode computes the prompt */
     unsigned attempt_seq;       /* attempts that sent both legs at once (mooncake: a new transfer_id each) */
     /* retries and waiting */
     int retrying;               /* counted in retries_active until the request ends */

@@ -203,7 +203,7 @@ class Reasons(t.TestCase):
                  ([p.port], [dstall.port], "decode_timeout"), ([p.port], [d503.port], "decode_status"),
                  ([p.port], [dcut.port], "decode_broken_stream")]
         for ps, ds, why in cases:
-            r = self.start(t.router(ps, ds, "--first-token-timeout-ms", "300"))
+            r = self.start(t.router(ps, ds, "--first-token-timeout-ms", "300", "--prefill-fallback", "off"))
             t.Stream(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 3, "stream": True}).read_all()
             self.assertEqual(reason(r.port, why), 1, why)
             t.wait_until(lambda: t.router_idle(r.port), what="idle")

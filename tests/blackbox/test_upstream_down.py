@@ -11,7 +11,7 @@ class UpstreamDown(t.TestCase):
     def test_prefill_down(self):
         d = self.start(t.sim("--role", "decode"))
         dead = t.free_port()
-        r = self.start(t.router([dead], [d.port]))
+        r = self.start(t.router([dead], [d.port], "--prefill-fallback", "off"))  # test_prefill_fallback: on
         st, _, out = t.post_json(r.port, "/v1/completions", CMPL)
         self.assertOpenAIError(st, out, 502, "prefill 127.0.0.1:%d failed" % dead)
         st = t.Stream(r.port, "/v1/completions", stream_body())

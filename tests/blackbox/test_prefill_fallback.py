@@ -1,0 +1,90 @@
+"""--prefill-fallback (default on): when no prefill can serve a request — every attempt failed with a
+retryable error, or none is usable — and the handoff mode's decode can run alone (kv-params, xpyd, store),
+the decode computes the prompt itself: the client gets its answer instead of a 502/503, counted in
+xpyd_prefill_fallbacks_total and shown as prefill=local in the access log. A prefill's 4xx still judges the
+request; modes whose decode cannot run alone (bootstrap) still fail; off restores the error."""
+import json
+
+import xpyd_testlib as t
+
+BODY = {"prompt": "a b c d", "max_tokens": 5, "ignore_eos": True}
+
+
+class PrefillFallback(t.TestCase):
+    def check_answers(self, r, d):
+        st, _, out = t.post_json(r.port, "/v1/completions", BODY)
+        self.assertEqual(st, 200, out)
+        self.assertEqual(out["usage"]["completion_tokens"], 5)
+        # the same text the decode gives on its own, as a whole request
+        ref = t.post_json(d.port, "/v1/completions", BODY)[2]
+        self.assertEqual(out["choices"][0]["text"], ref["choices"][0]["text"])
+        evs = t.Stream(r.port, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                        "max_tokens": 4, "stream": True, "ignore_eos": True}).read_all()
+        self.assertEqual(evs[-1], "[DONE]")
+        self.assertEqual(len(t.content_events(evs)), 4)
+
+    def test_prefill_down_the_decode_computes(self):
+        d = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
+        dead = t.free_port()
+        r = self.start(t.router([dead], [d.port], "--access-log", "json", "--retry-backoff-ms", "0"))
+        self.check_answers(r, d)
+        self.assertEqual(t.metric(r.port, "xpyd_prefill_fallbacks_total"), 2)
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="prefill_connect"}', default=0), 0)
+        self.idle(r)
+        r.stop()
+        lines = [json.loads(l) for l in r.output().splitlines() if l.startswith("{")]
+        self.assertEqual([l["prefill"] for l in lines], ["local", "local"])
+        self.assertEqual([l["status"] for l in lines], [200, 200])
+
+    def test_no_healthy_prefill_at_all(self):
+        # the health checks took the only prefill down: nothing is picked, the decode computes
+        d = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
+        r = self.start(t.router([t.free_port()], [d.port], "--health-interval-ms", "50", "--health-fall", "1",
+                                ready_path="/status"))
+        t.wait_until(lambda: not t.status(r.port)["pools"]["prefill"]["instances"][0]["healthy"], what="prefill down")
+        self.assertEqual(t.request(r.port, "GET", "/health")[0], 200)  # the router can still answer
+        self.check_answers(r, d)
+        self.assertEqual(t.metric(r.port, "xpyd_prefill_fallbacks_total"), 2)
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="no_prefill_available"}', default=0), 0)
+        self.idle(r)
+
+    def test_prefill_5xx_after_retries(self):
+        p500 = self.start(t.sim("--role", "prefill", "--status-code", "500"))
+        d = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
+        r = self.start(t.router([p500.port], [d.port], "--retry-backoff-ms", "0"))
+        self.check_answers(r, d)  # each request fails on the only prefill (no other to retry on) and falls back
+        self.assertEqual(t.metric(r.port, "xpyd_prefill_fallbacks_total"), 2)
+        self.assertEqual(t.metric(r.port, 'xpyd_instance_errors_total{role="prefill",instance="127.0.0.1:%d",'
+                                          'dp_rank="0"}' % p500.port), 2)
+        self.idle(r)
+
+    def test_store_mode_falls_back_too(self):
+        import tempfile
+        store = tempfile.mkdtemp(prefix="xpyd-store-")
+        d = self.start(t.sim("--role", "decode", "--handoff", "store", "--store-dir", store, "--store-wait-ms", "10"))
+        r = self.start(t.router([t.free_port()], [d.port], "--handoff", "store"))
+        st, _, out = t.post_json(r.port, "/v1/completions", BODY)
+        self.assertEqual(st, 200, out)
+        self.assertEqual(t.metric(r.port, "xpyd_prefill_fallbacks_total"), 1)
+        self.idle(r)
+
+    def test_not_for_a_4xx_nor_bootstrap_nor_when_off(self):
+        p400 = self.start(t.sim("--role", "prefill", "--status-code", "400"))
+        d = self.start(t.sim("--role", "decode"))
+        r = self.start(t.router([p400.port], [d.port]))
+        st, _, out = t.post_json(r.port, "/v1/completions", BODY)
+        self.assertOpenAIError(st, out, 400, "")  # the engine judged the request: its answer stands
+        dead = t.free_port()
+        rb = self.start(t.router([dead], [d.port], "--handoff", "bootstrap", "--max-retries", "0"))
+        st, _, out = t.post_json(rb.port, "/v1/completions", BODY)
+        self.assertOpenAIError(st, out, 502, "prefill 127.0.0.1:%d failed" % dead)
+        ro = self.start(t.router([dead], [d.port], "--prefill-fallback", "off", "--max-retries", "0"))
+        st, _, out = t.post_json(ro.port, "/v1/completions", BODY)
+        self.assertOpenAIError(st, out, 502, "prefill 127.0.0.1:%d failed" % dead)
+        for x in (r, rb, ro):
+            self.assertEqual(t.metric(x.port, "xpyd_prefill_fallbacks_total"), 0)
+            self.idle(x)
+
+
+if __name__ == "__main__":
+    t.main()
