@@ -41,6 +41,13 @@ static const struct xpyd_setting settings[] = {
      "reads through its engine and asks the prefill to release; when no decode took the KV the router "
      "sends the release itself through its own engine from a helper thread; per handoff the decode's "
      "`X-KV-Transfer: bytes=N; us=T` feeds `xpyd_kv_handoff_seconds` and `xpyd_kv_bytes_total`)"},
+    {"migration-limit", XS_LONG, OFF(migration_limit), 0, 16, "1", NULL,
+     "streams: times a request whose decode fails after tokens were sent (connection lost, stream idle "
+     "timeout, truncated stream, engine preemption `stop_reason: recomputed`) goes on at another decode as a "
+     "continuation (prompt + the text sent so far, max/min tokens reduced; the decode computes it); the client's "
+     "stream continues with no second role chunk, the same id, and usage as one engine would count it "
+     "(`xpyd_migrations_total`); 0 = off (the client gets an error event). Completions with a token-id prompt "
+     "cannot be continued"},
     {"prefill-fallback", XS_ENUM, OFF(prefill_fallback), 0, 0, "on", on_off,
      "`on`: when no prefill can serve a request (every attempt failed with a retryable error, or none is "
      "usable), the decode computes the prompt itself instead of the client getting 502/503 "

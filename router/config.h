@@ -48,6 +48,7 @@ struct rt_config {
     char handoff[32];          /* the handoff mode's name: router/handoffs.c resolves it */
     int first_token;
     int prefill_fallback;      /* 1: a decode computes the prompt when no prefill can (sequential modes) */
+    long migration_limit;      /* continuations a failed stream may get (decode migration); 0 = off */
     int dp_internal;
     int repeat_d_times;
     long max_body_bytes;

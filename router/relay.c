@@ -5,6 +5,7 @@
 
 #include "rewrite.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static int is_content_event(const char *data)
@@ -33,6 +34,10 @@ static int has_usage_object(const char *data)
 void relay_event(struct relay_state *st, const char *data, size_t len, struct relay_out *out)
 {
     memset(out, 0, sizeof *out);
+    if (st->preempted) { /* the rest of a preempted leg (its usage, its [DONE]) is not the client's */
+        out->action = RELAY_DROP;
+        return;
+    }
     if (strcmp(data, "[DONE]") == 0) {
         st->done_seen = 1;
         out->done = 1;
@@ -42,17 +47,32 @@ void relay_event(struct relay_state *st, const char *data, size_t len, struct re
         return;
     int content = is_content_event(data);
     int has_usage = has_usage_object(data);
-    if (!st->prefill_mode && !has_usage) { /* fast path: the bytes as they came */
-        out->content = out->token_out = content;
+    int maybe_preempt = strstr(data, "\"recomputed\"") != NULL;
+    if (!st->prefill_mode && !has_usage && !st->track_text && !st->continuation && !maybe_preempt) {
+        out->content = out->token_out = content; /* fast path: the bytes as they came */
         return;
     }
     cJSON *o = cJSON_ParseWithLength(data, len);
     if (!o) /* not JSON: passed on untouched */
         return;
+    if (maybe_preempt) {
+        const cJSON *sr = cJSON_GetObjectItemCaseSensitive(
+            cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0), "stop_reason");
+        if (cJSON_IsString(sr) && strcmp(sr->valuestring, "recomputed") == 0) {
+            st->preempted = out->preempt = 1; /* the engine gave the request up: migrate, not forward */
+            out->action = RELAY_DROP;
+            cJSON_Delete(o);
+            return;
+        }
+    }
     int changed = has_usage && st->prefill_answered ? rw_patch_usage(o, st->cached_tokens) : 0;
+    if (has_usage && st->continuation)
+        changed |= rw_patch_usage_continuation(o, st->delivered);
     const char *text = content ? rw_event_text(o) : NULL;
-    if (st->prefill_mode && content) {
-        cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+    cJSON *ch0 = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(o, "choices"), 0);
+    int has_role = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ch0, "delta"), "role") != NULL;
+    if ((st->prefill_mode || st->continuation) && content) {
+        cJSON *ch = ch0;
         cJSON *delta = cJSON_GetObjectItemCaseSensitive(ch, "delta");
         int role_only = cJSON_GetObjectItemCaseSensitive(delta, "role") && (!text || !*text);
         if (role_only && st->role_sent) {
@@ -60,7 +80,7 @@ void relay_event(struct relay_state *st, const char *data, size_t len, struct re
             out->action = RELAY_DROP; /* the client already has the role chunk */
             return;
         }
-        if (!role_only && !st->first_dropped) {
+        if (st->prefill_mode && !role_only && !st->first_dropped) {
             st->first_dropped = 1; /* the prefill's token stands in for it */
             out->mismatch = !st->first_text || !text || strcmp(text, st->first_text) != 0;
             if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(ch, "finish_reason"))) {
@@ -75,6 +95,7 @@ void relay_event(struct relay_state *st, const char *data, size_t len, struct re
                 cJSON_ReplaceItemInObjectCaseSensitive(delta, "content", cJSON_CreateString(""));
             if (st->role_sent && cJSON_IsObject(delta)) /* an engine that puts the role in its first token */
                 cJSON_DeleteItemFromObjectCaseSensitive(delta, "role");
+            text = NULL; /* replaced (freed): the client got the prefill's text for it */
             changed = 1;
         } else if (!role_only) {
             out->token_out = 1;
@@ -83,9 +104,18 @@ void relay_event(struct relay_state *st, const char *data, size_t len, struct re
         out->token_out = 1;
     }
     out->content = content;
+    if (content && has_role)
+        st->role_sent = 1; /* (parsed events only: what a continuation must not repeat) */
     /* one id across every event the client receives */
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
-    if (st->prefill_mode && st->resp_id && cJSON_IsString(id) && strcmp(id->valuestring, st->resp_id) != 0) {
+    if (st->track_text) {
+        if (text && *text)
+            out->text = strdup(text);
+        if (!st->resp_id && cJSON_IsString(id))
+            out->id = strdup(id->valuestring);
+    }
+    if ((st->prefill_mode || st->continuation) && st->resp_id && cJSON_IsString(id) &&
+        strcmp(id->valuestring, st->resp_id) != 0) {
         cJSON_ReplaceItemInObjectCaseSensitive(o, "id", cJSON_CreateString(st->resp_id));
         changed = 1;
     }

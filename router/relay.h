@@ -13,11 +13,16 @@ struct relay_state {
     int prefill_answered;   /* a prefill answered: usage's cached_tokens becomes cached_tokens */
     long cached_tokens;     /* the prefill's usage.prompt_tokens_details.cached_tokens, -1 unknown */
     const char *first_text; /* prefill mode: the prefill's token, or NULL */
-    const char *resp_id;    /* prefill mode: the id every event carries, or NULL */
+    const char *resp_id;    /* prefill mode, continuation: the id every event carries, or NULL */
+    int track_text;         /* report each delivered event's text and the first id (decode migration) */
+    int continuation;       /* a migrated stream's continuation: no second role chunk, the first leg's id,
+                             * usage counted as one engine would have (delivered) */
+    long delivered;         /* continuation: tokens the client had before it (usage counted as one engine) */
     /* progress, kept between events */
     int role_sent;          /* chat: the role chunk already went to the client */
     int first_dropped;      /* prefill mode: the decode's first content event was replaced */
     int done_seen;          /* data: [DONE] arrived */
+    int preempted;          /* the engine gave the request up (stop_reason "recomputed"): nothing more goes out */
 };
 
 enum relay_action { RELAY_FORWARD = 0, RELAY_REWRITE, RELAY_DROP };
@@ -29,6 +34,9 @@ struct relay_out {
     int token_out; /* a token reaches the client (counted, inter-token latency) */
     int mismatch;  /* prefill mode: the decode's first token differs from the prefill's */
     int done;      /* this was data: [DONE] */
+    int preempt;   /* this event says the engine preempted the request (stop_reason "recomputed") */
+    char *text;    /* track_text: the text this delivered event carries (the caller frees it), or NULL */
+    char *id;      /* track_text, no resp_id yet: the event's id (the caller frees it), or NULL */
 };
 
 /* One event's payload (data, NUL-terminated, len bytes, "data: " and the blank line removed). */

@@ -238,6 +238,8 @@ static void req_free_cb(void *arg)
     free(r->fwd_headers);
     free(r->first_text);
     free(r->resp_id);
+    if (r->gen_text)
+        evbuffer_free(r->gen_text);
     for (int role = 0; role < 2; role++)
         if (r->legs[role].buf)
             evbuffer_free(r->legs[role].buf);
@@ -266,6 +268,10 @@ void req_begin(struct request *r)
     }
     r->queued_role = -1;
     r->cached_tokens = -1;
+    if (g_rt->cfg.migration_limit > 0 && r->stream &&
+        (r->kind == RT_EP_CHAT ? cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(r->body, "messages"))
+                               : cJSON_IsString(cJSON_GetObjectItemCaseSensitive(r->body, "prompt"))))
+        r->gen_text = XPYD_XALLOC(evbuffer_new()); /* it can be continued elsewhere: keep what the client gets */
     r->sse.max_event = 4u << 20;
     atomic_fetch_add(&g_rt->ctr.active_requests, 1);
     evhtp_request_t *req = r->ereq;
@@ -577,6 +583,55 @@ static void pass_through_error(struct request *r, int role, int status)
 }
 
 /* A failed attempt of role (err, or its status): retried through next when allowed, else the request fails. */
+/* ---------- decode migration ---------- */
+
+static int may_migrate(const struct request *r)
+{
+    const struct leg *d = &r->legs[RT_DECODE];
+    return r->gen_text && r->migrations < g_rt->cfg.migration_limit && r->client == CLIENT_STREAMING &&
+           r->state != REQ_DONE && r->ereq && !r->done_seen && d->ntried < MAX_TRIED &&
+           (size_t)d->ntried < g_rt->reg.n_ranks[RT_DECODE]; /* another decode to go on at */
+}
+
+/* The continuation (after the backoff): another decode gets the prompt plus what the client has. */
+static void migrate_send(struct request *r)
+{
+    int64_t delivered = r->tokens_before, left = r->max_tokens - delivered;
+    if (req_pick(r, RT_DECODE, r->prompt_tokens + delivered + (left > 1 ? left : 1), migrate_send) < 0)
+        return;
+    size_t n = evbuffer_get_length(r->gen_text), len;
+    char *text = XPYD_XALLOC(malloc(n + 1));
+    evbuffer_copyout(r->gen_text, text, n);
+    text[n] = 0;
+    char *body = rw_continuation_body(r->src, r->body, r->kind == RT_EP_CHAT, text, delivered, &len);
+    free(text);
+    if (!body) { /* not reached: gen_text exists only for prompts that can be continued */
+        req_leg_fail(r, RF_DECODE_BROKEN_STREAM, RT_DECODE, r->legs[RT_DECODE].idx, "the stream cannot be continued");
+        return;
+    }
+    req_send(r, RT_DECODE, body, len, req_decode_done);
+    free(body);
+}
+
+static void migrate(struct request *r, int err)
+{
+    struct leg *d = &r->legs[RT_DECODE];
+    int reason = r->preempted ? RF_DECODE_PREEMPTED : err == -ETIME ? RF_DECODE_TIMEOUT : RF_DECODE_BROKEN_STREAM;
+    atomic_fetch_add(&g_rt->ctr.migrations[reason], 1);
+    if (d->idx >= 0 && (size_t)d->idx < 4096)
+        atomic_fetch_add(&g_rt->ctr.instance_errors[RT_DECODE][d->idx], 1);
+    char buf[120];
+    XLOG_INFO("msg=\"decode failed mid-stream: continuing at another decode\" request_id=%s reason=%s err=%s "
+              "delivered=%" PRId64, r->xid, rt_fail_table[reason].name, err_text(err, buf, sizeof buf), r->tokens_out);
+    req_release(r, RT_DECODE);
+    xpyd_sse_reset(&r->sse);
+    r->migrations++;
+    r->tokens_before = r->tokens_out;
+    r->preempted = 0;
+    r->first_dropped = 1; /* nothing of the continuation stands for a token the client has */
+    retry_later(r, RT_DECODE, migrate_send);
+}
+
 static void leg_failed(struct request *r, int role, int err, int status, void (*next)(struct request *r))
 {
     struct leg *l = &r->legs[role];
@@ -588,7 +643,19 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
             atomic_fetch_add(&g_rt->ctr.instance_errors[role][l->idx], 1);
         req_release(r, role);
         xpyd_sse_reset(&r->sse);
+        r->preempted = 0; /* a new attempt's stream is its own */
+        if (role == RT_DECODE && l->accepted && r->kv_params && r->ho->local_prefill) {
+            /* the failed decode answered 200: it took the prefill's KV, which is gone; the next one
+             * computes the prompt itself */
+            cJSON_Delete(r->kv_params);
+            r->kv_params = NULL;
+            r->local_prefill = 1;
+        }
         retry_later(r, role, next);
+        return;
+    }
+    if (role == RT_DECODE && (err || status >= 500) && may_migrate(r)) {
+        migrate(r, err);
         return;
     }
     if (role == RT_PREFILL && (err || status >= 500) && may_fall_back(r)) {
@@ -601,8 +668,9 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         return;
     }
     if (err) {
-        int fail = role == RT_DECODE && r->client != CLIENT_NOTHING ? RF_DECODE_BROKEN_STREAM
-                                                                   : leg_fail_kind(role, err, 0);
+        int fail = role == RT_DECODE && r->preempted           ? RF_DECODE_PREEMPTED
+                   : role == RT_DECODE && r->client != CLIENT_NOTHING ? RF_DECODE_BROKEN_STREAM
+                                                                      : leg_fail_kind(role, err, 0);
         req_leg_fail(r, fail, role, l->idx, err_text(err, buf, sizeof buf));
         return;
     }
@@ -681,6 +749,20 @@ void req_start_prefill(struct request *r)
     free(body);
 }
 
+/* A non-streamed answer whose choice ended with stop_reason "recomputed" (the engine preempted it). */
+static int answer_preempted(struct evbuffer *b)
+{
+    size_t n = b ? evbuffer_get_length(b) : 0;
+    if (!n)
+        return 0;
+    cJSON *j = cJSON_ParseWithLength((const char *)evbuffer_pullup(b, (ssize_t)n), n);
+    const cJSON *sr = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0), "stop_reason");
+    int yes = cJSON_IsString(sr) && strcmp(sr->valuestring, "recomputed") == 0;
+    cJSON_Delete(j);
+    return yes;
+}
+
 void req_decode_done(struct up_leg *up, int err, void *arg)
 {
     struct leg *d = arg;
@@ -692,6 +774,10 @@ void req_decode_done(struct up_leg *up, int err, void *arg)
     if (!err && status == 200)
         rt_hist_observe(&g_rt->ctr.decode_time, (double)(xpyd_now_us() - d->t_sent) / 1e6);
     int broken = !err && status == 200 && r->stream && !r->done_seen; /* a stream without [DONE] is broken */
+    if (!err && status == 200 && !r->stream && answer_preempted(d->buf)) {
+        r->preempted = 1; /* the engine gave the request up: its partial answer is not the client's */
+        broken = 1;
+    }
     if (err || status >= 500 || broken)
         req_report(RT_DECODE, d->idx, 0);
     else if (status == 200)

@@ -94,6 +94,11 @@ struct request {
     int first_token_seen;       /* the decode produced its first token (handoff_ops.first_token ran) */
     int prefill_token_sent;     /* the client's first token was the prefill's (client_prefill_first_token) */
     int local_prefill;          /* --prefill-fallback: no prefill could, the decode computes the prompt */
+    /* decode migration (--migration-limit): a stream whose decode fails goes on at another decode */
+    struct evbuffer *gen_text;  /* the text the client has (NULL: this request cannot migrate); owned */
+    int migrations;             /* continuations sent so far */
+    int64_t tokens_before;      /* tokens the client had when the current continuation was sent */
+    int preempted;              /* the decode gave the request up (stop_reason "recomputed") */
     unsigned attempt_seq;       /* attempts that sent both legs at once (mooncake: a new transfer_id each) */
     /* retries and waiting */
     int retrying;               /* counted in retries_active until the request ends */

@@ -565,6 +565,79 @@ char *rw_bootstrap_body(const struct rw_src *client, const char *host, int port,
     return out;
 }
 
+static int delete_all(cJSON *o, const char *k);
+
+char *rw_continuation_body(const struct rw_src *client, const cJSON *body, int chat, const char *text,
+                           int64_t delivered, size_t *len)
+{
+    cJSON *value = NULL;
+    if (chat) {
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(body, "messages");
+        if (!cJSON_IsArray(msgs))
+            return NULL;
+        value = XPYD_XALLOC(cJSON_Duplicate(msgs, 1));
+        cJSON *m = XPYD_XALLOC(cJSON_CreateObject());
+        cJSON_AddStringToObject(m, "role", "assistant");
+        cJSON_AddStringToObject(m, "content", text);
+        cJSON_AddItemToArray(value, m);
+    } else {
+        const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+        if (!cJSON_IsString(prompt)) /* token ids or a batch: the text cannot be appended */
+            return NULL;
+        size_t a = strlen(prompt->valuestring), b = strlen(text);
+        char *joined = XPYD_XALLOC(malloc(a + b + 1));
+        memcpy(joined, prompt->valuestring, a);
+        memcpy(joined + a, text, b + 1);
+        value = XPYD_XALLOC(cJSON_CreateString(joined));
+        free(joined);
+    }
+    char *vtxt = XPYD_XALLOC(cJSON_PrintUnformatted(value));
+    cJSON_Delete(value);
+    /* the limits shrink by what the client already has; absent ones stay absent (the engine's default) */
+    char left_max[32], left_min[32];
+    int64_t max = -1, min = -1;
+    const cJSON *v;
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(body, "max_completion_tokens")) ||
+        cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(body, "max_tokens")))
+        max = (int64_t)v->valuedouble;
+    else if (!chat)
+        max = 16; /* vLLM's completions default */
+    if (cJSON_IsNumber(v = cJSON_GetObjectItemCaseSensitive(body, "min_tokens")))
+        min = (int64_t)v->valuedouble;
+    snprintf(left_max, sizeof left_max, "%" PRId64, max - delivered > 1 ? max - delivered : 1);
+    snprintf(left_min, sizeof left_min, "%" PRId64, min - delivered > 0 ? min - delivered : 0);
+    const struct rw_edit ed[] = {
+        {chat ? "messages" : "prompt", vtxt, 0},
+        {"max_completion_tokens", left_max, 1},
+        {"max_tokens", left_max, chat}, /* completions: always (its default was counted); chat: if sent */
+        {"min_tokens", left_min, 1},
+        {"kv_transfer_params", NULL, 0},
+        {"continue_final_message", chat ? "true" : NULL, 0},
+        {"add_generation_prompt", chat ? "false" : NULL, 0},
+    };
+    char *out = emit(client, ed, sizeof ed / sizeof ed[0], len);
+    free(vtxt);
+    return out;
+}
+
+int rw_patch_usage_continuation(cJSON *o, long delivered)
+{
+    cJSON *usage = cJSON_GetObjectItemCaseSensitive(o, "usage");
+    if (!cJSON_IsObject(usage))
+        return 0;
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
+    long prompt = cJSON_IsNumber(pt) ? (long)pt->valuedouble : 0, completion = cJSON_IsNumber(ct) ? (long)ct->valuedouble : 0;
+    long moved = delivered < prompt ? delivered : prompt; /* the continuation's prompt held what was delivered */
+    delete_all(usage, "prompt_tokens");
+    delete_all(usage, "completion_tokens");
+    delete_all(usage, "total_tokens");
+    cJSON_AddNumberToObject(usage, "prompt_tokens", (double)(prompt - moved));
+    cJSON_AddNumberToObject(usage, "completion_tokens", (double)(completion + moved));
+    cJSON_AddNumberToObject(usage, "total_tokens", (double)(prompt + completion));
+    return 1;
+}
+
 char *rw_kv_release_body(const struct rw_src *client, const cJSON *kv_params, size_t *len)
 {
     char *kv = XPYD_XALLOC(cJSON_PrintUnformatted(kv_params));

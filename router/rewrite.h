@@ -51,6 +51,15 @@ char *rw_decode_body(const struct rw_src *client, const cJSON *kv_params, int kv
 /* SGLang bootstrap body (both legs): the client's with bootstrap_host/port/room (exact integer) and rid. */
 char *rw_bootstrap_body(const struct rw_src *client, const char *host, int port, uint64_t room, const char *rid,
                         size_t *len);
+/* A migrated stream's continuation (decode migration): the client's body whose prompt (completions: the
+ * string prompt + text; chat: messages + an assistant message with text, continue_final_message) already
+ * holds what the client received, max/min tokens reduced by delivered, no kv_transfer_params. NULL when the
+ * prompt cannot be continued (token ids). */
+char *rw_continuation_body(const struct rw_src *client, const cJSON *body, int chat, const char *text,
+                           int64_t delivered, size_t *len);
+/* A continuation's usage as one engine would have reported it: the delivered tokens the continuation read as
+ * prompt move back to completion_tokens (total unchanged). 1 when a usage object was patched. */
+int rw_patch_usage_continuation(cJSON *o, long delivered);
 /* The dispatch-and-cancel body that frees a prefill's KV: kv_transfer_params, max_tokens 1, not streamed. */
 char *rw_kv_release_body(const struct rw_src *client, const cJSON *kv_params, size_t *len);
 

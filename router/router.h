@@ -41,6 +41,7 @@ enum rt_fail {
     RF_UNAUTHORIZED,
     RF_METHOD_NOT_ALLOWED,
     RF_DRAINING,
+    RF_DECODE_PREEMPTED,
     RF_COUNT
 };
 

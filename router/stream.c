@@ -165,13 +165,35 @@ static void decode_token_done(struct request *r)
 static int on_decode_event(void *arg, const char *data, size_t len, const char *raw, size_t rawlen)
 {
     struct request *r = arg;
-    struct relay_state st = {r->prefill_token_sent, r->legs[RT_PREFILL].answered,
-                             r->cached_tokens, r->first_text, r->resp_id, r->role_sent, r->first_dropped, r->done_seen};
+    struct relay_state st = {.prefill_mode = r->prefill_token_sent,
+                             .prefill_answered = r->legs[RT_PREFILL].answered,
+                             .cached_tokens = r->cached_tokens,
+                             .first_text = r->first_text,
+                             .resp_id = r->resp_id,
+                             .track_text = r->gen_text != NULL,
+                             .continuation = r->migrations > 0,
+                             .delivered = (long)r->tokens_before,
+                             .role_sent = r->role_sent,
+                             .first_dropped = r->first_dropped,
+                             .done_seen = r->done_seen,
+                             .preempted = r->preempted};
     struct relay_out out;
     relay_event(&st, data, len, &out);
     r->role_sent = st.role_sent;
     r->first_dropped = st.first_dropped;
     r->done_seen = st.done_seen;
+    r->preempted = st.preempted;
+    if (out.id) { /* the id the client sees: a continuation keeps it */
+        if (!r->resp_id)
+            r->resp_id = out.id;
+        else
+            free(out.id);
+    }
+    if (out.text) { /* what the client has, for a continuation (decode migration) */
+        if (out.action != RELAY_DROP)
+            evbuffer_add(r->gen_text, out.text, strlen(out.text));
+        free(out.text);
+    }
     if (out.mismatch)
         atomic_fetch_add(&g_rt->ctr.first_token_mismatch, 1);
     if (out.action == RELAY_DROP)
@@ -238,6 +260,8 @@ void client_prefill_first_token(struct request *r)
     cJSON_Delete(o);
     token_out(r);
     r->prefill_token_sent = 1; /* the relay now drops the decode's copy of this token */
+    if (r->gen_text && r->first_text)
+        evbuffer_add(r->gen_text, r->first_text, strlen(r->first_text));
 }
 
 int client_finish_json(struct request *r)

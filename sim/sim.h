@@ -41,6 +41,7 @@ struct sim_config {
     double fail_rate;
     int status_code;          /* 0: off */
     long fail_after_tokens;   /* -1: off */
+    long recompute_after_tokens; /* -1: off; else the request is given up (stop_reason "recomputed") after N */
     long stall_ms;
     long startup_delay_ms;
     double eos_prob;

@@ -679,8 +679,24 @@ static void generate_one(struct sreq *r)
 {
     struct sim *s = r->sim;
     char tok[32];
-    uint32_t id = sim_gen_token(r->p.prompt.hash, s->cfg.seed, r->pos);
+    if (s->cfg.recompute_after_tokens >= 0 && s->cfg.role != SIM_ROLE_PREFILL &&
+        (long)r->pos >= s->cfg.recompute_after_tokens) { /* preempted: given up, as vLLM-Ascend reports it */
+        r->finish_reason = "abort";
+        r->stop_reason = "recomputed";
+        if (r->p.stream) {
+            if (!r->stream_started)
+                sim_stream_begin(r);
+            stream_token(r, "", 1);
+        } else {
+            sreq_send_final_json(r);
+        }
+        return;
+    }
+    if (r->pos == 0)
+        r->ctx = r->p.prompt.hash;
+    uint32_t id = sim_gen_token(r->ctx, s->cfg.seed);
     sim_token_text(id, tok, sizeof tok);
+    r->ctx = sim_ctx_extend(r->ctx, id);
     r->pos++;
     r->rank->generation_tokens_total++;
     r->rank->kv_tokens_running++;
@@ -689,7 +705,7 @@ static void generate_one(struct sreq *r)
         last = 1;
         r->finish_reason = "length";
     } else if (!r->p.ignore_eos && (long)r->pos >= r->p.min_tokens &&
-               sim_gen_eos(r->p.prompt.hash, s->cfg.seed, r->pos - 1, s->cfg.eos_prob)) {
+               sim_gen_eos(r->ctx, s->cfg.seed, s->cfg.eos_prob)) {
         last = 1;
         r->finish_reason = "stop";
     }

@@ -89,6 +89,8 @@ struct sreq {
     int ho_mode;            /* index into sim->handoffs for the pull this request does */
     long cached_tokens;
     size_t pos;             /* tokens generated so far */
+    uint64_t ctx;           /* generation context: the prompt's hash extended by each token (sim_tokens.h) */
+    const char *stop_reason; /* "recomputed" when the engine gave the request up, else NULL */
     uint64_t next_due_us;   /* absolute deadline of the next token, so ITL does not drift */
     const char *finish_reason;
     struct event *timer;

@@ -60,6 +60,9 @@ static const struct xpyd_setting settings[] = {
      "answer every generate request with this status (100-599; 0: off)"},
     {"fail-after-tokens", XS_LONG, F(fail_after_tokens), -1, 1L << 30, "-1", NULL,
      "close the connection after N generated tokens (-1: off)"},
+    {"recompute-after-tokens", XS_LONG, F(recompute_after_tokens), -1, 1L << 30, "-1", NULL,
+     "decode/both: give each request up after N tokens as a preempted engine does: the last chunk has "
+     "`finish_reason: abort, stop_reason: recomputed` (-1: off)"},
     {"stall-ms", XS_LONG, F(stall_ms), 0, 3600000, "0", NULL, "hold each generate request N ms before doing anything"},
     {"startup-delay-ms", XS_LONG, F(startup_delay_ms), 0, 600000, "0", NULL, "wait N ms before listening"},
     {"eos-prob", XS_DOUBLE, F(eos_prob), 0, 1, "0", NULL, "chance per token of an early EOS unless `ignore_eos` (0: never)"},

@@ -59,7 +59,10 @@ char *sim_final_json(struct sreq *r)
     }
     cJSON_AddNullToObject(c, "logprobs");
     cJSON_AddStringToObject(c, "finish_reason", r->finish_reason);
-    cJSON_AddNullToObject(c, "stop_reason");
+    if (r->stop_reason)
+        cJSON_AddStringToObject(c, "stop_reason", r->stop_reason);
+    else
+        cJSON_AddNullToObject(c, "stop_reason");
     if (!r->p.chat)
         cJSON_AddNullToObject(c, "prompt_logprobs");
     add_usage(o, r);
@@ -109,8 +112,10 @@ void sim_stream_begin(struct sreq *r)
 struct evbuffer *sim_token_event(struct sreq *r, const char *tok, int last)
 {
     char buf[1024];
-    char fr[16];
+    char fr[64];
     snprintf(fr, sizeof fr, last ? "\"%s\"" : "null", r->finish_reason ? r->finish_reason : "length");
+    if (last && r->stop_reason) /* chat and completions chunks both carry it then */
+        snprintf(fr + strlen(fr), sizeof fr - strlen(fr), ",\"stop_reason\":\"%s\"", r->stop_reason);
     int n;
     if (r->p.chat)
         n = snprintf(buf, sizeof buf,
@@ -121,9 +126,10 @@ struct evbuffer *sim_token_event(struct sreq *r, const char *tok, int last)
     else
         n = snprintf(buf, sizeof buf,
                      "{\"id\":\"%s\",\"object\":\"text_completion\",\"created\":%lld,\"model\":\"%s\","
-                     "\"choices\":[{\"index\":0,\"text\":\"%s\",\"logprobs\":null,\"finish_reason\":%s,"
-                     "\"stop_reason\":null}],\"usage\":null}",
-                     r->id_json, (long long)r->created, r->sim->model_json, tok, fr);
+                     "\"choices\":[{\"index\":0,\"text\":\"%s\",\"logprobs\":null,\"finish_reason\":%s%s}],"
+                     "\"usage\":null}",
+                     r->id_json, (long long)r->created, r->sim->model_json, tok, fr,
+                     last && r->stop_reason ? "" : ",\"stop_reason\":null");
     struct evbuffer *b = evbuffer_new();
     xpyd_sse_write(b, buf, (size_t)n);
     if (last) {

@@ -65,7 +65,9 @@ static int prompt_from_completion(const cJSON *prompt, struct sim_prompt *p, cha
     return 0;
 }
 
-static int prompt_from_messages(const cJSON *msgs, struct sim_prompt *p, char **err)
+/* continue_final: vLLM's `continue_final_message`: the last message, an assistant's, is continued, so it gets
+ * no role token (its words extend the context as if generated). */
+static int prompt_from_messages(const cJSON *msgs, int continue_final, struct sim_prompt *p, char **err)
 {
     if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
         return fail(err, 400, "messages must be a non-empty array");
@@ -75,7 +77,10 @@ static int prompt_from_messages(const cJSON *msgs, struct sim_prompt *p, char **
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
         if (!cJSON_IsObject(m) || !cJSON_IsString(role))
             return fail(err, 400, "each message must be an object with a string 'role'");
-        if (add_role(p, role->valuestring))
+        int continued = continue_final && !m->next;
+        if (continued && strcmp(role->valuestring, "assistant") != 0)
+            return fail(err, 400, "continue_final_message needs the last message to be the assistant's");
+        if (!continued && add_role(p, role->valuestring))
             return 500;
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (cJSON_IsString(content)) {
@@ -271,7 +276,9 @@ static int parse_fields(const cJSON *root, int chat, const struct sim_limits *li
             return fail(err, 404, "The model `%.200s` does not exist.", model->valuestring);
     }
     if (chat)
-        rc = prompt_from_messages(cJSON_GetObjectItemCaseSensitive(root, "messages"), &out->prompt, err);
+        rc = prompt_from_messages(cJSON_GetObjectItemCaseSensitive(root, "messages"),
+                                  cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "continue_final_message")),
+                                  &out->prompt, err);
     else {
         const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
         rc = prompt ? prompt_from_completion(prompt, &out->prompt, err)
@@ -364,7 +371,8 @@ int sim_tokenize_parse(const char *body, size_t len, struct sim_prompt *out, cha
     if (!root || !cJSON_IsObject(root))
         rc = fail(err, 400, "malformed JSON body");
     else if (cJSON_GetObjectItemCaseSensitive(root, "messages"))
-        rc = prompt_from_messages(cJSON_GetObjectItemCaseSensitive(root, "messages"), out, err);
+        rc = prompt_from_messages(cJSON_GetObjectItemCaseSensitive(root, "messages"),
+                                  cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "continue_final_message")), out, err);
     else if (cJSON_GetObjectItemCaseSensitive(root, "prompt"))
         rc = prompt_from_completion(cJSON_GetObjectItemCaseSensitive(root, "prompt"), out, err);
     else

@@ -55,16 +55,25 @@ void sim_prompt_free(struct sim_prompt *p)
     memset(p, 0, sizeof *p);
 }
 
-uint32_t sim_gen_token(uint64_t prompt_hash, uint64_t seed, size_t pos)
+uint32_t sim_gen_token(uint64_t ctx, uint64_t seed)
 {
-    return (uint32_t)(xpyd_mix64(prompt_hash ^ xpyd_mix64(seed + 0x5151u) ^ ((uint64_t)pos << 1)) % SIM_VOCAB);
+    return (uint32_t)(xpyd_mix64(ctx ^ xpyd_mix64(seed + 0x5151u)) % SIM_VOCAB);
 }
 
-int sim_gen_eos(uint64_t prompt_hash, uint64_t seed, size_t pos, double eos_prob)
+uint64_t sim_ctx_extend(uint64_t ctx, uint32_t id)
+{
+    char text[32];
+    size_t n = sim_token_text(id, text, sizeof text);
+    /* the id the generated word gets when it is read back as prompt text (" word": the word) */
+    uint32_t wid = (uint32_t)(xpyd_fnv64(XPYD_FNV_INIT, text + 1, n - 1) % SIM_VOCAB);
+    return xpyd_fnv64(ctx, &wid, sizeof wid);
+}
+
+int sim_gen_eos(uint64_t ctx, uint64_t seed, double eos_prob)
 {
     if (eos_prob <= 0)
         return 0;
-    uint64_t r = xpyd_mix64(prompt_hash ^ xpyd_mix64(seed + 0xe05u) ^ ((uint64_t)pos * 2 + 1));
+    uint64_t r = xpyd_mix64(ctx ^ xpyd_mix64(seed + 0xe05u) ^ 1);
     return (double)(r >> 11) / 9007199254740992.0 < eos_prob;
 }
 

@@ -2,9 +2,12 @@
  *
  * Rule (documented in the README): a text prompt's tokens are its whitespace-separated words, each word
  * mapped to an id by FNV-1a modulo SIM_VOCAB; a token-id array is taken as is. A chat prompt is, per
- * message, one role token followed by the words of its text content. Generated token i is a pure function
- * of (prompt hash, seed, i), so a prefill's first token equals the decode's first token, as under greedy
- * sampling, and every generated token's text is " " + one lowercase word. */
+ * message, one role token followed by the words of its text content (a final assistant message continued
+ * with `continue_final_message` has no role token). The next generated token is a pure function of (the
+ * context so far, seed): the context starts as the prompt's hash and is extended by each generated word as
+ * it reads back as prompt text, so a prefill's first token equals the decode's first token (greedy
+ * sampling), and a request whose prompt is another's prompt plus the words it generated continues exactly as
+ * that one did (a migrated stream). Every generated token's text is " " + one lowercase word. */
 #ifndef SIM_TOKENS_H
 #define SIM_TOKENS_H
 
@@ -27,10 +30,12 @@ int sim_prompt_add_id(struct sim_prompt *p, uint32_t id);
 void sim_prompt_finish(struct sim_prompt *p);
 void sim_prompt_free(struct sim_prompt *p);
 
-/* Id of generated token number pos (0-based). */
-uint32_t sim_gen_token(uint64_t prompt_hash, uint64_t seed, size_t pos);
-/* Whether the model "emits EOS" after token pos, with probability eos_prob (0 = never). */
-int sim_gen_eos(uint64_t prompt_hash, uint64_t seed, size_t pos, double eos_prob);
+/* Id of the next generated token in context ctx (the prompt's hash, extended by sim_ctx_extend). */
+uint32_t sim_gen_token(uint64_t ctx, uint64_t seed);
+/* The context after generating token id: extended by the id its word has when read back as prompt text. */
+uint64_t sim_ctx_extend(uint64_t ctx, uint32_t id);
+/* Whether the model "emits EOS" in context ctx, with probability eos_prob (0 = never). */
+int sim_gen_eos(uint64_t ctx, uint64_t seed, double eos_prob);
 /* Writes the text of token id (" " + word, NUL-terminated) into out (cap >= 16); returns its length. */
 size_t sim_token_text(uint32_t id, char *out, size_t cap);
 

@@ -27,8 +27,21 @@ static int on_event(void *arg, const char *data, size_t len, const char *raw, si
 {
     struct ctx *c = arg;
     int role_sent_before = c->st.role_sent, first_dropped_before = c->st.first_dropped;
+    int preempted_before = c->st.preempted;
     struct relay_out out;
     relay_event(&c->st, data, len, &out);
+    if (preempted_before && out.action != RELAY_DROP)
+        abort(); /* nothing of a preempted leg reaches the client */
+    if (out.preempt && out.action != RELAY_DROP)
+        abort();
+    if ((out.text || out.id) && !c->st.track_text)
+        abort();
+    if (out.text && !*out.text)
+        abort(); /* only text the client gets */
+    free(out.text);
+    free(out.id);
+    if (preempted_before)
+        return 0;
     if (strcmp(data, "[DONE]") == 0) {
         if (!out.done || out.action != RELAY_FORWARD || !c->st.done_seen)
             abort();
@@ -51,6 +64,14 @@ static int on_event(void *arg, const char *data, size_t len, const char *raw, si
     if (out.action == RELAY_FORWARD && !memchr(data, 0, len)) { /* with a raw NUL it is not JSON: passed on as is */
         parsed = cJSON_ParseWithLength(data, len);
         sent = parsed;
+    }
+    if (sent && c->st.continuation && role_sent_before && out.action != RELAY_DROP && cJSON_IsObject(sent)) {
+        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(sent, "choices"), 0);
+        const cJSON *delta = cJSON_GetObjectItemCaseSensitive(ch, "delta");
+        const char *text = rw_event_text(sent);
+        if (cJSON_GetObjectItemCaseSensitive(delta, "role") && (!text || !*text) &&
+            strstr(data, "\"choices\":[]") == NULL && strstr(data, "\"choices\": []") == NULL)
+            abort(); /* a continuation never repeats the role chunk */
     }
     if (sent && c->st.prefill_mode) {
         if (!sent_id_ok(sent, c->st.resp_id) && out.action == RELAY_REWRITE)
@@ -89,6 +110,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     c.st.first_text = (data[0] >> 3) & 1 ? " x" : NULL;
     c.st.resp_id = (data[0] >> 4) & 1 ? "cmpl-prefill" : NULL;
     c.st.cached_tokens = (long)data[1] - 1;
+    c.st.track_text = (data[0] >> 5) & 1;
+    c.st.continuation = (data[0] >> 6) & 1;
+    c.st.delivered = (data[0] >> 7) & 1 ? 3 : 0;
     struct xpyd_sse_parser p;
     memset(&p, 0, sizeof p);
     p.max_event = 1 << 16;

@@ -45,9 +45,26 @@ static void test_tokens_words_and_ids(void **st)
     assert_true(a.hash == b.hash);
     assert_int_equal(a.ids[0], b.ids[0]);
     /* generation is a pure function of (prompt, seed, position) */
-    assert_int_equal(sim_gen_token(a.hash, 0, 0), sim_gen_token(b.hash, 0, 0));
-    assert_true(sim_gen_token(a.hash, 0, 0) != sim_gen_token(a.hash, 0, 1) ||
-                sim_gen_token(a.hash, 0, 1) != sim_gen_token(a.hash, 0, 2));
+    assert_int_equal(sim_gen_token(a.hash, 0), sim_gen_token(b.hash, 0));
+    uint64_t c1 = sim_ctx_extend(a.hash, sim_gen_token(a.hash, 0));
+    assert_true(sim_gen_token(a.hash, 0) != sim_gen_token(c1, 0) ||
+                sim_gen_token(c1, 0) != sim_gen_token(sim_ctx_extend(c1, sim_gen_token(c1, 0)), 0));
+    /* continuation: a prompt that is the old prompt plus the words generated so far continues the same way */
+    uint64_t ctx = a.hash;
+    struct sim_prompt cont;
+    memset(&cont, 0, sizeof cont);
+    for (size_t i = 0; i < a.n; i++)
+        sim_prompt_add_id(&cont, a.ids[i]);
+    for (int k = 0; k < 20; k++) {
+        uint32_t id = sim_gen_token(ctx, 7);
+        char w[32];
+        size_t wn = sim_token_text(id, w, sizeof w);
+        sim_prompt_add_text(&cont, w, wn);
+        ctx = sim_ctx_extend(ctx, id);
+        sim_prompt_finish(&cont);
+        assert_true(cont.hash == ctx);
+    }
+    sim_prompt_free(&cont);
     char t[32];
     size_t n = sim_token_text(12345, t, sizeof t);
     assert_true(n >= 3 && t[0] == ' ');
@@ -65,8 +82,8 @@ static void test_eos_probability(void **st)
 {
     int never = 0, always = 0;
     for (size_t i = 0; i < 1000; i++) {
-        never += sim_gen_eos(42, 0, i, 0);
-        always += sim_gen_eos(42, 0, i, 1.0);
+        never += sim_gen_eos(42 + i, 0, 0);
+        always += sim_gen_eos(42 + i, 0, 1.0);
     }
     assert_int_equal(never, 0);
     assert_int_equal(always, 1000);
