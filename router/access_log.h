@@ -19,6 +19,7 @@ struct access_entry {
     double ttft_s;             /* first token reached the client after this long; < 0: none did */
     double total_s;
     const char *error;         /* the failure table's name, "none" */
+    int migrations;            /* continuations the stream needed (decode migration) */
 };
 
 /* Writes the line (nothing with --access-log off). Any thread. */

@@ -133,7 +133,7 @@ static void access_log(const struct request *r, int fail)
     struct access_entry e = {r->xid, r->client_addr, "POST", req_path(r), r->status, r->stream, pi, di,
                              r->prompt_tokens, r->tokens_out,
                              r->t_first ? (double)(r->t_first - r->t_start) / 1e6 : -1,
-                             (double)(xpyd_now_us() - r->t_start) / 1e6, rt_fail_table[fail].name};
+                             (double)(xpyd_now_us() - r->t_start) / 1e6, rt_fail_table[fail].name, r->migrations};
     rt_access_log(&e);
 }
 

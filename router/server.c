@@ -61,7 +61,7 @@ static void rejected(evhtp_request_t *req, int kind, int status, int fail)
     const char *method = m == htp_method_GET ? "GET" : m == htp_method_POST ? "POST" : m == htp_method_HEAD ? "HEAD"
                        : m == htp_method_PUT ? "PUT" : m == htp_method_DELETE ? "DELETE" : "OTHER";
     struct access_entry e = {xid, client, method, kind == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions",
-                             status, 0, "-", "-", 0, 0, -1, 0, rt_fail_table[fail].name};
+                             status, 0, "-", "-", 0, 0, -1, 0, rt_fail_table[fail].name, 0};
     rt_access_log(&e);
 }
 

@@ -85,7 +85,7 @@ class Migration(t.TestCase):
         victim = self.start(t.sim("--role", "decode", "--decode-us-per-token", "20000"))
         good = self.start(t.sim("--role", "decode", "--decode-us-per-token", "200"))
         r = self.start(t.router([p.port], [victim.port, good.port], "--decode-policy", "rr",
-                                "--retry-backoff-ms", "0", "--eject-after-failures", "0"))
+                                "--retry-backoff-ms", "0", "--eject-after-failures", "0", "--access-log", "json"))
         s = t.Stream(r.port, "/v1/completions", dict(CMPL, max_tokens=40))
         ev = s.events()
         first = [next(ev)[0] for _ in range(3)]  # three tokens arrived from the victim
@@ -99,6 +99,9 @@ class Migration(t.TestCase):
         self.assertEqual(got[3]["completion_tokens"], 40)
         self.assertEqual(t.metric(r.port, 'xpyd_migrations_total{reason="decode_broken_stream"}'), 1)
         self.idle(r)
+        r.stop()
+        (line,) = [json.loads(l) for l in r.output().splitlines() if l.startswith("{")]
+        self.assertEqual((line["migrations"], line["status"], line["decode"]), (1, 200, "127.0.0.1:%d" % good.port))
 
     def test_preempted_engine_is_migrated(self):
         # stop_reason "recomputed" (vllm-ascend's preemption signal): streamed, the rest comes from another
