@@ -4,11 +4,11 @@
 # engines answering garbage / resetting / dripping / stalling, clients hanging up at random. Prints one
 # JSON report: sent, completed, failed (with a clear error), hung_up (by the client), lost (must be 0), and
 # the router's state afterwards (gauges at zero, no KV lease held, exit 0 on SIGTERM).
-#   bench/chaos.sh [requests=4000] [max_seconds=600]
+#   bench/chaos.sh [requests=4000] [max_seconds=600] [xpyd_router flags ...]   (e.g. --migration-limit 0)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-4000} SECS=${2:-600}
 [ "${XPYD_SKIP_BUILD:-0}" = 1 ] || { ./scripts/deps.sh; ./scripts/build.sh >/dev/null; }
 export XPYD_BIN=$(pwd)/${XPYD_BUILD_DIR:-build}/bin
 cd tests/blackbox
-python3 chaos.py "$N" "$SECS"
+python3 chaos.py "$N" "$SECS" "${@:3}"

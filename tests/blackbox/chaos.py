@@ -175,7 +175,7 @@ def stranded_bound(report, clients):
             report["router_kv_release_dispatches"])
 
 
-def run(requests=300, clients=8, seconds=60, seed=1, log=print):
+def run(requests=300, clients=8, seconds=60, seed=1, log=print, router_args=()):
     """Runs one bounded chaos round; returns the report dict (asserting nothing itself)."""
     rng = random.Random(seed)
     procs = []
@@ -198,7 +198,7 @@ def run(requests=300, clients=8, seconds=60, seed=1, log=print):
             "-d"] + ["127.0.0.1:%d" % d.port for d in decodes] + ["127.0.0.1:%d" % bad.port,
             "--first-token-timeout-ms", "1500", "--stream-idle-timeout-ms", "700", "--connect-timeout-ms", "500",
             "--health-interval-ms", "200", "--health-timeout-ms", "300", "--eject-base-ms", "200",
-            "--retry-backoff-ms", "5"])
+            "--retry-backoff-ms", "5"] + list(router_args))
         procs.append(router)
         stats, lock = {}, threading.Lock()
         deadline = time.monotonic() + seconds
@@ -255,6 +255,8 @@ def run(requests=300, clients=8, seconds=60, seed=1, log=print):
                                         for p in prefills)
         report["router_active_requests"] = m.get("xpyd_active_requests", 0)
         report["router_retries"] = m.get("xpyd_retries_total", 0)
+        report["router_migrations"] = m.get("xpyd_migrations_total", 0)
+        report["router_prefill_fallbacks"] = m.get("xpyd_prefill_fallbacks_total", 0)
         report["router_rss_kib"] = t.rss_kib(router.p.pid)
         router.stop()  # raises unless it exits 0
         report["router_exit_0"] = True
@@ -272,5 +274,5 @@ if __name__ == "__main__":
     import sys
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     secs = int(sys.argv[2]) if len(sys.argv) > 2 else 300
-    rep = run(requests=n, clients=16, seconds=secs, log=lambda m: print(m, file=sys.stderr))
+    rep = run(requests=n, clients=16, seconds=secs, log=lambda m: print(m, file=sys.stderr), router_args=sys.argv[3:])
     print(json.dumps(rep, sort_keys=True))
