@@ -582,7 +582,6 @@ static void pass_through_error(struct request *r, int role, int status)
     req_fail(r, status < 500 ? RF_BAD_REQUEST : fail, status, msg);
 }
 
-/* A failed attempt of role (err, or its status): retried through next when allowed, else the request fails. */
 /* ---------- decode migration ---------- */
 
 static int may_migrate(const struct request *r)
@@ -632,6 +631,8 @@ static void migrate(struct request *r, int err)
     retry_later(r, RT_DECODE, migrate_send);
 }
 
+/* A failed attempt of role (err, or its status): retried through next when allowed, a stream migrated, a
+ * prefill replaced by the decode's own (--prefill-fallback), else the request fails. */
 static void leg_failed(struct request *r, int role, int err, int status, void (*next)(struct request *r))
 {
     struct leg *l = &r->legs[role];
@@ -753,7 +754,7 @@ void req_start_prefill(struct request *r)
 static int answer_preempted(struct evbuffer *b)
 {
     size_t n = b ? evbuffer_get_length(b) : 0;
-    if (!n)
+    if (!n || !memmem(evbuffer_pullup(b, (ssize_t)n), n, "recomputed", 10)) /* the usual answer: no parse */
         return 0;
     cJSON *j = cJSON_ParseWithLength((const char *)evbuffer_pullup(b, (ssize_t)n), n);
     const cJSON *sr = cJSON_GetObjectItemCaseSensitive(
