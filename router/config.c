@@ -48,6 +48,10 @@ static const struct xpyd_setting settings[] = {
      "stream continues with no second role chunk, the same id, and usage as one engine would count it "
      "(`xpyd_migrations_total`); 0 = off (the client gets an error event). Completions with a token-id prompt "
      "cannot be continued"},
+    {"migration-prefill-min-tokens", XS_LONG, OFF(migration_prefill_min_tokens), 0, 1L << 30, "4096", NULL,
+     "decode migration's cost model: a continuation whose prompt (the client's + what it received) has at least "
+     "this many tokens goes through a prefill leg first (kv-params, xpyd, store modes); a shorter one is "
+     "computed by the decode itself (0: always the decode)"},
     {"prefill-fallback", XS_ENUM, OFF(prefill_fallback), 0, 0, "on", on_off,
      "`on`: when no prefill can serve a request (every attempt failed with a retryable error, or none is "
      "usable), the decode computes the prompt itself instead of the client getting 502/503 "

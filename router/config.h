@@ -49,6 +49,7 @@ struct rt_config {
     int first_token;
     int prefill_fallback;      /* 1: a decode computes the prompt when no prefill can (sequential modes) */
     long migration_limit;      /* continuations a failed stream may get (decode migration); 0 = off */
+    long migration_prefill_min_tokens; /* a continuation this long gets a prefill leg (0: never) */
     int dp_internal;
     int repeat_d_times;
     long max_body_bytes;

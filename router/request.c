@@ -302,8 +302,8 @@ static void on_queue_expired(struct request *r, int role)
  * decode runs alone), and nothing reached the client yet. */
 static int may_fall_back(const struct request *r)
 {
-    return g_rt->cfg.prefill_fallback && r->ho->local_prefill && r->client == CLIENT_NOTHING && r->state != REQ_DONE &&
-           r->ereq && !r->legs[RT_PREFILL].answered;
+    return g_rt->cfg.prefill_fallback && r->ho->local_prefill && (r->client == CLIENT_NOTHING || r->migrations > 0) &&
+           r->state != REQ_DONE && r->ereq && !r->legs[RT_PREFILL].answered;
 }
 
 /* The decode gets the client's body without any prefill handoff and computes the prompt itself. */
@@ -592,18 +592,58 @@ static int may_migrate(const struct request *r)
            (size_t)d->ntried < g_rt->reg.n_ranks[RT_DECODE]; /* another decode to go on at */
 }
 
-/* The continuation (after the backoff): another decode gets the prompt plus what the client has. */
-static void migrate_send(struct request *r)
+/* The continuation's body: the client's, whose prompt holds what the client has (rewrite.c); NULL when it
+ * cannot be continued. */
+static char *continuation_body(struct request *r, size_t *len)
 {
-    int64_t delivered = r->tokens_before, left = r->max_tokens - delivered;
-    if (req_pick(r, RT_DECODE, r->prompt_tokens + delivered + (left > 1 ? left : 1), migrate_send) < 0)
-        return;
-    size_t n = evbuffer_get_length(r->gen_text), len;
+    size_t n = evbuffer_get_length(r->gen_text);
     char *text = XPYD_XALLOC(malloc(n + 1));
     evbuffer_copyout(r->gen_text, text, n);
     text[n] = 0;
-    char *body = rw_continuation_body(r->src, r->body, r->kind == RT_EP_CHAT, text, delivered, &len);
+    char *body = rw_continuation_body(r->src, r->body, r->kind == RT_EP_CHAT, text, r->tokens_out - r->base_tokens, len);
     free(text);
+    return body;
+}
+
+/* The continuation after the backoff. Cost model (decision): a continuation whose prompt (the client's plus
+ * what it has) reaches --migration-prefill-min-tokens goes through a prefill leg first, in the modes with one
+ * (the continuation becomes the request's body and the mode starts again: prefill, then decode with its KV);
+ * a shorter one is computed by the decode itself, which costs less than a handoff. */
+static void migrate_send(struct request *r)
+{
+    int64_t since = r->tokens_out - r->base_tokens; /* delivered beyond the request body's prompt */
+    int64_t left = r->max_tokens - since, cont_prompt = r->prompt_tokens + since;
+    size_t len;
+    if (r->ho->local_prefill && g_rt->cfg.migration_prefill_min_tokens > 0 &&
+        cont_prompt >= g_rt->cfg.migration_prefill_min_tokens) {
+        char *body = continuation_body(r, &len);
+        cJSON *tree = NULL;
+        const char *why = NULL;
+        size_t at = 0;
+        struct rw_src *src = body ? rw_src_parse(body, len, &tree, &why, &at) : NULL;
+        free(body);
+        if (src) {
+            rw_src_free(r->src);
+            cJSON_Delete(r->body);
+            r->src = src;
+            r->body = tree;
+            r->prompt_tokens = cont_prompt;
+            r->max_tokens = left > 1 ? left : 1;
+            r->base_tokens = r->tokens_out; /* the body's prompt now holds everything delivered */
+            evbuffer_drain(r->gen_text, evbuffer_get_length(r->gen_text));
+            cJSON_Delete(r->kv_params);
+            r->kv_params = NULL;
+            struct leg *p = &r->legs[RT_PREFILL];
+            p->answered = 0;
+            p->ntried = p->attempts = 0; /* a new prompt: any prefill may take it */
+            r->ho->start(r);
+            return;
+        }
+        cJSON_Delete(tree);
+    }
+    if (req_pick(r, RT_DECODE, cont_prompt + (left > 1 ? left : 1), migrate_send) < 0)
+        return;
+    char *body = continuation_body(r, &len);
     if (!body) { /* not reached: gen_text exists only for prompts that can be continued */
         req_leg_fail(r, RF_DECODE_BROKEN_STREAM, RT_DECODE, r->legs[RT_DECODE].idx, "the stream cannot be continued");
         return;
@@ -698,9 +738,14 @@ int req_absorb_prefill(struct request *r)
         r->prompt_tokens = a.prompt_tokens; /* exact, replaces the estimate */
     if (a.cached_tokens >= 0)
         r->cached_tokens = a.cached_tokens;
-    r->resp_id = a.id;
-    r->first_text = a.first_text;
-    a.id = a.first_text = NULL;
+    if (!r->resp_id) { /* a migrated stream's continuation keeps the id and token the client already has */
+        r->resp_id = a.id;
+        a.id = NULL;
+    }
+    if (!r->first_text) {
+        r->first_text = a.first_text;
+        a.first_text = NULL;
+    }
     rw_prefill_answer_free(&a);
     return 0;
 }
@@ -735,8 +780,8 @@ void req_prefill_done(struct up_leg *up, int err, void *arg)
     p->answered = 1;
     rt_hist_observe(&g_rt->ctr.prefill_time, (double)(xpyd_now_us() - p->t_sent) / 1e6);
     req_release(r, RT_PREFILL);
-    if (g_rt->cfg.first_token == RT_FIRST_PREFILL && r->stream)
-        client_prefill_first_token(r);
+    if (g_rt->cfg.first_token == RT_FIRST_PREFILL && r->stream && r->client == CLIENT_NOTHING)
+        client_prefill_first_token(r); /* (a migrated stream's continuation prefill has nothing to add) */
     req_start_decode(r);
 }
 

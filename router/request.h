@@ -97,7 +97,10 @@ struct request {
     /* decode migration (--migration-limit): a stream whose decode fails goes on at another decode */
     struct evbuffer *gen_text;  /* the text the client has (NULL: this request cannot migrate); owned */
     int migrations;             /* continuations sent so far */
-    int64_t tokens_before;      /* tokens the client had when the current continuation was sent */
+    int64_t tokens_before;      /* tokens the client had when the current continuation was sent (all of them
+                                 * are in its prompt: its usage gives them back to completion_tokens) */
+    int64_t base_tokens;        /* of those, the ones already in the request body's prompt (a continuation
+                                 * that went through a prefill leg became the body); gen_text holds the rest */
     int preempted;              /* the decode gave the request up (stop_reason "recomputed") */
     unsigned attempt_seq;       /* attempts that sent both legs at once (mooncake: a new transfer_id each) */
     /* retries and waiting */

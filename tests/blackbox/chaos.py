@@ -256,6 +256,8 @@ def run(requests=300, clients=8, seconds=60, seed=1, log=print, router_args=()):
         report["router_active_requests"] = m.get("xpyd_active_requests", 0)
         report["router_retries"] = m.get("xpyd_retries_total", 0)
         report["router_migrations"] = m.get("xpyd_migrations_total", 0)
+        report["router_errors"] = {k.split('"')[1]: v for k, v in m.items()
+                                   if k.startswith("xpyd_request_errors_total{") and v}
         report["router_prefill_fallbacks"] = m.get("xpyd_prefill_fallbacks_total", 0)
         report["router_rss_kib"] = t.rss_kib(router.p.pid)
         router.stop()  # raises unless it exits 0

@@ -118,6 +118,22 @@ class Migration(t.TestCase):
         self.assertEqual(out["choices"][0]["finish_reason"], "length")
         self.idle(r)
 
+    def test_long_continuation_goes_through_a_prefill(self):
+        # the cost model: a continuation at least --migration-prefill-min-tokens long gets a prefill leg (its KV
+        # handed to the next decode) instead of the decode computing it; the client's stream is the same
+        for path, body in (("/v1/completions", CMPL), ("/v1/chat/completions", CHAT)):
+            with self.subTest(path=path):
+                ref = self.reference(path, body)
+                p, bad, good, r = self.cluster(["--fail-after-tokens", "4"], "--migration-prefill-min-tokens", "1")
+                got = summary(t.Stream(r.port, path, body).read_all())
+                self.assertEqual((got[0], got[1], len(got[2]), got[4], got[5]), (ref[0], ref[1], 1, 1, []))
+                self.assertEqual(got[3]["completion_tokens"], 12)
+                self.assertEqual(got[3]["prompt_tokens"], ref[3]["prompt_tokens"])
+                self.assertEqual(t.metric(p.port, "xpyd_sim:requests_total"), 2)  # the request's, the continuation's
+                self.assertEqual(t.metric(good.port, 'xpyd_sim:handoffs_total{mode="kv-params",result="done"}'), 1)
+                self.idle(r)
+                t.wait_until(lambda: t.metric(p.port, "xpyd_sim:kv_leases_active") == 0, what="leases freed")
+
     def test_limit_reached_gives_the_error_event(self):
         # every decode cuts after 3 tokens: one continuation is allowed, then the error event as today
         p = self.start(t.sim("--role", "prefill"))
