@@ -627,7 +627,10 @@ int rw_patch_usage_continuation(cJSON *o, long delivered)
         return 0;
     const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
     const cJSON *ct = cJSON_GetObjectItemCaseSensitive(usage, "completion_tokens");
-    long prompt = cJSON_IsNumber(pt) ? (long)pt->valuedouble : 0, completion = cJSON_IsNumber(ct) ? (long)ct->valuedouble : 0;
+    double pd = cJSON_IsNumber(pt) ? pt->valuedouble : 0, cd = cJSON_IsNumber(ct) ? ct->valuedouble : 0;
+    if (!(pd >= 0 && pd <= 9e15) || !(cd >= 0 && cd <= 9e15))
+        return 0; /* not counts any engine reports (negative, huge, NaN): left as they came */
+    long prompt = (long)pd, completion = (long)cd;
     long moved = delivered < prompt ? delivered : prompt; /* the continuation's prompt held what was delivered */
     delete_all(usage, "prompt_tokens");
     delete_all(usage, "completion_tokens");
