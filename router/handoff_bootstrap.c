@@ -59,15 +59,8 @@ static void prefill_done(struct up_leg *up, int err, void *arg)
 
 static void start_both(struct request *r)
 {
-    if (req_pick(r, RT_PREFILL, r->prompt_tokens, start_both) < 0)
+    if (req_pick_pair(r, start_both) < 0)
         return;
-    int64_t charge;
-    req_decode_charge(r, &charge);
-    if (req_pick(r, RT_DECODE, charge, start_both) < 0) {
-        if (r->state == REQ_QUEUED) /* waiting for a decode: give the prefill back, pick both again later */
-            req_unpick(r, RT_PREFILL);
-        return;
-    }
     int pidx = r->legs[RT_PREFILL].idx;
     /* A fresh 63-bit room per attempt; with internal DP on the prefill, room % dp picks the rank. */
     const struct rt_live_rank *prank = &g_rt->reg.ranks[RT_PREFILL][pidx];
@@ -86,17 +79,9 @@ static void start_both(struct request *r)
     free(body);
 }
 
-/* The decode failed (after its backoff): both legs start again; the prefill did not fail, so it may serve
- * the retry too (its leg, if still running, is closed). */
 static void decode_retry(struct request *r)
 {
-    struct leg *p = &r->legs[RT_PREFILL];
-    if (p->up) {
-        up_leg_cancel(p->up);
-        p->up = NULL;
-    }
-    req_unpick(r, RT_PREFILL);
-    start_both(r);
+    req_restart_pair(r, start_both);
 }
 
 const struct handoff_ops handoff_bootstrap = {

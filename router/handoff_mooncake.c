@@ -55,15 +55,8 @@ static void start_both(struct request *r)
 {
     struct leg *p = &r->legs[RT_PREFILL];
     p->answered = 0;
-    if (req_pick(r, RT_PREFILL, r->prompt_tokens, start_both) < 0)
+    if (req_pick_pair(r, start_both) < 0)
         return;
-    int64_t charge;
-    req_decode_charge(r, &charge);
-    if (req_pick(r, RT_DECODE, charge, start_both) < 0) {
-        if (r->state == REQ_QUEUED) /* waiting for a decode: give the prefill back, pick both again later */
-            req_unpick(r, RT_PREFILL);
-        return;
-    }
     int pidx = p->idx;
     const struct rt_live_rank *prank = &g_rt->reg.ranks[RT_PREFILL][pidx];
     char engine_id[sizeof prank->engine_id], addr[320], hp[300], xfer[200];
@@ -103,17 +96,9 @@ static void start_both(struct request *r)
     free(dbody);
 }
 
-/* The decode failed (after its backoff): the prefill did not, so it may serve the retry too; its leg, if
- * still running, is closed: both legs go again with a new transfer_id, never a half-reused pair. */
-static void decode_retry(struct request *r)
+static void decode_retry(struct request *r) /* both legs again, with a new transfer_id */
 {
-    struct leg *p = &r->legs[RT_PREFILL];
-    if (p->up) {
-        up_leg_cancel(p->up);
-        p->up = NULL;
-    }
-    req_unpick(r, RT_PREFILL);
-    start_both(r);
+    req_restart_pair(r, start_both);
 }
 
 const struct handoff_ops handoff_mooncake = {

@@ -368,6 +368,31 @@ int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct r
     return idx;
 }
 
+int req_pick_pair(struct request *r, void (*again)(struct request *r))
+{
+    if (req_pick(r, RT_PREFILL, r->prompt_tokens, again) < 0)
+        return -1;
+    int64_t charge;
+    req_decode_charge(r, &charge);
+    if (req_pick(r, RT_DECODE, charge, again) < 0) {
+        if (r->state == REQ_QUEUED) /* waiting for a decode: give the prefill back, pick both again later */
+            req_unpick(r, RT_PREFILL);
+        return -1;
+    }
+    return 0;
+}
+
+void req_restart_pair(struct request *r, void (*start)(struct request *r))
+{
+    struct leg *p = &r->legs[RT_PREFILL];
+    if (p->up) {
+        up_leg_cancel(p->up);
+        p->up = NULL;
+    }
+    req_unpick(r, RT_PREFILL);
+    start(r);
+}
+
 /* A pick that is given back (bootstrap waiting for a decode returns its prefill): as if never made. */
 void req_unpick(struct request *r, int role)
 {

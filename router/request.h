@@ -147,6 +147,12 @@ void req_report(int role, int idx, int ok);
 /* A pick given back, as if it had not been made (bootstrap waiting for its decode returns its prefill; in the
  * modes that send both legs at once, the leg whose partner failed may be picked again for the retry). */
 void req_unpick(struct request *r, int role);
+/* The modes that send both legs at once (bootstrap, mooncake): a prefill and a decode picked and charged for
+ * one attempt (again: what a freed rank or a retry restarts); 0, or -1 when the request waits or ended. */
+int req_pick_pair(struct request *r, void (*again)(struct request *r));
+/* Their decode retry: the prefill did not fail, so its leg (if still running) is closed, its pick given back so
+ * it may serve the retry too, and start sends both legs again, never one leg of the old pair. */
+void req_restart_pair(struct request *r, void (*start)(struct request *r));
 /* The sequential flow (kv-params, xpyd, store, none): a prefill leg, then a decode leg. */
 void req_start_prefill(struct request *r);
 void req_start_decode(struct request *r);

@@ -295,13 +295,13 @@ static int prefill_register_kv_params(struct sreq *r)
     return 0;
 }
 
-static int prefill_register_room(struct sreq *r)
+/* Keeps the prefill's KV under a rendezvous key ("room:<n>" SGLang, "xfer:<id>" vLLM MooncakeConnector) for the
+ * decode that claims it. -EEXIST: the key is in use. */
+static int prefill_register_key(struct sreq *r, const char *key)
 {
     struct sim *s = r->sim;
     size_t kvlen;
     unsigned char *kv = kv_make(r, &kvlen);
-    char key[64];
-    snprintf(key, sizeof key, "room:%" PRIu64, r->p.h.bootstrap_room);
     uint64_t exp = xpyd_now_us() + (uint64_t)s->cfg.lease_ms * 1000u;
     int rc = sim_lease_put(&s->leases, key, r->rank->engine_id, 0, r->p.prompt.hash, kv, kvlen, exp);
     if (rc == 0) {
@@ -311,21 +311,18 @@ static int prefill_register_room(struct sreq *r)
     return rc;
 }
 
-/* vLLM MooncakeConnector: the prefill keeps its KV for the decode that claims transfer_id. -EEXIST: in use. */
+static int prefill_register_room(struct sreq *r)
+{
+    char key[64];
+    snprintf(key, sizeof key, "room:%" PRIu64, r->p.h.bootstrap_room);
+    return prefill_register_key(r, key);
+}
+
 static int prefill_register_transfer(struct sreq *r)
 {
-    struct sim *s = r->sim;
-    size_t kvlen;
-    unsigned char *kv = kv_make(r, &kvlen);
     char key[240];
     snprintf(key, sizeof key, "xfer:%s", r->p.h.transfer_id);
-    uint64_t exp = xpyd_now_us() + (uint64_t)s->cfg.lease_ms * 1000u;
-    int rc = sim_lease_put(&s->leases, key, r->rank->engine_id, 0, r->p.prompt.hash, kv, kvlen, exp);
-    if (rc == 0) {
-        s->leases_created++;
-        snprintf(r->lease_key, sizeof r->lease_key, "%s", key);
-    }
-    return rc;
+    return prefill_register_key(r, key);
 }
 
 static void handoff_finished(struct sreq *r, int result)
