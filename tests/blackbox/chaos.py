@@ -175,8 +175,18 @@ def stranded_bound(report, clients):
             report["router_kv_release_dispatches"])
 
 
-def run(requests=300, clients=8, seconds=60, seed=1, log=print, router_args=()):
-    """Runs one bounded chaos round; returns the report dict (asserting nothing itself)."""
+def run(requests=300, clients=8, seconds=60, seed=1, log=print, router_args=(), kill_points=None, profile="all"):
+    """Runs one bounded chaos round; returns the report dict (asserting nothing itself).
+
+    kill_points: None kills the decode three times at random moments (0.3-0.8 s apart, down 0.1-0.4 s).
+    A list of (kill_at, restart_at) request counts kills it once `kill_at` requests have been answered and
+    restarts it once `restart_at` have: the faults then land at the same points of the workload in every
+    round, so two configurations can be compared on the same chaos (bench/chaos.sh --compare).
+
+    profile "all" is every fault above. "deaths" keeps only engine deaths and what migration and prefill
+    fallback answer: the killed decode, a decode cutting every stream after 3 tokens, one preempting
+    (stop_reason "recomputed") after 5, a plain one, a prefill failing 10 %; no garbage engine and no random
+    decode 500s, whose outcome depends on retry timing more than on anything the router decides."""
     rng = random.Random(seed)
     procs = []
     bad = BadEngine()
@@ -188,14 +198,17 @@ def run(requests=300, clients=8, seconds=60, seed=1, log=print, router_args=()):
         procs += prefills
         decodes = [t.sim("--role", "decode", "--decode-us-per-token", "2000"),
                    t.sim("--role", "decode", "--fail-after-tokens", "3", "--decode-us-per-token", "1000"),
-                   t.sim("--role", "decode", "--fail-rate", "0.2")]
+                   t.sim("--role", "decode", "--fail-rate", "0.2") if profile == "all" else
+                   t.sim("--role", "decode", "--recompute-after-tokens", "5", "--decode-us-per-token", "1000")]
+        if profile == "deaths":
+            decodes.append(t.sim("--role", "decode", "--decode-us-per-token", "1000"))
         procs += decodes
         killable = decodes[0]
         killed_port = killable.port
         router = t.Proc("xpyd_router", [
             "--port", "0", "--log-level", "error", "--threads", "2",
             "-p"] + ["127.0.0.1:%d" % p.port for p in prefills] + [
-            "-d"] + ["127.0.0.1:%d" % d.port for d in decodes] + ["127.0.0.1:%d" % bad.port,
+            "-d"] + ["127.0.0.1:%d" % d.port for d in decodes] + (["127.0.0.1:%d" % bad.port] if profile == "all" else []) + [
             "--first-token-timeout-ms", "1500", "--stream-idle-timeout-ms", "700", "--connect-timeout-ms", "500",
             "--health-interval-ms", "200", "--health-timeout-ms", "300", "--eject-base-ms", "200",
             "--retry-backoff-ms", "5"] + list(router_args))
@@ -216,12 +229,26 @@ def run(requests=300, clients=8, seconds=60, seed=1, log=print, router_args=()):
             th.start()
         # kill and restart a decode while the load runs
         kills = 0
-        while any(th.is_alive() for th in ths) and kills < 3:
-            time.sleep(rng.uniform(0.3, 0.8))
+        answered = lambda: stats.get("sent", 0)
+        alive = lambda: any(th.is_alive() for th in ths)
+
+        def wait_answered(n):
+            while alive() and answered() < n:
+                time.sleep(0.002)
+            return alive()
+
+        while alive() and kills < (3 if kill_points is None else len(kill_points)):
+            if kill_points is None:
+                time.sleep(rng.uniform(0.3, 0.8))
+            elif not wait_answered(kill_points[kills][0]):
+                break
             killable.p.send_signal(signal.SIGKILL)
             killable.p.wait()
             killable.stopped = True
-            time.sleep(rng.uniform(0.1, 0.4))
+            if kill_points is None:
+                time.sleep(rng.uniform(0.1, 0.4))
+            else:
+                wait_answered(kill_points[kills][1])
             # back on the same port, as a restarted engine would be: the router's health checks and
             # passive ejection take it out while it is down and back in once it answers
             killable = t.sim("--role", "decode", "--decode-us-per-token", "2000", "--port", str(killed_port))
@@ -239,7 +266,9 @@ def run(requests=300, clients=8, seconds=60, seed=1, log=print, router_args=()):
         m = t.metrics(router.port)
         report["router_kv_release_dispatches"] = m.get("xpyd_kv_release_dispatches_total", 0)
         report["bad_engine_requests"] = bad.generate_requests
-        report["decode_injected_failures"] = t.metric(decodes[2].port, 'xpyd_sim:faults_injected_total{kind="fail_rate"}')
+        report["decode_injected_failures"] = t.metric(decodes[2].port, 'xpyd_sim:faults_injected_total{kind="fail_rate"}',
+                                                      default=0)
+        report["profile"] = profile
         report["leases_stranded_bound"] = stranded_bound(report, clients)
         leases = lambda: sum(t.metric(p.port, "xpyd_sim:kv_leases_active") for p in prefills)
         # releases reach the prefills asynchronously (dispatch-and-cancel, a decode's pull): wait for them
@@ -272,9 +301,36 @@ def run(requests=300, clients=8, seconds=60, seed=1, log=print, router_args=()):
 
 
 
+def fixed_kill_points(requests, kills=4, down=0.04):
+    """Kills spread evenly over the workload, each down while `down` of the requests are answered."""
+    step = requests / (kills + 1)
+    return [(int(step * (k + 1)), int(step * (k + 1) + requests * down)) for k in range(kills)]
+
+
 if __name__ == "__main__":
     import sys
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
-    secs = int(sys.argv[2]) if len(sys.argv) > 2 else 300
-    rep = run(requests=n, clients=16, seconds=secs, log=lambda m: print(m, file=sys.stderr), router_args=sys.argv[3:])
-    print(json.dumps(rep, sort_keys=True))
+    args = sys.argv[1:]
+    compare, profile = 0, "all"
+    if "--profile" in args:  # --profile deaths: see run()
+        i = args.index("--profile")
+        profile = args[i + 1]
+        del args[i:i + 2]
+    if "--compare" in args:  # --compare R: R rounds of (router flags as given) vs (--migration-limit 0
+        i = args.index("--compare")  # --prefill-fallback off), alternated, with fixed kill points
+        compare = int(args[i + 1])
+        del args[i:i + 2]
+    n = int(args[0]) if len(args) > 0 else 2000
+    secs = int(args[1]) if len(args) > 1 else 300
+    flags = args[2:]
+    say = lambda m: print(m, file=sys.stderr)
+    if not compare:
+        print(json.dumps(run(requests=n, clients=16, seconds=secs, log=say, router_args=flags, profile=profile),
+                         sort_keys=True))
+    else:
+        points = fixed_kill_points(n)
+        for r in range(compare):
+            for name, extra in (("on", []), ("off", ["--migration-limit", "0", "--prefill-fallback", "off"])):
+                rep = run(requests=n, clients=16, seconds=secs, log=say, router_args=flags + extra,
+                          kill_points=points, profile=profile)
+                rep["config"], rep["round"], rep["kill_points"] = name, r + 1, points
+                print(json.dumps(rep, sort_keys=True), flush=True)
