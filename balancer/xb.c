@@ -22,6 +22,7 @@ struct xb_pool *xb_pool_new(int policy, uint64_t seed)
         return NULL;
     pthread_mutex_init(&p->mu, NULL);
     p->policy = policy;
+    p->session_eps = -1;
     p->rng = seed ? seed : 1;
     return p;
 }
@@ -31,6 +32,8 @@ void xb_pool_free(struct xb_pool *p)
     if (!p)
         return;
     free(p->inst);
+    xb_prefix_free(p->prefix);
+    free(p->ring);
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
@@ -71,6 +74,7 @@ int xb_pool_add(struct xb_pool *p, const struct xb_instance_cfg *cfg)
     memset(in, 0, sizeof *in);
     in->cfg = *cfg;
     in->healthy = 1;
+    p->ring_dirty = 1;
     int idx = (int)p->n;
     __atomic_store_n(&p->n, p->n + 1, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&p->mu);
@@ -82,7 +86,10 @@ int xb_set_removed(struct xb_pool *p, int idx, int removed)
     if (idx < 0 || (size_t)idx >= p->n)
         return -EINVAL;
     pthread_mutex_lock(&p->mu);
+    if (p->prefix && p->inst[idx].removed != removed) /* out of placement; a returning engine starts cold */
+        xb_prefix_drop_rank(p->prefix, idx);
     p->inst[idx].removed = removed;
+    p->ring_dirty = 1;
     if (!removed) { /* back in the pool: a clean slate for health and ejection */
         p->inst[idx].healthy = 1;
         p->inst[idx].failures = 0;
@@ -103,6 +110,10 @@ int xb_update(struct xb_pool *p, int idx, const struct xb_instance_cfg *cfg)
     in->cfg.weight = cfg->weight;
     in->cfg.max_model_len = cfg->max_model_len;
     in->cfg.max_inflight = cfg->max_inflight;
+    if (cfg->key && cfg->key != in->cfg.key) {
+        in->cfg.key = cfg->key;
+        p->ring_dirty = 1;
+    }
     pthread_mutex_unlock(&p->mu);
     return 0;
 }
@@ -115,7 +126,7 @@ size_t xb_pool_size(const struct xb_pool *p)
 /* The policies, indexed by enum xb_policy (xb.h). Adding one: a new xb_<name>.c defining its
  * `const struct xb_policy_ops`, a row here, a value in enum xb_policy. */
 static const struct xb_policy_ops *const policies[] = {&xb_policy_lot, &xb_policy_p2c, &xb_policy_rr,
-                                                      &xb_policy_random};
+                                                      &xb_policy_random, &xb_policy_cache};
 #define NPOLICIES (int)(sizeof policies / sizeof policies[0])
 
 int xb_policy_parse(const char *s)
@@ -133,19 +144,48 @@ const char *xb_policy_name(int policy)
 
 int xb_pick(struct xb_pool *p, uint64_t need_len, int64_t tokens, const int *exclude, int nexclude)
 {
+    struct xb_query q = {.need_len = need_len, .tokens = tokens, .exclude = exclude, .nexclude = nexclude};
+    return xb_pick_q(p, &q);
+}
+
+int xb_pick_q(struct xb_pool *p, struct xb_query *q)
+{
+    uint64_t need_len = q->need_len;
+    const int *exclude = q->exclude;
+    int nexclude = q->nexclude;
+    q->cached = 0;
+    q->charged = q->tokens;
+    q->by_session = 0;
     pthread_mutex_lock(&p->mu);
     p->now = mono_us();
+    p->q = q;
+    p->pick_cached = -1;
     int idx = -1;
     int last_pass = p->hard_cap ? 1 : 0;
     for (p->skip_full = 1; p->skip_full >= last_pass && idx < 0; p->skip_full--) {
-        idx = policies[p->policy >= 0 && p->policy < NPOLICIES ? p->policy : XB_POLICY_LOT]->pick(p, need_len, exclude,
-                                                                                                 nexclude);
+        if (q->session && p->session_eps >= 0)
+            idx = xb_session_pick(p, q);
+        if (idx >= 0)
+            q->by_session = 1;
+        else
+            idx = policies[p->policy >= 0 && p->policy < NPOLICIES ? p->policy : XB_POLICY_LOT]->pick(
+                p, need_len, exclude, nexclude);
     }
     p->skip_full = 0;
     if (idx >= 0) {
-        p->inst[idx].inflight++;
-        __atomic_fetch_add(&p->inst[idx].outstanding, tokens, __ATOMIC_RELAXED);
-        p->inst[idx].selected++;
+        if (p->prefix && q->nblocks) {
+            /* the cache policy computed it for the rank it chose; any other choice asks the index now */
+            q->cached = p->pick_cached >= 0 ? p->pick_cached
+                                            : xb_cached_tokens(p, (size_t)idx, q, -1.0);
+            q->charged = q->tokens - q->cached;
+            if (!q->peek)
+                xb_prefix_insert(p->prefix, idx, q->blocks, q->nblocks, p->now); /* it will hold them now */
+        }
+        if (!q->peek) {
+            p->inst[idx].inflight++;
+            __atomic_fetch_add(&p->inst[idx].outstanding, q->charged, __ATOMIC_RELAXED);
+            p->inst[idx].selected++;
+        }
     } else {
         /* Tell "nothing healthy" from "nothing large enough" from "all full" (hard cap). */
         idx = -ENOENT;
@@ -157,8 +197,66 @@ int xb_pick(struct xb_pool *p, uint64_t need_len, int64_t tokens, const int *exc
             if (xb_eligible(p, i, need_len, exclude, nexclude))
                 idx = -EBUSY;
     }
+    p->q = NULL;
     pthread_mutex_unlock(&p->mu);
     return idx;
+}
+
+int xb_prefix_enable(struct xb_pool *p, long per_rank_blocks, size_t max_bytes, long ttl_ms, double max_imbalance)
+{
+    if (max_imbalance < 1.0 || ttl_ms < 0)
+        return -EINVAL;
+    struct xb_prefix *x = xb_prefix_new(per_rank_blocks, max_bytes, (uint64_t)ttl_ms * 1000u);
+    if (!x)
+        return per_rank_blocks < 1 || max_bytes < 4096 ? -EINVAL : -ENOMEM;
+    pthread_mutex_lock(&p->mu);
+    xb_prefix_free(p->prefix);
+    p->prefix = x;
+    p->max_imbalance = max_imbalance;
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
+void xb_prefix_capacity(struct xb_pool *p, int idx, long blocks)
+{
+    pthread_mutex_lock(&p->mu);
+    if (p->prefix && idx >= 0 && (size_t)idx < p->n)
+        xb_prefix_set_capacity(p->prefix, idx, blocks);
+    pthread_mutex_unlock(&p->mu);
+}
+
+size_t xb_prefix_memory(struct xb_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    size_t n = p->prefix ? xb_prefix_bytes(p->prefix) : 0;
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
+void xb_session_enable(struct xb_pool *p, double epsilon)
+{
+    pthread_mutex_lock(&p->mu);
+    p->session_eps = epsilon;
+    p->ring_dirty = 1;
+    pthread_mutex_unlock(&p->mu);
+}
+
+int xb_saturated(struct xb_pool *p)
+{
+    pthread_mutex_lock(&p->mu);
+    p->now = mono_us();
+    p->skip_full = 0;
+    int usable = 0, full = 1;
+    for (size_t i = 0; i < p->n; i++) {
+        if (!xb_eligible(p, i, 0, NULL, 0))
+            continue;
+        usable = 1;
+        const struct xb_inst *in = &p->inst[i];
+        if (in->cfg.max_inflight <= 0 || in->inflight < in->cfg.max_inflight)
+            full = 0;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return usable && full;
 }
 
 void xb_set_hard_cap(struct xb_pool *p, int on)
@@ -240,6 +338,8 @@ void xb_set_healthy(struct xb_pool *p, int idx, int healthy)
     if (idx < 0 || (size_t)idx >= p->n)
         return;
     pthread_mutex_lock(&p->mu);
+    if (p->prefix && p->inst[idx].healthy && !healthy) /* it may come back restarted, its cache empty */
+        xb_prefix_drop_rank(p->prefix, idx);
     p->inst[idx].healthy = healthy;
     pthread_mutex_unlock(&p->mu);
 }

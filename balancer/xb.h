@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum xb_policy { XB_POLICY_LOT = 0, XB_POLICY_P2C, XB_POLICY_RR, XB_POLICY_RANDOM };
+enum xb_policy { XB_POLICY_LOT = 0, XB_POLICY_P2C, XB_POLICY_RR, XB_POLICY_RANDOM, XB_POLICY_CACHE };
 
 /* What placement needs to know of an instance: its capacity and limits. Who the instance is (host, port, DP
  * rank, engine-specific ports) is the caller's registry's business; the balancer knows instances by index. */
@@ -18,6 +18,7 @@ struct xb_instance_cfg {
     int weight;           /* relative capacity, >= 1 */
     long max_model_len;   /* 0: unknown (no filtering) */
     int max_inflight;     /* requests the engine runs at once (vLLM max_num_seqs); 0 = unknown */
+    uint64_t key;         /* stable identity (e.g. a hash of host:port/rank) for session hashing; 0: the index */
 };
 
 struct xb_instance_stats {
@@ -79,6 +80,44 @@ void xb_set_ejection(struct xb_pool *p, int after, long base_ms, long max_ms);
 /* Reports the outcome of one attempt on idx (failure: connect error, timeout, 5xx; never a 4xx). Returns the
  * ejection time in ms when this report ejected the instance, else 0. Thread-safe. */
 long xb_report(struct xb_pool *p, int idx, int ok);
+
+/* ---------- cache-aware placement and session affinity ---------- */
+
+/* One placement question with everything the cache and session choices need. */
+struct xb_query {
+    uint64_t need_len;         /* prompt + max tokens, against max_model_len */
+    int64_t tokens;            /* the request's cost on a rank holding none of its prefix */
+    const uint64_t *blocks;    /* chained block hashes of its prompt (xb_prefix.h), NULL: none */
+    size_t nblocks;
+    int64_t block_tokens;      /* tokens one block stands for */
+    uint64_t session;          /* hash of its session key; 0: no session */
+    const int *exclude;
+    int nexclude;
+    int peek;                  /* 1: only say what would be chosen (nothing charged, the index unchanged) */
+    /* results */
+    int64_t cached;            /* tokens of its prefix the chosen rank probably holds (index on), else 0 */
+    int64_t charged;           /* tokens charged on the chosen rank: tokens - cached; release exactly this */
+    int by_session;            /* 1: the session's rank on the ring took it */
+};
+
+/* Turns on the pool's prefix index (see xb_prefix.h for the bounds). The `cache` policy then costs a rank
+ * (load + the request's uncached tokens) / capacity; a rank whose load per capacity exceeds max_imbalance ×
+ * max(the pool's mean, the request's own tokens per capacity), or that is at its max_inflight, gets no credit
+ * for its cache. With any policy, picks record the request's blocks on the chosen rank and report `cached`.
+ * 0, -EINVAL or -ENOMEM. Call before concurrent use. */
+int xb_prefix_enable(struct xb_pool *p, long per_rank_blocks, size_t max_bytes, long ttl_ms, double max_imbalance);
+/* A rank's own cache size in blocks (engine-reported num_gpu_blocks); <= 0: the default. */
+void xb_prefix_capacity(struct xb_pool *p, int idx, long blocks);
+/* Memory the prefix index uses, in bytes (0 when off). */
+size_t xb_prefix_memory(struct xb_pool *p);
+/* Session affinity: a query with a session goes to the first rank clockwise from the session's hash on a
+ * consistent-hash ring (64 points per rank, from cfg.key) whose load after taking it stays within
+ * (1 + epsilon) × the pool's mean (consistent hashing with bounded loads); epsilon < 0 turns it off. */
+void xb_session_enable(struct xb_pool *p, double epsilon);
+/* Picks like xb_pick with the query's prefix and session; charges q->charged (unless q->peek). */
+int xb_pick_q(struct xb_pool *p, struct xb_query *q);
+/* 1 when every usable instance is at its max_inflight (instances without one are never full). */
+int xb_saturated(struct xb_pool *p);
 
 /* Copies instance idx's numbers. 0 or -EINVAL. */
 int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out);

@@ -3,6 +3,7 @@
 #define XB_INTERNAL_H
 
 #include "xb.h"
+#include "xb_prefix.h"
 
 #include <pthread.h>
 
@@ -33,6 +34,21 @@ struct xb_pool {
     struct xb_inst *inst;
     size_t n, cap;
     int fixed;      /* capacity reserved up front: never reallocated (instances added while picking) */
+    /* cache-aware placement (xb_cache.c) */
+    struct xb_prefix *prefix; /* NULL: off */
+    double max_imbalance;
+    struct xb_query *q;       /* during a pick: the question (NULL for plain xb_pick) */
+    int64_t pick_cached;      /* set by the cache policy: the chosen rank's predicted cached tokens */
+    /* session affinity (xb_session.c) */
+    double session_eps;       /* < 0: off */
+    struct xb_ring_point *ring;
+    size_t nring;
+    int ring_dirty;           /* membership changed since the ring was built */
+};
+
+struct xb_ring_point {
+    uint64_t h;
+    int idx;
 };
 
 /* xb_load.c: the arithmetic every policy shares. */
@@ -49,6 +65,13 @@ struct xb_policy_ops {
     const char *name;
     int (*pick)(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude);
 };
-extern const struct xb_policy_ops xb_policy_lot, xb_policy_p2c, xb_policy_rr, xb_policy_random;
+extern const struct xb_policy_ops xb_policy_lot, xb_policy_p2c, xb_policy_rr, xb_policy_random, xb_policy_cache;
+
+/* xb_cache.c: tokens of q's prefix instance i probably holds, 0 when the load guard denies it credit. */
+int64_t xb_cached_tokens(struct xb_pool *p, size_t i, const struct xb_query *q, double mean_norm_load);
+/* Mean load per capacity over the eligible instances. */
+double xb_mean_load(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude);
+/* xb_session.c: the session's rank within the load bound, or -1 (then the policy picks). */
+int xb_session_pick(struct xb_pool *p, const struct xb_query *q);
 
 #endif

@@ -47,13 +47,14 @@ void rt_access_log(const struct access_entry *e)
         fprintf(stderr,
                 "{\"ts\":\"%s\",\"request_id\":\"%s\",\"client\":\"%s\",\"method\":\"%s\",\"path\":\"%s\","
                 "\"status\":%d,\"stream\":%s,\"prefill\":\"%s\",\"decode\":\"%s\",\"prompt_tokens\":%" PRId64
-                ",\"output_tokens\":%" PRId64 ",\"ttft_s\":%.6f,\"total_s\":%.6f,\"error\":\"%s\",\"migrations\":%d}\n",
+                ",\"output_tokens\":%" PRId64 ",\"ttft_s\":%.6f,\"total_s\":%.6f,\"error\":\"%s\",\"migrations\":%d,\"pd\":\"%s\"}\n",
                 when, e->request_id, e->client, e->method, e->path, e->status, e->stream ? "true" : "false",
-                e->prefill, e->decode, e->prompt_tokens, e->output_tokens, ttft, e->total_s, e->error, e->migrations);
+                e->prefill, e->decode, e->prompt_tokens, e->output_tokens, ttft, e->total_s, e->error, e->migrations,
+                e->pd);
     else
         fprintf(stderr,
                 "ts=%s access request_id=%s client=%s method=%s path=%s status=%d stream=%d prefill=%s decode=%s "
-                "prompt_tokens=%" PRId64 " output_tokens=%" PRId64 " ttft_s=%.6f total_s=%.6f error=%s migrations=%d\n",
+                "prompt_tokens=%" PRId64 " output_tokens=%" PRId64 " ttft_s=%.6f total_s=%.6f error=%s migrations=%d pd=%s\n",
                 when, e->request_id, e->client, e->method, e->path, e->status, e->stream, e->prefill, e->decode,
-                e->prompt_tokens, e->output_tokens, ttft, e->total_s, e->error, e->migrations);
+                e->prompt_tokens, e->output_tokens, ttft, e->total_s, e->error, e->migrations, e->pd);
 }

@@ -20,6 +20,9 @@ struct access_entry {
     double total_s;
     const char *error;         /* the failure table's name, "none" */
     int migrations;            /* continuations the stream needed (decode migration) */
+    const char *pd;            /* who computed the prompt: remote (a prefill leg), local (conditional
+                                * disaggregation chose the decode alone), fallback (no prefill could), - (the
+                                * mode has no prefill leg) */
 };
 
 /* Writes the line (nothing with --access-log off). Any thread. */

@@ -120,6 +120,37 @@ static const struct xpyd_setting settings[] = {
      "unsent bytes to a slow client before the decode leg is paused (backpressure; resumed below half)"},
     {"bytes-per-token", XS_DOUBLE, OFF(bytes_per_token), 0.5, 64, "4.0", NULL,
      "prompt-size estimate for text prompts (token-id arrays are counted exactly)"},
+    {"prefix-block-tokens", XS_LONG, OFF(prefix_block_tokens), 1, 4096, "16", NULL,
+     "cache-aware placement: tokens per prefix block (vLLM's default block size); text prompts are cut every "
+     "block × `--bytes-per-token` bytes, chat requests over a canonical serialization of their messages (role, "
+     "name, content, tool calls, in order), token-id prompts by ids; each block hashed with xxHash3 chained "
+     "on the previous block's hash"},
+    {"prefix-cache-blocks", XS_LONG, OFF(prefix_cache_blocks), 1, 1L << 30, "8192", NULL,
+     "blocks the prefix index remembers per rank (LRU), i.e. the engine's prefix-cache size; an engine's own "
+     "`num_gpu_blocks` from `vllm:cache_config_info` replaces it when `--engine-metrics` scraping is on"},
+    {"prefix-index-max-bytes", XS_LONG, OFF(prefix_index_max_bytes), 4096, 1L << 40, "67108864", NULL,
+     "memory bound of each pool's prefix index (about 48 bytes per block); when full the rank holding the "
+     "most blocks gives up its least recently used one (`xpyd_prefix_index_bytes`)"},
+    {"prefix-ttl-ms", XS_LONG, OFF(prefix_ttl_ms), 0, 1L << 40, "0", NULL,
+     "blocks not used for this long count as evicted by the engine (0 = no age limit: LRU only)"},
+    {"cache-max-imbalance", XS_DOUBLE, OFF(cache_max_imbalance), 1.0, 1000, "2.0", NULL,
+     "load guard of the `cache` policy: a rank whose outstanding tokens per capacity exceed this × the larger "
+     "of the pool's mean and the request's own tokens, or that is at its max_inflight, gets no credit for "
+     "its cached prefix (it can still win on load alone)"},
+    {"local-prefill-max-tokens", XS_LONG, OFF(local_prefill_max_tokens), 0, 1L << 30, "0", NULL,
+     "conditional disaggregation (kv-params, xpyd, store): the decode rank is chosen first, and when the "
+     "request's tokens that rank does not hold cached are fewer than this, the decode computes the prompt "
+     "itself, with no prefill leg (`xpyd_pd_decisions_total`, access log `pd=local`); 0 = always remote"},
+    {"local-prefill-when-busy-tokens", XS_LONG, OFF(local_prefill_when_busy_tokens), 0, 1L << 30, "0", NULL,
+     "also compute at the decode when every prefill rank is at its max_inflight and the uncached part is "
+     "below this (0 = off)"},
+    {"session-key", XS_STR, OFF(session_key), 0, 0, "", NULL,
+     "session affinity: `header:NAME` (e.g. `header:X-Session-Id`) or `body:FIELD` (a top-level string, e.g. "
+     "`body:user`); requests of one session go to the same rank of each pool by consistent hashing with "
+     "bounded loads (see `--session-epsilon`); requests without the key are placed by the policy"},
+    {"session-epsilon", XS_DOUBLE, OFF(session_epsilon), 0, 100, "0.25", NULL,
+     "bounded loads: a session's rank keeps it while its load with the request stays within (1 + this) × "
+     "the pool's mean, else the next rank on the ring takes it"},
     {"log-level", XS_ENUM, OFF(log_level), 0, 0, "info", log_levels,
      "none, error, warn, info, debug; request failures (`event=request_failed`), health transitions, "
      "ejections and drain events are printed at every level but none"},
@@ -197,7 +228,7 @@ static void usage(FILE *f)
           "  -d, --decode LIST            decode instances\n"
           "  --prefill-dp N, --decode-dp N   data-parallel ranks per host (default 1)\n"
           "  --prefill-tp N, --decode-tp N   tensor-parallel size per rank (capacity weight, default 1)\n"
-          "  --prefill-policy P, --decode-policy P   lot (default) | p2c | rr | random\n"
+          "  --prefill-policy P, --decode-policy P   lot (default) | cache | p2c | rr | random\n"
           "  --prefill-bootstrap-port N   bootstrap server port of every prefill without its own (--handoff\n"
           "                               bootstrap and mooncake; default 8998, SGLang's and vLLM's)\n"
           "  --prefill-max-inflight N, --decode-max-inflight N   requests a rank runs at once (vLLM max_num_seqs);\n"
@@ -330,7 +361,7 @@ static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *wha
         return -1;
     const cJSON *pol = json_get(o, "policy");
     if (pol && (!cJSON_IsString(pol) || (p->policy = xb_policy_parse(pol->valuestring)) < 0)) {
-        fprintf(stderr, "xpyd_router: config: \"%s.policy\" must be one of lot, p2c, rr, random\n", what);
+        fprintf(stderr, "xpyd_router: config: \"%s.policy\" must be one of lot, cache, p2c, rr, random\n", what);
         return -1;
     }
     const cJSON *hosts = json_get(o, "hosts"), *h;
@@ -676,7 +707,7 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
         if (!strcmp(a, "--prefill-policy") || !strcmp(a, "--decode-policy")) {
             int pol = xb_policy_parse(v);
             if (pol < 0) {
-                fprintf(stderr, "xpyd_router: %s: unknown policy '%s' (lot|p2c|rr|random)\n", a, v);
+                fprintf(stderr, "xpyd_router: %s: unknown policy '%s' (lot|cache|p2c|rr|random)\n", a, v);
                 return -1;
             }
             c->pools[a[2] == 'd' ? RT_DECODE : RT_PREFILL].policy = pol;
@@ -722,6 +753,11 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
     const char *envmd = getenv("XPYD_METADATA_WRITE_KEY");
     if (!c->metadata_write_key[0] && envmd && *envmd)
         snprintf(c->metadata_write_key, sizeof c->metadata_write_key, "%s", envmd);
+    if (c->session_key[0] && !((!strncmp(c->session_key, "header:", 7) && c->session_key[7]) ||
+                               (!strncmp(c->session_key, "body:", 5) && c->session_key[5]))) {
+        fprintf(stderr, "xpyd_router: --session-key must be header:NAME or body:FIELD, got '%s'\n", c->session_key);
+        return -1;
+    }
     if (c->pools[RT_DECODE].n == 0) { /* what each handoff mode needs besides is its own (router/handoffs.c) */
         fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required "
                         "(--handoff none needs only -d)\n");

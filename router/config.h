@@ -48,6 +48,11 @@ struct rt_config {
     char handoff[32];          /* the handoff mode's name: router/handoffs.c resolves it */
     int first_token;
     int prefill_fallback;      /* 1: a decode computes the prompt when no prefill can (sequential modes) */
+    long prefix_block_tokens, prefix_cache_blocks, prefix_index_max_bytes, prefix_ttl_ms;
+    double cache_max_imbalance;
+    long local_prefill_max_tokens, local_prefill_when_busy_tokens;
+    char session_key[128];     /* header:NAME | body:FIELD | "" */
+    double session_epsilon;
     long migration_limit;      /* continuations a failed stream may get (decode migration); 0 = off */
     long migration_prefill_min_tokens; /* a continuation this long gets a prefill leg (0: never) */
     int dp_internal;

@@ -40,7 +40,7 @@ static void hist_print(struct evbuffer *b, const char *n, const struct rt_hist *
 }
 
 /* The rows of metrics_table.h, with where each one's storage is. */
-enum { L_NONE, L_ROLE, L_REASON, L_GUARD, L_STATUS, L_HIST };
+enum { L_NONE, L_ROLE, L_REASON, L_GUARD, L_STATUS, L_HIST, L_PD };
 struct metric_desc {
     const char *name, *type, *help;
     int labels;
@@ -62,6 +62,11 @@ static void metric_print(struct evbuffer *b, const struct metric_desc *m, const 
     case L_ROLE:
         for (int r = 0; r < 2; r++)
             evbuffer_add_printf(b, "%s{role=\"%s\"} %" PRId64 "\n", m->name, roles[r], (int64_t)atomic_load(&v[r]));
+        break;
+    case L_PD:
+        for (int r = 0; r < 2; r++)
+            evbuffer_add_printf(b, "%s{decision=\"%s\"} %" PRId64 "\n", m->name, r ? "local_prefill" : "remote_prefill",
+                                (int64_t)atomic_load(&v[r]));
         break;
     case L_REASON:
         for (int f = 1; f < RF_COUNT; f++)
@@ -121,6 +126,8 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
         return;
     struct rt_counters *c = &g_rt->ctr;
     atomic_store(&c->metadata_keys, (int64_t)rt_metadata_count()); /* a gauge sampled when scraped */
+    for (int role = 0; role < 2; role++)
+        atomic_store(&c->prefix_index_bytes[role], (int64_t)xb_prefix_memory(g_rt->pools[role]));
     struct evbuffer *b = evbuffer_new();
     for (size_t i = 0; i < sizeof metrics / sizeof metrics[0]; i++)
         metric_print(b, &metrics[i], (const char *)c);

@@ -8,6 +8,7 @@
  *   REASON  reason=<rt_fail_table name> (field[RF_COUNT], "none" not shown)
  *   GUARD   reason=<rt_client_reject_names> (field[RT_CR_COUNT])
  *   STATUS  endpoint=..., status=<exact HTTP status> (field[RT_EP_COUNT][600]; 200 always shown)
+ *   PD      decision="remote_prefill" | "local_prefill" (field[2])
  *   HIST    a latency histogram, buckets 1 ms .. 240 s (struct rt_hist field)
  * Per-rank series (xpyd_instance_*) come from the balancer's numbers: metrics.c's instance table. */
 #ifndef XPYD_METRICS_TABLE_H
@@ -47,6 +48,16 @@
       "Streams whose failed decode leg went on at another decode (--migration-limit), by what failed.")          \
     X(prefill_fallbacks, "xpyd_prefill_fallbacks_total", counter, NONE,                                         \
       "Requests whose decode computed the prompt itself because no prefill could (--prefill-fallback).")         \
+    X(prefix_predicted, "xpyd_prefix_predicted_tokens_total", counter, ROLE,                                     \
+      "Prompt tokens the prefix index predicted cached on the chosen rank (pools with the index on).")           \
+    X(prefix_cached, "xpyd_prefix_cached_tokens_total", counter, ROLE,                                          \
+      "Prompt tokens the engine reported cached (usage.prompt_tokens_details.cached_tokens) for the same "      \
+      "requests: the prediction's truth.")                                                                       \
+    X(prefix_index_bytes, "xpyd_prefix_index_bytes", gauge, ROLE, "Memory the pool's prefix index uses.")      \
+    X(session_picks, "xpyd_session_affinity_total", counter, ROLE,                                              \
+      "Picks made by session affinity (--session-key): the session's rank on the ring took the request.")       \
+    X(pd_decisions, "xpyd_pd_decisions_total", counter, PD,                                                     \
+      "Conditional disaggregation: requests sent through a prefill leg, or computed by their decode alone.")    \
     X(connections, "xpyd_client_connections", gauge, NONE, "Client connections open.")                         \
     X(connections_accepted, "xpyd_client_connections_accepted_total", counter, NONE, "Client connections accepted.") \
     X(connections_rejected, "xpyd_client_connections_rejected_total", counter, NONE,                            \

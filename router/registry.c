@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -40,10 +41,14 @@ static int learned_role(const struct rt_config *c, int role)
     return role == RT_PREFILL && rt_config_prefill_by_query(c);
 }
 
-/* What the balancer is told of a planned rank. */
-static struct xb_instance_cfg inst_cfg(const struct rt_rank *r)
+/* What the balancer is told of a planned rank; its key (host:port/dp rank) places it on the session ring the
+ * same way in every router replica. */
+static struct xb_instance_cfg inst_cfg(const struct rt_rank *r, const char *host, int port)
 {
-    struct xb_instance_cfg ic = {r->tp, r->weight, r->max_model_len, r->max_inflight};
+    char id[300];
+    int n = snprintf(id, sizeof id, "%s:%d/%d", host, port, r->dp_rank);
+    uint64_t key = XXH3_64bits(id, n > 0 && (size_t)n < sizeof id ? (size_t)n : strlen(id));
+    struct xb_instance_cfg ic = {r->tp, r->weight, r->max_model_len, r->max_inflight, key ? key : 1};
     return ic;
 }
 
@@ -80,10 +85,19 @@ int rt_registry_setup(struct router *rt)
         rt->pools[role] = XPYD_XALLOC(xb_pool_new(c->pools[role].policy, 0x5eed + (uint64_t)role));
         xb_set_ejection(rt->pools[role], (int)c->eject_after, c->eject_base_ms, c->eject_max_ms);
         xb_set_hard_cap(rt->pools[role], c->admission_queue > 0);
+        rt->prefix_on[role] = c->pools[role].policy == XB_POLICY_CACHE ||
+                              (role == RT_DECODE && (c->local_prefill_max_tokens || c->local_prefill_when_busy_tokens));
+        if (rt->prefix_on[role] && xb_prefix_enable(rt->pools[role], c->prefix_cache_blocks,
+                                                    (size_t)c->prefix_index_max_bytes, c->prefix_ttl_ms,
+                                                    c->cache_max_imbalance) != 0)
+            return -1;
+        if (c->session_key[0])
+            xb_session_enable(rt->pools[role], c->session_epsilon);
         if (xb_pool_reserve(rt->pools[role], cap) != 0)
             return -1;
         for (size_t i = 0; i < g->n_ranks[role]; i++) {
-            struct xb_instance_cfg ic = inst_cfg(&c->ranks[role][i]);
+            const struct rt_endpoint_cfg *e = &c->endpoints[c->ranks[role][i].endpoint];
+            struct xb_instance_cfg ic = inst_cfg(&c->ranks[role][i], e->host, e->port);
             if (xb_pool_add(rt->pools[role], &ic) != (int)i)
                 return -1;
             if (learned_role(c, role))
@@ -126,7 +140,7 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
     int ep = endpoint_for(host, port, err, errcap);
     if (ep < 0)
         return ep;
-    struct xb_instance_cfg ic = inst_cfg(want);
+    struct xb_instance_cfg ic = inst_cfg(want, host, port);
     for (size_t i = 0; i < c->n_ranks[role]; i++) {
         struct rt_live_rank *cur = &c->ranks[role][i];
         if (cur->endpoint != ep || cur->dp_rank != want->dp_rank)

@@ -133,7 +133,9 @@ static void access_log(const struct request *r, int fail)
     struct access_entry e = {r->xid, r->client_addr, "POST", req_path(r), r->status, r->stream, pi, di,
                              r->prompt_tokens, r->tokens_out,
                              r->t_first ? (double)(r->t_first - r->t_start) / 1e6 : -1,
-                             (double)(xpyd_now_us() - r->t_start) / 1e6, rt_fail_table[fail].name, r->migrations};
+                             (double)(xpyd_now_us() - r->t_start) / 1e6, rt_fail_table[fail].name, r->migrations,
+                             r->pd_local ? "local" : r->local_prefill ? "fallback"
+                                                   : r->legs[RT_PREFILL].attempts ? "remote" : "-"};
     rt_access_log(&e);
 }
 
@@ -236,6 +238,7 @@ static void req_free_cb(void *arg)
     rw_src_free(r->src);
     cJSON_Delete(r->kv_params);
     free(r->fwd_headers);
+    free(r->blocks);
     free(r->first_text);
     free(r->resp_id);
     if (r->gen_text)
@@ -320,8 +323,14 @@ static void fall_back_to_local_prefill(struct request *r, const char *why)
 int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct request *r))
 {
     struct leg *l = &r->legs[role];
-    uint64_t need = (uint64_t)(r->prompt_tokens + r->max_tokens);
-    int idx = xb_pick(g_rt->pools[role], need, charge, l->tried, l->ntried);
+    struct xb_query q = {.need_len = (uint64_t)(r->prompt_tokens + r->max_tokens), .tokens = charge,
+                         .session = r->session, .exclude = l->tried, .nexclude = l->ntried};
+    if (g_rt->prefix_on[role] && !r->migrations) { /* a continuation's prompt is not the one hashed */
+        q.blocks = r->blocks;
+        q.nblocks = r->nblocks;
+        q.block_tokens = g_rt->cfg.prefix_block_tokens;
+    }
+    int idx = xb_pick_q(g_rt->pools[role], &q);
     if (idx == -EBUSY) {
         if (admission_wait(r, role, again, on_queue_expired) == ADMISSION_QUEUED) {
             req_set_state(r, REQ_QUEUED);
@@ -364,7 +373,12 @@ int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct r
     l->last_idx = idx;
     l->t_sent = xpyd_now_us();
     l->idx = idx;
-    l->charge = charge;
+    l->charge = q.charged;
+    r->predicted_cached[role] = q.cached;
+    if (q.blocks)
+        atomic_fetch_add(&g_rt->ctr.prefix_predicted[role], q.cached);
+    if (q.by_session)
+        atomic_fetch_add(&g_rt->ctr.session_picks[role], 1);
     return idx;
 }
 
@@ -761,8 +775,11 @@ int req_absorb_prefill(struct request *r)
     a.kv_params = NULL;
     if (a.prompt_tokens >= 0)
         r->prompt_tokens = a.prompt_tokens; /* exact, replaces the estimate */
-    if (a.cached_tokens >= 0)
+    if (a.cached_tokens >= 0) {
         r->cached_tokens = a.cached_tokens;
+        if (g_rt->prefix_on[RT_PREFILL] && r->nblocks && !r->migrations) /* the prediction's truth */
+            atomic_fetch_add(&g_rt->ctr.prefix_cached[RT_PREFILL], a.cached_tokens);
+    }
     if (!r->resp_id) { /* a migrated stream's continuation keeps the id and token the client already has */
         r->resp_id = a.id;
         a.id = NULL;
@@ -810,10 +827,43 @@ void req_prefill_done(struct up_leg *up, int err, void *arg)
     req_start_decode(r);
 }
 
+/* Conditional disaggregation (--local-prefill-max-tokens, --local-prefill-when-busy-tokens): the decode rank
+ * the policy would choose is asked first (a peek: nothing charged); when the prompt tokens it does not hold
+ * cached are few enough, or every prefill is full and they are few enough for that case, the decode computes
+ * the prompt itself. Only at a request's first placement, in the modes whose decode can run alone. */
+static int choose_local_prefill(struct request *r)
+{
+    const struct rt_config *c = &g_rt->cfg;
+    if (!r->ho->local_prefill || (!c->local_prefill_max_tokens && !c->local_prefill_when_busy_tokens) ||
+        r->migrations || r->local_prefill || r->legs[RT_PREFILL].attempts)
+        return 0;
+    int64_t charge;
+    req_decode_charge(r, &charge);
+    struct xb_query q = {.need_len = (uint64_t)(r->prompt_tokens + r->max_tokens), .tokens = charge,
+                         .blocks = r->blocks, .nblocks = r->nblocks, .block_tokens = c->prefix_block_tokens,
+                         .session = r->session, .peek = 1};
+    if (xb_pick_q(g_rt->pools[RT_DECODE], &q) < 0)
+        return 0;
+    int64_t uncached = r->prompt_tokens - q.cached;
+    if (uncached < c->local_prefill_max_tokens)
+        return 1;
+    return uncached < c->local_prefill_when_busy_tokens && xb_saturated(g_rt->pools[RT_PREFILL]);
+}
+
 void req_start_prefill(struct request *r)
 {
+    int first = !r->legs[RT_PREFILL].attempts && !r->migrations && !r->local_prefill;
+    if (first && choose_local_prefill(r)) {
+        r->local_prefill = 1;
+        r->pd_local = 1;
+        atomic_fetch_add(&g_rt->ctr.pd_decisions[1], 1);
+        req_start_decode(r);
+        return;
+    }
     if (req_pick(r, RT_PREFILL, r->prompt_tokens, req_start_prefill) < 0)
         return;
+    if (first && r->legs[RT_PREFILL].attempts == 1)
+        atomic_fetch_add(&g_rt->ctr.pd_decisions[0], 1);
     size_t len;
     char *body = r->ho->prefill_body(r, &len);
     req_send(r, RT_PREFILL, body, len, req_prefill_done);

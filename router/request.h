@@ -93,7 +93,12 @@ struct request {
     struct event *bp_timer;     /* while paused: watches the client's output drain (owned) */
     int first_token_seen;       /* the decode produced its first token (handoff_ops.first_token ran) */
     int prefill_token_sent;     /* the client's first token was the prefill's (client_prefill_first_token) */
-    int local_prefill;          /* --prefill-fallback: no prefill could, the decode computes the prompt */
+    int local_prefill;          /* the decode computes the prompt: --prefill-fallback, or the local-prefill decision */
+    int pd_local;               /* conditional disaggregation chose the decode alone (access log pd=local) */
+    uint64_t *blocks;           /* prefix-block hashes of the prompt (a pool keeps a prefix index); owned */
+    size_t nblocks;
+    uint64_t session;           /* hash of the --session-key value, 0: none */
+    int64_t predicted_cached[2]; /* tokens the index predicted cached on each leg's rank (last pick) */
     /* decode migration (--migration-limit): a stream whose decode fails goes on at another decode */
     struct evbuffer *gen_text;  /* the text the client has (NULL: this request cannot migrate); owned */
     int migrations;             /* continuations sent so far */

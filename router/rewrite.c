@@ -1,5 +1,6 @@
 /* rewrite.c - request and response JSON rewriting (see rewrite.h). */
 #include "rewrite.h"
+#include "xb_prefix.h"
 
 #include "xpyd_util.h"
 
@@ -57,6 +58,119 @@ int64_t rw_estimate_prompt(const cJSON *body, int chat, double bpt)
         }
     }
     return n;
+}
+
+/* A growing byte buffer for the chat serialization. */
+struct bytes {
+    char *p;
+    size_t n, cap;
+};
+
+static void bytes_add(struct bytes *b, const void *d, size_t n)
+{
+    if (b->n + n > b->cap) {
+        size_t nc = b->cap ? b->cap : 1024;
+        while (nc < b->n + n)
+            nc *= 2;
+        b->p = XPYD_XALLOC(realloc(b->p, nc));
+        b->cap = nc;
+    }
+    memcpy(b->p + b->n, d, n);
+    b->n += n;
+}
+
+static void bytes_str(struct bytes *b, const cJSON *s)
+{
+    if (cJSON_IsString(s))
+        bytes_add(b, s->valuestring, strlen(s->valuestring));
+    bytes_add(b, "\x1f", 1); /* field separator: fields cannot run into each other */
+}
+
+static void bytes_json(struct bytes *b, const cJSON *v)
+{
+    char *j = v ? cJSON_PrintUnformatted(v) : NULL;
+    if (j)
+        bytes_add(b, j, strlen(j));
+    free(j);
+    bytes_add(b, "\x1f", 1);
+}
+
+static void chat_serialize(const cJSON *body, struct bytes *b)
+{
+    const cJSON *m;
+    cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(body, "messages"))
+    {
+        bytes_add(b, "\x1e", 1); /* message separator */
+        bytes_str(b, cJSON_GetObjectItemCaseSensitive(m, "role"));
+        bytes_str(b, cJSON_GetObjectItemCaseSensitive(m, "name"));
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (cJSON_IsArray(c)) {
+            const cJSON *part;
+            cJSON_ArrayForEach(part, c)
+            {
+                const cJSON *tx = cJSON_GetObjectItemCaseSensitive(part, "text");
+                if (cJSON_IsString(tx))
+                    bytes_str(b, tx);
+                else
+                    bytes_json(b, part); /* an image or audio part: its whole description */
+            }
+        } else {
+            bytes_str(b, c);
+        }
+        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        bytes_json(b, tc);
+        bytes_str(b, cJSON_GetObjectItemCaseSensitive(m, "tool_call_id"));
+    }
+}
+
+size_t rw_prefix_blocks(const cJSON *body, int chat, size_t block_tokens, double bpt, uint64_t **out)
+{
+    *out = NULL;
+    if (block_tokens == 0)
+        return 0;
+    size_t block_bytes = (size_t)((double)block_tokens * (bpt > 0 ? bpt : 4.0) + 0.5);
+    if (block_bytes == 0)
+        block_bytes = 1;
+    if (chat) {
+        struct bytes b = {0};
+        chat_serialize(body, &b);
+        size_t nb = 0;
+        if (b.n >= block_bytes) {
+            *out = XPYD_XALLOC(malloc(b.n / block_bytes * sizeof **out));
+            nb = xb_hash_bytes(b.p, b.n, block_bytes, *out, b.n / block_bytes);
+        }
+        free(b.p);
+        return nb;
+    }
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(body, "prompt");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && !cJSON_IsNumber(p->child))
+        p = p->child; /* ["text"] or [[ids]]: the one prompt */
+    if (cJSON_IsString(p)) {
+        size_t len = strlen(p->valuestring);
+        if (len < block_bytes)
+            return 0;
+        *out = XPYD_XALLOC(malloc(len / block_bytes * sizeof **out));
+        return xb_hash_bytes(p->valuestring, len, block_bytes, *out, len / block_bytes);
+    }
+    size_t n = cJSON_IsArray(p) ? (size_t)cJSON_GetArraySize(p) : 0;
+    if (n < block_tokens)
+        return 0;
+    int64_t *ids = XPYD_XALLOC(malloc(n * sizeof *ids));
+    size_t k = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, p)
+    {
+        if (!cJSON_IsNumber(it))
+            break;
+        ids[k++] = (int64_t)it->valuedouble;
+    }
+    size_t nb = 0;
+    if (k >= block_tokens) {
+        *out = XPYD_XALLOC(malloc(k / block_tokens * sizeof **out));
+        nb = xb_hash_tokens(ids, k, block_tokens, *out, k / block_tokens);
+    }
+    free(ids);
+    return nb;
 }
 
 const char *rw_validate(const cJSON *body, int chat, int *stream, int64_t *max_tokens)

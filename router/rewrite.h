@@ -38,6 +38,12 @@ void rw_dedupe_keys(cJSON *o);
 const char *rw_validate(const cJSON *body, int chat, int *stream, int64_t *max_tokens);
 /* Prompt size in tokens: token-id arrays exactly, text by bytes_per_token, chat messages + 4 each. */
 int64_t rw_estimate_prompt(const cJSON *body, int chat, double bytes_per_token);
+/* Chained prefix-block hashes of the request's prompt (xb_prefix.h) into *out (malloc'd; NULL when none):
+ * token-id prompts by ids, block_tokens per block; text prompts by bytes, block_tokens × bytes_per_token per
+ * block; chat requests over a canonical serialization of the messages in order (role, name, content text,
+ * other content parts as JSON, tool calls, tool_call_id), so an earlier turn is a prefix of the next.
+ * Returns the number of blocks. */
+size_t rw_prefix_blocks(const cJSON *body, int chat, size_t block_tokens, double bytes_per_token, uint64_t **out);
 /* Serialises o (never NULL: aborts on OOM); *len its length. */
 char *rw_print(const cJSON *o, size_t *len);
 /* The prefill leg's body: max_tokens 1, not streamed, no stream_options/min_tokens; with kv_params, the

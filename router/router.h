@@ -84,6 +84,7 @@ void rt_hist_observe(struct rt_hist *h, double seconds);
  * generated from metrics_table.h (one row per metric), in the shape their labels need. */
 #define RT_STORE_NONE(f) atomic_int_fast64_t f;
 #define RT_STORE_ROLE(f) atomic_int_fast64_t f[2];
+#define RT_STORE_PD(f) atomic_int_fast64_t f[2];
 #define RT_STORE_REASON(f) atomic_int_fast64_t f[RF_COUNT];
 #define RT_STORE_GUARD(f) atomic_int_fast64_t f[RT_CR_COUNT];
 #define RT_STORE_STATUS(f) atomic_int_fast64_t f[RT_EP_COUNT][600];
@@ -121,6 +122,7 @@ struct router {
     const struct handoff_ops *ho;  /* the --handoff mode (handoffs.c) */
     struct rt_registry reg;
     struct xb_pool *pools[2];
+    int prefix_on[2];              /* the pool keeps a prefix index (policy cache, or local-prefill decisions) */
     struct up_endpoint *endpoints; /* ep_cap entries; the first n_endpoints are in use (registry.c) */
     size_t n_endpoints, ep_cap;
     int argc;                      /* the command line, for SIGHUP reloads */

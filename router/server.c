@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 #include <strings.h>
 #include <sys/random.h>
 #include <unistd.h>
@@ -61,7 +62,7 @@ static void rejected(evhtp_request_t *req, int kind, int status, int fail)
     const char *method = m == htp_method_GET ? "GET" : m == htp_method_POST ? "POST" : m == htp_method_HEAD ? "HEAD"
                        : m == htp_method_PUT ? "PUT" : m == htp_method_DELETE ? "DELETE" : "OTHER";
     struct access_entry e = {xid, client, method, kind == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions",
-                             status, 0, "-", "-", 0, 0, -1, 0, rt_fail_table[fail].name, 0};
+                             status, 0, "-", "-", 0, 0, -1, 0, rt_fail_table[fail].name, 0, "-"};
     rt_access_log(&e);
 }
 
@@ -90,6 +91,8 @@ static int client_request_id(evhtp_request_t *req, char *out, size_t cap)
     snprintf(out, cap, "%s", xid);
     return 1;
 }
+
+static uint64_t session_of(evhtp_request_t *req, const cJSON *body);
 
 static void handle_generate(evhtp_request_t *req, int kind)
 {
@@ -147,6 +150,10 @@ static void handle_generate(evhtp_request_t *req, int kind)
     r->max_tokens = max_tokens;
     r->t_start = xpyd_now_us();
     r->prompt_tokens = rw_estimate_prompt(body, kind == RT_EP_CHAT, g_rt->cfg.bytes_per_token);
+    if (g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE])
+        r->nblocks = rw_prefix_blocks(body, kind == RT_EP_CHAT, (size_t)g_rt->cfg.prefix_block_tokens,
+                                      g_rt->cfg.bytes_per_token, &r->blocks);
+    r->session = session_of(req, body);
     if (!client_request_id(req, r->xid, sizeof r->xid)) /* vLLM uses the client's id too */
         new_request_id(r->xid, sizeof r->xid);
     rt_client_addr(req, r->client_addr, sizeof r->client_addr);
@@ -160,6 +167,23 @@ static void handle_generate(evhtp_request_t *req, int kind)
     }
     evbuffer_free(hb);
     req_begin(r);
+}
+
+/* --session-key: the hash of the request's session (a header's value, or a top-level string of the body);
+ * 0 when the setting is off or the request has none. */
+static uint64_t session_of(evhtp_request_t *req, const cJSON *body)
+{
+    const char *k = g_rt->cfg.session_key, *v = NULL;
+    if (!strncmp(k, "header:", 7))
+        v = evhtp_kv_find(req->headers_in, k + 7);
+    else if (!strncmp(k, "body:", 5)) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(body, k + 5);
+        v = cJSON_IsString(f) ? f->valuestring : NULL;
+    }
+    if (!v || !*v)
+        return 0;
+    uint64_t h = XXH3_64bits(v, strlen(v));
+    return h ? h : 1;
 }
 
 static void on_completions(evhtp_request_t *req, void *arg)

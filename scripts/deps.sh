@@ -25,6 +25,7 @@ npm_deps() {
 
 PKGS=(gcc make cmake pkg-config ca-certificates curl python3 procps prometheus clang libclang-rt-14-dev
       libevent-dev libevhtp-dev libhttp-parser-dev libcjson-dev libibverbs-dev libjemalloc-dev libcmocka-dev
+      libxxhash-dev
       help2man man-db dpkg-dev adduser gnuplot-nox
       "$@")
 

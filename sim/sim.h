@@ -31,6 +31,8 @@ struct sim_config {
     long max_batch;
     long kv_capacity_tokens;  /* KV a rank holds at most (prompt + generated of running requests); 0 = unbounded */
     long decode_ns_per_kv_token; /* extra step time per KV token the rank holds (attention cost); 0 = none */
+    int prefix_caching;       /* 1: per-rank prefix cache (LRU of chained block hashes) */
+    long block_size, num_gpu_blocks;
     int handoff;
     char store_dir[512];
     long store_wait_ms;

@@ -325,16 +325,72 @@ static int prefill_register_transfer(struct sreq *r)
     return prefill_register_key(r, key);
 }
 
+/* ---------- the prefix cache (--prefix-caching) ---------- */
+
+/* The chained block hashes of r's prompt (full blocks only); malloc'd, NULL when none. */
+static size_t prompt_blocks(const struct sreq *r, uint64_t **out)
+{
+    size_t bs = (size_t)r->sim->cfg.block_size, n = r->p.prompt.n;
+    *out = NULL;
+    if (!r->sim->pcache || n < bs)
+        return 0;
+    int64_t *ids = XPYD_XALLOC(malloc(n * sizeof *ids));
+    for (size_t i = 0; i < n; i++)
+        ids[i] = r->p.prompt.ids[i];
+    *out = XPYD_XALLOC(malloc(n / bs * sizeof **out));
+    size_t nb = xb_hash_tokens(ids, n, bs, *out, n / bs);
+    free(ids);
+    return nb;
+}
+
+/* Tokens of r's prompt this rank computes from its cache, counted as vLLM does (queries and hits in tokens);
+ * at least one token is always computed, so a fully cached prompt reuses all but its last block. */
+static long prefix_lookup(struct sreq *r)
+{
+    uint64_t *h;
+    size_t nb = prompt_blocks(r, &h);
+    if (!r->sim->pcache)
+        return 0;
+    size_t n = r->p.prompt.n, bs = (size_t)r->sim->cfg.block_size;
+    size_t hit = xb_prefix_match(r->sim->pcache, r->rank->idx, h, nb, 0);
+    if (hit * bs >= n)
+        hit = (n - 1) / bs;
+    free(h);
+    r->rank->prefix_queries += n;
+    r->rank->prefix_hits += hit * bs;
+    return (long)(hit * bs);
+}
+
+/* The rank now holds r's prompt blocks (computed here, or received from a prefill). */
+static void prefix_store(struct sreq *r)
+{
+    uint64_t *h;
+    size_t nb = prompt_blocks(r, &h);
+    if (nb)
+        xb_prefix_insert(r->sim->pcache, r->rank->idx, h, nb, 0);
+    free(h);
+}
+
+/* Local prefill: computes what the cache does not hold. */
+static void prefill_locally(struct sreq *r)
+{
+    long cached = prefix_lookup(r);
+    r->cached_tokens = cached;
+    prefix_store(r);
+    r->state = SREQ_PREFILL;
+    sreq_schedule(r, (uint64_t)r->sim->cfg.prefill_us_per_token * (r->p.prompt.n - (size_t)cached));
+}
+
 static void handoff_finished(struct sreq *r, int result)
 {
     r->sim->handoffs[r->ho_mode][result]++;
     if (result == HO_DONE) {
         r->cached_tokens = (long)r->p.prompt.n; /* the whole prompt came from the remote KV */
+        prefix_store(r);                         /* and is now in this rank's prefix cache */
         r->state = SREQ_DECODE;
         sreq_schedule(r, (uint64_t)r->sim->cfg.decode_us_per_token);
     } else {
-        r->state = SREQ_PREFILL;
-        sreq_schedule(r, (uint64_t)r->sim->cfg.prefill_us_per_token * r->p.prompt.n);
+        prefill_locally(r);
     }
 }
 
@@ -593,8 +649,7 @@ void sreq_start(struct sreq *r)
         r->deadline_us = xpyd_now_us() + (uint64_t)s->cfg.store_wait_ms * 1000u;
         sreq_schedule(r, 0);
     } else {
-        r->state = SREQ_PREFILL;
-        sreq_schedule(r, (uint64_t)s->cfg.prefill_us_per_token * r->p.prompt.n);
+        prefill_locally(r);
     }
 }
 

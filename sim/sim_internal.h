@@ -11,6 +11,7 @@
 #include "sim_tokens.h"
 #include "xpyd_http_client.h"
 #include "xpyd_transfer.h"
+#include "xb_prefix.h"
 
 #include <cjson/cJSON.h>
 #include <event2/event.h>
@@ -38,6 +39,7 @@ struct sim_rank {
     uint64_t next_block;
     /* counters */
     uint64_t prompt_tokens_total, generation_tokens_total, requests_total, success_total, aborted_total;
+    uint64_t prefix_queries, prefix_hits; /* tokens looked up in / found in the prefix cache */
 };
 
 struct sim {
@@ -48,6 +50,7 @@ struct sim {
     struct sim_rank *ranks;
     int nranks;
     struct sim_lease_table leases;
+    struct xb_prefix *pcache; /* --prefix-caching on: every rank's cache (the index's rank = rank idx) */
     LIST_HEAD(, sreq) all;
     struct event *sweep_ev;
     struct event *sig_int, *sig_term;

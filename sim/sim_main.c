@@ -14,6 +14,7 @@
 static const char *const roles[] = {"both", "prefill", "decode", NULL};
 static const char *const dp_modes[] = {"external", "internal", NULL};
 static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
+static const char *const on_off[] = {"off", "on", NULL};
 
 #define F(m) XPYD_FIELD(struct sim_config, m)
 /* xpyd_sim's settings, one row each (common/xpyd_settings.h, the same machinery as the router's table). */
@@ -40,6 +41,14 @@ static const struct xpyd_setting settings[] = {
      "KV tokens a rank holds; a request waits until its prompt fits (0: no limit)"},
     {"decode-ns-per-kv-token", XS_LONG, F(decode_ns_per_kv_token), 0, 1000000, "0", NULL,
      "each decode step takes this much longer per KV token the rank holds"},
+    {"prefix-caching", XS_ENUM, F(prefix_caching), 0, 0, "off", on_off,
+     "automatic prefix caching per rank, as vLLM's: an LRU over chained block hashes of the prompt's token ids "
+     "(`--block-size`, `--num-gpu-blocks` blocks); a prefill computes only the uncached tokens (at most all "
+     "but one block's worth are reused), usage reports `prompt_tokens_details.cached_tokens`, KV a decode "
+     "receives becomes cached there; `vllm:prefix_cache_queries_total` / `_hits_total` count tokens"},
+    {"block-size", XS_LONG, F(block_size), 1, 4096, "16", NULL, "tokens per KV block (prefix caching)"},
+    {"num-gpu-blocks", XS_LONG, F(num_gpu_blocks), 1, 1L << 30, "4096", NULL,
+     "KV blocks per rank the prefix cache may hold (shown in `vllm:cache_config_info`)"},
     {"handoff", XS_ENUM, F(handoff), 0, 0, "kv-params", sim_handoff_names,
      "PD handoff this engine speaks (xpyd: kv-params with the KV moved by libxpyd_transfer; mooncake: vLLM's "
      "MooncakeConnector, `/query` served on the bootstrap port)"},

@@ -53,6 +53,9 @@ void on_metrics(evhtp_request_t *req, void *arg)
         {"vllm:request_success_total", "counter", "Count of successfully processed requests.", 5},
         {"xpyd_sim:requests_total", "counter", "Requests admitted by the simulator.", 6},
         {"xpyd_sim:requests_aborted_total", "counter", "Requests aborted (client disconnect or abort_request).", 7},
+        {"vllm:prefix_cache_queries_total", "counter",
+         "Prefix cache queries, in terms of number of queried tokens.", 8},
+        {"vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.", 9},
     };
     for (size_t i = 0; i < sizeof per_rank / sizeof per_rank[0]; i++) {
         metric_head(b, per_rank[i].name, per_rank[i].type, per_rank[i].help);
@@ -69,11 +72,16 @@ void on_metrics(evhtp_request_t *req, void *arg)
             case 4: v = (double)rk->generation_tokens_total; break;
             case 5: v = (double)rk->success_total; break;
             case 6: v = (double)rk->requests_total; break;
-            default: v = (double)rk->aborted_total; break;
+            case 7: v = (double)rk->aborted_total; break;
+            case 8: v = (double)rk->prefix_queries; break;
+            default: v = (double)rk->prefix_hits; break;
             }
             evbuffer_add_printf(b, "%s{engine=\"%d\",model_name=\"%s\"} %.17g\n", per_rank[i].name, k, m, v);
         }
     }
+    metric_head(b, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig.");
+    evbuffer_add_printf(b, "vllm:cache_config_info{block_size=\"%ld\",enable_prefix_caching=\"%s\",num_gpu_blocks=\"%ld\"} 1.0\n",
+                        s->cfg.block_size, s->cfg.prefix_caching ? "True" : "False", s->cfg.num_gpu_blocks);
     metric_head(b, "xpyd_sim:handoffs_total", "counter", "KV handoffs on the decode side, by mode and result.");
     for (int mo = 0; mo < SIM_NHANDOFFS; mo++)
         for (int res = 0; res < HO_NRESULTS; res++)

@@ -448,6 +448,11 @@ int sim_run(const struct sim_config *cfg)
         abort();
     s->nranks = cfg->dp_size;
     s->ranks = XPYD_XALLOC(calloc((size_t)s->nranks, sizeof *s->ranks));
+    if (cfg->prefix_caching) /* bounded by blocks per rank; the byte bound only has to be above that */
+        s->pcache = XPYD_XALLOC(xb_prefix_new(cfg->num_gpu_blocks,
+                                              (size_t)(cfg->num_gpu_blocks + 1024) * (size_t)s->nranks *
+                                                  xb_prefix_entry_bytes() * 2,
+                                              0));
     uint64_t nonce = xpyd_mix64(xpyd_now_us() ^ (uint64_t)getpid());
     /* The bootstrap server (SGLang's, vLLM MooncakeConnector's /query) is a listener of its own, as in the real
      * engines: by default in the modes that have one, on a free port (the port file's second line); the HTTP
@@ -550,6 +555,7 @@ out:
     XLOG_INFO("msg=\"xpyd_sim stopped\" port=%d", s->cfg.port);
     /* Connections still open are reclaimed by the OS at exit; evhtp has no safe bulk close for them. */
     free(s->ranks);
+    xb_prefix_free(s->pcache);
     free(s);
     return rc;
 }

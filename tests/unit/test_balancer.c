@@ -20,7 +20,7 @@ static struct xb_pool *pool_of(int policy, int n, const int *weights, const int 
 {
     struct xb_pool *p = xb_pool_new(policy, 42);
     for (int i = 0; i < n; i++) {
-        struct xb_instance_cfg c = {tps ? tps[i] : 1, weights ? weights[i] : 1, mml ? mml[i] : 0, 0};
+        struct xb_instance_cfg c = {tps ? tps[i] : 1, weights ? weights[i] : 1, mml ? mml[i] : 0, 0, 0};
         assert_int_equal(xb_pool_add(p, &c), i);
     }
     return p;
@@ -222,7 +222,7 @@ static void test_max_inflight_soft_cap(void **st)
 {
     struct xb_pool *p = xb_pool_new(XB_POLICY_LOT, 1);
     for (int i = 0; i < 2; i++) {
-        struct xb_instance_cfg c = {1, 1, 0, 2};
+        struct xb_instance_cfg c = {1, 1, 0, 2, 0};
         xb_pool_add(p, &c);
     }
     int a = xb_pick(p, 0, 1, NULL, 0), b = xb_pick(p, 0, 1, NULL, 0); /* one each (rotation) */

@@ -1,0 +1,352 @@
+/* xb_prefix.c - the prefix index (xb_prefix.h): one open-addressing hash table of (rank, block hash)
+ * entries, each entry also on its rank's LRU list. Entries live in one array with a free list; the array and
+ * the table grow by doubling up to the byte bound, after which inserting evicts. */
+#include "xb_prefix.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#define XXH_STATIC_LINKING_ONLY /* XXH3_state_t on the stack */
+#include <xxhash.h>
+
+#define NIL UINT32_MAX
+#define CHAIN_SEED 0x78707964u /* "xpyd": the seed of a chain's first block */
+
+struct ent {
+    uint64_t h;       /* block hash */
+    uint64_t t_us;    /* last use */
+    uint32_t rank;
+    uint32_t prev, next; /* rank's LRU list (prev: more recent); next is the free list for free entries */
+};
+
+struct rank_lru {
+    uint32_t head, tail; /* head: most recent */
+    size_t n;
+    long cap;            /* <= 0: the index default */
+};
+
+struct xb_prefix {
+    long per_rank;
+    size_t max_entries;
+    uint64_t ttl_us;
+    struct ent *e;
+    size_t ne, ecap;     /* entries in use, array size */
+    uint32_t free_head;
+    uint32_t *slot;      /* table: entry index + 1, 0 = empty */
+    size_t nslot;        /* power of two, >= 2 * ecap */
+    struct rank_lru *ranks;
+    size_t nranks;
+};
+
+size_t xb_hash_tokens(const int64_t *ids, size_t n, size_t block_tokens, uint64_t *out, size_t cap)
+{
+    if (block_tokens == 0)
+        return 0;
+    size_t nb = 0;
+    uint64_t prev = CHAIN_SEED;
+    uint64_t buf[64];
+    for (size_t b = 0; b + block_tokens <= n && nb < cap; b += block_tokens) {
+        XXH3_state_t st;
+        XXH3_64bits_reset_withSeed(&st, prev);
+        for (size_t k = 0; k < block_tokens; k += 64) { /* ids as little-endian 64-bit values */
+            size_t m = block_tokens - k < 64 ? block_tokens - k : 64;
+            for (size_t j = 0; j < m; j++) {
+                uint64_t v = (uint64_t)ids[b + k + j];
+                unsigned char *o = (unsigned char *)&buf[j];
+                for (int s = 0; s < 8; s++)
+                    o[s] = (unsigned char)(v >> (8 * s));
+            }
+            XXH3_64bits_update(&st, buf, m * sizeof buf[0]);
+        }
+        prev = XXH3_64bits_digest(&st);
+        out[nb++] = prev;
+    }
+    return nb;
+}
+
+size_t xb_hash_bytes(const void *data, size_t len, size_t block_bytes, uint64_t *out, size_t cap)
+{
+    if (block_bytes == 0)
+        return 0;
+    size_t nb = 0;
+    uint64_t prev = CHAIN_SEED;
+    for (size_t b = 0; b + block_bytes <= len && nb < cap; b += block_bytes) {
+        prev = XXH3_64bits_withSeed((const char *)data + b, block_bytes, prev);
+        out[nb++] = prev;
+    }
+    return nb;
+}
+
+size_t xb_prefix_entry_bytes(void)
+{
+    /* the entry, and its share of the table: a power of two at least twice the entries, so at most 4 slots */
+    return sizeof(struct ent) + 4 * sizeof(uint32_t);
+}
+
+struct xb_prefix *xb_prefix_new(long per_rank_blocks, size_t max_bytes, uint64_t ttl_us)
+{
+    if (per_rank_blocks < 1 || max_bytes < 4096)
+        return NULL;
+    struct xb_prefix *x = calloc(1, sizeof *x);
+    if (!x)
+        return NULL;
+    x->per_rank = per_rank_blocks;
+    x->max_entries = max_bytes / xb_prefix_entry_bytes();
+    x->ttl_us = ttl_us;
+    x->free_head = NIL;
+    return x;
+}
+
+void xb_prefix_free(struct xb_prefix *x)
+{
+    if (!x)
+        return;
+    free(x->e);
+    free(x->slot);
+    free(x->ranks);
+    free(x);
+}
+
+static uint64_t key_of(uint64_t h, uint32_t rank)
+{
+    /* the block hash is already uniform; the rank moves it to an unrelated slot (rank 0 included) */
+    uint64_t k = h ^ (((uint64_t)rank + 1) * 0x9e3779b97f4a7c15ULL);
+    k ^= k >> 29;
+    k *= 0xbf58476d1ce4e5b9ULL;
+    return k ^ (k >> 32);
+}
+
+static size_t find_slot(const struct xb_prefix *x, uint64_t h, uint32_t rank)
+{
+    size_t mask = x->nslot - 1;
+    for (size_t s = key_of(h, rank) & mask;; s = (s + 1) & mask) {
+        uint32_t v = x->slot[s];
+        if (v == 0 || (x->e[v - 1].h == h && x->e[v - 1].rank == rank))
+            return s;
+    }
+}
+
+static uint32_t lookup(const struct xb_prefix *x, uint64_t h, uint32_t rank)
+{
+    if (!x->nslot)
+        return NIL;
+    uint32_t v = x->slot[find_slot(x, h, rank)];
+    return v ? v - 1 : NIL;
+}
+
+/* Removes slot s by shifting the rest of its probe run back (no tombstones: lookups stay short). */
+static void slot_delete(struct xb_prefix *x, size_t s)
+{
+    size_t mask = x->nslot - 1;
+    size_t i = s;
+    for (size_t j = (s + 1) & mask; x->slot[j]; j = (j + 1) & mask) {
+        const struct ent *e = &x->e[x->slot[j] - 1];
+        size_t home = key_of(e->h, e->rank) & mask;
+        /* j's entry may move to i when its home is not in the cyclic interval (i, j] */
+        int between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!between) {
+            x->slot[i] = x->slot[j];
+            i = j;
+        }
+    }
+    x->slot[i] = 0;
+}
+
+static int rehash(struct xb_prefix *x, size_t nslot)
+{
+    uint32_t *ns = calloc(nslot, sizeof *ns);
+    if (!ns)
+        return -ENOMEM;
+    free(x->slot);
+    x->slot = ns;
+    x->nslot = nslot;
+    for (uint32_t i = 0; i < x->ecap; i++)
+        if (x->e[i].rank != NIL)
+            x->slot[find_slot(x, x->e[i].h, x->e[i].rank)] = i + 1;
+    return 0;
+}
+
+static struct rank_lru *rank_of(struct xb_prefix *x, int rank)
+{
+    if (rank < 0)
+        return NULL;
+    if ((size_t)rank >= x->nranks) {
+        size_t n = (size_t)rank + 1 > x->nranks * 2 ? (size_t)rank + 1 : x->nranks * 2;
+        struct rank_lru *r = realloc(x->ranks, n * sizeof *r);
+        if (!r)
+            return NULL;
+        for (size_t i = x->nranks; i < n; i++)
+            r[i] = (struct rank_lru){NIL, NIL, 0, 0};
+        x->ranks = r;
+        x->nranks = n;
+    }
+    return &x->ranks[rank];
+}
+
+static void lru_unlink(struct xb_prefix *x, struct rank_lru *r, uint32_t i)
+{
+    struct ent *e = &x->e[i];
+    if (e->prev != NIL)
+        x->e[e->prev].next = e->next;
+    else
+        r->head = e->next;
+    if (e->next != NIL)
+        x->e[e->next].prev = e->prev;
+    else
+        r->tail = e->prev;
+    r->n--;
+}
+
+static void lru_push_front(struct xb_prefix *x, struct rank_lru *r, uint32_t i)
+{
+    struct ent *e = &x->e[i];
+    e->prev = NIL;
+    e->next = r->head;
+    if (r->head != NIL)
+        x->e[r->head].prev = i;
+    r->head = i;
+    if (r->tail == NIL)
+        r->tail = i;
+    r->n++;
+}
+
+static void evict(struct xb_prefix *x, uint32_t i)
+{
+    struct ent *e = &x->e[i];
+    lru_unlink(x, &x->ranks[e->rank], i);
+    slot_delete(x, find_slot(x, e->h, e->rank));
+    e->rank = NIL;
+    e->next = x->free_head;
+    x->free_head = i;
+    x->ne--;
+}
+
+/* A free entry, growing the arrays while under the byte bound; NIL when full or out of memory. */
+static uint32_t take_entry(struct xb_prefix *x)
+{
+    if (x->free_head == NIL && x->ecap < x->max_entries) {
+        size_t nc = x->ecap ? x->ecap * 2 : 1024;
+        if (nc > x->max_entries)
+            nc = x->max_entries;
+        struct ent *ne = realloc(x->e, nc * sizeof *ne);
+        if (!ne)
+            return NIL;
+        x->e = ne;
+        for (size_t i = nc; i-- > x->ecap;) {
+            ne[i].rank = NIL;
+            ne[i].next = x->free_head;
+            x->free_head = (uint32_t)i;
+        }
+        x->ecap = nc;
+        size_t want = 16;
+        while (want < 2 * nc)
+            want *= 2;
+        if (want > x->nslot && rehash(x, want) != 0)
+            return NIL;
+    }
+    uint32_t i = x->free_head;
+    if (i != NIL) {
+        x->free_head = x->e[i].next;
+        x->ne++;
+    }
+    return i;
+}
+
+/* The rank whose LRU end goes when the whole index is full: the one holding the most blocks. */
+static int fullest_rank(const struct xb_prefix *x)
+{
+    int best = -1;
+    for (size_t r = 0; r < x->nranks; r++)
+        if (x->ranks[r].n && (best < 0 || x->ranks[r].n > x->ranks[best].n))
+            best = (int)r;
+    return best;
+}
+
+void xb_prefix_set_capacity(struct xb_prefix *x, int rank, long blocks)
+{
+    struct rank_lru *r = rank_of(x, rank);
+    if (!r)
+        return;
+    r->cap = blocks;
+    long cap = r->cap > 0 ? r->cap : x->per_rank;
+    while (r->n > (size_t)cap)
+        evict(x, r->tail);
+}
+
+static int fresh(const struct xb_prefix *x, uint32_t i, uint64_t now_us)
+{
+    return i != NIL && (!x->ttl_us || now_us < x->e[i].t_us || now_us - x->e[i].t_us <= x->ttl_us);
+}
+
+size_t xb_prefix_match(const struct xb_prefix *x, int rank, const uint64_t *h, size_t n, uint64_t now_us)
+{
+    if (rank < 0 || (size_t)rank >= x->nranks || !x->ranks[rank].n || !n)
+        return 0;
+    uint32_t rk = (uint32_t)rank;
+    if (!fresh(x, lookup(x, h[0], rk), now_us))
+        return 0;
+    /* invariant: blocks [0, lo) held, block hi not (hi == n: past the end) */
+    size_t lo = 1, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (fresh(x, lookup(x, h[mid], rk), now_us))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+int xb_prefix_insert(struct xb_prefix *x, int rank, const uint64_t *h, size_t n, uint64_t now_us)
+{
+    struct rank_lru *r = rank_of(x, rank);
+    if (!r)
+        return -ENOMEM;
+    long cap = r->cap > 0 ? r->cap : x->per_rank;
+    if (n > (size_t)cap)
+        n = (size_t)cap; /* a chain longer than the rank's cache: its first blocks are what is kept */
+    uint32_t rk = (uint32_t)rank;
+    for (size_t k = n; k-- > 0;) { /* last block first: the chain's first block ends up most recent */
+        uint32_t i = lookup(x, h[k], rk);
+        if (i != NIL) {
+            lru_unlink(x, r, i);
+        } else {
+            while (r->n >= (size_t)cap)
+                evict(x, r->tail);
+            i = take_entry(x);
+            if (i == NIL) { /* the whole index is at its byte bound: the fullest rank gives a block */
+                int victim = fullest_rank(x);
+                if (victim < 0)
+                    return -ENOMEM;
+                evict(x, x->ranks[victim].tail);
+                i = take_entry(x);
+                if (i == NIL)
+                    return -ENOMEM;
+            }
+            x->e[i].h = h[k];
+            x->e[i].rank = rk;
+            x->slot[find_slot(x, h[k], rk)] = i + 1;
+        }
+        x->e[i].t_us = now_us;
+        lru_push_front(x, r, i);
+    }
+    return 0;
+}
+
+void xb_prefix_drop_rank(struct xb_prefix *x, int rank)
+{
+    if (rank < 0 || (size_t)rank >= x->nranks)
+        return;
+    while (x->ranks[rank].n)
+        evict(x, x->ranks[rank].tail);
+}
+
+size_t xb_prefix_blocks(const struct xb_prefix *x, int rank)
+{
+    return rank >= 0 && (size_t)rank < x->nranks ? x->ranks[rank].n : 0;
+}
+
+size_t xb_prefix_bytes(const struct xb_prefix *x)
+{
+    return sizeof *x + x->ecap * sizeof(struct ent) + x->nslot * sizeof(uint32_t) + x->nranks * sizeof(struct rank_lru);
+}

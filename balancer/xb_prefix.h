@@ -1,0 +1,48 @@
+/* xb_prefix.h - prefix index: which blocks of a prompt each rank probably holds in its prefix cache.
+ *
+ * A prompt is cut into blocks of a fixed number of tokens; each full block is identified by a chained 64-bit
+ * hash (xxHash3 of the block's content, seeded with the previous block's hash), so two prompts share the
+ * hashes of exactly the blocks of their common prefix. Per rank the index keeps an approximate set of such
+ * hashes: bounded per rank (LRU eviction), optionally aged out (TTL), and bounded as a whole in bytes.
+ *
+ * Approximation, on purpose: a chain is inserted last block first, so its first block is the most recently
+ * used and LRU eviction removes a chain from its end. The blocks a rank holds of one chain are then (almost
+ * always) a prefix of it, and the longest cached prefix is found by binary search: about log2(blocks) probes
+ * per rank instead of one per block (an 8k-token prompt against 64 ranks: ~640 probes).
+ *
+ * Pure: no I/O, no clock, no locking (the pool's mutex covers it); deterministic for a given sequence of
+ * calls. Times are passed in (µs, any monotonic origin). */
+#ifndef XB_PREFIX_H
+#define XB_PREFIX_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Chained hashes of the full blocks of a token-id prompt (block_tokens ids per block, each hashed as a
+ * little-endian 64-bit value). Returns the number written (at most cap); a trailing partial block has none. */
+size_t xb_hash_tokens(const int64_t *ids, size_t n, size_t block_tokens, uint64_t *out, size_t cap);
+/* Same over bytes (a text prompt, or a chat's canonical serialization), block_bytes bytes per block. */
+size_t xb_hash_bytes(const void *data, size_t len, size_t block_bytes, uint64_t *out, size_t cap);
+
+struct xb_prefix;
+
+/* An empty index. per_rank_blocks: LRU capacity of each rank (>= 1); max_bytes: bound on the whole index's
+ * memory (>= 4096); ttl_us: blocks older than this count as absent (0 = no TTL). NULL on OOM. */
+struct xb_prefix *xb_prefix_new(long per_rank_blocks, size_t max_bytes, uint64_t ttl_us);
+void xb_prefix_free(struct xb_prefix *x);
+/* A rank's own capacity in blocks (e.g. the engine's num_gpu_blocks); <= 0 goes back to the default. */
+void xb_prefix_set_capacity(struct xb_prefix *x, int rank, long blocks);
+/* Number of leading blocks of h[0..n) that rank holds (not older than the TTL at now_us). */
+size_t xb_prefix_match(const struct xb_prefix *x, int rank, const uint64_t *h, size_t n, uint64_t now_us);
+/* Records h[0..n) as held by rank, most recently used; evicts what the bounds require. 0 or -ENOMEM (then
+ * the index is unchanged for the blocks not recorded). */
+int xb_prefix_insert(struct xb_prefix *x, int rank, const uint64_t *h, size_t n, uint64_t now_us);
+/* Forgets everything rank holds (a removed or restarted engine). */
+void xb_prefix_drop_rank(struct xb_prefix *x, int rank);
+/* Blocks rank holds; bytes the whole index uses (entries and hash table). */
+size_t xb_prefix_blocks(const struct xb_prefix *x, int rank);
+size_t xb_prefix_bytes(const struct xb_prefix *x);
+/* Bytes one block costs in the index (for sizing --prefix-index-max-bytes). */
+size_t xb_prefix_entry_bytes(void);
+
+#endif
