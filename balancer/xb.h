@@ -111,8 +111,8 @@ void xb_prefix_capacity(struct xb_pool *p, int idx, long blocks);
 /* Memory the prefix index uses, in bytes (0 when off). */
 size_t xb_prefix_memory(struct xb_pool *p);
 /* Session affinity: a query with a session goes to the first rank clockwise from the session's hash on a
- * consistent-hash ring (64 points per rank, from cfg.key) whose load after taking it stays within
- * (1 + epsilon) × the pool's mean (consistent hashing with bounded loads); epsilon < 0 turns it off. */
+ * consistent-hash ring (64 points per rank, from cfg.key) whose load is within (1 + epsilon) × the pool's mean
+ * load counting this request (consistent hashing with bounded loads); epsilon < 0 turns it off. */
 void xb_session_enable(struct xb_pool *p, double epsilon);
 /* Picks like xb_pick with the query's prefix and session; charges q->charged (unless q->peek). */
 int xb_pick_q(struct xb_pool *p, struct xb_query *q);

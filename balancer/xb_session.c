@@ -2,7 +2,9 @@
  * "Consistent Hashing with Bounded Loads", 2018): every rank has RING_POINTS points on a 64-bit ring, placed
  * by hashing its stable key; a session goes to the first rank clockwise from its own hash whose load, once it
  * takes the request, stays within (1 + eps) × the pool's mean. Removing a rank moves only its sessions; no
- * state is shared, so router replicas with the same membership agree. */
+ * state is shared, so router replicas with the same membership agree. In tokens: a rank may take the request
+ * while its load before it is within (1 + eps) × the mean load per capacity counting the request (the paper's
+ * "a bin below its capacity accepts one more ball"), so an idle pool always accepts. */
 #include "xb_internal.h"
 
 #include <stdlib.h>
@@ -46,7 +48,7 @@ int xb_session_pick(struct xb_pool *p, const struct xb_query *q)
         rebuild(p);
     if (!p->nring)
         return -1;
-    /* the bound: (load_i + tokens) / cap_i <= (1 + eps) × (total load + tokens) / total capacity */
+    /* the bound: load_i / cap_i <= (1 + eps) × (total load + tokens) / total capacity */
     double total = (double)q->tokens, cap = 0;
     for (size_t i = 0; i < p->n; i++) {
         if (!xb_eligible(p, i, q->need_len, q->exclude, q->nexclude))
@@ -73,8 +75,8 @@ int xb_session_pick(struct xb_pool *p, const struct xb_query *q)
             continue;
         const struct xb_inst *in = &p->inst[i];
         int64_t l = __atomic_load_n(&in->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&in->feedback, __ATOMIC_RELAXED);
-        double after = ((double)(l > 0 ? l : 0) + (double)q->tokens) / ((double)in->cfg.weight * in->cfg.tp);
-        if (after <= bound)
+        double before = (double)(l > 0 ? l : 0) / ((double)in->cfg.weight * in->cfg.tp);
+        if (before <= bound)
             return i;
     }
     return -1;

@@ -1,0 +1,357 @@
+/* test_prefix.c - the prefix index (balancer/xb_prefix.c), the `cache` policy and session affinity: hashing
+ * and index properties against a naive model, the byte bound, the load guard under random churn, session
+ * stickiness across a rank removal, and every load back to zero. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "xb.h"
+#include "xb_internal.h"
+#include "xb_prefix.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x243f6a8885a308d3ULL;
+static uint64_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+/* Same prefix => same chain; a difference in block k changes blocks k.. and only those. */
+static void test_chain_hashing(void **st)
+{
+    int64_t a[160], b[160];
+    for (int i = 0; i < 160; i++)
+        a[i] = b[i] = (int64_t)(rnd() % 32000);
+    uint64_t ha[10], hb[10];
+    assert_int_equal(xb_hash_tokens(a, 160, 16, ha, 10), 10);
+    assert_int_equal(xb_hash_tokens(b, 160, 16, hb, 10), 10);
+    assert_memory_equal(ha, hb, sizeof ha);
+    b[16 * 6 + 3] ^= 1; /* block 6 differs */
+    xb_hash_tokens(b, 160, 16, hb, 10);
+    for (int k = 0; k < 10; k++)
+        if (k < 6)
+            assert_true(ha[k] == hb[k]);
+        else
+            assert_true(ha[k] != hb[k]);
+    /* a partial block has no hash; a longer prompt extends the chain */
+    assert_int_equal(xb_hash_tokens(a, 15, 16, ha, 10), 0);
+    assert_int_equal(xb_hash_tokens(a, 47, 16, ha, 10), 2);
+    /* bytes the same way; the same content at another position hashes differently (chained) */
+    char t[64];
+    memset(t, 'x', sizeof t);
+    uint64_t h1[4];
+    assert_int_equal(xb_hash_bytes(t, 64, 16, h1, 4), 4);
+    assert_true(h1[0] != h1[1] && h1[1] != h1[2]);
+    /* ids are hashed as values: 1 and 256 in a block differ */
+    int64_t x[16] = {1}, y[16] = {256};
+    uint64_t hx, hy;
+    xb_hash_tokens(x, 16, 16, &hx, 1);
+    xb_hash_tokens(y, 16, 16, &hy, 1);
+    assert_true(hx != hy);
+}
+
+/* The index against a naive per-rank LRU model: match lengths agree while chains are inserted whole (the
+ * case the router creates), and per-rank counts never exceed the capacity. */
+#define MODEL_CAP 64
+struct model_rank {
+    uint64_t h[MODEL_CAP]; /* h[0]: most recent */
+    int n;
+};
+
+static void model_touch(struct model_rank *m, uint64_t h)
+{
+    int at = -1;
+    for (int i = 0; i < m->n; i++)
+        if (m->h[i] == h)
+            at = i;
+    if (at < 0) {
+        at = m->n < MODEL_CAP ? m->n++ : MODEL_CAP - 1; /* full: the LRU end goes */
+    }
+    memmove(&m->h[1], &m->h[0], (size_t)at * sizeof m->h[0]);
+    m->h[0] = h;
+}
+
+static int model_has(const struct model_rank *m, uint64_t h)
+{
+    for (int i = 0; i < m->n; i++)
+        if (m->h[i] == h)
+            return 1;
+    return 0;
+}
+
+static void test_index_matches_model(void **st)
+{
+    struct xb_prefix *x = xb_prefix_new(MODEL_CAP, 1 << 20, 0);
+    assert_non_null(x);
+    struct model_rank m[4];
+    memset(m, 0, sizeof m);
+    /* 12 "documents" of up to 40 blocks each, shared prefixes between pairs */
+    uint64_t docs[12][40];
+    for (int d = 0; d < 12; d++) {
+        int64_t ids[40 * 4];
+        for (int i = 0; i < 160; i++)
+            ids[i] = (d / 2) * 1000 + (i < 80 ? i : i + d * 7);
+        assert_int_equal(xb_hash_tokens(ids, 160, 4, docs[d], 40), 40);
+    }
+    for (int step = 0; step < 3000; step++) {
+        int d = (int)(rnd() % 12), r = (int)(rnd() % 4);
+        size_t len = 1 + rnd() % 40;
+        size_t got = xb_prefix_match(x, r, docs[d], len, 0);
+        size_t want = 0;
+        while (want < len && model_has(&m[r], docs[d][want]))
+            want++;
+        assert_int_equal(got, want);
+        if (rnd() % 3) {
+            assert_int_equal(xb_prefix_insert(x, r, docs[d], len, 0), 0);
+            for (size_t k = len; k-- > 0;)
+                model_touch(&m[r], docs[d][k]);
+        }
+        assert_true(xb_prefix_blocks(x, r) <= MODEL_CAP);
+        assert_int_equal((int)xb_prefix_blocks(x, r), m[r].n);
+    }
+    xb_prefix_drop_rank(x, 2);
+    assert_int_equal(xb_prefix_blocks(x, 2), 0);
+    assert_int_equal(xb_prefix_match(x, 2, docs[0], 40, 0), 0);
+    xb_prefix_free(x);
+}
+
+/* The byte bound holds however much is inserted, and the index keeps working at it. */
+static void test_byte_bound(void **st)
+{
+    size_t bound = 64 * 1024;
+    struct xb_prefix *x = xb_prefix_new(1 << 20, bound, 0);
+    uint64_t h[256];
+    for (int round = 0; round < 200; round++) {
+        for (int i = 0; i < 256; i++)
+            h[i] = rnd();
+        assert_int_equal(xb_prefix_insert(x, round % 8, h, 256, 0), 0);
+        assert_true(xb_prefix_bytes(x) <= bound + 4096); /* + the fixed header and rank table */
+        assert_int_equal(xb_prefix_match(x, round % 8, h, 256, 0) > 0, 1);
+    }
+    size_t total = 0;
+    for (int r = 0; r < 8; r++)
+        total += xb_prefix_blocks(x, r);
+    assert_true(total * xb_prefix_entry_bytes() <= bound);
+    xb_prefix_free(x);
+}
+
+/* TTL: a block not used for longer than the TTL counts as absent. */
+static void test_ttl(void **st)
+{
+    struct xb_prefix *x = xb_prefix_new(100, 1 << 16, 1000);
+    uint64_t h[3] = {1, 2, 3};
+    xb_prefix_insert(x, 0, h, 3, 5000);
+    assert_int_equal(xb_prefix_match(x, 0, h, 3, 5500), 3);
+    assert_int_equal(xb_prefix_match(x, 0, h, 3, 6001), 0);
+    xb_prefix_free(x);
+}
+
+static struct xb_pool *pool(int policy, int n)
+{
+    struct xb_pool *p = xb_pool_new(policy, 7);
+    for (int i = 0; i < n; i++) {
+        struct xb_instance_cfg c = {1, 1, 0, 0, (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ULL};
+        assert_int_equal(xb_pool_add(p, &c), i);
+    }
+    return p;
+}
+
+static void blocks_of(int doc, uint64_t *h, size_t n)
+{
+    int64_t ids[64 * 16];
+    for (size_t i = 0; i < n * 16; i++)
+        ids[i] = doc * 100000 + (int64_t)i;
+    xb_hash_tokens(ids, n * 16, 16, h, n);
+}
+
+/* A repeated prefix goes back to the rank that holds it, and is charged only its uncached tokens. */
+static void test_cache_affinity(void **st)
+{
+    struct xb_pool *p = pool(XB_POLICY_CACHE, 4);
+    assert_int_equal(xb_prefix_enable(p, 1000, 1 << 20, 0, 2.0), 0);
+    uint64_t h[64];
+    blocks_of(1, h, 64);
+    struct xb_query q = {.tokens = 1100, .blocks = h, .nblocks = 64, .block_tokens = 16};
+    int first = xb_pick_q(p, &q);
+    assert_true(first >= 0);
+    assert_int_equal(q.cached, 0);
+    assert_int_equal(q.charged, 1100);
+    xb_release(p, first, q.charged);
+    for (int k = 0; k < 10; k++) {
+        struct xb_query q2 = {.tokens = 1100, .blocks = h, .nblocks = 64, .block_tokens = 16};
+        int i = xb_pick_q(p, &q2);
+        assert_int_equal(i, first);
+        assert_int_equal(q2.cached, 1024);
+        assert_int_equal(q2.charged, 1100 - 1024);
+        xb_release(p, i, q2.charged);
+    }
+    /* peeking says the same and changes nothing */
+    struct xb_query pk = {.tokens = 1100, .blocks = h, .nblocks = 64, .block_tokens = 16, .peek = 1};
+    assert_int_equal(xb_pick_q(p, &pk), first);
+    assert_int_equal(pk.cached, 1024);
+    int64_t inflight, outstanding;
+    xb_totals(p, &inflight, &outstanding);
+    assert_int_equal(inflight, 0);
+    assert_int_equal(outstanding, 0);
+    /* a removed rank's entries are dropped: back in the pool, it starts cold */
+    xb_set_removed(p, first, 1);
+    xb_set_removed(p, first, 0);
+    struct xb_query q3 = {.tokens = 1100, .blocks = h, .nblocks = 64, .block_tokens = 16, .peek = 1};
+    int i3 = xb_pick_q(p, &q3);
+    assert_int_equal(q3.cached, 0);
+    (void)i3;
+    xb_pool_free(p);
+}
+
+/* Under random churn with a few hot prefixes, no rank over the guard's bound is ever credited for its cache,
+ * and every load returns to zero. */
+static void test_guard_property(void **st)
+{
+    const int n = 6;
+    struct xb_pool *p = pool(XB_POLICY_CACHE, n);
+    double imb = 1.5;
+    assert_int_equal(xb_prefix_enable(p, 4000, 1 << 22, 0, imb), 0);
+    static uint64_t docs[5][64];
+    for (int d = 0; d < 5; d++)
+        blocks_of(d, docs[d], 64);
+    struct live {
+        int idx;
+        int64_t charged;
+    } live[64];
+    int nl = 0;
+    for (int step = 0; step < 20000; step++) {
+        if (nl == 64 || (nl && rnd() % 3 == 0)) {
+            int k = (int)(rnd() % (uint64_t)nl);
+            xb_release(p, live[k].idx, live[k].charged);
+            live[k] = live[--nl];
+            continue;
+        }
+        int d = (int)(rnd() % 5);
+        size_t nb = 8 + rnd() % 56;
+        int64_t tokens = (int64_t)nb * 16 + (int64_t)(rnd() % 300);
+        /* the loads as they are before the pick */
+        int64_t load[6];
+        double mean = 0;
+        for (int i = 0; i < n; i++) {
+            struct xb_instance_stats s;
+            xb_stats(p, i, &s);
+            load[i] = s.outstanding;
+            mean += (double)s.outstanding / n;
+        }
+        struct xb_query q = {.tokens = tokens, .blocks = docs[d], .nblocks = nb, .block_tokens = 16};
+        int i = xb_pick_q(p, &q);
+        assert_true(i >= 0);
+        double floor = (double)tokens;
+        if (q.cached > 0) /* credited for its cache: it was within the bound */
+            assert_true((double)load[i] <= imb * (mean > floor ? mean : floor) + 1e-9);
+        /* and it was the cheapest rank once the credit is counted */
+        for (int j = 0; j < n; j++)
+            assert_true(load[i] + (tokens - q.cached) <= load[j] + tokens);
+        live[nl++] = (struct live){i, q.charged};
+    }
+    while (nl) {
+        nl--;
+        xb_release(p, live[nl].idx, live[nl].charged);
+    }
+    int64_t inflight, outstanding;
+    xb_totals(p, &inflight, &outstanding);
+    assert_int_equal(inflight, 0);
+    assert_int_equal(outstanding, 0);
+    xb_pool_free(p);
+}
+
+/* Without shared prefixes, `cache` places exactly as `lot` does. */
+static void test_cache_without_prefixes_is_lot(void **st)
+{
+    struct xb_pool *a = pool(XB_POLICY_CACHE, 5), *b = pool(XB_POLICY_LOT, 5);
+    xb_prefix_enable(a, 1000, 1 << 20, 0, 2.0);
+    for (int step = 0; step < 500; step++) {
+        uint64_t h[4] = {rnd(), rnd(), rnd(), rnd()};
+        int64_t t = 64 + (int64_t)(rnd() % 200);
+        struct xb_query q = {.tokens = t, .blocks = h, .nblocks = 4, .block_tokens = 16};
+        int i = xb_pick_q(a, &q), j = xb_pick(b, 0, t, NULL, 0);
+        assert_int_equal(i, j);
+        assert_int_equal(q.charged, t);
+    }
+    xb_pool_free(a);
+    xb_pool_free(b);
+}
+
+/* Sessions stick to one rank; removing another rank moves none of them; removing theirs moves only them;
+ * a session whose rank is over the bound goes to the next rank. */
+static void test_session_affinity(void **st)
+{
+    const int n = 8;
+    struct xb_pool *p = pool(XB_POLICY_LOT, n);
+    xb_session_enable(p, 0.25);
+    int where[200];
+    for (int s = 0; s < 200; s++) {
+        struct xb_query q = {.tokens = 10, .session = rnd() | 1};
+        where[s] = xb_pick_q(p, &q);
+        assert_true(q.by_session);
+        xb_release(p, where[s], q.charged);
+    }
+    int counts[8] = {0};
+    for (int s = 0; s < 200; s++)
+        counts[where[s]]++;
+    for (int i = 0; i < n; i++)
+        assert_true(counts[i] > 0); /* spread over the ring */
+    /* same keys again: same ranks; then with rank 3 removed only rank 3's sessions move */
+    uint64_t keys[200];
+    struct xb_pool *p2 = pool(XB_POLICY_LOT, n);
+    xb_session_enable(p2, 0.25);
+    for (int s = 0; s < 200; s++) {
+        keys[s] = rnd() | 1;
+        struct xb_query q = {.tokens = 10, .session = keys[s]};
+        where[s] = xb_pick_q(p2, &q);
+        xb_release(p2, where[s], q.charged);
+    }
+    xb_set_removed(p2, 3, 1);
+    for (int s = 0; s < 200; s++) {
+        struct xb_query q = {.tokens = 10, .session = keys[s]};
+        int i = xb_pick_q(p2, &q);
+        assert_true(i != 3);
+        if (where[s] != 3)
+            assert_int_equal(i, where[s]);
+        xb_release(p2, i, q.charged);
+    }
+    /* bounded loads: load up a session's rank and the session moves on */
+    struct xb_query q = {.tokens = 10, .session = keys[0]};
+    int home = xb_pick_q(p2, &q);
+    xb_release(p2, home, q.charged);
+    int others[8], no = 0;
+    for (int i = 0; i < n; i++)
+        if (i != home)
+            others[no++] = i;
+    assert_int_equal(xb_pick(p2, 0, 100000, others, no), home); /* the home rank alone holds a big request */
+    struct xb_query q2 = {.tokens = 10, .session = keys[0]};
+    int moved = xb_pick_q(p2, &q2);
+    assert_true(moved != home && moved >= 0);
+    assert_true(q2.by_session); /* still by the ring: the next rank clockwise */
+    xb_release(p2, moved, q2.charged);
+    xb_release(p2, home, 100000);
+    int64_t inflight, outstanding;
+    xb_totals(p2, &inflight, &outstanding);
+    assert_int_equal(inflight, 0);
+    assert_int_equal(outstanding, 0);
+    xb_pool_free(p);
+    xb_pool_free(p2);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chain_hashing),       cmocka_unit_test(test_index_matches_model),
+        cmocka_unit_test(test_byte_bound),          cmocka_unit_test(test_ttl),
+        cmocka_unit_test(test_cache_affinity),      cmocka_unit_test(test_guard_property),
+        cmocka_unit_test(test_cache_without_prefixes_is_lot), cmocka_unit_test(test_session_affinity),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
