@@ -23,6 +23,7 @@ struct xb_pool *xb_pool_new(int policy, uint64_t seed)
     pthread_mutex_init(&p->mu, NULL);
     p->policy = policy;
     p->session_eps = -1;
+    p->uncached_milli = 1000;
     p->rng = seed ? seed : 1;
     return p;
 }
@@ -215,6 +216,13 @@ int xb_prefix_enable(struct xb_pool *p, long per_rank_blocks, size_t max_bytes, 
     p->max_imbalance = max_imbalance;
     pthread_mutex_unlock(&p->mu);
     return 0;
+}
+
+void xb_cache_weight(struct xb_pool *p, double weight)
+{
+    pthread_mutex_lock(&p->mu);
+    p->uncached_milli = weight >= 1 && weight <= 1000 ? (uint64_t)(weight * 1000 + 0.5) : 1000;
+    pthread_mutex_unlock(&p->mu);
 }
 
 void xb_prefix_capacity(struct xb_pool *p, int idx, long blocks)

@@ -106,6 +106,10 @@ struct xb_query {
  * for its cache. With any policy, picks record the request's blocks on the chosen rank and report `cached`.
  * 0, -EINVAL or -ENOMEM. Call before concurrent use. */
 int xb_prefix_enable(struct xb_pool *p, long per_rank_blocks, size_t max_bytes, long ttl_ms, double max_imbalance);
+/* The cache policy's cost becomes load + weight × uncached tokens (weight >= 1; 1 by default, the plain
+ * formula). Above 1 a rank without the prefix must be that much less loaded to win: computing a prefix
+ * somewhere new also costs cache room that the prefix's next requests would have hit. */
+void xb_cache_weight(struct xb_pool *p, double weight);
 /* A rank's own cache size in blocks (engine-reported num_gpu_blocks); <= 0: the default. */
 void xb_prefix_capacity(struct xb_pool *p, int idx, long blocks);
 /* Memory the prefix index uses, in bytes (0 when off). */

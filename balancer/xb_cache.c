@@ -59,8 +59,11 @@ static int pick_cache(struct xb_pool *p, uint64_t need_len, const int *exclude, 
             continue;
         const struct xb_inst *in = &p->inst[i];
         int64_t cached = q ? xb_cached_tokens(p, i, q, mean) : 0;
-        /* cost_i / cap_i < best_cost / best_cap, by cross-multiplication as in xb_less_loaded */
-        uint64_t cost = (uint64_t)load_of(in) + (uint64_t)(tokens - cached), cap = capacity(in);
+        /* cost_i / cap_i < best_cost / best_cap, by cross-multiplication as in xb_less_loaded; the cost in
+         * thousandths of a token (the uncached part weighted, xb_cache_weight); fits 64 bits for loads below
+         * 2^40 tokens and capacities below 2^13 */
+        uint64_t cost = (uint64_t)load_of(in) * 1000u + p->uncached_milli * (uint64_t)(tokens - cached),
+                 cap = capacity(in);
         int better = best < 0 || cost * best_cap < best_cost * cap ||
                      (cost * best_cap == best_cost * cap &&
                       (uint64_t)in->inflight * best_cap < (uint64_t)p->inst[best].inflight * cap);

@@ -37,6 +37,7 @@ struct xb_pool {
     /* cache-aware placement (xb_cache.c) */
     struct xb_prefix *prefix; /* NULL: off */
     double max_imbalance;
+    uint64_t uncached_milli;  /* weight of a request's uncached tokens in the cache policy's cost, × 1000 */
     struct xb_query *q;       /* during a pick: the question (NULL for plain xb_pick) */
     int64_t pick_cached;      /* set by the cache policy: the chosen rank's predicted cached tokens */
     /* session affinity (xb_session.c) */

@@ -46,6 +46,9 @@ struct opts {
     double slo_ttft_ms, slo_tpot_ms, slo_e2el_ms; /* --goodput: 0 = not part of the SLO */
     int goodput;
     char direct_prefill[300]; /* HOST:PORT: do the kv-params P->D sequence from the client (baseline) */
+    int prefix_rep;           /* --dataset-name prefix-repetition */
+    int pr_prefix_len, pr_suffix_len, pr_num_prefixes, pr_output_len;
+    int multi_turn;           /* --multi-turn N: conversations of N turns, each re-sending its history */
     char dp_host[256];
     int dp_port;
 };
@@ -69,8 +72,10 @@ struct req {
     struct xpyd_sse_parser sse;
     struct evbuffer *errbody;
     struct up_leg *leg;
-    char *prompt;        /* owned */
+    char *prompt;        /* owned: the text (or token ids) of this request's new user turn */
     struct evbuffer *pbody; /* direct mode: the prefill's answer */
+    long cached_tokens;  /* usage.prompt_tokens_details.cached_tokens, -1 when the server sent none */
+    int sent;
 };
 
 static struct opts O;
@@ -148,10 +153,47 @@ static const char *const prompt_words[] = {
 };
 #define N_PROMPT_WORDS (sizeof prompt_words / sizeof prompt_words[0])
 
+static void add_words(struct evbuffer *p, int n, int lead_space)
+{
+    for (int k = 0; k < n; k++)
+        evbuffer_add_printf(p, "%s%s", k || lead_space ? " " : "", prompt_words[(size_t)(urand() * N_PROMPT_WORDS) % N_PROMPT_WORDS]);
+}
+
+/* --dataset-name prefix-repetition (vLLM's PrefixRepetitionRandomDataset): num_prefixes shared prefixes of
+ * prefix_len tokens, each request one of them (in a shuffled order, each used equally often) plus a random
+ * suffix of suffix_len tokens. */
+static char **pr_prefixes;
+static int *pr_order;
+
+static void prefix_rep_init(void)
+{
+    pr_prefixes = XPYD_XALLOC(calloc((size_t)O.pr_num_prefixes, sizeof *pr_prefixes));
+    for (int i = 0; i < O.pr_num_prefixes; i++) {
+        struct evbuffer *p = evbuffer_new();
+        add_words(p, O.pr_prefix_len, 0);
+        size_t n = evbuffer_get_length(p);
+        pr_prefixes[i] = XPYD_XALLOC(malloc(n + 1));
+        evbuffer_remove(p, pr_prefixes[i], n);
+        pr_prefixes[i][n] = 0;
+        evbuffer_free(p);
+    }
+    pr_order = XPYD_XALLOC(calloc((size_t)O.num_prompts, sizeof *pr_order));
+    for (int i = 0; i < O.num_prompts; i++)
+        pr_order[i] = i % O.pr_num_prefixes;
+    for (int i = O.num_prompts - 1; i > 0; i--) { /* Fisher-Yates */
+        int j = (int)(urand() * (i + 1)) % (i + 1), t = pr_order[i];
+        pr_order[i] = pr_order[j];
+        pr_order[j] = t;
+    }
+}
+
 static void make_prompt(struct req *r)
 {
     struct evbuffer *p = evbuffer_new();
-    if (O.token_ids) { /* --tokenizer-free: token ids, exactly in_len tokens on any engine */
+    if (O.prefix_rep) {
+        evbuffer_add_printf(p, "%s", pr_prefixes[pr_order[r->i]]);
+        add_words(p, O.pr_suffix_len, O.pr_prefix_len > 0);
+    } else if (O.token_ids) { /* --tokenizer-free: token ids, exactly in_len tokens on any engine */
         evbuffer_add(p, "[", 1);
         for (int k = 0; k < r->in_len; k++)
             evbuffer_add_printf(p, "%s%d", k ? "," : "", 1000 + (int)(urand() * 29000));
@@ -169,21 +211,58 @@ static void make_prompt(struct req *r)
 
 /* The request body; prefill=1 builds the kv-params prefill leg of the direct baseline, kv (may be NULL)
  * is the prefill's kv_transfer_params for the decode leg. */
+static void add_message(cJSON *msgs, const char *role, const char *content)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "role", role);
+    cJSON_AddStringToObject(m, "content", content);
+    cJSON_AddItemToArray(msgs, m);
+}
+
+/* A request's text: with --multi-turn, its conversation's earlier turns (prompt, then the answer received)
+ * come first, as a chat client re-sends its history. */
+static char *history_text(const struct req *r)
+{
+    struct evbuffer *b = evbuffer_new();
+    for (int k = r->i - r->i % (O.multi_turn ? O.multi_turn : 1); k < r->i; k++) {
+        evbuffer_add_printf(b, "%s", reqs[k].prompt);
+        evbuffer_add_buffer_reference(b, reqs[k].text); /* generated texts start with a space */
+        evbuffer_add(b, " ", 1);
+    }
+    evbuffer_add_printf(b, "%s", r->prompt);
+    size_t n = evbuffer_get_length(b);
+    char *s = XPYD_XALLOC(malloc(n + 1));
+    evbuffer_remove(b, s, n);
+    s[n] = 0;
+    evbuffer_free(b);
+    return s;
+}
+
 static char *make_body(struct req *r, int prefill, const cJSON *kv)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "model", O.model);
     if (O.chat) {
         cJSON *msgs = cJSON_AddArrayToObject(o, "messages");
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddStringToObject(m, "role", "user");
-        cJSON_AddStringToObject(m, "content", r->prompt);
-        cJSON_AddItemToArray(msgs, m);
+        for (int k = O.multi_turn ? r->i - r->i % O.multi_turn : r->i; k < r->i; k++) {
+            add_message(msgs, "user", reqs[k].prompt);
+            size_t tl = evbuffer_get_length(reqs[k].text);
+            char *tx = XPYD_XALLOC(malloc(tl + 1));
+            evbuffer_copyout(reqs[k].text, tx, tl);
+            tx[tl] = 0;
+            add_message(msgs, "assistant", tx);
+            free(tx);
+        }
+        add_message(msgs, "user", r->prompt);
         cJSON_AddNumberToObject(o, "max_completion_tokens", prefill ? 1 : r->out_len);
     } else {
         if (O.token_ids)
             cJSON_AddItemToObject(o, "prompt", XPYD_XALLOC(cJSON_Parse(r->prompt)));
-        else
+        else if (O.multi_turn) {
+            char *h = history_text(r);
+            cJSON_AddStringToObject(o, "prompt", h);
+            free(h);
+        } else
             cJSON_AddStringToObject(o, "prompt", r->prompt);
         cJSON_AddNumberToObject(o, "max_tokens", prefill ? 1 : r->out_len);
     }
@@ -196,6 +275,11 @@ static char *make_body(struct req *r, int prefill, const cJSON *kv)
         cJSON_AddItemToObject(o, "stream_options", cJSON_Parse("{\"include_usage\":true}"));
         if (kv)
             cJSON_AddItemToObject(o, "kv_transfer_params", cJSON_Duplicate(kv, 1));
+    }
+    if (O.multi_turn) { /* OpenAI's end-user id: one per conversation (what --session-key body:user keys on) */
+        char u[32];
+        snprintf(u, sizeof u, "conv-%d", r->i / O.multi_turn);
+        cJSON_AddStringToObject(o, "user", u);
     }
     cJSON_AddNumberToObject(o, "temperature", 0);
     if (O.ignore_eos)
@@ -250,6 +334,10 @@ static int on_event(void *arg, const char *data, size_t len, const char *raw, si
         r->out_tokens = (long)ct->valuedouble;
     if (cJSON_IsNumber(pt))
         r->in_tokens = (long)pt->valuedouble; /* what the server counted, not what was asked for */
+    const cJSON *cached = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details"), "cached_tokens");
+    if (cJSON_IsNumber(cached))
+        r->cached_tokens = (long)cached->valuedouble; /* the engine's prefix-cache hit */
     cJSON_Delete(o);
     return 0;
 }
@@ -308,7 +396,7 @@ static void on_done(struct up_leg *leg, int err, void *arg)
         event_base_loopexit(base, NULL);
         return;
     }
-    if (O.rate <= 0)
+    if (O.rate <= 0 || O.multi_turn) /* a finished turn may free its conversation's next one */
         schedule_arrivals();
 }
 
@@ -358,9 +446,28 @@ static void pre_done(struct up_leg *leg, int err, void *arg)
     free(body);
 }
 
+/* The next request that may go now: in order, except that with --multi-turn a turn waits for its
+ * conversation's previous one to finish (its answer is part of the history). NULL: none may go yet. */
+static struct req *next_ready(void)
+{
+    if (!O.multi_turn)
+        return next_to_send < O.num_prompts ? &reqs[next_to_send] : NULL;
+    for (int i = 0; i < O.num_prompts; i++) {
+        struct req *r = &reqs[i];
+        if (r->sent)
+            continue;
+        if (r->i % O.multi_turn == 0 || reqs[r->i - 1].e2el > 0)
+            return r;
+        i += O.multi_turn - 1 - r->i % O.multi_turn; /* this conversation waits: skip its other turns */
+    }
+    return NULL;
+}
+
 static void send_one(void)
 {
-    struct req *r = &reqs[next_to_send++];
+    struct req *r = next_ready();
+    next_to_send++;
+    r->sent = 1;
     make_prompt(r);
     r->t_start = xpyd_now_us();
     in_flight++;
@@ -386,7 +493,7 @@ static void on_arrival(evutil_socket_t fd, short ev, void *arg)
 /* Sends what the rate and the concurrency cap allow now, and arms the timer for the next arrival. */
 static void schedule_arrivals(void)
 {
-    while (next_to_send < O.num_prompts && (O.max_concurrency <= 0 || in_flight < O.max_concurrency)) {
+    while (next_to_send < O.num_prompts && (O.max_concurrency <= 0 || in_flight < O.max_concurrency) && next_ready()) {
         if (O.rate > 0) {
             static uint64_t due;
             if (!due)
@@ -439,6 +546,14 @@ static void usage(FILE *f)
           "                               engine; completions backends only). Default: words that are one token\n"
           "                               each in cl100k/o200k-family vocabularies (and on xpyd_sim)\n"
           "  --goodput KEY:MS ...         SLOs (ttft, tpot, e2el in ms) for request_goodput, as benchmark_serving\n"
+          "  --dataset-name random|prefix-repetition   prefix-repetition (vLLM's): --prefix-repetition-prefix-len N\n"
+          "                               (256) --prefix-repetition-suffix-len N (256) --prefix-repetition-num-prefixes\n"
+          "                               N (10) --prefix-repetition-output-len N (128); each request is one of the\n"
+          "                               shared prefixes (each used equally often, shuffled) + a random suffix\n"
+          "  --multi-turn N               conversations of N turns: turn t re-sends the conversation's earlier\n"
+          "                               prompts and the answers received (chat: as messages), and goes once turn\n"
+          "                               t-1 finished; --num-prompts counts turns. Both report the prefix-cache\n"
+          "                               hit rate from usage.prompt_tokens_details.cached_tokens\n"
           "  --direct-prefill HOST:PORT   baseline without a router: the client sends the kv-params prefill leg there,\n"
           "                               then the decode leg (with the returned kv_transfer_params) to --host/--port\n"
           "  -h, --help                   this text\n"
@@ -478,6 +593,9 @@ static int parse(int argc, char **argv)
     snprintf(O.model, sizeof O.model, "sim-model");
     O.num_prompts = 100;
     O.input_len = O.output_len = 128;
+    O.pr_prefix_len = O.pr_suffix_len = 256;
+    O.pr_num_prefixes = 10;
+    O.pr_output_len = 128;
     O.burstiness = 1.0;
     O.timeout_ms = 600000;
     snprintf(O.percentile_metrics, sizeof O.percentile_metrics, "ttft,tpot,itl");
@@ -490,7 +608,9 @@ static int parse(int argc, char **argv)
         {"percentile-metrics", 1, 0, 16}, {"metric-percentiles", 1, 0, 17}, {"save-result", 0, 0, 18},
         {"result-filename", 1, 0, 19}, {"disable-tqdm", 0, 0, 20}, {"timeout-ms", 1, 0, 21},
         {"dataset-name", 1, 0, 22}, {"direct-prefill", 1, 0, 23}, {"length-dist", 1, 0, 24},
-        {"tokenizer-free", 0, 0, 25}, {"goodput", 1, 0, 26}, {"help", 0, 0, 'h'}, {"version", 0, 0, 'V'}, {0, 0, 0, 0}};
+        {"tokenizer-free", 0, 0, 25}, {"goodput", 1, 0, 26}, {"prefix-repetition-prefix-len", 1, 0, 27},
+        {"prefix-repetition-suffix-len", 1, 0, 28}, {"prefix-repetition-num-prefixes", 1, 0, 29},
+        {"prefix-repetition-output-len", 1, 0, 30}, {"multi-turn", 1, 0, 31}, {"help", 0, 0, 'h'}, {"version", 0, 0, 'V'}, {0, 0, 0, 0}};
     int o;
     long v;
     while ((o = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -533,7 +653,15 @@ static int parse(int argc, char **argv)
         case 19: snprintf(O.result_filename, sizeof O.result_filename, "%s", a); break;
         case 20: O.disable_tqdm = 1; break;
         case 21: bad = xpyd_parse_long(a, 1, 86400000, &O.timeout_ms); break;
-        case 22: bad = strcmp(a, "random") != 0; break;
+        case 22:
+            O.prefix_rep = !strcmp(a, "prefix-repetition");
+            bad = !O.prefix_rep && strcmp(a, "random") != 0;
+            break;
+        case 27: bad = xpyd_parse_long(a, 0, 1000000, &v); O.pr_prefix_len = (int)v; break;
+        case 28: bad = xpyd_parse_long(a, 0, 1000000, &v); O.pr_suffix_len = (int)v; break;
+        case 29: bad = xpyd_parse_long(a, 1, 100000, &v); O.pr_num_prefixes = (int)v; break;
+        case 30: bad = xpyd_parse_long(a, 1, 1000000, &v); O.pr_output_len = (int)v; break;
+        case 31: bad = xpyd_parse_long(a, 1, 10000, &v); O.multi_turn = (int)v; break;
         case 23:
             snprintf(O.direct_prefill, sizeof O.direct_prefill, "%s", a);
             bad = xpyd_parse_hostport(a, O.dp_host, sizeof O.dp_host, &O.dp_port) != 0 || !O.dp_port;
@@ -558,6 +686,15 @@ static int parse(int argc, char **argv)
             fprintf(stderr, "xpyd_bench: unexpected argument '%s' (see --help)\n", argv[k]);
             return -1;
         }
+    }
+    if ((O.prefix_rep || O.multi_turn) && (O.token_ids || O.direct_prefill[0])) {
+        fprintf(stderr, "xpyd_bench: prefix-repetition and --multi-turn send text prompts through one endpoint (not "
+                        "with --tokenizer-free or --direct-prefill)\n");
+        return -1;
+    }
+    if (O.prefix_rep && O.multi_turn) {
+        fprintf(stderr, "xpyd_bench: choose one of --dataset-name prefix-repetition and --multi-turn\n");
+        return -1;
     }
     if (O.chat && !strcmp(O.endpoint, "/v1/completions"))
         snprintf(O.endpoint, sizeof O.endpoint, "/v1/chat/completions");
@@ -611,7 +748,8 @@ static void report(void)
     int ok = 0;
     long in_total = 0, out_total = 0;
     size_t n_itl = 0;
-    int good = 0, in_from_server = 0;
+    int good = 0, in_from_server = 0, cached_reported = 0;
+    long cached_total = 0, in_with_cached = 0;
     for (int i = 0; i < O.num_prompts; i++) {
         struct req *r = &reqs[i];
         if (r->ok) {
@@ -621,6 +759,11 @@ static void report(void)
             in_from_server += r->in_tokens >= 0;
             out_total += r->out_tokens;
             n_itl += r->n_itl;
+            if (r->cached_tokens >= 0 && r->in_tokens >= 0) {
+                cached_reported++;
+                cached_total += r->cached_tokens;
+                in_with_cached += r->in_tokens;
+            }
             double tpot_ms = r->out_tokens > 1 ? (r->e2el - r->ttft) / (double)(r->out_tokens - 1) * 1e3 : 0;
             good += (!O.slo_ttft_ms || r->ttft * 1e3 <= O.slo_ttft_ms) && (!O.slo_tpot_ms || tpot_ms <= O.slo_tpot_ms) &&
                     (!O.slo_e2el_ms || r->e2el * 1e3 <= O.slo_e2el_ms);
@@ -667,6 +810,11 @@ static void report(void)
     if (in_from_server < ok)
         printf("  (%d of %d requests without a usage prompt_tokens: their requested length counted)\n", ok - in_from_server, ok);
     printf("%-40s%-10ld\n", "Total generated tokens:", out_total);
+    if (cached_reported) {
+        printf("%-40s%-10ld\n", "Cached input tokens (engine):", cached_total);
+        printf("%-40s%-10.4f\n", "Prefix cache hit rate (engine):",
+               in_with_cached ? (double)cached_total / (double)in_with_cached : 0);
+    }
     printf("%-40s%-10.2f\n", "Request throughput (req/s):", ok / dur);
     if (O.goodput)
         printf("%-40s%-10.2f\n", "Request goodput (req/s):", good / dur);
@@ -687,6 +835,11 @@ static void report(void)
     cJSON_AddNumberToObject(out, "failed", O.num_prompts - ok);
     cJSON_AddNumberToObject(out, "total_input_tokens", (double)in_total);
     cJSON_AddNumberToObject(out, "total_output_tokens", (double)out_total);
+    cJSON_AddNumberToObject(out, "total_cached_tokens", (double)cached_total);
+    if (cached_reported)
+        cJSON_AddNumberToObject(out, "cache_hit_rate", in_with_cached ? (double)cached_total / (double)in_with_cached : 0);
+    else
+        cJSON_AddNullToObject(out, "cache_hit_rate");
     cJSON_AddNumberToObject(out, "request_throughput", ok / dur);
     if (O.goodput)
         cJSON_AddNumberToObject(out, "request_goodput", good / dur);
@@ -766,7 +919,8 @@ int main(int argc, char **argv)
     for (int i = 0; i < O.num_prompts; i++) {
         reqs[i].i = i;
         reqs[i].in_len = rand_len(O.input_len);
-        reqs[i].out_len = rand_len(O.output_len);
+        reqs[i].out_len = O.prefix_rep ? O.pr_output_len : rand_len(O.output_len);
+        reqs[i].cached_tokens = -1;
         reqs[i].ttft = -1;
         reqs[i].out_tokens = -1;
         reqs[i].in_tokens = -1;
@@ -774,6 +928,8 @@ int main(int argc, char **argv)
         reqs[i].sse.max_event = 1 << 20;
         reqs[i].errbody = evbuffer_new();
     }
+    if (O.prefix_rep)
+        prefix_rep_init();
     arrival_ev = event_new(base, -1, 0, on_arrival, NULL);
     printf("Starting benchmark: %d prompts, input %d, output %d, rate %s, max concurrency %d\n", O.num_prompts,
            O.input_len, O.output_len, O.rate > 0 ? "finite" : "inf", O.max_concurrency);

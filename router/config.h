@@ -49,7 +49,7 @@ struct rt_config {
     int first_token;
     int prefill_fallback;      /* 1: a decode computes the prompt when no prefill can (sequential modes) */
     long prefix_block_tokens, prefix_cache_blocks, prefix_index_max_bytes, prefix_ttl_ms;
-    double cache_max_imbalance;
+    double cache_max_imbalance, cache_uncached_weight;
     long local_prefill_max_tokens, local_prefill_when_busy_tokens;
     char session_key[128];     /* header:NAME | body:FIELD | "" */
     double session_epsilon;

@@ -36,8 +36,26 @@ static int parse_line(const char *l, const char *end, const char *name, int engi
     return 1;
 }
 
+/* A numeric label of an info line (`name{..,key="123",..} 1`): its value, or 0. */
+static long info_label(const char *l, const char *end, const char *name, const char *key)
+{
+    size_t nl = strlen(name), kl = strlen(key);
+    if ((size_t)(end - l) <= nl || memcmp(l, name, nl) != 0 || l[nl] != '{')
+        return 0;
+    const char *close = memchr(l, '}', (size_t)(end - l));
+    for (const char *k = l + nl; close && k + kl + 2 < close; k++) {
+        if ((k[-1] == '{' || k[-1] == ',') && memcmp(k, key, kl) == 0 && k[kl] == '=' && k[kl + 1] == '"') {
+            char *e;
+            long v = strtol(k + kl + 2, &e, 10);
+            return *e == '"' && v > 0 && v < (1L << 40) ? v : 0;
+        }
+    }
+    return 0;
+}
+
 int probe_parse_engine_metrics(const char *page, size_t len, int engine, struct engine_load *out)
 {
+    out->num_gpu_blocks = out->block_size = 0;
     double w = 0, wmax = 0, run = 0, runmax = 0, kv = 0, kvmax = 0, gkv = 0, gkvmax = 0;
     int found = 0, kvfound = 0;
     const char *p = page, *end = page + len;
@@ -50,6 +68,11 @@ int probe_parse_engine_metrics(const char *page, size_t len, int engine, struct 
             int k = parse_line(p, le, "vllm:kv_cache_usage_perc", engine, &kv, &kvmax);
             kvfound += k;
             found += k + parse_line(p, le, "vllm:gpu_cache_usage_perc", engine, &gkv, &gkvmax);
+            long nb = info_label(p, le, "vllm:cache_config_info", "num_gpu_blocks");
+            if (nb) { /* one per engine process (no engine label): every rank's cache has this size */
+                out->num_gpu_blocks = nb;
+                out->block_size = info_label(p, le, "vllm:cache_config_info", "block_size");
+            }
         }
         p = le + 1;
     }

@@ -156,11 +156,17 @@ static void s_done(struct up_leg *leg, int err, void *arg)
                 continue;
             struct engine_load el;
             int64_t fb = 0;
-            if (!err && s->sstatus == 200 && probe_parse_engine_metrics(page, len, rk->dp_rank, &el) > 0)
+            int fb_ok = !err && s->sstatus == 200 && probe_parse_engine_metrics(page, len, rk->dp_rank, &el) > 0;
+            if (fb_ok)
                 fb = (int64_t)(el.waiting * (double)g_rt->cfg.feedback_waiting_tokens +
                                el.running * (double)g_rt->cfg.feedback_running_tokens +
                                el.kv_usage * (double)g_rt->cfg.feedback_kv_tokens);
             xb_set_feedback(g_rt->pools[role], (int)i, fb); /* no reading: no feedback, the router's own count rules */
+            if (fb_ok && g_rt->prefix_on[role] && el.num_gpu_blocks > 0) { /* the engine's cache size, in our blocks */
+                long bs = el.block_size > 0 ? el.block_size : g_rt->cfg.prefix_block_tokens;
+                xb_prefix_capacity(g_rt->pools[role], (int)i,
+                                   (long)((double)el.num_gpu_blocks * (double)bs / (double)g_rt->cfg.prefix_block_tokens));
+            }
         }
     }
     evbuffer_drain(s->sbody, len);

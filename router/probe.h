@@ -17,6 +17,7 @@ struct engine_load {
     double waiting;  /* vllm:num_requests_waiting */
     double running;  /* vllm:num_requests_running */
     double kv_usage; /* vllm:kv_cache_usage_perc, else vllm:gpu_cache_usage_perc (0..1) */
+    long num_gpu_blocks, block_size; /* vllm:cache_config_info's labels; 0 when absent */
 };
 
 /* Parses a Prometheus page for engine label `engine` (every engine when engine < 0: counts summed, the

@@ -91,6 +91,7 @@ int rt_registry_setup(struct router *rt)
                                                     (size_t)c->prefix_index_max_bytes, c->prefix_ttl_ms,
                                                     c->cache_max_imbalance) != 0)
             return -1;
+        xb_cache_weight(rt->pools[role], c->cache_uncached_weight);
         if (c->session_key[0])
             xb_session_enable(rt->pools[role], c->session_epsilon);
         if (xb_pool_reserve(rt->pools[role], cap) != 0)

@@ -32,7 +32,7 @@ xpyd_cluster_up() {
   rm -f "$WORK"/*.port  # a file left by an earlier cluster in WORK would name a dead port
   for ((i = 0; i < np; i++)); do
     $B/xpyd_sim --role prefill --port 0 --port-file "$WORK/p$i.port" --handoff "$handoff" --store-dir "$WORK/store" \
-      --log-level warn --prefill-us-per-token "${SIM_PREFILL_US:-50}" >"$WORK/p$i.log" 2>&1 &
+      --log-level warn --prefill-us-per-token "${SIM_PREFILL_US:-50}" ${SIM_PREFILL_ARGS:-} >"$WORK/p$i.log" 2>&1 &
     PIDS+=($!)
   done
   for ((i = 0; i < nd; i++)); do

@@ -32,6 +32,7 @@ struct sim_config {
     long kv_capacity_tokens;  /* KV a rank holds at most (prompt + generated of running requests); 0 = unbounded */
     long decode_ns_per_kv_token; /* extra step time per KV token the rank holds (attention cost); 0 = none */
     int prefix_caching;       /* 1: per-rank prefix cache (LRU of chained block hashes) */
+    int prefill_serial;       /* 1: a rank computes one prompt at a time (--prefill-compute serial) */
     long block_size, num_gpu_blocks;
     int handoff;
     char store_dir[512];

@@ -378,7 +378,13 @@ static void prefill_locally(struct sreq *r)
     r->cached_tokens = cached;
     prefix_store(r);
     r->state = SREQ_PREFILL;
-    sreq_schedule(r, (uint64_t)r->sim->cfg.prefill_us_per_token * (r->p.prompt.n - (size_t)cached));
+    uint64_t cost = (uint64_t)r->sim->cfg.prefill_us_per_token * (r->p.prompt.n - (size_t)cached);
+    if (r->sim->cfg.prefill_serial) { /* queued behind the prompts the rank is already computing */
+        uint64_t now = xpyd_now_us(), start = r->rank->prefill_free_at > now ? r->rank->prefill_free_at : now;
+        r->rank->prefill_free_at = start + cost;
+        cost = r->rank->prefill_free_at - now;
+    }
+    sreq_schedule(r, cost);
 }
 
 static void handoff_finished(struct sreq *r, int result)

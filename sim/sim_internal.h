@@ -40,6 +40,7 @@ struct sim_rank {
     /* counters */
     uint64_t prompt_tokens_total, generation_tokens_total, requests_total, success_total, aborted_total;
     uint64_t prefix_queries, prefix_hits; /* tokens looked up in / found in the prefix cache */
+    uint64_t prefill_free_at;             /* --prefill-compute serial: when the rank's compute is next free (µs) */
 };
 
 struct sim {

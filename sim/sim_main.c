@@ -15,6 +15,7 @@ static const char *const roles[] = {"both", "prefill", "decode", NULL};
 static const char *const dp_modes[] = {"external", "internal", NULL};
 static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
 static const char *const on_off[] = {"off", "on", NULL};
+static const char *const prefill_computes[] = {"parallel", "serial", NULL};
 
 #define F(m) XPYD_FIELD(struct sim_config, m)
 /* xpyd_sim's settings, one row each (common/xpyd_settings.h, the same machinery as the router's table). */
@@ -46,6 +47,10 @@ static const struct xpyd_setting settings[] = {
      "(`--block-size`, `--num-gpu-blocks` blocks); a prefill computes only the uncached tokens (at most all "
      "but one block's worth are reused), usage reports `prompt_tokens_details.cached_tokens`, KV a decode "
      "receives becomes cached there; `vllm:prefix_cache_queries_total` / `_hits_total` count tokens"},
+    {"prefill-compute", XS_ENUM, F(prefill_serial), 0, 0, "parallel", prefill_computes,
+     "`parallel`: every prompt computes at --prefill-us-per-token at once (no contention); `serial`: a rank "
+     "computes one prompt at a time, in arrival order (a compute-bound GPU: prefill throughput is "
+     "1 / --prefill-us-per-token tokens per second per rank, and queued prompts wait)"},
     {"block-size", XS_LONG, F(block_size), 1, 4096, "16", NULL, "tokens per KV block (prefix caching)"},
     {"num-gpu-blocks", XS_LONG, F(num_gpu_blocks), 1, 1L << 30, "4096", NULL,
      "KV blocks per rank the prefix cache may hold (shown in `vllm:cache_config_info`)"},
