@@ -161,6 +161,7 @@ int xb_pick_q(struct xb_pool *p, struct xb_query *q)
     p->now = mono_us();
     p->q = q;
     p->pick_cached = -1;
+    uint64_t rotor = p->rotor, rng = p->rng; /* a peek leaves the tie-breaking state as it found it */
     int idx = -1;
     int last_pass = p->hard_cap ? 1 : 0;
     for (p->skip_full = 1; p->skip_full >= last_pass && idx < 0; p->skip_full--) {
@@ -199,6 +200,10 @@ int xb_pick_q(struct xb_pool *p, struct xb_query *q)
                 idx = -EBUSY;
     }
     p->q = NULL;
+    if (q->peek) { /* else the pick after a peek would always skip a rotation step (every other rank) */
+        p->rotor = rotor;
+        p->rng = rng;
+    }
     pthread_mutex_unlock(&p->mu);
     return idx;
 }

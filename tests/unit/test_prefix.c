@@ -345,6 +345,25 @@ static void test_session_affinity(void **st)
     xb_pool_free(p2);
 }
 
+/* A peek before each pick (the local-prefill decision) leaves tie-breaking alone: idle ranks still fill in
+ * turn (a peek that advanced the rotation made every pick skip a rank: half the pool took everything). */
+static void test_peek_keeps_rotation(void **st)
+{
+    struct xb_pool *p = pool(XB_POLICY_CACHE, 4);
+    int seen[4] = {0};
+    for (int k = 0; k < 8; k++) {
+        struct xb_query pk = {.tokens = 10, .peek = 1};
+        assert_true(xb_pick_q(p, &pk) >= 0);
+        struct xb_query q = {.tokens = 10};
+        int i = xb_pick_q(p, &q);
+        seen[i]++;
+        xb_release(p, i, q.charged);
+    }
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(seen[i], 2);
+    xb_pool_free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -352,6 +371,7 @@ int main(void)
         cmocka_unit_test(test_byte_bound),          cmocka_unit_test(test_ttl),
         cmocka_unit_test(test_cache_affinity),      cmocka_unit_test(test_guard_property),
         cmocka_unit_test(test_cache_without_prefixes_is_lot), cmocka_unit_test(test_session_affinity),
+        cmocka_unit_test(test_peek_keeps_rotation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
