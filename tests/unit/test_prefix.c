@@ -267,6 +267,29 @@ static void test_guard_property(void **st)
     xb_pool_free(p);
 }
 
+/* The guard, at the point where it decides: the rank holding the prefix is above the bound (here the mean,
+ * imbalance 1.0) yet would still be the cheapest with its cache credited; it must not get the request. */
+static void test_guard_denies_overloaded_holder(void **st)
+{
+    struct xb_pool *p = pool(XB_POLICY_CACHE, 4);
+    assert_int_equal(xb_prefix_enable(p, 1000, 1 << 20, 0, 1.0), 0);
+    uint64_t h[64];
+    blocks_of(3, h, 64);
+    int all_but[4][3] = {{1, 2, 3}, {0, 2, 3}, {0, 1, 3}, {0, 1, 2}};
+    struct xb_query warm = {.tokens = 1000, .blocks = h, .nblocks = 64, .block_tokens = 16,
+                            .exclude = all_but[0], .nexclude = 3};
+    assert_int_equal(xb_pick_q(p, &warm), 0); /* rank 0 holds the prefix */
+    xb_release(p, 0, warm.charged);
+    for (int i = 1; i < 4; i++)
+        assert_int_equal(xb_pick(p, 0, 4000, all_but[i], 3), i);
+    assert_int_equal(xb_pick(p, 0, 4900, all_but[0], 3), 0); /* mean 4225: rank 0 is above it */
+    struct xb_query q = {.tokens = 1000, .blocks = h, .nblocks = 64, .block_tokens = 16, .peek = 1};
+    int i = xb_pick_q(p, &q); /* credited, rank 0 would cost 4900 against 5000 elsewhere */
+    assert_true(i != 0);
+    assert_int_equal(q.cached, 0);
+    xb_pool_free(p);
+}
+
 /* Without shared prefixes, `cache` places exactly as `lot` does. */
 static void test_cache_without_prefixes_is_lot(void **st)
 {
@@ -371,7 +394,7 @@ int main(void)
         cmocka_unit_test(test_byte_bound),          cmocka_unit_test(test_ttl),
         cmocka_unit_test(test_cache_affinity),      cmocka_unit_test(test_guard_property),
         cmocka_unit_test(test_cache_without_prefixes_is_lot), cmocka_unit_test(test_session_affinity),
-        cmocka_unit_test(test_peek_keeps_rotation),
+        cmocka_unit_test(test_peek_keeps_rotation),    cmocka_unit_test(test_guard_denies_overloaded_holder),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
