@@ -385,6 +385,8 @@ int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out)
     out->ejections = in->ejections_total;
     out->removed = in->removed;
     out->ready = !in->unready;
+    out->prefix_blocks = p->prefix ? (int64_t)xb_prefix_blocks(p->prefix, idx) : 0;
+    out->prefix_capacity = p->prefix ? xb_prefix_capacity_of(p->prefix, idx) : 0;
     pthread_mutex_unlock(&p->mu);
     return 0;
 }

@@ -349,6 +349,11 @@ void xb_prefix_drop_rank(struct xb_prefix *x, int rank)
         evict(x, x->ranks[rank].tail);
 }
 
+long xb_prefix_capacity_of(const struct xb_prefix *x, int rank)
+{
+    return rank >= 0 && (size_t)rank < x->nranks && x->ranks[rank].cap > 0 ? x->ranks[rank].cap : x->per_rank;
+}
+
 size_t xb_prefix_blocks(const struct xb_prefix *x, int rank)
 {
     return rank >= 0 && (size_t)rank < x->nranks ? x->ranks[rank].n : 0;

@@ -39,6 +39,8 @@ size_t xb_prefix_match(const struct xb_prefix *x, int rank, const uint64_t *h, s
 int xb_prefix_insert(struct xb_prefix *x, int rank, const uint64_t *h, size_t n, uint64_t now_us);
 /* Forgets everything rank holds (a removed or restarted engine). */
 void xb_prefix_drop_rank(struct xb_prefix *x, int rank);
+/* A rank's capacity in blocks (its own, or the default). */
+long xb_prefix_capacity_of(const struct xb_prefix *x, int rank);
 /* Blocks rank holds; bytes the whole index uses (entries and hash table). */
 size_t xb_prefix_blocks(const struct xb_prefix *x, int rank);
 size_t xb_prefix_bytes(const struct xb_prefix *x);

@@ -100,6 +100,8 @@ static int64_t i_selected(const struct xb_instance_stats *st, int role, size_t i
 static int64_t i_healthy(const struct xb_instance_stats *st, int role, size_t i) { return st->healthy && st->ready && !st->ejected; }
 static int64_t i_feedback(const struct xb_instance_stats *st, int role, size_t i) { return st->feedback; }
 static int64_t i_ejections(const struct xb_instance_stats *st, int role, size_t i) { return (int64_t)st->ejections; }
+static int64_t i_prefix_blocks(const struct xb_instance_stats *st, int role, size_t i) { return st->prefix_blocks; }
+static int64_t i_prefix_capacity(const struct xb_instance_stats *st, int role, size_t i) { return st->prefix_capacity; }
 static int64_t i_errors(const struct xb_instance_stats *st, int role, size_t i)
 {
     return atomic_load(&g_rt->ctr.instance_errors[role][i < 4096 ? i : 0]);
@@ -118,6 +120,11 @@ static const struct instance_metric instance_metrics[] = {
     {"xpyd_instance_feedback_tokens", "gauge", "Load the engine's own /metrics add (--scrape-interval-ms).",
      i_feedback},
     {"xpyd_instance_ejections_total", "counter", "Passive ejections of the rank.", i_ejections},
+    {"xpyd_instance_prefix_blocks", "gauge", "Prefix blocks the router's index records on the rank (0: index off).",
+     i_prefix_blocks},
+    {"xpyd_instance_prefix_capacity_blocks", "gauge",
+     "The rank's prefix-cache size in blocks as the index assumes it (--prefix-cache-blocks, or the engine's own "
+     "num_gpu_blocks when scraped; 0: index off).", i_prefix_capacity},
 };
 
 void rt_metrics_handler(evhtp_request_t *req, void *arg)

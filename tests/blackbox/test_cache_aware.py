@@ -120,6 +120,31 @@ class CachePolicy(t.TestCase):
         self.assertGreater(t.metric(r.port, 'xpyd_prefix_predicted_tokens_total{role="prefill"}'), before)
         self.idle(r)
 
+    def test_engine_cache_size_from_its_metrics(self):
+        # the sim's cache holds 30 blocks of 16 tokens: two 400-token prompts do not fit together. With engine
+        # scraping on, the router sizes its index the same (vllm:cache_config_info num_gpu_blocks x block_size),
+        # so after B it no longer predicts A cached; without scraping (its own 8192 blocks) it still does.
+        a, b = PREFIX, " ".join("v%d" % i for i in range(400))
+
+        def predicted_a_again(*flags):
+            p = self.start(t.sim("--role", "prefill", *CACHE, "--num-gpu-blocks", "30"))
+            d = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
+            r = self.start(t.router([p.port], [d.port], "--prefill-policy", "cache", *flags))
+            cap = 'xpyd_instance_prefix_capacity_blocks{role="prefill",instance="127.0.0.1:%d",dp_rank="0"}' % p.port
+            if flags:  # the engine's 30 blocks of 16 tokens, in the router's 16-token blocks
+                t.wait_until(lambda: t.metric(r.port, cap) == 30, what="engine cache size scraped")
+            else:
+                self.assertEqual(t.metric(r.port, cap), 8192)
+            completion(r.port, a + " x")
+            completion(r.port, b + " y")
+            before = t.metric(r.port, 'xpyd_prefix_predicted_tokens_total{role="prefill"}')
+            completion(r.port, a + " z")
+            self.idle(r)
+            return t.metric(r.port, 'xpyd_prefix_predicted_tokens_total{role="prefill"}') - before
+
+        self.assertGreater(predicted_a_again(), 300)
+        self.assertLess(predicted_a_again("--scrape-interval-ms", "50"), 100)
+
     def test_chat_turns_are_prefixes(self):
         ps, d, r = self.cluster()
         msgs = [{"role": "system", "content": PREFIX}, {"role": "user", "content": "hello there"}]

@@ -20,7 +20,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(&l, 0, sizeof l);
     int n = probe_parse_engine_metrics(page, size - 1, engine, &l);
     if (n < 0 || !isfinite(l.waiting) || !isfinite(l.running) || !isfinite(l.kv_usage) || l.waiting < 0 ||
-        l.running < 0 || l.kv_usage < 0 || l.kv_usage > 1)
+        l.running < 0 || l.kv_usage < 0 || l.kv_usage > 1 || l.num_gpu_blocks < 0 || l.num_gpu_blocks >= (1L << 40) ||
+        l.block_size < 0 || l.block_size >= (1L << 40))
         abort();
     free(page);
     return 0;

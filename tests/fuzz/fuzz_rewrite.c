@@ -73,6 +73,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (body && !rw_validate(body, chat, &stream, &max_tokens)) {
         if (max_tokens < 1 || rw_estimate_prompt(body, chat, 4.0) < 0)
             abort();
+        /* prefix blocks of whatever the client sent: bounded by its size, the same twice (deterministic) */
+        uint64_t *b1, *b2;
+        size_t n1 = rw_prefix_blocks(body, chat, 4, 1.0, &b1), n2 = rw_prefix_blocks(body, chat, 4, 1.0, &b2);
+        if (n1 != n2 || (n1 && memcmp(b1, b2, n1 * sizeof *b1) != 0) || n1 > n + 16) /* 4-byte blocks */
+            abort();
+        free(b1);
+        free(b2);
         size_t len;
         char *pb = rw_prefill_body(src, kv, &len);
         if (rw_json_check(pb, len, NULL) != 0)

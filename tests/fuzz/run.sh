@@ -11,7 +11,7 @@ CC=${FUZZ_CC:-clang}
 FLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -Wall -Werror -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$ROOT/common" -I"$ROOT/router" -I"$ROOT/balancer" -I"$ROOT/sim" $(pkg-config --cflags libcjson libevent))
 HTTP_PARSER_INC=${HTTP_PARSER_INC:-/usr/include}
-LIBS=($(pkg-config --libs libcjson libevent) -lpthread)
+LIBS=($(pkg-config --libs libcjson libevent) -lpthread -lxxhash)
 echo '#define XPYD_GIT_REV "fuzz"' >"$OUT/xpyd_gitrev.h" # what the build generates (cmake/gitrev.cmake)
 build() { # name sources...
   local n=$1; shift
@@ -24,16 +24,17 @@ build fuzz_config "$ROOT/tests/fuzz/fuzz_config.c" "$ROOT/router/config.c" "$ROO
   "$ROOT"/balancer/xb*.c
 build fuzz_sim_request "$ROOT/tests/fuzz/fuzz_sim_request.c" "$ROOT/sim/sim_request.c" \
   "$ROOT/sim/sim_tokens.c" "$ROOT/common/xpyd_util.c"
-build fuzz_rewrite "$ROOT/tests/fuzz/fuzz_rewrite.c" "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c"
+build fuzz_rewrite "$ROOT/tests/fuzz/fuzz_rewrite.c" "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" \
+  "$ROOT/balancer/xb_prefix.c"
 build fuzz_http_req "$ROOT/tests/fuzz/fuzz_http_req.c" "$ROOT/router/http_req.c"
 build fuzz_relay "$ROOT/tests/fuzz/fuzz_relay.c" "$ROOT/router/relay.c" "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_sse.c" \
-  "$ROOT/common/xpyd_util.c"
+  "$ROOT/common/xpyd_util.c" "$ROOT/balancer/xb_prefix.c"
 build fuzz_admin "$ROOT/tests/fuzz/fuzz_admin.c" "$ROOT/router/admin_parse.c"
 build fuzz_metadata "$ROOT/tests/fuzz/fuzz_metadata.c" "$ROOT/router/metadata_store.c" "$ROOT/common/xpyd_util.c"
 build fuzz_feedback "$ROOT/tests/fuzz/fuzz_feedback.c" "$ROOT/router/feedback_parse.c" -lm
 build fuzz_desc "$ROOT/tests/fuzz/fuzz_desc.c" "$ROOT/transfer/xt_desc.c" -I"$ROOT/transfer"
 build fuzz_upstream "$ROOT/tests/fuzz/fuzz_upstream.c" "$ROOT/common/xpyd_http_client.c" "$ROOT/common/xpyd_sse.c" \
-  "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" -I"$HTTP_PARSER_INC" -lhttp_parser
+  "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" "$ROOT/balancer/xb_prefix.c" -I"$HTTP_PARSER_INC" -lhttp_parser
 rc=0
 for h in sse config sim_request rewrite upstream http_req relay admin metadata feedback desc; do
   mkdir -p "$OUT/corpus_$h"
