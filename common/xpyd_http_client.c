@@ -1,9 +1,12 @@
 /* xpyd_http_client.c - pooled HTTP/1.1 client legs to engines (see xpyd_http_client.h for the callback contract). */
 #include "xpyd_http_client.h"
+#include "xpyd_tls.h"
 
 #include <errno.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <openssl/err.h>
 #include <event2/event.h>
 #include <event2/util.h>
 #include <http_parser.h>
@@ -30,6 +33,8 @@ struct up_thread {
     struct up_endpoint *eps; /* owned copy, or the caller's array (shared) */
     int shared_eps;
     size_t n;
+    SSL_CTX *tls;            /* for endpoints with tls set (the caller's) */
+    SSL_SESSION **sessions;  /* per endpoint: the last session, offered again (resumption); owned */
     struct up_conn_list *idle; /* per endpoint, most recently used first */
     size_t idle_count, open_count, idle_max;
 };
@@ -140,6 +145,15 @@ struct up_thread *up_thread_new_shared(struct event_base *base, const struct up_
     return t;
 }
 
+void (*up_tls_failure_hook)(const struct up_endpoint *ep, const char *reason);
+
+void up_thread_set_tls(struct up_thread *t, SSL_CTX *ctx)
+{
+    t->tls = ctx;
+    if (!t->sessions)
+        t->sessions = calloc(t->n ? t->n : 1, sizeof *t->sessions);
+}
+
 void up_thread_free(struct up_thread *t)
 {
     if (!t)
@@ -147,6 +161,9 @@ void up_thread_free(struct up_thread *t)
     for (size_t i = 0; i < t->n; i++)
         while (!TAILQ_EMPTY(&t->idle[i]))
             conn_free(TAILQ_FIRST(&t->idle[i]));
+    for (size_t i = 0; t->sessions && i < t->n; i++)
+        SSL_SESSION_free(t->sessions[i]);
+    free(t->sessions);
     if (!t->shared_eps)
         free(t->eps);
     free(t->idle);
@@ -416,6 +433,23 @@ static void leg_event_cb(struct bufferevent *bev, short what, void *arg)
         return;
     }
     int err = EVUTIL_SOCKET_ERROR();
+    unsigned long tls_err = (what & BEV_EVENT_ERROR) ? bufferevent_get_openssl_error(bev) : 0;
+    if (tls_err) { /* a TLS failure (handshake, or a broken record later): like a connect error */
+        char why[300];
+        ERR_error_string_n(tls_err, why, sizeof why);
+        const char *r = strrchr(why, ':');
+        while (bufferevent_get_openssl_error(bev))
+            ; /* the rest of this connection's queue */
+        if (!c->connected && up_tls_failure_hook)
+            up_tls_failure_hook(&c->t->eps[c->ep], r ? r + 1 : why);
+        if (leg->orphan) {
+            leg_drop_conn(leg);
+            leg_free(leg);
+            return;
+        }
+        leg_finish(leg, -UP_ETLS);
+        return;
+    }
     if (leg->orphan) {
         leg_drop_conn(leg);
         leg_free(leg);
@@ -484,13 +518,26 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
             return -ENOMEM;
         c->t = t;
         c->ep = leg->ep;
-        c->bev = bufferevent_socket_new(t->base, -1, BEV_OPT_CLOSE_ON_FREE);
+        const struct up_endpoint *ep = &t->eps[leg->ep];
+        if (ep->tls) {
+            SSL *ssl = t->tls ? xpyd_tls_client_ssl(t->tls, ep->host, t->sessions[leg->ep]) : NULL;
+            if (!ssl) {
+                free(c);
+                return t->tls ? -ENOMEM : -EPROTONOSUPPORT;
+            }
+            xpyd_tls_client_session_slot(ssl, &t->sessions[leg->ep]);
+            c->bev = bufferevent_openssl_socket_new(t->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,
+                                                    BEV_OPT_CLOSE_ON_FREE);
+            if (c->bev) /* a peer that closes without close_notify ends a body the same as plain TCP */
+                bufferevent_openssl_set_allow_dirty_shutdown(c->bev, 1);
+        } else {
+            c->bev = bufferevent_socket_new(t->base, -1, BEV_OPT_CLOSE_ON_FREE);
+        }
         if (!c->bev) {
             free(c);
             return -ENOMEM;
         }
         t->open_count++;
-        const struct up_endpoint *ep = &t->eps[leg->ep];
         c->leg = leg; /* so a synchronous connect error finds its leg */
         leg->c = c;
         leg->reused = 0;

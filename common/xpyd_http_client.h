@@ -8,6 +8,7 @@
 #ifndef XPYD_HTTP_CLIENT_H
 #define XPYD_HTTP_CLIENT_H
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/socket.h>
@@ -17,9 +18,16 @@ struct evbuffer;
 struct up_leg;
 struct up_thread;
 
+struct ssl_ctx_st; /* OpenSSL SSL_CTX */
+
+/* on_done's err for a TLS failure (handshake or record) with an https endpoint; the reason goes to
+ * up_tls_failure_hook. */
+#define UP_ETLS EKEYREJECTED
+
 struct up_endpoint {
-    char host[256];          /* as configured (for the Host header and messages) */
+    char host[256];          /* as configured (for the Host header, SNI, certificate checks and messages) */
     int port;
+    int tls;                 /* https: connections are TLS (up_thread_set_tls gives the context) */
     struct sockaddr_storage addr; /* resolved once at startup */
     socklen_t addrlen;
 };
@@ -48,6 +56,11 @@ struct up_thread *up_thread_new(struct event_base *base, const struct up_endpoin
 struct up_thread *up_thread_new_shared(struct event_base *base, const struct up_endpoint *eps, size_t cap,
                                        size_t idle_max);
 void up_thread_free(struct up_thread *t);
+/* The client TLS context (xpyd_tls_client_new) for endpoints with tls set; the caller keeps it alive. Each
+ * thread remembers the last session per endpoint and offers it on the next connection (resumption). */
+void up_thread_set_tls(struct up_thread *t, struct ssl_ctx_st *ctx);
+/* Called (any thread) when a TLS handshake with an upstream fails: for counting and logging. */
+extern void (*up_tls_failure_hook)(const struct up_endpoint *ep, const char *reason);
 /* Idle pooled connections held right now (tests, /status). */
 size_t up_thread_idle(const struct up_thread *t);
 /* Connections currently open (busy + idle). */

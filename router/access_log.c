@@ -17,8 +17,13 @@
 
 void rt_client_addr(struct evhtp_request *req, char *out, size_t cap)
 {
+    rt_client_addr_of(req ? req->conn : NULL, out, cap);
+}
+
+void rt_client_addr_of(struct evhtp_connection *c, char *out, size_t cap)
+{
     snprintf(out, cap, "-");
-    const struct sockaddr *sa = req && req->conn ? req->conn->saddr : NULL;
+    const struct sockaddr *sa = c ? c->saddr : NULL;
     char ip[INET6_ADDRSTRLEN];
     if (sa && sa->sa_family == AF_INET) {
         const struct sockaddr_in *s = (const struct sockaddr_in *)sa;

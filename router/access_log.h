@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 struct evhtp_request;
+struct evhtp_connection;
 
 struct access_entry {
     const char *request_id;
@@ -29,5 +30,7 @@ struct access_entry {
 void rt_access_log(const struct access_entry *e);
 /* The client's address of req as "ip:port" ("[v6]:port") into out, "-" when unknown. */
 void rt_client_addr(struct evhtp_request *req, char *out, size_t cap);
+/* The same for a connection (no request yet, e.g. a failed TLS handshake). */
+void rt_client_addr_of(struct evhtp_connection *c, char *out, size_t cap);
 
 #endif

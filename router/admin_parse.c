@@ -51,6 +51,10 @@ int rt_admin_parse_instance(const char *json, size_t len, const struct rt_admin_
             ;
         else if (!dp_internal && out->port + out->dp - 1 > 65535)
             snprintf(err, cap, "port + dp - 1 is above 65535");
+        const cJSON *jt = cJSON_GetObjectItemCaseSensitive(o, "tls");
+        if (!err[0] && jt && !cJSON_IsBool(jt))
+            snprintf(err, cap, "'tls' must be true or false");
+        out->tls = cJSON_IsTrue(jt);
     }
     if (!err[0]) {
         out->role = role;

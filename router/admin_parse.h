@@ -13,9 +13,10 @@ struct rt_admin_instance {
     int role; /* 0 prefill, 1 decode */
     char host[256];
     long port, dp, tp, weight, max_inflight, max_model_len, bootstrap_port;
+    int tls; /* "tls": true: the engine speaks https */
 };
 
-/* {"role","host","port"[,"dp","tp","weight","max_inflight","max_model_len","bootstrap_port"]}: 0 and *out
+/* {"role","host","port"[,"tls","dp","tp","weight","max_inflight","max_model_len","bootstrap_port"]}: 0 and *out
  * filled (absent fields from defaults[role]; bootstrap_port 0 when absent: the configuration's default), or -1 with the reason in err
  * (a 400 message). dp_internal: the ranks share one port (else port + dp - 1 must be a port). */
 int rt_admin_parse_instance(const char *json, size_t len, const struct rt_admin_defaults defaults[2], int dp_internal,

@@ -23,15 +23,20 @@
  * read) -> BUSY (handed to libevhtp, answer in progress) -> IDLE (answer finished: the request-fini hook),
  * or REJECTED (answer written, lingering) from HEAD/BODY. */
 #include "router.h"
+#include "access_log.h"
 #include "xpyd_reply.h"
 #include "http_req.h"
 
 #include "xpyd_oai.h"
+#include "xpyd_tls.h"
 #include "xpyd_util.h"
 
 #include <assert.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <event2/event.h>
 #include <evhtp/evhtp.h>
 #include <stdio.h>
@@ -48,6 +53,7 @@ struct cconn {
     enum cc_state state;
     int over_capacity;      /* answer every request with 503 and close */
     int last;               /* the current request is the connection's last (Connection: close, HTTP/1.0) */
+    int tls_closed;         /* close_notify sent (a refusal on a TLS connection) */
     struct evbuffer *raw;   /* client bytes not yet taken by a request */
     size_t scanned;         /* head bytes already looked at */
     size_t line_start;      /* offset of the current head line */
@@ -110,13 +116,61 @@ static void linger_read(struct bufferevent *bev, void *arg)
 static void linger_write(struct bufferevent *bev, void *arg)
 {
     struct cconn *cc = arg;
-    if (evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+    if (evbuffer_get_length(bufferevent_get_output(bev)) == 0) {
+        SSL *ssl = bufferevent_openssl_get_ssl(bev);
+        if (ssl && !cc->tls_closed) { /* TLS: close_notify first, so the client reads a clean end */
+            cc->tls_closed = 1;
+            SSL_shutdown(ssl);
+        }
         shutdown(cc->c->sock, SHUT_WR);
+    }
+}
+
+/* Peers whose failed handshake was logged, so a client retrying in a loop is one line (a small table of
+ * address hashes; a collision only skips a line). The counter counts every failure. */
+static atomic_uint_fast64_t tls_logged[256];
+
+static void tls_client_failed(struct cconn *cc, struct bufferevent *bev)
+{
+    char why[300] = "", one[256];
+    unsigned long e, first = 0;
+    while ((e = bufferevent_get_openssl_error(bev)) != 0) {
+        if (!first)
+            first = e;
+        ERR_error_string_n(e, one, sizeof one);
+        const char *r = strrchr(one, ':');
+        size_t n = strlen(why);
+        snprintf(why + n, sizeof why - n, "%s%s", n ? "; " : "", r ? r + 1 : one);
+    }
+    if (!first)
+        return; /* connected and closed without a word: a TCP check, not a failed handshake */
+    atomic_fetch_add(&g_rt->ctr.tls_handshake_failures[0], 1);
+    if (xpyd_tls_is_plain_http(first)) { /* plain HTTP sent to the TLS port: say so, in plain HTTP, and close */
+        static const char body[] = "{\"error\":{\"message\":\"this port speaks HTTPS: use https:// (plain HTTP "
+                                   "was sent to a TLS listener)\",\"type\":\"BadRequestError\",\"param\":null,"
+                                   "\"code\":400}}";
+        char msg[512];
+        int n = snprintf(msg, sizeof msg, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
+                                          "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
+        if (n > 0 && send(cc->c->sock, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
+            (void)0; /* best effort: the connection closes either way */
+    }
+    char peer[128];
+    rt_client_addr_of(cc->c, peer, sizeof peer);
+    char *colon = strrchr(peer, ':'); /* one line per address, whatever its port */
+    if (colon)
+        *colon = '\0';
+    uint64_t h = xpyd_fnv64(XPYD_FNV_INIT, peer, strlen(peer));
+    if (atomic_exchange(&tls_logged[h & 255], h) != h)
+        xpyd_log_event(XPYD_LOG_WARN, "event=tls_handshake_failed side=client peer=%s reason=\"%s\"", peer, why);
 }
 
 static void guard_event(struct bufferevent *bev, short what, void *arg)
 {
     struct cconn *cc = arg;
+    SSL *ssl = (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF)) ? bufferevent_openssl_get_ssl(bev) : NULL;
+    if (ssl && !SSL_is_init_finished(ssl))
+        tls_client_failed(cc, bev);
     cc->ev_event(bev, what, cc->ev_arg);
 }
 

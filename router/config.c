@@ -19,6 +19,7 @@ static const char *const dp_modes[] = {"external", "internal", NULL};
 static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
 static const char *const access_logs[] = {"off", "logfmt", "json", NULL};
 static const char *const on_off[] = {"off", "on", NULL};
+static const char *const tls_versions[] = {"1.2", "1.3", NULL};
 
 #define OFF(f) XPYD_FIELD(struct rt_config, f)
 /* The one table of scalar settings (common/xpyd_settings.h): flag name (JSON key: the same with '_'), type,
@@ -220,7 +221,28 @@ static const struct xpyd_setting settings[] = {
     {"max-instances", XS_LONG, OFF(max_instances), 1, 4096, "1024", NULL,
      "ranks a pool can hold, including ones added at runtime"},
     {"port-file", XS_STR, OFF(port_file), 0, 0, "", NULL,
-     "write the bound port there once listening"},
+     "write the bound port there once listening (the plain listener's, with `--plain-port`, on a second line)"},
+    {"tls-cert", XS_STR, OFF(tls_cert), 0, 0, "", NULL,
+     "HTTPS for clients: the certificate (PEM, followed by its chain); needs `--tls-key`. Reloaded with the key "
+     "on SIGHUP: new handshakes use the new pair, open connections keep theirs (a bad pair is refused and the "
+     "old one stays). A TLS handshake must complete within `--header-timeout-ms`, as a request head must"},
+    {"tls-key", XS_STR, OFF(tls_key), 0, 0, "", NULL, "the private key of `--tls-cert` (PEM)"},
+    {"tls-client-ca", XS_STR, OFF(tls_client_ca), 0, 0, "", NULL,
+     "mutual TLS: clients must present a certificate this CA bundle (PEM) signed, else the handshake fails"},
+    {"tls-min-version", XS_ENUM, OFF(tls_min_version), 0, 0, "1.2", tls_versions,
+     "oldest TLS version accepted from clients and offered to https engines: 1.2 or 1.3. ALPN is http/1.1; "
+     "sessions resume (server cache and tickets)"},
+    {"plain-port", XS_LONG, OFF(plain_port), -1, 65535, "-1", NULL,
+     "a second listener speaking plain HTTP, with every endpoint (e.g. for /metrics on an internal address "
+     "while `--port` serves HTTPS); on `--plain-host`, one thread; -1 = none, 0 = any free port"},
+    {"plain-host", XS_STR, OFF(plain_host), 0, 0, "127.0.0.1", NULL, "address of the `--plain-port` listener"},
+    {"upstream-ca", XS_STR, OFF(upstream_ca), 0, 0, "", NULL,
+     "CA bundle (PEM) that https engines (`https://HOST:PORT`, or `\"tls\": true` per host) are verified against; "
+     "empty: the system store. Certificates are checked against the host as written (name or IP); SNI is "
+     "sent for names; sessions resume on new connections to the same engine"},
+    {"upstream-cert", XS_STR, OFF(upstream_cert), 0, 0, "", NULL,
+     "client certificate (PEM) the router presents to https engines that ask (mutual TLS)"},
+    {"upstream-key", XS_STR, OFF(upstream_key), 0, 0, "", NULL, "the private key of `--upstream-cert` (PEM)"},
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
 
@@ -284,6 +306,15 @@ static int pool_add_list(struct rt_pool_cfg *p, const char *s, const char *what)
         struct rt_host *h = pool_add(p);
         if (!h)
             return -1;
+        if (!strncmp(tok, "https://", 8)) { /* an engine behind TLS (--upstream-ca verifies it) */
+            h->tls = 1;
+            tok += 8;
+        } else if (!strncmp(tok, "http://", 7)) {
+            tok += 7;
+        }
+        size_t tl = strlen(tok);
+        if (tl && tok[tl - 1] == '/')
+            tok[tl - 1] = '\0';
         if (xpyd_parse_hostport(tok, h->host, sizeof h->host, &h->port) != 0) {
             fprintf(stderr, "xpyd_router: bad %s address '%s' (want HOST:PORT or [V6]:PORT)\n", what, tok);
             return -1;
@@ -351,7 +382,7 @@ static int json_int(const cJSON *o, const char *k, int *out, const char *where)
 }
 
 static const char *const pool_keys[] = {"hosts", "dp", "tp", "max_inflight", "policy", NULL};
-static const char *const host_keys[] = {"host", "port", "dp", "tp", "weight", "bootstrap_port", "max_inflight",
+static const char *const host_keys[] = {"host", "port", "tls", "dp", "tp", "weight", "bootstrap_port", "max_inflight",
                                         "max_model_len", NULL};
 
 static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *what)
@@ -403,6 +434,12 @@ static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *wha
             json_int(h, "max_inflight", &rh->max_inflight, where) || json_int(h, "max_model_len", &mml, where))
             return -1;
         rh->max_model_len = mml;
+        const cJSON *tls = json_get(h, "tls");
+        if (tls && !cJSON_IsBool(tls)) {
+            fprintf(stderr, "xpyd_router: config: \"%s.tls\" must be true or false\n", where);
+            return -1;
+        }
+        rh->tls = cJSON_IsTrue(tls);
         if (rh->port < 1 || rh->port > 65535) {
             fprintf(stderr, "xpyd_router: config: \"%s.port\" must be a port (1-65535), got %d\n", where, rh->port);
             return -1;
@@ -480,6 +517,7 @@ int rt_config_endpoint_index(struct rt_config *c, const char *host, int port)
     c->endpoints = XPYD_XALLOC(realloc(c->endpoints, (c->n_endpoints + 1) * sizeof *c->endpoints));
     snprintf(c->endpoints[c->n_endpoints].host, sizeof c->endpoints[0].host, "%s", host);
     c->endpoints[c->n_endpoints].port = port;
+    c->endpoints[c->n_endpoints].tls = 0;
     return (int)c->n_endpoints++;
 }
 
@@ -554,6 +592,8 @@ static int expand_pool(struct rt_config *c, int role)
             r->max_model_len = rh->max_model_len;
             r->max_inflight = rh->max_inflight > 0 ? rh->max_inflight : p->max_inflight;
             r->bootstrap_port = role == RT_PREFILL ? rt_config_bootstrap_port(c, rh->bootstrap_port, rh->port) : 0;
+            r->tls = rh->tls;
+            c->endpoints[r->endpoint].tls |= rh->tls;
         }
     }
     return 0;
@@ -759,6 +799,12 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
     const char *envmd = getenv("XPYD_METADATA_WRITE_KEY");
     if (!c->metadata_write_key[0] && envmd && *envmd)
         snprintf(c->metadata_write_key, sizeof c->metadata_write_key, "%s", envmd);
+    if (!c->tls_cert[0] != !c->tls_key[0] || (c->tls_client_ca[0] && !c->tls_cert[0]) ||
+        (c->upstream_cert[0] && !c->upstream_key[0])) {
+        fprintf(stderr, "xpyd_router: --tls-cert and --tls-key go together (and --tls-client-ca needs them); "
+                        "--upstream-cert needs --upstream-key\n");
+        return -1;
+    }
     if (c->session_key[0] && !((!strncmp(c->session_key, "header:", 7) && c->session_key[7]) ||
                                (!strncmp(c->session_key, "body:", 5) && c->session_key[5]))) {
         fprintf(stderr, "xpyd_router: --session-key must be header:NAME or body:FIELD, got '%s'\n", c->session_key);

@@ -17,6 +17,7 @@ struct rt_host {
     long max_model_len;
     int bootstrap_port;
     int max_inflight;
+    int tls;             /* https:// */
 };
 
 struct rt_pool_cfg {
@@ -34,11 +35,13 @@ struct rt_rank {
     int dp_rank;         /* X-data-parallel-rank to send (internal DP), else -1 */
     int tp, weight, bootstrap_port, max_inflight;
     long max_model_len;
+    int tls;             /* the endpoint speaks https */
 };
 
 struct rt_endpoint_cfg {
     char host[256];
     int port;
+    int tls;             /* https:// (the client side of xpyd_tls) */
 };
 
 struct rt_config {
@@ -88,6 +91,11 @@ struct rt_config {
     long feedback_running_tokens; /* tokens one running engine request counts as */
     int dry_run;
     char port_file[512];
+    char tls_cert[512], tls_key[512], tls_client_ca[512];
+    int tls_min_version;        /* 0: 1.2, 1: 1.3 */
+    long plain_port;            /* -1: no plain listener */
+    char plain_host[256];
+    char upstream_ca[512], upstream_cert[512], upstream_key[512];
     char api_key[256];
     char admin_key[256];       /* admin API; empty = admin API off */
     char metadata_write_key[256]; /* PUT/DELETE /metadata; empty = only the admin key writes */

@@ -139,6 +139,8 @@ struct discovery *discovery_start(struct event_base *base)
     d->base = base;
     d->cap = g_rt->ep_cap;
     d->up = XPYD_XALLOC(up_thread_new_shared(base, g_rt->endpoints, d->cap, d->cap));
+    if (g_rt->tls_client)
+        up_thread_set_tls(d->up, g_rt->tls_client);
     d->t = XPYD_XALLOC(calloc(d->cap, sizeof *d->t));
     d->tick = XPYD_XALLOC(event_new(base, -1, EV_PERSIST, on_tick, d));
     struct timeval tv = {g_rt->cfg.query_interval_ms / 1000, (g_rt->cfg.query_interval_ms % 1000) * 1000};

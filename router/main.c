@@ -7,6 +7,7 @@
 #include "probe.h"
 
 #include "xpyd_oai.h"
+#include "xpyd_tls.h"
 #include "xpyd_util.h"
 #include "xpyd_version.h"
 
@@ -159,6 +160,7 @@ static void thread_exit(evhtp_t *htp, evthr_t *thr, void *arg)
 struct drain {
     struct event_base *base;
     evhtp_t *htp;
+    evhtp_t *plain; /* --plain-port listener, or NULL */
     struct event *timer;
     uint64_t deadline_us;
 };
@@ -188,6 +190,8 @@ static void on_signal(evutil_socket_t sig, short ev, void *arg)
     xpyd_log_event(XPYD_LOG_INFO, "event=draining signal=%d active=%lld timeout_ms=%ld", (int)sig,
                    (long long)atomic_load(&g_rt->ctr.active_requests), g_rt->cfg.drain_timeout_ms);
     evhtp_unbind_socket(d->htp);
+    if (d->plain)
+        evhtp_unbind_socket(d->plain);
     d->deadline_us = xpyd_now_us() + (uint64_t)g_rt->cfg.drain_timeout_ms * 1000u;
     d->timer = event_new(d->base, -1, EV_PERSIST, on_drain_tick, d);
     struct timeval tv = {0, 20000};
@@ -197,6 +201,81 @@ static void on_signal(evutil_socket_t sig, short ev, void *arg)
 static void on_sighup(evutil_socket_t sig, short ev, void *arg)
 {
     rt_reload();
+    if (g_rt->tls_server) { /* the certificate and key, read again: new handshakes use them */
+        char err[600];
+        if (xpyd_tls_server_reload(g_rt->tls_server, err, sizeof err) == 0) {
+            atomic_fetch_add(&g_rt->ctr.tls_reloads, 1);
+            xpyd_log_event(XPYD_LOG_INFO, "event=tls_reloaded cert=%s", g_rt->cfg.tls_cert);
+        } else {
+            xpyd_log_event(XPYD_LOG_ERROR, "event=tls_reload_failed reason=\"%s\" (the previous certificate stays in use)",
+                           err);
+        }
+    }
+}
+
+/* An https engine's handshake failed: counted, and logged once per engine (the reason: an unknown CA, a name
+ * that does not match, an expired certificate, ...); the leg fails like a connect error (retry, then 502). */
+static void on_upstream_tls_failure(const struct up_endpoint *ep, const char *reason)
+{
+    static atomic_uchar logged[4096];
+    atomic_fetch_add(&g_rt->ctr.tls_handshake_failures[1], 1);
+    size_t i = (size_t)(ep - g_rt->endpoints);
+    if (i < 4096 && atomic_exchange(&logged[i], 1))
+        return;
+    char hp[300];
+    xpyd_log_event(XPYD_LOG_WARN, "event=tls_handshake_failed side=upstream peer=%s reason=\"%s\"",
+                   xpyd_hostport(ep->host, ep->port, hp, sizeof hp), reason);
+}
+
+static int tls_setup(struct router *rt)
+{
+    char err[600];
+    int minv = rt->cfg.tls_min_version ? TLS1_3_VERSION : TLS1_2_VERSION;
+    if (rt->cfg.tls_cert[0]) {
+        struct xpyd_tls_server_opts so = {rt->cfg.tls_cert, rt->cfg.tls_key, rt->cfg.tls_client_ca, minv};
+        if (!(rt->tls_server = xpyd_tls_server_new(&so, err, sizeof err))) {
+            fprintf(stderr, "xpyd_router: TLS: %s\n", err);
+            return -1;
+        }
+    }
+    /* always: engines may be added as https at run time (admin API, reload) */
+    struct xpyd_tls_client_opts co = {rt->cfg.upstream_ca, rt->cfg.upstream_cert, rt->cfg.upstream_key, minv};
+    if (!(rt->tls_client = xpyd_tls_client_new(&co, err, sizeof err))) {
+        fprintf(stderr, "xpyd_router: TLS to engines: %s\n", err);
+        return -1;
+    }
+    up_tls_failure_hook = on_upstream_tls_failure;
+    return 0;
+}
+
+static evhtp_t *listener(struct event_base *base, const char *host, int port, int threads, SSL_CTX *tls)
+{
+    evhtp_t *htp = evhtp_new(base, NULL);
+    htp->ssl_ctx = tls; /* libevhtp makes each accepted connection a TLS bufferevent when set */
+    evhtp_set_pre_accept_cb(htp, on_pre_accept, NULL);
+    evhtp_set_post_accept_cb(htp, on_accept, NULL);
+    rt_install_handlers(htp);
+    rt_status_handlers(htp);
+    if (evhtp_use_threads_wexit(htp, thread_init, thread_exit, threads, NULL) != 0) {
+        fprintf(stderr, "xpyd_router: cannot start %d threads\n", threads);
+        return NULL;
+    }
+    char addr[300];
+    snprintf(addr, sizeof addr, "%s%s", strchr(host, ':') ? "ipv6:" : "", host);
+    if (evhtp_bind_socket(htp, addr, (uint16_t)port, 4096) != 0) {
+        fprintf(stderr, "xpyd_router: cannot listen on %s:%d: %s\n", host, port, strerror(errno));
+        return NULL;
+    }
+    return htp;
+}
+
+static int bound_port(evhtp_t *htp)
+{
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(evconnlistener_get_fd(htp->server), (struct sockaddr *)&ss, &sl);
+    return ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                          : ((struct sockaddr_in *)&ss)->sin_port);
 }
 
 int main(int argc, char **argv)
@@ -223,7 +302,7 @@ int main(int argc, char **argv)
     rt->started_wall = xpyd_wall_s();
     rt->argc = argc;
     rt->argv = argv;
-    if (rt_registry_setup(rt) != 0 || rt_kvxfer_start() != 0)
+    if (tls_setup(rt) != 0 || rt_registry_setup(rt) != 0 || rt_kvxfer_start() != 0)
         return 2;
     signal(SIGPIPE, SIG_IGN);
     xpyd_raise_nofile();
@@ -237,46 +316,33 @@ int main(int argc, char **argv)
     event_config_free(ec);
     if (!base)
         base = event_base_new();
-    evhtp_t *htp = evhtp_new(base, NULL);
-    evhtp_set_pre_accept_cb(htp, on_pre_accept, NULL);
-    evhtp_set_post_accept_cb(htp, on_accept, NULL);
-    rt_install_handlers(htp);
-    rt_status_handlers(htp);
-    if (evhtp_use_threads_wexit(htp, thread_init, thread_exit, rt->cfg.threads, NULL) != 0) {
-        fprintf(stderr, "xpyd_router: cannot start %d threads\n", rt->cfg.threads);
+    evhtp_t *htp = listener(base, rt->cfg.listen_host, rt->cfg.listen_port, rt->cfg.threads, rt->tls_server);
+    evhtp_t *plain = !htp || rt->cfg.plain_port < 0 ? NULL
+                                                    : listener(base, rt->cfg.plain_host, (int)rt->cfg.plain_port, 1, NULL);
+    if (!htp || (rt->cfg.plain_port >= 0 && !plain))
         return 1;
-    }
-    char addr[300];
-    snprintf(addr, sizeof addr, "%s%s", strchr(rt->cfg.listen_host, ':') ? "ipv6:" : "", rt->cfg.listen_host);
-    if (evhtp_bind_socket(htp, addr, (uint16_t)rt->cfg.listen_port, 4096) != 0) {
-        fprintf(stderr, "xpyd_router: cannot listen on %s:%d: %s\n", rt->cfg.listen_host, rt->cfg.listen_port,
-                strerror(errno));
-        return 1;
-    }
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    getsockname(evconnlistener_get_fd(htp->server), (struct sockaddr *)&ss, &sl);
-    int port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                              : ((struct sockaddr_in *)&ss)->sin_port);
+    int port = bound_port(htp), pport = plain ? bound_port(plain) : -1;
     if (rt->cfg.port_file[0]) {
         char tmp[600];
         snprintf(tmp, sizeof tmp, "%s.tmp", rt->cfg.port_file);
         FILE *pf = fopen(tmp, "w");
-        if (!pf || fprintf(pf, "%d\n", port) < 0 || fclose(pf) != 0 || rename(tmp, rt->cfg.port_file) != 0) {
+        if (!pf || fprintf(pf, "%d\n", port) < 0 || (plain && fprintf(pf, "%d\n", pport) < 0) || fclose(pf) != 0 ||
+            rename(tmp, rt->cfg.port_file) != 0) {
             fprintf(stderr, "xpyd_router: cannot write %s\n", rt->cfg.port_file);
             return 1;
         }
     }
-    struct drain drain = {base, htp, NULL, 0};
+    struct drain drain = {base, htp, plain, NULL, 0};
     struct event *si = evsignal_new(base, SIGINT, on_signal, &drain);
     struct event *st = evsignal_new(base, SIGTERM, on_signal, &drain);
     struct event *sh = evsignal_new(base, SIGHUP, on_sighup, NULL);
     event_add(si, NULL);
     event_add(st, NULL);
     event_add(sh, NULL);
-    XLOG_INFO("msg=\"xpyd_router ready\" listen=%s:%d threads=%d handoff=%s prefill_ranks=%zu decode_ranks=%zu",
-              rt->cfg.listen_host, port, rt->cfg.threads, rt->cfg.handoff, rt->reg.n_ranks[0],
-              rt->reg.n_ranks[1]);
+    XLOG_INFO("msg=\"xpyd_router ready\" listen=%s:%d tls=%s plain_port=%d threads=%d handoff=%s prefill_ranks=%zu "
+              "decode_ranks=%zu",
+              rt->cfg.listen_host, port, rt->tls_server ? "on" : "off", pport, rt->cfg.threads, rt->cfg.handoff,
+              rt->reg.n_ranks[0], rt->reg.n_ranks[1]);
     fflush(stderr);
     struct probe *probe = probe_start(base);
     struct discovery *disc = discovery_start(base);
@@ -286,6 +352,8 @@ int main(int argc, char **argv)
     if (drain.timer)
         event_free(drain.timer);
     evhtp_unbind_socket(htp);
+    if (plain)
+        evhtp_unbind_socket(plain);
     event_free(si);
     event_free(st);
     event_free(sh);

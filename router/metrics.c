@@ -40,7 +40,7 @@ static void hist_print(struct evbuffer *b, const char *n, const struct rt_hist *
 }
 
 /* The rows of metrics_table.h, with where each one's storage is. */
-enum { L_NONE, L_ROLE, L_REASON, L_GUARD, L_STATUS, L_HIST, L_PD };
+enum { L_NONE, L_ROLE, L_REASON, L_GUARD, L_STATUS, L_HIST, L_PD, L_SIDE };
 struct metric_desc {
     const char *name, *type, *help;
     int labels;
@@ -66,6 +66,11 @@ static void metric_print(struct evbuffer *b, const struct metric_desc *m, const 
     case L_PD:
         for (int r = 0; r < 2; r++)
             evbuffer_add_printf(b, "%s{decision=\"%s\"} %" PRId64 "\n", m->name, r ? "local_prefill" : "remote_prefill",
+                                (int64_t)atomic_load(&v[r]));
+        break;
+    case L_SIDE:
+        for (int r = 0; r < 2; r++)
+            evbuffer_add_printf(b, "%s{side=\"%s\"} %" PRId64 "\n", m->name, r ? "upstream" : "client",
                                 (int64_t)atomic_load(&v[r]));
         break;
     case L_REASON:

@@ -9,6 +9,7 @@
  *   GUARD   reason=<rt_client_reject_names> (field[RT_CR_COUNT])
  *   STATUS  endpoint=..., status=<exact HTTP status> (field[RT_EP_COUNT][600]; 200 always shown)
  *   PD      decision="remote_prefill" | "local_prefill" (field[2])
+ *   SIDE    side="client" | "upstream" (field[2])
  *   HIST    a latency histogram, buckets 1 ms .. 240 s (struct rt_hist field)
  * Per-rank series (xpyd_instance_*) come from the balancer's numbers: metrics.c's instance table. */
 #ifndef XPYD_METRICS_TABLE_H
@@ -58,6 +59,10 @@
       "Picks made by session affinity (--session-key): the session's rank on the ring took the request.")       \
     X(pd_decisions, "xpyd_pd_decisions_total", counter, PD,                                                     \
       "Conditional disaggregation: requests sent through a prefill leg, or computed by their decode alone.")    \
+    X(tls_handshake_failures, "xpyd_tls_handshake_failures_total", counter, SIDE,                              \
+      "TLS handshakes that failed: clients of the HTTPS listener, or connections to https engines.")             \
+    X(tls_reloads, "xpyd_tls_certificate_reloads_total", counter, NONE,                                         \
+      "Certificate and key pairs loaded by SIGHUP (a rejected pair is not counted; the old one stays).")          \
     X(connections, "xpyd_client_connections", gauge, NONE, "Client connections open.")                         \
     X(connections_accepted, "xpyd_client_connections_accepted_total", counter, NONE, "Client connections accepted.") \
     X(connections_rejected, "xpyd_client_connections_rejected_total", counter, NONE,                            \

@@ -204,6 +204,8 @@ struct probe *probe_start(struct event_base *base)
     p->base = base;
     p->n = g_rt->ep_cap;
     p->up = XPYD_XALLOC(up_thread_new_shared(base, g_rt->endpoints, p->n, p->n * 2));
+    if (g_rt->tls_client)
+        up_thread_set_tls(p->up, g_rt->tls_client);
     p->eps = XPYD_XALLOC(calloc(p->n ? p->n : 1, sizeof *p->eps));
     if (g_rt->cfg.health_interval_ms > 0)
         p->health_ev = every(p, g_rt->cfg.health_interval_ms, on_health_tick);

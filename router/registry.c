@@ -71,6 +71,7 @@ int rt_registry_setup(struct router *rt)
     rt->endpoints = XPYD_XALLOC(calloc(ecap, sizeof *rt->endpoints));
     rt->ep_cap = ecap;
     for (size_t i = 0; i < g->n_endpoints; i++) {
+        rt->endpoints[i].tls = g->endpoints[i].tls;
         if (up_endpoint_resolve(&rt->endpoints[i], g->endpoints[i].host, g->endpoints[i].port) != 0) {
             fprintf(stderr, "xpyd_router: cannot resolve '%s'\n", g->endpoints[i].host);
             return -1;
@@ -109,12 +110,18 @@ int rt_registry_setup(struct router *rt)
 }
 
 /* The endpoint host:port, appended (and resolved) when new. Under reg_mu. */
-static int endpoint_for(const char *host, int port, char *err, size_t errcap)
+static int endpoint_for(const char *host, int port, int tls, char *err, size_t errcap)
 {
     struct rt_registry *c = &g_rt->reg;
     for (size_t i = 0; i < c->n_endpoints; i++)
-        if (c->endpoints[i].port == port && strcmp(c->endpoints[i].host, host) == 0)
+        if (c->endpoints[i].port == port && strcmp(c->endpoints[i].host, host) == 0) {
+            if (c->endpoints[i].tls != tls) {
+                snprintf(err, errcap, "%s:%d is already configured as %s (changing the scheme needs a restart)", host,
+                         port, c->endpoints[i].tls ? "https" : "http");
+                return -EINVAL;
+            }
             return (int)i;
+        }
     size_t n = c->n_endpoints;
     if (n >= g_rt->ep_cap) {
         snprintf(err, errcap, "no room for another endpoint (2 x --max-instances = %zu)", g_rt->ep_cap);
@@ -127,6 +134,8 @@ static int endpoint_for(const char *host, int port, char *err, size_t errcap)
     }
     snprintf(c->endpoints[n].host, sizeof c->endpoints[n].host, "%s", host);
     c->endpoints[n].port = port;
+    c->endpoints[n].tls = tls;
+    g_rt->endpoints[n].tls = tls;
     __atomic_store_n(&c->n_endpoints, n + 1, __ATOMIC_RELEASE);
     __atomic_store_n(&g_rt->n_endpoints, n + 1, __ATOMIC_RELEASE);
     return (int)n;
@@ -138,7 +147,7 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
                       size_t errcap)
 {
     struct rt_registry *c = &g_rt->reg;
-    int ep = endpoint_for(host, port, err, errcap);
+    int ep = endpoint_for(host, port, want->tls, err, errcap);
     if (ep < 0)
         return ep;
     struct xb_instance_cfg ic = inst_cfg(want, host, port);
@@ -278,7 +287,7 @@ size_t rt_registry_query_targets(struct rt_query_target *out, size_t cap)
             seen = out[k].endpoint == r->endpoint;
         if (seen || rt_rank_removed(RT_PREFILL, (int)i))
             continue;
-        int q = endpoint_for(g_rt->reg.endpoints[r->endpoint].host, r->bootstrap_port, err, sizeof err);
+        int q = endpoint_for(g_rt->reg.endpoints[r->endpoint].host, r->bootstrap_port, 0, err, sizeof err);
         if (q < 0) {
             XLOG_WARN("msg=\"cannot query a prefill's bootstrap server\" reason=\"%s\"", err);
             continue;
@@ -329,6 +338,7 @@ void rt_registry_learned(int endpoint, const char *const *ids, int n, const char
     want.max_model_len = ts.max_model_len;
     want.max_inflight = ts.max_inflight;
     want.bootstrap_port = g->ranks[RT_PREFILL][tmpl].bootstrap_port;
+    want.tls = e->tls;
     char host[256];
     snprintf(host, sizeof host, "%s", e->host);
     int port = e->port;
@@ -488,6 +498,7 @@ static void admin_add(evhtp_request_t *req)
         want.max_inflight = (int)maxinf;
         want.max_model_len = mml;
         want.bootstrap_port = role == RT_PREFILL ? rt_config_bootstrap_port(&g_rt->cfg, (int)bport, (int)port) : 0;
+        want.tls = in.tls;
         int idx = -1;
         int res = apply_rank(role, host, (int)(by_header ? port : port + i), &want, &idx, err, sizeof err);
         if (res < 0) {

@@ -526,6 +526,8 @@ static const char *err_text(int err, char *buf, size_t cap)
         snprintf(buf, cap, "connect timed out");
     else if (err == -EPROTO)
         snprintf(buf, cap, "malformed HTTP response");
+    else if (err == -UP_ETLS)
+        snprintf(buf, cap, "TLS handshake failed (see event=tls_handshake_failed in the log)");
     else if (err == -ECONNRESET)
         snprintf(buf, cap, "connection closed before the response was complete");
     else

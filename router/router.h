@@ -85,6 +85,7 @@ void rt_hist_observe(struct rt_hist *h, double seconds);
 #define RT_STORE_NONE(f) atomic_int_fast64_t f;
 #define RT_STORE_ROLE(f) atomic_int_fast64_t f[2];
 #define RT_STORE_PD(f) atomic_int_fast64_t f[2];
+#define RT_STORE_SIDE(f) atomic_int_fast64_t f[2];
 #define RT_STORE_REASON(f) atomic_int_fast64_t f[RF_COUNT];
 #define RT_STORE_GUARD(f) atomic_int_fast64_t f[RT_CR_COUNT];
 #define RT_STORE_STATUS(f) atomic_int_fast64_t f[RT_EP_COUNT][600];
@@ -123,6 +124,8 @@ struct router {
     struct rt_registry reg;
     struct xb_pool *pools[2];
     int prefix_on[2];              /* the pool keeps a prefix index (policy cache, or local-prefill decisions) */
+    struct ssl_ctx_st *tls_server; /* --tls-cert: the clients' listener speaks HTTPS (NULL: plain) */
+    struct ssl_ctx_st *tls_client; /* for https engines (NULL when none is configured and no --upstream-ca) */
     struct up_endpoint *endpoints; /* ep_cap entries; the first n_endpoints are in use (registry.c) */
     size_t n_endpoints, ep_cap;
     int argc;                      /* the command line, for SIGHUP reloads */

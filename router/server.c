@@ -206,6 +206,8 @@ struct rthread *rt_thread_new(struct event_base *base)
     t->up = up_thread_new_shared(base, g_rt->endpoints, g_rt->ep_cap, (size_t)g_rt->cfg.upstream_idle_max);
     if (!t->up)
         abort();
+    if (g_rt->tls_client)
+        up_thread_set_tls(t->up, g_rt->tls_client);
     t->kick_role = -1;
     t->kick = XPYD_XALLOC(event_new(base, -1, 0, admission_on_kick, t));
     rt_threads_add(t);

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# scripts/deps.sh - installs the Debian packages xpyd needs, only those missing, and the one npm package the
-# tests use (gpt-tokenizer: the real BPE vocabularies xpyd_bench's prompts are checked against). Idempotent.
+# scripts/deps.sh - installs the Debian packages xpyd needs, only those missing, and the npm packages the
+# tests use (gpt-tokenizer: the real BPE vocabularies xpyd_bench's prompts are checked against; openai: the Node SDK
+# the TLS test streams with). Idempotent.
 # Usage: scripts/deps.sh [extra-package ...]
 set -euo pipefail
 NPM_DIR=${XPYD_NPM_DIR:-$HOME/.cache/xpyd-npm}
 npm_deps() {
-  [ -f "$NPM_DIR/node_modules/gpt-tokenizer/package.json" ] && return 0
+  [ -f "$NPM_DIR/node_modules/gpt-tokenizer/package.json" ] && [ -f "$NPM_DIR/node_modules/openai/package.json" ] && return 0
   if ! command -v npm >/dev/null; then
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get install -y --no-install-recommends nodejs npm >>/tmp/xpyd-apt.log 2>&1 || {
@@ -13,10 +14,10 @@ npm_deps() {
       $SUDO apt-get install -y --no-install-recommends nodejs npm >>/tmp/xpyd-apt.log 2>&1; } || {
       tail -30 /tmp/xpyd-apt.log >&2; exit 1; }
   fi
-  echo "deps: installing gpt-tokenizer into $NPM_DIR" >&2
+  echo "deps: installing gpt-tokenizer and openai into $NPM_DIR" >&2
   mkdir -p "$NPM_DIR"
   for try in 1 2 3; do
-    npm install --silent --no-audit --no-fund --prefix "$NPM_DIR" gpt-tokenizer@2.9.0 >/tmp/xpyd-npm.log 2>&1 && return 0
+    npm install --silent --no-audit --no-fund --prefix "$NPM_DIR" gpt-tokenizer@2.9.0 openai@4.95.0 >/tmp/xpyd-npm.log 2>&1 && return 0
     sleep $((try * 5))
   done
   tail -20 /tmp/xpyd-npm.log >&2; exit 1

@@ -51,6 +51,9 @@ struct sim_config {
     long max_body_bytes;
     int log_level;
     char port_file[512];      /* written with the bound port once listening (for --port 0) */
+    char tls_cert[512], tls_key[512], tls_client_ca[512];
+    int tls_min_version;      /* 0: 1.2, 1: 1.3 */
+    char upstream_ca[512], upstream_cert[512], upstream_key[512];
 };
 
 /* Fills the documented defaults. */

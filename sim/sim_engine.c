@@ -107,6 +107,7 @@ int sim_peer(struct sim *s, const char *host, int port)
             return (int)i;
     if (s->npeers == SIM_MAX_PEERS || up_endpoint_resolve(&s->peers[s->npeers], host, port) != 0)
         return -1;
+    s->peers[s->npeers].tls = s->tls_client != NULL; /* --upstream-ca: peers are spoken to over TLS */
     return (int)s->npeers++;
 }
 

@@ -12,6 +12,7 @@
 #include "xpyd_http_client.h"
 #include "xpyd_transfer.h"
 #include "xb_prefix.h"
+#include "xpyd_tls.h"
 
 #include <cjson/cJSON.h>
 #include <event2/event.h>
@@ -51,7 +52,8 @@ struct sim {
     struct sim_rank *ranks;
     int nranks;
     struct sim_lease_table leases;
-    struct xb_prefix *pcache; /* --prefix-caching on: every rank's cache (the index's rank = rank idx) */
+    struct xb_prefix *pcache;
+    SSL_CTX *tls_server, *tls_client; /* --tls-cert / --upstream-ca (NULL: plain) */ /* --prefix-caching on: every rank's cache (the index's rank = rank idx) */
     LIST_HEAD(, sreq) all;
     struct event *sweep_ev;
     struct event *sig_int, *sig_term;

@@ -16,6 +16,7 @@ static const char *const dp_modes[] = {"external", "internal", NULL};
 static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
 static const char *const on_off[] = {"off", "on", NULL};
 static const char *const prefill_computes[] = {"parallel", "serial", NULL};
+static const char *const tls_versions[] = {"1.2", "1.3", NULL};
 
 #define F(m) XPYD_FIELD(struct sim_config, m)
 /* xpyd_sim's settings, one row each (common/xpyd_settings.h, the same machinery as the router's table). */
@@ -82,6 +83,16 @@ static const struct xpyd_setting settings[] = {
     {"eos-prob", XS_DOUBLE, F(eos_prob), 0, 1, "0", NULL, "chance per token of an early EOS unless `ignore_eos` (0: never)"},
     {"max-body-bytes", XS_LONG, F(max_body_bytes), 1024, 1L << 30, "16777216", NULL, "largest request body accepted"},
     {"log-level", XS_ENUM, F(log_level), 0, 0, "info", log_levels, "none, error, warn, info, debug"},
+    {"tls-cert", XS_STR, F(tls_cert), 0, 0, "", NULL,
+     "serve HTTPS on every listener with this certificate (PEM, then its chain); needs --tls-key"},
+    {"tls-key", XS_STR, F(tls_key), 0, 0, "", NULL, "the private key of --tls-cert (PEM)"},
+    {"tls-client-ca", XS_STR, F(tls_client_ca), 0, 0, "", NULL,
+     "mutual TLS: clients must present a certificate this CA bundle signed"},
+    {"tls-min-version", XS_ENUM, F(tls_min_version), 0, 0, "1.2", tls_versions, "oldest TLS version: 1.2 or 1.3"},
+    {"upstream-ca", XS_STR, F(upstream_ca), 0, 0, "", NULL,
+     "set: this engine's own requests to peers (KV pulls, releases) use TLS, verified against this CA bundle"},
+    {"upstream-cert", XS_STR, F(upstream_cert), 0, 0, "", NULL, "client certificate for those requests (mutual TLS)"},
+    {"upstream-key", XS_STR, F(upstream_key), 0, 0, "", NULL, "the private key of --upstream-cert"},
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
 

@@ -365,6 +365,7 @@ static evhtp_t *make_server(struct sim *s, struct sim_rank *rk, int port, enum s
     evhtp_t *h = evhtp_new(s->base, rk);
     if (!h)
         return NULL;
+    h->ssl_ctx = s->tls_server; /* NULL: plain HTTP */
     evhtp_set_max_body_size(h, (uint64_t)s->cfg.max_body_bytes);
     evhtp_set_post_accept_cb(h, on_accept, NULL);
     if (kind != SRV_NO_KV) {
@@ -446,6 +447,23 @@ int sim_run(const struct sim_config *cfg)
     s->up = up_thread_new_shared(s->base, s->peers, SIM_MAX_PEERS, 16);
     if (!s->up)
         abort();
+    char terr[600];
+    int minv = cfg->tls_min_version ? TLS1_3_VERSION : TLS1_2_VERSION;
+    if (cfg->tls_cert[0]) {
+        struct xpyd_tls_server_opts so = {cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca, minv};
+        if (!(s->tls_server = xpyd_tls_server_new(&so, terr, sizeof terr))) {
+            XLOG_ERR("msg=\"TLS\" reason=\"%s\"", terr);
+            return 2;
+        }
+    }
+    if (cfg->upstream_ca[0]) {
+        struct xpyd_tls_client_opts co = {cfg->upstream_ca, cfg->upstream_cert, cfg->upstream_key, minv};
+        if (!(s->tls_client = xpyd_tls_client_new(&co, terr, sizeof terr))) {
+            XLOG_ERR("msg=\"TLS to peers\" reason=\"%s\"", terr);
+            return 2;
+        }
+        up_thread_set_tls(s->up, s->tls_client);
+    }
     s->nranks = cfg->dp_size;
     s->ranks = XPYD_XALLOC(calloc((size_t)s->nranks, sizeof *s->ranks));
     if (cfg->prefix_caching) /* bounded by blocks per rank; the byte bound only has to be above that */

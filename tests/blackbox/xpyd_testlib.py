@@ -425,7 +425,7 @@ def router(prefills, decodes, *args, ready_path="/health"):
             json.dump(topo, f)
         argv += ["--config", path]
     else:
-        argv += ["-p"] + [fmt(p) for p in prefills] + ["-d"] + [fmt(d) for d in decodes]
+        argv += (["-p"] + [fmt(p) for p in prefills] if prefills else []) + ["-d"] + [fmt(d) for d in decodes]
     return Proc("xpyd_router", argv + list(args), ready_path=ready_path)
 
 

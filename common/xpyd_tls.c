@@ -1,0 +1,295 @@
+/* xpyd_tls.c - see xpyd_tls.h. The server's certificate is not the context's own: every handshake takes the
+ * current pair from the context's ex_data (the certificate callback installs it on the connection), so a
+ * reload swaps a pointer under a mutex and never touches a context other threads are handshaking with. */
+#include "xpyd_tls.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509v3.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The certificate in use and the files it came from. */
+struct cert_pair {
+    X509 *cert;
+    STACK_OF(X509) *chain;
+    EVP_PKEY *key;
+};
+
+struct server_state {
+    pthread_mutex_t mu;
+    struct cert_pair cur;
+    char cert_path[4096], key_path[4096];
+};
+
+static int state_idx = -1, slot_idx = -1;
+static pthread_once_t idx_once = PTHREAD_ONCE_INIT;
+
+static void state_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl, void *argp);
+
+static void make_indexes(void)
+{
+    state_idx = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, state_free);
+    slot_idx = SSL_get_ex_new_index(0, NULL, NULL, NULL, NULL);
+}
+
+const char *xpyd_tls_errors(char *buf, size_t cap)
+{
+    size_t n = 0;
+    buf[0] = '\0';
+    unsigned long e;
+    while ((e = ERR_get_error()) != 0) {
+        char one[256];
+        ERR_error_string_n(e, one, sizeof one);
+        /* the reason is the last ':'-separated field of OpenSSL's "error:CODE:lib:func:reason" */
+        const char *r = strrchr(one, ':');
+        int w = snprintf(buf + n, cap - n, "%s%s", n ? "; " : "", r ? r + 1 : one);
+        if (w < 0 || (size_t)w >= cap - n)
+            break;
+        n += (size_t)w;
+    }
+    if (!buf[0])
+        snprintf(buf, cap, "%s", "unknown TLS error");
+    return buf;
+}
+
+int xpyd_tls_is_plain_http(unsigned long err)
+{
+    return ERR_GET_LIB(err) == ERR_LIB_SSL &&
+           (ERR_GET_REASON(err) == SSL_R_HTTP_REQUEST || ERR_GET_REASON(err) == SSL_R_HTTPS_PROXY_REQUEST);
+}
+
+int xpyd_tls_version(const char *s)
+{
+    if (!strcmp(s, "1.2"))
+        return TLS1_2_VERSION;
+    if (!strcmp(s, "1.3"))
+        return TLS1_3_VERSION;
+    return -1;
+}
+
+static void pair_free(struct cert_pair *p)
+{
+    X509_free(p->cert);
+    sk_X509_pop_free(p->chain, X509_free);
+    EVP_PKEY_free(p->key);
+    memset(p, 0, sizeof *p);
+}
+
+/* Reads a PEM certificate (then its chain) and key, and checks they belong together. */
+static int pair_load(const char *cert, const char *key, struct cert_pair *out, char *err, size_t errcap)
+{
+    char why[512];
+    memset(out, 0, sizeof *out);
+    FILE *f = fopen(cert, "r");
+    if (!f) {
+        snprintf(err, errcap, "cannot open the certificate %s: %s", cert, strerror(errno));
+        return -1;
+    }
+    out->cert = PEM_read_X509(f, NULL, NULL, NULL);
+    out->chain = sk_X509_new_null();
+    X509 *x;
+    while (out->cert && out->chain && (x = PEM_read_X509(f, NULL, NULL, NULL)) != NULL)
+        sk_X509_push(out->chain, x);
+    ERR_clear_error(); /* the end of the file reads as an error */
+    fclose(f);
+    if (!out->cert) {
+        snprintf(err, errcap, "no PEM certificate in %s", cert);
+        pair_free(out);
+        return -1;
+    }
+    f = fopen(key, "r");
+    if (!f) {
+        snprintf(err, errcap, "cannot open the key %s: %s", key, strerror(errno));
+        pair_free(out);
+        return -1;
+    }
+    out->key = PEM_read_PrivateKey(f, NULL, NULL, NULL);
+    fclose(f);
+    if (!out->key) {
+        snprintf(err, errcap, "no PEM private key in %s: %s", key, xpyd_tls_errors(why, sizeof why));
+        pair_free(out);
+        return -1;
+    }
+    if (X509_check_private_key(out->cert, out->key) != 1) {
+        snprintf(err, errcap, "the key %s does not match the certificate %s", key, cert);
+        ERR_clear_error();
+        pair_free(out);
+        return -1;
+    }
+    return 0;
+}
+
+static void state_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl, void *argp)
+{
+    struct server_state *st = ptr;
+    if (!st)
+        return;
+    pair_free(&st->cur);
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+}
+
+/* Every handshake: the current pair onto the connection (the SSL holds its own references). */
+static int cert_cb(SSL *ssl, void *arg)
+{
+    struct server_state *st = arg;
+    pthread_mutex_lock(&st->mu);
+    int ok = SSL_use_cert_and_key(ssl, st->cur.cert, st->cur.key, st->cur.chain, 1);
+    pthread_mutex_unlock(&st->mu);
+    return ok == 1 ? 1 : 0;
+}
+
+/* ALPN: http/1.1 when the client offers it; a client offering only other protocols gets no ALPN answer (and
+ * may go on with HTTP/1.1 or give up, its choice). */
+static int alpn_cb(SSL *ssl, const unsigned char **out, unsigned char *outlen, const unsigned char *in,
+                   unsigned int inlen, void *arg)
+{
+    for (unsigned int i = 0; i < inlen;) {
+        unsigned int n = in[i];
+        if (i + 1 + n > inlen)
+            break;
+        if (n == 8 && memcmp(in + i + 1, "http/1.1", 8) == 0) {
+            *out = in + i + 1;
+            *outlen = 8;
+            return SSL_TLSEXT_ERR_OK;
+        }
+        i += 1 + n;
+    }
+    return SSL_TLSEXT_ERR_NOACK;
+}
+
+SSL_CTX *xpyd_tls_server_new(const struct xpyd_tls_server_opts *o, char *err, size_t errcap)
+{
+    char why[512];
+    pthread_once(&idx_once, make_indexes);
+    struct server_state *st = calloc(1, sizeof *st);
+    SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
+    if (!st || !ctx) {
+        snprintf(err, errcap, "out of memory");
+        free(st);
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    pthread_mutex_init(&st->mu, NULL);
+    snprintf(st->cert_path, sizeof st->cert_path, "%s", o->cert);
+    snprintf(st->key_path, sizeof st->key_path, "%s", o->key);
+    SSL_CTX_set_ex_data(ctx, state_idx, st); /* freed with the context */
+    if (pair_load(o->cert, o->key, &st->cur, err, errcap) != 0) {
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, o->min_version ? o->min_version : TLS1_2_VERSION);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION | SSL_OP_CIPHER_SERVER_PREFERENCE);
+    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS); /* idle keep-alive connections give their buffers back */
+    SSL_CTX_set_cert_cb(ctx, cert_cb, st);
+    SSL_CTX_set_alpn_select_cb(ctx, alpn_cb, NULL);
+    /* resumption: a session cache (ids) and tickets (TLS 1.2 and 1.3); the id context ties sessions to us */
+    SSL_CTX_set_session_id_context(ctx, (const unsigned char *)"xpyd", 4);
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_SERVER);
+    SSL_CTX_sess_set_cache_size(ctx, 20480);
+    if (o->client_ca && o->client_ca[0]) {
+        STACK_OF(X509_NAME) *names = SSL_load_client_CA_file(o->client_ca);
+        if (!names || SSL_CTX_load_verify_locations(ctx, o->client_ca, NULL) != 1) {
+            snprintf(err, errcap, "cannot load the client CA %s: %s", o->client_ca, xpyd_tls_errors(why, sizeof why));
+            sk_X509_NAME_pop_free(names, X509_NAME_free);
+            SSL_CTX_free(ctx);
+            return NULL;
+        }
+        SSL_CTX_set_client_CA_list(ctx, names);
+        SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT, NULL);
+    }
+    return ctx;
+}
+
+int xpyd_tls_server_reload(SSL_CTX *ctx, char *err, size_t errcap)
+{
+    struct server_state *st = SSL_CTX_get_ex_data(ctx, state_idx);
+    struct cert_pair next, old;
+    if (!st || pair_load(st->cert_path, st->key_path, &next, err, errcap) != 0)
+        return -1;
+    pthread_mutex_lock(&st->mu);
+    old = st->cur;
+    st->cur = next;
+    pthread_mutex_unlock(&st->mu);
+    pair_free(&old); /* connections that took it hold their own references */
+    return 0;
+}
+
+void xpyd_tls_server_free(SSL_CTX *ctx)
+{
+    SSL_CTX_free(ctx);
+}
+
+static int new_session_cb(SSL *ssl, SSL_SESSION *sess)
+{
+    SSL_SESSION **slot = SSL_get_ex_data(ssl, slot_idx);
+    if (!slot)
+        return 0; /* not kept: OpenSSL frees it */
+    SSL_SESSION_free(*slot);
+    *slot = sess;
+    return 1; /* the slot owns the reference */
+}
+
+SSL_CTX *xpyd_tls_client_new(const struct xpyd_tls_client_opts *o, char *err, size_t errcap)
+{
+    char why[512];
+    pthread_once(&idx_once, make_indexes);
+    SSL_CTX *ctx = SSL_CTX_new(TLS_client_method());
+    if (!ctx) {
+        snprintf(err, errcap, "out of memory");
+        return NULL;
+    }
+    SSL_CTX_set_min_proto_version(ctx, o->min_version ? o->min_version : TLS1_2_VERSION);
+    SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION);
+    SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
+    int ok = o->ca && o->ca[0] ? SSL_CTX_load_verify_locations(ctx, o->ca, NULL) : SSL_CTX_set_default_verify_paths(ctx);
+    if (ok != 1) {
+        snprintf(err, errcap, "cannot load the CA %s: %s", o->ca && o->ca[0] ? o->ca : "(system store)",
+                 xpyd_tls_errors(why, sizeof why));
+        SSL_CTX_free(ctx);
+        return NULL;
+    }
+    if (o->cert && o->cert[0]) {
+        if (SSL_CTX_use_certificate_chain_file(ctx, o->cert) != 1 ||
+            SSL_CTX_use_PrivateKey_file(ctx, o->key && o->key[0] ? o->key : o->cert, SSL_FILETYPE_PEM) != 1 ||
+            SSL_CTX_check_private_key(ctx) != 1) {
+            snprintf(err, errcap, "cannot use the client certificate %s: %s", o->cert, xpyd_tls_errors(why, sizeof why));
+            SSL_CTX_free(ctx);
+            return NULL;
+        }
+    }
+    static const unsigned char alpn[] = "\x08http/1.1";
+    SSL_CTX_set_alpn_protos(ctx, alpn, sizeof alpn - 1);
+    SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+    SSL_CTX_sess_set_new_cb(ctx, new_session_cb);
+    return ctx;
+}
+
+SSL *xpyd_tls_client_ssl(SSL_CTX *ctx, const char *host, SSL_SESSION *resume)
+{
+    SSL *ssl = SSL_new(ctx);
+    if (!ssl)
+        return NULL;
+    unsigned char bin[16];
+    int is_ip = inet_pton(AF_INET, host, bin) == 1 || inet_pton(AF_INET6, host, bin) == 1;
+    if (is_ip) {
+        X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host);
+    } else {
+        SSL_set_tlsext_host_name(ssl, host); /* SNI only for names (RFC 6066) */
+        SSL_set1_host(ssl, host);
+    }
+    if (resume)
+        SSL_set_session(ssl, resume);
+    return ssl;
+}
+
+void xpyd_tls_client_session_slot(SSL *ssl, SSL_SESSION **slot)
+{
+    SSL_set_ex_data(ssl, slot_idx, slot);
+}

@@ -1,0 +1,380 @@
+"""TLS, with certificates this test generates (openssl CLI, a throwaway CA):
+ - HTTPS for clients: streaming through curl and through Python's ssl; ALPN http/1.1; session resumption;
+   --tls-min-version 1.3 refuses a TLS 1.2 client; plain HTTP sent to the TLS port gets a clear 400 and a
+   close; a client that never handshakes is closed by --header-timeout-ms; a plain second listener
+   (--plain-port) serves /metrics next to the TLS one;
+ - mutual TLS: a client with a certificate from the CA is served, one without (or from another CA) is refused
+   in the handshake and counted (xpyd_tls_handshake_failures_total{side="client"});
+ - HTTPS engines: prefill and decode sims serving TLS, the decode pulling its KV from the prefill over TLS;
+   an engine whose certificate is expired, for another host or from an unknown CA gets 502 like a connect
+   failure, counted and logged once with the reason; mutual TLS to the engines;
+ - SIGHUP rotation under load: new connections get the new certificate, no request fails; a bad pair is
+   refused and the old one stays;
+ - the OpenAI Node SDK streams over HTTPS (NODE_EXTRA_CA_CERTS), when node and the package are installed."""
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import threading
+import time
+
+import xpyd_testlib as t
+
+BODY = {"prompt": "hello tls", "max_tokens": 5, "ignore_eos": True}
+
+
+class Certs:
+    """A CA and certificates it signs, in a temporary directory."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="xpyd-tls-")
+        self.ca, self.ca_key = self.path("ca.pem"), self.path("ca.key")
+        self.run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout",
+                 self.ca_key, "-out", self.ca, "-days", "2", "-subj", "/CN=xpyd test CA %s" % os.path.basename(self.dir))
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def run(self, *args):
+        subprocess.run(["openssl"] + list(args), check=True, capture_output=True)
+
+    def issue(self, name, sans="DNS:localhost,IP:127.0.0.1", days=2, client=False):
+        """Returns (cert, key) paths for a certificate with these subject alternative names."""
+        key, csr, cert, ext = (self.path(name + x) for x in (".key", ".csr", ".pem", ".ext"))
+        self.run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", csr,
+                 "-subj", "/CN=%s" % name)
+        with open(ext, "w") as f:
+            f.write("subjectAltName=%s\n" % sans if sans else "")
+            f.write("extendedKeyUsage=%s\n" % ("clientAuth" if client else "serverAuth"))
+        self.run("x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial", "-out", cert,
+                 "-days", str(days), "-extfile", ext)
+        return cert, key
+
+    def cleanup(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def https_get(port, path, ctx, host="localhost"):
+    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname=host)
+    s.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
+    got = b""
+    while True:
+        c = s.recv(65536)
+        if not c:
+            break
+        got += c
+    s.close()
+    return got.partition(b"\r\n\r\n")[2]
+
+
+def tls_ctx(ca, cert=None, key=None, maxv=None):
+    c = ssl.create_default_context(cafile=ca)
+    if cert:
+        c.load_cert_chain(cert, key)
+    if maxv:
+        c.maximum_version = maxv
+    return c
+
+
+def https_post(port, body, ctx, host="localhost", path="/v1/completions", session=None):
+    """One request on a new TLS connection; returns (status, body bytes, sslsock facts)."""
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s = ctx.wrap_socket(raw, server_hostname=host, session=session)
+    data = json.dumps(body).encode()
+    s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (path.encode(), len(data), data))
+    got = b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except ssl.SSLError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    facts = {"alpn": s.selected_alpn_protocol(), "reused": s.session_reused, "session": s.session,
+             "version": s.version(), "cert": s.getpeercert()}
+    s.close()
+    head, _, rest = got.partition(b"\r\n\r\n")
+    return int(head.split()[1]), rest, facts
+
+
+class TlsCase(t.TestCase):
+    def setUp(self):
+        super().setUp()
+        self.certs = Certs()
+        self.addCleanup(self.certs.cleanup)
+        self.cert, self.key = self.certs.issue("server")
+
+    def engine(self, *args):
+        return self.start(t.sim("--role", "both", "--decode-us-per-token", "200", *args))
+
+    def tls_router(self, engines, *args):
+        return self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--handoff", "none", "-d"] +
+                                 engines + ["--tls-cert", self.cert, "--tls-key", self.key] + list(args),
+                                 ready_path=None))
+
+
+class ClientSide(TlsCase):
+    def test_https_streaming_curl_and_python(self):
+        e = self.engine()
+        r = self.tls_router(["127.0.0.1:%d" % e.port])
+        out = subprocess.run(["curl", "-sN", "--cacert", self.certs.ca, "https://localhost:%d/v1/completions" % r.port,
+                              "-d", json.dumps(dict(BODY, stream=True))], capture_output=True, timeout=20)
+        events = [l for l in out.stdout.decode().split("\n\n") if l.startswith("data: ")]
+        self.assertEqual(events[-1], "data: [DONE]", out)
+        self.assertEqual(len(events), 6)
+        ctx = tls_ctx(self.certs.ca)
+        ctx.set_alpn_protocols(["h2", "http/1.1"])
+        st, body, facts = https_post(r.port, BODY, ctx)
+        self.assertEqual(st, 200, body)
+        self.assertEqual(json.loads(body)["usage"]["completion_tokens"], 5)
+        self.assertEqual(facts["alpn"], "http/1.1")
+        # resumption: the session of one connection resumes on the next (TLS 1.3 tickets)
+        st, _, f2 = https_post(r.port, BODY, ctx, session=facts["session"])
+        self.assertEqual(st, 200)
+        self.assertTrue(f2["reused"])
+        # the router's own state, read over TLS: every load back to zero
+        t.wait_until(lambda: all(i["inflight"] == 0 and i["outstanding_tokens"] == 0
+                                 for p in json.loads(https_get(r.port, "/status", ctx))["pools"].values()
+                                 for i in p["instances"]), what="idle")
+
+    def test_plain_http_to_tls_port_and_plain_listener(self):
+        e = self.engine()
+        r = self.tls_router(["127.0.0.1:%d" % e.port], "--plain-port", "0")
+        with open(r.port_file) as f:
+            plain_port = int(f.read().split()[1])
+        st, _, body = t.request(r.port, "GET", "/health")  # plain HTTP to the TLS port
+        self.assertEqual(st, 400)
+        self.assertIn(b"this port speaks HTTPS", body)
+        self.assertEqual(t.request(plain_port, "GET", "/health")[0], 200)
+        self.assertEqual(t.metric(plain_port, 'xpyd_tls_handshake_failures_total{side="client"}'), 1)
+        st, _, out = t.post_json(plain_port, "/v1/completions", BODY)  # every endpoint, plain
+        self.assertEqual(st, 200, out)
+        # a second plain request from the same address: counted, logged once
+        t.request(r.port, "GET", "/health")
+        self.assertEqual(t.metric(plain_port, 'xpyd_tls_handshake_failures_total{side="client"}'), 2)
+        r.stop()
+        self.assertEqual(r.output().count("event=tls_handshake_failed side=client"), 1, r.output())
+
+    def test_handshake_must_complete_within_the_header_timeout(self):
+        e = self.engine()
+        r = self.tls_router(["127.0.0.1:%d" % e.port], "--header-timeout-ms", "300")
+        s = socket.create_connection(("127.0.0.1", r.port), timeout=5)
+        t0 = time.monotonic()
+        s.settimeout(5)
+        self.assertEqual(s.recv(100), b"")  # closed by the router, nothing said
+        self.assertLess(time.monotonic() - t0, 3)
+        s.close()
+        # and after a completed request, an idle keep-alive TLS connection is closed by its own timeout
+        r2 = self.tls_router(["127.0.0.1:%d" % e.port], "--keepalive-timeout-ms", "300")
+        ctx = tls_ctx(self.certs.ca)
+        k = ctx.wrap_socket(socket.create_connection(("127.0.0.1", r2.port), timeout=5), server_hostname="localhost")
+        data = json.dumps(BODY).encode()
+        k.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
+        got = b""
+        while b'"usage"' not in got:
+            got += k.recv(65536)
+        t0 = time.monotonic()
+        while True:
+            try:
+                if not k.recv(65536):
+                    break
+            except (ssl.SSLError, OSError):
+                break
+        self.assertLess(time.monotonic() - t0, 3)
+        k.close()
+
+    def test_min_version_13(self):
+        e = self.engine()
+        r = self.tls_router(["127.0.0.1:%d" % e.port], "--tls-min-version", "1.3")
+        with self.assertRaises(ssl.SSLError):
+            https_post(r.port, BODY, tls_ctx(self.certs.ca, maxv=ssl.TLSVersion.TLSv1_2))
+        st, _, facts = https_post(r.port, BODY, tls_ctx(self.certs.ca))
+        self.assertEqual((st, facts["version"]), (200, "TLSv1.3"))
+
+    def test_mutual_tls(self):
+        e = self.engine()
+        ccert, ckey = self.certs.issue("client", sans=None, client=True)
+        other = Certs()
+        self.addCleanup(other.cleanup)
+        ocert, okey = other.issue("intruder", sans=None, client=True)
+        r = self.tls_router(["127.0.0.1:%d" % e.port], "--tls-client-ca", self.certs.ca, "--plain-port", "0")
+        with open(r.port_file) as f:
+            plain_port = int(f.read().split()[1])
+        st, _, _ = https_post(r.port, BODY, tls_ctx(self.certs.ca, ccert, ckey))
+        self.assertEqual(st, 200)
+        for ctx in (tls_ctx(self.certs.ca), tls_ctx(self.certs.ca, ocert, okey)):
+            with self.assertRaises((ssl.SSLError, ConnectionResetError, BrokenPipeError, ValueError)):
+                st, body, _ = https_post(r.port, BODY, ctx)
+                if st == 200:
+                    raise AssertionError("served without a valid client certificate")
+                raise ValueError(body)
+        t.wait_until(lambda: t.metric(plain_port, 'xpyd_tls_handshake_failures_total{side="client"}') == 2,
+                     what="two refused handshakes counted")
+
+    def test_bad_settings_refused(self):
+        cases = [(["--tls-cert", self.cert], "go together"),
+                 (["--tls-cert", self.cert, "--tls-key", self.certs.ca_key], "does not match"),
+                 (["--tls-cert", "/nonexistent.pem", "--tls-key", self.key], "cannot open"),
+                 (["--tls-min-version", "1.1"], "tls-min-version")]
+        for args, needle in cases:
+            p = t.Proc("xpyd_router", ["--port", "0", "-d", "127.0.0.1:1", "--handoff", "none"] + args, port_flag=False)
+            self.assertNotEqual(p.p.wait(10), 0)
+            self.assertIn(needle, p.output())
+            p.stop(check=False)
+
+
+class Rotation(TlsCase):
+    def test_sighup_rotation_under_load(self):
+        e = self.engine()
+        live_cert, live_key = self.certs.path("live.pem"), self.certs.path("live.key")
+        shutil.copy(self.cert, live_cert)
+        shutil.copy(self.key, live_key)
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "info", "--handoff", "none", "-d",
+                                              "127.0.0.1:%d" % e.port, "--tls-cert", live_cert, "--tls-key", live_key,
+                                              "--plain-port", "0"], ready_path=None))
+        with open(r.port_file) as f:
+            plain_port = int(f.read().split()[1])
+        ctx = tls_ctx(self.certs.ca)
+        first_serial = https_post(r.port, BODY, ctx)[2]["cert"]["serialNumber"]
+        results, stop = [], threading.Event()
+
+        def load():
+            while not stop.is_set():
+                try:  # a new connection (a new handshake) every time
+                    st, _, facts = https_post(r.port, BODY, ctx)
+                    results.append((st, facts["cert"]["serialNumber"]))
+                except Exception as ex:  # any failure fails the test below
+                    results.append((repr(ex), None))
+
+        ths = [threading.Thread(target=load) for _ in range(4)]
+        for th in ths:
+            th.start()
+        t.wait_until(lambda: len(results) >= 20, what="load running")
+        new_cert, new_key = self.certs.issue("server2")
+        shutil.copy(new_cert, live_cert + ".tmp")
+        shutil.copy(new_key, live_key + ".tmp")
+        os.rename(live_cert + ".tmp", live_cert)
+        os.rename(live_key + ".tmp", live_key)
+        r.signal(signal.SIGHUP)
+        t.wait_until(lambda: t.metric(plain_port, "xpyd_tls_certificate_reloads_total") == 1, what="reloaded")
+        n = len(results)
+        t.wait_until(lambda: len(results) >= n + 20, what="load after the reload")
+        stop.set()
+        for th in ths:
+            th.join()
+        self.assertTrue(all(st == 200 for st, _ in results), [x for x in results if x[0] != 200][:3])
+        serials = [s for _, s in results]
+        self.assertEqual(serials[0], first_serial)
+        self.assertNotEqual(serials[-1], first_serial)  # new handshakes got the new certificate
+        # a bad pair (key of another certificate) is refused; the current one stays
+        shutil.copy(self.key, live_key)
+        r.signal(signal.SIGHUP)
+        t.wait_until(lambda: "event=tls_reload_failed" in r.output(), what="reload refused")
+        self.assertEqual(https_post(r.port, BODY, ctx)[0], 200)
+        self.assertEqual(t.metric(plain_port, "xpyd_tls_certificate_reloads_total"), 1)
+
+
+def tls_sim(*args):
+    """An xpyd_sim serving TLS, ready once it answers /health over TLS (certificate not checked here)."""
+    p = t.Proc("xpyd_sim", ["--port", "0"] + list(args), ready_path=None)
+    unverified = ssl._create_unverified_context()
+    t.wait_until(lambda: https_get(p.port, "/health", unverified) is not None, what="TLS sim ready")
+    return p
+
+
+class Upstream(TlsCase):
+    def test_pd_over_https_engines(self):
+        tls = ["--tls-cert", self.cert, "--tls-key", self.key]
+        p = self.start(tls_sim("--role", "prefill", *tls))
+        d = self.start(tls_sim("--role", "decode", "--decode-us-per-token", "200", "--upstream-ca", self.certs.ca, *tls))
+        r = self.start(t.router(["https://127.0.0.1:%d" % p.port], ["https://localhost:%d" % d.port],
+                                "--upstream-ca", self.certs.ca))
+        st, _, out = t.post_json(r.port, "/v1/completions", BODY)
+        self.assertEqual(st, 200, out)
+        evs = t.Stream(r.port, "/v1/completions", dict(BODY, stream=True)).read_all()
+        self.assertEqual(evs[-1], "[DONE]")
+        self.assertEqual(len(t.content_events(evs)), 5)
+        # the decode pulled the KV from the prefill over TLS (its own /metrics, read over TLS)
+        page = https_get(d.port, "/metrics", tls_ctx(self.certs.ca)).decode()
+        self.assertIn('xpyd_sim:handoffs_total{mode="kv-params",result="done"} 2', page)
+        self.assertEqual(t.metric(r.port, 'xpyd_tls_handshake_failures_total{side="upstream"}'), 0)
+        self.idle(r)
+
+    def check_refused(self, engine_cert, engine_key, host, needle):
+        e = self.start(tls_sim("--role", "both", "--tls-cert", engine_cert, "--tls-key", engine_key))
+        r = self.start(t.router([], ["https://%s:%d" % (host, e.port)], "--handoff", "none", "--upstream-ca",
+                                self.certs.ca, "--max-retries", "0"))
+        for _ in range(2):
+            st, _, out = t.post_json(r.port, "/v1/completions", BODY)
+            self.assertOpenAIError(st, out, 502, "TLS handshake failed")
+        # both requests' handshakes failed (the health checks' count too)
+        self.assertGreaterEqual(t.metric(r.port, 'xpyd_tls_handshake_failures_total{side="upstream"}'), 2)
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="decode_connect"}'), 2)
+        self.idle(r)
+        r.stop()
+        self.assertEqual(r.output().count("event=tls_handshake_failed side=upstream"), 1, r.output())
+        self.assertIn(needle, r.output())
+
+    def test_expired_engine_certificate(self):
+        cert, key = self.certs.issue("expired", days=-1)
+        self.check_refused(cert, key, "127.0.0.1", "certificate verify failed")
+
+    def test_wrong_host(self):
+        cert, key = self.certs.issue("elsewhere", sans="DNS:elsewhere.example")
+        self.check_refused(cert, key, "127.0.0.1", "certificate verify failed")
+
+    def test_unknown_ca(self):
+        other = Certs()
+        self.addCleanup(other.cleanup)
+        cert, key = other.issue("stranger")
+        self.check_refused(cert, key, "localhost", "certificate verify failed")
+
+    def test_mutual_tls_to_engines(self):
+        ccert, ckey = self.certs.issue("router-client", sans=None, client=True)
+        e = self.start(t.Proc("xpyd_sim", ["--port", "0", "--role", "both", "--tls-cert", self.cert, "--tls-key",
+                                           self.key, "--tls-client-ca", self.certs.ca], ready_path=None))
+        with_cert = tls_ctx(self.certs.ca, ccert, ckey)
+        t.wait_until(lambda: https_get(e.port, "/health", with_cert) is not None, what="mutual-TLS engine ready")
+        bare = self.start(t.router([], ["https://127.0.0.1:%d" % e.port], "--handoff", "none", "--upstream-ca",
+                                   self.certs.ca, "--max-retries", "0"))
+        st, _, out = t.post_json(bare.port, "/v1/completions", BODY)
+        self.assertEqual(st, 502, out)  # no client certificate: the engine refuses
+        r = self.start(t.router([], ["https://127.0.0.1:%d" % e.port], "--handoff", "none", "--upstream-ca",
+                                self.certs.ca, "--upstream-cert", ccert, "--upstream-key", ckey))
+        st, _, out = t.post_json(r.port, "/v1/completions", BODY)
+        self.assertEqual(st, 200, out)
+        self.idle(r)
+
+
+class NodeSdk(TlsCase):
+    def test_openai_node_sdk_streams_over_https(self):
+        npm_dir = os.environ.get("XPYD_NPM_DIR", os.path.expanduser("~/.cache/xpyd-npm"))
+        if not shutil.which("node") or not os.path.isdir(os.path.join(npm_dir, "node_modules", "openai")):
+            self.skipTest("node or the openai npm package is not installed (scripts/deps.sh with XPYD_TEST_DEPS=1)")
+        e = self.engine()
+        r = self.tls_router(["127.0.0.1:%d" % e.port])
+        script = """
+const OpenAI = require('openai');
+(async () => {
+  const client = new OpenAI({baseURL: 'https://localhost:%d/v1', apiKey: 'none'});
+  const stream = await client.completions.create({model: 'sim-model', prompt: 'hello node', max_tokens: 6,
+                                                  stream: true, ignore_eos: true});
+  let n = 0; for await (const ev of stream) { if (ev.choices.length && ev.choices[0].text) n++; }
+  console.log(JSON.stringify({chunks: n}));
+})().catch(e => { console.error(e); process.exit(1); });
+""" % r.port
+        out = subprocess.run(["node", "-e", script], capture_output=True, timeout=60, cwd=npm_dir,
+                             env=dict(os.environ, NODE_EXTRA_CA_CERTS=self.certs.ca,
+                                      NODE_PATH=os.path.join(npm_dir, "node_modules")))
+        self.assertEqual(out.returncode, 0, out.stderr.decode()[-2000:])
+        self.assertEqual(json.loads(out.stdout.decode().strip().splitlines()[-1]), {"chunks": 6})
+
+
+if __name__ == "__main__":
+    t.main()
