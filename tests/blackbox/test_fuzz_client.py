@@ -140,6 +140,72 @@ class ClientFuzz(t.TestCase):
                      what="client connections closed")
         t.wait_until(lambda: t.metric(p.port, "xpyd_sim:kv_leases_active") == 0, timeout=10, what="KV leases released")
 
+    def test_fuzz_tls_listener(self):
+        """The HTTPS listener: mutated handshakes (real ClientHellos, cut, flipped, followed by junk) and mutated
+        requests inside real TLS connections. The router stays up, every TLS answer is HTTP/1.x, and at the end
+        every connection and load is back to zero (the plain listener tells)."""
+        import ssl
+        from test_tls import Certs
+        seconds = float(os.environ.get("XPYD_FUZZ_CLIENT_TLS_SECONDS", "10"))
+        seed = int(os.environ.get("XPYD_FUZZ_SEED", str(int(time.time()))))
+        rng = random.Random(seed)
+        certs = Certs()
+        self.addCleanup(certs.cleanup)
+        cert, key = certs.issue("server")
+        hellos = []
+        for alpn in (None, ["h2", "http/1.1"]):
+            c = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            c.check_hostname, c.verify_mode = False, ssl.CERT_NONE
+            if alpn:
+                c.set_alpn_protocols(alpn)
+            inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+            try:
+                c.wrap_bio(inc, out, server_hostname="localhost").do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            hellos.append(out.read())
+        d = self.start(t.sim("--role", "both", "--decode-us-per-token", "100"))
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "error", "--handoff", "none", "-d",
+                                              "127.0.0.1:%d" % d.port, "--tls-cert", cert, "--tls-key", key,
+                                              "--plain-port", "0", "--api-key", "k", "--header-timeout-ms", "500",
+                                              "--body-idle-timeout-ms", "500", "--linger-ms", "100",
+                                              "--keepalive-timeout-ms", "1000"], ready_path=None))
+        with open(r.port_file) as f:
+            plain = int(f.read().split()[1])
+        ctx = ssl.create_default_context(cafile=certs.ca)
+        end = time.monotonic() + seconds
+        n = 0
+        while time.monotonic() < end:
+            n += 1
+            if rng.random() < 0.5:  # a mutated handshake on raw TCP
+                msg = mutate(rng, rng.choice(hellos)) + (rng.choice(SEEDS) if rng.random() < 0.3 else b"")
+                try:
+                    s = socket.create_connection(("127.0.0.1", r.port), timeout=2)
+                    s.sendall(msg)
+                    read_answers(s, time.monotonic() + 0.2)
+                    s.close()
+                except OSError:
+                    pass
+            else:  # a mutated request inside a real TLS connection
+                msg = mutate(rng, rng.choice(SEEDS))
+                try:
+                    s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", r.port), timeout=2),
+                                        server_hostname="localhost")
+                    s.sendall(msg)
+                    out = read_answers(s, time.monotonic() + 0.4)
+                    s.close()
+                except (OSError, ssl.SSLError):
+                    out = b""
+                if out and not STATUS.match(out):
+                    self.record_failure(seed, msg, "not an HTTP/1.x answer over TLS: %r" % out[:200])
+            if not r.alive():
+                self.record_failure(seed, msg, "router died:\n" + r.output()[-3000:])
+        print("TLS fuzz: seed %d, %d inputs" % (seed, n))
+        self.assertGreater(n, 20)
+        self.assertGreater(t.metric(plain, 'xpyd_tls_handshake_failures_total{side="client"}'), 0)
+        t.wait_until(lambda: t.router_idle(plain, {"Authorization": "Bearer k"}), timeout=30, what="load back to zero")
+        t.wait_until(lambda: t.metric(plain, "xpyd_client_connections") <= 1, timeout=30, what="connections closed")
+
     def record_failure(self, seed, data, why):
         path = os.path.join(t.BIN, "..", "fuzz_client_failure_%d.bin" % seed)
         try:

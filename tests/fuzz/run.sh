@@ -35,8 +35,9 @@ build fuzz_feedback "$ROOT/tests/fuzz/fuzz_feedback.c" "$ROOT/router/feedback_pa
 build fuzz_desc "$ROOT/tests/fuzz/fuzz_desc.c" "$ROOT/transfer/xt_desc.c" -I"$ROOT/transfer"
 build fuzz_upstream "$ROOT/tests/fuzz/fuzz_upstream.c" "$ROOT/common/xpyd_http_client.c" "$ROOT/common/xpyd_sse.c" \
   "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" "$ROOT/balancer/xb_prefix.c" -I"$HTTP_PARSER_INC" -lhttp_parser
+build fuzz_tls "$ROOT/tests/fuzz/fuzz_tls.c" "$ROOT/common/xpyd_tls.c" -lssl -lcrypto
 rc=0
-for h in sse config sim_request rewrite upstream http_req relay admin metadata feedback desc; do
+for h in sse config sim_request rewrite upstream http_req relay admin metadata feedback desc tls; do
   mkdir -p "$OUT/corpus_$h"
   cp "$ROOT/tests/fuzz/corpus/$h/"* "$OUT/corpus_$h/"
   echo "== fuzz_$h for ${SECS}s"
