@@ -5,6 +5,7 @@
  * events; output length = the usage event's completion_tokens (else the number of content events);
  * TPOT = (E2EL - TTFT) / (output tokens - 1). Failed requests are counted with their error. */
 #include "xpyd_http_client.h"
+#include "xpyd_tls.h"
 #include "xpyd_sse.h"
 #include "xpyd_util.h"
 #include "xpyd_version.h"
@@ -49,6 +50,8 @@ struct opts {
     int prefix_rep;           /* --dataset-name prefix-repetition */
     int pr_prefix_len, pr_suffix_len, pr_num_prefixes, pr_output_len;
     int multi_turn;           /* --multi-turn N: conversations of N turns, each re-sending its history */
+    int tls;                  /* --base-url https://...: TLS to the server */
+    char tls_ca[512];         /* --tls-ca FILE: the CA the server's certificate is checked against ("" system) */
     char dp_host[256];
     int dp_port;
 };
@@ -554,6 +557,8 @@ static void usage(FILE *f)
           "                               prompts and the answers received (chat: as messages), and goes once turn\n"
           "                               t-1 finished; --num-prompts counts turns. Both report the prefix-cache\n"
           "                               hit rate from usage.prompt_tokens_details.cached_tokens\n"
+          "  --base-url https://H:P       HTTPS (keep-alive connections, sessions resumed); --tls-ca FILE: the CA the\n"
+          "                               server's certificate is checked against (default: the system store)\n"
           "  --direct-prefill HOST:PORT   baseline without a router: the client sends the kv-params prefill leg there,\n"
           "                               then the decode leg (with the returned kv_transfer_params) to --host/--port\n"
           "  -h, --help                   this text\n"
@@ -610,7 +615,8 @@ static int parse(int argc, char **argv)
         {"dataset-name", 1, 0, 22}, {"direct-prefill", 1, 0, 23}, {"length-dist", 1, 0, 24},
         {"tokenizer-free", 0, 0, 25}, {"goodput", 1, 0, 26}, {"prefix-repetition-prefix-len", 1, 0, 27},
         {"prefix-repetition-suffix-len", 1, 0, 28}, {"prefix-repetition-num-prefixes", 1, 0, 29},
-        {"prefix-repetition-output-len", 1, 0, 30}, {"multi-turn", 1, 0, 31}, {"help", 0, 0, 'h'}, {"version", 0, 0, 'V'}, {0, 0, 0, 0}};
+        {"prefix-repetition-output-len", 1, 0, 30}, {"multi-turn", 1, 0, 31}, {"tls-ca", 1, 0, 32},
+        {"help", 0, 0, 'h'}, {"version", 0, 0, 'V'}, {0, 0, 0, 0}};
     int o;
     long v;
     while ((o = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -620,6 +626,7 @@ static int parse(int argc, char **argv)
         case 1: snprintf(O.host, sizeof O.host, "%s", a); break;
         case 2: bad = xpyd_parse_long(a, 1, 65535, &v); O.port = (int)v; break;
         case 3: {
+            O.tls = !strncmp(a, "https://", 8);
             const char *h = strstr(a, "://");
             h = h ? h + 3 : a;
             char hp[300];
@@ -662,6 +669,7 @@ static int parse(int argc, char **argv)
         case 29: bad = xpyd_parse_long(a, 1, 100000, &v); O.pr_num_prefixes = (int)v; break;
         case 30: bad = xpyd_parse_long(a, 1, 1000000, &v); O.pr_output_len = (int)v; break;
         case 31: bad = xpyd_parse_long(a, 1, 10000, &v); O.multi_turn = (int)v; break;
+        case 32: snprintf(O.tls_ca, sizeof O.tls_ca, "%s", a); break;
         case 23:
             snprintf(O.direct_prefill, sizeof O.direct_prefill, "%s", a);
             bad = xpyd_parse_hostport(a, O.dp_host, sizeof O.dp_host, &O.dp_port) != 0 || !O.dp_port;
@@ -914,7 +922,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "xpyd_bench: cannot resolve %s\n", O.direct_prefill[0] ? O.direct_prefill : O.host);
         return 2;
     }
+    ep[0].tls = O.tls;
     up = up_thread_new(base, ep, O.direct_prefill[0] ? 2 : 1, 100000);
+    SSL_CTX *tls = NULL;
+    if (O.tls) {
+        char err[600];
+        struct xpyd_tls_client_opts co = {O.tls_ca, NULL, NULL, TLS1_2_VERSION};
+        if (!(tls = xpyd_tls_client_new(&co, err, sizeof err))) {
+            fprintf(stderr, "xpyd_bench: TLS: %s\n", err);
+            return 2;
+        }
+        up_thread_set_tls(up, tls);
+    }
     reqs = XPYD_XALLOC(calloc((size_t)O.num_prompts, sizeof *reqs));
     for (int i = 0; i < O.num_prompts; i++) {
         reqs[i].i = i;
@@ -951,6 +970,7 @@ int main(int argc, char **argv)
     free(reqs);
     event_free(arrival_ev);
     up_thread_free(up);
+    SSL_CTX_free(tls);
     event_base_free(base);
     return failed ? 1 : 0;
 }

@@ -301,7 +301,11 @@ static void hand_over(struct cconn *cc)
     struct evbuffer *in = bufferevent_get_input(bev);
     const struct hr_head *h = &cc->h;
     assert(cc->state == CC_BODY && evbuffer_get_length(in) == 0);
-    evbuffer_unfreeze(in, 0); /* libevent keeps the end of a bufferevent's input frozen outside its reads */
+    /* libevent keeps the end of a socket bufferevent's input frozen outside its reads; an OpenSSL one does not
+     * freeze it, and freezing it here would make its next read fail silently (the socket stays readable, the
+     * loop spins, the next request is never read) */
+    int frozen = !bufferevent_openssl_get_ssl(bev);
+    evbuffer_unfreeze(in, 0);
     evbuffer_add_printf(in, "%.*s %.*s HTTP/1.%d\r\n", (int)h->mlen, h->method, (int)h->tlen, h->target, h->minor);
     for (size_t i = 0; i < h->nfields; i++) {
         const struct hr_field *f = &cc->fields[i];
@@ -320,7 +324,8 @@ static void hand_over(struct cconn *cc)
         evbuffer_add_printf(in, "Content-Length: %zu\r\n", blen);
     evbuffer_add(in, "\r\n", 2);
     evbuffer_add_buffer(in, cc->body);
-    evbuffer_freeze(in, 0);
+    if (frozen)
+        evbuffer_freeze(in, 0);
     cc->state = CC_BUSY;
     evtimer_del(cc->timer);
     free(cc->head);

@@ -143,6 +143,31 @@ class ClientSide(TlsCase):
                                  for p in json.loads(https_get(r.port, "/status", ctx))["pools"].values()
                                  for i in p["instances"]), what="idle")
 
+    def test_keep_alive_every_kind_of_request(self):
+        # one TLS connection, requests of every kind in turn (streamed, not, chat, an error, GETs): each answered
+        # (the second request on a TLS keep-alive connection once hung: the guard froze the input of the
+        # OpenSSL bufferevent), then the connection's limits still hold: an oversized head gets 431
+        e = self.engine()
+        r = self.tls_router(["127.0.0.1:%d" % e.port], "--max-header-bytes", "4096")
+        ctx = tls_ctx(self.certs.ca)
+        s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", r.port), timeout=10), server_hostname="localhost")
+        conn = t.RawConn.__new__(t.RawConn)
+        conn.s, conn.buf = s, b""
+        reqs = [("POST", "/v1/completions", dict(BODY, stream=True), 200),
+                ("POST", "/v1/completions", BODY, 200),
+                ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}, 200),
+                ("POST", "/v1/completions", {"prompt": "x", "max_tokens": -1}, 400),
+                ("GET", "/health", None, 200), ("GET", "/v1/models", None, 200), ("GET", "/nope", None, 404)]
+        for method, path, body, want in reqs * 2:
+            data = json.dumps(body).encode() if body is not None else b""
+            s.sendall(b"%s %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                      % (method.encode(), path.encode(), len(data), data))
+            st = conn.response()[0]
+            self.assertEqual(st, want, (method, path))
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 5000 + b"\r\n\r\n")
+        self.assertEqual(conn.response()[0], 431)
+        s.close()
+
     def test_plain_http_to_tls_port_and_plain_listener(self):
         e = self.engine()
         r = self.tls_router(["127.0.0.1:%d" % e.port], "--plain-port", "0")
