@@ -85,9 +85,9 @@ class CachePolicy(t.TestCase):
         self.idle(r)
 
     def test_until_the_rank_is_full_then_another(self):
-        # slow serial prefills, at most one request each: while the cached rank works, the next one goes elsewhere
-        ps, d, r = self.cluster(2, "--prefill-max-inflight", "1",
-                                pargs=("--prefill-us-per-token", "1000", "--prefill-compute", "serial"))
+        # prefills that hold each request 1 s, at most one request each: while the cached rank holds one, the next
+        # goes elsewhere (the two are sent together; a cached prompt alone would finish too fast to overlap)
+        ps, d, r = self.cluster(2, "--prefill-max-inflight", "1", pargs=("--stall-ms", "1000"))
         completion(r.port, PREFIX + " warm")
         home = [p for p in ps if selected(r.port, "prefill", p.port) == 1][0]
         other = [p for p in ps if p is not home][0]
