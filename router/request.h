@@ -90,6 +90,7 @@ struct request {
     int64_t tokens_out;
     int paused;                 /* the decode leg is paused: the client is slow */
     struct evbuffer *chunk;     /* the next chunk to the client, reused for every event (owned) */
+    int batch;                  /* relaying one upstream read: events collect in chunk (stream.c) */
     struct event *bp_timer;     /* while paused: watches the client's output drain (owned) */
     int first_token_seen;       /* the decode produced its first token (handoff_ops.first_token ran) */
     int prefill_token_sent;     /* the client's first token was the prefill's (client_prefill_first_token) */

@@ -14,6 +14,7 @@
 
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
 #include <event2/event.h>
 #include <evhtp/evhtp.h>
 #include <stdlib.h>
@@ -78,17 +79,32 @@ static struct evbuffer *chunk_of(struct request *r)
 }
 
 /* Sends what r->chunk holds as one chunk (libevhtp moves the bytes out, so the buffer is reused). */
-static void flush_chunk(struct request *r)
+static void send_chunk(struct request *r)
 {
     struct evbuffer *c = chunk_of(r);
     if (!r->ereq) {
         evbuffer_drain(c, evbuffer_get_length(c));
         return;
     }
-    evhtp_send_reply_chunk(r->ereq, c);
+    struct bufferevent *bev = evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq));
+    size_t n = evbuffer_get_length(c);
+    if (bev && n && bufferevent_openssl_get_ssl(bev)) {
+        /* TLS: one addition per event, so one record and one write. libevhtp's chunk writer adds the size line,
+         * the data and the CRLF separately, and an OpenSSL bufferevent encrypts and sends each addition at once
+         * (three records and three writes per event, where a socket bufferevent waits for the loop). */
+        if (r->ereq->flags & EVHTP_REQ_FLAG_CHUNKED) {
+            char head[24];
+            int hl = snprintf(head, sizeof head, "%zx\r\n", n);
+            evbuffer_prepend(c, head, (size_t)hl);
+            evbuffer_add(c, "\r\n", 2);
+        }
+        evbuffer_pullup(c, -1);
+        evbuffer_add_buffer(bufferevent_get_output(bev), c);
+    } else {
+        evhtp_send_reply_chunk(r->ereq, c);
+    }
     /* Backpressure: a slow client pauses the decode leg instead of growing this buffer without bound. */
     struct up_leg *dleg = r->legs[RT_DECODE].up;
-    struct bufferevent *bev = evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq));
     if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > (size_t)g_rt->cfg.client_buffer_bytes && dleg &&
         !r->paused) {
         r->paused = 1;
@@ -101,6 +117,21 @@ static void flush_chunk(struct request *r)
     }
 }
 
+/* An event is ready for the client. While one upstream read is being relayed (r->batch), events collect in
+ * r->chunk and go out together once the read is done: one chunk, one TLS record, one write for everything
+ * that arrived at once (the relay's cost per event stays, the client connection's is paid once). */
+static void flush_chunk(struct request *r)
+{
+    if (!r->batch)
+        send_chunk(r);
+}
+
+static void flush_pending(struct request *r)
+{
+    if (r->chunk && evbuffer_get_length(r->chunk))
+        send_chunk(r);
+}
+
 static void write_event_json(struct request *r, const cJSON *o)
 {
     char *s = XPYD_XALLOC(cJSON_PrintUnformatted(o));
@@ -111,6 +142,7 @@ static void write_event_json(struct request *r, const cJSON *o)
 
 void client_stream_end(struct request *r)
 {
+    flush_pending(r);
     if (r->ereq) {
         evhtp_send_reply_chunk_end(r->ereq);
         evhtp_request_resume(r->ereq); /* deferred by libevhtp: the keep-alive connection reads again */
@@ -220,7 +252,11 @@ static int on_decode_event(void *arg, const char *data, size_t len, const char *
 
 int client_relay(struct request *r, const char *data, size_t len)
 {
-    return xpyd_sse_feed(&r->sse, data, len, on_decode_event, r) < 0 ? -1 : 0;
+    r->batch = 1;
+    int rc = xpyd_sse_feed(&r->sse, data, len, on_decode_event, r) < 0 ? -1 : 0;
+    r->batch = 0;
+    flush_pending(r);
+    return rc;
 }
 
 void client_prefill_first_token(struct request *r)

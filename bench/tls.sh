@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# bench/tls.sh - what TLS costs the router, against nginx terminating TLS with the same certificate, in one
+# run on this machine. The server under test (router with one thread, or nginx with one worker) is pinned to
+# CPU 1 alone; the zero-delay decode sim and the load generator share CPU 0. Its CPU time comes from
+# /proc/<pid>/stat around each run.
+#   1. keep-alive: N streamed 16-token completions, 64 at once over keep-alive connections (xpyd_bench, TLS
+#      sessions resumed): CPU per request for router plain, router TLS, nginx plain, nginx TLS;
+#   2. handshakes: `openssl s_time -new` (a full handshake per connection, TLS 1.3, ECDSA P-256) for SECS
+#      seconds: handshakes per second and CPU per handshake, router vs nginx.
+#   bench/tls.sh [requests=20000] [seconds=10]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+N=${1:-20000} SECS=${2:-10}
+if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh nginx-light openssl; ./scripts/build.sh >/dev/null; fi
+B=${XPYD_BUILD_DIR:-build}/bin
+WORK=$(mktemp -d /tmp/xpyd-tls.XXXXXX)
+trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
+cd "$WORK"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.pem -days 2 \
+  -subj "/CN=xpyd bench CA" 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout srv.key -out srv.csr -subj "/CN=localhost" 2>/dev/null
+printf "subjectAltName=DNS:localhost,IP:127.0.0.1\n" >ext
+openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 2 -extfile ext 2>/dev/null
+cd - >/dev/null
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
+HZ=$(getconf CLK_TCK)
+
+rm -f "$WORK/d.port"
+taskset -c 0 $B/xpyd_sim --role both --port 0 --port-file "$WORK/d.port" --decode-us-per-token 0 --log-level warn \
+  --max-batch 100000 >"$WORK/d.log" 2>&1 &
+PIDS+=($!)
+xpyd_wait_file "$WORK/d.port" 10
+D=$(cat "$WORK/d.port")
+RP=$(free_port) RS=$(free_port) NP=$(free_port) NS=$(free_port)
+taskset -c 1 $B/xpyd_router --port "$RP" --log-level error --threads 1 --handoff none -d 127.0.0.1:$D \
+  >"$WORK/rp.log" 2>&1 &
+ROUTER_PLAIN=$!
+PIDS+=($!)
+taskset -c 1 $B/xpyd_router --port "$RS" --log-level error --threads 1 --handoff none -d 127.0.0.1:$D \
+  --tls-cert "$WORK/srv.pem" --tls-key "$WORK/srv.key" >"$WORK/rs.log" 2>&1 &
+ROUTER_TLS=$!
+PIDS+=($!)
+mkdir -p "$WORK/ng"
+cat >"$WORK/ng/nginx.conf" <<NGX
+worker_processes 1;
+daemon off;
+user root;
+pid $WORK/ng/nginx.pid;
+error_log $WORK/ng/error.log;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/ng; proxy_temp_path $WORK/ng; fastcgi_temp_path $WORK/ng;
+  uwsgi_temp_path $WORK/ng; scgi_temp_path $WORK/ng;
+  upstream decode { server 127.0.0.1:$D; keepalive 256; }
+  ssl_certificate $WORK/srv.pem; ssl_certificate_key $WORK/srv.key;
+  ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m; ssl_session_tickets on;
+  server {
+    listen 127.0.0.1:$NP;
+    listen 127.0.0.1:$NS ssl;
+    location / { proxy_pass http://decode; proxy_http_version 1.1; proxy_set_header Connection "";
+                 proxy_buffering off; proxy_request_buffering off; }
+  }
+}
+NGX
+taskset -c 1 nginx -c "$WORK/ng/nginx.conf" -p "$WORK/ng" &
+PIDS+=($!)
+xpyd_wait_http "http://127.0.0.1:$RP/health" 10
+xpyd_wait_http "http://127.0.0.1:$NP/health" 10
+for p in $RS $NS; do
+  for _ in $(seq 100); do curl -fs --cacert "$WORK/ca.pem" "https://localhost:$p/health" >/dev/null && break; sleep 0.1; done
+done
+NGW=$(pgrep -P "$(cat "$WORK/ng/nginx.pid")" | tr '\n' ' ')
+
+echo "# TLS cost — $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(openssl version | cut -d' ' -f1-2), nginx $(nginx -v 2>&1 | cut -d/ -f2)"
+echo
+echo "## 1. keep-alive: $N streamed 16-token completions, 64 at once"
+echo
+echo "| server | requests/s | CPU µs per request | p99 E2E (ms) |"
+echo "|---|---|---|---|"
+declare -A CPU
+run_ka() { # label url pids...
+  local label=$1 url=$2; shift 2
+  local t0 t1
+  t0=$(cpu_ticks "$@")
+  taskset -c 0 $B/xpyd_bench --base-url "$url" --tls-ca "$WORK/ca.pem" --num-prompts "$N" --max-concurrency 64 \
+    --random-input-len 16 --random-output-len 16 --ignore-eos --disable-tqdm --percentile-metrics e2el \
+    --metric-percentiles 99 --save-result --result-filename "$WORK/ka.json" >/dev/null || true
+  t1=$(cpu_ticks "$@")
+  CPU[$label]=$(python3 -c "print(($t1 - $t0) / $HZ / $N * 1e6)")
+  python3 - "$WORK/ka.json" "$label" "${CPU[$label]}" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("| %s | %.0f | %.1f | %.2f |" % (sys.argv[2], r["request_throughput"], float(sys.argv[3]), r["p99_e2el_ms"]))
+PY
+}
+run_ka "nginx plain" "http://127.0.0.1:$NP" $NGW
+run_ka "nginx TLS" "https://localhost:$NS" $NGW
+run_ka "xpyd_router plain" "http://127.0.0.1:$RP" $ROUTER_PLAIN
+run_ka "xpyd_router TLS" "https://localhost:$RS" $ROUTER_TLS
+python3 - "${CPU[xpyd_router TLS]}" "${CPU[nginx TLS]}" "${CPU[xpyd_router plain]}" "${CPU[nginx plain]}" <<'PY'
+import sys
+rt, nt, rp, np_ = map(float, sys.argv[1:])
+print("\nrouter TLS / nginx TLS CPU per request: %.2f (acceptance: <= 1); TLS adds %.1f µs per request to the "
+      "router, %.1f µs to nginx" % (rt / nt, rt - rp, nt - np_))
+PY
+
+echo
+echo "## 2. full handshakes (openssl s_time -new, ${SECS}s)"
+echo
+echo "| server | handshakes/s | CPU µs per handshake |"
+echo "|---|---|---|"
+run_hs() { # label port pids...
+  local label=$1 port=$2; shift 2
+  local t0 t1 n
+  t0=$(cpu_ticks "$@")
+  n=$(taskset -c 0 openssl s_time -connect "127.0.0.1:$port" -new -time "$SECS" -CAfile "$WORK/ca.pem" 2>/dev/null |
+      awk '/connections in [0-9.]+ real seconds/ {print $1; exit}')
+  t1=$(cpu_ticks "$@")
+  python3 -c "n=int('$n' or 0); print('| $label | %.0f | %.1f |' % (n / $SECS, ($t1 - $t0) / $HZ / max(n, 1) * 1e6))"
+}
+run_hs "nginx" $NS $NGW
+run_hs "xpyd_router" $RS $ROUTER_TLS
