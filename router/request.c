@@ -756,6 +756,23 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         req_leg_fail(r, fail, role, l->idx, err_text(err, buf, sizeof buf));
         return;
     }
+    if (role == RT_DECODE && status >= 400 && status < 500 && l->attempts > 1 && r->kv_params &&
+        r->ho->local_prefill && !r->local_prefill && may_retry(r, role, 0)) {
+        /* An earlier decode attempt failed after it may have pulled the prefill's KV (it died mid-pull, or
+         * right after): a decode handed the same kv_transfer_params now is refused, as the prefill no longer
+         * holds that KV (vLLM's connectors answer 4xx). The next decode computes the prompt itself. A request
+         * that is bad in itself gets the same 4xx again from that attempt, which then goes to the client. */
+        XLOG_INFO("msg=\"decode refused the KV of an earlier attempt: the next decode computes the prompt\" "
+                  "request_id=%s status=%d",
+                  r->xid, status);
+        req_release(r, role);
+        xpyd_sse_reset(&r->sse);
+        cJSON_Delete(r->kv_params);
+        r->kv_params = NULL;
+        r->local_prefill = 1;
+        retry_later(r, role, next);
+        return;
+    }
     pass_through_error(r, role, status);
 }
 

@@ -68,6 +68,35 @@ class PrefillFallback(t.TestCase):
         self.assertEqual(t.metric(r.port, "xpyd_prefill_fallbacks_total"), 1)
         self.idle(r)
 
+    def test_kv_gone_after_a_failed_decode(self):
+        # a decode that takes the prefill's KV (here: it hands the request to a decode outside the pool, which
+        # pulls it) and then fails with 500; the retry, handed the same kv_transfer_params, is refused by its
+        # prefill (the KV is gone: 400 from the decode). The router retries once more with the prompt computed
+        # by the decode, and the client gets its whole answer instead of that 400.
+        p = self.start(t.sim("--role", "prefill"))
+        outside = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
+
+        def take_kv_then_fail(method, path, body):
+            if path == "/health":
+                return 200, "application/json", b"{}"
+            t.request(outside.port, method, path, body)  # pulls the KV from the prefill
+            return 500, "application/json", b'{"error":{"message":"died after the pull","code":500}}'
+
+        fake = t.FakeEngine(take_kv_then_fail)
+        self.addCleanup(fake.stop)
+        ds = [self.start(t.sim("--role", "decode", "--decode-us-per-token", "100")) for _ in range(2)]
+        r = self.start(t.router([p.port], [fake.port] + [d.port for d in ds], "--decode-policy", "rr",
+                                "--retry-backoff-ms", "0", "--access-log", "json"))
+        for _ in range(6):  # round robin: the fake is first for some of them
+            st, _, out = t.post_json(r.port, "/v1/completions", BODY)
+            self.assertEqual(st, 200, out)
+            self.assertEqual(out["usage"]["completion_tokens"], 5)
+        self.assertGreaterEqual(len([x for x in fake.requests if x[1] == "/v1/completions"]), 1)
+        self.idle(r)
+        r.stop()
+        lines = [json.loads(l) for l in r.output().splitlines() if l.startswith("{")]
+        self.assertIn("fallback", [l["pd"] for l in lines])
+
     def test_not_for_a_4xx_nor_bootstrap_nor_when_off(self):
         p400 = self.start(t.sim("--role", "prefill", "--status-code", "400"))
         d = self.start(t.sim("--role", "decode"))
