@@ -31,6 +31,61 @@ static int has_usage_object(const char *data)
     return 0;
 }
 
+/* Decode migration keeps the text the client received. Parsing every event for it (cJSON: a tree of a dozen
+ * nodes, allocations, number printing) was the relay's largest cost with migration on (the default), so the
+ * usual event is read by a scan instead, when it has exactly the compact shape vLLM and xpyd_sim print:
+ * a top-level "choices" (no '{' or '}' before it but the event's own '{') opening with {"index":0,"text":"..." or
+ * {"index":0,"delta":{"content":"..." (and then no "text" key anywhere, which would win). Returns 1 with
+ * *text set (the unescaped value, or NULL for null), or 0 when the event is anything else (other spacing,
+ * another order, a \u escape): the caller parses it. A key inside a string cannot match: its quotes are
+ * escaped there. tests/fuzz/fuzz_relay.c checks the scan against the parse. */
+static int quick_text(const char *data, char **text)
+{
+    static const char comp[] = "\"choices\":[{\"index\":0,\"text\":", chat[] = "\"choices\":[{\"index\":0,\"delta\":{\"content\":";
+    *text = NULL;
+    const char *ch = strstr(data, "\"choices\"");
+    if (!ch || data[0] != '{' || memchr(data + 1, '{', (size_t)(ch - data - 1)) ||
+        memchr(data + 1, '}', (size_t)(ch - data - 1)))
+        return 0; /* a '{' or '}' before it: "choices" may be nested, or after the event's end */
+    const char *v;
+    if (strncmp(ch, comp, sizeof comp - 1) == 0)
+        v = ch + sizeof comp - 1;
+    else if (strncmp(ch, chat, sizeof chat - 1) == 0 && !strstr(data, "\"text\""))
+        v = ch + sizeof chat - 1;
+    else
+        return 0;
+    if (strncmp(v, "null", 4) == 0)
+        return 1;
+    if (*v++ != '"')
+        return 0;
+    const char *end = v;
+    while (*end && *end != '"')
+        end += *end == '\\' && end[1] ? 2 : 1;
+    if (*end != '"')
+        return 0;
+    char *o = malloc((size_t)(end - v) + 1), *w = o;
+    if (!o)
+        return 0;
+    for (const char *p = v; p < end; p++) {
+        if (*p != '\\') {
+            *w++ = *p;
+            continue;
+        }
+        switch (*++p) {
+        case '"': case '\\': case '/': *w++ = *p; break;
+        case 'n': *w++ = '\n'; break;
+        case 't': *w++ = '\t'; break;
+        case 'r': *w++ = '\r'; break;
+        case 'b': *w++ = '\b'; break;
+        case 'f': *w++ = '\f'; break;
+        default: free(o); return 0; /* \uXXXX and anything else: the parser decides */
+        }
+    }
+    *w = '\0';
+    *text = o;
+    return 1;
+}
+
 void relay_event(struct relay_state *st, const char *data, size_t len, struct relay_out *out)
 {
     memset(out, 0, sizeof *out);
@@ -50,6 +105,18 @@ void relay_event(struct relay_state *st, const char *data, size_t len, struct re
     int maybe_preempt = strstr(data, "\"recomputed\"") != NULL;
     if (!st->prefill_mode && !has_usage && !st->track_text && !st->continuation && !maybe_preempt) {
         out->content = out->token_out = content; /* fast path: the bytes as they came */
+        return;
+    }
+    char *qt;
+    if (!st->prefill_mode && !has_usage && !st->continuation && !maybe_preempt && st->resp_id &&
+        !strstr(data, "\"role\"") && quick_text(data, &qt)) {
+        /* migration on, an ordinary event after the first: forwarded as it came, its text kept */
+        out->content = content;
+        out->token_out = content && qt && *qt;
+        if (content && qt && *qt)
+            out->text = qt;
+        else
+            free(qt);
         return;
     }
     cJSON *o = cJSON_ParseWithLength(data, len);

@@ -30,6 +30,15 @@ static int on_event(void *arg, const char *data, size_t len, const char *raw, si
     int preempted_before = c->st.preempted;
     struct relay_out out;
     relay_event(&c->st, data, len, &out);
+    if (c->st.track_text && c->st.resp_id && !c->st.prefill_mode && !c->st.continuation && !preempted_before &&
+        out.action == RELAY_FORWARD && out.content && !memchr(data, 0, len)) {
+        /* the text kept for a migration is the text a parse finds (the scan in relay.c, or the parse itself) */
+        cJSON *p = cJSON_ParseWithLength(data, len);
+        const char *want = p ? rw_event_text(p) : NULL;
+        if (p && ((want && *want) ? !out.text || strcmp(out.text, want) != 0 : out.text != NULL))
+            abort();
+        cJSON_Delete(p);
+    }
     if (preempted_before && out.action != RELAY_DROP)
         abort(); /* nothing of a preempted leg reaches the client */
     if (out.preempt && out.action != RELAY_DROP)
