@@ -11,7 +11,7 @@ CC=${FUZZ_CC:-clang}
 FLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -Wall -Werror -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$ROOT/common" -I"$ROOT/router" -I"$ROOT/balancer" -I"$ROOT/sim" $(pkg-config --cflags libcjson libevent))
 HTTP_PARSER_INC=${HTTP_PARSER_INC:-/usr/include}
-LIBS=($(pkg-config --libs libcjson libevent) -lpthread -lxxhash)
+LIBS=($(pkg-config --libs libcjson libevent libevent_openssl openssl) -lpthread -lxxhash)
 echo '#define XPYD_GIT_REV "fuzz"' >"$OUT/xpyd_gitrev.h" # what the build generates (cmake/gitrev.cmake)
 build() { # name sources...
   local n=$1; shift
@@ -34,8 +34,9 @@ build fuzz_metadata "$ROOT/tests/fuzz/fuzz_metadata.c" "$ROOT/router/metadata_st
 build fuzz_feedback "$ROOT/tests/fuzz/fuzz_feedback.c" "$ROOT/router/feedback_parse.c" -lm
 build fuzz_desc "$ROOT/tests/fuzz/fuzz_desc.c" "$ROOT/transfer/xt_desc.c" -I"$ROOT/transfer"
 build fuzz_upstream "$ROOT/tests/fuzz/fuzz_upstream.c" "$ROOT/common/xpyd_http_client.c" "$ROOT/common/xpyd_sse.c" \
-  "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" "$ROOT/balancer/xb_prefix.c" -I"$HTTP_PARSER_INC" -lhttp_parser
-build fuzz_tls "$ROOT/tests/fuzz/fuzz_tls.c" "$ROOT/common/xpyd_tls.c" -lssl -lcrypto
+  "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" "$ROOT/balancer/xb_prefix.c" "$ROOT/common/xpyd_tls.c" \
+  -I"$HTTP_PARSER_INC" -lhttp_parser
+build fuzz_tls "$ROOT/tests/fuzz/fuzz_tls.c" "$ROOT/common/xpyd_tls.c"
 rc=0
 for h in sse config sim_request rewrite upstream http_req relay admin metadata feedback desc tls; do
   mkdir -p "$OUT/corpus_$h"
