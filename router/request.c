@@ -757,7 +757,7 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         return;
     }
     if (role == RT_DECODE && status >= 400 && status < 500 && l->attempts > 1 && r->kv_params &&
-        r->ho->local_prefill && !r->local_prefill && may_retry(r, role, 0)) {
+        g_rt->cfg.prefill_fallback && r->ho->local_prefill && !r->local_prefill && may_retry(r, role, 0)) {
         /* An earlier decode attempt failed after it may have pulled the prefill's KV (it died mid-pull, or
          * right after): a decode handed the same kv_transfer_params now is refused, as the prefill no longer
          * holds that KV (vLLM's connectors answer 4xx). The next decode computes the prompt itself. A request
