@@ -366,6 +366,8 @@ static evhtp_t *make_server(struct sim *s, struct sim_rank *rk, int port, enum s
     if (!h)
         return NULL;
     h->ssl_ctx = s->tls_server; /* NULL: plain HTTP */
+    if (h->ssl_ctx)
+        SSL_CTX_up_ref(h->ssl_ctx); /* evhtp_free frees its listener's context: each listener holds a reference */
     evhtp_set_max_body_size(h, (uint64_t)s->cfg.max_body_bytes);
     evhtp_set_post_accept_cb(h, on_accept, NULL);
     if (kind != SRV_NO_KV) {
@@ -569,6 +571,8 @@ out:
         free(xp);
     }
     up_thread_free(s->up);
+    SSL_CTX_free(s->tls_client); /* after the connections that used it */
+    SSL_CTX_free(s->tls_server); /* ours; the listeners freed theirs, open connections keep their own */
     free(s->peers);
     XLOG_INFO("msg=\"xpyd_sim stopped\" port=%d", s->cfg.port);
     /* Connections still open are reclaimed by the OS at exit; evhtp has no safe bulk close for them. */
