@@ -162,7 +162,13 @@ size_t rw_prefix_blocks(const cJSON *body, int chat, size_t block_tokens, double
     {
         if (!cJSON_IsNumber(it))
             break;
-        ids[k++] = (int64_t)it->valuedouble;
+        double v = it->valuedouble;
+        int64_t id;
+        if (v >= -9.2e18 && v <= 9.2e18) /* a token id; beyond int64 (or NaN) the conversion is undefined, */
+            id = (int64_t)v;               /* so such a value (which every engine refuses) is hashed by its bits */
+        else
+            memcpy(&id, &v, sizeof id);
+        ids[k++] = id;
     }
     size_t nb = 0;
     if (k >= block_tokens) {
