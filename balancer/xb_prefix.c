@@ -42,16 +42,12 @@ size_t xb_hash_tokens(const int64_t *ids, size_t n, size_t block_tokens, uint64_
 {
     if (block_tokens == 0)
         return 0;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    /* the array already is little-endian 64-bit values: the same chain as its bytes, 8 per token */
+    return xb_hash_bytes(ids, n * sizeof *ids, block_tokens * sizeof *ids, out, cap);
+#else
     size_t nb = 0;
     uint64_t prev = CHAIN_SEED;
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-    /* the array already is little-endian 64-bit values: hash it in place */
-    for (size_t b = 0; b + block_tokens <= n && nb < cap; b += block_tokens) {
-        prev = XXH3_64bits_withSeed(ids + b, block_tokens * sizeof *ids, prev);
-        out[nb++] = prev;
-    }
-    return nb;
-#endif
     uint64_t buf[64];
     for (size_t b = 0; b + block_tokens <= n && nb < cap; b += block_tokens) {
         XXH3_state_t st;
@@ -70,6 +66,7 @@ size_t xb_hash_tokens(const int64_t *ids, size_t n, size_t block_tokens, uint64_
         out[nb++] = prev;
     }
     return nb;
+#endif
 }
 
 size_t xb_hash_bytes(const void *data, size_t len, size_t block_bytes, uint64_t *out, size_t cap)
