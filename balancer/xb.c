@@ -265,7 +265,7 @@ int xb_saturated(struct xb_pool *p)
             continue;
         usable = 1;
         const struct xb_inst *in = &p->inst[i];
-        if (in->cfg.max_inflight <= 0 || in->inflight < in->cfg.max_inflight)
+        if (in->cfg.max_inflight <= 0 || xb_inflight_of(in) < in->cfg.max_inflight)
             full = 0;
     }
     pthread_mutex_unlock(&p->mu);
@@ -346,6 +346,14 @@ void xb_set_feedback(struct xb_pool *p, int idx, int64_t tokens)
     __atomic_store_n(&p->inst[idx].feedback, tokens < 0 ? 0 : tokens, __ATOMIC_RELAXED);
 }
 
+void xb_set_remote(struct xb_pool *p, int idx, int64_t tokens, int64_t inflight)
+{
+    if (idx < 0 || (size_t)idx >= p->n)
+        return;
+    __atomic_store_n(&p->inst[idx].remote, tokens < 0 ? 0 : tokens, __ATOMIC_RELAXED);
+    __atomic_store_n(&p->inst[idx].remote_inflight, inflight < 0 ? 0 : inflight, __ATOMIC_RELAXED);
+}
+
 void xb_set_healthy(struct xb_pool *p, int idx, int healthy)
 {
     if (idx < 0 || (size_t)idx >= p->n)
@@ -381,6 +389,8 @@ int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out)
     out->outstanding = __atomic_load_n(&in->outstanding, __ATOMIC_RELAXED);
     out->selected = in->selected;
     out->feedback = __atomic_load_n(&in->feedback, __ATOMIC_RELAXED);
+    out->remote = __atomic_load_n(&in->remote, __ATOMIC_RELAXED);
+    out->remote_inflight = __atomic_load_n(&in->remote_inflight, __ATOMIC_RELAXED);
     out->ejected = in->ejected_until > mono_us();
     out->ejections = in->ejections_total;
     out->removed = in->removed;

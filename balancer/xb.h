@@ -28,6 +28,7 @@ struct xb_instance_stats {
     int64_t outstanding;      /* tokens charged and not yet released */
     uint64_t selected;        /* picks */
     int64_t feedback;         /* engine-reported load blended in, in tokens (0 without scraping) */
+    int64_t remote, remote_inflight; /* other routers' published load on it (xb_set_remote) */
     int ejected;              /* passively ejected right now (consecutive failures) */
     uint64_t ejections;       /* times it was ejected */
     int removed;              /* taken out at runtime; in-flight requests on it finish */
@@ -76,6 +77,9 @@ void xb_set_ready(struct xb_pool *p, int idx, int ready);
 /* Engine feedback (from its /metrics), in tokens, added to the router's own outstanding tokens when the
  * policy compares loads. Lock-free; any thread. */
 void xb_set_feedback(struct xb_pool *p, int idx, int64_t tokens);
+/* Router replicas: what the other routers report charging idx (tokens, requests), added to this router's own
+ * load when the policy compares (kept apart from it: xb_release never touches it). Lock-free; any thread. */
+void xb_set_remote(struct xb_pool *p, int idx, int64_t tokens, int64_t inflight);
 /* Passive ejection: after `after` consecutive failures an instance is skipped for base_ms, doubling per
  * repeated ejection up to max_ms; at most half of the pool (rounded down) is ejected at once. after 0 = off. */
 void xb_set_ejection(struct xb_pool *p, int after, long base_ms, long max_ms);

@@ -8,11 +8,6 @@ static uint64_t capacity(const struct xb_inst *in)
     return (uint64_t)in->cfg.weight * (uint64_t)in->cfg.tp;
 }
 
-static int64_t load_of(const struct xb_inst *in)
-{
-    int64_t l = __atomic_load_n(&in->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&in->feedback, __ATOMIC_RELAXED);
-    return l > 0 ? l : 0;
-}
 
 double xb_mean_load(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude)
 {
@@ -21,7 +16,7 @@ double xb_mean_load(struct xb_pool *p, uint64_t need_len, const int *exclude, in
     for (size_t i = 0; i < p->n; i++) {
         if (!xb_eligible(p, i, need_len, exclude, nexclude))
             continue;
-        sum += (double)load_of(&p->inst[i]) / (double)capacity(&p->inst[i]);
+        sum += (double)xb_load_of(&p->inst[i]) / (double)capacity(&p->inst[i]);
         n++;
     }
     return n ? sum / (double)n : 0;
@@ -33,11 +28,11 @@ int64_t xb_cached_tokens(struct xb_pool *p, size_t i, const struct xb_query *q, 
         return 0;
     const struct xb_inst *in = &p->inst[i];
     if (mean >= 0) { /* the load guard (mean < 0: asked after the choice, no guard) */
-        double own = (double)load_of(in) / (double)capacity(in);
+        double own = (double)xb_load_of(in) / (double)capacity(in);
         double floor = (double)q->tokens / (double)capacity(in); /* a nearly idle pool: the request's own size */
         if (own > p->max_imbalance * (mean > floor ? mean : floor))
             return 0;
-        if (in->cfg.max_inflight > 0 && in->inflight >= in->cfg.max_inflight)
+        if (in->cfg.max_inflight > 0 && xb_inflight_of(in) >= in->cfg.max_inflight)
             return 0;
     }
     int64_t c = (int64_t)xb_prefix_match(p->prefix, (int)i, q->blocks, q->nblocks, p->now) * q->block_tokens;
@@ -62,7 +57,7 @@ static int pick_cache(struct xb_pool *p, uint64_t need_len, const int *exclude, 
         /* cost_i / cap_i < best_cost / best_cap, by cross-multiplication as in xb_less_loaded; the cost in
          * thousandths of a token (the uncached part weighted, xb_cache_weight); fits 64 bits for loads below
          * 2^40 tokens and capacities below 2^13 */
-        uint64_t cost = (uint64_t)load_of(in) * 1000u + p->uncached_milli * (uint64_t)(tokens - cached),
+        uint64_t cost = (uint64_t)xb_load_of(in) * 1000u + p->uncached_milli * (uint64_t)(tokens - cached),
                  cap = capacity(in);
         int better = best < 0 || cost * best_cap < best_cost * cap ||
                      (cost * best_cap == best_cost * cap &&

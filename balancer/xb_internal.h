@@ -12,6 +12,7 @@ struct xb_inst {
     int healthy;
     int64_t inflight, outstanding;
     int64_t feedback; /* atomic: engine-reported load in tokens */
+    int64_t remote, remote_inflight; /* atomic: what other routers report charging it (xb_set_remote) */
     uint64_t selected;
     int failures;            /* consecutive failed attempts */
     uint64_t ejected_until;  /* monotonic µs; skipped until then */
@@ -51,6 +52,20 @@ struct xb_ring_point {
     uint64_t h;
     int idx;
 };
+
+/* The load placement compares: the router's own outstanding tokens, the engine's feedback and the other
+ * routers' published load (never negative). */
+static inline int64_t xb_load_of(const struct xb_inst *in)
+{
+    int64_t l = __atomic_load_n(&in->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&in->feedback, __ATOMIC_RELAXED) +
+                __atomic_load_n(&in->remote, __ATOMIC_RELAXED);
+    return l > 0 ? l : 0;
+}
+/* Requests in flight on it from every router (this one's and the others' published ones). */
+static inline int64_t xb_inflight_of(const struct xb_inst *in)
+{
+    return in->inflight + __atomic_load_n(&in->remote_inflight, __ATOMIC_RELAXED);
+}
 
 /* xb_load.c: the arithmetic every policy shares. */
 /* Candidate filter used by every policy. */

@@ -22,7 +22,7 @@ int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int 
     const struct xb_inst *in = &p->inst[i];
     if (in->removed || in->unready || !in->healthy || in->ejected_until > p->now)
         return 0;
-    if (p->skip_full && in->cfg.max_inflight > 0 && in->inflight >= in->cfg.max_inflight)
+    if (p->skip_full && in->cfg.max_inflight > 0 && xb_inflight_of(in) >= in->cfg.max_inflight)
         return 0;
     for (int k = 0; k < nexclude; k++)
         if (exclude[k] == (int)i)
@@ -35,12 +35,10 @@ int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b)
     /* load_a / cap_a < load_b / cap_b  <=>  load_a * cap_b < load_b * cap_a (all non-negative, fits 64 bits
      * for loads below 2^40 tokens and capacities below 2^23). Ties fall back to fewer in-flight requests. */
     uint64_t ca = (uint64_t)a->cfg.weight * (uint64_t)a->cfg.tp, cb = (uint64_t)b->cfg.weight * (uint64_t)b->cfg.tp;
-    int64_t oa = __atomic_load_n(&a->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&a->feedback, __ATOMIC_RELAXED);
-    int64_t ob = __atomic_load_n(&b->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&b->feedback, __ATOMIC_RELAXED);
-    uint64_t la = (uint64_t)(oa > 0 ? oa : 0), lb = (uint64_t)(ob > 0 ? ob : 0);
+    uint64_t la = (uint64_t)xb_load_of(a), lb = (uint64_t)xb_load_of(b);
     if (la * cb != lb * ca)
         return la * cb < lb * ca;
-    return (uint64_t)a->inflight * cb < (uint64_t)b->inflight * ca;
+    return (uint64_t)xb_inflight_of(a) * cb < (uint64_t)xb_inflight_of(b) * ca;
 }
 
 int xb_pick_random_eligible(struct xb_pool *p, uint64_t need_len, const int *exclude, int nexclude)

@@ -53,9 +53,7 @@ int xb_session_pick(struct xb_pool *p, const struct xb_query *q)
     for (size_t i = 0; i < p->n; i++) {
         if (!xb_eligible(p, i, q->need_len, q->exclude, q->nexclude))
             continue;
-        int64_t l = __atomic_load_n(&p->inst[i].outstanding, __ATOMIC_RELAXED) +
-                    __atomic_load_n(&p->inst[i].feedback, __ATOMIC_RELAXED);
-        total += (double)(l > 0 ? l : 0);
+        total += (double)xb_load_of(&p->inst[i]);
         cap += (double)p->inst[i].cfg.weight * p->inst[i].cfg.tp;
     }
     if (cap <= 0)
@@ -74,8 +72,7 @@ int xb_session_pick(struct xb_pool *p, const struct xb_query *q)
         if (!xb_eligible(p, (size_t)i, q->need_len, q->exclude, q->nexclude))
             continue;
         const struct xb_inst *in = &p->inst[i];
-        int64_t l = __atomic_load_n(&in->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&in->feedback, __ATOMIC_RELAXED);
-        double before = (double)(l > 0 ? l : 0) / ((double)in->cfg.weight * in->cfg.tp);
+        double before = (double)xb_load_of(in) / ((double)in->cfg.weight * in->cfg.tp);
         if (before <= bound)
             return i;
     }

@@ -3,7 +3,7 @@
 # package (CPack; scripts/package.sh). Included from the top-level CMakeLists.txt.
 include(GNUInstallDirs)
 
-set(XPYD_TOOLS xpyd_router xpyd_sim xpyd_bench xpyd_transfer_bench)
+set(XPYD_TOOLS xpyd_router xpyd_sim xpyd_bench xpyd_transfer_bench xpyd_register)
 install(TARGETS ${XPYD_TOOLS} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS xpyd_transfer xpyd_transfer_shared
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}

@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include "xb.h"
+#include "xpyd_etcd.h"
 #include "xpyd_settings.h"
 #include "xpyd_util.h"
 #include "xpyd_version.h"
@@ -206,6 +207,25 @@ static const struct xpyd_setting settings[] = {
      "every endpoint but `/health` and `/metrics` needs `Authorization: Bearer KEY` (401, constant-time "
      "compare); env `XPYD_API_KEY` when the flag is absent; the key is never logged and is forwarded to "
      "engines as the client sent it"},
+    {"discovery", XS_STR, OFF(discovery), 0, 0, "", NULL,
+     "`etcd://HOST:PORT[,HOST:PORT...]/PREFIX` (`etcds://` for https, with the `--upstream-*` certificates): "
+     "instances registered under PREFIX/instances/ join and leave the pools as etcd says (a range, then a "
+     "watch); this router registers itself under PREFIX/routers/ and shares its load (`--load-sync-ms`). "
+     "While etcd is unreachable the last membership stays and is read again when it is back. Statically "
+     "configured endpoints win over etcd entries for the same host:port (docs/PROTOCOLS.md#etcd)"},
+    {"router-id", XS_STR, OFF(router_id), 0, 0, "", NULL,
+     "this router's name in etcd (PREFIX/routers/ID, PREFIX/load/ID); default HOSTNAME:PORT"},
+    {"load-sync-ms", XS_LONG, OFF(load_sync_ms), 0, 60000, "100", NULL,
+     "`--discovery`: publish this router's per-rank load this often (only when it changed) and add the other "
+     "routers' published load to its own when placing; 0 = off (each router sees only its own load)"},
+    {"discovery-ttl-s", XS_LONG, OFF(discovery_ttl_s), 2, 3600, "5", NULL,
+     "`--discovery`: TTL of this router's etcd lease (kept alive every third of it); a router that dies "
+     "disappears, with its published load, this long after"},
+    {"discovery-timeout-ms", XS_LONG, OFF(discovery_timeout_ms), 1, 600000, "2000", NULL,
+     "`--discovery`: one etcd call's deadline (connect and answer); on failure the next endpoint is tried"},
+    {"discovery-retry-max-ms", XS_LONG, OFF(discovery_retry_max_ms), 10, 600000, "5000", NULL,
+     "`--discovery`: while etcd is unreachable, reads are retried after 100 ms doubling up to this (with "
+     "jitter)"},
     {"admin-key", XS_STR, OFF(admin_key), 0, 0, "", NULL,
      "turns the admin API on for `Authorization: Bearer KEY` (env `XPYD_ADMIN_KEY` when the flag is "
      "absent)"},
@@ -811,7 +831,15 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
         fprintf(stderr, "xpyd_router: --session-key must be header:NAME or body:FIELD, got '%s'\n", c->session_key);
         return -1;
     }
-    if (c->pools[RT_DECODE].n == 0) { /* what each handoff mode needs besides is its own (router/handoffs.c) */
+    if (c->discovery[0]) {
+        struct etcd_url u;
+        char why[600];
+        if (etcd_url_parse(c->discovery, &u, why, sizeof why) != 0) {
+            fprintf(stderr, "xpyd_router: --discovery %s\n", why);
+            return -1;
+        }
+    }
+    if (c->pools[RT_DECODE].n == 0 && !c->discovery[0]) { /* each handoff mode's other needs: router/handoffs.c */
         fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required "
                         "(--handoff none needs only -d)\n");
         return -1;

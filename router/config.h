@@ -100,6 +100,10 @@ struct rt_config {
     char admin_key[256];       /* admin API; empty = admin API off */
     char metadata_write_key[256]; /* PUT/DELETE /metadata; empty = only the admin key writes */
     long max_instances;        /* per pool, including runtime additions */
+    char discovery[1024];      /* etcd://h:p[,h:p]/prefix: membership and router replicas on etcd; "" off */
+    char router_id[128];       /* this replica's name in etcd ("" : hostname:port) */
+    long load_sync_ms;         /* publish and read router replicas' load; 0 off */
+    long discovery_ttl_s, discovery_timeout_ms, discovery_retry_max_ms;
     long metadata_max_keys, metadata_max_value_bytes;         /* clients must send Authorization: Bearer <key>; empty = no auth */
     char config_path[512];
     struct rt_pool_cfg pools[2];

@@ -28,7 +28,7 @@ const struct handoff_ops *rt_handoff_resolve(const struct rt_config *c)
                 ho->name);
         return NULL;
     }
-    if (ho->needs_prefill && c->pools[RT_PREFILL].n == 0) {
+    if (ho->needs_prefill && c->pools[RT_PREFILL].n == 0 && !c->discovery[0]) {
         fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required "
                         "(--handoff none needs only -d)\n");
         return NULL;

@@ -4,6 +4,7 @@
 #include "router.h"
 #include "xpyd_reply.h"
 #include "discovery.h"
+#include "etcd_sync.h"
 #include "probe.h"
 
 #include "xpyd_oai.h"
@@ -159,6 +160,7 @@ static void thread_exit(evhtp_t *htp, evthr_t *thr, void *arg)
 
 struct drain {
     struct event_base *base;
+    struct esync *es;  /* --discovery: leaves etcd first */
     evhtp_t *htp;
     evhtp_t *plain; /* --plain-port listener, or NULL */
     struct event *timer;
@@ -170,7 +172,7 @@ static void on_drain_tick(evutil_socket_t fd, short ev, void *arg)
 {
     struct drain *d = arg;
     int64_t active = (int64_t)atomic_load(&g_rt->ctr.active_requests);
-    if (active > 0 && xpyd_now_us() < d->deadline_us)
+    if ((active > 0 || !esync_left(d->es)) && xpyd_now_us() < d->deadline_us)
         return;
     if (active > 0)
         XLOG_WARN("msg=\"drain timeout: closing with requests in flight\" active=%lld", (long long)active);
@@ -192,6 +194,7 @@ static void on_signal(evutil_socket_t sig, short ev, void *arg)
     evhtp_unbind_socket(d->htp);
     if (d->plain)
         evhtp_unbind_socket(d->plain);
+    esync_drain(d->es);
     d->deadline_us = xpyd_now_us() + (uint64_t)g_rt->cfg.drain_timeout_ms * 1000u;
     d->timer = event_new(d->base, -1, EV_PERSIST, on_drain_tick, d);
     struct timeval tv = {0, 20000};
@@ -332,7 +335,7 @@ int main(int argc, char **argv)
             return 1;
         }
     }
-    struct drain drain = {base, htp, plain, NULL, 0};
+    struct drain drain = {base, NULL, htp, plain, NULL, 0};
     struct event *si = evsignal_new(base, SIGINT, on_signal, &drain);
     struct event *st = evsignal_new(base, SIGTERM, on_signal, &drain);
     struct event *sh = evsignal_new(base, SIGHUP, on_sighup, NULL);
@@ -346,7 +349,9 @@ int main(int argc, char **argv)
     fflush(stderr);
     struct probe *probe = probe_start(base);
     struct discovery *disc = discovery_start(base);
+    drain.es = esync_start(base, port);
     event_base_dispatch(base);
+    esync_stop(drain.es);
     discovery_stop(disc);
     probe_stop(probe);
     if (drain.timer)

@@ -1,5 +1,6 @@
 /* metrics.c - the router's Prometheus page: counters, latency histograms, per-rank numbers. Updates are
  * atomics on the hot path; a scrape only reads them and never blocks request handling. */
+#include "etcd_sync.h"
 #include "router.h"
 #include "xpyd_reply.h"
 #include "xpyd_util.h"
@@ -107,6 +108,7 @@ static int64_t i_feedback(const struct xb_instance_stats *st, int role, size_t i
 static int64_t i_ejections(const struct xb_instance_stats *st, int role, size_t i) { return (int64_t)st->ejections; }
 static int64_t i_prefix_blocks(const struct xb_instance_stats *st, int role, size_t i) { return st->prefix_blocks; }
 static int64_t i_prefix_capacity(const struct xb_instance_stats *st, int role, size_t i) { return st->prefix_capacity; }
+static int64_t i_remote(const struct xb_instance_stats *st, int role, size_t i) { return st->remote; }
 static int64_t i_errors(const struct xb_instance_stats *st, int role, size_t i)
 {
     return atomic_load(&g_rt->ctr.instance_errors[role][i < 4096 ? i : 0]);
@@ -127,6 +129,9 @@ static const struct instance_metric instance_metrics[] = {
     {"xpyd_instance_ejections_total", "counter", "Passive ejections of the rank.", i_ejections},
     {"xpyd_instance_prefix_blocks", "gauge", "Prefix blocks the router's index records on the rank (0: index off).",
      i_prefix_blocks},
+    {"xpyd_instance_remote_tokens", "gauge",
+     "Outstanding tokens the other router replicas publish for the rank (--discovery with --load-sync-ms).",
+     i_remote},
     {"xpyd_instance_prefix_capacity_blocks", "gauge",
      "The rank's prefix-cache size in blocks as the index assumes it (--prefix-cache-blocks, or the engine's own "
      "num_gpu_blocks when scraped; 0: index off).", i_prefix_capacity},
@@ -138,6 +143,7 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
         return;
     struct rt_counters *c = &g_rt->ctr;
     atomic_store(&c->metadata_keys, (int64_t)rt_metadata_count()); /* a gauge sampled when scraped */
+    atomic_store(&c->discovery_sync_age_ms, esync_age_ms());
     for (int role = 0; role < 2; role++)
         atomic_store(&c->prefix_index_bytes[role], (int64_t)xb_prefix_memory(g_rt->pools[role]));
     struct evbuffer *b = evbuffer_new();

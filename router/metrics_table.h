@@ -73,6 +73,20 @@
     X(queue_admitted, "xpyd_admission_queue_admitted_total", counter, ROLE,                                     \
       "Requests that waited in the queue, then ran.")                                                            \
     X(client_rejected, "xpyd_client_rejected_total", counter, GUARD,                                            \
-      "Client connections the guard answered (408/431/503) or closed idle, by reason.")
+      "Client connections the guard answered (408/431/503) or closed idle, by reason.")                         \
+    X(discovery_up, "xpyd_discovery_up", gauge, NONE,                                                           \
+      "--discovery: 1 while the router is in sync with etcd (its range answered and its watch is open).")        \
+    X(discovery_events, "xpyd_discovery_events_total", counter, NONE,                                          \
+      "--discovery: instance and load changes read from etcd and applied.")                                      \
+    X(discovery_invalid, "xpyd_discovery_invalid_total", counter, NONE,                                        \
+      "--discovery: values in etcd ignored as malformed (logged with event=discovery_invalid).")                 \
+    X(discovery_resyncs, "xpyd_discovery_resyncs_total", counter, NONE,                                        \
+      "--discovery: full reads (range, then a new watch): at start, after etcd was unreachable, after compaction.") \
+    X(discovery_sync_age_ms, "xpyd_discovery_last_sync_age_milliseconds", gauge, NONE,                         \
+      "--discovery: time since etcd last answered the router (range, watch message or lease keep-alive).")       \
+    X(discovery_routers, "xpyd_discovery_routers", gauge, NONE,                                                \
+      "--discovery: router replicas registered in etcd, this one included.")                                     \
+    X(etcd_writes, "xpyd_etcd_writes_total", counter, NONE,                                                     \
+      "--discovery: puts and deletes this router sent to etcd (its registration and its published load).")
 
 #endif

@@ -31,7 +31,7 @@ static const char *const apply_names[] = {"updated", "added", "revived", "unchan
 
 static struct rt_live_rank live_rank(const struct rt_rank *plan, int endpoint)
 {
-    struct rt_live_rank r = {endpoint, plan->dp_rank, plan->bootstrap_port, ""};
+    struct rt_live_rank r = {endpoint, plan->dp_rank, plan->bootstrap_port, "", RT_SRC_CONFIG};
     return r;
 }
 
@@ -238,6 +238,7 @@ int rt_reload(void)
             int res = apply_rank(role, e->host, e->port, want, &idx, err, sizeof err);
             if (res < 0)
                 break;
+            g_rt->reg.ranks[role][idx].source = RT_SRC_CONFIG;
             counts[res]++;
             if (res == APPLY_ADDED || res == APPLY_REVIVED)
                 log_change(apply_names[res], role, idx);
@@ -252,7 +253,7 @@ int rt_reload(void)
                     keep[i] = e->port == cur->port && strcmp(e->host, cur->host) == 0;
                 }
         for (size_t i = 0; i < n_old && !err[0]; i++)
-            if (!keep[i] && !rt_rank_removed(role, (int)i)) {
+            if (!keep[i] && !rt_rank_removed(role, (int)i) && g_rt->reg.ranks[role][i].source != RT_SRC_ETCD) {
                 remove_rank(role, (int)i);
                 log_change("removed", role, (int)i);
                 counts[4]++;
@@ -435,6 +436,8 @@ static cJSON *rank_json(int role, int idx)
     cJSON_AddBoolToObject(o, "ready", st.ready);
     if (r->engine_id[0])
         cJSON_AddStringToObject(o, "engine_id", r->engine_id);
+    static const char *const sources[] = {"config", "admin", "etcd"};
+    cJSON_AddStringToObject(o, "source", sources[r->source]);
     cJSON_AddNumberToObject(o, "inflight", (double)st.inflight);
     return o;
 }
@@ -467,6 +470,55 @@ static int parse_role(const char *s)
 
 /* POST /admin/instances {"role","host","port"[,"dp","tp","weight","max_inflight","max_model_len",
  * "bootstrap_port"]}: every rank of that host, expanded as the configuration does. */
+int rt_registry_add(const struct rt_admin_instance *in, int source, cJSON *report, int *changed, char *err,
+                    size_t cap)
+{
+    int role = in->role;
+    *changed = 0;
+    pthread_mutex_lock(&reg_mu);
+    if (source == RT_SRC_ETCD) /* a configured (or admin-added) endpoint is not discovery's to change */
+        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
+            const struct rt_live_rank *r = &g_rt->reg.ranks[role][i];
+            const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
+            if (r->source != RT_SRC_ETCD && !rt_rank_removed(role, (int)i) && e->port == in->port &&
+                strcmp(e->host, in->host) == 0) {
+                pthread_mutex_unlock(&reg_mu);
+                snprintf(err, cap, "%s:%ld is configured statically; its settings there win", in->host, in->port);
+                return 0;
+            }
+        }
+    int by_header = rt_config_ranks_by_header(&g_rt->cfg, role), status = 0;
+    for (long i = 0; i < in->dp; i++) {
+        struct rt_rank want = {0};
+        want.dp_rank = by_header ? (int)i : -1;
+        want.tp = (int)in->tp;
+        want.weight = (int)in->weight;
+        want.max_inflight = (int)in->max_inflight;
+        want.max_model_len = in->max_model_len;
+        want.bootstrap_port =
+            role == RT_PREFILL ? rt_config_bootstrap_port(&g_rt->cfg, (int)in->bootstrap_port, (int)in->port) : 0;
+        want.tls = in->tls;
+        int idx = -1;
+        int res = apply_rank(role, in->host, (int)(by_header ? in->port : in->port + i), &want, &idx, err, cap);
+        if (res < 0) {
+            status = res == -ENOSPC ? 507 : 400;
+            break;
+        }
+        g_rt->reg.ranks[role][idx].source = source;
+        int grew = res == APPLY_ADDED || res == APPLY_REVIVED;
+        *changed |= grew;
+        if (grew)
+            log_change(apply_names[res], role, idx);
+        if (report) {
+            cJSON *rj = rank_json(role, idx);
+            cJSON_AddStringToObject(rj, "result", apply_names[res]);
+            cJSON_AddItemToArray(report, rj);
+        }
+    }
+    pthread_mutex_unlock(&reg_mu);
+    return status;
+}
+
 static void admin_add(evhtp_request_t *req)
 {
     size_t len = evbuffer_get_length(req->buffer_in);
@@ -480,40 +532,10 @@ static void admin_add(evhtp_request_t *req)
         xpyd_reply_error(req, 400, err);
         return;
     }
-    int role = in.role;
-    long port = in.port, dp = in.dp, tp = in.tp, weight = in.weight, maxinf = in.max_inflight, mml = in.max_model_len,
-         bport = in.bootstrap_port;
-    char host[256];
-    snprintf(host, sizeof host, "%s", in.host);
     cJSON *out = XPYD_XALLOC(cJSON_CreateObject());
     cJSON *arr = cJSON_AddArrayToObject(out, "instances");
-    int changed = 0, status = 0;
-    pthread_mutex_lock(&reg_mu);
-    int by_header = rt_config_ranks_by_header(&g_rt->cfg, role);
-    for (long i = 0; i < dp; i++) {
-        struct rt_rank want = {0};
-        want.dp_rank = by_header ? (int)i : -1;
-        want.tp = (int)tp;
-        want.weight = (int)weight;
-        want.max_inflight = (int)maxinf;
-        want.max_model_len = mml;
-        want.bootstrap_port = role == RT_PREFILL ? rt_config_bootstrap_port(&g_rt->cfg, (int)bport, (int)port) : 0;
-        want.tls = in.tls;
-        int idx = -1;
-        int res = apply_rank(role, host, (int)(by_header ? port : port + i), &want, &idx, err, sizeof err);
-        if (res < 0) {
-            status = res == -ENOSPC ? 507 : 400;
-            break;
-        }
-        int grew = res == APPLY_ADDED || res == APPLY_REVIVED;
-        changed |= grew;
-        if (grew)
-            log_change(apply_names[res], role, idx);
-        cJSON *rj = rank_json(role, idx);
-        cJSON_AddStringToObject(rj, "result", apply_names[res]);
-        cJSON_AddItemToArray(arr, rj);
-    }
-    pthread_mutex_unlock(&reg_mu);
+    int changed = 0;
+    int status = rt_registry_add(&in, RT_SRC_ADMIN, arr, &changed, err, sizeof err);
     if (status) {
         cJSON_Delete(out);
         xpyd_reply_error(req, status, err);
@@ -549,25 +571,32 @@ static void admin_remove(evhtp_request_t *req, const char *rest)
     }
     cJSON *out = XPYD_XALLOC(cJSON_CreateObject());
     cJSON *arr = cJSON_AddArrayToObject(out, "removed");
-    int n = 0;
-    pthread_mutex_lock(&reg_mu);
-    for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
-        struct rt_live_rank *r = &g_rt->reg.ranks[role][i];
-        const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
-        if (rt_rank_removed(role, (int)i) || e->port != (int)port || strcmp(e->host, host) != 0)
-            continue;
-        remove_rank(role, (int)i);
-        log_change("removed", role, (int)i);
-        cJSON_AddItemToArray(arr, rank_json(role, (int)i));
-        n++;
-    }
-    pthread_mutex_unlock(&reg_mu);
-    if (!n) {
+    if (!rt_registry_remove(role, host, (int)port, -1, -1, arr)) {
         cJSON_Delete(out);
         xpyd_reply_error(req, 404, "no such active instance in that pool");
         return;
     }
     send_cjson(req, 200, out);
+}
+
+int rt_registry_remove(int role, const char *host, int port, int source, int min_dp_rank, cJSON *report)
+{
+    int n = 0;
+    pthread_mutex_lock(&reg_mu);
+    for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
+        struct rt_live_rank *r = &g_rt->reg.ranks[role][i];
+        const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
+        if (rt_rank_removed(role, (int)i) || e->port != port || strcmp(e->host, host) != 0 ||
+            (source >= 0 && r->source != source) || r->dp_rank < min_dp_rank)
+            continue;
+        remove_rank(role, (int)i);
+        log_change("removed", role, (int)i);
+        if (report)
+            cJSON_AddItemToArray(report, rank_json(role, (int)i));
+        n++;
+    }
+    pthread_mutex_unlock(&reg_mu);
+    return n;
 }
 
 static void on_admin_instances(evhtp_request_t *req, void *arg)

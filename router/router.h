@@ -107,7 +107,13 @@ struct rt_live_rank {
     int bootstrap_port;  /* the prefill's bootstrap server (SGLang; vLLM MooncakeConnector's /query) */
     char engine_id[128]; /* --handoff mooncake: this rank's engine id from /query ("" unknown); read it with
                           * rt_rank_engine_id (it changes when the prefill restarts) */
+    int source;          /* enum rt_source: who put it there (who may take it out) */
 };
+
+/* Where a rank came from. The configuration (-p/-d, --config, SIGHUP) and the admin API own theirs; etcd
+ * discovery (etcd_sync.c) adds and removes only its own and leaves a configured endpoint alone; a SIGHUP reload
+ * leaves discovered ranks alone. */
+enum rt_source { RT_SRC_CONFIG = 0, RT_SRC_ADMIN, RT_SRC_ETCD };
 
 /* The live ranks and endpoints (registry.c owns them; they start from the configuration's plan). */
 struct rt_registry {
@@ -172,6 +178,17 @@ size_t rt_registry_query_targets(struct rt_query_target *out, size_t cap);
 void rt_registry_learned(int endpoint, const char *const *ids, int n, const char *why);
 /* Copies rank idx's engine id into out; 0, or -1 when it has none (not learned, or unready). */
 int rt_rank_engine_id(int role, int idx, char *out, size_t cap);
+/* Adds (or revives, or updates) every rank of one host as POST /admin/instances describes it, owned by
+ * source. report (optional): an array that gets each rank's JSON with "result". Returns 0, or 400 / 507 (no
+ * room) with err set; *changed: 1 when a rank was added or revived. With RT_SRC_ETCD an endpoint that has
+ * active ranks of another source is left as it is (returns 0, *changed 0, err says why). */
+struct rt_admin_instance;
+struct cJSON;
+int rt_registry_add(const struct rt_admin_instance *in, int source, struct cJSON *report, int *changed, char *err,
+                    size_t cap);
+/* Takes out every active rank of host:port in role (of that source only, or any when source < 0) whose DP
+ * rank is at least min_dp_rank (-1: all; ranks on their own ports have -1); the ones in flight finish. report (optional) gets each removed rank's JSON. Returns how many. */
+int rt_registry_remove(int role, const char *host, int port, int source, int min_dp_rank, struct cJSON *report);
 /* SIGHUP: reads the configuration again and applies the pools as a difference (add, revive, update,
  * remove); streams in flight are untouched. 0 or -1 (logged). */
 int rt_reload(void);

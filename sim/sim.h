@@ -54,6 +54,9 @@ struct sim_config {
     char tls_cert[512], tls_key[512], tls_client_ca[512];
     int tls_min_version;      /* 0: 1.2, 1: 1.3 */
     char upstream_ca[512], upstream_cert[512], upstream_key[512];
+    char register_url[1024];  /* etcd://.../prefix: register this engine (common/xpyd_register.c); "" off */
+    char register_host[256];  /* the host routers should use ("" : --host) */
+    long register_ttl_s;
 };
 
 /* Fills the documented defaults. */

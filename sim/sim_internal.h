@@ -44,6 +44,7 @@ struct sim_rank {
     uint64_t prefill_free_at;             /* --prefill-compute serial: when the rank's compute is next free (µs) */
 };
 
+struct xreg;
 struct sim {
     struct sim_config cfg;
     struct event_base *base;
@@ -57,6 +58,7 @@ struct sim {
     LIST_HEAD(, sreq) all;
     struct event *sweep_ev;
     struct event *sig_int, *sig_term;
+    struct xreg *reg;           /* --register */
     char model_json[300];    /* model name, JSON-escaped without quotes */
     uint64_t rng;
     uint64_t seq;

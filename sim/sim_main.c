@@ -93,6 +93,15 @@ static const struct xpyd_setting settings[] = {
      "set: this engine's own requests to peers (KV pulls, releases) use TLS, verified against this CA bundle"},
     {"upstream-cert", XS_STR, F(upstream_cert), 0, 0, "", NULL, "client certificate for those requests (mutual TLS)"},
     {"upstream-key", XS_STR, F(upstream_key), 0, 0, "", NULL, "the private key of --upstream-cert"},
+    {"register", XS_STR, F(register_url), 0, 0, "", NULL,
+     "`etcd://HOST:PORT[,...]/PREFIX`: register this engine for routers started with `--discovery` while its "
+     "own `/health` passes (xpyd_register's code: a lease kept alive, revoked on SIGTERM, expiring if killed); "
+     "the value carries dp, max_model_len, max_inflight (= --max-batch), bootstrap_port and tls; role `both` "
+     "registers in both pools; with --tls-cert the check needs --upstream-ca"},
+    {"register-host", XS_STR, F(register_host), 0, 0, "", NULL,
+     "the host routers should connect to (default: --host)"},
+    {"register-ttl-s", XS_LONG, F(register_ttl_s), 2, 3600, "5", NULL,
+     "lease TTL of the registration: a killed simulator disappears from routers this long after"},
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
 

@@ -1,6 +1,7 @@
 /* sim_server.c - xpyd_sim's HTTP server: the OpenAI endpoints, KV pulls and aborts, DP ranks' listeners,
  * signals and set-up. One process, one event loop. */
 #include "sim_internal.h"
+#include "xpyd_register.h"
 #include "xpyd_reply.h"
 
 #include "xpyd_oai.h"
@@ -341,10 +342,50 @@ static void on_sweep(evutil_socket_t fd, short ev, void *arg)
     }
 }
 
-static void on_signal(evutil_socket_t sig, short ev, void *arg)
+static void on_deregistered(void *arg)
 {
     struct sim *s = arg;
     event_base_loopexit(s->base, NULL);
+}
+
+/* SIGINT/SIGTERM: leave etcd first (--register), then stop; a second signal stops at once. */
+static void on_signal(evutil_socket_t sig, short ev, void *arg)
+{
+    struct sim *s = arg;
+    static int once;
+    if (s->reg && !once++) {
+        xreg_stop(s->reg, 2000, on_deregistered, s);
+        return;
+    }
+    event_base_loopexit(s->base, NULL);
+}
+
+/* --register: the value routers read (the admin API's fields) and the health-gated registration. */
+static int start_register(struct sim *s)
+{
+    const struct sim_config *c = &s->cfg;
+    cJSON *v = XPYD_XALLOC(cJSON_CreateObject());
+    cJSON_AddNumberToObject(v, "dp", c->dp_size);
+    cJSON_AddNumberToObject(v, "max_model_len", (double)c->max_model_len);
+    cJSON_AddNumberToObject(v, "max_inflight", (double)c->max_batch);
+    if (c->bootstrap_port > 0)
+        cJSON_AddNumberToObject(v, "bootstrap_port", c->bootstrap_port);
+    if (s->tls_server)
+        cJSON_AddBoolToObject(v, "tls", 1);
+    char *value = XPYD_XALLOC(cJSON_PrintUnformatted(v));
+    cJSON_Delete(v);
+    const char *host = c->register_host[0] ? c->register_host : c->host;
+    int roles = c->role == SIM_ROLE_PREFILL ? 1 : c->role == SIM_ROLE_DECODE ? 2 : 3;
+    struct xreg_opts o = {c->register_url, roles, host, c->port, value, c->register_ttl_s, 2000,
+                          c->host, c->port, s->tls_server != NULL, "/health", 500, 1000, 2};
+    char err[600];
+    s->reg = xreg_start(s->base, &o, s->tls_client, err, sizeof err);
+    free(value);
+    if (!s->reg) {
+        XLOG_ERR("msg=\"--register\" reason=\"%s\"", err);
+        return -1;
+    }
+    return 0;
 }
 
 static evhtp_res on_accept(evhtp_connection_t *c, void *arg)
@@ -538,6 +579,8 @@ int sim_run(const struct sim_config *cfg)
             goto out;
         }
     }
+    if (cfg->register_url[0] && start_register(s) != 0)
+        goto out;
     XLOG_INFO("msg=\"xpyd_sim ready\" role=%s host=%s port=%d bootstrap_port=%d dp=%d dp_mode=%s handoff=%s model=%s",
               sim_role_name(cfg->role), cfg->host, s->cfg.port, s->cfg.bootstrap_port, cfg->dp_size,
               cfg->dp_internal ? "internal" : "external", sim_handoff_name(cfg->handoff), cfg->model);
@@ -554,6 +597,7 @@ out:
         evhtp_unbind_socket(s->bootstrap_htp);
         evhtp_free(s->bootstrap_htp);
     }
+    xreg_free(s->reg);
     if (s->sweep_ev)
         event_free(s->sweep_ev);
     if (s->sig_int)
