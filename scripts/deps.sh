@@ -26,7 +26,7 @@ npm_deps() {
 
 PKGS=(gcc make cmake pkg-config ca-certificates curl python3 procps prometheus clang libclang-rt-14-dev
       libevent-dev libevhtp-dev libhttp-parser-dev libcjson-dev libibverbs-dev libjemalloc-dev libcmocka-dev
-      libxxhash-dev libssl-dev openssl
+      libxxhash-dev libssl-dev openssl etcd-server
       help2man man-db dpkg-dev adduser gnuplot-nox
       "$@")
 

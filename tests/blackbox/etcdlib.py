@@ -1,0 +1,155 @@
+"""etcdlib - a real etcd (Debian's etcd-server) for black-box tests: single members and clusters on loopback
+ephemeral ports, polled for readiness, always stopped; and a tiny client of its JSON gateway (put, get,
+delete, compact) so the tests need no etcdctl."""
+import base64
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+
+from xpyd_testlib import _LIVE, free_port, wait_until
+
+ETCD = shutil.which("etcd") or "/usr/bin/etcd"
+
+
+def have_etcd():
+    return os.path.exists(ETCD)
+
+
+def b64(s):
+    return base64.b64encode(s.encode() if isinstance(s, str) else s).decode()
+
+
+def unb64(s):
+    return base64.b64decode(s).decode(errors="replace")
+
+
+class Member:
+    """One etcd member. name/cluster: for clusters (initial-cluster string shared by all members)."""
+
+    def __init__(self, name="m0", client_port=None, peer_port=None, cluster=None, data_dir=None):
+        self.name = name
+        self.client_port = client_port or free_port()
+        self.peer_port = peer_port or free_port()
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="xpyd-etcd-")
+        self.cluster = cluster or "%s=http://127.0.0.1:%d" % (name, self.peer_port)
+        self.p = None
+        self.log = None
+        self.stopped = True
+        self.start()
+
+    def argv(self):
+        return [ETCD, "--name", self.name, "--data-dir", os.path.join(self.data_dir, "data"),
+                "--listen-client-urls", "http://127.0.0.1:%d" % self.client_port,
+                "--advertise-client-urls", "http://127.0.0.1:%d" % self.client_port,
+                "--listen-peer-urls", "http://127.0.0.1:%d" % self.peer_port,
+                "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % self.peer_port,
+                "--initial-cluster", self.cluster, "--initial-cluster-token", "xpyd-test",
+                "--initial-cluster-state", "new", "--heartbeat-interval", "50", "--election-timeout", "500",
+                "--log-level", "warn", "--logger", "zap"]
+
+    def start(self, wait=True):
+        """(Re)starts the member with the same data directory and ports."""
+        self.log = open(os.path.join(self.data_dir, "log"), "ab")
+        self.p = subprocess.Popen(self.argv(), stdout=self.log, stderr=subprocess.STDOUT)
+        self.stopped = False
+        _LIVE.append(self)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self, timeout=30):
+        wait_until(self.healthy, timeout=timeout, interval=0.05, what="etcd %s health" % self.name)
+
+    def healthy(self):
+        if self.p.poll() is not None:
+            raise AssertionError("etcd exited with %s: %s" % (self.p.returncode, self.output()[-3000:]))
+        st, body = self.call("GET", "/health", None, timeout=2)
+        return st == 200 and json.loads(body).get("health") == "true"
+
+    def output(self):
+        with open(os.path.join(self.data_dir, "log"), "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def call(self, method, path, body, timeout=5):
+        c = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=timeout)
+        try:
+            c.request(method, path, body=json.dumps(body) if body is not None else None)
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    def rpc(self, path, body):
+        st, data = self.call("POST", path, body)
+        if st != 200:
+            raise AssertionError("etcd %s answered %d: %r" % (path, st, data))
+        return json.loads(data)
+
+    def put(self, key, value, lease=None):
+        body = {"key": b64(key), "value": b64(value)}
+        if lease:
+            body["lease"] = str(lease)
+        return self.rpc("/v3/kv/put", body)
+
+    def delete(self, key):
+        return self.rpc("/v3/kv/deleterange", {"key": b64(key)})
+
+    def get_prefix(self, prefix):
+        end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+        r = self.rpc("/v3/kv/range", {"key": b64(prefix), "range_end": b64(end)})
+        return {unb64(kv["key"]): unb64(kv.get("value", "")) for kv in r.get("kvs", [])}
+
+    def revision(self):
+        return int(self.rpc("/v3/kv/range", {"key": b64("\0")})["header"]["revision"])
+
+    def compact(self, rev):
+        return self.rpc("/v3/kv/compaction", {"revision": str(rev), "physical": True})
+
+    def kill(self):
+        """SIGKILL (a crash); start() brings it back with its data."""
+        if self.p and self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        self._done()
+
+    def stop(self, timeout=10, check=False):
+        if self.p and self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self._done()
+
+    def _done(self):
+        self.stopped = True
+        if self in _LIVE:
+            _LIVE.remove(self)
+        if self.log and not self.log.closed:
+            self.log.close()
+
+
+def cluster(n):
+    """n members on loopback, started together (they elect a leader among themselves)."""
+    names = ["m%d" % i for i in range(n)]
+    peers = [free_port() for _ in names]
+    spec = ",".join("%s=http://127.0.0.1:%d" % (nm, pp) for nm, pp in zip(names, peers))
+    members = []
+    for nm, pp in zip(names, peers):
+        m = Member.__new__(Member)
+        m.name, m.client_port, m.peer_port = nm, free_port(), pp
+        m.data_dir = tempfile.mkdtemp(prefix="xpyd-etcd-")
+        m.cluster, m.p, m.log, m.stopped = spec, None, None, True
+        m.start(wait=False)
+        members.append(m)
+    for m in members:
+        m.wait_ready()
+    return members
+
+
+def url(members, prefix):
+    return "etcd://%s/%s" % (",".join("127.0.0.1:%d" % m.client_port for m in members), prefix)
