@@ -194,6 +194,29 @@ int etcd_url_parse(const char *url, struct etcd_url *out, char *err, size_t cap)
     return 0;
 }
 
+int etcd_next_result(struct evbuffer *buf, size_t max, cJSON **msg)
+{
+    *msg = NULL;
+    for (;;) {
+        size_t n;
+        char *line = evbuffer_readln(buf, &n, EVBUFFER_EOL_LF);
+        if (!line)
+            return evbuffer_get_length(buf) > max ? -E2BIG : 0;
+        if (n == 0 || (n == 1 && line[0] == '\r')) {
+            free(line);
+            continue;
+        }
+        cJSON *m = cJSON_ParseWithLength(line, n);
+        free(line);
+        if (!cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(m, "result"))) {
+            cJSON_Delete(m);
+            return -EPROTO;
+        }
+        *msg = m;
+        return 1;
+    }
+}
+
 /* ---------- the client ---------- */
 
 static void set_current(struct etcd *e, size_t i)
@@ -468,27 +491,19 @@ static void w_body(struct up_leg *leg, const char *data, size_t len, void *arg)
         return;
     }
     evbuffer_add(w->buf, data, len);
-    size_t n;
-    char *line;
-    while (!w->dead && (line = evbuffer_readln(w->buf, &n, EVBUFFER_EOL_LF))) {
-        cJSON *msg = n ? cJSON_ParseWithLength(line, n) : NULL;
-        free(line);
-        if (!n)
-            continue;
-        const cJSON *res = cJSON_GetObjectItemCaseSensitive(msg, "result");
-        if (!cJSON_IsObject(res)) { /* {"error": ...} in the stream, or garbage */
-            cJSON_Delete(msg);
-            watch_end(w, -EPROTO);
+    cJSON *msg;
+    int rc;
+    while (!w->dead && (rc = etcd_next_result(w->buf, ETCD_MAX_LINE, &msg)) != 0) {
+        if (rc < 0) { /* {"error": ...} in the stream, garbage, or a line beyond any real message */
+            watch_end(w, rc);
             break;
         }
         w->e->st.last_ok_us = xpyd_now_us();
         w->in_cb = 1;
-        w->cbs.on_result(w->e, res, w->arg);
+        w->cbs.on_result(w->e, cJSON_GetObjectItemCaseSensitive(msg, "result"), w->arg);
         w->in_cb = 0;
         cJSON_Delete(msg);
     }
-    if (!w->dead && evbuffer_get_length(w->buf) > ETCD_MAX_LINE)
-        watch_end(w, -E2BIG);
     if (w->dead) { /* ended or cancelled from a callback: stop the leg now that its callback is done with us */
         up_leg_cancel(w->leg);
         watch_unlink_free(w);

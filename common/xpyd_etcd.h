@@ -102,6 +102,13 @@ void etcd_reg_free(struct etcd_reg *r);
 
 /* ---------- helpers ---------- */
 
+/* The next message of a streaming answer (one JSON object per line) buffered in buf: 1 with *msg (the whole
+ * message; free it with cJSON_Delete; its "result" is an object), 0 when no whole line is buffered yet,
+ * -EPROTO for a line that is not {"result": {...}} (an error message or garbage), -E2BIG when more than
+ * max bytes are buffered without a line end. Blank lines are skipped. */
+struct evbuffer;
+int etcd_next_result(struct evbuffer *buf, size_t max, struct cJSON **msg);
+
 /* Base64 of len bytes into out (NUL-terminated); the length, or -1 when cap is too small. */
 int etcd_b64(const void *in, size_t len, char *out, size_t cap);
 /* Bytes of base64 text into out (NUL-terminated); the length, or -1 when invalid or cap is too small. */

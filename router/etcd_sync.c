@@ -15,6 +15,7 @@
 #include "etcd_sync.h"
 
 #include "admin_parse.h"
+#include "etcd_parse.h"
 #include "router.h"
 #include "xpyd_etcd.h"
 #include "xpyd_util.h"
@@ -90,36 +91,6 @@ static void invalid(const char *key, const char *why)
 
 /* ---------- instances ---------- */
 
-static int parse_role(const char *s, size_t n)
-{
-    if (n == 7 && !strncmp(s, "prefill", 7))
-        return RT_PREFILL;
-    if (n == 6 && !strncmp(s, "decode", 6))
-        return RT_DECODE;
-    return -1;
-}
-
-/* "<role>/<host>:<port>" (host may be [v6]) into its parts; 0 or -1. */
-static int parse_instance_key(const char *rest, int *role, char *host, size_t hcap, long *port)
-{
-    const char *slash = strchr(rest, '/');
-    if (!slash || (*role = parse_role(rest, (size_t)(slash - rest))) < 0)
-        return -1;
-    const char *hp = slash + 1, *colon = strrchr(hp, ':');
-    if (!colon || xpyd_parse_long(colon + 1, 1, 65535, port) != 0)
-        return -1;
-    size_t hl = (size_t)(colon - hp);
-    if (hl > 2 && hp[0] == '[' && hp[hl - 1] == ']') {
-        hp++;
-        hl -= 2;
-    }
-    if (hl == 0 || hl >= hcap || memchr(hp, '/', hl))
-        return -1;
-    memcpy(host, hp, hl);
-    host[hl] = 0;
-    return 0;
-}
-
 static struct disc *find_disc(struct esync *s, int role, const char *host, long port)
 {
     for (size_t i = 0; i < s->ndisc; i++)
@@ -149,33 +120,24 @@ static void put_instance(struct esync *s, const char *key, const char *rest, con
     int role;
     long port;
     char host[256], err[300] = "";
-    if (parse_instance_key(rest, &role, host, sizeof host, &port) != 0) {
+    if (esync_instance_key(rest, &role, host, sizeof host, &port) != 0) {
         invalid(key, "the key is not instances/<prefill|decode>/<host>:<port>");
         return;
     }
-    cJSON *o = val[0] ? cJSON_Parse(val) : cJSON_CreateObject();
-    if (!cJSON_IsObject(o)) {
-        cJSON_Delete(o);
-        invalid(key, "the value is not a JSON object");
+    /* the admin API's fields, checked the same way */
+    char *body = esync_instance_body(role, host, port, val, err, sizeof err);
+    if (!body) {
+        invalid(key, err);
         return;
     }
-    /* the key says who it is; the value how it is used (the admin API's fields, checked the same way) */
-    cJSON_DeleteItemFromObjectCaseSensitive(o, "role");
-    cJSON_DeleteItemFromObjectCaseSensitive(o, "host");
-    cJSON_DeleteItemFromObjectCaseSensitive(o, "port");
-    cJSON_AddStringToObject(o, "role", role ? "decode" : "prefill");
-    cJSON_AddStringToObject(o, "host", host);
-    cJSON_AddNumberToObject(o, "port", (double)port);
-    char *body = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
     struct rt_admin_defaults defs[2];
     for (int r = 0; r < 2; r++)
         defs[r] = (struct rt_admin_defaults){g_rt->cfg.pools[r].dp, g_rt->cfg.pools[r].tp, g_rt->cfg.pools[r].max_inflight};
     struct rt_admin_instance in;
-    int bad = !body || rt_admin_parse_instance(body, strlen(body), defs, g_rt->cfg.dp_internal, &in, err, sizeof err);
+    int bad = rt_admin_parse_instance(body, strlen(body), defs, g_rt->cfg.dp_internal, &in, err, sizeof err);
     free(body);
     if (bad) {
-        invalid(key, err[0] ? err : "out of memory");
+        invalid(key, err);
         return;
     }
     struct disc *d = find_disc(s, role, host, port);
@@ -211,7 +173,7 @@ static void delete_instance(struct esync *s, const char *rest)
     int role;
     long port;
     char host[256];
-    if (parse_instance_key(rest, &role, host, sizeof host, &port) != 0)
+    if (esync_instance_key(rest, &role, host, sizeof host, &port) != 0)
         return;
     struct disc *d = find_disc(s, role, host, port);
     if (d) {
@@ -270,36 +232,32 @@ static int rank_by_name(int role, const char *name)
     return -1;
 }
 
+struct load_fill {
+    struct esync *s;
+    struct peer *p;
+};
+
+static void load_rank(int role, const char *name, int64_t tokens, int64_t requests, void *arg)
+{
+    struct load_fill *f = arg;
+    int idx = rank_by_name(role, name);
+    if (idx < 0 || (size_t)idx >= f->s->nslots)
+        return; /* a rank this router does not have (yet) */
+    int64_t *v = &f->p->load[(role * f->s->nslots + (size_t)idx) * 2];
+    v[0] = tokens;
+    v[1] = requests;
+}
+
 static void put_load(struct esync *s, const char *key, const char *id, const char *val)
 {
     if (!strcmp(id, s->id) || !id[0] || strchr(id, '/'))
         return; /* our own (already counted), or not a router's */
-    cJSON *o = cJSON_Parse(val);
-    if (!cJSON_IsObject(o)) {
-        cJSON_Delete(o);
-        invalid(key, "the value is not a JSON object");
-        return;
-    }
     struct peer *p = find_peer(s, id, 1);
     memset(p->load, 0, 2 * s->nslots * 2 * sizeof *p->load);
-    for (int role = 0; role < 2; role++) {
-        const cJSON *m = cJSON_GetObjectItemCaseSensitive(o, role ? "decode" : "prefill");
-        for (const cJSON *e = cJSON_IsObject(m) ? m->child : NULL; e; e = e->next) {
-            const cJSON *t = cJSON_GetArrayItem(e, 0), *r = cJSON_GetArrayItem(e, 1);
-            if (!cJSON_IsArray(e) || !cJSON_IsNumber(t) || !cJSON_IsNumber(r) || t->valuedouble < 0 ||
-                r->valuedouble < 0 || t->valuedouble > 1e15 || r->valuedouble > 1e9) {
-                invalid(key, "a rank's load is not [tokens, requests]");
-                continue;
-            }
-            int idx = rank_by_name(role, e->string);
-            if (idx < 0 || (size_t)idx >= s->nslots)
-                continue; /* a rank this router does not have (yet) */
-            int64_t *v = &p->load[(role * s->nslots + (size_t)idx) * 2];
-            v[0] = (int64_t)t->valuedouble;
-            v[1] = (int64_t)r->valuedouble;
-        }
-    }
-    cJSON_Delete(o);
+    struct load_fill f = {s, p};
+    int bad = esync_parse_load(val, load_rank, &f);
+    if (bad)
+        invalid(key, bad < 0 ? "the value is not a JSON object" : "a rank's load is not [tokens, requests]");
     apply_remote(s);
     atomic_fetch_add(&g_rt->ctr.discovery_events, 1);
 }
@@ -473,7 +431,7 @@ static void range_done(struct etcd *e, int err, cJSON *answer, void *arg)
             int role;
             long port;
             char host[256];
-            if (parse_instance_key(rest + 10, &role, host, sizeof host, &port) == 0) {
+            if (esync_instance_key(rest + 10, &role, host, sizeof host, &port) == 0) {
                 struct disc *d = find_disc(s, role, host, port);
                 if (d && (size_t)(d - s->disc) < nold)
                     seen[d - s->disc] = 1;

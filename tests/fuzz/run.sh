@@ -21,7 +21,8 @@ build fuzz_sse "$ROOT/tests/fuzz/fuzz_sse.c" "$ROOT/common/xpyd_sse.c"
 build fuzz_config "$ROOT/tests/fuzz/fuzz_config.c" "$ROOT/router/config.c" "$ROOT/common/xpyd_util.c" \
   "$ROOT/common/xpyd_settings.c" \
   "$ROOT/common/xpyd_version.c" -I"$OUT" -DXPYD_VERSION=\"fuzz\" \
-  "$ROOT"/balancer/xb*.c
+  "$ROOT"/balancer/xb*.c "$ROOT/common/xpyd_etcd.c" "$ROOT/common/xpyd_http_client.c" "$ROOT/common/xpyd_tls.c" \
+  -I"$HTTP_PARSER_INC" -lhttp_parser
 build fuzz_sim_request "$ROOT/tests/fuzz/fuzz_sim_request.c" "$ROOT/sim/sim_request.c" \
   "$ROOT/sim/sim_tokens.c" "$ROOT/common/xpyd_util.c"
 build fuzz_rewrite "$ROOT/tests/fuzz/fuzz_rewrite.c" "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" \
@@ -37,8 +38,11 @@ build fuzz_upstream "$ROOT/tests/fuzz/fuzz_upstream.c" "$ROOT/common/xpyd_http_c
   "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" "$ROOT/balancer/xb_prefix.c" "$ROOT/common/xpyd_tls.c" \
   -I"$HTTP_PARSER_INC" -lhttp_parser
 build fuzz_tls "$ROOT/tests/fuzz/fuzz_tls.c" "$ROOT/common/xpyd_tls.c"
+build fuzz_etcd "$ROOT/tests/fuzz/fuzz_etcd.c" "$ROOT/common/xpyd_etcd.c" "$ROOT/router/etcd_parse.c" \
+  "$ROOT/router/admin_parse.c" "$ROOT/common/xpyd_http_client.c" "$ROOT/common/xpyd_tls.c" "$ROOT/common/xpyd_util.c" \
+  -I"$HTTP_PARSER_INC" -lhttp_parser
 rc=0
-for h in sse config sim_request rewrite upstream http_req relay admin metadata feedback desc tls; do
+for h in sse config sim_request rewrite upstream http_req relay admin metadata feedback desc tls etcd; do
   mkdir -p "$OUT/corpus_$h"
   cp "$ROOT/tests/fuzz/corpus/$h/"* "$OUT/corpus_$h/"
   echo "== fuzz_$h for ${SECS}s"
