@@ -351,8 +351,9 @@ static void schedule_resync(struct esync *s)
 static void on_watch_result(struct etcd *e, const cJSON *res, void *arg)
 {
     struct esync *s = arg;
-    if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "canceled")) ||
-        etcd_i64(res, "compact_revision") > 0) {
+    int canceled = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(res, "canceled")) ||
+                   etcd_i64(res, "compact_revision") > 0;
+    if (canceled) {
         xpyd_log_event(XPYD_LOG_WARN, "event=discovery_watch_canceled compact_revision=%" PRId64
                        " detail=\"reading everything again\"", etcd_i64(res, "compact_revision"));
         etcd_watch_cancel(s->watch);

@@ -96,6 +96,21 @@ class EtcdSingle(TestCase):
         self.assertGreater(took, 0.5, "removed before the lease could have expired: not the lease doing it")
         self.assertLess(took, 2 + 1 + 1.5)  # TTL + etcd's expiry granularity + a watch hop
 
+    def test_engine_frozen_past_its_ttl_registers_again(self):
+        """A registrar that could not keep its lease alive (frozen longer than the TTL) finds it gone and
+        registers again with a new one."""
+        r = self.start(discovery_router(self.url))
+        d = self.start(reg_sim(self.url))
+        wait_until(lambda: active(r) == [hp(d)], what="registered")
+        d.signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: active(r) == [], timeout=8, what="the lease expired while frozen")
+        finally:
+            d.signal(signal.SIGCONT)
+        wait_until(lambda: active(r) == [hp(d)], timeout=8, what="registered again with a new lease")
+        self.assertIn("event=etcd_lease_lost", d.output())
+        self.assertEqual(ok(r, 3), (200, None))
+
     def test_streams_finish_on_a_deregistered_engine(self):
         r = self.start(discovery_router(self.url))
         d = self.start(reg_sim(self.url, "--decode-us-per-token", "20000"))
@@ -290,6 +305,8 @@ class EtcdSingle(TestCase):
         wait_until(lambda: metric(a.port, "xpyd_active_requests") == 4, what="a's 4 streams")
         remote = lambda: metric(b.port, 'xpyd_instance_remote_tokens{role="decode",instance="%s",dp_rank="0"}' % hp(x))
         wait_until(lambda: remote() > 0, what="b sees a's load on x")
+        self.assertEqual(metric(a.port, 'xpyd_instance_remote_tokens{role="decode",instance="%s",dp_rank="0"}' % hp(x)),
+                         0, "a counts its own published load as another router's")
         self.etcd.put("%s/instances/decode/%s" % (prefix, hp(y)), "{}")
         wait_until(lambda: active(b) == sorted([hp(x), hp(y)]), what="y in b")
         # b's own load is zero on both: only the shared load can send its requests to y
@@ -364,6 +381,59 @@ class EtcdCluster(TestCase):
         self.idle(r)
 
 
+class FakeGateway:
+    """An etcd JSON gateway stand-in on a loopback port: unary answers from answer(path, body), and a watch
+    that streams the messages watch_lines() gives, then stays open (as etcd's does) until stop()."""
+
+    def __init__(self, answer, watch_lines):
+        import http.server
+        outer = self
+        self.closing = threading.Event()
+
+        class H(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(n) if n else b""
+                if self.path == "/v3/watch":
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for line in watch_lines():
+                        data = (json.dumps(line) + "\n").encode()
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                        self.wfile.flush()
+                    outer.closing.wait(30)
+                    self.close_connection = True
+                    return
+                data = json.dumps(answer(self.path, body)).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        class Srv(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request, client_address):
+                pass
+
+        self.srv = Srv(("127.0.0.1", 0), H)
+        self.port = self.srv.server_address[1]
+        threading.Thread(target=self.srv.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.closing.set()
+        self.srv.shutdown()
+        self.srv.server_close()
+
+
 class FakeEtcd(TestCase):
     """Protocol cases a real etcd does not produce on demand: a watch canceled by compaction."""
 
@@ -371,26 +441,30 @@ class FakeEtcd(TestCase):
         d1 = self.start(Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--role", "decode"]))
         d2 = self.start(Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--role", "decode"]))
         state = {"ranges": 0}
+        hdr = {"header": {"revision": "10"}}
         kv = lambda k, v, rev: {"key": b64(k), "value": b64(v), "mod_revision": str(rev), "version": "1"}
-        def handler(method, path, body):
-            hdr = {"header": {"revision": "10"}}
+
+        def answer(path, body):
             if path == "/v3/kv/range":
                 state["ranges"] += 1
                 who = d1 if state["ranges"] == 1 else d2
-                return 200, "application/json", json.dumps(dict(hdr, kvs=[kv("p/instances/decode/%s" % hp(who), "{}", 5)])).encode()
-            if path == "/v3/watch":
-                lines = [{"result": dict(hdr, created=True)},
-                         {"result": dict(hdr, canceled=True, compact_revision="9")}]
-                return 200, "application/json", "".join(json.dumps(l) + "\n" for l in lines).encode()
+                return dict(hdr, kvs=[kv("p/instances/decode/%s" % hp(who), "{}", 5)])
             if path == "/v3/lease/grant":
-                return 200, "application/json", json.dumps(dict(hdr, ID="77", TTL="5")).encode()
-            return 200, "application/json", json.dumps(hdr).encode()
-        fake = FakeEngine(handler)
+                return dict(hdr, ID="77", TTL="5")
+            return hdr
+
+        def watch_lines():  # the first watch is canceled by a compaction; later ones stay quiet
+            yield {"result": dict(hdr, created=True)}
+            if state["ranges"] == 1:
+                yield {"result": dict(hdr, canceled=True, compact_revision="9")}
+
+        fake = FakeGateway(answer, watch_lines)
         try:
             r = self.start(discovery_router("etcd://127.0.0.1:%d/p" % fake.port))
             wait_until(lambda: active(r) == [hp(d2)], what="the second range's membership after the cancel")
             self.assertIn("event=discovery_watch_canceled", r.output())
-            self.assertGreaterEqual(metric(r.port, "xpyd_discovery_resyncs_total"), 2)
+            self.assertEqual(metric(r.port, "xpyd_discovery_resyncs_total"), 2)
+            wait_until(lambda: metric(r.port, "xpyd_discovery_up") == 1, what="watching again")
             self.assertEqual(ok(r, 2), (200, None))
         finally:
             fake.stop()
