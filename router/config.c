@@ -20,6 +20,7 @@ static const char *const dp_modes[] = {"external", "internal", NULL};
 static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
 static const char *const access_logs[] = {"off", "logfmt", "json", NULL};
 static const char *const on_off[] = {"off", "on", NULL};
+static const char *const metadata_backends[] = {"memory", "etcd", NULL};
 static const char *const tls_versions[] = {"1.2", "1.3", NULL};
 
 #define OFF(f) XPYD_FIELD(struct rt_config, f)
@@ -239,6 +240,11 @@ static const struct xpyd_setting settings[] = {
      "the `--admin-key`; a new key beyond this gets 507 (gauge `xpyd_metadata_keys`)"},
     {"metadata-max-value-bytes", XS_LONG, OFF(metadata_max_value_bytes), 1, 1L << 26, "1048576", NULL,
      "largest `/metadata` value; larger gets 413"},
+    {"metadata-backend", XS_ENUM, OFF(metadata_backend), 0, 0, "memory", metadata_backends,
+     "where `/metadata` keeps its keys: `memory` (this router, bounded by `--metadata-max-keys`), or `etcd`: the "
+     "`--discovery` cluster, under the keys exactly as given (e.g. `mooncake/ram/<segment>`, what Mooncake "
+     "transfer engines write when pointed at the same etcd), so engines on etcd and clients of this HTTP "
+     "store see the same segments and every router replica serves the same store; etcd unreachable: 503"},
     {"max-instances", XS_LONG, OFF(max_instances), 1, 4096, "1024", NULL,
      "ranks a pool can hold, including ones added at runtime"},
     {"port-file", XS_STR, OFF(port_file), 0, 0, "", NULL,
@@ -829,6 +835,10 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
     if (c->session_key[0] && !((!strncmp(c->session_key, "header:", 7) && c->session_key[7]) ||
                                (!strncmp(c->session_key, "body:", 5) && c->session_key[5]))) {
         fprintf(stderr, "xpyd_router: --session-key must be header:NAME or body:FIELD, got '%s'\n", c->session_key);
+        return -1;
+    }
+    if (c->metadata_backend == 1 && !c->discovery[0]) {
+        fprintf(stderr, "xpyd_router: --metadata-backend etcd needs --discovery (the etcd cluster to use)\n");
         return -1;
     }
     if (c->discovery[0]) {

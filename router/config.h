@@ -104,7 +104,8 @@ struct rt_config {
     char router_id[128];       /* this replica's name in etcd ("" : hostname:port) */
     long load_sync_ms;         /* publish and read router replicas' load; 0 off */
     long discovery_ttl_s, discovery_timeout_ms, discovery_retry_max_ms;
-    long metadata_max_keys, metadata_max_value_bytes;         /* clients must send Authorization: Bearer <key>; empty = no auth */
+    long metadata_max_keys, metadata_max_value_bytes;
+    int metadata_backend;      /* 0 memory, 1 etcd (the --discovery cluster) */         /* clients must send Authorization: Bearer <key>; empty = no auth */
     char config_path[512];
     struct rt_pool_cfg pools[2];
     /* expansion results */

@@ -154,6 +154,7 @@ struct rthread {
     struct event *kick;               /* activated (from any thread) when an instance frees a slot */
     int kick_role, kick_blocked;
     struct rthread *next_thread;      /* all threads, for kicking */
+    struct etcd *etcd;                /* --metadata-backend etcd: this thread's client (made on first use) */
 };
 
 /* auth.c: the client --api-key, a leaf every module may call (answers: xpyd_reply.h, common/).

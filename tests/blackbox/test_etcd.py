@@ -348,6 +348,54 @@ class EtcdSingle(TestCase):
                          "a router with --load-sync-ms 0 publishes nothing")
 
 
+    def test_metadata_backend_etcd(self):
+        """/metadata served from etcd under Mooncake's own keys: what an engine writes to etcd is read through
+        any router, what a client PUTs through one router is in etcd and read through another."""
+        W = {"Authorization": "Bearer wkey"}
+        args = ("--metadata-backend", "etcd", "--metadata-write-key", "wkey", "--metadata-max-value-bytes", "4096")
+        r1 = self.start(discovery_router(self.url, *args))
+        r2 = self.start(discovery_router(self.url, *args))
+        seg = json.dumps({"name": "seg-a", "buffers": [{"addr": 4096, "length": 65536}]})
+        st, _, body = request(r1.port, "PUT", "/metadata?key=mooncake/ram/seg-a", seg, headers=W)
+        self.assertEqual(st, 200, body)
+        self.assertEqual(self.etcd.get_prefix("mooncake/ram/"), {"mooncake/ram/seg-a": seg})
+        st, h, body = request(r2.port, "GET", "/metadata?key=mooncake%2Fram%2Fseg-a")
+        self.assertEqual((st, body.decode()), (200, seg))
+        # what a Mooncake engine writes to etcd itself (JSON and a newline) reads back byte for byte
+        self.etcd.put("mooncake/rpc_meta/node1", '{"ip_or_host_name":"10.0.0.1","rpc_port":12345}\n')
+        st, _, body = request(r1.port, "GET", "/metadata?key=mooncake/rpc_meta/node1")
+        self.assertEqual((st, body), (200, b'{"ip_or_host_name":"10.0.0.1","rpc_port":12345}\n'))
+        st, _, body = request(r1.port, "GET", "/metadata?key=mooncake/ram/none")
+        self.assertOpenAIError(st, json.loads(body), 404)
+        st, _, body = request(r1.port, "PUT", "/metadata?key=k", "x" * 5000, headers=W)
+        self.assertOpenAIError(st, json.loads(body), 413)
+        st, _, body = request(r1.port, "PUT", "/metadata?key=k", "x")
+        self.assertEqual(st, 401, body)  # writes need the key
+        st, _, body = request(r2.port, "DELETE", "/metadata?key=mooncake/ram/seg-a", headers=W)
+        self.assertEqual(st, 200, body)
+        self.assertEqual(self.etcd.get_prefix("mooncake/ram/"), {})
+        st, _, body = request(r2.port, "DELETE", "/metadata?key=mooncake/ram/seg-a", headers=W)
+        self.assertOpenAIError(st, json.loads(body), 404)
+        # etcd gone: a clear 503, on a fresh connection and on the same keep-alive one after other requests
+        self.etcd.kill()
+        st, _, body = request(r1.port, "GET", "/metadata?key=mooncake/rpc_meta/node1")
+        self.assertOpenAIError(st, json.loads(body), 503, "etcd")
+        import http.client
+        c = http.client.HTTPConnection("127.0.0.1", r1.port, timeout=10)
+        for method in ("GET", "PUT", "DELETE", "GET"):
+            c.request(method, "/metadata?key=a", body="{}" if method == "PUT" else None, headers=W)
+            resp = c.getresponse()
+            self.assertEqual(resp.status, 503)
+            self.assertIn(b"etcd", resp.read())
+        c.close()
+
+    def test_metadata_backend_etcd_needs_discovery(self):
+        p = Proc("xpyd_router", ["--port", "0", "-d", "127.0.0.1:1", "--metadata-backend", "etcd"], port_flag=False)
+        self.assertNotEqual(p.p.wait(10), 0)
+        p.stop(check=False)
+        self.assertIn("--metadata-backend etcd needs --discovery", p.output())
+
+
 @unittest.skipUnless(etcdlib.have_etcd(), "etcd-server is not installed (scripts/deps.sh installs it)")
 class EtcdCluster(TestCase):
     def test_member_killed_under_load(self):
