@@ -41,7 +41,7 @@ static void hist_print(struct evbuffer *b, const char *n, const struct rt_hist *
 }
 
 /* The rows of metrics_table.h, with where each one's storage is. */
-enum { L_NONE, L_ROLE, L_REASON, L_GUARD, L_STATUS, L_HIST, L_PD, L_SIDE };
+enum { L_NONE, L_ROLE, L_REASON, L_GUARD, L_STATUS, L_HIST, L_PD, L_SIDE, L_MSEC };
 struct metric_desc {
     const char *name, *type, *help;
     int labels;
@@ -57,6 +57,9 @@ static void metric_print(struct evbuffer *b, const struct metric_desc *m, const 
     const atomic_int_fast64_t *v = (const atomic_int_fast64_t *)(base + m->off);
     evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", m->name, m->help, m->name, m->type);
     switch (m->labels) {
+    case L_MSEC: /* kept in milliseconds, shown in seconds (Prometheus' base unit) */
+        evbuffer_add_printf(b, "%s %.3f\n", m->name, (double)atomic_load(v) / 1000.0);
+        break;
     case L_NONE:
         evbuffer_add_printf(b, "%s %" PRId64 "\n", m->name, (int64_t)atomic_load(v));
         break;

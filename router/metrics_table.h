@@ -11,6 +11,7 @@
  *   PD      decision="remote_prefill" | "local_prefill" (field[2])
  *   SIDE    side="client" | "upstream" (field[2])
  *   HIST    a latency histogram, buckets 1 ms .. 240 s (struct rt_hist field)
+ *   MSEC    one series, kept in milliseconds, shown in seconds
  * Per-rank series (xpyd_instance_*) come from the balancer's numbers: metrics.c's instance table. */
 #ifndef XPYD_METRICS_TABLE_H
 #define XPYD_METRICS_TABLE_H
@@ -82,7 +83,7 @@
       "--discovery: values in etcd ignored as malformed (logged with event=discovery_invalid).")                 \
     X(discovery_resyncs, "xpyd_discovery_resyncs_total", counter, NONE,                                        \
       "--discovery: full reads (range, then a new watch): at start, after etcd was unreachable, after compaction.") \
-    X(discovery_sync_age_ms, "xpyd_discovery_last_sync_age_milliseconds", gauge, NONE,                         \
+    X(discovery_sync_age_ms, "xpyd_discovery_last_sync_age_seconds", gauge, MSEC,                         \
       "--discovery: time since etcd last answered the router (range, watch message or lease keep-alive).")       \
     X(discovery_routers, "xpyd_discovery_routers", gauge, NONE,                                                \
       "--discovery: router replicas registered in etcd, this one included.")                                     \

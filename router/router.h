@@ -83,6 +83,7 @@ void rt_hist_observe(struct rt_hist *h, double seconds);
 /* Process-wide counters: atomics, summed at scrape time, never locked on the hot path. The exported ones are
  * generated from metrics_table.h (one row per metric), in the shape their labels need. */
 #define RT_STORE_NONE(f) atomic_int_fast64_t f;
+#define RT_STORE_MSEC(f) atomic_int_fast64_t f;
 #define RT_STORE_ROLE(f) atomic_int_fast64_t f[2];
 #define RT_STORE_PD(f) atomic_int_fast64_t f[2];
 #define RT_STORE_SIDE(f) atomic_int_fast64_t f[2];

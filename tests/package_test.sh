@@ -30,7 +30,7 @@ dpkg-deb -f "$deb" Depends | grep -q "libevhtp0" || fail "dependencies not compu
 dpkg -i "$deb" >"$WORK/dpkg.log" 2>&1 || { cat "$WORK/dpkg.log"; fail "dpkg -i"; }
 
 # files
-for f in /usr/bin/xpyd_router /usr/bin/xpyd_sim /usr/bin/xpyd_bench /usr/bin/xpyd_transfer_bench \
+for f in /usr/bin/xpyd_router /usr/bin/xpyd_sim /usr/bin/xpyd_bench /usr/bin/xpyd_transfer_bench /usr/bin/xpyd_register \
          /usr/include/xpyd/xpyd_transfer.h /etc/xpyd/router.json /usr/share/xpyd/grafana/xpyd.json \
          /usr/share/xpyd/conf/1p1d.json /usr/lib/systemd/system/xpyd-router.service \
          /usr/lib/systemd/system/xpyd-sim@.service; do
@@ -49,7 +49,7 @@ out=$(xpyd_router --version)
 echo "$out" | grep -Eq '^xpyd_router [0-9]+\.[0-9]+\.[0-9]+ \(git ([0-9a-f]{12}(-dirty)?|unknown)\)$' || fail "--version: $out"
 
 # man pages
-for m in xpyd_router xpyd_sim xpyd_bench xpyd_transfer_bench; do
+for m in xpyd_router xpyd_sim xpyd_bench xpyd_transfer_bench xpyd_register; do
   err=$(MANWIDTH=80 man --warnings "$m" 2>&1 >/dev/null) || fail "man $m"
   [ -z "$err" ] || fail "man $m warnings: $err"
 done

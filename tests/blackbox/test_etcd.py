@@ -162,7 +162,7 @@ class EtcdSingle(TestCase):
         # routing goes on with the last membership: not one failed request
         self.assertEqual(ok(r, 50), (200, None))
         self.assertEqual(active(r), [hp(d1)])
-        age = metric(r.port, "xpyd_discovery_last_sync_age_milliseconds")
+        age = metric(r.port, "xpyd_discovery_last_sync_age_seconds")
         self.etcd.start()
         wait_until(lambda: metric(r.port, "xpyd_discovery_up") == 1, timeout=15, what="discovery back")
         self.assertGreater(age, 0)
