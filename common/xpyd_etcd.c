@@ -113,6 +113,25 @@ int etcd_kv(const cJSON *kv, char *key, size_t kcap, char *val, size_t vcap)
     return cJSON_IsString(v) && etcd_unb64(v->valuestring, val, vcap) >= 0 ? 0 : -1;
 }
 
+const char *etcd_strerror(int err)
+{
+    switch (-err) {
+    case ETIMEDOUT:
+    case ETIME:
+        return "timed out";
+    case UP_ETLS:
+        return "TLS failed (certificate refused or not trusted; see event=tls_handshake_failed)";
+    case EPROTO:
+        return "etcd answered with an error";
+    case E2BIG:
+        return "a message beyond any etcd sends";
+    case 0:
+        return "closed by etcd";
+    default:
+        return strerror(-err);
+    }
+}
+
 /* The end of the range of every key starting with prefix: the prefix with its last byte plus one. */
 static void prefix_end(const char *prefix, char *out, size_t cap)
 {
@@ -616,6 +635,7 @@ struct etcd_reg {
     struct event *tick;
     long backoff_ms;
     uint64_t rng;
+    int failing;     /* a failure was logged; the next success logs the recovery */
     void (*on_state)(int held, void *arg);
     void *arg;
     void (*stop_done)(void *arg);
@@ -693,15 +713,35 @@ static void reg_put_all(struct etcd_reg *r)
         }
 }
 
+/* One line per streak of failures (a registrar retrying every few hundred ms is one line), one on recovery. */
+static void reg_failed(struct etcd_reg *r, const char *what, int err, const cJSON *answer)
+{
+    if (r->failing++)
+        return;
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(answer, "error");
+    xpyd_log_event(XPYD_LOG_WARN, "event=etcd_unreachable op=%s etcd=%s reason=\"%s\" detail=\"retrying\"", what,
+                   etcd_current(r->e), cJSON_IsString(msg) ? msg->valuestring : etcd_strerror(err));
+}
+
+static void reg_ok(struct etcd_reg *r)
+{
+    if (!r->failing)
+        return;
+    r->failing = 0;
+    xpyd_log_event(XPYD_LOG_INFO, "event=etcd_reachable etcd=%s", etcd_current(r->e));
+}
+
 static void grant_done(struct etcd *e, int err, cJSON *answer, void *arg)
 {
     struct etcd_reg *r = arg;
     r->grant = NULL;
     int64_t id = err ? 0 : etcd_i64(answer, "ID");
     if (!id) {
+        reg_failed(r, "lease_grant", err ? err : -EPROTO, answer);
         reg_arm(r, reg_backoff(r));
         return;
     }
+    reg_ok(r);
     r->lease = id;
     r->backoff_ms = 0;
     for (struct reg_key *k = r->keys; k; k = k->next)
@@ -746,8 +786,11 @@ static void ka_done(struct etcd *e, int err, cJSON *answer, void *arg)
         const cJSON *msg = cJSON_GetObjectItemCaseSensitive(answer, "error");
         if (cJSON_IsString(msg) && strstr(msg->valuestring, "lease not found"))
             reg_lost(r);
+        else
+            reg_failed(r, "lease_keepalive", err, answer);
         return; /* unreachable: the next tick tries again */
     }
+    reg_ok(r);
     const cJSON *res = cJSON_GetObjectItemCaseSensitive(answer, "result");
     if (etcd_i64(res ? res : answer, "TTL") <= 0)
         reg_lost(r);

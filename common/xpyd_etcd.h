@@ -109,6 +109,8 @@ void etcd_reg_free(struct etcd_reg *r);
 struct evbuffer;
 int etcd_next_result(struct evbuffer *buf, size_t max, struct cJSON **msg);
 
+/* What a call's or a watch's negative err means, for logs. */
+const char *etcd_strerror(int err);
 /* Base64 of len bytes into out (NUL-terminated); the length, or -1 when cap is too small. */
 int etcd_b64(const void *in, size_t len, char *out, size_t cap);
 /* Bytes of base64 text into out (NUL-terminated); the length, or -1 when invalid or cap is too small. */

@@ -393,7 +393,7 @@ static void on_watch_end(struct etcd *e, int err, void *arg)
     struct esync *s = arg;
     s->watch = NULL;
     xpyd_log_event(XPYD_LOG_WARN, "event=discovery_down reason=\"watch ended: %s\" detail=\"keeping the last membership\"",
-                   err ? strerror(-err) : "closed by etcd");
+                   etcd_strerror(err));
     schedule_resync(s);
 }
 
@@ -404,7 +404,7 @@ static void range_done(struct etcd *e, int err, cJSON *answer, void *arg)
     if (err) {
         const cJSON *msg = cJSON_GetObjectItemCaseSensitive(answer, "error");
         xpyd_log_event(XPYD_LOG_WARN, "event=discovery_down reason=\"range: %s\" detail=\"keeping the last membership; "
-                       "retrying\"", cJSON_IsString(msg) ? msg->valuestring : strerror(err == -EPROTO ? EPROTO : -err));
+                       "retrying\"", cJSON_IsString(msg) ? msg->valuestring : etcd_strerror(err));
         schedule_resync(s);
         return;
     }

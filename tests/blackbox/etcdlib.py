@@ -30,7 +30,9 @@ def unb64(s):
 class Member:
     """One etcd member. name/cluster: for clusters (initial-cluster string shared by all members)."""
 
-    def __init__(self, name="m0", client_port=None, peer_port=None, cluster=None, data_dir=None):
+    def __init__(self, name="m0", client_port=None, peer_port=None, cluster=None, data_dir=None, tls=None):
+        """tls: (ca, cert, key): clients must speak https with a certificate that CA signed."""
+        self.tls = tls
         self.name = name
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
@@ -42,9 +44,12 @@ class Member:
         self.start()
 
     def argv(self):
+        scheme = "https" if getattr(self, "tls", None) else "http"
+        extra = ["--cert-file", self.tls[1], "--key-file", self.tls[2], "--trusted-ca-file", self.tls[0],
+                 "--client-cert-auth"] if getattr(self, "tls", None) else []
         return [ETCD, "--name", self.name, "--data-dir", os.path.join(self.data_dir, "data"),
-                "--listen-client-urls", "http://127.0.0.1:%d" % self.client_port,
-                "--advertise-client-urls", "http://127.0.0.1:%d" % self.client_port,
+                "--listen-client-urls", "%s://127.0.0.1:%d" % (scheme, self.client_port),
+                "--advertise-client-urls", "%s://127.0.0.1:%d" % (scheme, self.client_port)] + extra + [
                 "--listen-peer-urls", "http://127.0.0.1:%d" % self.peer_port,
                 "--initial-advertise-peer-urls", "http://127.0.0.1:%d" % self.peer_port,
                 "--initial-cluster", self.cluster, "--initial-cluster-token", "xpyd-test",
@@ -74,7 +79,13 @@ class Member:
             return f.read().decode(errors="replace")
 
     def call(self, method, path, body, timeout=5):
-        c = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=timeout)
+        if getattr(self, "tls", None):
+            import ssl
+            ctx = ssl.create_default_context(cafile=self.tls[0])
+            ctx.load_cert_chain(self.tls[1], self.tls[2])  # etcd's own pair is also a client certificate here
+            c = http.client.HTTPSConnection("127.0.0.1", self.client_port, timeout=timeout, context=ctx)
+        else:
+            c = http.client.HTTPConnection("127.0.0.1", self.client_port, timeout=timeout)
         try:
             c.request(method, path, body=json.dumps(body) if body is not None else None)
             r = c.getresponse()
@@ -143,7 +154,7 @@ def cluster(n):
         m = Member.__new__(Member)
         m.name, m.client_port, m.peer_port = nm, free_port(), pp
         m.data_dir = tempfile.mkdtemp(prefix="xpyd-etcd-")
-        m.cluster, m.p, m.log, m.stopped = spec, None, None, True
+        m.cluster, m.p, m.log, m.stopped, m.tls = spec, None, None, True, None
         m.start(wait=False)
         members.append(m)
     for m in members:

@@ -429,6 +429,37 @@ class EtcdCluster(TestCase):
         self.idle(r)
 
 
+@unittest.skipUnless(etcdlib.have_etcd(), "etcd-server is not installed (scripts/deps.sh installs it)")
+class EtcdTls(TestCase):
+    def test_etcds_with_client_certificates(self):
+        """etcd requiring client certificates: routers and registrars reach it over https with theirs (the
+        engines' TLS code: --upstream-ca/-cert/-key); without a certificate the router is refused and says so."""
+        from test_tls import Certs
+        certs = Certs()
+        self.addCleanup(certs.cleanup)
+        scert, skey = certs.issue("etcd", sans="DNS:localhost,IP:127.0.0.1")
+        # etcd's certificate serves both ways: server for clients, client for its own health check here
+        with open(certs.path("both.ext"), "w") as f:
+            f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+        certs.run("x509", "-req", "-in", certs.path("etcd.csr"), "-CA", certs.ca, "-CAkey", certs.ca_key,
+                  "-CAcreateserial", "-out", scert, "-days", "2", "-extfile", certs.path("both.ext"))
+        ccert, ckey = certs.issue("router", sans=None, client=True)
+        etcd = self.start(etcdlib.Member(tls=(certs.ca, scert, skey)))
+        url = "etcds://127.0.0.1:%d/tls%d" % (etcd.client_port, os.getpid())
+        tls_args = ("--upstream-ca", certs.ca, "--upstream-cert", ccert, "--upstream-key", ckey)
+        r = self.start(discovery_router(url, *tls_args))
+        d = self.start(reg_sim(url, *tls_args))
+        wait_until(lambda: active(r) == [hp(d)], what="registered and discovered over https")
+        self.assertEqual(metric(r.port, "xpyd_discovery_up"), 1)
+        self.assertEqual(ok(r, 3), (200, None))
+        # no client certificate: refused in the handshake, the router stays out of sync and logs why
+        bare = self.start(discovery_router(url, "--upstream-ca", certs.ca))
+        wait_until(lambda: "event=discovery_down" in bare.output(), what="the refusal logged")
+        self.assertEqual(metric(bare.port, "xpyd_discovery_up"), 0)
+        self.assertEqual(active(bare), [])
+        self.assertIn('event=discovery_down reason="range: TLS failed', bare.output())
+
+
 class FakeGateway:
     """An etcd JSON gateway stand-in on a loopback port: unary answers from answer(path, body), and a watch
     that streams the messages watch_lines() gives, then stays open (as etcd's does) until stop()."""
