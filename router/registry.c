@@ -66,7 +66,8 @@ int rt_registry_setup(struct router *rt)
             return -1;
         }
     g->endpoints = XPYD_XALLOC(calloc(ecap, sizeof *g->endpoints));
-    memcpy(g->endpoints, c->endpoints, c->n_endpoints * sizeof *g->endpoints);
+    if (c->n_endpoints) /* none with --discovery and no -p/-d */
+        memcpy(g->endpoints, c->endpoints, c->n_endpoints * sizeof *g->endpoints);
     g->n_endpoints = c->n_endpoints;
     rt->endpoints = XPYD_XALLOC(calloc(ecap, sizeof *rt->endpoints));
     rt->ep_cap = ecap;

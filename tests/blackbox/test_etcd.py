@@ -406,8 +406,10 @@ class EtcdCluster(TestCase):
         wait_until(lambda: active(r) == [hp(d1)], what="registered through the cluster")
         results = []
         stop = threading.Event()
+        deadline = time.monotonic() + 60  # bounded in count and time
+
         def load():
-            while not stop.is_set() and len(results) < 2000:
+            while not stop.is_set() and len(results) < 50000 and time.monotonic() < deadline:
                 results.append(post(r.port, BODY)[0])
         th = threading.Thread(target=load)
         th.start()
