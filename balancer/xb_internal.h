@@ -53,21 +53,12 @@ struct xb_ring_point {
     int idx;
 };
 
+/* xb_load.c: the arithmetic every policy shares. */
 /* The load placement compares: the router's own outstanding tokens, the engine's feedback and the other
  * routers' published load (never negative). */
-static inline int64_t xb_load_of(const struct xb_inst *in)
-{
-    int64_t l = __atomic_load_n(&in->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&in->feedback, __ATOMIC_RELAXED) +
-                __atomic_load_n(&in->remote, __ATOMIC_RELAXED);
-    return l > 0 ? l : 0;
-}
+int64_t xb_load_of(const struct xb_inst *in);
 /* Requests in flight on it from every router (this one's and the others' published ones). */
-static inline int64_t xb_inflight_of(const struct xb_inst *in)
-{
-    return in->inflight + __atomic_load_n(&in->remote_inflight, __ATOMIC_RELAXED);
-}
-
-/* xb_load.c: the arithmetic every policy shares. */
+int64_t xb_inflight_of(const struct xb_inst *in);
 /* Candidate filter used by every policy. */
 int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int *exclude, int nexclude);
 /* a less loaded than b, normalised by capacity (weight * tp), by 64-bit cross-multiplication. */

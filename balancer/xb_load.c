@@ -17,6 +17,18 @@ uint64_t xb_rand(struct xb_pool *p)
     return p->rng;
 }
 
+int64_t xb_load_of(const struct xb_inst *in)
+{
+    int64_t l = __atomic_load_n(&in->outstanding, __ATOMIC_RELAXED) + __atomic_load_n(&in->feedback, __ATOMIC_RELAXED) +
+                __atomic_load_n(&in->remote, __ATOMIC_RELAXED);
+    return l > 0 ? l : 0;
+}
+
+int64_t xb_inflight_of(const struct xb_inst *in)
+{
+    return in->inflight + __atomic_load_n(&in->remote_inflight, __ATOMIC_RELAXED);
+}
+
 int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int *exclude, int nexclude)
 {
     const struct xb_inst *in = &p->inst[i];
