@@ -289,6 +289,57 @@ static void *hammer(void *arg)
     return NULL;
 }
 
+/* Router replicas: the others' published load steers lot and cache picks, counts against
+ * max_inflight, and stays apart from this router's own accounting (releases never touch it). */
+static void test_remote_load(void **st)
+{
+    (void)st;
+    int policies[] = {XB_POLICY_LOT, XB_POLICY_CACHE}; /* p2c may draw the same rank twice */
+    for (size_t k = 0; k < sizeof policies / sizeof policies[0]; k++) {
+        struct xb_pool *p = pool_of(policies[k], 2, NULL, NULL, NULL);
+        xb_set_remote(p, 0, 5000, 3);
+        for (int i = 0; i < 20; i++) { /* rank 1 until its own load passes the remote 5000 on rank 0 */
+            assert_int_equal(xb_pick(p, 0, 200, NULL, 0), 1);
+        }
+        struct xb_instance_stats s0, s1;
+        assert_int_equal(xb_stats(p, 0, &s0), 0);
+        assert_int_equal(s0.remote, 5000);
+        assert_int_equal(s0.remote_inflight, 3);
+        assert_int_equal(s0.outstanding, 0);
+        for (int i = 0; i < 20; i++)
+            xb_release(p, 1, 200);
+        assert_int_equal(xb_stats(p, 1, &s1), 0);
+        assert_int_equal(s1.outstanding, 0);
+        assert_int_equal(s1.inflight, 0);
+        assert_int_equal(xb_stats(p, 0, &s0), 0);
+        assert_int_equal(s0.remote, 5000); /* only the replica's next publication changes it */
+        xb_set_remote(p, 0, 0, 0);
+        xb_set_remote(p, 1, 1, 0);
+        assert_int_equal(xb_pick(p, 0, 1, NULL, 0), 0);
+        xb_release(p, 0, 1);
+        xb_pool_free(p);
+    }
+    /* max_inflight counts every router's requests: a rank the others fill is passed over */
+    struct xb_pool *p = xb_pool_new(XB_POLICY_LOT, 1);
+    struct xb_instance_cfg c = {1, 1, 0, 4, 0};
+    assert_int_equal(xb_pool_add(p, &c), 0);
+    assert_int_equal(xb_pool_add(p, &c), 1);
+    xb_set_remote(p, 1, 0, 4);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(xb_pick(p, 0, 0, NULL, 0), 0);
+    xb_set_hard_cap(p, 1);
+    assert_int_equal(xb_pick(p, 0, 0, NULL, 0), -EBUSY);
+    assert_int_equal(xb_saturated(p), 1);
+    for (int i = 0; i < 4; i++)
+        xb_release(p, 0, 0);
+    xb_set_remote(p, 1, -7, -1); /* nonsense from a peer is clamped */
+    struct xb_instance_stats s;
+    assert_int_equal(xb_stats(p, 1, &s), 0);
+    assert_int_equal(s.remote, 0);
+    assert_int_equal(s.remote_inflight, 0);
+    xb_pool_free(p);
+}
+
 static void test_thread_safety(void **st)
 {
     struct xb_pool *p = pool_of(XB_POLICY_LOT, 4, NULL, NULL, NULL);
@@ -315,7 +366,7 @@ int main(void)
         cmocka_unit_test(test_tie_rotation),
         cmocka_unit_test(test_least_loaded_wins),     cmocka_unit_test(test_max_model_len_and_health),
         cmocka_unit_test(test_other_policies_release_to_zero), cmocka_unit_test(test_thread_safety),
-        cmocka_unit_test(test_unready_never_picked),
+        cmocka_unit_test(test_unready_never_picked), cmocka_unit_test(test_remote_load),
         cmocka_unit_test(test_max_inflight_soft_cap), cmocka_unit_test(test_passive_ejection),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
