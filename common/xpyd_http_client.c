@@ -560,7 +560,24 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
     leg->parser.data = leg;
     leg->sent = 0;
     size_t len = evbuffer_get_length(leg->req);
-    evbuffer_add(bufferevent_get_output(c->bev), evbuffer_pullup(leg->req, (ssize_t)len), len);
+    const char *data = (const char *)evbuffer_pullup(leg->req, (ssize_t)len);
+    struct evbuffer *out = bufferevent_get_output(c->bev);
+    /* A pooled plain connection with nothing queued: send now. The request usually goes out whole, and then
+     * the write event is never armed: that saves two epoll_ctl calls and a loop iteration per request (the
+     * write callback would only run to find an empty buffer). leg->req stays intact either way: a stale
+     * connection's error sends it again on a new one. Whatever did not fit (or an error) takes the
+     * bufferevent's path, which also reports the error. */
+    size_t done = 0;
+    if (leg->reused && !t->eps[leg->ep].tls && !leg->cbs->on_sent && evbuffer_get_length(out) == 0) {
+        ssize_t n = send(bufferevent_getfd(c->bev), data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        done = n > 0 ? (size_t)n : 0;
+    }
+    if (done == len) {
+        leg->sent = 1;
+        bufferevent_enable(c->bev, EV_READ);
+        return 0;
+    }
+    evbuffer_add(out, data + done, len - done);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     return 0;
 }

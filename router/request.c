@@ -280,9 +280,10 @@ void req_begin(struct request *r)
     evhtp_request_t *req = r->ereq;
     rt_client_set_owner(req, req_free_cb, r);
     evhtp_connection_t *conn = evhtp_request_get_connection(req);
+    /* libevhtp's pause turns EV_WRITE off too; stream.c turns it on again with the first bytes it queues
+     * (client_writes_on): turning it on here, with nothing to send, would cost a wake-up and two epoll_ctl
+     * calls per request for a write callback that finds an empty buffer. */
     evhtp_request_pause(req);
-    /* libevhtp's pause turns EV_WRITE off too: without it a stream stalls once the client's socket fills */
-    bufferevent_enable(evhtp_connection_get_bev(conn), EV_WRITE);
     evutil_socket_t fd = bufferevent_getfd(evhtp_connection_get_bev(conn));
     r->close_ev = event_new(r->t->base, fd, EV_CLOSED, on_client_closed, r);
     if (r->close_ev)

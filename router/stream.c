@@ -39,6 +39,15 @@ void client_answer_json(struct request *r, int status, const char *body, size_t 
     evhtp_request_resume(req);
 }
 
+/* The client connection writes what was queued: libevhtp's pause (request.c) turned EV_WRITE off, and a
+ * stream's bytes would otherwise wait for the end of the request. A no-op when it is on already. */
+static void client_writes_on(struct request *r)
+{
+    struct bufferevent *bev = r->ereq ? evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq)) : NULL;
+    if (bev && !(bufferevent_get_enabled(bev) & EV_WRITE))
+        bufferevent_enable(bev, EV_WRITE);
+}
+
 void client_stream_start(struct request *r)
 {
     if (r->client != CLIENT_NOTHING || !r->ereq)
@@ -51,6 +60,7 @@ void client_stream_start(struct request *r)
     add_header(r->ereq, "Content-Type", "text/event-stream");
     add_header(r->ereq, "Cache-Control", "no-cache");
     evhtp_send_reply_chunk_start(r->ereq, EVHTP_RES_OK);
+    client_writes_on(r);
 }
 
 /* While the decode leg is paused for a slow client: resume once the client's buffer drained to half. */
@@ -103,6 +113,7 @@ static void send_chunk(struct request *r)
     } else {
         evhtp_send_reply_chunk(r->ereq, c);
     }
+    client_writes_on(r);
     /* Backpressure: a slow client pauses the decode leg instead of growing this buffer without bound. */
     struct up_leg *dleg = r->legs[RT_DECODE].up;
     if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > (size_t)g_rt->cfg.client_buffer_bytes && dleg &&
