@@ -428,6 +428,7 @@ class EtcdCluster(TestCase):
             th.join(60)
         self.assertTrue(results)
         self.assertEqual([s for s in results if s != 200], [], "requests lost while a member died")
+        self.assertIn("event=etcd_failover", r.output())  # it moved to another member
         self.idle(r)
 
 
