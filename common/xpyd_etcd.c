@@ -90,8 +90,8 @@ int etcd_unb64(const char *in, char *out, size_t cap)
 int64_t etcd_i64(const cJSON *o, const char *name)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, name);
-    if (cJSON_IsNumber(v))
-        return (int64_t)v->valuedouble;
+    if (cJSON_IsNumber(v)) /* in range, or 0 like any malformed value (a cast beyond int64 is undefined) */
+        return v->valuedouble > -9.2e18 && v->valuedouble < 9.2e18 ? (int64_t)v->valuedouble : 0;
     if (!cJSON_IsString(v))
         return 0;
     char *end;
