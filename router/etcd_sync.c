@@ -146,7 +146,11 @@ static void put_instance(struct esync *s, const char *key, const char *rest, con
     int changed = 0;
     err[0] = 0;
     int status = rt_registry_add(&in, RT_SRC_ETCD, NULL, &changed, err, sizeof err);
-    if (status) {
+    if (status) { /* e.g. the pool is full: none of it, rather than the ranks that fitted, untracked */
+        struct disc all = {role, (int)port, (int)in.dp, ""};
+        snprintf(all.host, sizeof all.host, "%s", host);
+        if (!d)
+            remove_ranks(&all, 0);
         invalid(key, err);
         return;
     }

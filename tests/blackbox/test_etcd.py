@@ -265,6 +265,25 @@ class EtcdSingle(TestCase):
         wait_until(lambda: active(r) == ["127.0.0.1:%d" % base], what="back to 1 rank")
         self.assertEqual(ok(r, 4), (200, None))
 
+    def test_pool_full_adds_nothing(self):
+        """An entry with more ranks than the pool has room for is refused whole (not the ranks that fitted,
+        which discovery would then never take out); a smaller one afterwards fits."""
+        prefix = self.url.split("/", 3)[3]
+        base = __import__("xpyd_testlib").free_port_range(3)
+        d = self.start(Proc("xpyd_sim", ["--port", str(base), "--dp-size", "3", "--log-level", "warn",
+                                         "--role", "decode"]))
+        r = self.start(discovery_router(self.url, "--max-instances", "2"))
+        key = "%s/instances/decode/127.0.0.1:%d" % (prefix, base)
+        self.etcd.put(key, '{"dp": 3}')
+        wait_until(lambda: metric(r.port, "xpyd_discovery_invalid_total") == 1, what="refused")
+        self.assertIn("pool is full", r.output())
+        self.assertEqual(active(r), [])
+        self.etcd.put(key, '{"dp": 2}')
+        wait_until(lambda: active(r) == ["127.0.0.1:%d" % base, "127.0.0.1:%d" % (base + 1)], what="2 ranks fit")
+        self.assertEqual(ok(r, 4), (200, None))
+        self.etcd.delete(key)
+        wait_until(lambda: active(r) == [], what="deleted")
+
     def test_router_registers_and_leaves(self):
         prefix = self.url.split("/", 3)[3]
         r = self.start(discovery_router(self.url, "--router-id", "r-one"))
