@@ -537,6 +537,7 @@ static void w_done(struct up_leg *leg, int err, void *arg)
         fail_over(w->e, w->ep);
     if (!err && w->status != 200)
         err = w->status >= 500 ? -EIO : -EPROTO;
+    w->in_cb = 1; /* an etcd_watch_cancel from on_end only marks it: it is freed once, here */
     w->cbs.on_end(w->e, err, w->arg);
     watch_unlink_free(w);
 }
