@@ -183,27 +183,17 @@ int etcd_url_parse(const char *url, struct etcd_url *out, char *err, size_t cap)
             snprintf(err, cap, "'%s': at most %d endpoints", url, ETCD_MAX_ENDPOINTS);
             return -1;
         }
-        char *colon = strrchr(h, ':');
-        long port = 2379;
-        if (colon && (h[0] != '[' || colon > strchr(h, ']'))) {
-            if (xpyd_parse_long(colon + 1, 1, 65535, &port) != 0) {
-                snprintf(err, cap, "'%s': bad port in '%s'", url, h);
-                return -1;
-            }
-            *colon = 0;
-        }
-        size_t l = strlen(h);
-        if (l > 2 && h[0] == '[' && h[l - 1] == ']') {
-            h[l - 1] = 0;
-            h++;
-        }
         struct up_endpoint *ep = &out->eps[out->n];
-        ep->tls = out->tls;
-        if (!h[0] || strlen(h) >= sizeof ep->host || up_endpoint_resolve(ep, h, (int)port) != 0) {
-            snprintf(err, cap, "'%s': cannot resolve '%s'", url, h);
+        int port = 2379; /* etcd's client port when none is written */
+        if (xpyd_parse_hostport(h, ep->host, sizeof ep->host, &port) != 0) {
+            snprintf(err, cap, "'%s': bad endpoint '%s' (host:port, [v6]:port or host)", url, h);
             return -1;
         }
-        snprintf(ep->host, sizeof ep->host, "%s", h);
+        ep->tls = out->tls;
+        if (up_endpoint_resolve(ep, ep->host, port) != 0) {
+            snprintf(err, cap, "'%s': cannot resolve '%s'", url, ep->host);
+            return -1;
+        }
         out->n++;
     }
     if (out->n == 0) {
@@ -684,6 +674,13 @@ static void reg_check_held(struct etcd_reg *r)
 
 static void reg_lost(struct etcd_reg *r);
 
+/* etcd's answer says our lease is gone (expired while we could not reach it, or revoked). */
+static int lease_gone(const cJSON *answer)
+{
+    const cJSON *msg = cJSON_GetObjectItemCaseSensitive(answer, "error");
+    return cJSON_IsString(msg) && strstr(msg->valuestring, "lease not found") != NULL;
+}
+
 static void put_done(struct etcd *e, int err, cJSON *answer, void *arg)
 {
     struct reg_key *k = arg;
@@ -691,12 +688,9 @@ static void put_done(struct etcd *e, int err, cJSON *answer, void *arg)
     k->op = NULL;
     if (err) {
         k->dirty = 1;
-        const cJSON *msg = cJSON_GetObjectItemCaseSensitive(answer, "error");
-        if (cJSON_IsString(msg) && strstr(msg->valuestring, "lease not found")) {
+        if (lease_gone(answer))
             reg_lost(r);
-            return;
-        }
-        return; /* the next tick puts it again */
+        return; /* otherwise the next tick puts it again */
     }
     if (k->dirty && r->lease)
         reg_put_all(r);
@@ -784,8 +778,7 @@ static void ka_done(struct etcd *e, int err, cJSON *answer, void *arg)
     struct etcd_reg *r = arg;
     r->ka = NULL;
     if (err) {
-        const cJSON *msg = cJSON_GetObjectItemCaseSensitive(answer, "error");
-        if (cJSON_IsString(msg) && strstr(msg->valuestring, "lease not found"))
+        if (lease_gone(answer))
             reg_lost(r);
         else
             reg_failed(r, "lease_keepalive", err, answer);

@@ -20,18 +20,10 @@ int esync_instance_key(const char *rest, int *role, char *host, size_t hcap, lon
         *role = 1;
     else
         return -1;
-    const char *hp = slash + 1, *colon = strrchr(hp, ':');
-    if (!colon || xpyd_parse_long(colon + 1, 1, 65535, port) != 0)
+    int p = 0; /* a port is required */
+    if (xpyd_parse_hostport(slash + 1, host, hcap, &p) != 0 || p == 0 || strpbrk(host, "/[]"))
         return -1;
-    size_t hl = (size_t)(colon - hp);
-    if (hl > 2 && hp[0] == '[' && hp[hl - 1] == ']') {
-        hp++;
-        hl -= 2;
-    }
-    if (hl == 0 || hl >= hcap || memchr(hp, '/', hl) || memchr(hp, '[', hl) || memchr(hp, ']', hl))
-        return -1;
-    memcpy(host, hp, hl);
-    host[hl] = 0;
+    *port = p;
     return 0;
 }
 

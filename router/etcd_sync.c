@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #define VAL_MAX (256u << 10) /* one value (an instance, a router's load) */
 
@@ -41,6 +42,11 @@ struct disc {        /* an endpoint discovery put into a pool */
 struct peer {        /* another router's published load */
     char id[128];
     int64_t *load;   /* [role][rank][tokens, requests] */
+};
+
+struct name_map {    /* published rank names to indices (rank_by_name) */
+    int *idx;        /* cap slots, -1 empty; cap a power of two >= 2 × --max-instances */
+    size_t cap, indexed;
 };
 
 struct esync {
@@ -61,6 +67,7 @@ struct esync {
     struct peer *peers;
     size_t npeers, cappeers;
     size_t nslots;   /* ranks per role in a peer's table: --max-instances */
+    struct name_map names[2];
     long routers;    /* P/routers/ entries seen */
     int left;        /* draining: the lease is revoked */
 };
@@ -223,15 +230,33 @@ static void apply_remote(struct esync *s)
 }
 
 /* The rank index of "<host:port>/<dp rank>" in role, or -1. */
-static int rank_by_name(int role, const char *name)
+/* A rank's name in published loads: "<host:port>/<dp rank>". */
+static void rank_name(int role, size_t i, char *buf, size_t cap)
 {
-    size_t n = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE);
-    for (size_t i = 0; i < n; i++) {
-        char hp[300], full[320];
-        int dp = rt_rank_identity(role, (int)i, hp, sizeof hp);
-        snprintf(full, sizeof full, "%s/%d", hp, dp);
-        if (!strcmp(full, name))
-            return (int)i;
+    char hp[300];
+    int dp = rt_rank_identity(role, (int)i, hp, sizeof hp);
+    snprintf(buf, cap, "%s/%d", hp, dp);
+}
+
+/* The rank index of a published name, or -1: an open-addressing table of name hashes per role, extended as
+ * ranks are appended (a slot's identity never changes, removed ranks keep theirs), so a peer's update costs
+ * one hash per entry instead of a scan of every rank. */
+static int rank_by_name(struct esync *s, int role, const char *name)
+{
+    struct name_map *m = &s->names[role];
+    size_t n = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE), mask = m->cap - 1;
+    char buf[320];
+    for (; m->indexed < n; m->indexed++) {
+        rank_name(role, m->indexed, buf, sizeof buf);
+        size_t k = (size_t)XXH3_64bits(buf, strlen(buf)) & mask;
+        while (m->idx[k] >= 0)
+            k = (k + 1) & mask;
+        m->idx[k] = (int)m->indexed;
+    }
+    for (size_t k = (size_t)XXH3_64bits(name, strlen(name)) & mask; m->idx[k] >= 0; k = (k + 1) & mask) {
+        rank_name(role, (size_t)m->idx[k], buf, sizeof buf);
+        if (!strcmp(buf, name))
+            return m->idx[k];
     }
     return -1;
 }
@@ -244,7 +269,7 @@ struct load_fill {
 static void load_rank(int role, const char *name, int64_t tokens, int64_t requests, void *arg)
 {
     struct load_fill *f = arg;
-    int idx = rank_by_name(role, name);
+    int idx = rank_by_name(f->s, role, name);
     if (idx < 0 || (size_t)idx >= f->s->nslots)
         return; /* a rank this router does not have (yet) */
     int64_t *v = &f->p->load[(role * f->s->nslots + (size_t)idx) * 2];
@@ -290,9 +315,8 @@ static void publish_load(evutil_socket_t fd, short ev, void *arg)
             xb_stats(g_rt->pools[role], (int)i, &st);
             if (!st.inflight && !st.outstanding)
                 continue;
-            char hp[300], name[320];
-            int dp = rt_rank_identity(role, (int)i, hp, sizeof hp);
-            snprintf(name, sizeof name, "%s/%d", hp, dp);
+            char name[320];
+            rank_name(role, i, name, sizeof name);
             cJSON *pair = cJSON_AddArrayToObject(m, name);
             cJSON_AddItemToArray(pair, cJSON_CreateNumber((double)(st.outstanding > 0 ? st.outstanding : 0)));
             cJSON_AddItemToArray(pair, cJSON_CreateNumber((double)st.inflight));
@@ -498,6 +522,14 @@ struct esync *esync_start(struct event_base *base, int port)
     s->e = XPYD_XALLOC(etcd_new(base, &u, u.tls ? g_rt->tls_client : NULL, g_rt->cfg.discovery_timeout_ms));
     snprintf(s->pfx, sizeof s->pfx, "%s/", u.prefix);
     s->nslots = (size_t)g_rt->cfg.max_instances;
+    for (int role = 0; role < 2; role++) {
+        struct name_map *m = &s->names[role];
+        for (m->cap = 16; m->cap < 2 * s->nslots; m->cap *= 2)
+            ;
+        m->idx = XPYD_XALLOC(malloc(m->cap * sizeof *m->idx));
+        for (size_t k = 0; k < m->cap; k++)
+            m->idx[k] = -1;
+    }
     s->rng = xpyd_now_us() ^ ((uint64_t)getpid() << 32) ^ 0x9e3779b97f4a7c15ULL;
     char host[200] = "";
     if (g_rt->cfg.router_id[0])
@@ -572,5 +604,7 @@ void esync_stop(struct esync *s)
         free(s->peers[i].load);
     free(s->peers);
     free(s->disc);
+    free(s->names[0].idx);
+    free(s->names[1].idx);
     free(s);
 }

@@ -75,23 +75,11 @@ static void usage(FILE *f)
     fprintf(f, "  --help, --version\n");
 }
 
+/* HOST:PORT (a port required) into its parts; 0 or -1. */
 static int split_hostport(const char *s, char *host, size_t cap, int *port)
 {
-    const char *colon = strrchr(s, ':');
-    long p;
-    if (!colon || xpyd_parse_long(colon + 1, 1, 65535, &p) != 0)
-        return -1;
-    size_t hl = (size_t)(colon - s);
-    if (hl > 2 && s[0] == '[' && s[hl - 1] == ']') {
-        s++;
-        hl -= 2;
-    }
-    if (hl == 0 || hl >= cap)
-        return -1;
-    memcpy(host, s, hl);
-    host[hl] = 0;
-    *port = (int)p;
-    return 0;
+    *port = 0;
+    return xpyd_parse_hostport(s, host, cap, port) == 0 && *port ? 0 : -1;
 }
 
 static void on_done(void *arg)

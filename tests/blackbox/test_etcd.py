@@ -10,8 +10,7 @@ import threading
 import time
 import unittest
 
-from xpyd_testlib import (FakeEngine, Proc, TestCase, main, metric, post_json, request, status, wait_until,
-                          router_idle, free_port)
+from xpyd_testlib import Proc, TestCase, main, metric, post_json, request, sim, wait_until
 import etcdlib
 from etcdlib import b64
 
@@ -129,8 +128,7 @@ class EtcdSingle(TestCase):
         self.idle(r)
 
     def test_xpyd_register_follows_engine_health(self):
-        d = self.start(Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--role", "decode",
-                                         "--decode-us-per-token", "0"]))
+        d = self.start(sim("--role", "decode", "--decode-us-per-token", "0"))
         reg = self.start(Proc("xpyd_register", ["--etcd", self.url, "--role", "decode", "--engine", hp(d),
                                                 "--dp", "1", "--max-inflight", "7", "--ttl-s", "2",
                                                 "--health-interval-ms", "100", "--health-timeout-ms", "200",
@@ -178,8 +176,8 @@ class EtcdSingle(TestCase):
         it runs again its watch is gone, and the range it reads again brings it up to date."""
         r = self.start(discovery_router(self.url, "--discovery-retry-max-ms", "200"))
         prefix = self.url.split("/", 3)[3]
-        d1 = self.start(Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--role", "decode"]))
-        d2 = self.start(Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--role", "decode"]))
+        d1 = self.start(sim("--role", "decode"))
+        d2 = self.start(sim("--role", "decode"))
         self.etcd.put("%s/instances/decode/%s" % (prefix, hp(d1)), "{}")
         wait_until(lambda: active(r) == [hp(d1)], what="d1 in")
         r.signal(signal.SIGSTOP)
@@ -199,7 +197,7 @@ class EtcdSingle(TestCase):
     def test_malformed_values_are_logged_and_ignored(self):
         r = self.start(discovery_router(self.url))
         prefix = self.url.split("/", 3)[3]
-        d = self.start(Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--role", "decode"]))
+        d = self.start(sim("--role", "decode"))
         bad = [
             ("instances/decode/%s" % hp(d), "not json"),
             ("instances/decode/%s" % hp(d), "[1,2]"),
@@ -234,8 +232,8 @@ class EtcdSingle(TestCase):
 
     def test_static_endpoint_wins_and_reload_keeps_discovered(self):
         prefix = self.url.split("/", 3)[3]
-        s = self.start(Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--role", "decode"]))
-        d = self.start(Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--role", "decode"]))
+        s = self.start(sim("--role", "decode"))
+        d = self.start(sim("--role", "decode"))
         r = self.start(discovery_router(self.url, "-d", hp(s)))
         self.etcd.put("%s/instances/decode/%s" % (prefix, hp(s)), '{"max_inflight": 5}')
         self.etcd.put("%s/instances/decode/%s" % (prefix, hp(d)), '{"max_inflight": 6}')
@@ -307,10 +305,8 @@ class EtcdSingle(TestCase):
         """Router A holds streams on decode X; router B sees A's load on X and places on Y; the share goes
         when the streams end, and with A when A dies."""
         prefix = self.url.split("/", 3)[3]
-        x = self.start(Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--role", "decode",
-                                         "--decode-us-per-token", "50000"]))
-        y = self.start(Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--role", "decode",
-                                         "--decode-us-per-token", "0"]))
+        x = self.start(sim("--role", "decode", "--decode-us-per-token", "50000"))
+        y = self.start(sim("--role", "decode", "--decode-us-per-token", "0"))
         a = self.start(discovery_router(self.url, "--router-id", "a", "--load-sync-ms", "50"))
         b = self.start(discovery_router(self.url, "--router-id", "b", "--load-sync-ms", "50"))
         self.etcd.put("%s/instances/decode/%s" % (prefix, hp(x)), "{}")
@@ -357,7 +353,7 @@ class EtcdSingle(TestCase):
 
     def test_load_sync_off_ignores_others(self):
         prefix = self.url.split("/", 3)[3]
-        x = self.start(Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--role", "decode"]))
+        x = self.start(sim("--role", "decode"))
         b = self.start(discovery_router(self.url, "--load-sync-ms", "0"))
         self.etcd.put("%s/instances/decode/%s" % (prefix, hp(x)), "{}")
         self.etcd.put("%s/load/other" % prefix, '{"decode": {"%s/-1": [5000, 3]}}' % hp(x))
@@ -539,8 +535,8 @@ class FakeEtcd(TestCase):
     """Protocol cases a real etcd does not produce on demand: a watch canceled by compaction."""
 
     def test_compaction_cancel_resyncs(self):
-        d1 = self.start(Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--role", "decode"]))
-        d2 = self.start(Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--role", "decode"]))
+        d1 = self.start(sim("--role", "decode"))
+        d2 = self.start(sim("--role", "decode"))
         state = {"ranges": 0}
         hdr = {"header": {"revision": "10"}}
         kv = lambda k, v, rev: {"key": b64(k), "value": b64(v), "mod_revision": str(rev), "version": "1"}
