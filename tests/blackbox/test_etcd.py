@@ -63,8 +63,9 @@ class EtcdSingle(TestCase):
 
     def test_register_and_deregister_propagate(self):
         r = self.start(discovery_router(self.url))
+        # the first range runs after the listener is up: wait for it rather than race it
+        wait_until(lambda: metric(r.port, "xpyd_discovery_up") == 1, what="discovery in sync")
         self.assertEqual(active(r), [])
-        self.assertEqual(metric(r.port, "xpyd_discovery_up"), 1)
         # no decode yet: a clear 503, not a hang
         st, body = post(r.port, BODY)
         self.assertOpenAIError(st, body, 503)
