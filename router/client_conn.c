@@ -61,7 +61,8 @@ struct cconn {
     /* the request being read */
     char *head;             /* the head's bytes (fields point into them), owned */
     struct hr_head h;
-    struct hr_field *fields;
+    struct hr_field *fields; /* the head's fields, sized by its line count; freed with the head, so an
+                              * open stream holds none (owned) */
     struct evbuffer *body;
     int64_t body_left;      /* Content-Length bytes still to come */
     size_t body_bytes;
@@ -85,6 +86,8 @@ static void request_reset(struct cconn *cc)
 {
     free(cc->head);
     cc->head = NULL;
+    free(cc->fields);
+    cc->fields = NULL;
     evbuffer_drain(cc->body, evbuffer_get_length(cc->body));
     cc->body_left = 0;
     cc->body_bytes = 0;
@@ -101,7 +104,6 @@ static void cc_free(struct cconn *cc)
     request_reset(cc);
     evbuffer_free(cc->raw);
     evbuffer_free(cc->body);
-    free(cc->fields);
     free(cc);
 }
 
@@ -330,6 +332,8 @@ static void hand_over(struct cconn *cc)
     evtimer_del(cc->timer);
     free(cc->head);
     cc->head = NULL;
+    free(cc->fields);
+    cc->fields = NULL;
     cc->ev_read(bev, cc->ev_arg);
 }
 
@@ -355,7 +359,10 @@ static void advance(struct cconn *cc)
         size_t n = cc->scanned;
         cc->head = XPYD_XALLOC(malloc(n));
         evbuffer_remove(cc->raw, cc->head, n);
-        int st = hr_parse_head(cc->head, n, cc->fields, (size_t)cfg->max_headers + 1, &cc->h);
+        /* every field is on a line of its own after the request line, and scan_head bounded the lines by
+         * --max-headers + 1 */
+        cc->fields = XPYD_XALLOC(calloc((size_t)cc->lines, sizeof *cc->fields));
+        int st = hr_parse_head(cc->head, n, cc->fields, (size_t)cc->lines, &cc->h);
         if (st) {
             reject_malformed(cc, st, cc->h.error);
             return;
@@ -559,7 +566,6 @@ void *rt_client_attach(evhtp_connection_t *c)
     cc->kick = XPYD_XALLOC(event_new(base, -1, 0, on_kick, cc));
     cc->raw = XPYD_XALLOC(evbuffer_new());
     cc->body = XPYD_XALLOC(evbuffer_new());
-    cc->fields = XPYD_XALLOC(calloc((size_t)g_rt->cfg.max_headers + 1, sizeof *cc->fields));
     if (atomic_load(&g_rt->ctr.connections) > g_rt->cfg.max_connections) {
         cc->over_capacity = 1;
         atomic_fetch_add(&g_rt->ctr.connections_rejected, 1);

@@ -791,6 +791,9 @@ int req_absorb_prefill(struct request *r)
     struct rw_prefill_answer a;
     if (rw_absorb_prefill((const char *)evbuffer_pullup(b, (ssize_t)n), n, &a) != 0)
         return -1;
+    /* everything the decode needs was taken out: the answer is not held for the rest of the stream */
+    evbuffer_free(b);
+    r->legs[RT_PREFILL].buf = NULL;
     r->kv_params = a.kv_params;
     a.kv_params = NULL;
     if (a.prompt_tokens >= 0)

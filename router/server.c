@@ -139,6 +139,9 @@ static void handle_generate(evhtp_request_t *req, int kind)
         rejected(req, kind, 400, RF_BAD_REQUEST);
         return;
     }
+    /* the bytes live on in src (what engines receive) and the tree: libevhtp's copy would be a third one held
+     * for the whole stream */
+    evbuffer_drain(req->buffer_in, len);
     struct request *r = XPYD_XALLOC(calloc(1, sizeof *r));
     r->t = t;
     r->ereq = req;
