@@ -6,7 +6,10 @@
 #      decode stream, requests/s and p99 end-to-end at fixed concurrency, one worker each on the same core;
 #   3. router maximum throughput on one core: requests/s with short outputs, streamed tokens/s with long
 #      outputs, CPU seconds per 1,000 requests (from /proc/<pid>/stat); metrics on vs off;
-#   4. memory: router RSS with N open streams, per stream.
+#   4. memory: router RSS with N open streams, per stream;
+#   5. syscalls per relayed request (strace -c -f on a short run): nginx, router single hop, router P->D;
+#   6. streamed tokens per router CPU-second with an engine that spaces tokens (1 ms ITL, 256 streams), and
+#      syscalls per streamed token.
 # Pinning (taskset): the router / nginx on CPU 1 alone; sims and the load generator on CPU 0.
 #   bench/overhead.sh [--quick] [--only N]   (quick: smaller counts, for a smoke run; N: one section)
 set -euo pipefail
@@ -17,11 +20,11 @@ while [ $# -gt 0 ]; do
   case "$1" in --quick) QUICK=1; shift ;; --only) ONLY=$2; shift 2 ;; *) echo "usage: $0 [--quick] [--only N]" >&2; exit 2 ;; esac
 done
 want() { [ "$ONLY" = 0 ] || [ "$ONLY" = "$1" ]; }
-if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh nginx-light; ./scripts/build.sh >/dev/null; fi
+if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh nginx-light strace; ./scripts/build.sh >/dev/null; fi
 B=${XPYD_BUILD_DIR:-build}/bin
 WORK=$(mktemp -d /tmp/xpyd-overhead.XXXXXX)
 trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
-if [ $QUICK = 1 ]; then NLAT=256; NREQ=2000; NLONG=64; NMEM=500; else NLAT=1024; NREQ=20000; NLONG=256; NMEM=${OVERHEAD_STREAMS:-9000}; fi
+if [ $QUICK = 1 ]; then NLAT=256; NREQ=2000; NLONG=64; NMEM=500; NSYS=300; NSPACED=256; else NLAT=1024; NREQ=20000; NLONG=256; NMEM=${OVERHEAD_STREAMS:-9000}; NSYS=2000; NSPACED=1024; fi
 
 start_sim() { # name args...
   local n=$1; shift
@@ -54,6 +57,37 @@ j() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d[sys.a
 
 echo "# xpyd router overhead — $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), $(uname -r)"
 echo
+
+# start_nginx DECODE_PORT: nginx (one worker, pinned to CPU 1) relaying to the decode, proxy_buffering off,
+# upstream keep-alive; sets NG (its port) and NGW (its worker's pid)
+start_nginx() {
+  local D=$1
+  NG=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  mkdir -p "$WORK/ng"
+  cat >"$WORK/ng/nginx.conf" <<NGX
+worker_processes 1;
+daemon off;
+user root;
+pid $WORK/ng/nginx.pid;
+error_log $WORK/ng/error.log;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $WORK/ng; proxy_temp_path $WORK/ng; fastcgi_temp_path $WORK/ng;
+  uwsgi_temp_path $WORK/ng; scgi_temp_path $WORK/ng;
+  upstream decode { server 127.0.0.1:$D; keepalive 256; }
+  server {
+    listen 127.0.0.1:$NG;
+    location / { proxy_pass http://decode; proxy_http_version 1.1; proxy_set_header Connection "";
+                 proxy_buffering off; proxy_request_buffering off; }
+  }
+}
+NGX
+  taskset -c 1 nginx -c "$WORK/ng/nginx.conf" -p "$WORK/ng" &
+  PIDS+=($!)
+  xpyd_wait_http "http://127.0.0.1:$NG/health" 10
+  NGW=$(pgrep -P "$(cat "$WORK/ng/nginx.pid")" | tr '\n' ' ')
+}
 
 # ---- 1. added latency ----
 # 1a: one client, every process on CPU 0: no cross-CPU wake-ups in either path (on this VM an idle vCPU
@@ -97,36 +131,15 @@ fi
 
 # ---- 2. single hop: router (--handoff none) vs nginx ----
 if want 2; then
+start_sim p --role prefill --prefill-us-per-token 0
 start_sim d --role decode --decode-us-per-token 0
-D=$(cat "$WORK/d.port")
+P=$(cat "$WORK/p.port"); D=$(cat "$WORK/d.port")
 start_router r2 --handoff none -d 127.0.0.1:$D
 R2=$(cat "$WORK/r2.port")
-NG=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-mkdir -p "$WORK/ng"
-cat >"$WORK/ng/nginx.conf" <<NGX
-worker_processes 1;
-daemon off;
-user root;
-pid $WORK/ng/nginx.pid;
-error_log $WORK/ng/error.log;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/ng; proxy_temp_path $WORK/ng; fastcgi_temp_path $WORK/ng;
-  uwsgi_temp_path $WORK/ng; scgi_temp_path $WORK/ng;
-  upstream decode { server 127.0.0.1:$D; keepalive 256; }
-  server {
-    listen 127.0.0.1:$NG;
-    location / { proxy_pass http://decode; proxy_http_version 1.1; proxy_set_header Connection "";
-                 proxy_buffering off; proxy_request_buffering off; }
-  }
-}
-NGX
-taskset -c 1 nginx -c "$WORK/ng/nginx.conf" -p "$WORK/ng" &
-PIDS+=($!)
-xpyd_wait_http "http://127.0.0.1:$NG/health" 10
+start_router r2pd -p 127.0.0.1:$P -d 127.0.0.1:$D
+R2PD=$(cat "$WORK/r2pd.port")
+start_nginx $D
 HOP=(--num-prompts $NREQ --max-concurrency 64 --random-input-len 16 --random-output-len 16)
-NGW=$(pgrep -P "$(cat "$WORK/ng/nginx.pid")" | tr '\n' ' ')
 R2PID=$(cat "$WORK/r2.pid")
 t0=$(cpu_ticks $NGW)
 bench "$WORK/hop_nginx.json" --port $NG "${HOP[@]}"
@@ -134,22 +147,31 @@ NGCPU=$(( $(cpu_ticks $NGW) - t0 ))
 t0=$(cpu_ticks $R2PID)
 bench "$WORK/hop_router.json" --port $R2 "${HOP[@]}"
 R2CPU=$(( $(cpu_ticks $R2PID) - t0 ))
+R2PDPID=$(cat "$WORK/r2pd.pid")
+t0=$(cpu_ticks $R2PDPID)
+bench "$WORK/hop_pd.json" --port $R2PD "${HOP[@]}"
+R2PDCPU=$(( $(cpu_ticks $R2PDPID) - t0 ))
 keep "$WORK/hop_nginx.json" cdf-hop-nginx.json
 keep "$WORK/hop_router.json" cdf-hop-router.json
-python3 - "$WORK/hop_nginx.json" "$WORK/hop_router.json" $NGCPU $R2CPU "$(getconf CLK_TCK)" >"$WORK/hop.md" <<'PY'
+python3 - "$WORK/hop_nginx.json" "$WORK/hop_router.json" "$WORK/hop_pd.json" $NGCPU $R2CPU $R2PDCPU "$(getconf CLK_TCK)" >"$WORK/hop.md" <<'PY'
 import json, sys
-n, r = (json.load(open(f)) for f in sys.argv[1:3])
-ticks = [int(sys.argv[3]), int(sys.argv[4])]; hz = int(sys.argv[5])
+n, r, pd = (json.load(open(f)) for f in sys.argv[1:4])
+ticks = [int(x) for x in sys.argv[4:7]]; hz = int(sys.argv[7])
 print("## 2. Single-hop relay of the same decode stream, concurrency 64, 16 tokens, one worker each on CPU 1")
 print("| relay | requests/s | p99 E2E (ms) | p99 ITL (ms) | CPU µs / request | completed |\n|---|---|---|---|---|---|")
-for (name, d), t in zip((("nginx 1.22 (proxy_buffering off)", n), ("xpyd_router --handoff none", r)), ticks):
+cpu = []
+for (name, d), t in zip((("nginx 1.22 (proxy_buffering off)", n), ("xpyd_router --handoff none", r),
+                         ("xpyd_router P->D (kv-params: prefill, then decode)", pd)), ticks):
+    cpu.append(t / hz / max(d["completed"], 1) * 1e6)
     print("| %s | %.0f | %.2f | %.2f | %.0f | %d/%d |" % (name, d["request_throughput"], d["p99_e2el_ms"],
-          d["p99_itl_ms"], t / hz / max(d["completed"], 1) * 1e6, d["completed"], d["num_prompts"]))
-print("\nrouter/nginx requests/s ratio: %.2f\n" % (r["request_throughput"] / n["request_throughput"]))
+          d["p99_itl_ms"], cpu[-1], d["completed"], d["num_prompts"]))
+print("\nrouter/nginx requests/s ratio: %.2f" % (r["request_throughput"] / n["request_throughput"]))
+print("CPU per request vs nginx's single hop: router single hop %.2f (goal <= 0.9), router P->D %.2f (goal <= 1.2)\n"
+      % (cpu[1] / cpu[0], cpu[2] / cpu[0]))
 PY
 cat "$WORK/hop.md"
 keep_cpu "nginx, one hop, 16 tokens" "$(awk -F'|' '/^\| nginx/ {gsub(/ /,"",$6); print $6}' "$WORK/hop.md")"
-keep_cpu "router, one hop, 16 tokens" "$(awk -F'|' '/^\| xpyd_router/ {gsub(/ /,"",$6); print $6}' "$WORK/hop.md")"
+keep_cpu "router, one hop, 16 tokens" "$(awk -F'|' '/^\| xpyd_router --handoff none/ {gsub(/ /,"",$6); print $6}' "$WORK/hop.md")"
 xpyd_cluster_down
 fi
 
@@ -218,4 +240,99 @@ for _ in $(seq 1 100); do  # the clients went away: the router must let go of ev
 done
 echo
 echo "after the clients disconnected: $(curl -fs "http://127.0.0.1:$R4/status" | python3 -c 'import json,sys; s=json.load(sys.stdin); print("active_requests=%d decode_inflight=%d" % (s["active_requests"], s["pools"]["decode"]["inflight"]))')"
+fi
+
+# ---- 5. syscalls per relayed request ----
+# wait_traced PID: until strace has attached to every thread of PID (bounded: 10 s)
+wait_traced() {
+  local i t ok
+  for i in $(seq 1 200); do
+    ok=1
+    for t in /proc/$1/task/*; do grep -q '^TracerPid:[[:space:]]*0$' "$t/status" && ok=0; done
+    [ $ok = 1 ] && return 0
+    sleep 0.05
+  done
+  echo "strace did not attach to $1" >&2; return 1
+}
+# strace slows whatever it traces, so this is its own short run: counts, not times.
+if want 5; then
+if ! command -v strace >/dev/null; then echo "## 5. skipped: strace is not installed (scripts/deps.sh strace)"; else
+start_sim p --role prefill --prefill-us-per-token 0
+start_sim d --role decode --decode-us-per-token 0
+P=$(cat "$WORK/p.port"); D=$(cat "$WORK/d.port")
+start_router r5 --handoff none -d 127.0.0.1:$D
+start_router r5pd -p 127.0.0.1:$P -d 127.0.0.1:$D
+start_nginx $D
+SYS=(--num-prompts $NSYS --max-concurrency 64 --random-input-len 16 --random-output-len 16)
+echo "## 5. Syscalls per relayed request (strace -c -f, $NSYS requests, concurrency 64, 16 tokens)"
+echo "| proxy | syscalls / request | the most frequent (per request) | completed |"
+echo "|---|---|---|---|"
+for row in "nginx 1.22:${NGW%% *}:$NG" "xpyd_router --handoff none:$(cat "$WORK/r5.pid"):$(cat "$WORK/r5.port")" \
+           "xpyd_router P->D:$(cat "$WORK/r5pd.pid"):$(cat "$WORK/r5pd.port")"; do
+  IFS=: read -r name pid port <<<"$row"
+  bench "$WORK/sys_warm.json" --port "$port" --num-prompts 200 --max-concurrency 64 --random-input-len 16 --random-output-len 16
+  strace -c -f -p "$pid" -o "$WORK/strace.txt" 2>/dev/null &
+  SPID=$!
+  wait_traced "$pid"
+  bench "$WORK/sys.json" --port "$port" "${SYS[@]}"
+  kill -INT $SPID; wait $SPID 2>/dev/null || true
+  python3 - "$WORK/strace.txt" "$WORK/sys.json" "$name" <<'PY'
+import json, sys
+rows, total = [], 0
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
+        calls = int(f[3]); rows.append((calls, f[-1]))
+    elif f and f[-1] == "total":
+        total = int(f[2]) if len(f) >= 4 else 0
+d = json.load(open(sys.argv[2])); n = max(d["completed"], 1)
+total = sum(c for c, _ in rows)
+top = ", ".join("%s %.1f" % (name, c / n) for c, name in sorted(rows, reverse=True)[:5])
+print("| %s | %.1f | %s | %d/%d |" % (sys.argv[3], total / n, top, d["completed"], d["num_prompts"]))
+PY
+done
+echo
+xpyd_cluster_down
+fi
+fi
+
+# ---- 6. streamed tokens per router CPU-second, tokens spaced by the engine ----
+if want 6; then
+start_sim p --role prefill --prefill-us-per-token 0
+start_sim d --role decode --decode-us-per-token 1000
+P=$(cat "$WORK/p.port"); D=$(cat "$WORK/d.port")
+start_router r6 -p 127.0.0.1:$P -d 127.0.0.1:$D
+R6=$(cat "$WORK/r6.port"); RPID=$(cat "$WORK/r6.pid")
+SP=(--num-prompts $NSPACED --max-concurrency 256 --random-input-len 16 --random-output-len 200)
+t0=$(cpu_ticks $RPID)
+bench "$WORK/spaced.json" --port $R6 "${SP[@]}"
+t1=$(cpu_ticks $RPID)
+echo "## 6. Streamed tokens per router CPU-second: 1 ms ITL engine, 256 streams, 200 tokens each, router alone on CPU 1"
+python3 - "$WORK/spaced.json" $((t1 - t0)) "$(getconf CLK_TCK)" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1])); cpu = int(sys.argv[2]) / int(sys.argv[3])
+print("| streamed tokens | router CPU (s) | tokens per router CPU-second | tokens/s | ITL p50 / p99 (ms) | completed |")
+print("|---|---|---|---|---|---|")
+print("| %d | %.2f | %.0f | %.0f | %.2f / %.2f | %d/%d |" % (d["total_output_tokens"], cpu, d["total_output_tokens"] / max(cpu, 1e-9),
+      d["output_throughput"], d["p50_itl_ms"], d["p99_itl_ms"], d["completed"], d["num_prompts"]))
+PY
+if command -v strace >/dev/null; then
+  strace -c -f -p "$RPID" -o "$WORK/strace6.txt" 2>/dev/null &
+  SPID=$!
+  wait_traced "$RPID"
+  bench "$WORK/spaced_s.json" --port $R6 --num-prompts 256 --max-concurrency 256 --random-input-len 16 --random-output-len 200
+  kill -INT $SPID; wait $SPID 2>/dev/null || true
+  python3 - "$WORK/strace6.txt" "$WORK/spaced_s.json" <<'PY'
+import json, sys
+rows = []
+for line in open(sys.argv[1]):
+    f = line.split()
+    if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
+        rows.append((int(f[3]), f[-1]))
+d = json.load(open(sys.argv[2])); n = max(d["total_output_tokens"], 1)
+print("\nsyscalls per streamed token (strace -c -f, 256 streams x 200 tokens): %.2f (%s)\n" % (
+      sum(c for c, _ in rows) / n, ", ".join("%s %.2f" % (name, c / n) for c, name in sorted(rows, reverse=True)[:5])))
+PY
+fi
+xpyd_cluster_down
 fi

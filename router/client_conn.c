@@ -308,11 +308,19 @@ static void hand_over(struct cconn *cc)
      * loop spins, the next request is never read) */
     int frozen = !bufferevent_openssl_get_ssl(bev);
     evbuffer_unfreeze(in, 0);
-    evbuffer_add_printf(in, "%.*s %.*s HTTP/1.%d\r\n", (int)h->mlen, h->method, (int)h->tlen, h->target, h->minor);
+    /* pieces copied as they are: no printf per line (this runs for every request) */
+    evbuffer_add(in, h->method, h->mlen);
+    evbuffer_add(in, " ", 1);
+    evbuffer_add(in, h->target, h->tlen);
+    evbuffer_add(in, h->minor ? " HTTP/1.1\r\n" : " HTTP/1.0\r\n", 11);
     for (size_t i = 0; i < h->nfields; i++) {
         const struct hr_field *f = &cc->fields[i];
-        if (!f->drop && !hr_name_is(f, "x-xpyd-body-too-large"))
-            evbuffer_add_printf(in, "%.*s: %.*s\r\n", (int)f->nlen, f->name, (int)f->vlen, f->val);
+        if (!f->drop && !hr_name_is(f, "x-xpyd-body-too-large")) {
+            evbuffer_add(in, f->name, f->nlen);
+            evbuffer_add(in, ": ", 2);
+            evbuffer_add(in, f->val, f->vlen);
+            evbuffer_add(in, "\r\n", 2);
+        }
     }
     if (cc->too_large)
         evbuffer_add_printf(in, "%s: 1\r\n", XPYD_TOO_LARGE_HEADER);
