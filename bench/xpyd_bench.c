@@ -444,7 +444,7 @@ static void pre_done(struct up_leg *leg, int err, void *arg)
     char *body = make_body(r, 0, cJSON_GetObjectItemCaseSensitive(j, "kv_transfer_params"));
     cJSON_Delete(j);
     r->status = 0;
-    static const struct up_leg_cbs cbs = {on_head, on_body, on_done, NULL, NULL};
+    static const struct up_leg_cbs cbs = {on_head, on_body, on_done, NULL, NULL, NULL};
     send_leg(r, 0, body, &cbs);
     free(body);
 }
@@ -477,13 +477,13 @@ static void send_one(void)
     if (O.direct_prefill[0]) {
         char *body = make_body(r, 1, NULL);
         r->pbody = XPYD_XALLOC(evbuffer_new());
-        static const struct up_leg_cbs pcbs = {pre_head, pre_body, pre_done, NULL, NULL};
+        static const struct up_leg_cbs pcbs = {pre_head, pre_body, pre_done, NULL, NULL, NULL};
         send_leg(r, 1, body, &pcbs);
         free(body);
         return;
     }
     char *body = make_body(r, 0, NULL);
-    static const struct up_leg_cbs cbs = {on_head, on_body, on_done, NULL, NULL};
+    static const struct up_leg_cbs cbs = {on_head, on_body, on_done, NULL, NULL, NULL};
     send_leg(r, 0, body, &cbs);
     free(body);
 }

@@ -351,7 +351,7 @@ static void op_done(struct up_leg *leg, int err, void *arg)
 
 static int op_send(struct etcd_op *op)
 {
-    static const struct up_leg_cbs cbs = {op_head, op_body, op_done, NULL, NULL};
+    static const struct up_leg_cbs cbs = {op_head, op_body, op_done, NULL, NULL, NULL};
     struct etcd *e = op->e;
     op->ep = (int)e->cur;
     op->status = 0;
@@ -535,7 +535,7 @@ static void w_done(struct up_leg *leg, int err, void *arg)
 struct etcd_watch *etcd_watch_prefix(struct etcd *e, const char *prefix, int64_t start_rev,
                                      const struct etcd_watch_cbs *cbs, void *arg)
 {
-    static const struct up_leg_cbs lcbs = {w_head, w_body, w_done, NULL, NULL};
+    static const struct up_leg_cbs lcbs = {w_head, w_body, w_done, NULL, NULL, NULL};
     char end[ETCD_MAX_PREFIX + 300];
     prefix_end(prefix, end, sizeof end);
     char *k = b64_dup(prefix, strlen(prefix)), *r = b64_dup(end, strlen(end));

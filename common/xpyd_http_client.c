@@ -396,8 +396,19 @@ static void leg_read_cb(struct bufferevent *bev, void *arg)
             return;
         }
     }
-    if (leg->complete)
+    if (leg->complete) {
         leg_finish(leg, 0);
+        return;
+    }
+    if (leg->cbs->on_read_end) {
+        leg->in_cb = 1;
+        leg->cbs->on_read_end(leg, leg->arg);
+        leg->in_cb = 0;
+        if (leg->canceled) {
+            leg_drop_conn(leg);
+            leg_free(leg);
+        }
+    }
 }
 
 static void leg_write_cb(struct bufferevent *bev, void *arg)

@@ -47,6 +47,9 @@ struct up_leg_cbs {
     /* Optional: one response header (name up to 63 bytes, value up to 255; longer ones are not reported),
      * before on_head. */
     void (*on_header)(struct up_leg *leg, const char *name, const char *value, void *arg);
+    /* Optional: every on_body of one socket read has run (the leg goes on): what they queued can go out
+     * together. */
+    void (*on_read_end)(struct up_leg *leg, void *arg);
 };
 
 /* Creates the per-thread state for n endpoints (idle pools). NULL on OOM. Owner thread only. */

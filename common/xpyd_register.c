@@ -76,7 +76,7 @@ static void c_done(struct up_leg *leg, int err, void *arg)
 
 static void on_tick(evutil_socket_t fd, short ev, void *arg)
 {
-    static const struct up_leg_cbs cbs = {c_head, c_body, c_done, NULL, NULL};
+    static const struct up_leg_cbs cbs = {c_head, c_body, c_done, NULL, NULL, NULL};
     struct xreg *x = arg;
     if (x->check || x->stopped)
         return;

@@ -109,7 +109,7 @@ static const struct up_timeouts *query_timeouts(void)
 static void on_tick(evutil_socket_t fd, short ev, void *arg)
 {
     struct discovery *d = arg;
-    static const struct up_leg_cbs cbs = {q_head, q_body, q_done, NULL, NULL};
+    static const struct up_leg_cbs cbs = {q_head, q_body, q_done, NULL, NULL, NULL};
     struct rt_query_target *tg = XPYD_XALLOC(calloc(d->cap, sizeof *tg));
     size_t n = rt_registry_query_targets(tg, d->cap);
     for (size_t i = 0; i < n; i++) {

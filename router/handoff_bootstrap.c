@@ -22,7 +22,7 @@ static void send_abort(struct request *r, int d_idx)
     char body[300];
     int n = snprintf(body, sizeof body, "{\"rid\":\"%s\"}", r->xid);
     struct evbuffer *req = req_build(r, RT_DECODE, d_idx, "POST", "/abort_request", body, (size_t)n);
-    static const struct up_leg_cbs cbs = {NULL, NULL, abort_sent, NULL, NULL};
+    static const struct up_leg_cbs cbs = {NULL, NULL, abort_sent, NULL, NULL, NULL};
     up_leg_start(r->t->up, req_endpoint(RT_DECODE, d_idx), req, req_timeouts(), &cbs, NULL);
     evbuffer_free(req);
 }

@@ -57,7 +57,7 @@ static void kv_abandon(struct request *r, int decode_in_flight)
     char *body = rw_kv_release_body(r->src, r->kv_params, &len);
     struct evbuffer *req = req_build(r, RT_DECODE, idx, "POST", req_path(r), body, len);
     free(body);
-    static const struct up_leg_cbs cbs = {NULL, NULL, release_dispatched, NULL, NULL};
+    static const struct up_leg_cbs cbs = {NULL, NULL, release_dispatched, NULL, NULL, NULL};
     struct up_leg *leg = up_leg_start(r->t->up, req_endpoint(RT_DECODE, idx), req, req_timeouts(), &cbs, NULL);
     evbuffer_free(req);
     if (leg) {

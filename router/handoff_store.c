@@ -42,7 +42,7 @@ static void fire_clones(struct request *r)
         return;
     size_t len;
     char *body = store_decode_body(r, &len);
-    static const struct up_leg_cbs cbs = {NULL, NULL, clone_done, NULL, NULL};
+    static const struct up_leg_cbs cbs = {NULL, NULL, clone_done, NULL, NULL, NULL};
     for (int i = 0; i < g_rt->cfg.repeat_d_times; i++) {
         int64_t charge;
         req_decode_charge(r, &charge);

@@ -80,7 +80,7 @@ static void models_try(struct models_req *m)
         evbuffer_add_printf(req, "\r\n");
         evbuffer_drain(m->body, evbuffer_get_length(m->body));
         m->status = 0;
-        static const struct up_leg_cbs cbs = {m_head, m_body, m_done, NULL, NULL};
+        static const struct up_leg_cbs cbs = {m_head, m_body, m_done, NULL, NULL, NULL};
         struct up_leg *leg = up_leg_start(rt_thread_self()->up, req_endpoint(role, idx), req, req_timeouts(), &cbs, m);
         evbuffer_free(req);
         if (leg)

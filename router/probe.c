@@ -119,7 +119,7 @@ static const struct up_timeouts *probe_timeouts(void)
 static void on_health_tick(evutil_socket_t fd, short ev, void *arg)
 {
     struct probe *p = arg;
-    static const struct up_leg_cbs cbs = {h_head, NULL, h_done, NULL, NULL};
+    static const struct up_leg_cbs cbs = {h_head, NULL, h_done, NULL, NULL, NULL};
     for (size_t i = 0; i < n_endpoints(); i++) {
         struct ep_state *s = &p->eps[i];
         if (!ep_in_use(p, i) || s->hleg)
@@ -175,7 +175,7 @@ static void s_done(struct up_leg *leg, int err, void *arg)
 static void on_scrape_tick(evutil_socket_t fd, short ev, void *arg)
 {
     struct probe *p = arg;
-    static const struct up_leg_cbs cbs = {s_head, s_body, s_done, NULL, NULL};
+    static const struct up_leg_cbs cbs = {s_head, s_body, s_done, NULL, NULL, NULL};
     for (size_t i = 0; i < n_endpoints(); i++) {
         struct ep_state *s = &p->eps[i];
         if (!ep_in_use(p, i) || s->sleg)

@@ -280,9 +280,7 @@ void req_begin(struct request *r)
     evhtp_request_t *req = r->ereq;
     rt_client_set_owner(req, req_free_cb, r);
     evhtp_connection_t *conn = evhtp_request_get_connection(req);
-    /* libevhtp's pause turns EV_WRITE off too; stream.c turns it on again with the first bytes it queues
-     * (client_writes_on): turning it on here, with nothing to send, would cost a wake-up and two epoll_ctl
-     * calls per request for a write callback that finds an empty buffer. */
+    /* the client's bytes are written by stream.c (write-through on plain connections) */
     evhtp_request_pause(req);
     evutil_socket_t fd = bufferevent_getfd(evhtp_connection_get_bev(conn));
     r->close_ev = event_new(r->t->base, fd, EV_CLOSED, on_client_closed, r);
@@ -454,6 +452,7 @@ static void leg_body(struct up_leg *up, const char *data, size_t len, void *arg)
     struct leg *l = arg;
     struct request *r = leg_request(l);
     if (l->role == RT_DECODE && l->status == 200 && r->stream) {
+        r->in_read = 1; /* http-parser hands over each chunk of the read: one write for all of them (leg_read_end) */
         if (client_relay(r, data, len) < 0) {
             l->up = NULL;
             up_leg_cancel(up);
@@ -474,7 +473,15 @@ static void leg_body(struct up_leg *up, const char *data, size_t len, void *arg)
 static void leg_done(struct up_leg *up, int err, void *arg)
 {
     struct leg *l = arg;
+    leg_request(l)->in_read = 0;
     l->on_done(up, err, arg);
+}
+
+static void leg_read_end(struct up_leg *up, void *arg)
+{
+    struct request *r = leg_request(arg);
+    if (r->in_read)
+        client_read_done(r);
 }
 
 void req_send(struct request *r, int role, const char *body, size_t len, void (*on_done)(struct up_leg *, int, void *))
@@ -488,7 +495,7 @@ void req_send(struct request *r, int role, const char *body, size_t len, void (*
         l->buf = XPYD_XALLOC(evbuffer_new());
     l->on_done = on_done;
     struct evbuffer *req = req_build(r, role, l->idx, "POST", req_path(r), body, len);
-    static const struct up_leg_cbs cbs = {leg_head, leg_body, leg_done, NULL, leg_header};
+    static const struct up_leg_cbs cbs = {leg_head, leg_body, leg_done, NULL, leg_header, leg_read_end};
     l->up = up_leg_start(r->t->up, req_endpoint(role, l->idx), req, req_timeouts(), &cbs, l);
     evbuffer_free(req);
     if (!l->up)

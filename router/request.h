@@ -89,6 +89,7 @@ struct request {
     int role_sent, first_dropped, done_seen; /* relay progress (relay.h) */
     int64_t tokens_out;
     int paused;                 /* the decode leg is paused: the client is slow */
+    int in_read;                /* relaying one socket read of the decode: its events are written together */
     struct evbuffer *chunk;     /* the next chunk to the client, reused for every event (owned) */
     int batch;                  /* relaying one upstream read: events collect in chunk (stream.c) */
     struct event *bp_timer;     /* while paused: watches the client's output drain (owned) */
@@ -178,6 +179,8 @@ void client_stream_start(struct request *r);
 void client_stream_end(struct request *r);
 /* The decode's body bytes of a streamed answer, relayed event by event; -1 when the stream is broken. */
 int client_relay(struct request *r, const char *data, size_t len);
+/* The decode's socket read is relayed (r->in_read ends): what it queued goes out in one write. */
+void client_read_done(struct request *r);
 /* First token from the prefill: the client's first event(s), built from the prefill's answer. */
 void client_prefill_first_token(struct request *r);
 /* The decode's non-streamed answer, usage patched; -1 when it is not JSON. */

@@ -39,13 +39,48 @@ void client_answer_json(struct request *r, int status, const char *body, size_t 
     evhtp_request_resume(req);
 }
 
-/* The client connection writes what was queued: libevhtp's pause (request.c) turned EV_WRITE off, and a
- * stream's bytes would otherwise wait for the end of the request. A no-op when it is on already. */
-static void client_writes_on(struct request *r)
+static struct bufferevent *client_bev(struct request *r)
 {
-    struct bufferevent *bev = r->ereq ? evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq)) : NULL;
-    if (bev && !(bufferevent_get_enabled(bev) & EV_WRITE))
+    return r->ereq ? evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq)) : NULL;
+}
+
+/* Write-through: a stream's bytes are written to a plain client socket from the callback that produced them,
+ * with the connection's write event off (client_write_through_again). Only bytes the socket cannot take turn
+ * the write event on, and libevent drains that backlog. This saves, per write, the two epoll_ctl calls that
+ * arming and disarming the write event cost and one trip through the event loop. TLS connections keep
+ * libevent's write event (the OpenSSL bufferevent does the writing). The end of a stream still goes through
+ * the write event: libevhtp finishes a request (keep-alive or close) from its write callback. */
+static void client_flush(struct request *r)
+{
+    struct bufferevent *bev = client_bev(r);
+    if (!bev)
+        return;
+    if (bufferevent_openssl_get_ssl(bev)) {
+        if (!(bufferevent_get_enabled(bev) & EV_WRITE))
+            bufferevent_enable(bev, EV_WRITE);
+        return;
+    }
+    if (bufferevent_get_enabled(bev) & EV_WRITE)
+        return; /* a backlog is being drained by libevent: these bytes queue behind it */
+    struct evbuffer *out = bufferevent_get_output(bev);
+    if (evbuffer_get_length(out)) {
+        /* a bufferevent keeps its output's start frozen so that only its own write drains it: this is that write */
+        evbuffer_unfreeze(out, 1);
+        evbuffer_write(out, bufferevent_getfd(bev)); /* an error leaves the bytes: the write event reports it */
+        evbuffer_freeze(out, 1);
+    }
+    if (evbuffer_get_length(out))
         bufferevent_enable(bev, EV_WRITE);
+}
+
+/* Before queueing bytes: with nothing waiting, the write event goes off and writing is write-through (turning
+ * it off costs nothing then: libevent took it out of epoll when the buffer last emptied, or never put it in). */
+static void client_write_through_again(struct request *r)
+{
+    struct bufferevent *bev = client_bev(r);
+    if (bev && !bufferevent_openssl_get_ssl(bev) && (bufferevent_get_enabled(bev) & EV_WRITE) &&
+        evbuffer_get_length(bufferevent_get_output(bev)) == 0)
+        bufferevent_disable(bev, EV_WRITE);
 }
 
 void client_stream_start(struct request *r)
@@ -59,8 +94,9 @@ void client_stream_start(struct request *r)
     atomic_fetch_add(&g_rt->ctr.active_streams, 1);
     add_header(r->ereq, "Content-Type", "text/event-stream");
     add_header(r->ereq, "Cache-Control", "no-cache");
+    client_write_through_again(r);
+    /* queued: it goes out in one write with the first event, which every caller queues next */
     evhtp_send_reply_chunk_start(r->ereq, EVHTP_RES_OK);
-    client_writes_on(r);
 }
 
 /* While the decode leg is paused for a slow client: resume once the client's buffer drained to half. */
@@ -96,8 +132,9 @@ static void send_chunk(struct request *r)
         evbuffer_drain(c, evbuffer_get_length(c));
         return;
     }
-    struct bufferevent *bev = evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq));
+    struct bufferevent *bev = client_bev(r);
     size_t n = evbuffer_get_length(c);
+    client_write_through_again(r);
     if (bev && n && bufferevent_openssl_get_ssl(bev)) {
         /* TLS: one addition per event, so one record and one write. libevhtp's chunk writer adds the size line,
          * the data and the CRLF separately, and an OpenSSL bufferevent encrypts and sends each addition at once
@@ -113,7 +150,8 @@ static void send_chunk(struct request *r)
     } else {
         evhtp_send_reply_chunk(r->ereq, c);
     }
-    client_writes_on(r);
+    if (!r->in_read || !r->legs[RT_DECODE].up)
+        client_flush(r); /* else client_read_done writes it with the rest of the read */
     /* Backpressure: a slow client pauses the decode leg instead of growing this buffer without bound. */
     struct up_leg *dleg = r->legs[RT_DECODE].up;
     if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > (size_t)g_rt->cfg.client_buffer_bytes && dleg &&
@@ -151,8 +189,15 @@ static void write_event_json(struct request *r, const cJSON *o)
     flush_chunk(r);
 }
 
+void client_read_done(struct request *r)
+{
+    r->in_read = 0;
+    client_flush(r);
+}
+
 void client_stream_end(struct request *r)
 {
+    r->in_read = 0;
     flush_pending(r);
     if (r->ereq) {
         evhtp_send_reply_chunk_end(r->ereq);

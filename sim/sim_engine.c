@@ -490,7 +490,7 @@ static char *pull_json(const struct sreq *r)
  * abandoned request leaves nothing stranded. Fire and forget. */
 void notify_release(struct sreq *r)
 {
-    static const struct up_leg_cbs cbs = {NULL, NULL, NULL, NULL, NULL};
+    static const struct up_leg_cbs cbs = {NULL, NULL, NULL, NULL, NULL, NULL};
     char *body = pull_json(r);
     peer_post(r->sim, r->p.h.remote_host, r->p.h.remote_port, "/kv/release", body, 5000, &cbs, NULL);
     free(body);
@@ -507,7 +507,7 @@ static void pull_send(struct sreq *r)
     else
         r->pull_buf = XPYD_XALLOC(evbuffer_new());
     r->pull_status = 0;
-    static const struct up_leg_cbs cbs = {pull_head, pull_body, on_pull_done, NULL, NULL};
+    static const struct up_leg_cbs cbs = {pull_head, pull_body, on_pull_done, NULL, NULL, NULL};
     char *body = pull_json(r);
     r->pull_leg = peer_post(s, host, port, "/kv/pull", body, s->cfg.handoff_timeout_ms, &cbs, r);
     free(body);

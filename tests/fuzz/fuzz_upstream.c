@@ -121,7 +121,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     up_request_line(req, &ep, "POST", "/v1/completions");
     evbuffer_add_printf(req, "Content-Length: 2\r\n\r\n{}");
     static const struct up_timeouts to = {1000, 1000, 1000};
-    static const struct up_leg_cbs cbs = {on_head, on_body, on_done, on_sent, on_header};
+    static const struct up_leg_cbs cbs = {on_head, on_body, on_done, on_sent, on_header, NULL};
     struct up_leg *leg = up_leg_start(up, 0, req, &to, &cbs, &s);
     evbuffer_free(req);
     if (!leg)
