@@ -24,6 +24,14 @@ struct up_conn {
     struct bufferevent *bev;
     struct up_leg *leg; /* NULL while idle */
     int connected;
+    /* Plain connections read through their own event (conn_read_cb), not the bufferevent's: libevent's
+     * socket read asks the kernel how much is readable (ioctl FIONREAD) before every read, one syscall more
+     * per engine read (per streamed token, often). The bufferevent still connects, writes and holds the
+     * input buffer; the callbacks set on it are the ones called. TLS connections read through it. */
+    struct event *rev;  /* NULL for TLS, or until the socket exists */
+    int reading;        /* EV_READ wanted */
+    int has_rtv;        /* a read (idle) timeout is set */
+    struct timeval rtv;
     TAILQ_ENTRY(up_conn) link;
 };
 TAILQ_HEAD(up_conn_list, up_conn);
@@ -74,6 +82,110 @@ static struct timeval ms_tv(long ms)
 {
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     return tv;
+}
+
+/* ---------- reading a plain connection (see struct up_conn) ---------- */
+
+static int conn_own_read(const struct up_conn *c)
+{
+    return !c->t->eps[c->ep].tls;
+}
+
+/* One read per readiness, as a bufferevent does, into the bufferevent's input; then its read callback, or
+ * its event callback for the end, an error or the read timeout. Nothing of c is touched after a callback (it
+ * may have freed c). */
+static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct up_conn *c = arg;
+    bufferevent_data_cb readcb;
+    bufferevent_event_cb eventcb;
+    void *cbarg;
+    bufferevent_getcb(c->bev, &readcb, NULL, &eventcb, &cbarg);
+    if (what & EV_TIMEOUT) {
+        if (eventcb)
+            eventcb(c->bev, BEV_EVENT_READING | BEV_EVENT_TIMEOUT, cbarg);
+        return;
+    }
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    struct evbuffer_iovec v;
+    evbuffer_unfreeze(in, 0); /* a socket bufferevent keeps its input's end frozen outside its own reads */
+    if (evbuffer_reserve_space(in, 4096, &v, 1) < 1) {
+        evbuffer_freeze(in, 0);
+        if (eventcb) /* out of memory: as the bufferevent would, an error */
+            eventcb(c->bev, BEV_EVENT_READING | BEV_EVENT_ERROR, cbarg);
+        return;
+    }
+    ssize_t n = recv(fd, v.iov_base, v.iov_len, 0);
+    int err = errno;
+    if (n > 0) {
+        v.iov_len = (size_t)n;
+        evbuffer_commit_space(in, &v, 1);
+    }
+    evbuffer_freeze(in, 0);
+    if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR))
+        return;
+    if (n <= 0) {
+        errno = err;
+        if (eventcb)
+            eventcb(c->bev, BEV_EVENT_READING | (n == 0 ? BEV_EVENT_EOF : BEV_EVENT_ERROR), cbarg);
+        return;
+    }
+    if (readcb)
+        readcb(c->bev, cbarg);
+}
+
+static void conn_read_arm(struct up_conn *c)
+{
+    if (!c->reading)
+        return;
+    if (!c->rev) {
+        evutil_socket_t fd = bufferevent_getfd(c->bev);
+        if (fd < 0)
+            return;
+        c->rev = event_new(c->t->base, fd, EV_READ | EV_PERSIST, conn_read_cb, c);
+        if (!c->rev)
+            return;
+    }
+    event_add(c->rev, c->has_rtv ? &c->rtv : NULL); /* a persistent event's timeout restarts at each read */
+}
+
+static void conn_read(struct up_conn *c, int on)
+{
+    if (!conn_own_read(c)) {
+        if (on)
+            bufferevent_enable(c->bev, EV_READ);
+        else
+            bufferevent_disable(c->bev, EV_READ);
+        return;
+    }
+    c->reading = on;
+    if (on)
+        conn_read_arm(c);
+    else if (c->rev)
+        event_del(c->rev);
+}
+
+/* bufferevent_set_timeouts, with the read timeout kept by the connection's own read event. */
+static void conn_timeouts(struct up_conn *c, const struct timeval *rd, const struct timeval *wr)
+{
+    if (!conn_own_read(c)) {
+        bufferevent_set_timeouts(c->bev, rd, wr);
+        return;
+    }
+    bufferevent_set_timeouts(c->bev, NULL, wr);
+    c->has_rtv = rd && evutil_timerisset(rd); /* a zero timeout is none, as for a bufferevent */
+    if (c->has_rtv)
+        c->rtv = *rd;
+    if (c->reading && c->rev)
+        conn_read_arm(c);
+}
+
+static void conn_close(struct up_conn *c)
+{
+    if (c->rev)
+        event_free(c->rev);
+    bufferevent_free(c->bev);
+    free(c);
 }
 
 int up_endpoint_resolve(struct up_endpoint *ep, const char *host, int port)
@@ -278,8 +390,7 @@ static void conn_free(struct up_conn *c)
         c->t->idle_count--;
     }
     c->t->open_count--;
-    bufferevent_free(c->bev);
-    free(c);
+    conn_close(c);
 }
 
 static void idle_event_cb(struct bufferevent *bev, short what, void *arg)
@@ -298,13 +409,12 @@ static void conn_park(struct up_conn *c)
     c->leg = NULL;
     if (t->idle_count >= t->idle_max || evbuffer_get_length(bufferevent_get_input(c->bev)) > 0) {
         t->open_count--;
-        bufferevent_free(c->bev);
-        free(c);
+        conn_close(c);
         return;
     }
     bufferevent_setcb(c->bev, idle_read_cb, NULL, idle_event_cb, c);
-    bufferevent_set_timeouts(c->bev, NULL, NULL);
-    bufferevent_enable(c->bev, EV_READ);
+    conn_timeouts(c, NULL, NULL);
+    conn_read(c, 1);
     TAILQ_INSERT_HEAD(&t->idle[c->ep], c, link);
     t->idle_count++;
 }
@@ -318,8 +428,7 @@ static void leg_drop_conn(struct up_leg *leg)
     leg->c = NULL;
     c->leg = NULL;
     c->t->open_count--;
-    bufferevent_free(c->bev);
-    free(c);
+    conn_close(c);
 }
 
 static void leg_free(struct up_leg *leg)
@@ -372,7 +481,7 @@ static void leg_read_cb(struct bufferevent *bev, void *arg)
         const char *data = (const char *)evbuffer_pullup(in, (ssize_t)chunk);
         if (leg->bytes_in == 0) {
             struct timeval idle = ms_tv(leg->to.idle_ms);
-            bufferevent_set_timeouts(bev, &idle, NULL);
+            conn_timeouts(c, &idle, NULL);
             if (leg->req) {
                 evbuffer_free(leg->req);
                 leg->req = NULL;
@@ -554,7 +663,7 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
         leg->reused = 0;
         bufferevent_setcb(c->bev, leg_read_cb, leg_write_cb, leg_event_cb, c);
         struct timeval cto = ms_tv(leg->to.connect_ms);
-        bufferevent_set_timeouts(c->bev, NULL, &cto);
+        conn_timeouts(c, NULL, &cto);
         if (bufferevent_socket_connect(c->bev, (struct sockaddr *)&ep->addr, (int)ep->addrlen) != 0) {
             leg_drop_conn(leg);
             return -ECONNREFUSED;
@@ -564,7 +673,7 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
     leg->c = c;
     bufferevent_setcb(c->bev, leg_read_cb, leg_write_cb, leg_event_cb, c);
     struct timeval fb = ms_tv(leg->to.first_byte_ms), cto = ms_tv(leg->to.connect_ms);
-    bufferevent_set_timeouts(c->bev, &fb, c->connected || leg->reused ? NULL : &cto);
+    conn_timeouts(c, &fb, c->connected || leg->reused ? NULL : &cto);
     if (leg->reused)
         c->connected = 1;
     http_parser_init(&leg->parser, HTTP_RESPONSE);
@@ -585,11 +694,12 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
     }
     if (done == len) {
         leg->sent = 1;
-        bufferevent_enable(c->bev, EV_READ);
+        conn_read(c, 1);
         return 0;
     }
     evbuffer_add(out, data + done, len - done);
-    bufferevent_enable(c->bev, EV_READ | EV_WRITE);
+    bufferevent_enable(c->bev, EV_WRITE);
+    conn_read(c, 1);
     return 0;
 }
 
@@ -648,11 +758,11 @@ void up_leg_cancel_after_send(struct up_leg *leg)
 void up_leg_pause(struct up_leg *leg)
 {
     if (leg && leg->c)
-        bufferevent_disable(leg->c->bev, EV_READ);
+        conn_read(leg->c, 0);
 }
 
 void up_leg_resume(struct up_leg *leg)
 {
     if (leg && leg->c)
-        bufferevent_enable(leg->c->bev, EV_READ);
+        conn_read(leg->c, 1);
 }
