@@ -146,7 +146,12 @@ static void conn_read_arm(struct up_conn *c)
         if (!c->rev)
             return;
     }
-    event_add(c->rev, c->has_rtv ? &c->rtv : NULL); /* a persistent event's timeout restarts at each read */
+    if (c->has_rtv) {
+        event_add(c->rev, &c->rtv); /* a persistent event's timeout restarts at each read */
+    } else {
+        event_add(c->rev, NULL);
+        event_remove_timer(c->rev); /* adding without a timeout keeps one set before (a parked connection) */
+    }
 }
 
 static void conn_read(struct up_conn *c, int on)

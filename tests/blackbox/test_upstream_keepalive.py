@@ -1,5 +1,7 @@
 """A pooled keep-alive connection the engine closes just as the router reuses it (no answer byte came back)
 is retried once on a fresh connection, transparently (even with --max-retries 0): the client never sees it."""
+import time
+
 import xpyd_testlib as t
 
 ANSWER = (b'{"id":"c","object":"text_completion","model":"m","choices":[{"index":0,"text":" ok",'
@@ -65,6 +67,55 @@ class StaleConnection(t.TestCase):
         self.assertEqual(e.requests, 4)
         self.assertEqual(e.dropped, 3)  # requests 2-4 each found the pooled connection stale first
         self.assertEqual(t.metric(r.port, 'xpyd_retries_total{role="decode"}'), 0)  # not the retry path
+        self.idle(r)
+
+
+class KeepingEngine(ClosingEngine):
+    """Answers every request of a connection with keep-alive; counts the connections it accepted."""
+
+    def serve(self, c):
+        try:
+            c.settimeout(10)
+            got = b""
+            while True:
+                while b"\r\n\r\n" not in got:
+                    d = c.recv(65536)
+                    if not d:
+                        return
+                    got += d
+                head, _, rest = got.partition(b"\r\n\r\n")
+                n = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        n = int(line.split(b":")[1])
+                while len(rest) < n:
+                    rest += c.recv(65536)
+                got = rest[n:]
+                self.requests += 1
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (len(ANSWER), ANSWER))
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+
+class PooledConnectionOutlivesRequestTimeouts(t.TestCase):
+    def test_idle_pooled_connection_is_reused_after_the_stream_idle_timeout(self):
+        """The per-request read timeouts (first byte, stream idle) end with the request: a connection parked
+        in the pool longer than them is still there and reused, not closed by a leftover timer."""
+        e = KeepingEngine()
+        self.addCleanup(e.stop)
+        p = self.start(t.sim("--role", "prefill"))
+        r = self.start(t.router([p.port], ["127.0.0.1:%d" % e.port], "--handoff", "none", "--threads", "1",
+                                "--health-interval-ms", "0", "--stream-idle-timeout-ms", "150",
+                                "--first-token-timeout-ms", "150"))
+        for i in range(3):
+            st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 1})
+            self.assertEqual(st, 200, out)
+            time.sleep(0.5)  # parked for more than both timeouts
+        self.assertEqual(e.requests, 3)
+        self.assertEqual(e.raw.n, 1, "the pooled connection was closed while idle")
         self.idle(r)
 
 
