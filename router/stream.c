@@ -50,12 +50,26 @@ static struct bufferevent *client_bev(struct request *r)
  * arming and disarming the write event cost and one trip through the event loop. TLS connections keep
  * libevent's write event (the OpenSSL bufferevent does the writing). The end of a stream still goes through
  * the write event: libevhtp finishes a request (keep-alive or close) from its write callback. */
+/* An OpenSSL bufferevent makes one TLS record, and one write(), of every piece (chain) of its output buffer:
+ * the response head, each chunk of a stream and the chunked terminator would each be one. Before the loop
+ * writes, what is queued becomes one piece (a copy of at most TLS_COALESCE_MAX bytes; a record holds 16 KiB),
+ * so everything one engine read produced goes out as one record and one write. */
+#define TLS_COALESCE_MAX 16384
+static void tls_coalesce(struct bufferevent *bev)
+{
+    struct evbuffer *out = bufferevent_get_output(bev);
+    size_t n = evbuffer_get_length(out);
+    if (n > 1)
+        evbuffer_pullup(out, (ev_ssize_t)(n < TLS_COALESCE_MAX ? n : TLS_COALESCE_MAX));
+}
+
 static void client_flush(struct request *r)
 {
     struct bufferevent *bev = client_bev(r);
     if (!bev)
         return;
     if (bufferevent_openssl_get_ssl(bev)) {
+        tls_coalesce(bev);
         if (!(bufferevent_get_enabled(bev) & EV_WRITE))
             bufferevent_enable(bev, EV_WRITE);
         return;
@@ -201,6 +215,9 @@ void client_stream_end(struct request *r)
     flush_pending(r);
     if (r->ereq) {
         evhtp_send_reply_chunk_end(r->ereq);
+        struct bufferevent *bev = client_bev(r);
+        if (bev && bufferevent_openssl_get_ssl(bev))
+            tls_coalesce(bev); /* the terminator joins the last events' record */
         evhtp_request_resume(r->ereq); /* deferred by libevhtp: the keep-alive connection reads again */
     }
 }
