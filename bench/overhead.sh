@@ -297,32 +297,46 @@ fi
 fi
 
 # ---- 6. streamed tokens per router CPU-second, tokens spaced by the engine ----
+# The same spaced stream relayed by nginx (single hop) and by the router single hop, as the baseline of the
+# same run: what one relay write per token costs on this machine whoever relays it.
 if want 6; then
 start_sim p --role prefill --prefill-us-per-token 0
 start_sim d --role decode --decode-us-per-token 1000
 P=$(cat "$WORK/p.port"); D=$(cat "$WORK/d.port")
 start_router r6 -p 127.0.0.1:$P -d 127.0.0.1:$D
 R6=$(cat "$WORK/r6.port"); RPID=$(cat "$WORK/r6.pid")
+start_router r6h --handoff none -d 127.0.0.1:$D
+start_nginx $D
 SP=(--num-prompts $NSPACED --max-concurrency 256 --random-input-len 16 --random-output-len 200)
-t0=$(cpu_ticks $RPID)
-bench "$WORK/spaced.json" --port $R6 "${SP[@]}"
-t1=$(cpu_ticks $RPID)
-echo "## 6. Streamed tokens per router CPU-second: 1 ms ITL engine, 256 streams, 200 tokens each, router alone on CPU 1"
-python3 - "$WORK/spaced.json" $((t1 - t0)) "$(getconf CLK_TCK)" <<'PY'
+echo "## 6. Streamed tokens per relay CPU-second: 1 ms ITL engine, 256 streams, 200 tokens each, the relay alone on CPU 1"
+echo "| relay | streamed tokens | relay CPU (s) | tokens per relay CPU-second | tokens/s | ITL p50 / p99 (ms) | completed |"
+echo "|---|---|---|---|---|---|---|"
+for row in "nginx 1.22 single hop:${NGW%% *}:$NG" "xpyd_router --handoff none:$(cat "$WORK/r6h.pid"):$(cat "$WORK/r6h.port")" \
+           "xpyd_router P->D (kv-params):$RPID:$R6"; do
+  IFS=: read -r label pid port <<<"$row"
+  t0=$(cpu_ticks $pid)
+  bench "$WORK/spaced.json" --port $port "${SP[@]}"
+  t1=$(cpu_ticks $pid)
+  python3 - "$WORK/spaced.json" $((t1 - t0)) "$(getconf CLK_TCK)" "$label" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1])); cpu = int(sys.argv[2]) / int(sys.argv[3])
-print("| streamed tokens | router CPU (s) | tokens per router CPU-second | tokens/s | ITL p50 / p99 (ms) | completed |")
-print("|---|---|---|---|---|---|")
-print("| %d | %.2f | %.0f | %.0f | %.2f / %.2f | %d/%d |" % (d["total_output_tokens"], cpu, d["total_output_tokens"] / max(cpu, 1e-9),
-      d["output_throughput"], d["p50_itl_ms"], d["p99_itl_ms"], d["completed"], d["num_prompts"]))
+print("| %s | %d | %.2f | %.0f | %.0f | %.2f / %.2f | %d/%d |" % (sys.argv[4], d["total_output_tokens"], cpu,
+      d["total_output_tokens"] / max(cpu, 1e-9), d["output_throughput"], d["p50_itl_ms"], d["p99_itl_ms"],
+      d["completed"], d["num_prompts"]))
 PY
+done
 if command -v strace >/dev/null; then
-  strace -c -f -p "$RPID" -o "$WORK/strace6.txt" 2>/dev/null &
-  SPID=$!
-  wait_traced "$RPID"
-  bench "$WORK/spaced_s.json" --port $R6 --num-prompts 256 --max-concurrency 256 --random-input-len 16 --random-output-len 200
-  kill -INT $SPID; wait $SPID 2>/dev/null || true
-  python3 - "$WORK/strace6.txt" "$WORK/spaced_s.json" <<'PY'
+  echo
+  echo "syscalls per streamed token (strace -c -f, 256 streams x 200 tokens):"
+  echo
+  for row in "nginx 1.22 single hop:${NGW%% *}:$NG" "xpyd_router P->D (kv-params):$RPID:$R6"; do
+    IFS=: read -r label pid port <<<"$row"
+    strace -c -f -p "$pid" -o "$WORK/strace6.txt" 2>/dev/null &
+    SPID=$!
+    wait_traced "$pid"
+    bench "$WORK/spaced_s.json" --port $port --num-prompts 256 --max-concurrency 256 --random-input-len 16 --random-output-len 200
+    kill -INT $SPID; wait $SPID 2>/dev/null || true
+    python3 - "$WORK/strace6.txt" "$WORK/spaced_s.json" "$label" <<'PY'
 import json, sys
 rows = []
 for line in open(sys.argv[1]):
@@ -330,9 +344,11 @@ for line in open(sys.argv[1]):
     if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
         rows.append((int(f[3]), f[-1]))
 d = json.load(open(sys.argv[2])); n = max(d["total_output_tokens"], 1)
-print("\nsyscalls per streamed token (strace -c -f, 256 streams x 200 tokens): %.2f (%s)\n" % (
-      sum(c for c, _ in rows) / n, ", ".join("%s %.2f" % (name, c / n) for c, name in sorted(rows, reverse=True)[:5])))
+print("- %s: %.2f (%s)" % (sys.argv[3], sum(c for c, _ in rows) / n,
+      ", ".join("%s %.2f" % (name, c / n) for c, name in sorted(rows, reverse=True)[:5])))
 PY
+  done
+  echo
 fi
 xpyd_cluster_down
 fi
