@@ -254,6 +254,105 @@ class ClientSide(TlsCase):
             p.stop(check=False)
 
 
+def stream_answer(n):
+    """A streamed completion as an engine sends it: a chunked head, each SSE event an HTTP chunk of its own."""
+    out = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for i in range(n + 1):
+        ev = {"id": "cmpl-rec", "object": "text_completion", "created": 1, "model": "m",
+              "choices": [{"index": 0, "text": "" if i == n else "t%d" % i, "logprobs": None,
+                           "finish_reason": "length" if i == n else None}]}
+        data = b"data: " + json.dumps(ev).encode() + b"\n\n"
+        out += b"%x\r\n%s\r\n" % (len(data), data)
+    done = b"data: [DONE]\n\n"
+    return out + b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done)
+
+
+class Records(TlsCase):
+    def test_one_engine_read_is_one_tls_record(self):
+        # An engine writes its whole streamed answer (head, 17 events as 17 HTTP chunks, [DONE], the end) at
+        # once. What the router read at once reaches the client as one TLS record: an OpenSSL bufferevent makes
+        # a record (and a write) of every piece of its output, which was 19 records for this answer. The
+        # client reads the raw bytes itself (ssl.MemoryBIO) to count the records.
+        answer = stream_answer(16)
+
+        def serve(c, n):
+            buf = b""
+            with c:
+                while True:
+                    while b"\r\n\r\n" not in buf:
+                        d = c.recv(65536)
+                        if not d:
+                            return
+                        buf += d
+                    head, _, buf = buf.partition(b"\r\n\r\n")
+                    want = 0
+                    for line in head.split(b"\r\n")[1:]:
+                        k, _, v = line.partition(b":")
+                        if k.strip().lower() == b"content-length":
+                            want = int(v)
+                    while len(buf) < want:
+                        buf += c.recv(65536)
+                    buf = buf[want:]
+                    if head.startswith(b"GET"):
+                        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+                    else:
+                        c.sendall(answer)  # one write: the router reads it at once
+
+        eng = t.RawServer(serve)
+        self.addCleanup(eng.stop)
+        r = self.tls_router(["127.0.0.1:%d" % eng.port])
+        sock = socket.create_connection(("127.0.0.1", r.port), timeout=10)
+        self.addCleanup(sock.close)
+        inc, outg = ssl.MemoryBIO(), ssl.MemoryBIO()
+        obj = tls_ctx(self.certs.ca).wrap_bio(inc, outg, server_hostname="localhost")
+        raw = b""
+
+        def pump():
+            nonlocal raw
+            d = sock.recv(65536)
+            self.assertTrue(d, "the router closed the connection")
+            raw += d
+
+        while True:
+            try:
+                obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                sock.sendall(outg.read())
+                pump()
+                inc.write(raw)
+                raw = b""
+        sock.sendall(outg.read())
+        body = json.dumps(dict(BODY, stream=True, max_tokens=16)).encode()
+        req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+        def exchange():
+            """Sends one request; returns (the answer's plaintext, application-data records it came in)."""
+            nonlocal raw
+            obj.write(req)
+            sock.sendall(outg.read())
+            text, records = b"", 0
+            while not text.endswith(b"0\r\n\r\n"):
+                while len(raw) < 5 or len(raw) < 5 + int.from_bytes(raw[3:5], "big"):
+                    pump()
+                n = 5 + int.from_bytes(raw[3:5], "big")
+                rec, raw = raw[:n], raw[n:]
+                records += rec[0] == 23
+                inc.write(rec)
+                try:
+                    while True:
+                        text += obj.read(65536)
+                except ssl.SSLWantReadError:
+                    pass
+            return text, records
+
+        exchange()  # the first answer on the connection also carries the session tickets
+        text, records = exchange()
+        self.assertIn(b"200 OK", text.split(b"\r\n")[0])
+        self.assertEqual(text.count(b"data: "), 18, text)  # 17 events and [DONE], all relayed
+        self.assertLessEqual(records, 2, "the answer came in %d TLS records" % records)
+
+
 class Rotation(TlsCase):
     def test_sighup_rotation_under_load(self):
         e = self.engine()
