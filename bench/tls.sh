@@ -4,14 +4,15 @@
 # CPU 1 alone; the zero-delay decode sim and the load generator share CPU 0. Its CPU time comes from
 # /proc/<pid>/stat around each run.
 #   1. keep-alive: N streamed 16-token completions, 64 at once over keep-alive connections (xpyd_bench, TLS
-#      sessions resumed): CPU per request for router plain, router TLS, nginx plain, nginx TLS;
+#      sessions resumed): CPU per request for router plain, router TLS, nginx plain, nginx TLS, in ROUNDS
+#      alternated rounds (the four one after the other, ROUNDS times); the medians are compared;
 #   2. handshakes: `openssl s_time -new` (a full handshake per connection, TLS 1.3, ECDSA P-256) for SECS
 #      seconds: handshakes per second and CPU per handshake, router vs nginx.
-#   bench/tls.sh [requests=20000] [seconds=10]
+#   bench/tls.sh [requests=20000] [seconds=10] [rounds=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-N=${1:-20000} SECS=${2:-10}
+N=${1:-20000} SECS=${2:-10} ROUNDS=${3:-3}
 if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh nginx-light openssl; ./scripts/build.sh >/dev/null; fi
 B=${XPYD_BUILD_DIR:-build}/bin
 WORK=$(mktemp -d /tmp/xpyd-tls.XXXXXX)
@@ -26,6 +27,7 @@ cd - >/dev/null
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
 HZ=$(getconf CLK_TCK)
+j() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d[sys.argv[2]])" "$@"; }
 
 rm -f "$WORK/d.port"
 taskset -c 0 $B/xpyd_sim --role both --port 0 --port-file "$WORK/d.port" --decode-us-per-token 0 --log-level warn \
@@ -76,11 +78,11 @@ NGW=$(pgrep -P "$(cat "$WORK/ng/nginx.pid")" | tr '\n' ' ')
 
 echo "# TLS cost — $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) CPUs, $(openssl version | cut -d' ' -f1-2), nginx $(nginx -v 2>&1 | cut -d/ -f2)"
 echo
-echo "## 1. keep-alive: $N streamed 16-token completions, 64 at once"
+echo "## 1. keep-alive: $N streamed 16-token completions, 64 at once, $ROUNDS alternated rounds (medians)"
 echo
-echo "| server | requests/s | CPU µs per request | p99 E2E (ms) |"
-echo "|---|---|---|---|"
-declare -A CPU
+echo "| server | requests/s | CPU µs per request (each round) | median CPU µs per request | p99 E2E (ms) |"
+echo "|---|---|---|---|---|"
+declare -A CPU RPS P99
 run_ka() { # label url pids...
   local label=$1 url=$2; shift 2
   local t0 t1
@@ -89,22 +91,31 @@ run_ka() { # label url pids...
     --random-input-len 16 --random-output-len 16 --ignore-eos --disable-tqdm --percentile-metrics e2el \
     --metric-percentiles 99 --save-result --result-filename "$WORK/ka.json" >/dev/null || true
   t1=$(cpu_ticks "$@")
-  CPU[$label]=$(python3 -c "print(($t1 - $t0) / $HZ / $N * 1e6)")
-  python3 - "$WORK/ka.json" "$label" "${CPU[$label]}" <<'PY'
-import json, sys
-r = json.load(open(sys.argv[1]))
-print("| %s | %.0f | %.1f | %.2f |" % (sys.argv[2], r["request_throughput"], float(sys.argv[3]), r["p99_e2el_ms"]))
-PY
+  CPU[$label]+="$(python3 -c "print(($t1 - $t0) / $HZ / $N * 1e6)") "
+  RPS[$label]+="$(j "$WORK/ka.json" request_throughput) "
+  P99[$label]+="$(j "$WORK/ka.json" p99_e2el_ms) "
 }
-run_ka "nginx plain" "http://127.0.0.1:$NP" $NGW
-run_ka "nginx TLS" "https://localhost:$NS" $NGW
-run_ka "xpyd_router plain" "http://127.0.0.1:$RP" $ROUTER_PLAIN
-run_ka "xpyd_router TLS" "https://localhost:$RS" $ROUTER_TLS
-python3 - "${CPU[xpyd_router TLS]}" "${CPU[nginx TLS]}" "${CPU[xpyd_router plain]}" "${CPU[nginx plain]}" <<'PY'
+for _ in $(seq "$ROUNDS"); do
+  run_ka "nginx plain" "http://127.0.0.1:$NP" $NGW
+  run_ka "nginx TLS" "https://localhost:$NS" $NGW
+  run_ka "xpyd_router plain" "http://127.0.0.1:$RP" $ROUTER_PLAIN
+  run_ka "xpyd_router TLS" "https://localhost:$RS" $ROUTER_TLS
+done
+declare -A MED
+for label in "nginx plain" "nginx TLS" "xpyd_router plain" "xpyd_router TLS"; do
+  MED[$label]=$(python3 -c "import statistics, sys; print(statistics.median(map(float, sys.argv[1:])))" ${CPU[$label]})
+  python3 - "$label" "${MED[$label]}" "${CPU[$label]}" "${RPS[$label]}" "${P99[$label]}" <<'PY'
+import statistics, sys
+label, med, cpu, rps, p99 = sys.argv[1], float(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split(), sys.argv[5].split()
+print("| %s | %.0f | %s | %.1f | %.2f |" % (label, statistics.median(map(float, rps)), " / ".join("%.1f" % float(c) for c in cpu),
+      med, statistics.median(map(float, p99))))
+PY
+done
+python3 - "${MED[xpyd_router TLS]}" "${MED[nginx TLS]}" "${MED[xpyd_router plain]}" "${MED[nginx plain]}" <<'PY'
 import sys
 rt, nt, rp, np_ = map(float, sys.argv[1:])
-print("\nrouter TLS / nginx TLS CPU per request: %.2f (acceptance: <= 1); TLS adds %.1f µs per request to the "
-      "router, %.1f µs to nginx" % (rt / nt, rt - rp, nt - np_))
+print("\nrouter TLS / nginx TLS CPU per request (medians): %.2f (acceptance: <= 1); TLS adds %.1f µs per request to "
+      "the router, %.1f µs to nginx; router plain / nginx plain: %.2f" % (rt / nt, rt - rp, nt - np_, rp / np_))
 PY
 
 echo
