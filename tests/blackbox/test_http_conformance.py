@@ -3,7 +3,8 @@ framing (request line, fields, Content-Length / Transfer-Encoding, chunked bodie
 trailers, pipelining) and RFC 9110 method rules, plus a regression test for every finding of the client-side
 hardening issue (the HTTP/0.9 request line that crashed libevhtp, protections lost after the first forwarded
 request, smuggling-prone framing, lost pipelined requests, bodies re-serialised on their way to engines,
-colliding request ids, HEAD/405/Host/version/header-byte rules, 100-continue before 401/413)."""
+colliding request ids, HEAD/405/Host/version/header-byte rules, 100-continue before 401/413), and the framing of
+streamed answers per HTTP version (chunked for 1.1; never for 1.0, whose stream ends with the connection)."""
 import json
 import re
 import time
@@ -260,6 +261,51 @@ class AnswerShapes(Base):
         self.assertEqual(st, 200)
         self.assertGreater(int(h["content-length"]), 20)
         self.assertEqual(c.response()[0], 200)
+
+    def test_stream_framing_by_version(self):
+        # HTTP/1.1: chunked, the connection kept (or closed after the last chunk when asked); HTTP/1.0 clients
+        # do not know the chunked coding (RFC 9112 section 6.1): the events as they are, ended by the close
+        sbody = b'{"prompt":"a b","max_tokens":3,"stream":true}'
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+        c = self.conn().send(post(b"/v1/completions", sbody, self.AUTH))
+        st, _, h, body = c.response()
+        self.assertEqual((st, h.get("transfer-encoding")), (200, "chunked"))
+        self.assertTrue(body.endswith(b"data: [DONE]\n\n"), body)
+        self.assertEqual(body.count(b"data: "), 4, body)  # 3 tokens (the last with its finish reason), [DONE]
+        c.send(HEALTH_CLOSE)
+        self.assertEqual(c.response()[0], 200)  # the same connection, after the stream
+        for version, extra in ((b"1.1", b"Connection: close\r\n"), (b"1.0", b""), (b"1.0", b"Connection: keep-alive\r\n")):
+            with self.subTest(version=version, extra=extra):
+                c = self.conn().send(post(b"/v1/completions", sbody, self.AUTH + extra, version))
+                raw = b""
+                while True:
+                    got = c.s.recv(65536)
+                    if not got:
+                        break
+                    raw += got
+                if version == b"1.1":
+                    self.assertTrue(raw.startswith(head + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"),
+                                    raw[:200])
+                    rest, body = raw.partition(b"\r\n\r\n")[2], b""
+                    while True:  # strictly chunked, to the last chunk, nothing after it
+                        size, _, rest = rest.partition(b"\r\n")
+                        self.assertRegex(size, rb"^[0-9a-f]+$")
+                        n = int(size, 16)
+                        self.assertEqual(rest[n:n + 2], b"\r\n")
+                        body, rest = body + rest[:n], rest[n + 2:]
+                        if n == 0:
+                            break
+                    self.assertEqual(rest, b"")
+                    self.assertEqual(body.count(b"data: "), 4, body)
+                    self.assertTrue(body.endswith(b"data: [DONE]\n\n"), body[-60:])
+                else:
+                    want = (b"HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+                            b"Connection: close\r\n\r\ndata: {")
+                    self.assertTrue(raw.startswith(want), raw[:200])
+                    body = raw.partition(b"\r\n\r\n")[2]
+                    self.assertEqual(body.count(b"data: "), 4, body)
+                    self.assertTrue(body.endswith(b"data: [DONE]\n\n"), body[-60:])
+        self.assertAlive()
 
     def test_405_with_allow(self):
         for method, path, allow in ((b"GET", b"/v1/completions", "POST"), (b"POST", b"/status", "GET, HEAD"),
