@@ -15,6 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
+. bench/lib.sh
 QUICK=0 ONLY=0
 while [ $# -gt 0 ]; do
   case "$1" in --quick) QUICK=1; shift ;; --only) ONLY=$2; shift 2 ;; *) echo "usage: $0 [--quick] [--only N]" >&2; exit 2 ;; esac
@@ -63,26 +64,7 @@ echo
 start_nginx() {
   local D=$1
   NG=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  mkdir -p "$WORK/ng"
-  cat >"$WORK/ng/nginx.conf" <<NGX
-worker_processes 1;
-daemon off;
-user root;
-pid $WORK/ng/nginx.pid;
-error_log $WORK/ng/error.log;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/ng; proxy_temp_path $WORK/ng; fastcgi_temp_path $WORK/ng;
-  uwsgi_temp_path $WORK/ng; scgi_temp_path $WORK/ng;
-  upstream decode { server 127.0.0.1:$D; keepalive 256; }
-  server {
-    listen 127.0.0.1:$NG;
-    location / { proxy_pass http://decode; proxy_http_version 1.1; proxy_set_header Connection "";
-                 proxy_buffering off; proxy_request_buffering off; }
-  }
-}
-NGX
+  bench_nginx_conf "$WORK/ng" "$D" "$NG"
   taskset -c 1 nginx -c "$WORK/ng/nginx.conf" -p "$WORK/ng" &
   PIDS+=($!)
   xpyd_wait_http "http://127.0.0.1:$NG/health" 10
@@ -243,17 +225,6 @@ echo "after the clients disconnected: $(curl -fs "http://127.0.0.1:$R4/status" |
 fi
 
 # ---- 5. syscalls per relayed request ----
-# wait_traced PID: until strace has attached to every thread of PID (bounded: 10 s)
-wait_traced() {
-  local i t ok
-  for i in $(seq 1 200); do
-    ok=1
-    for t in /proc/$1/task/*; do grep -q '^TracerPid:[[:space:]]*0$' "$t/status" && ok=0; done
-    [ $ok = 1 ] && return 0
-    sleep 0.05
-  done
-  echo "strace did not attach to $1" >&2; return 1
-}
 # strace slows whatever it traces, so this is its own short run: counts, not times.
 if want 5; then
 if ! command -v strace >/dev/null; then echo "## 5. skipped: strace is not installed (scripts/deps.sh strace)"; else
@@ -273,23 +244,11 @@ for row in "nginx 1.22:${NGW%% *}:$NG" "xpyd_router --handoff none:$(cat "$WORK/
   bench "$WORK/sys_warm.json" --port "$port" --num-prompts 200 --max-concurrency 64 --random-input-len 16 --random-output-len 16
   strace -c -f -p "$pid" -o "$WORK/strace.txt" 2>/dev/null &
   SPID=$!
-  wait_traced "$pid"
+  bench_wait_traced "$pid"
   bench "$WORK/sys.json" --port "$port" "${SYS[@]}"
   kill -INT $SPID; wait $SPID 2>/dev/null || true
-  python3 - "$WORK/strace.txt" "$WORK/sys.json" "$name" <<'PY'
-import json, sys
-rows, total = [], 0
-for line in open(sys.argv[1]):
-    f = line.split()
-    if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
-        calls = int(f[3]); rows.append((calls, f[-1]))
-    elif f and f[-1] == "total":
-        total = int(f[2]) if len(f) >= 4 else 0
-d = json.load(open(sys.argv[2])); n = max(d["completed"], 1)
-total = sum(c for c, _ in rows)
-top = ", ".join("%s %.1f" % (name, c / n) for c, name in sorted(rows, reverse=True)[:5])
-print("| %s | %.1f | %s | %d/%d |" % (sys.argv[3], total / n, top, d["completed"], d["num_prompts"]))
-PY
+  IFS='|' read -r per top <<<"$(bench_syscalls_per "$WORK/strace.txt" "$(j "$WORK/sys.json" completed)" 1)"
+  echo "| $name | $per | $top | $(j "$WORK/sys.json" completed)/$(j "$WORK/sys.json" num_prompts) |"
 done
 echo
 xpyd_cluster_down
@@ -333,20 +292,11 @@ if command -v strace >/dev/null; then
     IFS=: read -r label pid port <<<"$row"
     strace -c -f -p "$pid" -o "$WORK/strace6.txt" 2>/dev/null &
     SPID=$!
-    wait_traced "$pid"
+    bench_wait_traced "$pid"
     bench "$WORK/spaced_s.json" --port $port --num-prompts 256 --max-concurrency 256 --random-input-len 16 --random-output-len 200
     kill -INT $SPID; wait $SPID 2>/dev/null || true
-    python3 - "$WORK/strace6.txt" "$WORK/spaced_s.json" "$label" <<'PY'
-import json, sys
-rows = []
-for line in open(sys.argv[1]):
-    f = line.split()
-    if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
-        rows.append((int(f[3]), f[-1]))
-d = json.load(open(sys.argv[2])); n = max(d["total_output_tokens"], 1)
-print("- %s: %.2f (%s)" % (sys.argv[3], sum(c for c, _ in rows) / n,
-      ", ".join("%s %.2f" % (name, c / n) for c, name in sorted(rows, reverse=True)[:5])))
-PY
+    IFS='|' read -r per top <<<"$(bench_syscalls_per "$WORK/strace6.txt" "$(j "$WORK/spaced_s.json" total_output_tokens)" 2)"
+    echo "- $label: $per ($top)"
   done
   echo
 fi

@@ -12,6 +12,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
+. bench/lib.sh
 N=${1:-20000} SECS=${2:-10} ROUNDS=${3:-3}
 if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh nginx-light openssl; ./scripts/build.sh >/dev/null; fi
 B=${XPYD_BUILD_DIR:-build}/bin
@@ -44,29 +45,7 @@ taskset -c 1 $B/xpyd_router --port "$RS" --log-level error --threads 1 --handoff
   --tls-cert "$WORK/srv.pem" --tls-key "$WORK/srv.key" >"$WORK/rs.log" 2>&1 &
 ROUTER_TLS=$!
 PIDS+=($!)
-mkdir -p "$WORK/ng"
-cat >"$WORK/ng/nginx.conf" <<NGX
-worker_processes 1;
-daemon off;
-user root;
-pid $WORK/ng/nginx.pid;
-error_log $WORK/ng/error.log;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $WORK/ng; proxy_temp_path $WORK/ng; fastcgi_temp_path $WORK/ng;
-  uwsgi_temp_path $WORK/ng; scgi_temp_path $WORK/ng;
-  upstream decode { server 127.0.0.1:$D; keepalive 256; }
-  ssl_certificate $WORK/srv.pem; ssl_certificate_key $WORK/srv.key;
-  ssl_protocols TLSv1.2 TLSv1.3; ssl_session_cache shared:SSL:10m; ssl_session_tickets on;
-  server {
-    listen 127.0.0.1:$NP;
-    listen 127.0.0.1:$NS ssl;
-    location / { proxy_pass http://decode; proxy_http_version 1.1; proxy_set_header Connection "";
-                 proxy_buffering off; proxy_request_buffering off; }
-  }
-}
-NGX
+bench_nginx_conf "$WORK/ng" "$D" "$NP" "$NS" "$WORK/srv.pem" "$WORK/srv.key"
 taskset -c 1 nginx -c "$WORK/ng/nginx.conf" -p "$WORK/ng" &
 PIDS+=($!)
 xpyd_wait_http "http://127.0.0.1:$RP/health" 10
