@@ -1,5 +1,6 @@
 """TLS, with certificates this test generates (openssl CLI, a throwaway CA):
  - HTTPS for clients: streaming through curl and through Python's ssl; ALPN http/1.1; session resumption;
+   what the router read from an engine at once reaches the client as one TLS record (counted on raw bytes);
    --tls-min-version 1.3 refuses a TLS 1.2 client; plain HTTP sent to the TLS port gets a clear 400 and a
    close; a client that never handshakes is closed by --header-timeout-ms; a plain second listener
    (--plain-port) serves /metrics next to the TLS one;
