@@ -81,7 +81,7 @@ void xpyd_reply(evhtp_request_t *req, int status, const char *ctype, const char 
     else if (v10)
         evbuffer_add_printf(b, "Connection: keep-alive\r\n");
     evbuffer_add(b, "\r\n", 2);
-    if (evhtp_request_get_method(req) != htp_method_HEAD && len)
+    if (req->method != htp_method_HEAD && len)
         evbuffer_add(b, body, len);
     req->flags |= EVHTP_REQ_FLAG_FINISHED;
     bufferevent_write_buffer(bev, b);
@@ -103,7 +103,7 @@ void xpyd_reply_buffer(evhtp_request_t *req, int status, const char *ctype, stru
 
 int xpyd_method_allowed(evhtp_request_t *req, const char *allow)
 {
-    const char *m = htparser_get_methodstr_m(evhtp_request_get_method(req));
+    const char *m = htparser_get_methodstr_m(req->method);
     size_t ml = m ? strlen(m) : 0;
     for (const char *p = allow; m && *p;) {
         const char *e = strchr(p, ',');

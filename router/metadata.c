@@ -161,7 +161,7 @@ static void md_etcd(evhtp_request_t *req, int method, const char *key)
 
 static void on_metadata(evhtp_request_t *req, void *arg)
 {
-    htp_method m = evhtp_request_get_method(req);
+    htp_method m = req->method;
     if (!xpyd_method_allowed(req, "GET, HEAD, PUT, POST, DELETE"))
         return;
     if (m == htp_method_GET || m == htp_method_HEAD ? !rt_authorized(req) : !write_allowed(req))

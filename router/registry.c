@@ -607,7 +607,7 @@ static void on_admin_instances(evhtp_request_t *req, void *arg)
     const char *path = req->uri && req->uri->path && req->uri->path->full ? req->uri->path->full : "";
     const char *base = "/admin/instances";
     const char *rest = strncmp(path, base, strlen(base)) == 0 ? path + strlen(base) : "";
-    htp_method m = evhtp_request_get_method(req);
+    htp_method m = req->method;
     if (!rest[0] && m == htp_method_GET)
         admin_list(req);
     else if (!rest[0] && m == htp_method_POST)

@@ -156,6 +156,8 @@ struct rthread {
     int kick_role, kick_blocked;
     struct rthread *next_thread;      /* all threads, for kicking */
     struct etcd *etcd;                /* --metadata-backend etcd: this thread's client (made on first use) */
+    void *parser;                     /* libevhtp's request parser, shared by this thread's client connections
+                                       * (client_conn.c; made on first use) */
 };
 
 /* auth.c: the client --api-key, a leaf every module may call (answers: xpyd_reply.h, common/).

@@ -58,7 +58,7 @@ static void rejected(evhtp_request_t *req, int kind, int status, int fail)
     if (!client_request_id(req, xid, sizeof xid))
         new_request_id(xid, sizeof xid);
     rt_client_addr(req, client, sizeof client);
-    htp_method m = evhtp_request_get_method(req);
+    htp_method m = req->method;
     const char *method = m == htp_method_GET ? "GET" : m == htp_method_POST ? "POST" : m == htp_method_HEAD ? "HEAD"
                        : m == htp_method_PUT ? "PUT" : m == htp_method_DELETE ? "DELETE" : "OTHER";
     struct access_entry e = {xid, client, method, kind == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions",
@@ -224,6 +224,7 @@ void rt_thread_free(struct rthread *t)
     rt_threads_remove(t);
     event_free(t->kick);
     up_thread_free(t->up);
+    free(t->parser);
     free(t);
 }
 
