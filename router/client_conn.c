@@ -585,7 +585,7 @@ void *rt_client_attach(evhtp_connection_t *c)
         atomic_fetch_add(&g_rt->ctr.connections_rejected, 1);
     }
     /* libevhtp gives every connection its own request parser, 8,320 bytes (an 8 KiB buffer inside), for the
-     * connection's whole life: half of what an open stream costs. The guard hands libevhtp one complete
+     * connection's whole life (about 4 KiB of it resident per open stream). The guard hands libevhtp one complete
      * request at a time, parsed in one call (hand_over), so one parser per thread serves all its connections.
      * Nothing of libevhtp's reads the parser between requests on the paths the router uses: the request's
      * method and version are copied into the request while parsing, the router writes its answers itself

@@ -44,12 +44,6 @@ static struct bufferevent *client_bev(struct request *r)
     return r->ereq ? evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq)) : NULL;
 }
 
-/* Write-through: a stream's bytes are written to a plain client socket from the callback that produced them,
- * with the connection's write event off (client_write_through_again). Only bytes the socket cannot take turn
- * the write event on, and libevent drains that backlog. This saves, per write, the two epoll_ctl calls that
- * arming and disarming the write event cost and one trip through the event loop. TLS connections keep
- * libevent's write event (the OpenSSL bufferevent does the writing). The end of a stream still goes through
- * the write event: libevhtp finishes a request (keep-alive or close) from its write callback. */
 /* An OpenSSL bufferevent makes one TLS record, and one write(), of every piece (chain) of its output buffer:
  * the response head, each chunk of a stream and the chunked terminator would each be one. Before the loop
  * writes, what is queued becomes one piece (a copy of at most TLS_COALESCE_MAX bytes; a record holds 16 KiB),
@@ -63,6 +57,12 @@ static void tls_coalesce(struct bufferevent *bev)
         evbuffer_pullup(out, (ev_ssize_t)(n < TLS_COALESCE_MAX ? n : TLS_COALESCE_MAX));
 }
 
+/* Write-through: a stream's bytes are written to a plain client socket from the callback that produced them,
+ * with the connection's write event off (client_write_through_again). Only bytes the socket cannot take turn
+ * the write event on, and libevent drains that backlog. This saves, per write, the two epoll_ctl calls that
+ * arming and disarming the write event cost and one trip through the event loop. TLS connections keep
+ * libevent's write event (the OpenSSL bufferevent does the writing). The end of a stream still goes through
+ * the write event: libevhtp finishes a request (keep-alive or close) from its write callback. */
 static void client_flush(struct request *r)
 {
     struct bufferevent *bev = client_bev(r);
