@@ -8,9 +8,8 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 
-from xpyd_testlib import _LIVE, free_port, wait_until
+from xpyd_testlib import _LIVE, free_port, tmpdir, wait_until
 
 ETCD = shutil.which("etcd") or "/usr/bin/etcd"
 
@@ -36,7 +35,7 @@ class Member:
         self.name = name
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
-        self.data_dir = data_dir or tempfile.mkdtemp(prefix="xpyd-etcd-")
+        self.data_dir = data_dir or tmpdir(prefix="xpyd-etcd-")
         self.cluster = cluster or "%s=http://127.0.0.1:%d" % (name, self.peer_port)
         self.p = None
         self.log = None
@@ -153,7 +152,7 @@ def cluster(n):
     for nm, pp in zip(names, peers):
         m = Member.__new__(Member)
         m.name, m.client_port, m.peer_port = nm, free_port(), pp
-        m.data_dir = tempfile.mkdtemp(prefix="xpyd-etcd-")
+        m.data_dir = tmpdir(prefix="xpyd-etcd-")
         m.cluster, m.p, m.log, m.stopped, m.tls = spec, None, None, True, None
         m.start(wait=False)
         members.append(m)

@@ -4,13 +4,12 @@ counts failures when the sims inject them, and writes benchmark_serving's JSON k
 import json
 import os
 import subprocess
-import tempfile
 
 import xpyd_testlib as t
 
 
 def run_bench(port, *args):
-    out = os.path.join(tempfile.mkdtemp(prefix="xpyd-bench-"), "r.json")
+    out = os.path.join(t.tmpdir(prefix="xpyd-bench-"), "r.json")
     p = subprocess.run([os.path.join(t.BIN, "xpyd_bench"), "--port", str(port), "--disable-tqdm", "--save-result",
                         "--result-filename", out] + list(args), capture_output=True, text=True, timeout=120)
     with open(out) as f:

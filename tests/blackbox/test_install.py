@@ -9,7 +9,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import xpyd_testlib as t
 
@@ -44,7 +43,7 @@ int main(void)
 class Install(t.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.prefix = tempfile.mkdtemp(prefix="xpyd-install-")
+        cls.prefix = t.tmpdir(prefix="xpyd-install-")
         subprocess.run(["cmake", "--install", BUILD, "--prefix", cls.prefix], check=True, stdout=subprocess.DEVNULL)
 
     @classmethod
@@ -85,7 +84,7 @@ class Install(t.TestCase):
         self.assertIn(s["version"], out)
 
     def test_demo_runs_from_the_prefix(self):
-        tmp = tempfile.mkdtemp(prefix="xpyd-install-demo-")  # its own work dirs: test_demo may run meanwhile
+        tmp = t.tmpdir(prefix="xpyd-install-demo-")  # its own work dirs: test_demo may run meanwhile
         self.addCleanup(shutil.rmtree, tmp, True)
         env = dict(os.environ, XPYD_SKIP_BUILD="1", XPYD_BIN_DIR=self.p("bin"), DEMO_PROMPTS="20",
                    DEMO_CONCURRENCY="4", TMPDIR=tmp)
@@ -100,7 +99,7 @@ class Install(t.TestCase):
         env = dict(os.environ, PKG_CONFIG_PATH=pcdir)
         flags = subprocess.run(["pkg-config", "--cflags", "--libs", "xpyd_transfer"], env=env, capture_output=True,
                                text=True, check=True).stdout.split()
-        work = tempfile.mkdtemp(prefix="xpyd-pc-")
+        work = t.tmpdir(prefix="xpyd-pc-")
         self.addCleanup(shutil.rmtree, work, True)
         src = os.path.join(work, "prog.c")
         with open(src, "w") as f:

@@ -6,7 +6,6 @@ recording fake engine (the exact wire fields and headers of both legs) and end t
 import json
 import os
 import signal
-import tempfile
 import threading
 import time
 
@@ -167,7 +166,7 @@ class RecordingEngine(t.TestCase):
                 "prefill": {"hosts": [{"host": "127.0.0.1", "port": rec.p.port, "bootstrap_port": rec.boot.port},
                                       {"host": "127.0.0.1", "port": rec.d.port, "bootstrap_port": dead}]},
                 "decode": {"hosts": [{"host": "127.0.0.1", "port": rec.d.port}]}}
-        path = os.path.join(tempfile.mkdtemp(prefix="xpyd-test-"), "topo.json")
+        path = os.path.join(t.tmpdir(prefix="xpyd-test-"), "topo.json")
         with open(path, "w") as f:
             json.dump(topo, f)
         r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--config", path]))
@@ -382,7 +381,7 @@ class ThroughSims(t.TestCase):
         p1, b1 = mooncake_prefill("--dp-size", "2")
         p1 = self.start(p1)
         d = self.start(t.sim("--role", "decode", "--handoff", "mooncake"))
-        path = os.path.join(tempfile.mkdtemp(prefix="xpyd-test-"), "topo.json")
+        path = os.path.join(t.tmpdir(prefix="xpyd-test-"), "topo.json")
         topo = {"handoff": "mooncake", "query_interval_ms": 100, "admin_key": "adm",
                 "prefill": {"hosts": [{"host": "127.0.0.1", "port": p1.port, "bootstrap_port": b1}]},
                 "decode": {"hosts": [{"host": "127.0.0.1", "port": d.port}]}}

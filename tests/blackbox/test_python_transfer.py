@@ -212,7 +212,7 @@ print(json.dumps(out))
         import tempfile
         cc = shutil.which("cc") or shutil.which("gcc")
         self.assertIsNotNone(cc, "a C compiler (scripts/deps.sh installs gcc)")
-        tmp = tempfile.mkdtemp(prefix="xpyd-fakecuda-")
+        tmp = t.tmpdir(prefix="xpyd-fakecuda-")
         src = os.path.join(tmp, "cuda.c")
         with open(src, "w") as f:
             f.write("#include <stdlib.h>\nint cuInit(unsigned f) { return 0; }\n"

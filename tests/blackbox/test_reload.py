@@ -4,7 +4,6 @@ a configuration that does not load changes nothing; the router keeps serving thr
 import json
 import os
 import signal
-import tempfile
 import threading
 
 import xpyd_testlib as t
@@ -24,7 +23,7 @@ class Reload(t.TestCase):
         p = self.start(t.sim("--role", "prefill"))
         d1 = self.start(t.sim("--role", "decode", "--decode-us-per-token", "20000"))
         d2 = self.start(t.sim("--role", "decode"))
-        path = os.path.join(tempfile.mkdtemp(prefix="xpyd-reload-"), "router.json")
+        path = os.path.join(t.tmpdir(prefix="xpyd-reload-"), "router.json")
         write_config(path, [p.port], [d1.port])
         r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--config", path]))
         results = {}

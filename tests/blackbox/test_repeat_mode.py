@@ -3,7 +3,6 @@ decode-only clones, but only once the measured request's decode produced its fir
 KV is in the store, and the clones do not compete with the measured TTFT); clones are counted and their load
 released."""
 import shutil
-import tempfile
 import time
 
 import xpyd_testlib as t
@@ -11,7 +10,7 @@ import xpyd_testlib as t
 
 class RepeatMode(t.TestCase):
     def test_clones_wait_for_the_first_token(self):
-        store = tempfile.mkdtemp(prefix="xpyd-store-")
+        store = t.tmpdir(prefix="xpyd-store-")
         self.addCleanup(shutil.rmtree, store, True)
         p = self.start(t.sim("--role", "prefill", "--handoff", "store", "--store-dir", store))
         decodes = [self.start(t.sim("--role", "decode", "--handoff", "store", "--store-dir", store,
@@ -36,7 +35,7 @@ class RepeatMode(t.TestCase):
     def test_non_streamed_requests_get_their_clones_after_the_answer(self):
         # a non-streamed answer arrives whole: the clones go out once it did (its KV is in the store), and
         # every clone reads the KV from the store (no recompute)
-        store = tempfile.mkdtemp(prefix="xpyd-store-")
+        store = t.tmpdir(prefix="xpyd-store-")
         self.addCleanup(shutil.rmtree, store, True)
         p = self.start(t.sim("--role", "prefill", "--handoff", "store", "--store-dir", store))
         decodes = [self.start(t.sim("--role", "decode", "--handoff", "store", "--store-dir", store,

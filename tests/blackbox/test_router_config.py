@@ -7,7 +7,6 @@ import shutil
 import subprocess
 
 import socket
-import tempfile
 
 import xpyd_testlib as t
 
@@ -98,7 +97,7 @@ class Errors(t.TestCase):
             self.assertIn(needle, err)
 
     def topo(self, obj):
-        path = os.path.join(tempfile.mkdtemp(prefix="xpyd-topo-"), "t.json")
+        path = os.path.join(t.tmpdir(prefix="xpyd-topo-"), "t.json")
         with open(path, "w") as f:
             json.dump(obj, f)
         return dry("--config", path)
@@ -194,7 +193,7 @@ class LaunchHelpers(t.TestCase):
         return out.stdout.strip().splitlines()
 
     def launch(self, *args, fake_exit=None, expect_rc=0):
-        tmp = tempfile.mkdtemp(prefix="xpyd-launch-")
+        tmp = t.tmpdir(prefix="xpyd-launch-")
         rec = os.path.join(tmp, "rec")
         os.mkdir(rec)
         real_py = shutil.which("python3")
@@ -332,7 +331,7 @@ class LaunchHelpers(t.TestCase):
 
     def test_launch_router_paths_and_outcome(self):
         # a relative --config is the caller's; a router that exits is reported, one that comes up too
-        tmp = tempfile.mkdtemp(prefix="xpyd-lr-")
+        tmp = t.tmpdir(prefix="xpyd-lr-")
         with open(os.path.join(tmp, "good.json"), "w") as f:
             json.dump({"port": 0, "prefill": {"hosts": ["127.0.0.1:9"]}, "decode": {"hosts": ["127.0.0.1:9"]}}, f)
         with open(os.path.join(tmp, "bad.json"), "w") as f:

@@ -169,7 +169,7 @@ class Reasons(t.TestCase):
 
     def _tmp(self):
         import tempfile
-        d = tempfile.mkdtemp(prefix="xpyd-cfg-")
+        d = t.tmpdir(prefix="xpyd-cfg-")
         self.addCleanup(shutil.rmtree, d, True)
         return d
 

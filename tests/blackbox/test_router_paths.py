@@ -3,7 +3,6 @@ first-token modes, repeat mode, DP external and internal. After each test the ro
 the sims hold no KV lease."""
 import json
 import shutil
-import tempfile
 
 import xpyd_testlib as t
 
@@ -32,7 +31,7 @@ class Cluster(t.TestCase):
     handoff = "kv-params"
 
     def cluster(self, router_args=(), np=1, nd=1, p_args=(), d_args=()):
-        self.store = tempfile.mkdtemp(prefix="xpyd-store-")
+        self.store = t.tmpdir(prefix="xpyd-store-")
         self.addCleanup(shutil.rmtree, self.store, True)
         common = ["--handoff", self.handoff, "--store-dir", self.store, "--decode-us-per-token", "200"]
         self.P = [self.start(t.sim("--role", "prefill", *common, *p_args)) for _ in range(np)]

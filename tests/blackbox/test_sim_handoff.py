@@ -2,7 +2,6 @@
 params, abort_request, and data-parallel ranks (external and internal)."""
 import json
 import shutil
-import tempfile
 import threading
 
 import xpyd_testlib as t
@@ -101,7 +100,7 @@ class KvLeaseExpiry(t.TestCase):
 
 class Store(t.TestCase):
     def test_store_hit_and_recompute(self):
-        d = tempfile.mkdtemp(prefix="xpyd-store-")
+        d = t.tmpdir(prefix="xpyd-store-")
         self.addCleanup(shutil.rmtree, d, True)
         p = self.start(t.sim("--role", "prefill", "--handoff", "store", "--store-dir", d))
         dec = self.start(t.sim("--role", "decode", "--handoff", "store", "--store-dir", d,

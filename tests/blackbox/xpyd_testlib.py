@@ -17,6 +17,25 @@ import unittest
 
 BIN = os.environ.get("XPYD_BIN") or os.path.join(os.path.dirname(__file__), "..", "..", "build", "bin")
 _LIVE = []
+_TMPDIRS = []
+
+
+def tmpdir(**kw):
+    """tempfile.mkdtemp(**kw), removed when the test file's interpreter exits, after every process it started
+    is stopped (an etcd data directory preallocates 64 MB; thousands of runs filled a disk). XPYD_KEEP_TMP=1
+    keeps them for a post-mortem."""
+    d = tempfile.mkdtemp(**kw)
+    _TMPDIRS.append(d)
+    return d
+
+
+@atexit.register
+def _remove_tmpdirs():  # registered before _stop_all, so it runs after it
+    if os.environ.get("XPYD_KEEP_TMP"):
+        return
+    import shutil
+    for d in _TMPDIRS:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def free_port():
@@ -69,7 +88,7 @@ class Proc:
     and also runs at interpreter exit, so nothing is left behind when a test fails."""
 
     def __init__(self, name, args, port_flag=True, ready_path="/health", env=None):
-        self.tmp = tempfile.mkdtemp(prefix="xpyd-test-")
+        self.tmp = tmpdir(prefix="xpyd-test-")
         self.port_file = os.path.join(self.tmp, "port")
         self.log_path = os.path.join(self.tmp, "log")
         argv = [os.path.join(BIN, name)] + list(args)
@@ -420,7 +439,7 @@ def router(prefills, decodes, *args, ready_path="/health"):
         host = lambda p: {"host": "127.0.0.1", "port": p.port, "bootstrap_port": p.bootstrap_port} \
             if isinstance(p, Proc) and p.bootstrap_port else fmt(p)
         topo = {"prefill": {"hosts": [host(p) for p in prefills]}, "decode": {"hosts": [fmt(d) for d in decodes]}}
-        path = os.path.join(tempfile.mkdtemp(prefix="xpyd-topo-"), "topology.json")
+        path = os.path.join(tmpdir(prefix="xpyd-topo-"), "topology.json")
         with open(path, "w") as f:
             json.dump(topo, f)
         argv += ["--config", path]
