@@ -30,6 +30,15 @@ static int is_int(const cJSON *v)
            v->valuedouble == (double)(long long)v->valuedouble;
 }
 
+/* A bootstrap_room: any integer in [0, 2^63) (the router draws 63 random bits; SGLang takes any Python int).
+ * As a double, the largest ones round to 2^63 itself, which is accepted too (a room is only compared, never
+ * cast to a signed type). */
+static int is_room(const cJSON *v)
+{
+    return cJSON_IsNumber(v) && v->valuedouble >= 0 && v->valuedouble <= 9223372036854775808.0 &&
+           v->valuedouble == (double)(uint64_t)v->valuedouble; /* in range: the cast is defined */
+}
+
 static int is_port(const cJSON *v)
 {
     return is_int(v) && v->valuedouble >= 1 && v->valuedouble <= 65535;
@@ -230,7 +239,7 @@ static int parse_bootstrap(const cJSON *root, struct sim_handoff_in *h, char **e
         return 0;
     const cJSON *host = cJSON_GetObjectItemCaseSensitive(root, "bootstrap_host");
     const cJSON *port = cJSON_GetObjectItemCaseSensitive(root, "bootstrap_port");
-    if (!is_int(room) || room->valuedouble < 0 || !cJSON_IsString(host) || !is_port(port))
+    if (!is_room(room) || !cJSON_IsString(host) || !is_port(port))
         return fail(err, 400, "bootstrap_room (integer), bootstrap_host (string) and bootstrap_port (integer) "
                               "must be given together");
     h->has_bootstrap = 1;
