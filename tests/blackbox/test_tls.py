@@ -280,20 +280,10 @@ class Records(TlsCase):
             buf = b""
             with c:
                 while True:
-                    while b"\r\n\r\n" not in buf:
-                        d = c.recv(65536)
-                        if not d:
-                            return
-                        buf += d
-                    head, _, buf = buf.partition(b"\r\n\r\n")
-                    want = 0
-                    for line in head.split(b"\r\n")[1:]:
-                        k, _, v = line.partition(b":")
-                        if k.strip().lower() == b"content-length":
-                            want = int(v)
-                    while len(buf) < want:
-                        buf += c.recv(65536)
-                    buf = buf[want:]
+                    req = t.recv_request(c, buf)
+                    if req is None:
+                        return
+                    head, _, buf = req
                     if head.startswith(b"GET"):
                         c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
                     else:

@@ -27,19 +27,10 @@ class ClosingEngine:
             c.settimeout(5)
             got, served = b"", 0
             while True:
-                while b"\r\n\r\n" not in got:
-                    d = c.recv(65536)
-                    if not d:
-                        return
-                    got += d
-                head, _, rest = got.partition(b"\r\n\r\n")
-                n = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        n = int(line.split(b":")[1])
-                while len(rest) < n:
-                    rest += c.recv(65536)
-                got = rest[n:]
+                req = t.recv_request(c, got)
+                if req is None:
+                    return
+                got = req[2]
                 if served and not self.keep:
                     self.dropped += 1
                     return  # closed under the router's feet

@@ -553,6 +553,28 @@ class RawConn:
         self.s.close()
 
 
+def recv_request(sock, buf):
+    """Reads one request (head, and a Content-Length body) for a raw engine: returns (head, body, the bytes after
+    it), head without its empty line, or None when the peer closed first. buf: bytes already read."""
+    while b"\r\n\r\n" not in buf:
+        d = sock.recv(65536)
+        if not d:
+            return None
+        buf += d
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    n = 0
+    for line in head.split(b"\r\n")[1:]:
+        k, _, v = line.partition(b":")
+        if k.strip().lower() == b"content-length":
+            n = int(v)
+    while len(rest) < n:
+        d = sock.recv(65536)
+        if not d:
+            return None
+        rest += d
+    return head, rest[:n], rest[n:]
+
+
 class RawServer:
     """A raw TCP server on an ephemeral loopback port for engines that misbehave below HTTP: each accepted
     connection is handed to serve(conn, n) (n counts connections from 1) on a thread of its own; stop() ends
