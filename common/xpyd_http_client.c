@@ -54,7 +54,9 @@ struct up_leg {
     const struct up_leg_cbs *cbs;
     void *arg;
     struct up_timeouts to;
-    struct evbuffer *req;  /* kept until the response starts, for one transparent retry */
+    char *req;              /* the request's bytes, kept for one transparent retry (a pooled connection that
+                             * the engine had closed) until the response starts; exactly sized (owned) */
+    size_t req_len;
     http_parser parser;
     int status;
     int complete;
@@ -68,10 +70,16 @@ struct up_leg {
     uint64_t bytes_in;
     struct event *defer_ev; /* deferred failure delivery */
     int defer_err;
-    /* response header being assembled for cbs->on_header (http-parser may split names and values) */
-    char hname[64], hvalue[256];
-    size_t hnl, hvl;
-    int hstate, hskip; /* 0 none, 1 in a name, 2 in a value; hskip: too long, not reported */
+    struct leg_header *hdr; /* only while the head is read, for cbs->on_header (owned) */
+};
+
+/* A response header being assembled for cbs->on_header (http-parser may split names and values across
+ * reads). Allocated at the head's first field and freed when the head is complete: not held by an open
+ * stream. */
+struct leg_header {
+    char name[64], value[256];
+    size_t nl, vl;
+    int state, skip; /* 0 none, 1 in a name, 2 in a value; skip: too long, not reported */
 };
 
 static void conn_free(struct up_conn *c);
@@ -304,31 +312,43 @@ uint64_t up_leg_bytes_in(const struct up_leg *leg)
 
 /* ---------- http-parser callbacks ---------- */
 
-static void header_emit(struct up_leg *leg)
+static void header_emit(struct leg_header *h, struct up_leg *leg)
 {
-    if (leg->hstate == 2 && !leg->hskip) {
-        leg->hname[leg->hnl] = 0;
-        leg->hvalue[leg->hvl] = 0;
-        leg->cbs->on_header(leg, leg->hname, leg->hvalue, leg->arg);
+    if (h->state == 2 && !h->skip) {
+        h->name[h->nl] = 0;
+        h->value[h->vl] = 0;
+        leg->cbs->on_header(leg, h->name, h->value, leg->arg);
     }
-    leg->hnl = leg->hvl = 0;
-    leg->hskip = 0;
-    leg->hstate = 0;
+    h->nl = h->vl = 0;
+    h->skip = 0;
+    h->state = 0;
+}
+
+/* The header being assembled, NULL when headers are not wanted (no on_header, trailers after the head, out
+ * of memory: the header is then not reported). */
+static struct leg_header *leg_header_of(struct up_leg *leg)
+{
+    if (!leg->cbs->on_header || leg->status)
+        return NULL; /* chunked trailers (after the head) are not headers of the answer */
+    if (!leg->hdr)
+        leg->hdr = calloc(1, sizeof *leg->hdr);
+    return leg->hdr;
 }
 
 static int p_header_field(http_parser *p, const char *at, size_t len)
 {
     struct up_leg *leg = p->data;
-    if (!leg->cbs->on_header || leg->status)
-        return 0; /* chunked trailers (after the head) are not headers of the answer */
-    if (leg->hstate == 2)
-        header_emit(leg);
-    leg->hstate = 1;
-    if (leg->hnl + len >= sizeof leg->hname)
-        leg->hskip = 1;
+    struct leg_header *h = leg_header_of(leg);
+    if (!h)
+        return 0;
+    if (h->state == 2)
+        header_emit(h, leg);
+    h->state = 1;
+    if (h->nl + len >= sizeof h->name)
+        h->skip = 1;
     else {
-        memcpy(leg->hname + leg->hnl, at, len);
-        leg->hnl += len;
+        memcpy(h->name + h->nl, at, len);
+        h->nl += len;
     }
     return 0;
 }
@@ -336,14 +356,15 @@ static int p_header_field(http_parser *p, const char *at, size_t len)
 static int p_header_value(http_parser *p, const char *at, size_t len)
 {
     struct up_leg *leg = p->data;
-    if (!leg->cbs->on_header || leg->status)
+    struct leg_header *h = leg_header_of(leg);
+    if (!h)
         return 0;
-    leg->hstate = 2;
-    if (leg->hvl + len >= sizeof leg->hvalue)
-        leg->hskip = 1;
+    h->state = 2;
+    if (h->vl + len >= sizeof h->value)
+        h->skip = 1;
     else {
-        memcpy(leg->hvalue + leg->hvl, at, len);
-        leg->hvl += len;
+        memcpy(h->value + h->vl, at, len);
+        h->vl += len;
     }
     return 0;
 }
@@ -351,8 +372,11 @@ static int p_header_value(http_parser *p, const char *at, size_t len)
 static int p_headers_complete(http_parser *p)
 {
     struct up_leg *leg = p->data;
-    if (leg->cbs->on_header)
-        header_emit(leg);
+    if (leg->hdr) {
+        header_emit(leg->hdr, leg);
+        free(leg->hdr);
+        leg->hdr = NULL;
+    }
     leg->status = (int)p->status_code;
     if (leg->status < 200 || leg->status > 599)
         return -1; /* not a final HTTP status (1xx, or nonsense like "HTTP/1.1 5"): a malformed response */
@@ -438,8 +462,8 @@ static void leg_drop_conn(struct up_leg *leg)
 
 static void leg_free(struct up_leg *leg)
 {
-    if (leg->req)
-        evbuffer_free(leg->req);
+    free(leg->req);
+    free(leg->hdr);
     if (leg->defer_ev)
         event_free(leg->defer_ev);
     free(leg);
@@ -487,10 +511,8 @@ static void leg_read_cb(struct bufferevent *bev, void *arg)
         if (leg->bytes_in == 0) {
             struct timeval idle = ms_tv(leg->to.idle_ms);
             conn_timeouts(c, &idle, NULL);
-            if (leg->req) {
-                evbuffer_free(leg->req);
-                leg->req = NULL;
-            }
+            free(leg->req);
+            leg->req = NULL;
         }
         leg->bytes_in += chunk;
         leg->in_cb = 1;
@@ -684,16 +706,26 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
     http_parser_init(&leg->parser, HTTP_RESPONSE);
     leg->parser.data = leg;
     leg->sent = 0;
-    size_t len = evbuffer_get_length(leg->req);
-    const char *data = (const char *)evbuffer_pullup(leg->req, (ssize_t)len);
+    size_t len = leg->req_len;
+    const char *data = leg->req;
     struct evbuffer *out = bufferevent_get_output(c->bev);
+    if (!leg->reused) {
+        /* A new connection is never tried again (leg_try_again): the request is not kept. A stream waiting
+         * for its engine's first byte holds ~1 KiB less (section 4 of bench/overhead.sh). */
+        evbuffer_add(out, data, len);
+        free(leg->req);
+        leg->req = NULL;
+        bufferevent_enable(c->bev, EV_WRITE);
+        conn_read(c, 1);
+        return 0;
+    }
     /* A pooled plain connection with nothing queued: send now. The request usually goes out whole, and then
      * the write event is never armed: that saves two epoll_ctl calls and a loop iteration per request (the
      * write callback would only run to find an empty buffer). leg->req stays intact either way: a stale
      * connection's error sends it again on a new one. Whatever did not fit (or an error) takes the
      * bufferevent's path, which also reports the error. */
     size_t done = 0;
-    if (leg->reused && !t->eps[leg->ep].tls && !leg->cbs->on_sent && evbuffer_get_length(out) == 0) {
+    if (!t->eps[leg->ep].tls && !leg->cbs->on_sent && evbuffer_get_length(out) == 0) {
         ssize_t n = send(bufferevent_getfd(c->bev), data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
         done = n > 0 ? (size_t)n : 0;
     }
@@ -721,12 +753,13 @@ struct up_leg *up_leg_start(struct up_thread *t, int ep, struct evbuffer *req, c
     leg->cbs = cbs;
     leg->arg = arg;
     leg->to = *to;
-    leg->req = evbuffer_new();
+    leg->req_len = evbuffer_get_length(req);
+    leg->req = malloc(leg->req_len ? leg->req_len : 1);
     if (!leg->req) {
         free(leg);
         return NULL;
     }
-    evbuffer_add_buffer(leg->req, req);
+    evbuffer_remove(req, leg->req, leg->req_len);
     int rc = leg_attach(leg, 1);
     if (rc != 0)
         leg_fail_later(leg, rc);
