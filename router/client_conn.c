@@ -64,7 +64,7 @@ struct cconn {
     struct hr_head h;
     struct hr_field *fields; /* the head's fields, sized by its line count; freed with the head, so an
                               * open stream holds none (owned) */
-    struct evbuffer *body;
+    struct evbuffer *body;  /* only while a body is read (body_buf): an open stream holds none */
     int64_t body_left;      /* Content-Length bytes still to come */
     size_t body_bytes;
     struct hr_chunked ck;
@@ -89,7 +89,9 @@ static void request_reset(struct cconn *cc)
     cc->head = NULL;
     free(cc->fields);
     cc->fields = NULL;
-    evbuffer_drain(cc->body, evbuffer_get_length(cc->body));
+    if (cc->body)
+        evbuffer_free(cc->body);
+    cc->body = NULL;
     cc->body_left = 0;
     cc->body_bytes = 0;
     cc->too_large = cc->skip_body = 0;
@@ -104,7 +106,6 @@ static void cc_free(struct cconn *cc)
     event_free(cc->kick);
     request_reset(cc);
     evbuffer_free(cc->raw);
-    evbuffer_free(cc->body);
     free(cc);
 }
 
@@ -285,16 +286,23 @@ static int auth_would_pass(struct cconn *cc)
     return xpyd_bearer_value_ok(auth, key);
 }
 
+static struct evbuffer *body_buf(struct cconn *cc)
+{
+    if (!cc->body)
+        cc->body = XPYD_XALLOC(evbuffer_new());
+    return cc->body;
+}
+
 static void collect_body(void *arg, const char *p, size_t n)
 {
     struct cconn *cc = arg;
     cc->body_bytes += n;
     if (cc->body_bytes > (size_t)g_rt->cfg.max_body_bytes) {
         cc->too_large = 1;
-        evbuffer_drain(cc->body, evbuffer_get_length(cc->body));
+        evbuffer_drain(body_buf(cc), evbuffer_get_length(body_buf(cc)));
     }
     if (!cc->too_large)
-        evbuffer_add(cc->body, p, n);
+        evbuffer_add(body_buf(cc), p, n);
 }
 
 /* The complete request goes to libevhtp as one canonical message, which it parses at once. */
@@ -330,11 +338,15 @@ static void hand_over(struct cconn *cc)
         evbuffer_add_printf(in, "Connection: close\r\n");
     else if (h->minor == 0)
         evbuffer_add_printf(in, "Connection: keep-alive\r\n");
-    size_t blen = evbuffer_get_length(cc->body);
+    size_t blen = cc->body ? evbuffer_get_length(cc->body) : 0;
     if (blen || h->content_length >= 0 || h->chunked)
         evbuffer_add_printf(in, "Content-Length: %zu\r\n", blen);
     evbuffer_add(in, "\r\n", 2);
-    evbuffer_add_buffer(in, cc->body);
+    if (cc->body) {
+        evbuffer_add_buffer(in, cc->body);
+        evbuffer_free(cc->body);
+        cc->body = NULL;
+    }
     if (frozen)
         evbuffer_freeze(in, 0);
     cc->state = CC_BUSY;
@@ -403,7 +415,7 @@ static void advance(struct cconn *cc)
                 if (cc->too_large)
                     evbuffer_drain(cc->raw, n);
                 else
-                    evbuffer_remove_buffer(cc->raw, cc->body, n);
+                    evbuffer_remove_buffer(cc->raw, body_buf(cc), n);
                 cc->body_left -= (int64_t)n;
             }
             if (cc->body_left > 0)
@@ -579,7 +591,6 @@ void *rt_client_attach(evhtp_connection_t *c)
     cc->timer = XPYD_XALLOC(evtimer_new(base, on_timer, cc));
     cc->kick = XPYD_XALLOC(event_new(base, -1, 0, on_kick, cc));
     cc->raw = XPYD_XALLOC(evbuffer_new());
-    cc->body = XPYD_XALLOC(evbuffer_new());
     if (atomic_load(&g_rt->ctr.connections) > g_rt->cfg.max_connections) {
         cc->over_capacity = 1;
         atomic_fetch_add(&g_rt->ctr.connections_rejected, 1);

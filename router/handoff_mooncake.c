@@ -83,12 +83,14 @@ static void start_both(struct request *r)
     cJSON_AddStringToObject(dkv, "remote_bootstrap_addr", addr);
     cJSON_AddStringToObject(dkv, "remote_engine_id", engine_id);
     cJSON_AddStringToObject(dkv, "transfer_id", xfer);
+    char *dkv_txt = XPYD_XALLOC(cJSON_PrintUnformatted(dkv));
     size_t plen, dlen;
     char *pbody = rw_prefill_body_kv(r->src, pkv_txt, &plen);
-    char *dbody = rw_decode_body(r->src, dkv, 1, &dlen);
+    char *dbody = rw_decode_body(r->src, dkv_txt, 1, &dlen);
     cJSON_Delete(pkv);
     cJSON_Delete(dkv);
     free(pkv_txt);
+    free(dkv_txt);
     req_send(r, RT_PREFILL, pbody, plen, prefill_done);
     if (r->state != REQ_DONE)
         req_send(r, RT_DECODE, dbody, dlen, req_decode_done);

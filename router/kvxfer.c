@@ -102,18 +102,22 @@ void rt_kvxfer_stop(void)
     K.started = 0;
 }
 
-int rt_kvxfer_release(const cJSON *kv_params)
+int rt_kvxfer_release(const char *kv_params)
 {
-    const cJSON *seg = cJSON_GetObjectItemCaseSensitive(kv_params, "xpyd_segment");
-    const cJSON *key = cJSON_GetObjectItemCaseSensitive(kv_params, "xpyd_key");
-    if (!K.started || !cJSON_IsString(seg) || !cJSON_IsString(key) || strlen(seg->valuestring) >= 300 ||
-        strlen(key->valuestring) >= 256)
+    if (!K.started || !kv_params)
         return -EINVAL;
-    struct kvx_item *it = calloc(1, sizeof *it);
-    if (!it)
-        return -ENOMEM;
+    cJSON *kv = cJSON_Parse(kv_params); /* the text kept since the prefill answered (rewrite.h) */
+    const cJSON *seg = cJSON_GetObjectItemCaseSensitive(kv, "xpyd_segment");
+    const cJSON *key = cJSON_GetObjectItemCaseSensitive(kv, "xpyd_key");
+    struct kvx_item *it = NULL;
+    if (!cJSON_IsString(seg) || !cJSON_IsString(key) || strlen(seg->valuestring) >= 300 ||
+        strlen(key->valuestring) >= 256 || !(it = calloc(1, sizeof *it))) {
+        cJSON_Delete(kv);
+        return it ? -ENOMEM : -EINVAL;
+    }
     snprintf(it->segment, sizeof it->segment, "%s", seg->valuestring);
     snprintf(it->key, sizeof it->key, "%s", key->valuestring);
+    cJSON_Delete(kv);
     pthread_mutex_lock(&K.mu);
     if (K.queued >= KVX_QUEUE_MAX) {
         pthread_mutex_unlock(&K.mu);

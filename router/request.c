@@ -236,7 +236,8 @@ static void req_free_cb(void *arg)
     }
     cJSON_Delete(r->body);
     rw_src_free(r->src);
-    cJSON_Delete(r->kv_params);
+    free(r->model);
+    free(r->kv_params);
     free(r->fwd_headers);
     free(r->blocks);
     free(r->first_text);
@@ -275,6 +276,11 @@ void req_begin(struct request *r)
         (r->kind == RT_EP_CHAT ? cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(r->body, "messages"))
                                : cJSON_IsString(cJSON_GetObjectItemCaseSensitive(r->body, "prompt"))))
         r->gen_text = XPYD_XALLOC(evbuffer_new()); /* it can be continued elsewhere: keep what the client gets */
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(r->body, "model");
+    if (cJSON_IsString(model))
+        r->model = XPYD_XALLOC(strdup(model->valuestring));
+    cJSON_Delete(r->body); /* all that was needed from the tree is taken; the rare later reader calls req_body */
+    r->body = NULL;
     r->sse.max_event = 4u << 20;
     atomic_fetch_add(&g_rt->ctr.active_requests, 1);
     evhtp_request_t *req = r->ereq;
@@ -460,6 +466,8 @@ static void leg_body(struct up_leg *up, const char *data, size_t len, void *arg)
         }
         return;
     }
+    if (!l->buf) /* made at the first byte of a body that is kept: a streamed decode never has one */
+        l->buf = XPYD_XALLOC(evbuffer_new());
     if (evbuffer_get_length(l->buf) + len > (size_t)g_rt->cfg.max_response_bytes) {
         l->up = NULL;
         up_leg_cancel(up);
@@ -491,8 +499,6 @@ void req_send(struct request *r, int role, const char *body, size_t len, void (*
     r->retry_after[0] = 0;
     if (l->buf)
         evbuffer_drain(l->buf, evbuffer_get_length(l->buf));
-    else
-        l->buf = XPYD_XALLOC(evbuffer_new());
     l->on_done = on_done;
     struct evbuffer *req = req_build(r, role, l->idx, "POST", req_path(r), body, len);
     static const struct up_leg_cbs cbs = {leg_head, leg_body, leg_done, NULL, leg_header, leg_read_end};
@@ -641,6 +647,15 @@ static int may_migrate(const struct request *r)
            (size_t)d->ntried < g_rt->reg.n_ranks[RT_DECODE]; /* another decode to go on at */
 }
 
+const cJSON *req_body(struct request *r)
+{
+    if (!r->body) {
+        r->body = cJSON_ParseWithLength(r->src->text, r->src->len); /* src was checked: strict, an object */
+        rw_dedupe_keys(r->body); /* read as rw_src_parse's tree was: the last of a repeated key wins */
+    }
+    return r->body;
+}
+
 /* The continuation's body: the client's, whose prompt holds what the client has (rewrite.c); NULL when it
  * cannot be continued. */
 static char *continuation_body(struct request *r, size_t *len)
@@ -649,7 +664,7 @@ static char *continuation_body(struct request *r, size_t *len)
     char *text = XPYD_XALLOC(malloc(n + 1));
     evbuffer_copyout(r->gen_text, text, n);
     text[n] = 0;
-    char *body = rw_continuation_body(r->src, r->body, r->kind == RT_EP_CHAT, text, r->tokens_out - r->base_tokens, len);
+    char *body = rw_continuation_body(r->src, req_body(r), r->kind == RT_EP_CHAT, text, r->tokens_out - r->base_tokens, len);
     free(text);
     return body;
 }
@@ -674,13 +689,14 @@ static void migrate_send(struct request *r)
         if (src) {
             rw_src_free(r->src);
             cJSON_Delete(r->body);
+            cJSON_Delete(tree); /* as at the start: the text is kept, the tree parsed again when needed */
             r->src = src;
-            r->body = tree;
+            r->body = NULL;
             r->prompt_tokens = cont_prompt;
             r->max_tokens = left > 1 ? left : 1;
             r->base_tokens = r->tokens_out; /* the body's prompt now holds everything delivered */
             evbuffer_drain(r->gen_text, evbuffer_get_length(r->gen_text));
-            cJSON_Delete(r->kv_params);
+            free(r->kv_params);
             r->kv_params = NULL;
             struct leg *p = &r->legs[RT_PREFILL];
             p->answered = 0;
@@ -737,7 +753,7 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         if (role == RT_DECODE && l->accepted && r->kv_params && r->ho->local_prefill) {
             /* the failed decode answered 200: it took the prefill's KV, which is gone; the next one
              * computes the prompt itself */
-            cJSON_Delete(r->kv_params);
+            free(r->kv_params);
             r->kv_params = NULL;
             r->local_prefill = 1;
         }
@@ -775,7 +791,7 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
                   r->xid, status);
         req_release(r, role);
         xpyd_sse_reset(&r->sse);
-        cJSON_Delete(r->kv_params);
+        free(r->kv_params);
         r->kv_params = NULL;
         r->local_prefill = 1;
         retry_later(r, role, next);
@@ -794,9 +810,9 @@ void req_prefill_failed(struct request *r, int err, void (*next)(struct request 
 int req_absorb_prefill(struct request *r)
 {
     struct evbuffer *b = r->legs[RT_PREFILL].buf;
-    size_t n = evbuffer_get_length(b);
+    size_t n = b ? evbuffer_get_length(b) : 0;
     struct rw_prefill_answer a;
-    if (rw_absorb_prefill((const char *)evbuffer_pullup(b, (ssize_t)n), n, &a) != 0)
+    if (rw_absorb_prefill(n ? (const char *)evbuffer_pullup(b, (ssize_t)n) : "", n, &a) != 0)
         return -1;
     /* everything the decode needs was taken out: the answer is not held for the rest of the stream */
     evbuffer_free(b);

@@ -656,15 +656,12 @@ char *rw_prefill_body_kv(const struct rw_src *client, const char *kv_json, size_
     return emit(client, ed, kv_json ? 7 : 6, len);
 }
 
-char *rw_decode_body(const struct rw_src *client, const cJSON *kv_params, int kv_mode, size_t *len)
+char *rw_decode_body(const struct rw_src *client, const char *kv_params, int kv_mode, size_t *len)
 {
     if (!kv_mode)
         return emit(client, NULL, 0, len);
-    char *kv = kv_params ? XPYD_XALLOC(cJSON_PrintUnformatted(kv_params)) : NULL;
-    const struct rw_edit ed[] = {{"kv_transfer_params", kv, 0}};
-    char *out = emit(client, ed, 1, len);
-    free(kv);
-    return out;
+    const struct rw_edit ed[] = {{"kv_transfer_params", kv_params, 0}};
+    return emit(client, ed, 1, len);
 }
 
 char *rw_bootstrap_body(const struct rw_src *client, const char *host, int port, uint64_t room, const char *rid,
@@ -761,16 +758,13 @@ int rw_patch_usage_continuation(cJSON *o, long delivered)
     return 1;
 }
 
-char *rw_kv_release_body(const struct rw_src *client, const cJSON *kv_params, size_t *len)
+char *rw_kv_release_body(const struct rw_src *client, const char *kv_params, size_t *len)
 {
-    char *kv = XPYD_XALLOC(cJSON_PrintUnformatted(kv_params));
     const struct rw_edit ed[] = {
-        {"kv_transfer_params", kv, 0}, {"stream_options", NULL, 0}, {"stream", "false", 0},
-        {"max_tokens", "1", 0},        {"max_completion_tokens", "1", 1},
+        {"kv_transfer_params", kv_params, 0}, {"stream_options", NULL, 0}, {"stream", "false", 0},
+        {"max_tokens", "1", 0},               {"max_completion_tokens", "1", 1},
     };
-    char *out = emit(client, ed, 5, len);
-    free(kv);
-    return out;
+    return emit(client, ed, 5, len);
 }
 
 int rw_absorb_prefill(const char *json, size_t len, struct rw_prefill_answer *out)
@@ -785,7 +779,7 @@ int rw_absorb_prefill(const char *json, size_t len, struct rw_prefill_answer *ou
     }
     const cJSON *kv = cJSON_GetObjectItemCaseSensitive(j, "kv_transfer_params");
     if (cJSON_IsObject(kv))
-        out->kv_params = XPYD_XALLOC(cJSON_Duplicate(kv, 1));
+        out->kv_params = XPYD_XALLOC(cJSON_PrintUnformatted(kv));
     const cJSON *usage = cJSON_GetObjectItemCaseSensitive(j, "usage");
     const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
     if (is_int_value(pt, 0, 1e12))
@@ -809,7 +803,7 @@ int rw_absorb_prefill(const char *json, size_t len, struct rw_prefill_answer *ou
 
 void rw_prefill_answer_free(struct rw_prefill_answer *a)
 {
-    cJSON_Delete(a->kv_params);
+    free(a->kv_params);
     free(a->id);
     free(a->first_text);
     memset(a, 0, sizeof *a);

@@ -220,7 +220,7 @@ struct cJSON;
 int rt_kvxfer_start(void);
 void rt_kvxfer_stop(void);
 /* Queues "release <xpyd_key>" to the prefill segment named in kv_params; 0 or -errno (not an xpyd answer). */
-int rt_kvxfer_release(const struct cJSON *kv_params);
+int rt_kvxfer_release(const char *kv_params);
 
 /* Thread init for evhtp worker threads. */
 /* server.c: a router thread's state (its upstream pools, its admission queues). */

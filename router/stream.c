@@ -374,10 +374,7 @@ int client_relay(struct request *r, const char *data, size_t len)
 
 void client_prefill_first_token(struct request *r)
 {
-    const char *model = NULL;
-    const cJSON *m = cJSON_GetObjectItemCaseSensitive(r->body, "model");
-    if (cJSON_IsString(m))
-        model = m->valuestring;
+    const char *model = r->model;
     client_stream_start(r);
     cJSON *o = XPYD_XALLOC(cJSON_CreateObject());
     cJSON_AddStringToObject(o, "id", r->resp_id ? r->resp_id : r->xid);
@@ -416,8 +413,8 @@ void client_prefill_first_token(struct request *r)
 int client_finish_json(struct request *r)
 {
     struct evbuffer *b = r->legs[RT_DECODE].buf;
-    size_t n = evbuffer_get_length(b);
-    cJSON *o = cJSON_ParseWithLength((const char *)evbuffer_pullup(b, (ssize_t)n), n);
+    size_t n = b ? evbuffer_get_length(b) : 0;
+    cJSON *o = n ? cJSON_ParseWithLength((const char *)evbuffer_pullup(b, (ssize_t)n), n) : NULL;
     if (!cJSON_IsObject(o)) {
         cJSON_Delete(o);
         return -1;

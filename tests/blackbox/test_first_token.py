@@ -1,6 +1,8 @@
 """--first-token prefill: streamed requests get the prefill's token first (covered in test_router_paths);
 non-streamed requests always take the whole answer from the decode, so their text, id and usage are exactly
 what the same request gets with --first-token decode."""
+import json
+
 import xpyd_testlib as t
 
 
@@ -24,6 +26,23 @@ class FirstTokenNonStream(t.TestCase):
         self.assertEqual(a["choices"][0]["message"], b["choices"][0]["message"])
         self.idle(rp)
         self.idle(rd)
+
+
+class FirstTokenModel(t.TestCase):
+    def test_prefill_token_event_names_the_model(self):
+        # the prefill's token goes out in an event the router writes: it names the client's model as the
+        # decode's events do (the router keeps the name when it frees its parse of the body at the start)
+        p, d = self.start(t.sim("--role", "prefill")), self.start(t.sim("--role", "decode"))
+        r = self.start(t.router([p.port], [d.port], "--first-token", "prefill"))
+        for path, body in (("/v1/completions", {"prompt": "a b c", "max_tokens": 4}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a b"}],
+                                                     "max_tokens": 4})):
+            evs = t.Stream(r.port, path, dict(body, model="sim-model", stream=True, ignore_eos=True)).read_all()
+            self.assertEqual(evs[-1], "[DONE]")
+            objs = [json.loads(e) for e in evs if e and e != "[DONE]"]
+            self.assertGreaterEqual(len(objs), 4)
+            self.assertEqual([o.get("model") for o in objs], ["sim-model"] * len(objs), evs)
+        self.idle(r)
 
 
 class FirstTokenConcurrentModes(t.TestCase):

@@ -79,6 +79,22 @@ class Migration(t.TestCase):
                 self.idle(r)
                 t.wait_until(lambda: t.metric(p.port, "xpyd_sim:kv_leases_active") == 0, what="leases freed")
 
+    def test_repeated_key_continues_the_last(self):
+        # The router frees its tree of the client's body once the request has started and parses the kept text
+        # again for a continuation: as on the first attempt, the last of a repeated key is the one read.
+        ref = self.reference("/v1/completions", CMPL)
+        other = summary(t.Stream(self.start(t.router([], [self.start(t.sim("--role", "both")).port],
+                                                     "--handoff", "none")).port,
+                                 "/v1/completions", dict(CMPL, prompt="a different story")).read_all())
+        self.assertNotEqual(other[0], ref[0])  # the prompts give different texts: the test can tell them apart
+        raw = '{"prompt": "a different story", ' + json.dumps(CMPL)[1:]
+        p, bad, good, r = self.cluster(["--fail-after-tokens", "4"])
+        got = summary(t.Stream(r.port, "/v1/completions", raw).read_all())
+        self.assertEqual(got[0], ref[0])
+        self.assertEqual((got[4], got[5], len(got[2])), (1, [], 1))
+        self.assertEqual(t.metric(r.port, 'xpyd_migrations_total{reason="decode_broken_stream"}'), 1)
+        self.idle(r)
+
     def test_killed_decode_mid_stream(self):
         ref = self.reference("/v1/completions", dict(CMPL, max_tokens=40))
         p = self.start(t.sim("--role", "prefill"))

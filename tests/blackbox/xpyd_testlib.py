@@ -258,7 +258,8 @@ class Stream:
         self.c = http.client.HTTPConnection(host, port, timeout=timeout)
         h = {"Content-Type": "application/json"}
         h.update(headers or {})
-        self.c.request("POST", path, body=json.dumps(body), headers=h)
+        raw = body if isinstance(body, (bytes, str)) else json.dumps(body)  # bytes/str: sent as they are
+        self.c.request("POST", path, body=raw, headers=h)
         self.r = None
         self.raw = b""
         self._buf = b""
