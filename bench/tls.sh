@@ -5,7 +5,8 @@
 # /proc/<pid>/stat around each run.
 #   1. keep-alive: N streamed 16-token completions, 64 at once over keep-alive connections (xpyd_bench, TLS
 #      sessions resumed): CPU per request for router plain, router TLS, nginx plain, nginx TLS, in ROUNDS
-#      alternated rounds (the four one after the other, ROUNDS times); the medians are compared;
+#      alternated rounds (the four one after the other, in reverse order every other round); the medians are
+#      compared, and the router/nginx TLS ratio within each round;
 #   2. handshakes: `openssl s_time -new` (a full handshake per connection, TLS 1.3, ECDSA P-256) for SECS
 #      seconds: handshakes per second and CPU per handshake, router vs nginx.
 #   bench/tls.sh [requests=20000] [seconds=10] [rounds=3]
@@ -74,11 +75,18 @@ run_ka() { # label url pids...
   RPS[$label]+="$(j "$WORK/ka.json" request_throughput) "
   P99[$label]+="$(j "$WORK/ka.json" p99_e2el_ms) "
 }
-for _ in $(seq "$ROUNDS"); do
-  run_ka "nginx plain" "http://127.0.0.1:$NP" $NGW
-  run_ka "nginx TLS" "https://localhost:$NS" $NGW
-  run_ka "xpyd_router plain" "http://127.0.0.1:$RP" $ROUTER_PLAIN
-  run_ka "xpyd_router TLS" "https://localhost:$RS" $ROUTER_TLS
+# Odd rounds run the four in one order, even rounds in the reverse one (ABBA), so that a machine getting
+# slower or faster during the run does not favour whichever server always comes last.
+for i in $(seq "$ROUNDS"); do
+  if [ $((i % 2)) = 1 ]; then ORDER="np nt rp rt"; else ORDER="rt rp nt np"; fi
+  for k in $ORDER; do
+    case $k in
+      np) run_ka "nginx plain" "http://127.0.0.1:$NP" $NGW ;;
+      nt) run_ka "nginx TLS" "https://localhost:$NS" $NGW ;;
+      rp) run_ka "xpyd_router plain" "http://127.0.0.1:$RP" $ROUTER_PLAIN ;;
+      rt) run_ka "xpyd_router TLS" "https://localhost:$RS" $ROUTER_TLS ;;
+    esac
+  done
 done
 declare -A MED
 for label in "nginx plain" "nginx TLS" "xpyd_router plain" "xpyd_router TLS"; do
@@ -90,11 +98,16 @@ print("| %s | %.0f | %s | %.1f | %.2f |" % (label, statistics.median(map(float, 
       med, statistics.median(map(float, p99))))
 PY
 done
-python3 - "${MED[xpyd_router TLS]}" "${MED[nginx TLS]}" "${MED[xpyd_router plain]}" "${MED[nginx plain]}" <<'PY'
-import sys
-rt, nt, rp, np_ = map(float, sys.argv[1:])
+python3 - "${MED[xpyd_router TLS]}" "${MED[nginx TLS]}" "${MED[xpyd_router plain]}" "${MED[nginx plain]}" \
+  "${CPU[xpyd_router TLS]}" "${CPU[nginx TLS]}" <<'PY'
+import statistics, sys
+rt, nt, rp, np_ = map(float, sys.argv[1:5])
 print("\nrouter TLS / nginx TLS CPU per request (medians): %.2f (acceptance: <= 1); TLS adds %.1f µs per request to "
       "the router, %.1f µs to nginx; router plain / nginx plain: %.2f" % (rt / nt, rt - rp, nt - np_, rp / np_))
+# the same ratio within each round (the two measured minutes apart at most), and the median of those
+pairs = [float(a) / float(b) for a, b in zip(sys.argv[5].split(), sys.argv[6].split())]
+print("router TLS / nginx TLS per round: %s; median %.2f, %d of %d rounds <= 1"
+      % (" ".join("%.2f" % x for x in pairs), statistics.median(pairs), sum(x <= 1 for x in pairs), len(pairs)))
 PY
 
 echo
