@@ -24,5 +24,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
     }
     rt_config_free(&c);
+    unlink(path); /* not left in /tmp after the run */
     return 0;
 }
