@@ -10,6 +10,8 @@
 #   5. syscalls per relayed request (strace -c -f on a short run): nginx, router single hop, router P->D;
 #   6. streamed tokens per router CPU-second with an engine that spaces tokens (1 ms ITL, 256 streams), and
 #      syscalls per streamed token.
+# Sections 2 and 6 also run bench/floor_relay.c (xpyd_floor_relay): a relay with next to no user-space work
+# (raw epoll, one engine connection per client, no parsing), i.e. what the kernel charges any relay here.
 # Pinning (taskset): the router / nginx on CPU 1 alone; sims and the load generator on CPU 0.
 #   bench/overhead.sh [--quick] [--only N]   (quick: smaller counts, for a smoke run; N: one section)
 set -euo pipefail
@@ -71,6 +73,16 @@ start_nginx() {
   NGW=$(pgrep -P "$(cat "$WORK/ng/nginx.pid")" | tr '\n' ' ')
 }
 
+# the floor relay (bench/floor_relay.c): what any relay pays here for the same traffic with next to no user-space
+# work; sets FL (its port) and FLP (its pid). start_floor hop|pd DECODE_PORT [PREFILL_PORT]
+start_floor() {
+  FL=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  taskset -c 1 $B/xpyd_floor_relay "$1" "$FL" "$2" ${3:-} >"$WORK/floor-$1.log" 2>&1 &
+  FLP=$!
+  PIDS+=($!)
+  xpyd_wait_http "http://127.0.0.1:$FL/v1/models" 10
+}
+
 # ---- 1. added latency ----
 # 1a: one client, every process on CPU 0: no cross-CPU wake-ups in either path (on this VM an idle vCPU
 #     takes hundreds of µs to wake, which would be charged to whichever path crosses CPUs).
@@ -121,6 +133,8 @@ R2=$(cat "$WORK/r2.port")
 start_router r2pd -p 127.0.0.1:$P -d 127.0.0.1:$D
 R2PD=$(cat "$WORK/r2pd.port")
 start_nginx $D
+start_floor hop $D; FLH=$FL FLHP=$FLP
+start_floor pd $D $P; FLPD=$FL FLPDP=$FLP
 HOP=(--num-prompts $NREQ --max-concurrency 64 --random-input-len 16 --random-output-len 16)
 R2PID=$(cat "$WORK/r2.pid")
 t0=$(cpu_ticks $NGW)
@@ -133,23 +147,34 @@ R2PDPID=$(cat "$WORK/r2pd.pid")
 t0=$(cpu_ticks $R2PDPID)
 bench "$WORK/hop_pd.json" --port $R2PD "${HOP[@]}"
 R2PDCPU=$(( $(cpu_ticks $R2PDPID) - t0 ))
+t0=$(cpu_ticks $FLHP)
+bench "$WORK/hop_floor.json" --port $FLH "${HOP[@]}"
+FLHCPU=$(( $(cpu_ticks $FLHP) - t0 ))
+t0=$(cpu_ticks $FLPDP)
+bench "$WORK/hop_floor_pd.json" --port $FLPD "${HOP[@]}"
+FLPDCPU=$(( $(cpu_ticks $FLPDP) - t0 ))
 keep "$WORK/hop_nginx.json" cdf-hop-nginx.json
 keep "$WORK/hop_router.json" cdf-hop-router.json
-python3 - "$WORK/hop_nginx.json" "$WORK/hop_router.json" "$WORK/hop_pd.json" $NGCPU $R2CPU $R2PDCPU "$(getconf CLK_TCK)" >"$WORK/hop.md" <<'PY'
+python3 - "$WORK/hop_nginx.json" "$WORK/hop_router.json" "$WORK/hop_pd.json" "$WORK/hop_floor.json" \
+  "$WORK/hop_floor_pd.json" $NGCPU $R2CPU $R2PDCPU $FLHCPU $FLPDCPU "$(getconf CLK_TCK)" >"$WORK/hop.md" <<'PY'
 import json, sys
-n, r, pd = (json.load(open(f)) for f in sys.argv[1:4])
-ticks = [int(x) for x in sys.argv[4:7]]; hz = int(sys.argv[7])
+n, r, pd, fh, fpd = (json.load(open(f)) for f in sys.argv[1:6])
+ticks = [int(x) for x in sys.argv[6:11]]; hz = int(sys.argv[11])
 print("## 2. Single-hop relay of the same decode stream, concurrency 64, 16 tokens, one worker each on CPU 1")
 print("| relay | requests/s | p99 E2E (ms) | p99 ITL (ms) | CPU µs / request | completed |\n|---|---|---|---|---|---|")
 cpu = []
 for (name, d), t in zip((("nginx 1.22 (proxy_buffering off)", n), ("xpyd_router --handoff none", r),
-                         ("xpyd_router P->D (kv-params: prefill, then decode)", pd)), ticks):
+                         ("xpyd_router P->D (kv-params: prefill, then decode)", pd),
+                         ("floor relay, single hop (bench/floor_relay.c: raw epoll, a TCP relay)", fh),
+                         ("floor relay, P->D (the same two exchanges, no JSON)", fpd)), ticks):
     cpu.append(t / hz / max(d["completed"], 1) * 1e6)
     print("| %s | %.0f | %.2f | %.2f | %.0f | %d/%d |" % (name, d["request_throughput"], d["p99_e2el_ms"],
           d["p99_itl_ms"], cpu[-1], d["completed"], d["num_prompts"]))
 print("\nrouter/nginx requests/s ratio: %.2f" % (r["request_throughput"] / n["request_throughput"]))
 print("CPU per request vs nginx's single hop: router single hop %.2f (goal <= 0.9), router P->D %.2f (goal <= 1.2)\n"
       % (cpu[1] / cpu[0], cpu[2] / cpu[0]))
+print("The floor relay (next to no user-space work: what the kernel charges any relay for this traffic) vs nginx's "
+      "single hop: single hop %.2f, P->D %.2f\n" % (cpu[3] / cpu[0], cpu[4] / cpu[0]))
 PY
 cat "$WORK/hop.md"
 keep_cpu "nginx, one hop, 16 tokens" "$(awk -F'|' '/^\| nginx/ {gsub(/ /,"",$6); print $6}' "$WORK/hop.md")"
@@ -266,12 +291,13 @@ start_router r6 -p 127.0.0.1:$P -d 127.0.0.1:$D
 R6=$(cat "$WORK/r6.port"); RPID=$(cat "$WORK/r6.pid")
 start_router r6h --handoff none -d 127.0.0.1:$D
 start_nginx $D
+start_floor hop $D
 SP=(--num-prompts $NSPACED --max-concurrency 256 --random-input-len 16 --random-output-len 200)
 echo "## 6. Streamed tokens per relay CPU-second: 1 ms ITL engine, 256 streams, 200 tokens each, the relay alone on CPU 1"
 echo "| relay | streamed tokens | relay CPU (s) | tokens per relay CPU-second | tokens/s | ITL p50 / p99 (ms) | completed |"
 echo "|---|---|---|---|---|---|---|"
 for row in "nginx 1.22 single hop:${NGW%% *}:$NG" "xpyd_router --handoff none:$(cat "$WORK/r6h.pid"):$(cat "$WORK/r6h.port")" \
-           "xpyd_router P->D (kv-params):$RPID:$R6"; do
+           "xpyd_router P->D (kv-params):$RPID:$R6" "floor relay single hop (bench/floor_relay.c):$FLP:$FL"; do
   IFS=: read -r label pid port <<<"$row"
   t0=$(cpu_ticks $pid)
   bench "$WORK/spaced.json" --port $port "${SP[@]}"
