@@ -243,7 +243,7 @@ struct etcd *etcd_new(struct event_base *base, const struct etcd_url *url, struc
     e->n = url->n;
     memcpy(e->eps, url->eps, sizeof e->eps);
     snprintf(e->prefix, sizeof e->prefix, "%s", url->prefix);
-    e->up = up_thread_new(base, e->eps, e->n, 4 * e->n);
+    e->up = up_thread_new(base, e->eps, e->n, 4);
     if (!e->up) {
         free(e);
         return NULL;

@@ -52,7 +52,8 @@ struct up_leg_cbs {
     void (*on_read_end)(struct up_leg *leg, void *arg);
 };
 
-/* Creates the per-thread state for n endpoints (idle pools). NULL on OOM. Owner thread only. */
+/* Creates the per-thread state for n endpoints (idle pools of at most idle_max connections per endpoint: a
+ * finished connection beyond that is closed). NULL on OOM. Owner thread only. */
 struct up_thread *up_thread_new(struct event_base *base, const struct up_endpoint *eps, size_t n, size_t idle_max);
 /* Like up_thread_new, but the endpoints are the caller's array of cap entries, read in place: entries may
  * be filled in later (before any leg uses them) and the array must outlive the thread. */

@@ -119,7 +119,9 @@ static const struct xpyd_setting settings[] = {
     {"queue-timeout-ms", XS_LONG, OFF(queue_timeout_ms), 1, 3600000, "30000", NULL,
      "longest wait in the admission queue, then 503 naming the pool"},
     {"upstream-idle-max", XS_LONG, OFF(upstream_idle_max), 0, 100000, "64", NULL,
-     "idle keep-alive upstream connections kept per thread"},
+     "idle keep-alive connections kept per engine (host:port) per thread; a finished connection beyond "
+     "this is closed. Per engine, so that P->D requests (a connection to each of two engines) at up to this "
+     "many streams per thread never close and reopen one"},
     {"client-buffer-bytes", XS_LONG, OFF(client_buffer_bytes), 4096, 1L << 30, "262144", NULL,
      "unsent bytes to a slow client before the decode leg is paused (backpressure; resumed below half)"},
     {"bytes-per-token", XS_DOUBLE, OFF(bytes_per_token), 0.5, 64, "4.0", NULL,

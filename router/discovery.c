@@ -138,7 +138,7 @@ struct discovery *discovery_start(struct event_base *base)
     struct discovery *d = XPYD_XALLOC(calloc(1, sizeof *d));
     d->base = base;
     d->cap = g_rt->ep_cap;
-    d->up = XPYD_XALLOC(up_thread_new_shared(base, g_rt->endpoints, d->cap, d->cap));
+    d->up = XPYD_XALLOC(up_thread_new_shared(base, g_rt->endpoints, d->cap, 1));
     if (g_rt->tls_client)
         up_thread_set_tls(d->up, g_rt->tls_client);
     d->t = XPYD_XALLOC(calloc(d->cap, sizeof *d->t));

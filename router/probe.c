@@ -203,7 +203,7 @@ struct probe *probe_start(struct event_base *base)
     struct probe *p = XPYD_XALLOC(calloc(1, sizeof *p));
     p->base = base;
     p->n = g_rt->ep_cap;
-    p->up = XPYD_XALLOC(up_thread_new_shared(base, g_rt->endpoints, p->n, p->n * 2));
+    p->up = XPYD_XALLOC(up_thread_new_shared(base, g_rt->endpoints, p->n, 2));
     if (g_rt->tls_client)
         up_thread_set_tls(p->up, g_rt->tls_client);
     p->eps = XPYD_XALLOC(calloc(p->n ? p->n : 1, sizeof *p->eps));

@@ -87,5 +87,75 @@ class PooledConnectionOutlivesRequestTimeouts(t.TestCase):
         self.idle(r)
 
 
+KV = (b'"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1],'
+      b'"remote_engine_id":"e","remote_host":"127.0.0.1","remote_port":1}')
+
+
+class PairedEngine(KeepingEngine):
+    """A KeepingEngine that holds each request until `together` requests are in at once (a barrier), so the
+    router has that many connections to it in use at the same time; as a prefill it adds kv_transfer_params."""
+
+    def __init__(self, together, prefill=False):
+        import threading
+        self.barrier = threading.Barrier(together, timeout=10)
+        self.prefill = prefill
+        super().__init__()
+
+    def serve(self, c):
+        try:
+            c.settimeout(15)
+            got = b""
+            while True:
+                req = t.recv_request(c, got)
+                if req is None:
+                    return
+                got = req[2]
+                self.barrier.wait()
+                self.requests += 1
+                body = ANSWER[:-1] + b"," + KV + b"}" if self.prefill else ANSWER
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        except (OSError, RuntimeError):
+            pass
+        finally:
+            c.close()
+
+
+class IdleCapPerEngine(t.TestCase):
+    """--upstream-idle-max counts idle connections per engine: P->D requests hold a connection to a prefill
+    and one to a decode, and at N streams per thread with a cap of N neither pool closes and reopens one (a
+    cap shared by the engines closed the decode's every round). Beyond the cap, a finished connection is
+    closed: the engine sees a new one for every request over it."""
+
+    ROUNDS = 5
+
+    def rounds(self, cap):
+        import threading
+        p, d = PairedEngine(2, prefill=True), PairedEngine(2)
+        self.addCleanup(p.stop)
+        self.addCleanup(d.stop)
+        r = self.start(t.router(["127.0.0.1:%d" % p.port], ["127.0.0.1:%d" % d.port], "--threads", "1",
+                                "--health-interval-ms", "0", "--upstream-idle-max", str(cap)))
+        for _ in range(self.ROUNDS):
+            got = []
+            ths = [threading.Thread(target=lambda: got.append(
+                t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 1})[0])) for _ in range(2)]
+            for th in ths:
+                th.start()
+            for th in ths:
+                th.join(30)
+            self.assertEqual(got, [200, 200])
+        self.assertEqual((p.requests, d.requests), (2 * self.ROUNDS, 2 * self.ROUNDS))
+        self.idle(r)
+        return p.raw.n, d.raw.n
+
+    def test_two_streams_keep_two_connections_to_each_engine(self):
+        self.assertEqual(self.rounds(2), (2, 2))
+
+    def test_beyond_the_cap_a_connection_is_closed(self):
+        # each round: one connection reused, the second request's opened anew (and closed after)
+        self.assertEqual(self.rounds(1), (1 + self.ROUNDS, 1 + self.ROUNDS))
+
+
 if __name__ == "__main__":
     t.main()
