@@ -299,7 +299,8 @@ static void collect_body(void *arg, const char *p, size_t n)
     cc->body_bytes += n;
     if (cc->body_bytes > (size_t)g_rt->cfg.max_body_bytes) {
         cc->too_large = 1;
-        evbuffer_drain(body_buf(cc), evbuffer_get_length(body_buf(cc)));
+        if (cc->body) /* what was kept goes; none is made just to be drained */
+            evbuffer_drain(cc->body, evbuffer_get_length(cc->body));
     }
     if (!cc->too_large)
         evbuffer_add(body_buf(cc), p, n);
