@@ -28,6 +28,7 @@ B=${XPYD_BUILD_DIR:-build}/bin
 WORK=$(mktemp -d /tmp/xpyd-overhead.XXXXXX)
 trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
 if [ $QUICK = 1 ]; then NLAT=256; NREQ=2000; NLONG=64; NMEM=500; NSYS=300; NSPACED=256; else NLAT=1024; NREQ=20000; NLONG=256; NMEM=${OVERHEAD_STREAMS:-9000}; NSYS=2000; NSPACED=1024; fi
+HOP_ROUNDS=${OVERHEAD_ROUNDS:-$([ $QUICK = 1 ] && echo 1 || echo 3)} # section 2
 
 start_sim() { # name args...
   local n=$1; shift
@@ -136,45 +137,53 @@ start_nginx $D
 start_floor hop $D; FLH=$FL FLHP=$FLP
 start_floor pd $D $P; FLPD=$FL FLPDP=$FLP
 HOP=(--num-prompts $NREQ --max-concurrency 64 --random-input-len 16 --random-output-len 16)
-R2PID=$(cat "$WORK/r2.pid")
-t0=$(cpu_ticks $NGW)
-bench "$WORK/hop_nginx.json" --port $NG "${HOP[@]}"
-NGCPU=$(( $(cpu_ticks $NGW) - t0 ))
-t0=$(cpu_ticks $R2PID)
-bench "$WORK/hop_router.json" --port $R2 "${HOP[@]}"
-R2CPU=$(( $(cpu_ticks $R2PID) - t0 ))
-R2PDPID=$(cat "$WORK/r2pd.pid")
-t0=$(cpu_ticks $R2PDPID)
-bench "$WORK/hop_pd.json" --port $R2PD "${HOP[@]}"
-R2PDCPU=$(( $(cpu_ticks $R2PDPID) - t0 ))
-t0=$(cpu_ticks $FLHP)
-bench "$WORK/hop_floor.json" --port $FLH "${HOP[@]}"
-FLHCPU=$(( $(cpu_ticks $FLHP) - t0 ))
-t0=$(cpu_ticks $FLPDP)
-bench "$WORK/hop_floor_pd.json" --port $FLPD "${HOP[@]}"
-FLPDCPU=$(( $(cpu_ticks $FLPDP) - t0 ))
-keep "$WORK/hop_nginx.json" cdf-hop-nginx.json
-keep "$WORK/hop_router.json" cdf-hop-router.json
-python3 - "$WORK/hop_nginx.json" "$WORK/hop_router.json" "$WORK/hop_pd.json" "$WORK/hop_floor.json" \
-  "$WORK/hop_floor_pd.json" $NGCPU $R2CPU $R2PDCPU $FLHCPU $FLPDCPU "$(getconf CLK_TCK)" >"$WORK/hop.md" <<'PY'
-import json, sys
-n, r, pd, fh, fpd = (json.load(open(f)) for f in sys.argv[1:6])
-ticks = [int(x) for x in sys.argv[6:11]]; hz = int(sys.argv[11])
-print("## 2. Single-hop relay of the same decode stream, concurrency 64, 16 tokens, one worker each on CPU 1")
-print("| relay | requests/s | p99 E2E (ms) | p99 ITL (ms) | CPU µs / request | completed |\n|---|---|---|---|---|---|")
-cpu = []
-for (name, d), t in zip((("nginx 1.22 (proxy_buffering off)", n), ("xpyd_router --handoff none", r),
-                         ("xpyd_router P->D (kv-params: prefill, then decode)", pd),
-                         ("floor relay, single hop (bench/floor_relay.c: raw epoll, a TCP relay)", fh),
-                         ("floor relay, P->D (the same two exchanges, no JSON)", fpd)), ticks):
-    cpu.append(t / hz / max(d["completed"], 1) * 1e6)
-    print("| %s | %.0f | %.2f | %.2f | %.0f | %d/%d |" % (name, d["request_throughput"], d["p99_e2el_ms"],
-          d["p99_itl_ms"], cpu[-1], d["completed"], d["num_prompts"]))
-print("\nrouter/nginx requests/s ratio: %.2f" % (r["request_throughput"] / n["request_throughput"]))
-print("CPU per request vs nginx's single hop: router single hop %.2f (goal <= 0.9), router P->D %.2f (goal <= 1.2)\n"
-      % (cpu[1] / cpu[0], cpu[2] / cpu[0]))
+# the five relays one after the other, HOP_ROUNDS times, every other round in reverse order (ABBA): drift during
+# the run favours none of them; CPU per request is compared within each round and the medians reported
+HPID=("$NGW" "$(cat "$WORK/r2.pid")" "$(cat "$WORK/r2pd.pid")" "$FLHP" "$FLPDP")
+HPORT=($NG $R2 $R2PD $FLH $FLPD)
+: >"$WORK/hop_ticks"
+for round in $(seq 1 $HOP_ROUNDS); do
+  order="0 1 2 3 4"; [ $((round % 2)) = 0 ] && order="4 3 2 1 0"
+  for i in $order; do
+    t0=$(cpu_ticks ${HPID[$i]})
+    bench "$WORK/hop_${i}_$round.json" --port ${HPORT[$i]} "${HOP[@]}"
+    echo "$i $round $(( $(cpu_ticks ${HPID[$i]}) - t0 ))" >>"$WORK/hop_ticks"
+  done
+done
+keep "$WORK/hop_0_1.json" cdf-hop-nginx.json
+keep "$WORK/hop_1_1.json" cdf-hop-router.json
+python3 - "$WORK" $HOP_ROUNDS "$(getconf CLK_TCK)" >"$WORK/hop.md" <<'PY'
+import json, statistics as st, sys
+work, rounds, hz = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ticks = {}
+for line in open(work + "/hop_ticks"):
+    i, rnd, t = map(int, line.split())
+    ticks[i, rnd] = t
+names = ("nginx 1.22 (proxy_buffering off)", "xpyd_router --handoff none",
+         "xpyd_router P->D (kv-params: prefill, then decode)",
+         "floor relay, single hop (bench/floor_relay.c: raw epoll, a TCP relay)",
+         "floor relay, P->D (the same two exchanges, no JSON)")
+res = {(i, r): json.load(open("%s/hop_%d_%d.json" % (work, i, r))) for i in range(5) for r in range(1, rounds + 1)}
+cpu = {k: ticks[k] / hz / max(d["completed"], 1) * 1e6 for k, d in res.items()}
+med = lambda xs: st.median(xs)
+print("## 2. Single-hop relay of the same decode stream, concurrency 64, 16 tokens, one worker each on CPU 1, "
+      "%d round%s (every other one in reverse order; medians)" % (rounds, "s" if rounds > 1 else ""))
+print("| relay | requests/s | p99 E2E (ms) | p99 ITL (ms) | CPU µs / request | CPU µs / request, each round | completed |")
+print("|---|---|---|---|---|---|---|")
+for i, name in enumerate(names):
+    ds = [res[i, r] for r in range(1, rounds + 1)]
+    print("| %s | %.0f | %.2f | %.2f | %.0f | %s | %d/%d |" % (
+        name, med([d["request_throughput"] for d in ds]), med([d["p99_e2el_ms"] for d in ds]),
+        med([d["p99_itl_ms"] for d in ds]), med([cpu[i, r] for r in range(1, rounds + 1)]),
+        " / ".join("%.0f" % cpu[i, r] for r in range(1, rounds + 1)),
+        sum(d["completed"] for d in ds), sum(d["num_prompts"] for d in ds)))
+def ratio(i):
+    rs = [cpu[i, r] / cpu[0, r] for r in range(1, rounds + 1)]
+    return "%s (median %.2f)" % (" ".join("%.2f" % x for x in rs), med(rs))
+print("\nCPU per request vs nginx's single hop in the same round: router single hop %s, goal <= 0.9; "
+      "router P->D %s, goal <= 1.2" % (ratio(1), ratio(2)))
 print("The floor relay (next to no user-space work: what the kernel charges any relay for this traffic) vs nginx's "
-      "single hop: single hop %.2f, P->D %.2f\n" % (cpu[3] / cpu[0], cpu[4] / cpu[0]))
+      "single hop: single hop %s, P->D %s\n" % (ratio(3), ratio(4)))
 PY
 cat "$WORK/hop.md"
 keep_cpu "nginx, one hop, 16 tokens" "$(awk -F'|' '/^\| nginx/ {gsub(/ /,"",$6); print $6}' "$WORK/hop.md")"
