@@ -48,7 +48,7 @@ struct up_thread {
     SSL_CTX *tls;            /* for endpoints with tls set (the caller's) */
     SSL_SESSION **sessions;  /* per endpoint: the last session, offered again (resumption); owned */
     struct up_idle *idle;    /* per endpoint */
-    size_t idle_count, open_count;
+    size_t open_count;
     size_t idle_max;         /* per endpoint: a P->D request uses a connection to each of two engines, and a
                               * cap shared by all engines closed (and reopened) one in ten of them at 64
                               * streams (a TCP handshake and teardown each, ≈ 15 % of the router's CPU) */
@@ -304,7 +304,10 @@ void up_thread_free(struct up_thread *t)
 
 size_t up_thread_idle(const struct up_thread *t)
 {
-    return t->idle_count;
+    size_t n = 0;
+    for (size_t i = 0; i < t->n; i++)
+        n += t->idle[i].n;
+    return n;
 }
 
 size_t up_thread_open(const struct up_thread *t)
@@ -424,7 +427,6 @@ static void conn_free(struct up_conn *c)
     if (!c->leg) {
         TAILQ_REMOVE(&c->t->idle[c->ep].list, c, link);
         c->t->idle[c->ep].n--;
-        c->t->idle_count--;
     }
     c->t->open_count--;
     conn_close(c);
@@ -454,7 +456,6 @@ static void conn_park(struct up_conn *c)
     conn_read(c, 1);
     TAILQ_INSERT_HEAD(&t->idle[c->ep].list, c, link);
     t->idle[c->ep].n++;
-    t->idle_count++;
 }
 
 /* Detaches and closes the leg's connection. */
@@ -667,7 +668,6 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
     if (c) {
         TAILQ_REMOVE(&t->idle[leg->ep].list, c, link);
         t->idle[leg->ep].n--;
-        t->idle_count--;
         leg->reused = 1;
     } else {
         c = calloc(1, sizeof *c);
