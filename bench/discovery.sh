@@ -20,8 +20,7 @@ PIDS=()
 ETCD_PID=
 stop_etcd() { [ -z "$ETCD_PID" ] || { kill -9 "$ETCD_PID" 2>/dev/null || true; wait "$ETCD_PID" 2>/dev/null || true; ETCD_PID=; }; }
 trap 'xpyd_cluster_down; stop_etcd; rm -rf "$WORK"' EXIT INT TERM
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-EC=$(free_port) EP=$(free_port)
+EC=$(xpyd_free_port) EP=$(xpyd_free_port)
 start_etcd() {
   etcd --name b0 --data-dir "$WORK/etcd" --listen-client-urls "http://127.0.0.1:$EC" \
     --advertise-client-urls "http://127.0.0.1:$EC" --listen-peer-urls "http://127.0.0.1:$EP" \

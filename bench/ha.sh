@@ -15,7 +15,6 @@ B=${XPYD_BUILD_DIR:-build}/bin
 WORK=$(mktemp -d /tmp/xpyd-ha.XXXXXX)
 PIDS=()
 trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 DARGS=()
 for i in 0 1; do
   $B/xpyd_sim --role decode --port 0 --port-file "$WORK/d$i.port" --log-level warn --decode-us-per-token 2000 \
@@ -34,7 +33,7 @@ for i in 0 1; do
   RPORTS+=("$(cat "$WORK/r$i.port")")
   xpyd_wait_http "http://127.0.0.1:${RPORTS[$i]}/health" 10
 done
-HP=$(free_port)
+HP=$(xpyd_free_port)
 INTER=500 FALL=2
 cat >"$WORK/haproxy.cfg" <<CFG
 global

@@ -66,7 +66,7 @@ echo
 # upstream keep-alive; sets NG (its port) and NGW (its worker's pid)
 start_nginx() {
   local D=$1
-  NG=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  NG=$(xpyd_free_port)
   bench_nginx_conf "$WORK/ng" "$D" "$NG"
   taskset -c 1 nginx -c "$WORK/ng/nginx.conf" -p "$WORK/ng" &
   PIDS+=($!)
@@ -77,7 +77,7 @@ start_nginx() {
 # the floor relay (bench/floor_relay.c): what any relay pays here for the same traffic with next to no user-space
 # work; sets FL (its port) and FLP (its pid). start_floor hop|pd DECODE_PORT [PREFILL_PORT]
 start_floor() {
-  FL=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  FL=$(xpyd_free_port)
   taskset -c 1 $B/xpyd_floor_relay "$1" "$FL" "$2" ${3:-} >"$WORK/floor-$1.log" 2>&1 &
   FLP=$!
   PIDS+=($!)

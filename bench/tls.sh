@@ -26,7 +26,6 @@ openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout srv.key -
 printf "subjectAltName=DNS:localhost,IP:127.0.0.1\n" >ext
 openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 2 -extfile ext 2>/dev/null
 cd - >/dev/null
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
 HZ=$(getconf CLK_TCK)
 j() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d[sys.argv[2]])" "$@"; }
@@ -37,7 +36,7 @@ taskset -c 0 $B/xpyd_sim --role both --port 0 --port-file "$WORK/d.port" --decod
 PIDS+=($!)
 xpyd_wait_file "$WORK/d.port" 10
 D=$(cat "$WORK/d.port")
-RP=$(free_port) RS=$(free_port) NP=$(free_port) NS=$(free_port)
+RP=$(xpyd_free_port) RS=$(xpyd_free_port) NP=$(xpyd_free_port) NS=$(xpyd_free_port)
 taskset -c 1 $B/xpyd_router --port "$RP" --log-level error --threads 1 --handoff none -d 127.0.0.1:$D \
   >"$WORK/rp.log" 2>&1 &
 ROUTER_PLAIN=$!

@@ -14,7 +14,7 @@ B=${XPYD_BUILD_DIR:-build}/bin
 WORK=$(mktemp -d /tmp/xpyd-transfer.XXXXXX)
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill $p 2>/dev/null; done; wait 2>/dev/null; rm -rf "$WORK"' EXIT
-PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+PORT=$(xpyd_free_port)
 iperf3 -s -B 127.0.0.1 -p "$PORT" >/dev/null 2>&1 & PIDS+=($!)
 python3 - "$PORT" <<'PY'
 import socket, sys, time

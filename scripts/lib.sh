@@ -11,6 +11,12 @@ xpyd_wait_file() {
   return 0
 }
 
+# xpyd_free_port: prints a loopback TCP port free right now (the kernel's pick), for servers that take a port
+# number rather than --port 0.
+xpyd_free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
 # xpyd_wait_http URL SECONDS: polls URL until it answers 2xx; 1 after SECONDS.
 xpyd_wait_http() {
   local url=$1 tries=$(($2 * 20))

@@ -11,7 +11,7 @@ N=${PROM_CHECK_PROMPTS:-60}
 WORK=$(mktemp -d /tmp/xpyd-prom.XXXXXX)
 trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
 SIM_DECODE_US=1000 xpyd_cluster_up 1 1 kv-params
-PP=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+PP=$(xpyd_free_port)
 cat >"$WORK/prometheus.yml" <<YML
 global: {scrape_interval: 1s, evaluation_interval: 1s}
 scrape_configs:
