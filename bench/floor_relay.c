@@ -5,10 +5,11 @@
  * the answer). Every engine read is written to the client at once (one write per read, as the router and
  * nginx with proxy_buffering off do).
  *   hop: the client's bytes go to the decode as they come, the decode's bytes to the client (a TCP relay).
- *   pd:  per request (head + Content-Length body, collected first), the request with
- *        {"max_tokens":1,"stream":false,"stream_options":null,"kv_transfer_params":{"do_remote_decode":true}} in front of its
- *        body's keys goes to the prefill; once the prefill's whole answer is in (its Content-Length), the
- *        client's request with the answer's "kv_transfer_params" member put in front goes to the decode
+ *   pd:  per request (head + Content-Length body, collected first; its request line kept), the request with
+ *        "max_tokens":1,"stream":false,"stream_options":null,"kv_transfer_params":{"do_remote_decode":true}
+ *        in front of its body's keys goes to the prefill; once the prefill's whole answer is in (its
+ *        Content-Length), the client's request with the answer's "kv_transfer_params" member (copied as it
+ *        came) put in front goes to the decode
  *        (which pulls the KV from the prefill engine, as behind the router), whose bytes go to the client as
  *        they come. That is the P->D path's two upstream exchanges without the router's JSON parsing,
  *        placement and accounting.
@@ -47,7 +48,7 @@ struct pair {
     size_t rlen;
     char *pans; /* pd: the prefill's answer being collected */
     size_t palen, pacap;
-    int waiting_prefill;
+    size_t waiting_prefill; /* pd: the length of the request whose prefill is out, 0 if none */
 };
 
 static int ep, mode_pd;
@@ -143,51 +144,54 @@ static long message_len(const char *p, size_t n)
     return head + (size_t)body <= n ? (long)(head + (size_t)body) : 0;
 }
 
-/* Sends the request of len bytes at req to e with keys put in front of its body's members: keys
- * (`"name":value,`) go right after the body's opening brace (an engine takes the first of a repeated key). */
+/* Sends the request of len bytes at req to e, its request line kept, with keys (`"name":value` pairs, klen
+ * bytes) put in front of its body's members (an engine takes the first of a repeated key). */
 static int send_with_keys(struct end *e, const char *req, size_t len, const char *keys, size_t klen)
 {
+    const char *line_end = memmem(req, len, "\r\n", 2);
     const char *body = (const char *)memmem(req, len, "\r\n\r\n", 4) + 4;
     const char *brace = memchr(body, '{', len - (size_t)(body - req));
     if (!brace)
         return -1;
-    size_t after = len - (size_t)(brace + 1 - req);
+    size_t after = len - (size_t)(brace + 1 - req), line = (size_t)(line_end - req);
     static char out[2 * REQMAX];
     int hl = snprintf(out, sizeof out,
-                      "POST /v1/completions HTTP/1.1\r\nHost: engine\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %zu\r\n\r\n{",
-                      klen + after + 1);
-    if (hl < 0 || (size_t)hl + klen + after > sizeof out)
+                      "%.*s\r\nHost: engine\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n\r\n{",
+                      (int)line, req, klen + (klen > 0) + after + 1);
+    if (hl < 0 || (size_t)hl + klen + 1 + after > sizeof out)
         return -1;
-    memcpy(out + hl, keys, klen);
-    memcpy(out + hl + klen, brace + 1, after);
-    return send_to(e, out, (size_t)hl + klen + after);
+    size_t o = (size_t)hl;
+    memcpy(out + o, keys, klen), o += klen;
+    if (klen)
+        out[o++] = ',';
+    memcpy(out + o, brace + 1, after), o += after;
+    return send_to(e, out, o);
 }
 
-/* pd: the collected request goes to the prefill as a one-token prefill that keeps its KV. */
+/* pd: the collected request (len bytes) goes to the prefill as a one-token prefill that keeps its KV. */
 static int send_prefill(struct pair *pr, size_t len)
 {
     static const char keys[] = "\"max_tokens\":1,\"stream\":false,\"stream_options\":null,"
-                               "\"kv_transfer_params\":{\"do_remote_decode\":true,\"do_remote_prefill\":false},";
-    pr->waiting_prefill = 1;
+                               "\"kv_transfer_params\":{\"do_remote_decode\":true,\"do_remote_prefill\":false}";
+    pr->waiting_prefill = len;
     pr->palen = 0;
     return send_with_keys(&pr->e[END_PREFILL], pr->req, len, keys, sizeof keys - 1);
 }
 
-/* pd: the `"kv_transfer_params":{...},` member of the prefill's answer (body of alen bytes at a), for the
- * decode; its length in *klen, NULL if the answer has none. */
+/* pd: the `"kv_transfer_params":{...}` member of the prefill's answer (alen bytes at a), in place, for the
+ * decode; its length in *klen (0 if the answer has none). */
 static const char *kv_member(const char *a, size_t alen, size_t *klen)
 {
     static const char name[] = "\"kv_transfer_params\":";
-    static char out[8192];
     const char *p = memmem(a, alen, name, sizeof name - 1), *end = a + alen;
+    *klen = 0;
     if (!p)
-        return NULL;
+        return "";
     const char *v = p + sizeof name - 1;
     while (v < end && *v == ' ')
         v++;
     if (v >= end || *v != '{')
-        return NULL;
+        return "";
     int depth = 0, in_str = 0;
     const char *q = v;
     for (; q < end; q++) {
@@ -203,13 +207,10 @@ static const char *kv_member(const char *a, size_t alen, size_t *klen)
         else if (*q == '}' && --depth == 0)
             break;
     }
-    size_t n = (size_t)(q + 1 - p);
-    if (q >= end || n + 1 > sizeof out)
-        return NULL;
-    memcpy(out, p, n);
-    out[n] = ',';
-    *klen = n + 1;
-    return out;
+    if (q >= end)
+        return "";
+    *klen = (size_t)(q + 1 - p);
+    return p;
 }
 
 static void consume(struct pair *pr, size_t len)
@@ -265,12 +266,11 @@ static int on_prefill_bytes(struct pair *pr, const char *p, size_t n)
         return -1;
     /* the request the answer was for goes to the decode, with the prefill's kv_transfer_params (the decode
      * engine then pulls the KV from the prefill engine, as behind the router) */
-    long rlen = message_len(pr->req, pr->rlen);
-    size_t klen = 0;
+    size_t rlen = pr->waiting_prefill, klen;
     const char *kv = kv_member(pr->pans, (size_t)alen, &klen);
-    if (send_with_keys(&pr->e[END_DECODE], pr->req, (size_t)rlen, kv ? kv : "", klen) != 0)
+    if (send_with_keys(&pr->e[END_DECODE], pr->req, rlen, kv, klen) != 0)
         return -1;
-    consume(pr, (size_t)rlen);
+    consume(pr, rlen);
     pr->waiting_prefill = 0;
     return next_request(pr); /* a pipelined one */
 }
