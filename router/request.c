@@ -249,6 +249,8 @@ static void req_free_cb(void *arg)
             evbuffer_free(r->legs[role].buf);
     if (r->chunk)
         evbuffer_free(r->chunk);
+    if (r->tls_stage)
+        evbuffer_free(r->tls_stage);
     xpyd_sse_reset(&r->sse);
     free(r);
 }

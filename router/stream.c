@@ -15,8 +15,11 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
+#include <event2/bufferevent_struct.h>
 #include <event2/event.h>
 #include <evhtp/evhtp.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,6 +60,55 @@ static void tls_coalesce(struct bufferevent *bev)
         evbuffer_pullup(out, (ev_ssize_t)(n < TLS_COALESCE_MAX ? n : TLS_COALESCE_MAX));
 }
 
+/* TLS write-through. An OpenSSL bufferevent arms its write event as soon as bytes land in its empty output, and
+ * disarms it once it wrote them on the next loop: two epoll_ctl calls and a trip through the loop per engine
+ * read. A TLS stream's bytes are staged in r->tls_stage instead, and client_flush encrypts and writes them with
+ * one SSL_write (at most one record's worth) when libevent has nothing of its own going on this connection:
+ * its output is empty, neither of its events is pending (a write backlog keeps the write event in; a write
+ * blocked on a read, or a read, keeps the read event in; a paused stream has both out) and OpenSSL's last call
+ * did not stop on a full socket. Otherwise, or when SSL_write does not complete, the staged bytes move to the
+ * output whole, as one piece at its start, and the bufferevent writes them: its SSL_write is then the retry
+ * OpenSSL asks for (libevent sets SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER; renegotiation is off, so a write
+ * never waits on a read after the handshake). */
+static struct evbuffer *client_out(struct request *r, struct bufferevent *bev)
+{
+    if (!bufferevent_openssl_get_ssl(bev))
+        return bufferevent_get_output(bev);
+    if (!r->tls_stage)
+        r->tls_stage = XPYD_XALLOC(evbuffer_new());
+    return r->tls_stage;
+}
+
+/* The staged bytes go to the bufferevent, which writes them when the socket takes them. */
+static void tls_unstage(struct request *r, struct bufferevent *bev)
+{
+    if (r->tls_stage && evbuffer_get_length(r->tls_stage))
+        evbuffer_add_buffer(bufferevent_get_output(bev), r->tls_stage);
+    tls_coalesce(bev);
+}
+
+static int tls_write_through(struct request *r, struct bufferevent *bev, SSL *ssl)
+{
+    size_t n = r->tls_stage ? evbuffer_get_length(r->tls_stage) : 0;
+    if (n == 0)
+        return 1;
+    int backlog = evbuffer_get_length(bufferevent_get_output(bev)) > 0 || event_pending(&bev->ev_write, EV_WRITE, NULL);
+    if (backlog || n > TLS_COALESCE_MAX || !SSL_is_init_finished(ssl) || SSL_want(ssl) == SSL_WRITING ||
+        event_pending(&bev->ev_read, EV_READ, NULL))
+        return 0;
+    const void *p = evbuffer_pullup(r->tls_stage, (ev_ssize_t)n);
+    if (!p)
+        return 0;
+    if (ERR_peek_error()) /* SSL_get_error needs an empty queue; clearing an empty one frees 16 slots */
+        ERR_clear_error();
+    if (SSL_write(ssl, p, (int)n) != (int)n) {
+        ERR_clear_error(); /* the bufferevent's retry reports a real error through the event callback */
+        return 0;
+    }
+    evbuffer_drain(r->tls_stage, n);
+    return 1;
+}
+
 /* Write-through: a stream's bytes are written to a plain client socket from the callback that produced them,
  * with the connection's write event off (client_write_through_again). Only bytes the socket cannot take turn
  * the write event on, and libevent drains that backlog. This saves, per write, the two epoll_ctl calls that
@@ -68,10 +120,10 @@ static void client_flush(struct request *r)
     struct bufferevent *bev = client_bev(r);
     if (!bev)
         return;
-    if (bufferevent_openssl_get_ssl(bev)) {
-        tls_coalesce(bev);
-        if (!(bufferevent_get_enabled(bev) & EV_WRITE))
-            bufferevent_enable(bev, EV_WRITE);
+    SSL *ssl = bufferevent_openssl_get_ssl(bev);
+    if (ssl) {
+        if (!tls_write_through(r, bev, ssl))
+            tls_unstage(r, bev);
         return;
     }
     if (bufferevent_get_enabled(bev) & EV_WRITE)
@@ -85,6 +137,12 @@ static void client_flush(struct request *r)
     }
     if (evbuffer_get_length(out))
         bufferevent_enable(bev, EV_WRITE);
+}
+
+/* The client's bytes not written yet: the connection's output and what is staged for TLS. */
+static size_t client_pending(const struct request *r, struct bufferevent *bev)
+{
+    return evbuffer_get_length(bufferevent_get_output(bev)) + (r->tls_stage ? evbuffer_get_length(r->tls_stage) : 0);
 }
 
 /* Before queueing bytes: with nothing waiting, the write event goes off and writing is write-through (turning
@@ -119,7 +177,7 @@ void client_stream_start(struct request *r)
                                  "Transfer-Encoding: chunked\r\n";
     static const char head10[] = "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                                  "Connection: close\r\n\r\n";
-    struct evbuffer *out = bufferevent_get_output(bev);
+    struct evbuffer *out = client_out(r, bev);
     if (req->proto != EVHTP_PROTO_11) {
         xpyd_close_after_reply(req);
         req->flags &= (uint16_t)~EVHTP_REQ_FLAG_CHUNKED;
@@ -143,7 +201,7 @@ static void on_backpressure_tick(evutil_socket_t fd, short ev, void *arg)
     if (!r->paused || !r->ereq || !dleg)
         return;
     struct bufferevent *bev = evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq));
-    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > (size_t)g_rt->cfg.client_buffer_bytes / 2) {
+    if (bev && client_pending(r, bev) > (size_t)g_rt->cfg.client_buffer_bytes / 2) {
         struct timeval tv = {0, 2000};
         event_add(r->bp_timer, &tv);
         return;
@@ -178,21 +236,16 @@ static size_t chunk_size_line(char *p, size_t n)
 }
 
 /* Sends what r->chunk holds as one chunk (the bytes move out, so the buffer is reused). */
-static void send_chunk(struct request *r)
+static void queue_chunk(struct request *r)
 {
     struct evbuffer *c = chunk_of(r);
-    if (!r->ereq) {
-        evbuffer_drain(c, evbuffer_get_length(c));
-        return;
-    }
     struct bufferevent *bev = client_bev(r);
     size_t n = evbuffer_get_length(c);
     client_write_through_again(r);
     if (bev && n) {
         /* the chunk framing written here, as libevhtp's chunk writer would, without its printf per chunk (a
-         * tenth of the router's user time on short streams); a TLS client's output is made one piece before
-         * it is written (tls_coalesce) */
-        struct evbuffer *out = bufferevent_get_output(bev);
+         * tenth of the router's user time on short streams); a TLS client's go to its stage (client_out) */
+        struct evbuffer *out = client_out(r, bev);
         if (r->ereq->flags & EVHTP_REQ_FLAG_CHUNKED) {
             char head[24];
             evbuffer_add(out, head, chunk_size_line(head, n));
@@ -204,12 +257,21 @@ static void send_chunk(struct request *r)
     } else {
         evbuffer_drain(c, n);
     }
+}
+
+static void send_chunk(struct request *r)
+{
+    if (!r->ereq) {
+        evbuffer_drain(chunk_of(r), evbuffer_get_length(chunk_of(r)));
+        return;
+    }
+    queue_chunk(r);
+    struct bufferevent *bev = client_bev(r);
     if (!r->in_read || !r->legs[RT_DECODE].up)
         client_flush(r); /* else client_read_done writes it with the rest of the read */
     /* Backpressure: a slow client pauses the decode leg instead of growing this buffer without bound. */
     struct up_leg *dleg = r->legs[RT_DECODE].up;
-    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > (size_t)g_rt->cfg.client_buffer_bytes && dleg &&
-        !r->paused) {
+    if (bev && client_pending(r, bev) > (size_t)g_rt->cfg.client_buffer_bytes && dleg && !r->paused) {
         r->paused = 1;
         XLOG_DEBUG("msg=\"client slow: decode leg paused\" request_id=%s", r->xid);
         up_leg_pause(dleg);
@@ -252,12 +314,19 @@ void client_read_done(struct request *r)
 void client_stream_end(struct request *r)
 {
     r->in_read = 0;
-    flush_pending(r);
+    struct bufferevent *bev = client_bev(r);
+    int tls = bev && bufferevent_openssl_get_ssl(bev);
+    if (!tls) {
+        flush_pending(r);
+    } else { /* libevhtp writes the terminator to the output: the last events join it there, in one record */
+        if (r->chunk && evbuffer_get_length(r->chunk))
+            queue_chunk(r);
+        tls_unstage(r, bev);
+    }
     if (r->ereq) {
         evhtp_send_reply_chunk_end(r->ereq);
-        struct bufferevent *bev = client_bev(r);
-        if (bev && bufferevent_openssl_get_ssl(bev))
-            tls_coalesce(bev); /* the terminator joins the last events' record */
+        if (tls)
+            tls_coalesce(bev); /* one record */
         evhtp_request_resume(r->ereq); /* deferred by libevhtp: the keep-alive connection reads again */
     }
 }

@@ -1,6 +1,7 @@
 """TLS, with certificates this test generates (openssl CLI, a throwaway CA):
  - HTTPS for clients: streaming through curl and through Python's ssl; ALPN http/1.1; session resumption;
    what the router read from an engine at once reaches the client as one TLS record (counted on raw bytes);
+   a TLS client that stops reading pauses the decode, then gets every byte framed and in order;
    --tls-min-version 1.3 refuses a TLS 1.2 client; plain HTTP sent to the TLS port gets a clear 400 and a
    close; a client that never handshakes is closed by --header-timeout-ms; a plain second listener
    (--plain-port) serves /metrics next to the TLS one;
@@ -342,6 +343,64 @@ class Records(TlsCase):
         self.assertIn(b"200 OK", text.split(b"\r\n")[0])
         self.assertEqual(text.count(b"data: "), 18, text)  # 17 events and [DONE], all relayed
         self.assertLessEqual(records, 2, "the answer came in %d TLS records" % records)
+
+
+def dechunk(data):
+    """The body of a chunked answer, checking every chunk's framing (a byte out of order breaks it)."""
+    out, i = b"", 0
+    while True:
+        j = data.index(b"\r\n", i)
+        n = int(data[i:j], 16)
+        if n == 0:
+            assert data[j + 2:] == b"\r\n", data[j:j + 40]
+            return out
+        out += data[j + 2:j + 2 + n]
+        assert data[j + 2 + n:j + 4 + n] == b"\r\n", data[j + n - 20:j + n + 20]
+        i = j + 4 + n
+
+
+class SlowTlsClient(TlsCase):
+    def test_backpressure_then_every_byte_in_order(self):
+        # The router writes a TLS stream's bytes from the relay itself while the socket takes them, and leaves
+        # them to the OpenSSL bufferevent once it does not: a client that stops reading fills the socket, the
+        # decode leg is paused, and when the client reads again everything arrives, framed and in order, with
+        # the same connection then serving a second stream.
+        n = 40000  # ≈ 9 MB of SSE at zero delay: more than the loopback socket buffers hold
+        d = self.start(t.sim("--role", "both", "--decode-us-per-token", "0", "--max-model-len", "1000000"))
+        r = self.tls_router(["127.0.0.1:%d" % d.port], "--client-buffer-bytes", "65536")
+        s = tls_ctx(self.certs.ca).wrap_socket(socket.create_connection(("127.0.0.1", r.port), timeout=20),
+                                               server_hostname="localhost")
+        self.addCleanup(s.close)
+
+        def ask(tokens):
+            body = json.dumps({"prompt": "a", "max_tokens": tokens, "stream": True, "ignore_eos": True}).encode()
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+        def read_answer():
+            data, deadline = bytearray(), time.monotonic() + 60
+            while not data.endswith(b"\r\n0\r\n\r\n"):
+                c = s.recv(1 << 20)
+                self.assertTrue(c, "the router closed the connection")
+                data += c
+                self.assertLess(len(data), 64 << 20, "far more bytes than the stream has")
+                self.assertLess(time.monotonic(), deadline, "the answer did not end")
+            data = bytes(data)
+            head, _, body = data.partition(b"\r\n\r\n")
+            self.assertIn(b" 200 ", head.split(b"\r\n")[0])
+            events = dechunk(body).split(b"\n\n")
+            self.assertEqual(events[-2:], [b"data: [DONE]", b""])
+            return [json.loads(e[6:]) for e in events[:-2] if e.startswith(b"data: {")]
+
+        ask(n)
+        t.wait_until(lambda: t.metric(d.port, "vllm:generation_tokens_total") == n, timeout=60, what="all generated")
+        self.assertGreater(t.metric(d.port, "xpyd_sim:stream_bytes_pending"), 1024 * 1024,
+                           "the router kept reading from the decode")
+        texts = [e["choices"][0]["text"] for e in read_answer() if e.get("choices")]
+        self.assertEqual(len([x for x in texts if x]), n)
+        ask(16)  # the same connection, after the backlog: written through again
+        self.assertEqual(len([e for e in read_answer() if e.get("choices") and e["choices"][0]["text"]]), 16)
+        t.wait_until(lambda: json.loads(https_get(r.port, "/status", tls_ctx(self.certs.ca)))["active_requests"] == 0,
+                     what="idle")
 
 
 class Rotation(TlsCase):
