@@ -99,7 +99,7 @@ static int tls_write_through(struct request *r, struct bufferevent *bev, SSL *ss
     const void *p = evbuffer_pullup(r->tls_stage, (ev_ssize_t)n);
     if (!p)
         return 0;
-    if (ERR_peek_error()) /* SSL_get_error needs an empty queue; clearing an empty one frees 16 slots */
+    if (ERR_peek_error()) /* SSL_get_error needs an empty queue; clearing it every time showed in profiles */
         ERR_clear_error();
     if (SSL_write(ssl, p, (int)n) != (int)n) {
         ERR_clear_error(); /* the bufferevent's retry reports a real error through the event callback */
