@@ -79,12 +79,12 @@ static struct evbuffer *client_out(struct request *r, struct bufferevent *bev)
     return r->tls_stage;
 }
 
-/* The staged bytes go to the bufferevent, which writes them when the socket takes them. */
+/* The staged bytes go to the bufferevent, which writes them when the socket takes them (made one piece by the
+ * caller's tls_coalesce once everything is queued). */
 static void tls_unstage(struct request *r, struct bufferevent *bev)
 {
     if (r->tls_stage && evbuffer_get_length(r->tls_stage))
         evbuffer_add_buffer(bufferevent_get_output(bev), r->tls_stage);
-    tls_coalesce(bev);
 }
 
 static int tls_write_through(struct request *r, struct bufferevent *bev, SSL *ssl)
@@ -122,8 +122,10 @@ static void client_flush(struct request *r)
         return;
     SSL *ssl = bufferevent_openssl_get_ssl(bev);
     if (ssl) {
-        if (!tls_write_through(r, bev, ssl))
+        if (!tls_write_through(r, bev, ssl)) {
             tls_unstage(r, bev);
+            tls_coalesce(bev);
+        }
         return;
     }
     if (bufferevent_get_enabled(bev) & EV_WRITE)
@@ -326,7 +328,7 @@ void client_stream_end(struct request *r)
     if (r->ereq) {
         evhtp_send_reply_chunk_end(r->ereq);
         if (tls)
-            tls_coalesce(bev); /* one record */
+            tls_coalesce(bev); /* the last events and the terminator: one record */
         evhtp_request_resume(r->ereq); /* deferred by libevhtp: the keep-alive connection reads again */
     }
 }
