@@ -74,7 +74,9 @@ struct cconn {
     bufferevent_event_cb ev_event;
     void *ev_arg;
     void (*owner_fini)(void *arg); /* the handler's cleanup, run when libevhtp frees the request */
+    int (*owner_gone)(void *arg);  /* the client went away mid-answer (rt_client_keep_reading) */
     void *owner_arg;
+    struct event *closed_ev; /* the peer closing, watched while reading is held back during an answer */
 };
 
 static void arm(struct cconn *cc, long ms)
@@ -104,6 +106,8 @@ static void cc_free(struct cconn *cc)
         return;
     event_free(cc->timer);
     event_free(cc->kick);
+    if (cc->closed_ev)
+        event_free(cc->closed_ev);
     request_reset(cc);
     evbuffer_free(cc->raw);
     free(cc);
@@ -169,13 +173,40 @@ static void tls_client_failed(struct cconn *cc, struct bufferevent *bev)
         xpyd_log_event(XPYD_LOG_WARN, "event=tls_handshake_failed side=client peer=%s reason=\"%s\"", peer, why);
 }
 
+/* The client hung up (or its socket failed) while an answer is in progress: the handler ends the request and
+ * frees the connection (1), or leaves an answer already complete to libevhtp (0). */
+static int client_gone(struct cconn *cc)
+{
+    int (*fn)(void *) = cc->state == CC_BUSY ? cc->owner_gone : NULL;
+    return fn && fn(cc->owner_arg);
+}
+
 static void guard_event(struct bufferevent *bev, short what, void *arg)
 {
     struct cconn *cc = arg;
     SSL *ssl = (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF)) ? bufferevent_openssl_get_ssl(bev) : NULL;
     if (ssl && !SSL_is_init_finished(ssl))
         tls_client_failed(cc, bev);
+    if ((what & (BEV_EVENT_ERROR | BEV_EVENT_EOF)) && client_gone(cc))
+        return; /* the connection is freed */
     cc->ev_event(bev, what, cc->ev_arg);
+}
+
+/* The peer closed while its pipelined bytes hold reading back (guard_read): as guard_event would have seen. */
+static void on_peer_closed(evutil_socket_t fd, short ev, void *arg)
+{
+    struct cconn *cc = arg;
+    if (client_gone(cc))
+        return;
+    event_del(cc->closed_ev); /* level-triggered: once is enough; the read after the answer sees the end */
+}
+
+/* Reading again (between requests, or an answer began with little buffered): the read event sees the peer. */
+static void read_again(struct cconn *cc)
+{
+    if (cc->closed_ev)
+        event_del(cc->closed_ev);
+    bufferevent_enable(cc->c->bev, EV_READ);
 }
 
 static void reject(struct cconn *cc, int status, const char *reason, int reason_idx, const char *msg)
@@ -439,6 +470,24 @@ static void advance(struct cconn *cc)
     }
 }
 
+/* Pipelined bytes over the bound during an answer: the socket is not read (TCP pushes back on the client) until
+ * the answer is done, and the peer's closing is watched on its own meanwhile. */
+static int reading_held(const struct cconn *cc)
+{
+    return evbuffer_get_length(cc->raw) > (size_t)g_rt->cfg.max_header_bytes + 65536;
+}
+
+static void hold_reading(struct cconn *cc)
+{
+    bufferevent_disable(cc->c->bev, EV_READ);
+    if (!cc->owner_gone)
+        return;
+    if (!cc->closed_ev)
+        cc->closed_ev = XPYD_XALLOC(event_new(bufferevent_get_base(cc->c->bev), cc->c->sock, EV_CLOSED,
+                                              on_peer_closed, cc));
+    event_add(cc->closed_ev, NULL);
+}
+
 static void guard_read(struct bufferevent *bev, void *arg)
 {
     struct cconn *cc = arg;
@@ -455,8 +504,8 @@ static void guard_read(struct bufferevent *bev, void *arg)
     if (cc->state == CC_BUSY) {
         /* pipelined bytes wait for the answer in progress; past a bound the socket is not read (TCP pushes
          * back on the client) until the answer is done */
-        if (evbuffer_get_length(cc->raw) > (size_t)g_rt->cfg.max_header_bytes + 65536)
-            bufferevent_disable(bev, EV_READ);
+        if (reading_held(cc))
+            hold_reading(cc);
         return;
     }
     advance(cc);
@@ -478,7 +527,7 @@ static void on_kick(evutil_socket_t fd, short ev, void *arg)
     struct cconn *cc = arg;
     if (cc->state != CC_IDLE)
         return;
-    bufferevent_enable(cc->c->bev, EV_READ);
+    read_again(cc);
     advance(cc);
 }
 
@@ -530,10 +579,33 @@ void rt_client_set_owner(evhtp_request_t *req, void (*fini)(void *arg), void *ar
     cc->owner_arg = arg;
 }
 
+/* While the answer to req is in progress, the connection is read as between requests (pipelined bytes wait in
+ * the guard), so that a client hanging up is seen at once. evhtp_request_pause would stop reading, and
+ * reading again after the answer, plus watching the close on its own meanwhile (EV_CLOSED), costs two
+ * epoll_ctl per request; nginx, for one, keeps its connections' events as they are. The pause is libevhtp's
+ * without its read switch: the request's status and the connection's flag, which evhtp_request_resume ends. */
+void rt_client_pause_reading_on(evhtp_request_t *req, int (*gone)(void *arg))
+{
+    evhtp_connection_t *c = evhtp_request_get_connection(req);
+    struct cconn *cc = c && c->hooks ? c->hooks->on_connection_fini_arg : NULL;
+    if (!cc) {
+        evhtp_request_pause(req);
+        return;
+    }
+    req->status = EVHTP_RES_PAUSE;
+    c->flags |= EVHTP_CONN_FLAG_PAUSED;
+    cc->owner_gone = gone;
+    if (reading_held(cc))
+        hold_reading(cc);
+    else
+        bufferevent_enable(c->bev, EV_READ);
+}
+
 static void run_owner_fini(struct cconn *cc)
 {
     void (*fn)(void *) = cc->owner_fini;
     cc->owner_fini = NULL;
+    cc->owner_gone = NULL;
     if (fn)
         fn(cc->owner_arg);
 }

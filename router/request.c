@@ -185,7 +185,6 @@ void req_end(struct request *r, int fail)
         r->ho->abandon(r, decode_in_flight);
     req_release(r, RT_PREFILL);
     req_release(r, RT_DECODE);
-    free_event(&r->close_ev);
     free_event(&r->retry_timer);
     if (r->retrying) {
         r->retrying = 0;
@@ -255,15 +254,16 @@ static void req_free_cb(void *arg)
     free(r);
 }
 
-static void on_client_closed(evutil_socket_t fd, short ev, void *arg)
+/* The client hung up mid-answer (the guard saw it): the engines stop working for nobody. */
+static int on_client_gone(void *arg)
 {
     struct request *r = arg;
-    free_event(&r->close_ev);
     if (r->state == REQ_DONE || !r->ereq)
-        return;
+        return 0; /* the answer is complete: libevhtp ends the connection */
     atomic_fetch_add(&g_rt->ctr.client_disconnects, 1);
     req_end(r, RF_CLIENT_DISCONNECT);
     evhtp_connection_free(evhtp_request_get_connection(r->ereq)); /* calls req_free_cb */
+    return 1;
 }
 
 void req_begin(struct request *r)
@@ -287,13 +287,8 @@ void req_begin(struct request *r)
     atomic_fetch_add(&g_rt->ctr.active_requests, 1);
     evhtp_request_t *req = r->ereq;
     rt_client_set_owner(req, req_free_cb, r);
-    evhtp_connection_t *conn = evhtp_request_get_connection(req);
-    /* the client's bytes are written by stream.c (write-through on plain connections) */
-    evhtp_request_pause(req);
-    evutil_socket_t fd = bufferevent_getfd(evhtp_connection_get_bev(conn));
-    r->close_ev = event_new(r->t->base, fd, EV_CLOSED, on_client_closed, r);
-    if (r->close_ev)
-        event_add(r->close_ev, NULL);
+    /* the client's bytes are written by stream.c (write-through); the connection is read meanwhile */
+    rt_client_pause_reading_on(req, on_client_gone);
     r->ho->start(r);
 }
 

@@ -121,7 +121,6 @@ struct request {
     int queued_role;            /* admission.c: -1 when not queued */
     struct request *qprev, *qnext;
     struct event *queue_timer;  /* --queue-timeout-ms deadline (owned) */
-    struct event *close_ev;     /* the client's connection closing */
 };
 
 /* ---- request.c: the core ---- */

@@ -214,6 +214,9 @@ int rt_client_headers_hook(struct evhtp_request *req, void *guard);
 /* The handler's cleanup for req, run once when libevhtp frees the request (answer sent, or connection gone);
  * NULL to cancel. Handlers use this instead of libevhtp's request hooks, which would hide the guard's. */
 void rt_client_set_owner(struct evhtp_request *req, void (*fini)(void *arg), void *arg);
+/* Pauses req (its answer comes later, evhtp_request_resume ends the pause) while the connection is still read:
+ * gone(owner's arg) is called if the client hangs up, and returns 1 when it freed the connection. */
+void rt_client_pause_reading_on(struct evhtp_request *req, int (*gone)(void *arg));
 
 /* --handoff xpyd (kvxfer.c): the router's transfer engine and its release notifications. */
 struct cJSON;

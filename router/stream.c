@@ -63,10 +63,11 @@ static void tls_coalesce(struct bufferevent *bev)
 /* TLS write-through. An OpenSSL bufferevent arms its write event as soon as bytes land in its empty output, and
  * disarms it once it wrote them on the next loop: two epoll_ctl calls and a trip through the loop per engine
  * read. A TLS stream's bytes are staged in r->tls_stage instead, and client_flush encrypts and writes them with
- * one SSL_write (at most one record's worth) when libevent has nothing of its own going on this connection:
- * its output is empty, neither of its events is pending (a write backlog keeps the write event in; a write
- * blocked on a read, or a read, keeps the read event in; a paused stream has both out) and OpenSSL's last call
- * did not stop on a full socket. Otherwise, or when SSL_write does not complete, the staged bytes move to the
+ * one SSL_write (at most one record's worth) when libevent has no write of its own going on this connection:
+ * its output is empty, its write event is not pending (a backlog, or a read blocked on a write, keeps it in)
+ * and OpenSSL's last call did not stop on a full socket. (The read event is in while a stream is answered, as
+ * between requests: a write blocked on a read would have left bytes in the output, and renegotiation is off.)
+ * Otherwise, or when SSL_write does not complete, the staged bytes move to the
  * output whole, as one piece at its start, and the bufferevent writes them: its SSL_write is then the retry
  * OpenSSL asks for (libevent sets SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER; renegotiation is off, so a write
  * never waits on a read after the handshake). */
@@ -93,8 +94,7 @@ static int tls_write_through(struct request *r, struct bufferevent *bev, SSL *ss
     if (n == 0)
         return 1;
     int backlog = evbuffer_get_length(bufferevent_get_output(bev)) > 0 || event_pending(&bev->ev_write, EV_WRITE, NULL);
-    if (backlog || n > TLS_COALESCE_MAX || !SSL_is_init_finished(ssl) || SSL_want(ssl) == SSL_WRITING ||
-        event_pending(&bev->ev_read, EV_READ, NULL))
+    if (backlog || n > TLS_COALESCE_MAX || !SSL_is_init_finished(ssl) || SSL_want(ssl) == SSL_WRITING)
         return 0;
     const void *p = evbuffer_pullup(r->tls_stage, (ev_ssize_t)n);
     if (!p)
@@ -313,24 +313,61 @@ void client_read_done(struct request *r)
     client_flush(r);
 }
 
+/* The end of a stream, written through. When the last events and the terminator went out at once, nothing is
+ * left for libevent to write, and resuming the request as libevhtp does (evhtp_request_resume: its resume
+ * event arms the write event, and libevhtp finishes the request from its write callback once the output
+ * drained) would cost an epoll_ctl to arm it, a trip through the loop and an epoll_ctl to disarm it, per
+ * request. libevhtp's write callback is run instead, deferred to after the current callback as a write event
+ * would have run it: the request is finished and its output empty, so libevhtp frees it (keep-alive: the guard
+ * reads the next request) or closes the connection. The connection stops being paused here, as
+ * evhtp_connection_resume would have done without its event; a connection libevhtp marked to be freed on
+ * resume (an error while paused), or one already waiting on a write, takes libevhtp's own way. */
+static int finish_in_place(struct request *r, struct bufferevent *bev)
+{
+    evhtp_connection_t *c = evhtp_request_get_connection(r->ereq);
+    if (!c || (c->flags & (EVHTP_CONN_FLAG_FREE_CONN | EVHTP_CONN_FLAG_ERROR | EVHTP_CONN_FLAG_WAITING)) ||
+        !(c->flags & EVHTP_CONN_FLAG_PAUSED))
+        return 0;
+    SSL *ssl = bufferevent_openssl_get_ssl(bev);
+    if (ssl ? !tls_write_through(r, bev, ssl) : (client_flush(r), 0))
+        return 0;
+    if (client_pending(r, bev) || event_pending(&bev->ev_write, EV_WRITE, NULL))
+        return 0;
+    /* Plain: write-through turned the write event off, and the next answer on this connection (a JSON answer, a
+     * 100 Continue, a refusal) is queued to the output for libevent to write, which it does only with the write
+     * event on. Turning it on would arm it in epoll to find nothing to write; the bufferevent is put in the state
+     * libevent leaves it in after draining its output instead: on, not pending. */
+    if (!ssl)
+        bev->enabled |= EV_WRITE;
+    c->flags &= (uint16_t)~EVHTP_CONN_FLAG_PAUSED;
+    bufferevent_trigger(bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
+    return 1;
+}
+
 void client_stream_end(struct request *r)
 {
     r->in_read = 0;
     struct bufferevent *bev = client_bev(r);
-    int tls = bev && bufferevent_openssl_get_ssl(bev);
-    if (!tls) {
+    if (!r->ereq || !bev) {
         flush_pending(r);
-    } else { /* libevhtp writes the terminator to the output: the last events join it there, in one record */
-        if (r->chunk && evbuffer_get_length(r->chunk))
-            queue_chunk(r);
+        return;
+    }
+    int tls = bufferevent_openssl_get_ssl(bev) != NULL;
+    if (r->chunk && evbuffer_get_length(r->chunk))
+        queue_chunk(r); /* the last events and the terminator, together: one write (one record on TLS) */
+    if (r->ereq->flags & EVHTP_REQ_FLAG_CHUNKED)
+        evbuffer_add(client_out(r, bev), "0\r\n\r\n", 5);
+    evhtp_send_reply_end(r->ereq); /* finished: libevhtp's write callback ends it once the output drained */
+    if (finish_in_place(r, bev))
+        return;
+    /* bytes are left: the bufferevent writes them, and libevhtp finishes the request from its write callback */
+    if (tls) {
         tls_unstage(r, bev);
+        tls_coalesce(bev);
+    } else if (evbuffer_get_length(bufferevent_get_output(bev))) {
+        bufferevent_enable(bev, EV_WRITE);
     }
-    if (r->ereq) {
-        evhtp_send_reply_chunk_end(r->ereq);
-        if (tls)
-            tls_coalesce(bev); /* the last events and the terminator: one record */
-        evhtp_request_resume(r->ereq); /* deferred by libevhtp: the keep-alive connection reads again */
-    }
+    evhtp_request_resume(r->ereq); /* deferred by libevhtp: the keep-alive connection reads again */
 }
 
 void client_error(struct request *r, int status, const char *msg)
