@@ -29,6 +29,25 @@ class ClientDisconnect(t.TestCase):
         self.assertEqual(t.metric(r.port, "xpyd_active_streams"), 0)
         self.assertEqual(t.metric(p.port, "xpyd_sim:kv_leases_active"), 0)
 
+    def test_pipelined_bytes_held_then_hang_up(self):
+        # The connection is read while its answer is in progress (pipelined requests wait in the router); past
+        # --max-header-bytes + 64 KiB of them the router stops reading, and the client hanging up must still
+        # be seen while nothing is written to it (the prefill stalls 10 s), not when the answer is
+        p = self.start(t.sim("--role", "prefill", "--stall-ms", "10000"))
+        d = self.start(t.sim("--role", "decode"))
+        r = self.start(t.router([p.port], [d.port], "--max-header-bytes", "1024"))
+        c = raw_post(r.port, "/v1/completions", {"prompt": "a b", "max_tokens": 5, "stream": True})
+        c.settimeout(10)
+        t.wait_until(lambda: t.metric(p.port, "xpyd_sim:requests_total") == 1, what="prefill got it")
+        c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n" * 4096)  # 140 KB of pipelined requests
+        c.close()
+        t.wait_until(lambda: t.metric(p.port, "xpyd_sim:requests_aborted_total") == 1, timeout=5,
+                     what="prefill aborted before its answer")
+        t.wait_until(lambda: t.router_idle(r.port), what="router idle")
+        self.assertEqual(t.metric(r.port, "xpyd_client_disconnects_total"), 1)
+        self.assertEqual(t.metric(p.port, "xpyd_sim:kv_leases_active"), 0)
+        self.assertEqual(t.metric(d.port, "xpyd_sim:requests_total"), 0)
+
     def test_during_prefill(self):
         p = self.start(t.sim("--role", "prefill", "--stall-ms", "3000"))
         d = self.start(t.sim("--role", "decode"))

@@ -170,6 +170,33 @@ class ClientSide(TlsCase):
         self.assertEqual(conn.response()[0], 431)
         s.close()
 
+    def test_hang_up_mid_stream_and_while_waiting(self):
+        # A TLS client that goes away is seen at once, both while its stream is written (the decode is told)
+        # and while nothing is (the engine holds the request 10 s): the connection is read while an answer is
+        # in progress, as between requests
+        streaming = self.start(t.sim("--role", "both", "--decode-us-per-token", "5000"))
+        stalled = self.start(t.sim("--role", "both", "--stall-ms", "10000"))
+        ctx = tls_ctx(self.certs.ca)
+        for e, tokens in ((streaming, 2000), (stalled, 5)):  # 2,000 tokens at 5 ms: ten seconds of stream
+            with self.subTest(stalled=e is stalled):
+                r = self.tls_router(["127.0.0.1:%d" % e.port])
+                s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", r.port), timeout=10),
+                                    server_hostname="localhost")
+                body = json.dumps({"prompt": "a b", "max_tokens": tokens, "stream": True, "ignore_eos": True}).encode()
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                          % (len(body), body))
+                if e is streaming:
+                    self.assertIn(b" 200 ", s.recv(65536))
+                    t.wait_until(lambda: t.metric(e.port, "vllm:generation_tokens_total") >= 10, what="streaming")
+                else:
+                    t.wait_until(lambda: t.metric(e.port, "xpyd_sim:requests_total") == 1, what="engine got it")
+                s.close()
+                t.wait_until(lambda: t.metric(e.port, "xpyd_sim:requests_aborted_total") == 1, timeout=5,
+                             what="the engine told, long before the answer's end")
+                t.wait_until(lambda: json.loads(https_get(r.port, "/status", ctx))["active_requests"] == 0,
+                             what="idle")
+                self.assertIn(b"\nxpyd_client_disconnects_total 1\n", https_get(r.port, "/metrics", ctx))
+
     def test_plain_http_to_tls_port_and_plain_listener(self):
         e = self.engine()
         r = self.tls_router(["127.0.0.1:%d" % e.port], "--plain-port", "0")
