@@ -74,7 +74,7 @@ struct cconn {
     bufferevent_event_cb ev_event;
     void *ev_arg;
     void (*owner_fini)(void *arg); /* the handler's cleanup, run when libevhtp frees the request */
-    int (*owner_gone)(void *arg);  /* the client went away mid-answer (rt_client_keep_reading) */
+    int (*owner_gone)(void *arg);  /* the client went away mid-answer (rt_client_pause_reading_on) */
     void *owner_arg;
     struct event *closed_ev; /* the peer closing, watched while reading is held back during an answer */
 };

@@ -353,6 +353,7 @@ void client_stream_end(struct request *r)
         return;
     }
     int tls = bufferevent_openssl_get_ssl(bev) != NULL;
+    client_write_through_again(r); /* a backlog drained since: the end is written through too */
     if (r->chunk && evbuffer_get_length(r->chunk))
         queue_chunk(r); /* the last events and the terminator, together: one write (one record on TLS) */
     if (r->ereq->flags & EVHTP_REQ_FLAG_CHUNKED)
