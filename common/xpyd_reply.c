@@ -66,8 +66,13 @@ static int add_out_header(evhtp_kv_t *kv, void *arg)
 void xpyd_reply(evhtp_request_t *req, int status, const char *ctype, const char *body, size_t len)
 {
     struct bufferevent *bev = req->conn ? req->conn->bev : NULL;
-    if (!bev)
-        return;
+    if (bev)
+        xpyd_reply_to(req, bufferevent_get_output(bev), status, ctype, body, len);
+}
+
+void xpyd_reply_to(evhtp_request_t *req, struct evbuffer *out, int status, const char *ctype, const char *body,
+                   size_t len)
+{
     int v10 = req->proto == EVHTP_PROTO_10;
     int keep = (req->flags & EVHTP_REQ_FLAG_KEEPALIVE) != 0;
     struct evbuffer *b = evbuffer_new();
@@ -84,7 +89,7 @@ void xpyd_reply(evhtp_request_t *req, int status, const char *ctype, const char 
     if (req->method != htp_method_HEAD && len)
         evbuffer_add(b, body, len);
     req->flags |= EVHTP_REQ_FLAG_FINISHED;
-    bufferevent_write_buffer(bev, b);
+    evbuffer_add_buffer(out, b);
     evbuffer_free(b);
 }
 

@@ -11,6 +11,9 @@ struct evbuffer;
 const char *xpyd_status_reason(int status);
 /* A whole answer (the request's headers_out are written too; HEAD: headers only). */
 void xpyd_reply(struct evhtp_request *req, int status, const char *ctype, const char *body, size_t len);
+/* The same answer added to out (a buffer the caller writes), instead of the connection's output. */
+void xpyd_reply_to(struct evhtp_request *req, struct evbuffer *out, int status, const char *ctype, const char *body,
+                   size_t len);
 void xpyd_reply_buffer(struct evhtp_request *req, int status, const char *ctype, struct evbuffer *body);
 /* An error in OpenAI's shape. */
 void xpyd_reply_error(struct evhtp_request *req, int status, const char *msg);

@@ -66,16 +66,24 @@ static void rejected(evhtp_request_t *req, int kind, int status, int fail)
     rt_access_log(&e);
 }
 
-/* 128 random bits: unique across router processes and restarts, so replicas sharing engines never send the
- * same X-Request-Id (vLLM's request id). */
+/* 128 bits unique across router processes, restarts and threads, so replicas sharing engines never send the
+ * same X-Request-Id (vLLM's request id): a random 128-bit key per thread (getrandom, once) mixed with the
+ * thread's count of ids (xpyd_mix64 is a bijection: no repeat within a thread; across threads and processes
+ * the keys differ). Not a secret: ids go to engines and logs. (getrandom per request was a system call each.) */
 static void new_request_id(char *out, size_t cap)
 {
-    uint64_t v[2];
-    if (getrandom(v, sizeof v, 0) != (ssize_t)sizeof v) { /* never on Linux >= 3.17 for 16 bytes; still unique */
-        v[0] = xpyd_mix64(atomic_fetch_add(&g_rt->id_seq, 1) ^ xpyd_now_us());
-        v[1] = xpyd_mix64((uint64_t)getpid() ^ ((uint64_t)g_rt->started_wall << 20) ^ (uint64_t)(uintptr_t)out);
+    static _Thread_local uint64_t key[2], seq;
+    static _Thread_local int keyed;
+    if (!keyed) {
+        if (getrandom(key, sizeof key, 0) != (ssize_t)sizeof key) { /* never on Linux >= 3.17; still unique */
+            key[0] = xpyd_mix64(atomic_fetch_add(&g_rt->id_seq, 1) ^ xpyd_now_us());
+            key[1] = xpyd_mix64((uint64_t)getpid() ^ ((uint64_t)g_rt->started_wall << 20) ^ (uint64_t)(uintptr_t)&seq);
+        }
+        keyed = 1;
     }
-    snprintf(out, cap, "%s-%016" PRIx64 "%016" PRIx64, g_rt->cfg.id_prefix, v[0], v[1]);
+    seq++;
+    snprintf(out, cap, "%s-%016" PRIx64 "%016" PRIx64, g_rt->cfg.id_prefix, xpyd_mix64(key[0] ^ seq),
+             xpyd_mix64(key[1] + seq));
 }
 
 /* The client's X-Request-Id into out when it is a safe one (printable, no space, quote or backslash: it goes

@@ -28,20 +28,6 @@ static void add_header(evhtp_request_t *req, const char *k, const char *v)
     evhtp_headers_add_header(req->headers_out, evhtp_header_new(k, v, 0, 1));
 }
 
-/* A complete JSON answer (generate requests are paused: resuming lets the connection go on). */
-void client_answer_json(struct request *r, int status, const char *body, size_t len)
-{
-    evhtp_request_t *req = r->ereq;
-    if (!req || r->client != CLIENT_NOTHING)
-        return;
-    r->client = CLIENT_ANSWERED;
-    r->status = status;
-    if ((status == 429 || status == 503) && r->retry_after[0])
-        add_header(req, "Retry-After", r->retry_after);
-    xpyd_reply(req, status, "application/json", body, len);
-    evhtp_request_resume(req);
-}
-
 static struct bufferevent *client_bev(struct request *r)
 {
     return r->ereq ? evhtp_connection_get_bev(evhtp_request_get_connection(r->ereq)) : NULL;
@@ -344,6 +330,21 @@ static int finish_in_place(struct request *r, struct bufferevent *bev)
     return 1;
 }
 
+/* The answer is complete (in client_out, FINISHED set): finished in place, or its bytes left to the
+ * bufferevent and the request to libevhtp's resume, which finishes it from the write callback. */
+static void client_finish(struct request *r, struct bufferevent *bev)
+{
+    if (finish_in_place(r, bev))
+        return;
+    if (bufferevent_openssl_get_ssl(bev)) {
+        tls_unstage(r, bev);
+        tls_coalesce(bev);
+    } else if (evbuffer_get_length(bufferevent_get_output(bev))) {
+        bufferevent_enable(bev, EV_WRITE);
+    }
+    evhtp_request_resume(r->ereq); /* deferred by libevhtp: the keep-alive connection reads again */
+}
+
 void client_stream_end(struct request *r)
 {
     r->in_read = 0;
@@ -352,23 +353,29 @@ void client_stream_end(struct request *r)
         flush_pending(r);
         return;
     }
-    int tls = bufferevent_openssl_get_ssl(bev) != NULL;
     client_write_through_again(r); /* a backlog drained since: the end is written through too */
     if (r->chunk && evbuffer_get_length(r->chunk))
         queue_chunk(r); /* the last events and the terminator, together: one write (one record on TLS) */
     if (r->ereq->flags & EVHTP_REQ_FLAG_CHUNKED)
         evbuffer_add(client_out(r, bev), "0\r\n\r\n", 5);
     evhtp_send_reply_end(r->ereq); /* finished: libevhtp's write callback ends it once the output drained */
-    if (finish_in_place(r, bev))
+    client_finish(r, bev);
+}
+
+/* A complete JSON answer, finished as a stream's end is. */
+void client_answer_json(struct request *r, int status, const char *body, size_t len)
+{
+    evhtp_request_t *req = r->ereq;
+    struct bufferevent *bev = client_bev(r);
+    if (!req || !bev || r->client != CLIENT_NOTHING)
         return;
-    /* bytes are left: the bufferevent writes them, and libevhtp finishes the request from its write callback */
-    if (tls) {
-        tls_unstage(r, bev);
-        tls_coalesce(bev);
-    } else if (evbuffer_get_length(bufferevent_get_output(bev))) {
-        bufferevent_enable(bev, EV_WRITE);
-    }
-    evhtp_request_resume(r->ereq); /* deferred by libevhtp: the keep-alive connection reads again */
+    r->client = CLIENT_ANSWERED;
+    r->status = status;
+    if ((status == 429 || status == 503) && r->retry_after[0])
+        add_header(req, "Retry-After", r->retry_after);
+    client_write_through_again(r);
+    xpyd_reply_to(req, client_out(r, bev), status, "application/json", body, len);
+    client_finish(r, bev);
 }
 
 void client_error(struct request *r, int status, const char *msg)
