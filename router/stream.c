@@ -325,6 +325,9 @@ static int finish_in_place(struct request *r, struct bufferevent *bev)
      * libevent leaves it in after draining its output instead: on, not pending. */
     if (!ssl)
         bev->enabled |= EV_WRITE;
+    /* libevhtp re-pauses a request still marked paused once the handler that answered it returns (an answer
+     * given within the request's own read, e.g. no instance can take it): the mark goes with the pause */
+    r->ereq->status = EVHTP_RES_OK;
     c->flags &= (uint16_t)~EVHTP_CONN_FLAG_PAUSED;
     bufferevent_trigger(bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
     return 1;

@@ -2,6 +2,8 @@
 closes it in between (libevhtp 1.2.18 closed an idle keep-alive connection when a stray write event came
 after a streamed answer, racing the client's next request; see router/client_conn.c)."""
 import json
+import os
+import shutil
 import socket
 
 import xpyd_testlib as t
@@ -54,6 +56,29 @@ class KeepAlive(t.TestCase):
         s.close()
         # one connection for the 60 requests (+1 for the /metrics read below)
         self.assertEqual(t.metric(r.port, "xpyd_client_connections_accepted_total") - before, 2)
+
+    def test_after_answers_given_within_the_request_read(self):
+        # Answers the router gives while the request is still being read in (no instance can take it: 503;
+        # a stream that cannot start: 503 too) are finished on the spot; the connection must then serve the
+        # next request, streamed or not, and a refusal again (the request once stayed paused: the next hung)
+        p, d = self.start(t.sim("--role", "prefill")), self.start(t.sim("--role", "decode"))
+        cfg = os.path.join(t.tmpdir(prefix="xpyd-cfg-"), "c.json")
+        self.addCleanup(shutil.rmtree, os.path.dirname(cfg), True)
+        with open(cfg, "w") as f:  # every rank's max_model_len below prompt + 100 tokens
+            json.dump({role: {"hosts": [{"host": "127.0.0.1", "port": e.port, "max_model_len": 50}]}
+                       for role, e in (("prefill", p), ("decode", d))}, f)
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "error", "--threads", "1", "--config", cfg]))
+        s = socket.create_connection(("127.0.0.1", r.port), timeout=10)
+        buf = b""
+        for stream in (False, True, False, True):
+            for tokens, want in ((100, 503), (2, 200)):
+                body = json.dumps({"prompt": "a", "max_tokens": tokens, "stream": stream}).encode()
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                status, out, buf = read_answer(s, buf)
+                self.assertEqual(status, want, (stream, tokens, out))
+        s.close()
+        t.wait_until(lambda: t.router_idle(r.port), what="router idle")
 
 
 if __name__ == "__main__":
