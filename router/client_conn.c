@@ -601,6 +601,25 @@ void rt_client_pause_reading_on(evhtp_request_t *req, int (*gone)(void *arg))
         bufferevent_enable(c->bev, EV_READ);
 }
 
+/* An answer finished without libevhtp's resume (stream.c finish_in_place) ends the pause here, as
+ * evhtp_request_resume would, without its event. The pause is ours to end only when libevhtp has no plan of its
+ * own for the connection: freed on resume (an error while paused), a write it is waiting on. */
+int rt_client_pause_ours(evhtp_request_t *req)
+{
+    evhtp_connection_t *c = evhtp_request_get_connection(req);
+    return c && !(c->flags & (EVHTP_CONN_FLAG_FREE_CONN | EVHTP_CONN_FLAG_ERROR | EVHTP_CONN_FLAG_WAITING)) &&
+           (c->flags & EVHTP_CONN_FLAG_PAUSED);
+}
+
+/* libevhtp re-pauses a request still marked paused once the handler that answered it returns (an answer given
+ * within the request's own read, e.g. no instance can take it): the request's mark goes with the connection's. */
+void rt_client_unpause(evhtp_request_t *req)
+{
+    evhtp_connection_t *c = evhtp_request_get_connection(req);
+    req->status = EVHTP_RES_OK;
+    c->flags &= (uint16_t)~EVHTP_CONN_FLAG_PAUSED;
+}
+
 static void run_owner_fini(struct cconn *cc)
 {
     void (*fn)(void *) = cc->owner_fini;

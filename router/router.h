@@ -217,6 +217,10 @@ void rt_client_set_owner(struct evhtp_request *req, void (*fini)(void *arg), voi
 /* Pauses req (its answer comes later, evhtp_request_resume ends the pause) while the connection is still read:
  * gone(owner's arg) is called if the client hangs up, and returns 1 when it freed the connection. */
 void rt_client_pause_reading_on(struct evhtp_request *req, int (*gone)(void *arg));
+/* An answer finished without evhtp_request_resume ends that pause itself, when rt_client_pause_ours (0: the
+ * connection has an error, a write pending, or is not paused: libevhtp's resume ends it). */
+int rt_client_pause_ours(struct evhtp_request *req);
+void rt_client_unpause(struct evhtp_request *req);
 
 /* --handoff xpyd (kvxfer.c): the router's transfer engine and its release notifications. */
 struct cJSON;

@@ -66,12 +66,13 @@ static struct evbuffer *client_out(struct request *r, struct bufferevent *bev)
     return r->tls_stage;
 }
 
-/* The staged bytes go to the bufferevent, which writes them when the socket takes them (made one piece by the
- * caller's tls_coalesce once everything is queued). */
+/* The staged bytes go to the bufferevent, which writes them when the socket takes them, as one piece with
+ * whatever it still holds. */
 static void tls_unstage(struct request *r, struct bufferevent *bev)
 {
     if (r->tls_stage && evbuffer_get_length(r->tls_stage))
         evbuffer_add_buffer(bufferevent_get_output(bev), r->tls_stage);
+    tls_coalesce(bev);
 }
 
 static int tls_write_through(struct request *r, struct bufferevent *bev, SSL *ssl)
@@ -108,10 +109,8 @@ static void client_flush(struct request *r)
         return;
     SSL *ssl = bufferevent_openssl_get_ssl(bev);
     if (ssl) {
-        if (!tls_write_through(r, bev, ssl)) {
+        if (!tls_write_through(r, bev, ssl))
             tls_unstage(r, bev);
-            tls_coalesce(bev);
-        }
         return;
     }
     if (bufferevent_get_enabled(bev) & EV_WRITE)
@@ -310,9 +309,7 @@ void client_read_done(struct request *r)
  * resume (an error while paused), or one already waiting on a write, takes libevhtp's own way. */
 static int finish_in_place(struct request *r, struct bufferevent *bev)
 {
-    evhtp_connection_t *c = evhtp_request_get_connection(r->ereq);
-    if (!c || (c->flags & (EVHTP_CONN_FLAG_FREE_CONN | EVHTP_CONN_FLAG_ERROR | EVHTP_CONN_FLAG_WAITING)) ||
-        !(c->flags & EVHTP_CONN_FLAG_PAUSED))
+    if (!rt_client_pause_ours(r->ereq))
         return 0;
     SSL *ssl = bufferevent_openssl_get_ssl(bev);
     if (ssl ? !tls_write_through(r, bev, ssl) : (client_flush(r), 0))
@@ -325,10 +322,7 @@ static int finish_in_place(struct request *r, struct bufferevent *bev)
      * libevent leaves it in after draining its output instead: on, not pending. */
     if (!ssl)
         bev->enabled |= EV_WRITE;
-    /* libevhtp re-pauses a request still marked paused once the handler that answered it returns (an answer
-     * given within the request's own read, e.g. no instance can take it): the mark goes with the pause */
-    r->ereq->status = EVHTP_RES_OK;
-    c->flags &= (uint16_t)~EVHTP_CONN_FLAG_PAUSED;
+    rt_client_unpause(r->ereq);
     bufferevent_trigger(bev, EV_WRITE, BEV_TRIG_IGNORE_WATERMARKS | BEV_TRIG_DEFER_CALLBACKS);
     return 1;
 }
@@ -339,12 +333,10 @@ static void client_finish(struct request *r, struct bufferevent *bev)
 {
     if (finish_in_place(r, bev))
         return;
-    if (bufferevent_openssl_get_ssl(bev)) {
+    if (bufferevent_openssl_get_ssl(bev))
         tls_unstage(r, bev);
-        tls_coalesce(bev);
-    } else if (evbuffer_get_length(bufferevent_get_output(bev))) {
+    else if (evbuffer_get_length(bufferevent_get_output(bev)))
         bufferevent_enable(bev, EV_WRITE);
-    }
     evhtp_request_resume(r->ereq); /* deferred by libevhtp: the keep-alive connection reads again */
 }
 
