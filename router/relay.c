@@ -86,6 +86,19 @@ static int quick_text(const char *data, char **text)
     return 1;
 }
 
+/* The event's id when it is the event's first key, as engines print it ({"id":"cmpl-..." with no escape):
+ * a copy, or NULL (the caller parses). The first "id" key is the one a parse finds. */
+static char *quick_id(const char *data)
+{
+    static const char key[] = "{\"id\":\"";
+    if (strncmp(data, key, sizeof key - 1) != 0)
+        return NULL;
+    const char *v = data + sizeof key - 1, *end = v;
+    while (*end && *end != '"' && *end != '\\')
+        end++;
+    return *end == '"' ? strndup(v, (size_t)(end - v)) : NULL;
+}
+
 void relay_event(struct relay_state *st, const char *data, size_t len, struct relay_out *out)
 {
     memset(out, 0, sizeof *out);
@@ -103,22 +116,29 @@ void relay_event(struct relay_state *st, const char *data, size_t len, struct re
     int content = is_content_event(data);
     int has_usage = has_usage_object(data);
     int maybe_preempt = strstr(data, "\"recomputed\"") != NULL;
-    if (!st->prefill_mode && !has_usage && !st->track_text && !st->continuation && !maybe_preempt) {
+    /* usage is patched after a prefill (its cached tokens) and in a continuation (counted as one engine) */
+    int patch = has_usage && (st->prefill_answered || st->continuation);
+    if (!st->prefill_mode && !patch && !st->track_text && !st->continuation && !maybe_preempt) {
         out->content = out->token_out = content; /* fast path: the bytes as they came */
         return;
     }
-    char *qt;
-    if (!st->prefill_mode && !has_usage && !st->continuation && !maybe_preempt && st->resp_id &&
-        !strstr(data, "\"role\"") && quick_text(data, &qt)) {
-        /* migration on, an ordinary event after the first: forwarded as it came, its text kept */
+    char *qt, *qid = NULL;
+    if (!st->prefill_mode && !patch && !st->continuation && !maybe_preempt && !strstr(data, "\"role\"") &&
+        (st->resp_id || (qid = quick_id(data)) != NULL) && (!content || quick_text(data, &qt))) {
+        /* migration on, an ordinary event (or one without choices, e.g. the usage event): forwarded as it
+         * came, its text kept, and the first id */
+        out->id = qid;
         out->content = content;
-        out->token_out = content && qt && *qt;
-        if (content && qt && *qt)
+        if (!content)
+            return;
+        out->token_out = qt && *qt;
+        if (qt && *qt)
             out->text = qt;
         else
             free(qt);
         return;
     }
+    free(qid);
     cJSON *o = cJSON_ParseWithLength(data, len);
     if (!o) /* not JSON: passed on untouched */
         return;

@@ -79,6 +79,26 @@ class Migration(t.TestCase):
                 self.idle(r)
                 t.wait_until(lambda: t.metric(p.port, "xpyd_sim:kv_leases_active") == 0, what="leases freed")
 
+    def test_cut_stream_without_prefill_keeps_the_engines_id(self):
+        # No prefill (--handoff none): the id the client sees is the decode's own, read from its first event (a
+        # scan, not a parse, for the usual compact event), and the continuation carries it too.
+        for path, body in (("/v1/completions", CMPL), ("/v1/chat/completions", CHAT)):
+            with self.subTest(path=path):
+                bad = self.start(t.sim("--role", "both", "--decode-us-per-token", "200", "--fail-after-tokens", "4"))
+                good = self.start(t.sim("--role", "both", "--decode-us-per-token", "200"))
+                r = self.start(t.router([], [bad.port, good.port], "--handoff", "none", "--decode-policy", "rr",
+                                        "--retry-backoff-ms", "0", "--eject-after-failures", "0"))
+                for _ in range(2):
+                    s = t.Stream(r.port, path, body)
+                    got = s.read_all()
+                    ids = [json.loads(x)["id"] for x in got if x not in (None, "[DONE]")]
+                    self.assertEqual(len(set(ids)), 1, ids)  # one id throughout
+                    self.assertRegex(ids[0], r"^(cmpl|chatcmpl)-xpyd-[0-9a-f]{32}$")  # the engine's (for the router's request id), whole
+                    g = summary(got)
+                    self.assertEqual((g[3]["completion_tokens"], g[4], g[5]), (12, 1, []))
+                self.assertEqual(t.metric(r.port, 'xpyd_migrations_total{reason="decode_broken_stream"}'), 2)
+                self.idle(r)
+
     def test_repeated_key_continues_the_last(self):
         # The router frees its tree of the client's body once the request has started and parses the kept text
         # again for a continuation: as on the first attempt, the last of a repeated key is the one read.

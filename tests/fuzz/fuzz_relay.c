@@ -30,12 +30,17 @@ static int on_event(void *arg, const char *data, size_t len, const char *raw, si
     int preempted_before = c->st.preempted;
     struct relay_out out;
     relay_event(&c->st, data, len, &out);
-    if (c->st.track_text && c->st.resp_id && !c->st.prefill_mode && !c->st.continuation && !preempted_before &&
-        out.action == RELAY_FORWARD && out.content && !memchr(data, 0, len)) {
-        /* the text kept for a migration is the text a parse finds (the scan in relay.c, or the parse itself) */
+    if (c->st.track_text && !c->st.prefill_mode && !c->st.continuation && !preempted_before &&
+        out.action == RELAY_FORWARD && !memchr(data, 0, len)) {
+        /* the text kept for a migration is the text a parse finds, and the id the first id a parse finds (the
+         * scans in relay.c, or the parse itself); an event that does not parse may give its id by the scan */
         cJSON *p = cJSON_ParseWithLength(data, len);
-        const char *want = p ? rw_event_text(p) : NULL;
+        const char *want = p && out.content ? rw_event_text(p) : NULL;
         if (p && ((want && *want) ? !out.text || strcmp(out.text, want) != 0 : out.text != NULL))
+            abort();
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(p, "id");
+        if (p && c->st.resp_id == NULL && cJSON_IsObject(p) &&
+            (cJSON_IsString(id) ? !out.id || strcmp(out.id, id->valuestring) != 0 : out.id != NULL))
             abort();
         cJSON_Delete(p);
     }
