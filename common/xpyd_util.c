@@ -130,6 +130,27 @@ const char *xpyd_hostport(const char *host, int port, char *buf, size_t cap)
     return buf;
 }
 
+char *xpyd_put_u64(char *p, uint64_t v)
+{
+    char tmp[20];
+    size_t n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        *p++ = tmp[--n];
+    return p;
+}
+
+char *xpyd_put_hex64(char *p, uint64_t v)
+{
+    static const char hex[] = "0123456789abcdef";
+    for (int i = 15; i >= 0; i--, v >>= 4)
+        p[i] = hex[v & 15];
+    return p + 16;
+}
+
 int xpyd_parse_long(const char *s, long lo, long hi, long *out)
 {
     if (!s || !*s)

@@ -49,6 +49,11 @@ int xpyd_parse_hostport(const char *s, char *host, size_t hostcap, int *port);
  * Returns buf. */
 const char *xpyd_hostport(const char *host, int port, char *buf, size_t cap);
 
+/* Formatting on the request path without printf (a vfprintf call costs more than the rest of a header line):
+ * v in decimal, or in 16 lower-case hex digits, at p (room for 20 / 16 bytes, no NUL); return the end. */
+char *xpyd_put_u64(char *p, uint64_t v);
+char *xpyd_put_hex64(char *p, uint64_t v);
+
 /* Strict integer parsing: the whole string must be a number in [lo, hi]. 0 or -EINVAL/-ERANGE. */
 int xpyd_parse_long(const char *s, long lo, long hi, long *out);
 int xpyd_parse_double(const char *s, double lo, double hi, double *out);

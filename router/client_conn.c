@@ -367,13 +367,20 @@ static void hand_over(struct cconn *cc)
         evbuffer_add_printf(in, "%s: 1\r\n", XPYD_TOO_LARGE_HEADER);
     cc->last = !h->keep_alive || cc->skip_body;
     if (cc->last)
-        evbuffer_add_printf(in, "Connection: close\r\n");
+        evbuffer_add(in, "Connection: close\r\n", 19);
     else if (h->minor == 0)
-        evbuffer_add_printf(in, "Connection: keep-alive\r\n");
+        evbuffer_add(in, "Connection: keep-alive\r\n", 24);
     size_t blen = cc->body ? evbuffer_get_length(cc->body) : 0;
-    if (blen || h->content_length >= 0 || h->chunked)
-        evbuffer_add_printf(in, "Content-Length: %zu\r\n", blen);
-    evbuffer_add(in, "\r\n", 2);
+    char cl[48] = "Content-Length: ", *e = cl + 16;
+    if (blen || h->content_length >= 0 || h->chunked) {
+        e = xpyd_put_u64(e, blen);
+        memcpy(e, "\r\n", 2);
+        e += 2;
+    } else {
+        e = cl;
+    }
+    memcpy(e, "\r\n", 2);
+    evbuffer_add(in, cl, (size_t)(e + 2 - cl));
     if (cc->body) {
         evbuffer_add_buffer(in, cc->body);
         evbuffer_free(cc->body);

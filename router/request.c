@@ -85,16 +85,25 @@ struct evbuffer *req_build(struct request *r, int role, int idx, const char *met
     const struct up_endpoint *ep = &g_rt->endpoints[req_endpoint(role, idx)];
     struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
     up_request_line(b, ep, method, path);
-    evbuffer_add_printf(b, "X-Request-Id: %s\r\n", r->xid);
+    char num[24], *e;
+    evbuffer_add(b, "X-Request-Id: ", 14);
+    evbuffer_add(b, r->xid, strlen(r->xid));
+    evbuffer_add(b, "\r\n", 2);
     int dp = g_rt->reg.ranks[role][idx].dp_rank;
-    if (dp >= 0)
-        evbuffer_add_printf(b, "X-data-parallel-rank: %d\r\n", dp);
+    if (dp >= 0) {
+        evbuffer_add(b, "X-data-parallel-rank: ", 22);
+        e = xpyd_put_u64(num, (uint64_t)dp);
+        evbuffer_add(b, num, (size_t)(e - num));
+        evbuffer_add(b, "\r\n", 2);
+    }
     if (r->fwd_headers)
         evbuffer_add(b, r->fwd_headers, strlen(r->fwd_headers));
-    if (body)
-        evbuffer_add_printf(b, "Content-Type: application/json\r\nContent-Length: %zu\r\n\r\n", len);
-    else
-        evbuffer_add_printf(b, "\r\n");
+    if (body) {
+        evbuffer_add(b, "Content-Type: application/json\r\nContent-Length: ", 48);
+        e = xpyd_put_u64(num, len);
+        evbuffer_add(b, num, (size_t)(e - num));
+    }
+    evbuffer_add(b, "\r\n\r\n", body ? 4 : 2);
     if (body)
         evbuffer_add(b, body, len);
     return b;

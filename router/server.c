@@ -38,8 +38,12 @@ static int hop_by_hop(const char *k)
 static int collect_header(evhtp_kv_t *kv, void *arg)
 {
     struct evbuffer *b = arg;
-    if (kv->key && kv->val && !hop_by_hop(kv->key) && !strpbrk(kv->val, "\r\n"))
-        evbuffer_add_printf(b, "%s: %s\r\n", kv->key, kv->val);
+    if (kv->key && kv->val && !hop_by_hop(kv->key) && !strpbrk(kv->val, "\r\n")) {
+        evbuffer_add(b, kv->key, strlen(kv->key));
+        evbuffer_add(b, ": ", 2);
+        evbuffer_add(b, kv->val, strlen(kv->val));
+        evbuffer_add(b, "\r\n", 2);
+    }
     return 0;
 }
 
@@ -82,8 +86,16 @@ static void new_request_id(char *out, size_t cap)
         keyed = 1;
     }
     seq++;
-    snprintf(out, cap, "%s-%016" PRIx64 "%016" PRIx64, g_rt->cfg.id_prefix, xpyd_mix64(key[0] ^ seq),
-             xpyd_mix64(key[1] + seq));
+    size_t pl = strlen(g_rt->cfg.id_prefix);
+    if (pl + 34 > cap) { /* never with the prefix's bound (config.c) and the callers' buffers */
+        if (cap)
+            *out = '\0';
+        return;
+    }
+    memcpy(out, g_rt->cfg.id_prefix, pl);
+    out[pl] = '-';
+    char *e = xpyd_put_hex64(xpyd_put_hex64(out + pl + 1, xpyd_mix64(key[0] ^ seq)), xpyd_mix64(key[1] + seq));
+    *e = '\0';
 }
 
 /* The client's X-Request-Id into out when it is a safe one (printable, no space, quote or backslash: it goes
@@ -93,10 +105,11 @@ static int client_request_id(evhtp_request_t *req, char *out, size_t cap)
     const char *xid = evhtp_header_find(req->headers_in, "X-Request-Id");
     if (!xid || !*xid || strlen(xid) >= cap)
         return 0;
-    for (const char *c = xid; *c; c++)
+    size_t n = 0;
+    for (const char *c = xid; *c; c++, n++)
         if (*c <= ' ' || *c > '~' || *c == '"' || *c == '\\')
             return 0;
-    snprintf(out, cap, "%s", xid);
+    memcpy(out, xid, n + 1); /* n < cap: checked above */
     return 1;
 }
 
