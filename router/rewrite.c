@@ -563,7 +563,12 @@ struct rw_src *rw_src_parse(const char *data, size_t len, cJSON **tree, const ch
     size_t i = 0;
     for (const cJSON *c = t->child; c; c = c->next, i++)
         m[i].key = XPYD_XALLOC(strdup(c->string ? c->string : ""));
-    if (n > 1) {
+    if (n > 1 && n <= 16) { /* the usual body: pairs compared, no sort (every member but a key's last is a dup) */
+        for (i = 0; i + 1 < n; i++)
+            for (size_t k = i + 1; k < n && !m[i].dup; k++)
+                if (!strcmp(m[i].key, m[k].key))
+                    m[i].dup = s->has_dup = 1;
+    } else if (n > 1) { /* sorted by key then position: a hostile body with many keys costs n log n */
         struct rw_member **order = XPYD_XALLOC(malloc(n * sizeof *order));
         for (i = 0; i < n; i++)
             order[i] = &m[i];
@@ -573,7 +578,8 @@ struct rw_src *rw_src_parse(const char *data, size_t len, cJSON **tree, const ch
                 order[i]->dup = s->has_dup = 1;
         free(order);
     }
-    rw_dedupe_keys(t);
+    if (s->has_dup) /* the tree's members are these: without a repeated key there is nothing to drop */
+        rw_dedupe_keys(t);
     *tree = t;
     return s;
 }

@@ -68,6 +68,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         for (const cJSON *y = x->next; y; y = y->next)
             if (x->string && y->string && !strcmp(x->string, y->string))
                 abort(); /* a duplicate survived */
+    for (size_t i = 0; src && i < src->n; i++) { /* a member is a dup exactly when a later one has its key */
+        int later = 0;
+        for (size_t k = i + 1; k < src->n && !later; k++)
+            later = !strcmp(src->m[i].key, src->m[k].key);
+        if (later != src->m[i].dup || (later && !src->has_dup))
+            abort();
+    }
     int stream;
     int64_t max_tokens;
     if (body && !rw_validate(body, chat, &stream, &max_tokens)) {
