@@ -223,22 +223,18 @@ int up_endpoint_resolve(struct up_endpoint *ep, const char *host, int port)
     freeaddrinfo(res);
     snprintf(ep->host, sizeof ep->host, "%s", host);
     ep->port = port;
+    xpyd_hostport(ep->host, port, ep->hostport, sizeof ep->hostport);
     return 0;
 }
 
 void up_request_line(struct evbuffer *b, const struct up_endpoint *ep, const char *method, const char *path)
 {
-    char port[24] = ":", *e;
-    int v6 = strchr(ep->host, ':') != NULL;
-    evbuffer_add(b, method, strlen(method));
+    evbuffer_add(b, method, strlen(method)); /* pieces, without printf: this runs for every request */
     evbuffer_add(b, " ", 1);
     evbuffer_add(b, path, strlen(path));
-    evbuffer_add(b, v6 ? " HTTP/1.1\r\nHost: [" : " HTTP/1.1\r\nHost: ", v6 ? 18 : 17);
-    evbuffer_add(b, ep->host, strlen(ep->host));
-    e = xpyd_put_u64(port + 1, (uint64_t)(ep->port < 0 ? 0 : ep->port));
-    memcpy(e, "\r\n", 2);
-    evbuffer_add(b, v6 ? "]" : "", v6);
-    evbuffer_add(b, port, (size_t)(e + 2 - port));
+    evbuffer_add(b, " HTTP/1.1\r\nHost: ", 17);
+    evbuffer_add(b, ep->hostport, strlen(ep->hostport));
+    evbuffer_add(b, "\r\n", 2);
 }
 
 struct up_thread *up_thread_new(struct event_base *base, const struct up_endpoint *eps, size_t n, size_t idle_max)

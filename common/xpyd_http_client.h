@@ -27,6 +27,7 @@ struct ssl_ctx_st; /* OpenSSL SSL_CTX */
 struct up_endpoint {
     char host[256];          /* as configured (for the Host header, SNI, certificate checks and messages) */
     int port;
+    char hostport[272];      /* host:port as the Host header gives it ([v6]:port), made once by up_endpoint_resolve */
     int tls;                 /* https: connections are TLS (up_thread_set_tls gives the context) */
     struct sockaddr_storage addr; /* resolved once at startup */
     socklen_t addrlen;

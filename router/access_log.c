@@ -25,10 +25,7 @@ void rt_client_addr_of(struct evhtp_connection *c, char *out, size_t cap)
 {
     const struct sockaddr *sa = c ? c->saddr : NULL;
     char ip[INET6_ADDRSTRLEN];
-    int v4 = sa && sa->sa_family == AF_INET && cap >= 22;
-    if (!v4)
-        snprintf(out, cap, "-");
-    if (v4) { /* a.b.c.d:port by hand, without printf: this runs for every request */
+    if (sa && sa->sa_family == AF_INET && cap >= 22) { /* a.b.c.d:port by hand, without printf: every request */
         const struct sockaddr_in *s = (const struct sockaddr_in *)sa;
         const unsigned char *a = (const unsigned char *)&s->sin_addr;
         char *e = out;
@@ -37,7 +34,10 @@ void rt_client_addr_of(struct evhtp_connection *c, char *out, size_t cap)
             *e++ = i < 3 ? '.' : ':';
         }
         *xpyd_put_u64(e, ntohs(s->sin_port)) = '\0';
-    } else if (sa && sa->sa_family == AF_INET6) {
+        return;
+    }
+    snprintf(out, cap, "-");
+    if (sa && sa->sa_family == AF_INET6) {
         const struct sockaddr_in6 *s = (const struct sockaddr_in6 *)sa;
         if (inet_ntop(AF_INET6, &s->sin6_addr, ip, sizeof ip))
             snprintf(out, cap, "[%s]:%u", ip, (unsigned)ntohs(s->sin6_port));

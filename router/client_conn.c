@@ -371,16 +371,12 @@ static void hand_over(struct cconn *cc)
     else if (h->minor == 0)
         evbuffer_add(in, "Connection: keep-alive\r\n", 24);
     size_t blen = cc->body ? evbuffer_get_length(cc->body) : 0;
-    char cl[48] = "Content-Length: ", *e = cl + 16;
-    if (blen || h->content_length >= 0 || h->chunked) {
-        e = xpyd_put_u64(e, blen);
-        memcpy(e, "\r\n", 2);
-        e += 2;
-    } else {
-        e = cl;
+    int has_length = blen || h->content_length >= 0 || h->chunked;
+    if (has_length) {
+        char cl[40] = "Content-Length: ";
+        evbuffer_add(in, cl, (size_t)(xpyd_put_u64(cl + 16, blen) - cl));
     }
-    memcpy(e, "\r\n", 2);
-    evbuffer_add(in, cl, (size_t)(e + 2 - cl));
+    evbuffer_add(in, "\r\n\r\n", has_length ? 4 : 2); /* its line's end, then the head's */
     if (cc->body) {
         evbuffer_add_buffer(in, cc->body);
         evbuffer_free(cc->body);
