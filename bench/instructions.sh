@@ -10,12 +10,15 @@
 #   Under valgrind the server runs some 50 times slower, so the engine's tokens wait in the socket and each
 #   stream is read and written in a few pieces: per-token write costs (a TLS record per token at full speed) are
 #   under-counted; the request's own work, the relay's per-event work and the parsing are counted in full.
-#   bench/instructions.sh [requests=1000] [tls|plain=tls]
+#   With PACE (µs per token, e.g. 8000) the decode sim paces its tokens so that even under valgrind each one
+#   arrives, is relayed and is written on its own (a TLS record per token, as at full speed); a
+#   request then takes 16 x PACE µs and the run N x PACE µs in all, so keep N small (500 x 8000: 4 s).
+#   bench/instructions.sh [requests=1000] [tls|plain=tls] [pace=0]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 . bench/lib.sh
-N=${1:-1000} MODE=${2:-tls}
+N=${1:-1000} MODE=${2:-tls} PACE=${3:-0}
 if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh valgrind nginx-light openssl; ./scripts/build.sh >/dev/null; fi
 B=${XPYD_BUILD_DIR:-build}/bin
 WORK=$(mktemp -d /tmp/xpyd-instr.XXXXXX)
@@ -28,7 +31,7 @@ trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
   openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 2 -extfile ext 2>/dev/null )
 
 rm -f "$WORK/d.port"
-$B/xpyd_sim --role both --port 0 --port-file "$WORK/d.port" --decode-us-per-token 0 --log-level warn \
+$B/xpyd_sim --role both --port 0 --port-file "$WORK/d.port" --decode-us-per-token "$PACE" --log-level warn \
   --max-batch 100000 >"$WORK/d.log" 2>&1 &
 PIDS+=($!)
 xpyd_wait_file "$WORK/d.port" 10
@@ -67,7 +70,7 @@ P=$(xpyd_free_port)
 if [ "$MODE" = tls ]; then URL=https://localhost:$P; else URL=http://127.0.0.1:$P; fi
 echo "# User-space instructions per request ($MODE) — $(date -u +%Y-%m-%dT%H:%MZ), $(valgrind --version), nginx $(nginx -v 2>&1 | cut -d/ -f2)"
 echo
-echo "$N streamed 16-token completions, 16 at once, keep-alive; thousands of instructions per request"
+echo "$N streamed 16-token completions, 16 at once, keep-alive, tokens paced $PACE µs apart; thousands of instructions per request"
 echo
 echo "| server | all | without TLS handshakes |"
 echo "|---|---|---|"

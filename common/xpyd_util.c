@@ -190,6 +190,28 @@ void *xpyd_check_alloc(void *p)
     return p;
 }
 
+char *xpyd_bytes_room(struct xpyd_bytes *b, size_t n)
+{
+    if (n > SIZE_MAX / 2 - b->len)
+        xpyd_check_alloc(NULL);
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 1024;
+        while (cap < b->len + n)
+            cap *= 2;
+        b->p = xpyd_check_alloc(realloc(b->p, cap));
+        b->cap = cap;
+    }
+    return b->p + b->len;
+}
+
+void xpyd_bytes_add(struct xpyd_bytes *b, const void *data, size_t n)
+{
+    if (n) {
+        memcpy(xpyd_bytes_room(b, n), data, n);
+        b->len += n;
+    }
+}
+
 void xpyd_tcp_nodelay(int fd)
 {
     int one = 1;

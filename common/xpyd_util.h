@@ -68,4 +68,15 @@ long xpyd_raise_nofile(void);
 void *xpyd_check_alloc(void *p);
 #define XPYD_XALLOC(p) xpyd_check_alloc(p)
 
+/* A growable byte array that keeps its room between uses (len = 0 empties it): for bytes written and consumed
+ * over and over, where an evbuffer would allocate and free a chain each time. Out of memory aborts
+ * (xpyd_check_alloc). {0} is an empty one; free(b->p) when done. */
+struct xpyd_bytes {
+    char *p;
+    size_t len, cap;
+};
+/* Room for n more bytes at b->p + b->len (the caller then adds n to b->len). */
+char *xpyd_bytes_room(struct xpyd_bytes *b, size_t n);
+void xpyd_bytes_add(struct xpyd_bytes *b, const void *data, size_t n);
+
 #endif

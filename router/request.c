@@ -255,10 +255,8 @@ static void req_free_cb(void *arg)
     for (int role = 0; role < 2; role++)
         if (r->legs[role].buf)
             evbuffer_free(r->legs[role].buf);
-    if (r->chunk)
-        evbuffer_free(r->chunk);
-    if (r->tls_stage)
-        evbuffer_free(r->tls_stage);
+    free(r->chunk.p);
+    free(r->stage.p);
     xpyd_sse_reset(&r->sse);
     free(r);
 }

@@ -21,6 +21,7 @@
 
 #include "router.h"
 #include "xpyd_sse.h"
+#include "xpyd_util.h"
 
 #include <cjson/cJSON.h>
 #include <stdint.h>
@@ -92,8 +93,8 @@ struct request {
     int64_t tokens_out;
     int paused;                 /* the decode leg is paused: the client is slow */
     int in_read;                /* relaying one socket read of the decode: its events are written together */
-    struct evbuffer *chunk;     /* the next chunk to the client, reused for every event (owned) */
-    struct evbuffer *tls_stage; /* a TLS client's stream bytes not yet handed to OpenSSL (stream.c; owned) */
+    struct xpyd_bytes chunk;    /* the next chunk's events, reused for every one (owned) */
+    struct xpyd_bytes stage;    /* a TLS client's bytes not yet handed to OpenSSL (stream.c; owned) */
     int batch;                  /* relaying one upstream read: events collect in chunk (stream.c) */
     struct event *bp_timer;     /* while paused: watches the client's output drain (owned) */
     int first_token_seen;       /* the decode produced its first token (handoff_ops.first_token ran) */

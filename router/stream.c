@@ -48,7 +48,8 @@ static void tls_coalesce(struct bufferevent *bev)
 
 /* TLS write-through. An OpenSSL bufferevent arms its write event as soon as bytes land in its empty output, and
  * disarms it once it wrote them on the next loop: two epoll_ctl calls and a trip through the loop per engine
- * read. A TLS stream's bytes are staged in r->tls_stage instead, and client_flush encrypts and writes them with
+ * read. A TLS client's bytes are staged in r->stage instead (a flat array kept for the request: no buffer
+ * chain allocated, joined and freed per engine read), and client_flush encrypts and writes them with
  * one SSL_write (at most one record's worth) when libevent has no write of its own going on this connection:
  * its output is empty, its write event is not pending (a backlog, or a read blocked on a write, keeps it in)
  * and OpenSSL's last call did not stop on a full socket. (The read event is in while a stream is answered, as
@@ -57,42 +58,41 @@ static void tls_coalesce(struct bufferevent *bev)
  * output whole, as one piece at its start, and the bufferevent writes them: its SSL_write is then the retry
  * OpenSSL asks for (libevent sets SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER; renegotiation is off, so a write
  * never waits on a read after the handshake). */
-static struct evbuffer *client_out(struct request *r, struct bufferevent *bev)
+/* Bytes for the client: a TLS client's are staged, a plain client's go to the connection's output. */
+static void out_add(struct request *r, struct bufferevent *bev, const void *p, size_t n)
 {
-    if (!bufferevent_openssl_get_ssl(bev))
-        return bufferevent_get_output(bev);
-    if (!r->tls_stage)
-        r->tls_stage = XPYD_XALLOC(evbuffer_new());
-    return r->tls_stage;
+    if (bufferevent_openssl_get_ssl(bev))
+        xpyd_bytes_add(&r->stage, p, n);
+    else
+        evbuffer_add(bufferevent_get_output(bev), p, n);
 }
 
 /* The staged bytes go to the bufferevent, which writes them when the socket takes them, as one piece with
  * whatever it still holds. */
 static void tls_unstage(struct request *r, struct bufferevent *bev)
 {
-    if (r->tls_stage && evbuffer_get_length(r->tls_stage))
-        evbuffer_add_buffer(bufferevent_get_output(bev), r->tls_stage);
+    if (r->stage.len) {
+        evbuffer_add(bufferevent_get_output(bev), r->stage.p, r->stage.len);
+        r->stage.len = 0;
+    }
     tls_coalesce(bev);
 }
 
 static int tls_write_through(struct request *r, struct bufferevent *bev, SSL *ssl)
 {
-    size_t n = r->tls_stage ? evbuffer_get_length(r->tls_stage) : 0;
+    size_t n = r->stage.len;
     if (n == 0)
         return 1;
     int backlog = evbuffer_get_length(bufferevent_get_output(bev)) > 0 || event_pending(&bev->ev_write, EV_WRITE, NULL);
     if (backlog || n > TLS_COALESCE_MAX || !SSL_is_init_finished(ssl) || SSL_want(ssl) == SSL_WRITING)
         return 0;
-    const void *p = evbuffer_pullup(r->tls_stage, (ev_ssize_t)n);
-    if (!p)
-        return 0;
     if (ERR_peek_error()) /* SSL_get_error needs an empty queue; clearing it every time showed in profiles */
         ERR_clear_error();
-    if (SSL_write(ssl, p, (int)n) != (int)n) {
+    if (SSL_write(ssl, r->stage.p, (int)n) != (int)n) {
         ERR_clear_error(); /* the bufferevent's retry reports a real error through the event callback */
         return 0;
     }
-    evbuffer_drain(r->tls_stage, n);
+    r->stage.len = 0;
     return 1;
 }
 
@@ -129,7 +129,7 @@ static void client_flush(struct request *r)
 /* The client's bytes not written yet: the connection's output and what is staged for TLS. */
 static size_t client_pending(const struct request *r, struct bufferevent *bev)
 {
-    return evbuffer_get_length(bufferevent_get_output(bev)) + (r->tls_stage ? evbuffer_get_length(r->tls_stage) : 0);
+    return evbuffer_get_length(bufferevent_get_output(bev)) + r->stage.len;
 }
 
 /* Before queueing bytes: with nothing waiting, the write event goes off and writing is write-through (turning
@@ -164,20 +164,19 @@ void client_stream_start(struct request *r)
                                  "Transfer-Encoding: chunked\r\n";
     static const char head10[] = "HTTP/1.0 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                                  "Connection: close\r\n\r\n";
-    struct evbuffer *out = client_out(r, bev);
     if (req->proto != EVHTP_PROTO_11) {
         xpyd_close_after_reply(req);
         req->flags &= (uint16_t)~EVHTP_REQ_FLAG_CHUNKED;
-        evbuffer_add(out, head10, sizeof head10 - 1);
+        out_add(r, bev, head10, sizeof head10 - 1);
         return;
     }
     req->flags |= EVHTP_REQ_FLAG_CHUNKED; /* evhtp_send_reply_chunk_end writes the last chunk */
-    evbuffer_add(out, head11, sizeof head11 - 1);
+    out_add(r, bev, head11, sizeof head11 - 1);
     static const char end_keep[] = "\r\n", end_close[] = "Connection: close\r\n\r\n";
     if (req->flags & EVHTP_REQ_FLAG_KEEPALIVE)
-        evbuffer_add(out, end_keep, sizeof end_keep - 1);
+        out_add(r, bev, end_keep, sizeof end_keep - 1);
     else
-        evbuffer_add(out, end_close, sizeof end_close - 1);
+        out_add(r, bev, end_close, sizeof end_close - 1);
 }
 
 /* While the decode leg is paused for a slow client: resume once the client's buffer drained to half. */
@@ -198,11 +197,12 @@ static void on_backpressure_tick(evutil_socket_t fd, short ev, void *arg)
     up_leg_resume(dleg);
 }
 
-static struct evbuffer *chunk_of(struct request *r)
+/* One SSE event ("data: <payload>\n\n") into the next chunk. */
+static void chunk_event(struct request *r, const char *payload, size_t len)
 {
-    if (!r->chunk)
-        r->chunk = XPYD_XALLOC(evbuffer_new());
-    return r->chunk;
+    xpyd_bytes_add(&r->chunk, "data: ", 6);
+    xpyd_bytes_add(&r->chunk, payload, len);
+    xpyd_bytes_add(&r->chunk, "\n\n", 2);
 }
 
 /* "<n in hex>\r\n" into p (room for 16 digits and CRLF); returns its length. */
@@ -222,34 +222,31 @@ static size_t chunk_size_line(char *p, size_t n)
     return k + 2;
 }
 
-/* Sends what r->chunk holds as one chunk (the bytes move out, so the buffer is reused). */
+/* Sends what r->chunk holds as one chunk (then empty, its room kept for the next). */
 static void queue_chunk(struct request *r)
 {
-    struct evbuffer *c = chunk_of(r);
     struct bufferevent *bev = client_bev(r);
-    size_t n = evbuffer_get_length(c);
+    size_t n = r->chunk.len;
     client_write_through_again(r);
     if (bev && n) {
         /* the chunk framing written here, as libevhtp's chunk writer would, without its printf per chunk (a
-         * tenth of the router's user time on short streams); a TLS client's go to its stage (client_out) */
-        struct evbuffer *out = client_out(r, bev);
+         * tenth of the router's user time on short streams); a TLS client's go to its stage (out_add) */
         if (r->ereq->flags & EVHTP_REQ_FLAG_CHUNKED) {
             char head[24];
-            evbuffer_add(out, head, chunk_size_line(head, n));
-            evbuffer_add_buffer(out, c);
-            evbuffer_add(out, "\r\n", 2);
+            out_add(r, bev, head, chunk_size_line(head, n));
+            out_add(r, bev, r->chunk.p, n);
+            out_add(r, bev, "\r\n", 2);
         } else {
-            evbuffer_add_buffer(out, c);
+            out_add(r, bev, r->chunk.p, n);
         }
-    } else {
-        evbuffer_drain(c, n);
     }
+    r->chunk.len = 0;
 }
 
 static void send_chunk(struct request *r)
 {
     if (!r->ereq) {
-        evbuffer_drain(chunk_of(r), evbuffer_get_length(chunk_of(r)));
+        r->chunk.len = 0;
         return;
     }
     queue_chunk(r);
@@ -280,14 +277,14 @@ static void flush_chunk(struct request *r)
 
 static void flush_pending(struct request *r)
 {
-    if (r->chunk && evbuffer_get_length(r->chunk))
+    if (r->chunk.len)
         send_chunk(r);
 }
 
 static void write_event_json(struct request *r, const cJSON *o)
 {
     char *s = XPYD_XALLOC(cJSON_PrintUnformatted(o));
-    xpyd_sse_write(chunk_of(r), s, strlen(s));
+    chunk_event(r, s, strlen(s));
     free(s);
     flush_chunk(r);
 }
@@ -327,7 +324,7 @@ static int finish_in_place(struct request *r, struct bufferevent *bev)
     return 1;
 }
 
-/* The answer is complete (in client_out, FINISHED set): finished in place, or its bytes left to the
+/* The answer is complete (staged or in the output, FINISHED set): finished in place, or its bytes left to the
  * bufferevent and the request to libevhtp's resume, which finishes it from the write callback. */
 static void client_finish(struct request *r, struct bufferevent *bev)
 {
@@ -349,10 +346,10 @@ void client_stream_end(struct request *r)
         return;
     }
     client_write_through_again(r); /* a backlog drained since: the end is written through too */
-    if (r->chunk && evbuffer_get_length(r->chunk))
+    if (r->chunk.len)
         queue_chunk(r); /* the last events and the terminator, together: one write (one record on TLS) */
     if (r->ereq->flags & EVHTP_REQ_FLAG_CHUNKED)
-        evbuffer_add(client_out(r, bev), "0\r\n\r\n", 5);
+        out_add(r, bev, "0\r\n\r\n", 5);
     evhtp_send_reply_end(r->ereq); /* finished: libevhtp's write callback ends it once the output drained */
     client_finish(r, bev);
 }
@@ -369,7 +366,16 @@ void client_answer_json(struct request *r, int status, const char *body, size_t 
     if ((status == 429 || status == 503) && r->retry_after[0])
         add_header(req, "Retry-After", r->retry_after);
     client_write_through_again(r);
-    xpyd_reply_to(req, client_out(r, bev), status, "application/json", body, len);
+    if (bufferevent_openssl_get_ssl(bev)) {
+        struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
+        xpyd_reply_to(req, b, status, "application/json", body, len);
+        size_t n = evbuffer_get_length(b);
+        evbuffer_remove(b, xpyd_bytes_room(&r->stage, n), n);
+        r->stage.len += n;
+        evbuffer_free(b);
+    } else {
+        xpyd_reply_to(req, bufferevent_get_output(bev), status, "application/json", body, len);
+    }
     client_finish(r, bev);
 }
 
@@ -377,8 +383,8 @@ void client_error(struct request *r, int status, const char *msg)
 {
     char *e = xpyd_oai_error_json(status, NULL, msg, NULL);
     if (r->client == CLIENT_STREAMING) { /* one error event, then [DONE] */
-        xpyd_sse_write(chunk_of(r), e, strlen(e));
-        xpyd_sse_write_done(chunk_of(r));
+        chunk_event(r, e, strlen(e));
+        chunk_event(r, "[DONE]", 6);
         flush_chunk(r);
         client_stream_end(r);
     } else {
@@ -463,7 +469,7 @@ static int on_decode_event(void *arg, const char *data, size_t len, const char *
         write_event_json(r, out.json);
         cJSON_Delete(out.json);
     } else {
-        evbuffer_add(chunk_of(r), raw, rawlen);
+        xpyd_bytes_add(&r->chunk, raw, rawlen);
         flush_chunk(r);
     }
     if (out.content && !r->first_token_seen) {
