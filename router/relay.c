@@ -8,27 +8,59 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int is_content_event(const char *data)
+/* After a "usage" key: a usage object (: { with any JSON whitespace around the colon)? "usage":null does not
+ * count, so the usual events stay on the fast path. Whitespace is what cJSON, which parses the event, skips. */
+static int usage_object_follows(const char *q)
 {
-    return strstr(data, "\"choices\":[]") == NULL && strstr(data, "\"choices\": []") == NULL;
+    while (*q && (unsigned char)*q <= ' ') /* whitespace as cJSON skips it (any control byte) */
+        q++;
+    if (*q++ != ':')
+        return 0;
+    while (*q && (unsigned char)*q <= ' ')
+        q++;
+    return *q == '{';
 }
 
-/* Does the event carry a usage object ("usage" : { with any JSON whitespace)? "usage":null does not count,
- * so the usual events stay on the fast path. Whitespace is what cJSON, which parses the event, skips. */
-static int has_usage_object(const char *data)
+static int at(const char *p, const char *end, const char *key, size_t n)
 {
-    for (const char *p = strstr(data, "\"usage\""); p; p = strstr(p + 7, "\"usage\"")) {
-        const char *q = p + 7;
-        while (*q && (unsigned char)*q <= ' ') /* whitespace as cJSON skips it (any control byte) */
-            q++;
-        if (*q++ != ':')
-            continue;
-        while (*q && (unsigned char)*q <= ' ')
-            q++;
-        if (*q == '{')
-            return 1;
+    return (size_t)(end - p) >= n && memcmp(p, key, n) == 0;
+}
+
+/* The relay's substring checks in one pass: every key it looks for begins with a quote, so looking at each
+ * quote finds every occurrence a substring search would (six strstr scans of the event were the relay's
+ * largest cost). */
+void relay_scan(const char *data, size_t len, struct relay_keys *k)
+{
+    memset(k, 0, sizeof *k);
+    const char *end = data + len;
+    for (const char *p = memchr(data, '"', len); p; p = memchr(p + 1, '"', (size_t)(end - p - 1))) {
+        switch (p[1]) { /* data is NUL-terminated: p[1] is readable */
+        case 'c':
+            if (at(p, end, "\"choices\"", 9)) {
+                if (!k->choices)
+                    k->choices = p;
+                if (at(p + 9, end, ":[]", 3) || at(p + 9, end, ": []", 4))
+                    k->empty_choices = 1;
+            }
+            break;
+        case 'u':
+            if (at(p, end, "\"usage\"", 7) && usage_object_follows(p + 7))
+                k->usage_object = 1;
+            break;
+        case 'r':
+            if (at(p, end, "\"role\"", 6))
+                k->role = 1;
+            else if (at(p, end, "\"recomputed\"", 12))
+                k->recomputed = 1;
+            break;
+        case 't':
+            if (at(p, end, "\"text\"", 6))
+                k->text = 1;
+            break;
+        default:
+            break;
+        }
     }
-    return 0;
 }
 
 /* Decode migration keeps the text the client received. Parsing every event for it (cJSON: a tree of a dozen
@@ -39,18 +71,18 @@ static int has_usage_object(const char *data)
  * *text set (the unescaped value, or NULL for null), or 0 when the event is anything else (other spacing,
  * another order, a \u escape): the caller parses it. A key inside a string cannot match: its quotes are
  * escaped there. tests/fuzz/fuzz_relay.c checks the scan against the parse. */
-static int quick_text(const char *data, char **text)
+static int quick_text(const char *data, const struct relay_keys *k, char **text)
 {
     static const char comp[] = "\"choices\":[{\"index\":0,\"text\":", chat[] = "\"choices\":[{\"index\":0,\"delta\":{\"content\":";
     *text = NULL;
-    const char *ch = strstr(data, "\"choices\"");
+    const char *ch = k->choices;
     if (!ch || data[0] != '{' || memchr(data + 1, '{', (size_t)(ch - data - 1)) ||
         memchr(data + 1, '}', (size_t)(ch - data - 1)))
         return 0; /* a '{' or '}' before it: "choices" may be nested, or after the event's end */
     const char *v;
     if (strncmp(ch, comp, sizeof comp - 1) == 0)
         v = ch + sizeof comp - 1;
-    else if (strncmp(ch, chat, sizeof chat - 1) == 0 && !strstr(data, "\"text\""))
+    else if (strncmp(ch, chat, sizeof chat - 1) == 0 && !k->text)
         v = ch + sizeof chat - 1;
     else
         return 0;
@@ -113,9 +145,11 @@ void relay_event(struct relay_state *st, const char *data, size_t len, struct re
     }
     if (memchr(data, 0, len)) /* a raw NUL: not JSON (and the string checks below would stop at it) */
         return;
-    int content = is_content_event(data);
-    int has_usage = has_usage_object(data);
-    int maybe_preempt = strstr(data, "\"recomputed\"") != NULL;
+    struct relay_keys k;
+    relay_scan(data, len, &k);
+    int content = !k.empty_choices;
+    int has_usage = k.usage_object;
+    int maybe_preempt = k.recomputed;
     /* usage is patched after a prefill (its cached tokens) and in a continuation (counted as one engine) */
     int patch = has_usage && (st->prefill_answered || st->continuation);
     if (!st->prefill_mode && !patch && !st->track_text && !st->continuation && !maybe_preempt) {
@@ -123,8 +157,8 @@ void relay_event(struct relay_state *st, const char *data, size_t len, struct re
         return;
     }
     char *qt, *qid = NULL;
-    if (!st->prefill_mode && !patch && !st->continuation && !maybe_preempt && !strstr(data, "\"role\"") &&
-        (st->resp_id || (qid = quick_id(data)) != NULL) && (!content || quick_text(data, &qt))) {
+    if (!st->prefill_mode && !patch && !st->continuation && !maybe_preempt && !k.role &&
+        (st->resp_id || (qid = quick_id(data)) != NULL) && (!content || quick_text(data, &k, &qt))) {
         /* migration on, an ordinary event (or one without choices, e.g. the usage event): forwarded as it
          * came, its text kept, and the first id */
         out->id = qid;

@@ -39,6 +39,18 @@ struct relay_out {
     char *id;      /* track_text, no resp_id yet: the event's id (the caller frees it), or NULL */
 };
 
+/* The keys relay_event looks for in an event's text (data, NUL-terminated, no NUL within len), as a substring
+ * search would find them: tests/fuzz/fuzz_relay.c checks it against strstr. */
+struct relay_keys {
+    const char *choices; /* the first "choices", or NULL */
+    int empty_choices;   /* "choices":[] or "choices": [] somewhere (an event without a token) */
+    int usage_object;    /* a "usage" key with an object after its colon */
+    int recomputed;      /* "recomputed" (a preemption may be said) */
+    int role;            /* "role" */
+    int text;            /* "text" */
+};
+void relay_scan(const char *data, size_t len, struct relay_keys *k);
+
 /* One event's payload (data, NUL-terminated, len bytes, "data: " and the blank line removed). */
 void relay_event(struct relay_state *st, const char *data, size_t len, struct relay_out *out);
 

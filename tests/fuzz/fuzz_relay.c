@@ -4,7 +4,8 @@
  * answered, cached tokens, role chunk already sent, ids). Checks what the client would see: [DONE] is
  * always forwarded; a rewritten event is a JSON object; in prefill mode the role chunk never goes twice, the
  * decode's first content event never carries text, and every JSON event sent carries the response id; a
- * patched usage shows the prefill's cached tokens; nothing leaks. */
+ * patched usage shows the prefill's cached tokens; nothing leaks. relay_scan's one pass finds what substring
+ * searches find. */
 #include "relay.h"
 #include "rewrite.h"
 #include "xpyd_sse.h"
@@ -23,9 +24,35 @@ static int sent_id_ok(const cJSON *o, const char *resp_id)
     return !resp_id || !cJSON_IsString(id) || strcmp(id->valuestring, resp_id) == 0;
 }
 
+/* The substring searches relay_scan stands for. */
+static void check_scan(const char *data, size_t len)
+{
+    if (memchr(data, 0, len))
+        return;
+    struct relay_keys k;
+    relay_scan(data, len, &k);
+    int usage = 0;
+    for (const char *p = strstr(data, "\"usage\""); p; p = strstr(p + 1, "\"usage\"")) { /* overlapping too */
+        const char *q = p + 7;
+        while (*q && (unsigned char)*q <= ' ')
+            q++;
+        if (*q++ != ':')
+            continue;
+        while (*q && (unsigned char)*q <= ' ')
+            q++;
+        usage |= *q == '{';
+    }
+    if (k.choices != strstr(data, "\"choices\"") ||
+        k.empty_choices != (strstr(data, "\"choices\":[]") || strstr(data, "\"choices\": []")) ||
+        k.usage_object != usage || k.recomputed != (strstr(data, "\"recomputed\"") != NULL) ||
+        k.role != (strstr(data, "\"role\"") != NULL) || k.text != (strstr(data, "\"text\"") != NULL))
+        abort();
+}
+
 static int on_event(void *arg, const char *data, size_t len, const char *raw, size_t rawlen)
 {
     struct ctx *c = arg;
+    check_scan(data, len);
     int role_sent_before = c->st.role_sent, first_dropped_before = c->st.first_dropped;
     int preempted_before = c->st.preempted;
     struct relay_out out;
