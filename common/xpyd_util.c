@@ -35,10 +35,8 @@ int xpyd_log_level_parse(const char *s)
     return -1;
 }
 
-void xpyd_log(int level, const char *fmt, ...)
+static void log_line(int level, const char *fmt, va_list ap)
 {
-    if (level > xpyd_log_level || level <= XPYD_LOG_NONE)
-        return;
     char line[2048];
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -47,29 +45,33 @@ void xpyd_log(int level, const char *fmt, ...)
     int n = snprintf(line, sizeof line, "ts=%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ level=%s ", tm.tm_year + 1900,
                      tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000,
                      level_names[level]);
-    va_list ap;
-    va_start(ap, fmt);
     if (n > 0 && (size_t)n < sizeof line)
         vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
-    va_end(ap);
     fprintf(stderr, "%s\n", line);
 }
 
+void xpyd_log(int level, const char *fmt, ...)
+{
+    if (level > xpyd_log_level || level <= XPYD_LOG_NONE)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    log_line(level, fmt, ap);
+    va_end(ap);
+}
+
+/* Printed whatever the level (under its own level name), unless logging is off. (It used to lower the global
+ * level around an xpyd_log call: two threads doing so at once could leave the level at debug for good.) */
 void xpyd_log_event(int level, const char *fmt, ...)
 {
     if (xpyd_log_level <= XPYD_LOG_NONE)
         return;
     if (level < XPYD_LOG_ERROR || level > XPYD_LOG_DEBUG)
         level = XPYD_LOG_INFO;
-    char msg[1536];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    log_line(level, fmt, ap);
     va_end(ap);
-    int saved = xpyd_log_level;
-    xpyd_log_level = XPYD_LOG_DEBUG; /* printed whatever the level, under its own level name */
-    xpyd_log(level, "%s", msg);
-    xpyd_log_level = saved;
 }
 
 uint64_t xpyd_fnv64(uint64_t h, const void *data, size_t len)

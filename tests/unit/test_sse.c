@@ -1,5 +1,4 @@
-/* test_sse.c - unit tests for the SSE writer and the incremental splitter, and the byte array the router
- * collects a stream's events in (xpyd_bytes). */
+/* test_sse.c - unit tests for the SSE writer and the incremental splitter. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -7,7 +6,6 @@
 #include <cmocka.h>
 
 #include "xpyd_sse.h"
-#include "xpyd_util.h"
 
 #include <errno.h>
 #include <event2/buffer.h>
@@ -102,34 +100,6 @@ static void test_callback_stops(void **st)
     xpyd_sse_reset(&p);
 }
 
-/* Bytes appended across growth stay in order; emptying keeps the room, so refilling does not reallocate. */
-static void test_bytes_grow_and_reuse(void **st)
-{
-    struct xpyd_bytes b = {0};
-    char expect[5000];
-    for (int i = 0; i < 5000; i++) {
-        char c = (char)('a' + i % 26);
-        expect[i] = c;
-        xpyd_bytes_add(&b, &c, 1);
-    }
-    assert_int_equal(b.len, 5000);
-    assert_true(b.cap >= 5000);
-    assert_memory_equal(b.p, expect, 5000);
-    char *p = b.p;
-    size_t cap = b.cap;
-    b.len = 0;
-    xpyd_bytes_add(&b, expect, 4000);
-    xpyd_bytes_add(&b, "", 0);
-    assert_ptr_equal(b.p, p);
-    assert_int_equal(b.cap, cap);
-    assert_int_equal(b.len, 4000);
-    char *room = xpyd_bytes_room(&b, 3000); /* past the room: grows, the bytes kept */
-    assert_ptr_equal(room, b.p + 4000);
-    assert_true(b.cap >= 7000);
-    assert_memory_equal(b.p, expect, 4000);
-    free(b.p);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -138,7 +108,6 @@ int main(void)
         cmocka_unit_test(test_split_partial_kept),
         cmocka_unit_test(test_split_oversize_rejected),
         cmocka_unit_test(test_callback_stops),
-        cmocka_unit_test(test_bytes_grow_and_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

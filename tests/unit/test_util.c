@@ -1,0 +1,75 @@
+/* test_util.c - unit tests for common/xpyd_util.c: the byte array a stream's events collect in (xpyd_bytes),
+ * and event logging from several threads at once. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "xpyd_util.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Bytes appended across growth stay in order; emptying keeps the room, so refilling does not reallocate. */
+static void test_bytes_grow_and_reuse(void **st)
+{
+    struct xpyd_bytes b = {0};
+    char expect[5000];
+    for (int i = 0; i < 5000; i++) {
+        char c = (char)('a' + i % 26);
+        expect[i] = c;
+        xpyd_bytes_add(&b, &c, 1);
+    }
+    assert_int_equal(b.len, 5000);
+    assert_true(b.cap >= 5000);
+    assert_memory_equal(b.p, expect, 5000);
+    char *p = b.p;
+    size_t cap = b.cap;
+    b.len = 0;
+    xpyd_bytes_add(&b, expect, 4000);
+    xpyd_bytes_add(&b, "", 0);
+    assert_ptr_equal(b.p, p);
+    assert_int_equal(b.cap, cap);
+    assert_int_equal(b.len, 4000);
+    char *room = xpyd_bytes_room(&b, 3000); /* past the room: grows, the bytes kept */
+    assert_ptr_equal(room, b.p + 4000);
+    assert_true(b.cap >= 7000);
+    assert_memory_equal(b.p, expect, 4000);
+    free(b.p);
+}
+
+static void *log_events(void *arg)
+{
+    for (int i = 0; i < 20000; i++)
+        xpyd_log_event(XPYD_LOG_INFO, "event=test n=%d", i);
+    return arg;
+}
+
+/* Events are printed whatever the level, from any thread, and the level stays what it was set to. */
+static void test_log_event_keeps_level(void **st)
+{
+    FILE *saved = stderr;
+    stderr = fopen("/dev/null", "w");
+    assert_non_null(stderr);
+    xpyd_log_level = XPYD_LOG_WARN;
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, log_events, NULL), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    fclose(stderr);
+    stderr = saved;
+    assert_int_equal(xpyd_log_level, XPYD_LOG_WARN);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bytes_grow_and_reuse),
+        cmocka_unit_test(test_log_event_keeps_level),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
