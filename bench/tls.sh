@@ -9,6 +9,10 @@
 #      compared, and the router/nginx TLS ratio within each round;
 #   2. handshakes: `openssl s_time -new` (a full handshake per connection, TLS 1.3, ECDSA P-256) for SECS
 #      seconds: handshakes per second and CPU per handshake, router vs nginx.
+#   3. at once: router TLS and nginx TLS, both on CPU 1, each loaded by its own xpyd_bench (N requests, 32 at
+#      once) at the same time, in ROUNDS rounds: CPU per request of each and their ratio per round. Sequential
+#      rounds (1.) compare minutes apart, and this machine's speed moves by several per cent in that time; run
+#      together, both see the same machine, and the ratio varies by about half a per cent between rounds.
 #   bench/tls.sh [requests=20000] [seconds=10] [rounds=3]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -125,3 +129,30 @@ run_hs() { # label port pids...
 }
 run_hs "nginx" $NS $NGW
 run_hs "xpyd_router" $RS $ROUTER_TLS
+
+echo
+echo "## 3. at once: router TLS and nginx TLS on one CPU, each loaded by its own client at the same time ($N requests each, 32 at once)"
+echo
+echo "| round | router TLS CPU µs per request | nginx TLS CPU µs per request | router / nginx |"
+echo "|---|---|---|---|"
+RATIOS=""
+for i in $(seq "$ROUNDS"); do
+  r0=$(cpu_ticks $ROUTER_TLS) n0=$(cpu_ticks $NGW)
+  args=(--tls-ca "$WORK/ca.pem" --num-prompts "$N" --max-concurrency 32 --random-input-len 16 --random-output-len 16
+        --ignore-eos --disable-tqdm)
+  taskset -c 0 $B/xpyd_bench --base-url "https://localhost:$RS" "${args[@]}" >/dev/null &
+  b1=$!
+  taskset -c 0 $B/xpyd_bench --base-url "https://localhost:$NS" "${args[@]}" >/dev/null &
+  b2=$!
+  wait $b1 $b2 || true
+  r1=$(cpu_ticks $ROUTER_TLS) n1=$(cpu_ticks $NGW)
+  line=$(python3 -c "r, n = ($r1 - $r0) / $HZ / $N * 1e6, ($n1 - $n0) / $HZ / $N * 1e6; print('%.3f | $i | %.1f | %.1f | %.3f |' % (r / n, r, n, r / n))")
+  RATIOS+="${line%% *} "
+  echo "|${line#*|}"
+done
+python3 - $RATIOS <<'PY'
+import statistics, sys
+x = [float(v) for v in sys.argv[1:]]
+print("\nrouter TLS / nginx TLS, run at once: median %.3f (%d of %d rounds <= 1; acceptance: <= 1)"
+      % (statistics.median(x), sum(v <= 1 for v in x), len(x)))
+PY

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# bench/cpu_ab.sh - CPU per request of two router builds, measured at the same time: each build's router (one
+# thread) runs on CPU 1, both behind the same zero-delay decode sim, each loaded by its own xpyd_bench (N
+# streamed 16-token completions, 32 at once, keep-alive; TLS with a generated certificate, or plain) started
+# together, in ROUNDS rounds. Prints both CPU times per request and B/A per round, and the median ratio.
+# Rounds run one after the other move by several per cent with this machine's speed; two builds run at once see
+# the same machine, so a change of half a per cent shows (A against A: ratios 0.99-1.00).
+#   bench/cpu_ab.sh BUILD_DIR_A BUILD_DIR_B [requests=20000] [rounds=5] [tls|plain=tls]
+#   e.g. git worktree add /tmp/base HEAD~1 && (cd /tmp/base && ./scripts/build.sh) && bench/cpu_ab.sh /tmp/base/build build
+set -euo pipefail
+[ $# -ge 2 ] || { sed -n 2,9p "$0"; exit 2; }
+A=$(cd "$1" && pwd)/bin BB=$(cd "$2" && pwd)/bin
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+N=${3:-20000} ROUNDS=${4:-5} MODE=${5:-tls}
+B=$BB
+WORK=$(mktemp -d /tmp/xpyd-cpuab.XXXXXX)
+trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
+( cd "$WORK"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.pem -days 2 \
+    -subj "/CN=xpyd bench CA" 2>/dev/null
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout srv.key -out srv.csr -subj "/CN=localhost" 2>/dev/null
+  printf "subjectAltName=DNS:localhost,IP:127.0.0.1\n" >ext
+  openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 2 -extfile ext 2>/dev/null )
+taskset -c 0 $B/xpyd_sim --role both --port 0 --port-file "$WORK/d.port" --decode-us-per-token 0 --log-level warn \
+  --max-batch 100000 >"$WORK/d.log" 2>&1 &
+PIDS+=($!)
+xpyd_wait_file "$WORK/d.port" 10
+D=$(cat "$WORK/d.port")
+TLSARGS=()
+[ "$MODE" = tls ] && TLSARGS=(--tls-cert "$WORK/srv.pem" --tls-key "$WORK/srv.key")
+start() { # bin-dir log -> "port pid"
+  local port
+  port=$(xpyd_free_port)
+  taskset -c 1 "$1/xpyd_router" --port "$port" --log-level error --threads 1 --handoff none -d "127.0.0.1:$D" \
+    "${TLSARGS[@]}" >"$2" 2>&1 &
+  echo "$port $!"
+}
+read -r PA RA <<<"$(start "$A" "$WORK/a.log")"
+PIDS+=($RA)
+read -r PB RB <<<"$(start "$BB" "$WORK/b.log")"
+PIDS+=($RB)
+url() { if [ "$MODE" = tls ]; then echo "https://localhost:$1"; else echo "http://127.0.0.1:$1"; fi; }
+for p in $PA $PB; do
+  ok=0
+  for _ in $(seq 100); do curl -fs --cacert "$WORK/ca.pem" "$(url $p)/health" >/dev/null && { ok=1; break; }; sleep 0.1; done
+  [ $ok = 1 ] || { echo "a router did not come up" >&2; cat "$WORK"/a.log "$WORK"/b.log >&2; exit 1; }
+done
+cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+HZ=$(getconf CLK_TCK)
+args=(--tls-ca "$WORK/ca.pem" --max-concurrency 32 --random-input-len 16 --random-output-len 16 --ignore-eos --disable-tqdm)
+echo "# CPU per request, A = $1, B = $2 ($MODE, $N streamed 16-token requests each, both at once) — $(date -u +%Y-%m-%dT%H:%MZ)"
+echo
+echo "| round | A CPU µs per request | B CPU µs per request | B / A |"
+echo "|---|---|---|---|"
+RATIOS=""
+for i in $(seq 0 "$ROUNDS"); do # round 0 warms both up and is not reported
+  a0=$(cpu $RA) b0=$(cpu $RB)
+  taskset -c 0 $B/xpyd_bench --base-url "$(url $PA)" "${args[@]}" --num-prompts "$N" >/dev/null &
+  w1=$!
+  taskset -c 0 $B/xpyd_bench --base-url "$(url $PB)" "${args[@]}" --num-prompts "$N" >/dev/null &
+  w2=$!
+  wait $w1 $w2 || true
+  a1=$(cpu $RA) b1=$(cpu $RB)
+  [ "$i" = 0 ] && continue
+  line=$(python3 -c "a, b = ($a1 - $a0) / $HZ / $N * 1e6, ($b1 - $b0) / $HZ / $N * 1e6; print('%.3f | $i | %.1f | %.1f | %.3f |' % (b / a, a, b, b / a))")
+  RATIOS+="${line%% *} "
+  echo "|${line#*|}"
+done
+python3 - $RATIOS <<'PY'
+import statistics, sys
+x = [float(v) for v in sys.argv[1:]]
+print("\nB / A: median %.3f, range %.3f-%.3f" % (statistics.median(x), min(x), max(x)))
+PY
