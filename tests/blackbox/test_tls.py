@@ -282,6 +282,47 @@ class ClientSide(TlsCase):
             self.assertIn(needle, p.output())
             p.stop(check=False)
 
+    def test_events_larger_than_a_record(self):
+        # events of 40 KB and 20 KB (more than a TLS record holds, beyond what is written through at once) between
+        # small ones, from an engine that sends its whole stream in one answer: every event arrives byte for byte,
+        # twice on one keep-alive connection, and a JSON answer after them
+        big = "x" * 40000
+
+        def ev(text):
+            return ("data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "model": "m",
+                                           "choices": [{"index": 0, "text": text, "finish_reason": None}]}) + "\n\n")
+
+        texts = ["a", big, "b", big[:20000], "c"]
+        stream = ("".join(ev(x) for x in texts) + "data: [DONE]\n\n").encode()
+
+        def handler(method, path, body):
+            if json.loads(body or b"{}").get("stream"):
+                return 200, "text/event-stream", stream
+            return 200, "application/json", json.dumps({"id": "cmpl-2", "object": "text_completion", "choices": [
+                {"index": 0, "text": big, "finish_reason": "length"}], "usage": {"prompt_tokens": 1,
+                "completion_tokens": 5, "total_tokens": 6}}).encode()
+
+        e = t.FakeEngine(handler)
+        self.addCleanup(e.stop)
+        r = self.tls_router(["127.0.0.1:%d" % e.port])
+        ctx = tls_ctx(self.certs.ca)
+        s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", r.port), timeout=10), server_hostname="localhost")
+        conn = t.RawConn.__new__(t.RawConn)
+        conn.s, conn.buf = s, b""
+        for body in (dict(BODY, stream=True), dict(BODY, stream=True), BODY):
+            data = json.dumps(body).encode()
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
+            st, _, _, got = conn.response()
+            self.assertEqual(st, 200)
+            if body.get("stream"):
+                self.assertEqual(got, stream)
+            else:
+                self.assertEqual(json.loads(got)["choices"][0]["text"], big)
+        s.close()
+        t.wait_until(lambda: all(i["inflight"] == 0 and i["outstanding_tokens"] == 0
+                                 for p in json.loads(https_get(r.port, "/status", ctx))["pools"].values()
+                                 for i in p["instances"]), what="idle")
+
 
 def stream_answer(n):
     """A streamed completion as an engine sends it: a chunked head, each SSE event an HTTP chunk of its own."""
