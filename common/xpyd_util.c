@@ -197,13 +197,23 @@ char *xpyd_bytes_room(struct xpyd_bytes *b, size_t n)
     if (n > SIZE_MAX / 2 - b->len)
         xpyd_check_alloc(NULL);
     if (b->len + n > b->cap) {
-        size_t cap = b->cap ? b->cap : 1024;
+        size_t cap = b->cap ? b->cap : 512;
         while (cap < b->len + n)
             cap *= 2;
         b->p = xpyd_check_alloc(realloc(b->p, cap));
         b->cap = cap;
     }
     return b->p + b->len;
+}
+
+void xpyd_bytes_reset(struct xpyd_bytes *b, size_t keep)
+{
+    b->len = 0;
+    if (b->cap > keep) {
+        free(b->p);
+        b->p = NULL;
+        b->cap = 0;
+    }
 }
 
 void xpyd_bytes_add(struct xpyd_bytes *b, const void *data, size_t n)

@@ -75,8 +75,10 @@ struct xpyd_bytes {
     char *p;
     size_t len, cap;
 };
-/* Room for n more bytes at b->p + b->len (the caller then adds n to b->len). */
+/* Room for n more bytes at b->p + b->len (the caller then adds n to b->len); the first room is 512 bytes. */
 char *xpyd_bytes_room(struct xpyd_bytes *b, size_t n);
 void xpyd_bytes_add(struct xpyd_bytes *b, const void *data, size_t n);
+/* Empties b, keeping its room when it is at most keep bytes (a rare large use does not stay held). */
+void xpyd_bytes_reset(struct xpyd_bytes *b, size_t keep);
 
 #endif

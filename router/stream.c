@@ -46,6 +46,20 @@ static void tls_coalesce(struct bufferevent *bev)
         evbuffer_pullup(out, (ev_ssize_t)(n < TLS_COALESCE_MAX ? n : TLS_COALESCE_MAX));
 }
 
+/* A stream's chunk and TLS stage keep their room between engine reads up to this size (a typical event needs
+ * a few hundred bytes: the first room is 512); past it a buffer is freed once emptied, so an occasional
+ * large event does not stay held for the rest of the stream. */
+#define BYTES_KEEP 16384
+
+/* Bytes for the client: a TLS client's are staged, a plain client's go to the connection's output. */
+static void out_add(struct request *r, struct bufferevent *bev, const void *p, size_t n)
+{
+    if (bufferevent_openssl_get_ssl(bev))
+        xpyd_bytes_add(&r->stage, p, n);
+    else
+        evbuffer_add(bufferevent_get_output(bev), p, n);
+}
+
 /* TLS write-through. An OpenSSL bufferevent arms its write event as soon as bytes land in its empty output, and
  * disarms it once it wrote them on the next loop: two epoll_ctl calls and a trip through the loop per engine
  * read. A TLS client's bytes are staged in r->stage instead (a flat array kept for the request: no buffer
@@ -58,22 +72,13 @@ static void tls_coalesce(struct bufferevent *bev)
  * output whole, as one piece at its start, and the bufferevent writes them: its SSL_write is then the retry
  * OpenSSL asks for (libevent sets SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER; renegotiation is off, so a write
  * never waits on a read after the handshake). */
-/* Bytes for the client: a TLS client's are staged, a plain client's go to the connection's output. */
-static void out_add(struct request *r, struct bufferevent *bev, const void *p, size_t n)
-{
-    if (bufferevent_openssl_get_ssl(bev))
-        xpyd_bytes_add(&r->stage, p, n);
-    else
-        evbuffer_add(bufferevent_get_output(bev), p, n);
-}
-
 /* The staged bytes go to the bufferevent, which writes them when the socket takes them, as one piece with
  * whatever it still holds. */
 static void tls_unstage(struct request *r, struct bufferevent *bev)
 {
     if (r->stage.len) {
         evbuffer_add(bufferevent_get_output(bev), r->stage.p, r->stage.len);
-        r->stage.len = 0;
+        xpyd_bytes_reset(&r->stage, BYTES_KEEP);
     }
     tls_coalesce(bev);
 }
@@ -92,7 +97,7 @@ static int tls_write_through(struct request *r, struct bufferevent *bev, SSL *ss
         ERR_clear_error(); /* the bufferevent's retry reports a real error through the event callback */
         return 0;
     }
-    r->stage.len = 0;
+    xpyd_bytes_reset(&r->stage, BYTES_KEEP);
     return 1;
 }
 
@@ -240,13 +245,13 @@ static void queue_chunk(struct request *r)
             out_add(r, bev, r->chunk.p, n);
         }
     }
-    r->chunk.len = 0;
+    xpyd_bytes_reset(&r->chunk, BYTES_KEEP);
 }
 
 static void send_chunk(struct request *r)
 {
     if (!r->ereq) {
-        r->chunk.len = 0;
+        xpyd_bytes_reset(&r->chunk, BYTES_KEEP);
         return;
     }
     queue_chunk(r);

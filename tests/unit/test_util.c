@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Bytes appended across growth stay in order; emptying keeps the room, so refilling does not reallocate. */
+/* Bytes appended across growth stay in order; emptying keeps the room (so refilling does not reallocate) unless
+ * it is larger than asked to keep. */
 static void test_bytes_grow_and_reuse(void **st)
 {
     struct xpyd_bytes b = {0};
@@ -38,6 +39,14 @@ static void test_bytes_grow_and_reuse(void **st)
     assert_ptr_equal(room, b.p + 4000);
     assert_true(b.cap >= 7000);
     assert_memory_equal(b.p, expect, 4000);
+    xpyd_bytes_reset(&b, 1 << 20); /* room within keep: kept */
+    assert_int_equal(b.len, 0);
+    assert_non_null(b.p);
+    xpyd_bytes_reset(&b, 1024); /* more than keep: freed */
+    assert_null(b.p);
+    assert_int_equal(b.cap, 0);
+    xpyd_bytes_add(&b, "abc", 3); /* and usable again */
+    assert_memory_equal(b.p, "abc", 3);
     free(b.p);
 }
 
