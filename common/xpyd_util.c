@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <sys/resource.h>
 
-int xpyd_log_level = XPYD_LOG_INFO;
+_Atomic int xpyd_log_level = XPYD_LOG_INFO;
 
 uint64_t xpyd_now_us(void)
 {

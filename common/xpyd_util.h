@@ -12,7 +12,8 @@ uint64_t xpyd_now_us(void);
 int64_t xpyd_wall_s(void);
 
 enum xpyd_log_level { XPYD_LOG_NONE = 0, XPYD_LOG_ERROR, XPYD_LOG_WARN, XPYD_LOG_INFO, XPYD_LOG_DEBUG };
-extern int xpyd_log_level;
+/* set at start-up and on a reload, read by every thread: atomic (a plain load on x86) */
+extern _Atomic int xpyd_log_level;
 /* Writes one line to stderr: "ts=... level=... <msg>". Any thread. */
 void xpyd_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The level is tested before the call, so a line below --log-level costs one comparison (the request path
