@@ -12,16 +12,12 @@ set -euo pipefail
 A=$(cd "$1" && pwd)/bin BB=$(cd "$2" && pwd)/bin
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
+. bench/lib.sh
 N=${3:-20000} ROUNDS=${4:-5} MODE=${5:-tls}
 B=$BB
 WORK=$(mktemp -d /tmp/xpyd-cpuab.XXXXXX)
 trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
-( cd "$WORK"
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.pem -days 2 \
-    -subj "/CN=xpyd bench CA" 2>/dev/null
-  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout srv.key -out srv.csr -subj "/CN=localhost" 2>/dev/null
-  printf "subjectAltName=DNS:localhost,IP:127.0.0.1\n" >ext
-  openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 2 -extfile ext 2>/dev/null )
+bench_certs "$WORK"
 taskset -c 0 $B/xpyd_sim --role both --port 0 --port-file "$WORK/d.port" --decode-us-per-token 0 --log-level warn \
   --max-batch 100000 >"$WORK/d.log" 2>&1 &
 PIDS+=($!)
@@ -46,29 +42,17 @@ for p in $PA $PB; do
   for _ in $(seq 100); do curl -fs --cacert "$WORK/ca.pem" "$(url $p)/health" >/dev/null && { ok=1; break; }; sleep 0.1; done
   [ $ok = 1 ] || { echo "a router did not come up" >&2; cat "$WORK"/a.log "$WORK"/b.log >&2; exit 1; }
 done
-cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-HZ=$(getconf CLK_TCK)
-args=(--tls-ca "$WORK/ca.pem" --max-concurrency 32 --random-input-len 16 --random-output-len 16 --ignore-eos --disable-tqdm)
 echo "# CPU per request, A = $1, B = $2 ($MODE, $N streamed 16-token requests each, both at once) — $(date -u +%Y-%m-%dT%H:%MZ)"
 echo
 echo "| round | A CPU µs per request | B CPU µs per request | B / A |"
 echo "|---|---|---|---|"
 RATIOS=""
 for i in $(seq 0 "$ROUNDS"); do # round 0 warms both up and is not reported
-  a0=$(cpu $RA) b0=$(cpu $RB)
-  taskset -c 0 $B/xpyd_bench --base-url "$(url $PA)" "${args[@]}" --num-prompts "$N" >/dev/null &
-  w1=$!
-  taskset -c 0 $B/xpyd_bench --base-url "$(url $PB)" "${args[@]}" --num-prompts "$N" >/dev/null &
-  w2=$!
-  wait $w1 $w2 || true
-  a1=$(cpu $RA) b1=$(cpu $RB)
+  read -r a b <<<"$(bench_at_once "$N" "$WORK/ca.pem" "$(url $PA)" "$RA" "$(url $PB)" "$RB")"
   [ "$i" = 0 ] && continue
-  line=$(python3 -c "a, b = ($a1 - $a0) / $HZ / $N * 1e6, ($b1 - $b0) / $HZ / $N * 1e6; print('%.3f | $i | %.1f | %.1f | %.3f |' % (b / a, a, b, b / a))")
-  RATIOS+="${line%% *} "
-  echo "|${line#*|}"
+  ratio=$(python3 -c "print('%.3f' % ($b / $a))")
+  RATIOS+="$ratio "
+  echo "| $i | $a | $b | $ratio |"
 done
-python3 - $RATIOS <<'PY'
-import statistics, sys
-x = [float(v) for v in sys.argv[1:]]
-print("\nB / A: median %.3f, range %.3f-%.3f" % (statistics.median(x), min(x), max(x)))
-PY
+echo
+bench_ratios "B / A" $RATIOS

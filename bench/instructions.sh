@@ -23,12 +23,7 @@ if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh valgrind nginx-light
 B=${XPYD_BUILD_DIR:-build}/bin
 WORK=$(mktemp -d /tmp/xpyd-instr.XXXXXX)
 trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
-( cd "$WORK"
-  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.pem -days 2 \
-    -subj "/CN=xpyd bench CA" 2>/dev/null
-  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout srv.key -out srv.csr -subj "/CN=localhost" 2>/dev/null
-  printf "subjectAltName=DNS:localhost,IP:127.0.0.1\n" >ext
-  openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 2 -extfile ext 2>/dev/null )
+bench_certs "$WORK"
 
 rm -f "$WORK/d.port"
 $B/xpyd_sim --role both --port 0 --port-file "$WORK/d.port" --decode-us-per-token "$PACE" --log-level warn \

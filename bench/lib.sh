@@ -63,3 +63,46 @@ top = ", ".join(("%s " + fmt) % (name, c / n) for c, name in sorted(rows, revers
 print((fmt + "|%s") % (sum(c for c, _ in rows) / n, top))
 PY
 }
+
+# bench_certs DIR: a CA (DIR/ca.pem) and a server certificate for localhost and 127.0.0.1 signed by it
+# (DIR/srv.pem, DIR/srv.key), ECDSA P-256, valid two days.
+bench_certs() {
+  ( cd "$1"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.pem -days 2 \
+      -subj "/CN=xpyd bench CA" 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout srv.key -out srv.csr -subj "/CN=localhost" \
+      2>/dev/null
+    printf "subjectAltName=DNS:localhost,IP:127.0.0.1\n" >ext
+    openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 2 -extfile ext 2>/dev/null )
+}
+
+# bench_cpu_ticks PID...: the CPU time (user + system, clock ticks) the processes used so far.
+bench_cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
+
+# bench_at_once N CA URL_A "PIDS_A" URL_B "PIDS_B": two servers measured at the same time. An xpyd_bench per
+# server (N streamed 16-token completions, 32 at once, keep-alive, CA to verify TLS; on CPU 0, $B/xpyd_bench),
+# both started together; prints the CPU µs per request of A and of B (from /proc, over the servers' PIDS).
+# Both see the same machine, so their ratio moves far less between rounds than sequential rounds do.
+bench_at_once() {
+  local n=$1 ca=$2 ua=$3 pa=$4 ub=$5 pb=$6 a0 b0 a1 b1 w1 w2
+  local args=(--tls-ca "$ca" --num-prompts "$n" --max-concurrency 32 --random-input-len 16 --random-output-len 16
+              --ignore-eos --disable-tqdm)
+  a0=$(bench_cpu_ticks $pa) b0=$(bench_cpu_ticks $pb)
+  taskset -c 0 "$B/xpyd_bench" --base-url "$ua" "${args[@]}" >/dev/null &
+  w1=$!
+  taskset -c 0 "$B/xpyd_bench" --base-url "$ub" "${args[@]}" >/dev/null &
+  w2=$!
+  wait $w1 $w2 || true
+  a1=$(bench_cpu_ticks $pa) b1=$(bench_cpu_ticks $pb)
+  python3 -c "hz = $(getconf CLK_TCK); print('%.1f %.1f' % (($a1 - $a0) / hz / $n * 1e6, ($b1 - $b0) / hz / $n * 1e6))"
+}
+
+# bench_ratios LABEL RATIO...: "LABEL: median M, range LO-HI, K of N <= 1".
+bench_ratios() {
+  python3 - "$@" <<'PY'
+import statistics, sys
+x = [float(v) for v in sys.argv[2:]]
+print("%s: median %.3f, range %.3f-%.3f, %d of %d <= 1"
+      % (sys.argv[1], statistics.median(x), min(x), max(x), sum(v <= 1 for v in x), len(x)))
+PY
+}

@@ -23,14 +23,7 @@ if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh nginx-light openssl;
 B=${XPYD_BUILD_DIR:-build}/bin
 WORK=$(mktemp -d /tmp/xpyd-tls.XXXXXX)
 trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
-cd "$WORK"
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.pem -days 2 \
-  -subj "/CN=xpyd bench CA" 2>/dev/null
-openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout srv.key -out srv.csr -subj "/CN=localhost" 2>/dev/null
-printf "subjectAltName=DNS:localhost,IP:127.0.0.1\n" >ext
-openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -out srv.pem -days 2 -extfile ext 2>/dev/null
-cd - >/dev/null
-cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo $t; }
+bench_certs "$WORK"
 HZ=$(getconf CLK_TCK)
 j() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d[sys.argv[2]])" "$@"; }
 
@@ -69,11 +62,11 @@ declare -A CPU RPS P99
 run_ka() { # label url pids...
   local label=$1 url=$2; shift 2
   local t0 t1
-  t0=$(cpu_ticks "$@")
+  t0=$(bench_cpu_ticks "$@")
   taskset -c 0 $B/xpyd_bench --base-url "$url" --tls-ca "$WORK/ca.pem" --num-prompts "$N" --max-concurrency 64 \
     --random-input-len 16 --random-output-len 16 --ignore-eos --disable-tqdm --percentile-metrics e2el \
     --metric-percentiles 99 --save-result --result-filename "$WORK/ka.json" >/dev/null || true
-  t1=$(cpu_ticks "$@")
+  t1=$(bench_cpu_ticks "$@")
   CPU[$label]+="$(python3 -c "print(($t1 - $t0) / $HZ / $N * 1e6)") "
   RPS[$label]+="$(j "$WORK/ka.json" request_throughput) "
   P99[$label]+="$(j "$WORK/ka.json" p99_e2el_ms) "
@@ -121,10 +114,10 @@ echo "|---|---|---|"
 run_hs() { # label port pids...
   local label=$1 port=$2; shift 2
   local t0 t1 n
-  t0=$(cpu_ticks "$@")
+  t0=$(bench_cpu_ticks "$@")
   n=$(taskset -c 0 openssl s_time -connect "127.0.0.1:$port" -new -time "$SECS" -CAfile "$WORK/ca.pem" 2>/dev/null |
       awk '/connections in [0-9.]+ real seconds/ {print $1; exit}')
-  t1=$(cpu_ticks "$@")
+  t1=$(bench_cpu_ticks "$@")
   python3 -c "n=int('$n' or 0); print('| $label | %.0f | %.1f |' % (n / $SECS, ($t1 - $t0) / $HZ / max(n, 1) * 1e6))"
 }
 run_hs "nginx" $NS $NGW
@@ -137,22 +130,10 @@ echo "| round | router TLS CPU µs per request | nginx TLS CPU µs per request |
 echo "|---|---|---|---|"
 RATIOS=""
 for i in $(seq "$ROUNDS"); do
-  r0=$(cpu_ticks $ROUTER_TLS) n0=$(cpu_ticks $NGW)
-  args=(--tls-ca "$WORK/ca.pem" --num-prompts "$N" --max-concurrency 32 --random-input-len 16 --random-output-len 16
-        --ignore-eos --disable-tqdm)
-  taskset -c 0 $B/xpyd_bench --base-url "https://localhost:$RS" "${args[@]}" >/dev/null &
-  b1=$!
-  taskset -c 0 $B/xpyd_bench --base-url "https://localhost:$NS" "${args[@]}" >/dev/null &
-  b2=$!
-  wait $b1 $b2 || true
-  r1=$(cpu_ticks $ROUTER_TLS) n1=$(cpu_ticks $NGW)
-  line=$(python3 -c "r, n = ($r1 - $r0) / $HZ / $N * 1e6, ($n1 - $n0) / $HZ / $N * 1e6; print('%.3f | $i | %.1f | %.1f | %.3f |' % (r / n, r, n, r / n))")
-  RATIOS+="${line%% *} "
-  echo "|${line#*|}"
+  read -r r n <<<"$(bench_at_once "$N" "$WORK/ca.pem" "https://localhost:$RS" "$ROUTER_TLS" "https://localhost:$NS" "$NGW")"
+  ratio=$(python3 -c "print('%.3f' % ($r / $n))")
+  RATIOS+="$ratio "
+  echo "| $i | $r | $n | $ratio |"
 done
-python3 - $RATIOS <<'PY'
-import statistics, sys
-x = [float(v) for v in sys.argv[1:]]
-print("\nrouter TLS / nginx TLS, run at once: median %.3f (%d of %d rounds <= 1; acceptance: <= 1)"
-      % (statistics.median(x), sum(v <= 1 for v in x), len(x)))
-PY
+echo
+bench_ratios "router TLS / nginx TLS, run at once (acceptance: <= 1)" $RATIOS
