@@ -35,7 +35,10 @@ struct relay_out {
     int mismatch;  /* prefill mode: the decode's first token differs from the prefill's */
     int done;      /* this was data: [DONE] */
     int preempt;   /* this event says the engine preempted the request (stop_reason "recomputed") */
-    char *text;    /* track_text: the text this delivered event carries (the caller frees it), or NULL */
+    const char *text; /* track_text: the text this delivered event carries, text_len bytes (never empty), or
+                       * NULL; it points into the event's data (no escape in it) or at text_buf */
+    size_t text_len;
+    char *text_buf;   /* the text unescaped or copied out of a parse (the caller frees it), or NULL */
     char *id;      /* track_text, no resp_id yet: the event's id (the caller frees it), or NULL */
 };
 

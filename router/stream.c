@@ -456,11 +456,9 @@ static int on_decode_event(void *arg, const char *data, size_t len, const char *
         else
             free(out.id);
     }
-    if (out.text) { /* what the client has, for a continuation (decode migration) */
-        if (out.action != RELAY_DROP)
-            evbuffer_add(r->gen_text, out.text, strlen(out.text));
-        free(out.text);
-    }
+    if (out.text && out.action != RELAY_DROP) /* what the client has, for a continuation (decode migration) */
+        evbuffer_add(r->gen_text, out.text, out.text_len);
+    free(out.text_buf);
     if (out.mismatch)
         atomic_fetch_add(&g_rt->ctr.first_token_mismatch, 1);
     if (out.action == RELAY_DROP)

@@ -63,7 +63,9 @@ static int on_event(void *arg, const char *data, size_t len, const char *raw, si
          * scans in relay.c, or the parse itself); an event that does not parse may give its id by the scan */
         cJSON *p = cJSON_ParseWithLength(data, len);
         const char *want = p && out.content ? rw_event_text(p) : NULL;
-        if (p && ((want && *want) ? !out.text || strcmp(out.text, want) != 0 : out.text != NULL))
+        int same = want && *want ? out.text && out.text_len == strlen(want) && memcmp(out.text, want, out.text_len) == 0
+                                 : out.text == NULL;
+        if (p && !same)
             abort();
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(p, "id");
         if (p && c->st.resp_id == NULL && cJSON_IsObject(p) &&
@@ -77,9 +79,10 @@ static int on_event(void *arg, const char *data, size_t len, const char *raw, si
         abort();
     if ((out.text || out.id) && !c->st.track_text)
         abort();
-    if (out.text && !*out.text)
-        abort(); /* only text the client gets */
-    free(out.text);
+    if (out.text && (out.text_len == 0 || (out.text_buf && out.text != out.text_buf) ||
+                     (!out.text_buf && (out.text < data || out.text + out.text_len > data + len))))
+        abort(); /* only text the client gets: a span of the event or the caller's own copy */
+    free(out.text_buf);
     free(out.id);
     if (preempted_before)
         return 0;
