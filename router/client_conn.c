@@ -35,6 +35,7 @@
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <event2/bufferevent_ssl.h>
+#include <event2/bufferevent_struct.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <event2/event.h>
@@ -113,6 +114,18 @@ static void cc_free(struct cconn *cc)
     free(cc);
 }
 
+/* TLS clients are read with OpenSSL's read-ahead (xpyd_tls.c): one read takes what the socket has, where
+ * OpenSSL alone reads a record's header and then its body (two reads per request). It may then hold whole
+ * records the socket will not signal again (a request's body behind its head, a request arriving with the
+ * handshake's last flight, pipelined requests): while reading is on, the bufferevent is sent back to OpenSSL
+ * for them. libevent's own read loop stops when a read made progress and nothing decrypted is left over. */
+static void tls_read_buffered(struct bufferevent *bev)
+{
+    SSL *ssl = bufferevent_openssl_get_ssl(bev);
+    if (ssl && SSL_has_pending(ssl) && (bufferevent_get_enabled(bev) & EV_READ))
+        event_active(&bev->ev_read, EV_READ, 1);
+}
+
 /* ---- refusal: a raw answer, then a lingering close ---- */
 
 static void linger_read(struct bufferevent *bev, void *arg)
@@ -189,6 +202,8 @@ static void guard_event(struct bufferevent *bev, short what, void *arg)
         tls_client_failed(cc, bev);
     if ((what & (BEV_EVENT_ERROR | BEV_EVENT_EOF)) && client_gone(cc))
         return; /* the connection is freed */
+    if (what & BEV_EVENT_CONNECTED) /* handshake done: a request may have come with its last flight */
+        tls_read_buffered(bev);
     cc->ev_event(bev, what, cc->ev_arg);
 }
 
@@ -207,6 +222,7 @@ static void read_again(struct cconn *cc)
     if (cc->closed_ev)
         event_del(cc->closed_ev);
     bufferevent_enable(cc->c->bev, EV_READ);
+    tls_read_buffered(cc->c->bev);
 }
 
 static void reject(struct cconn *cc, int status, const char *reason, int reason_idx, const char *msg)
@@ -499,6 +515,7 @@ static void guard_read(struct bufferevent *bev, void *arg)
         linger_read(bev, cc);
         return;
     }
+    tls_read_buffered(bev); /* before anything below can free the connection (the event goes with it) */
     if (evbuffer_get_length(in) == 0)
         return;
     evbuffer_add_buffer(cc->raw, in);
@@ -598,10 +615,12 @@ void rt_client_pause_reading_on(evhtp_request_t *req, int (*gone)(void *arg))
     req->status = EVHTP_RES_PAUSE;
     c->flags |= EVHTP_CONN_FLAG_PAUSED;
     cc->owner_gone = gone;
-    if (reading_held(cc))
+    if (reading_held(cc)) {
         hold_reading(cc);
-    else
+    } else {
         bufferevent_enable(c->bev, EV_READ);
+        tls_read_buffered(c->bev);
+    }
 }
 
 /* An answer finished without libevhtp's resume (stream.c finish_in_place) ends the pause here, as

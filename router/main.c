@@ -240,6 +240,7 @@ static int tls_setup(struct router *rt)
             fprintf(stderr, "xpyd_router: TLS: %s\n", err);
             return -1;
         }
+        SSL_CTX_set_read_ahead(rt->tls_server, 1); /* one read per request, not two: client_conn.c tls_read_buffered */
     }
     /* always: engines may be added as https at run time (admin API, reload) */
     struct xpyd_tls_client_opts co = {rt->cfg.upstream_ca, rt->cfg.upstream_cert, rt->cfg.upstream_key, minv};

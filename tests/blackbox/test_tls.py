@@ -413,6 +413,122 @@ class Records(TlsCase):
         self.assertEqual(records, 1, "the answer came in %d TLS records" % records)
 
 
+class BioConn:
+    """A TLS client connection whose records the test puts on the wire itself (ssl.MemoryBIO): queue() makes
+    records, flush() sends every queued record in one write; recv() is what RawConn reads through."""
+
+    def __init__(self, port, ca):
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.inc, self.outg = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.obj = tls_ctx(ca).wrap_bio(self.inc, self.outg, server_hostname="localhost")
+        while True:
+            try:
+                self.obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                self.sock.sendall(self.outg.read())
+                self._pump()
+        # the client's last handshake flight is still in outg: it goes out with the first flush
+
+    def _pump(self):
+        d = self.sock.recv(65536)
+        if not d:
+            raise EOFError("connection closed by the router")
+        self.inc.write(d)
+
+    def queue(self, *pieces):
+        for p in pieces:
+            self.obj.write(p)  # one TLS record each
+
+    def flush(self):
+        self.sock.sendall(self.outg.read())
+
+    def recv(self, n):
+        while True:
+            try:
+                return self.obj.read(n)
+            except ssl.SSLWantReadError:
+                self._pump()
+
+    def close(self):
+        self.sock.close()
+
+
+def post_records(body):
+    """A request as two TLS records' worth: its head, then its body."""
+    data = json.dumps(body).encode()
+    return (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+            b"\r\n" % len(data), data)
+
+
+class ReadAhead(TlsCase):
+    """The router reads TLS clients with OpenSSL's read-ahead (one read per request, not one for a record's
+    header and one for its body): a read takes everything the socket holds, so whole records can wait inside
+    OpenSSL with nothing more coming on the socket to wake the router. Several records sent in one TCP write
+    must all be answered; a stall shows as the socket timeout."""
+
+    def conn(self, port):
+        c = BioConn(port, self.certs.ca)
+        self.addCleanup(c.close)
+        raw = t.RawConn.__new__(t.RawConn)
+        raw.s, raw.buf = c, b""
+        return c, raw
+
+    def idle(self, port):
+        ctx = tls_ctx(self.certs.ca)
+        t.wait_until(lambda: all(i["inflight"] == 0 and i["outstanding_tokens"] == 0
+                                 for p in json.loads(https_get(port, "/status", ctx))["pools"].values()
+                                 for i in p["instances"]), what="idle")
+
+    def test_records_sent_together_are_all_read(self):
+        e = self.engine()
+        r = self.tls_router(["127.0.0.1:%d" % e.port])
+        c, raw = self.conn(r.port)
+        # the first request (head and body: two records) in the same write as the handshake's last flight
+        c.queue(*post_records(BODY))
+        c.flush()
+        st, _, _, got = raw.response()
+        self.assertEqual(st, 200, got)
+        self.assertEqual(json.loads(got)["usage"]["completion_tokens"], 5)
+        # two pipelined requests, four records, one write; then a stream and a request the same way
+        for bodies in ((BODY, BODY), (dict(BODY, stream=True), BODY)):
+            for b in bodies:
+                c.queue(*post_records(b))
+            c.flush()
+            for b in bodies:
+                st, _, hdrs, got = raw.response()
+                self.assertEqual(st, 200, got)
+                if b.get("stream"):
+                    self.assertTrue(got.endswith(b"data: [DONE]\n\n"), got[-200:])
+                    self.assertEqual(got.count(b"data: "), 6, got)  # 5 tokens (the last with the finish), [DONE]
+                else:
+                    self.assertEqual(json.loads(got)["usage"]["completion_tokens"], 5)
+        self.idle(r.port)
+
+    def test_reading_held_back_then_resumed(self):
+        # a stream in progress while 80 KB of pipelined requests arrive in one write, past the hold bound
+        # (--max-header-bytes + 64 KiB): the router stops reading, and what OpenSSL had already taken off the
+        # socket (the rest of the write: nothing more comes on the socket to wake the router) is read once the
+        # answers before it are done. The requests are ones the router answers itself at once (GET /v1/models),
+        # so that nothing but the resumed reading brings in the last of them.
+        e = self.start(t.sim("--role", "both", "--decode-us-per-token", "3000"))
+        r = self.tls_router(["127.0.0.1:%d" % e.port], "--max-header-bytes", "1024")
+        c, raw = self.conn(r.port)
+        c.queue(*post_records(dict(BODY, stream=True, max_tokens=40)))
+        n = 80
+        for i in range(n):
+            c.queue(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: %d-%s\r\n\r\n" % (i, b"p" * 900))
+        c.flush()
+        st, _, _, got = raw.response()
+        self.assertEqual(st, 200)
+        self.assertEqual(got.count(b"data: "), 41, got[-300:])  # 40 tokens, [DONE]
+        for _ in range(n):
+            st, _, _, got = raw.response()
+            self.assertEqual(st, 200, got)
+            self.assertEqual(json.loads(got)["object"], "list")
+        self.idle(r.port)
+
+
 def dechunk(data):
     """The body of a chunked answer, checking every chunk's framing (a byte out of order breaks it)."""
     out, i = [], 0
