@@ -114,11 +114,13 @@ static void cc_free(struct cconn *cc)
     free(cc);
 }
 
-/* TLS clients are read with OpenSSL's read-ahead (xpyd_tls.c): one read takes what the socket has, where
+/* TLS clients are read with OpenSSL's read-ahead (main.c tls_setup): one read takes what the socket has, where
  * OpenSSL alone reads a record's header and then its body (two reads per request). It may then hold whole
  * records the socket will not signal again (a request's body behind its head, a request arriving with the
  * handshake's last flight, pipelined requests): while reading is on, the bufferevent is sent back to OpenSSL
- * for them. libevent's own read loop stops when a read made progress and nothing decrypted is left over. */
+ * for them. libevent's own read loop stops when a read made progress and nothing decrypted is left over.
+ * Reading held back (hold_reading) just after such a hand-back still takes that one read: at most one
+ * read-ahead buffer (about 16 KiB) over the bound. */
 static void tls_read_buffered(struct bufferevent *bev)
 {
     SSL *ssl = bufferevent_openssl_get_ssl(bev);
