@@ -617,12 +617,10 @@ void rt_client_pause_reading_on(evhtp_request_t *req, int (*gone)(void *arg))
     req->status = EVHTP_RES_PAUSE;
     c->flags |= EVHTP_CONN_FLAG_PAUSED;
     cc->owner_gone = gone;
-    if (reading_held(cc)) {
+    if (reading_held(cc))
         hold_reading(cc);
-    } else {
-        bufferevent_enable(c->bev, EV_READ);
-        tls_read_buffered(c->bev);
-    }
+    else
+        read_again(cc);
 }
 
 /* An answer finished without libevhtp's resume (stream.c finish_in_place) ends the pause here, as

@@ -4,6 +4,7 @@
 #include "relay.h"
 
 #include "rewrite.h"
+#include "xpyd_util.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -142,11 +143,7 @@ static int quick_text(const char *data, const struct relay_keys *k, struct relay
         default: free(o); return 0; /* \uXXXX and anything else: the parser decides */
         }
     }
-    if (w == o) { /* cannot be: an escape writes a byte */
-        free(o);
-        return 1;
-    }
-    out->text = out->text_buf = o;
+    out->text = out->text_buf = o; /* not empty: an escape writes a byte */
     out->text_len = (size_t)(w - o);
     return 1;
 }
@@ -258,10 +255,8 @@ void relay_event(struct relay_state *st, const char *data, size_t len, struct re
     const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "id");
     if (st->track_text) {
         if (text && *text) {
-            out->text = out->text_buf = strdup(text);
-            out->text_len = out->text_buf ? strlen(text) : 0;
-            if (!out->text_buf)
-                out->text = NULL;
+            out->text = out->text_buf = XPYD_XALLOC(strdup(text));
+            out->text_len = strlen(text);
         }
         if (!st->resp_id && cJSON_IsString(id))
             out->id = strdup(id->valuestring);
