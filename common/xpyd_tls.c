@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 /* The certificate in use and the files it came from. */
 struct cert_pair {
@@ -292,4 +294,126 @@ SSL *xpyd_tls_client_ssl(SSL_CTX *ctx, const char *host, SSL_SESSION *resume)
 void xpyd_tls_client_session_slot(SSL *ssl, SSL_SESSION **slot)
 {
     SSL_set_ex_data(ssl, slot_idx, slot);
+}
+
+/* The socket BIO of xpyd_tls_use_send. */
+struct sock_bio {
+    int fd;
+    int eof;
+    int close_on_free;
+};
+
+static int sbio_write(BIO *b, const char *buf, size_t n, size_t *done)
+{
+    struct sock_bio *s = BIO_get_data(b);
+    BIO_clear_retry_flags(b);
+    ssize_t w = send(s->fd, buf, n, MSG_NOSIGNAL);
+    if (w < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+            BIO_set_retry_write(b);
+        *done = 0;
+        return 0;
+    }
+    *done = (size_t)w;
+    return 1;
+}
+
+static int sbio_read(BIO *b, char *buf, size_t n, size_t *done)
+{
+    struct sock_bio *s = BIO_get_data(b);
+    BIO_clear_retry_flags(b);
+    *done = 0;
+    if (!buf)
+        return 0;
+    ssize_t r = recv(s->fd, buf, n, 0);
+    if (r < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+            BIO_set_retry_read(b);
+        return 0;
+    }
+    if (r == 0) {
+        s->eof = 1;
+        return 0;
+    }
+    *done = (size_t)r;
+    return 1;
+}
+
+static long sbio_ctrl(BIO *b, int cmd, long num, void *ptr)
+{
+    struct sock_bio *s = BIO_get_data(b);
+    switch (cmd) {
+    case BIO_C_SET_FD:
+        s->fd = *(int *)ptr;
+        s->close_on_free = (int)num;
+        s->eof = 0;
+        BIO_set_init(b, 1);
+        return 1;
+    case BIO_C_GET_FD:
+        if (!BIO_get_init(b))
+            return -1;
+        if (ptr)
+            *(int *)ptr = s->fd;
+        return s->fd;
+    case BIO_CTRL_GET_CLOSE:
+        return s->close_on_free;
+    case BIO_CTRL_SET_CLOSE:
+        s->close_on_free = (int)num;
+        return 1;
+    case BIO_CTRL_EOF:
+        return s->eof;
+    case BIO_CTRL_DUP:
+    case BIO_CTRL_FLUSH:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static int sbio_create(BIO *b)
+{
+    struct sock_bio *s = calloc(1, sizeof *s);
+    if (!s)
+        return 0;
+    s->fd = -1;
+    BIO_set_data(b, s);
+    return 1;
+}
+
+static int sbio_destroy(BIO *b)
+{
+    struct sock_bio *s = BIO_get_data(b);
+    if (s && s->close_on_free && BIO_get_init(b) && s->fd >= 0)
+        close(s->fd);
+    free(s);
+    BIO_set_data(b, NULL);
+    return 1;
+}
+
+static BIO_METHOD *sbio_method;
+static pthread_once_t sbio_once = PTHREAD_ONCE_INIT;
+
+static void sbio_make(void)
+{
+    BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK | BIO_TYPE_DESCRIPTOR, "xpyd socket");
+    if (m && BIO_meth_set_write_ex(m, sbio_write) && BIO_meth_set_read_ex(m, sbio_read) &&
+        BIO_meth_set_ctrl(m, sbio_ctrl) && BIO_meth_set_create(m, sbio_create) &&
+        BIO_meth_set_destroy(m, sbio_destroy))
+        sbio_method = m;
+    else
+        BIO_meth_free(m);
+}
+
+int xpyd_tls_use_send(SSL *ssl)
+{
+    int fd = SSL_get_fd(ssl);
+    if (fd < 0)
+        return -1;
+    pthread_once(&sbio_once, sbio_make);
+    BIO *b = sbio_method ? BIO_new(sbio_method) : NULL;
+    if (!b)
+        return -1;
+    BIO_set_fd(b, fd, BIO_NOCLOSE);
+    SSL_set_bio(ssl, b, b);
+    return 0;
 }

@@ -39,6 +39,9 @@ SSL *xpyd_tls_client_ssl(SSL_CTX *ctx, const char *host, SSL_SESSION *resume);
  * SSL_SESSION_free) receives each new session of ssl, replacing the previous one. */
 void xpyd_tls_client_session_slot(SSL *ssl, SSL_SESSION **slot);
 
+/* Replaces ssl's socket BIO (OpenSSL's, on read(2)/write(2)) by one on recv(2)/send(2) with the same
+ * descriptor. 0, or -1 (ssl has no descriptor, or OOM): ssl unchanged. */
+int xpyd_tls_use_send(SSL *ssl);
 /* "1.2" / "1.3" -> TLS1_2_VERSION / TLS1_3_VERSION; -1 otherwise. */
 int xpyd_tls_version(const char *s);
 /* The OpenSSL error queue of this thread, oldest error first, as one line; the queue is cleared. */

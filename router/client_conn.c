@@ -723,6 +723,9 @@ void *rt_client_attach(evhtp_connection_t *c)
         c->parser = t->parser;
         cc->shared_parser = 1;
     }
+    SSL *ssl = bufferevent_openssl_get_ssl(c->bev);
+    if (ssl)
+        xpyd_tls_use_send(ssl);
     bufferevent_getcb(c->bev, &cc->ev_read, &cc->ev_write, &cc->ev_event, &cc->ev_arg);
     bufferevent_setcb(c->bev, guard_read, guard_write, guard_event, cc);
     evhtp_connection_set_hook(c, evhtp_hook_on_connection_fini, (evhtp_hook)on_conn_fini, cc);
