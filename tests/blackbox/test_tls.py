@@ -552,6 +552,14 @@ class SlowTlsClient(TlsCase):
         super().tearDown()
 
     def test_backpressure_then_every_byte_in_order(self):
+        self.backpressure(65536)
+
+    def test_backpressure_with_a_large_client_buffer(self):
+        # 8 MiB held for the client: once it reads again, the OpenSSL bufferevent writes megabytes at a time
+        # into a socket that fills under them (writes told to try again, not errors)
+        self.backpressure(8 << 20)
+
+    def backpressure(self, buffer_bytes):
         # The router writes a TLS stream's bytes from the relay itself while the socket takes them, and leaves
         # them to the OpenSSL bufferevent once it does not: a client that stops reading fills the socket, the
         # decode leg is paused, and when the client reads again everything arrives, framed and in order, with
@@ -559,7 +567,7 @@ class SlowTlsClient(TlsCase):
         n = 200000  # ≈ 45 MB of SSE at zero delay: far more than the loopback socket buffers (~16 MB) hold, as
         # test_slow_client (at 40,000 tokens everything sometimes fitted in them and nothing waited at the engine)
         d = self.start(t.sim("--role", "both", "--decode-us-per-token", "0", "--max-model-len", "1000000"))
-        r = self.tls_router(["127.0.0.1:%d" % d.port], "--client-buffer-bytes", "65536")
+        r = self.tls_router(["127.0.0.1:%d" % d.port], "--client-buffer-bytes", str(buffer_bytes))
         s = tls_ctx(self.certs.ca).wrap_socket(socket.create_connection(("127.0.0.1", r.port), timeout=20),
                                                server_hostname="localhost")
         self.sock = s
