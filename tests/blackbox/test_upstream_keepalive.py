@@ -157,5 +157,70 @@ class IdleCapPerEngine(t.TestCase):
         self.assertEqual(self.rounds(1), (1 + self.ROUNDS, 1 + self.ROUNDS))
 
 
+class BurstEngine(KeepingEngine):
+    """Answers every request of a connection with its whole answer in one write, far larger than one read of
+    the router's: a non-streamed answer of 100 KB of text, or a stream of 400 events (≈ 80 KB) with usage and
+    [DONE]. On a reused connection the router's read event is edge-triggered: the kernel says once that the
+    socket has bytes, so the router must read on until a read comes back short."""
+
+    EVENTS, TEXT = 400, b"0123456789" * 10000
+
+    def serve(self, c):
+        try:
+            c.settimeout(15)
+            got = b""
+            while True:
+                req = t.recv_request(c, got)
+                if req is None:
+                    return
+                got = req[2]
+                self.requests += 1
+                if b'"stream": true' in req[1] or b'"stream":true' in req[1]:
+                    ev = b"".join(b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":'
+                                  b'[{"index":0,"text":"%s","logprobs":null,"finish_reason":null}]}\n\n'
+                                  % (b"t%05d " % i + b"x" * 100) for i in range(self.EVENTS))
+                    ev += (b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":[],'
+                           b'"usage":{"prompt_tokens":1,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+                           b"data: [DONE]\n\n" % (self.EVENTS, self.EVENTS + 1))
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
+                              b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev))
+                else:
+                    body = (b'{"id":"c","object":"text_completion","model":"m","choices":[{"index":0,"text":"%s",'
+                            b'"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,'
+                            b'"total_tokens":2}}' % self.TEXT)
+                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+                              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+
+class BurstOnReusedConnection(t.TestCase):
+    def test_answers_larger_than_a_read_arrive_whole_on_a_reused_connection(self):
+        e = BurstEngine()
+        self.addCleanup(e.stop)
+        p = self.start(t.sim("--role", "prefill"))
+        r = self.start(t.router([p.port], ["127.0.0.1:%d" % e.port], "--handoff", "none", "--threads", "1",
+                                "--health-interval-ms", "0", "--stream-idle-timeout-ms", "2000",
+                                "--first-token-timeout-ms", "2000"))
+        for i in range(6):
+            if i % 2:
+                s = t.Stream(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 1000, "stream": True})
+                self.assertEqual(s.status, 200)
+                got = s.read_all()
+                texts = [c["choices"][0]["text"] for c in t.content_events(got)]
+                self.assertEqual(len(texts), BurstEngine.EVENTS, "request %d: a stream stopped short" % i)
+                self.assertEqual(texts[-1], "t%05d " % (BurstEngine.EVENTS - 1) + "x" * 100)
+                self.assertEqual(got[-1], "[DONE]")
+            else:
+                st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 1})
+                self.assertEqual(st, 200, str(out)[:200])
+                self.assertEqual(out["choices"][0]["text"], BurstEngine.TEXT.decode(), "request %d" % i)
+        self.assertEqual(e.requests, 6)
+        self.assertEqual(e.raw.n, 1, "the connection was not reused")
+        self.idle(r)
+
+
 if __name__ == "__main__":
     t.main()
