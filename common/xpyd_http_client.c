@@ -93,7 +93,7 @@ struct leg_header {
 static void conn_free(struct up_conn *c);
 static void leg_finish(struct up_leg *leg, int err);
 static void leg_read_cb(struct bufferevent *bev, void *arg);
-static void leg_read_direct(struct up_conn *c, evutil_socket_t fd);
+static void leg_read_direct(struct up_conn *c, evutil_socket_t fd, short what);
 static void leg_event_cb(struct bufferevent *bev, short what, void *arg);
 static int leg_attach(struct up_leg *leg, int allow_idle);
 
@@ -110,12 +110,14 @@ static int conn_own_read(const struct up_conn *c)
     return !c->t->eps[c->ep].tls;
 }
 
-/* An edge-triggered read event (conn_read_arm) is reported once per arrival of bytes: a read that filled its
- * buffer may have left more in the socket, which would then wait for the next arrival. The event is made
- * active again, so the loop reads on before it waits (a short read means the socket was empty). */
-static void conn_read_more(struct up_conn *c, ssize_t got, size_t asked)
+/* An edge-triggered read event (conn_read_arm) is reported once per arrival: what a read leaves in the socket
+ * waits for the next arrival, which may never come. So the event is made active again (the loop reads on
+ * before it waits) after a read that filled its buffer (the socket may hold more), and after a read of bytes
+ * that came with the engine's FIN or reset (EV_CLOSED: epoll reported the end with them, and the read that
+ * returns it has not been made yet). A short read with neither means the socket was empty. */
+static void conn_read_more(struct up_conn *c, short what, ssize_t got, size_t asked)
 {
-    if (c->edge && got == (ssize_t)asked)
+    if (c->edge && got > 0 && (got == (ssize_t)asked || (what & EV_CLOSED)))
         event_active(c->rev, EV_READ, 1);
 }
 
@@ -136,7 +138,7 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
     }
     struct evbuffer *in = bufferevent_get_input(c->bev);
     if (readcb == leg_read_cb && evbuffer_get_length(in) == 0) {
-        leg_read_direct(c, fd);
+        leg_read_direct(c, fd, what);
         return;
     }
     struct evbuffer_iovec v;
@@ -149,7 +151,7 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
     }
     ssize_t n = recv(fd, v.iov_base, v.iov_len, 0);
     int err = errno;
-    conn_read_more(c, n, v.iov_len);
+    conn_read_more(c, what, n, v.iov_len);
     if (n > 0) {
         v.iov_len = (size_t)n;
         evbuffer_commit_space(in, &v, 1);
@@ -171,15 +173,15 @@ static void conn_read_cb(evutil_socket_t fd, short what, void *arg)
  * reports the socket once per arrival, where level-triggered it polls every reported socket again at the
  * next wait (a tcp_poll per engine read, ≈ 1 % of a streaming router's CPU). It is level-triggered while the
  * bufferevent may have its write event on the same socket (connecting, or a request not sent whole): libevent
- * registers one set of flags per socket. Edge-triggered reads go on until a read comes back short
- * (conn_read_more), and reading turned on again reads once whatever came while it was off. */
+ * registers one set of flags per socket. Edge-triggered reads go on until a read comes back short with no
+ * end reported (conn_read_more), and reading turned on again reads once whatever came while it was off. */
 static void conn_read_arm(struct up_conn *c)
 {
     if (!c->reading)
         return;
     evutil_socket_t fd = bufferevent_getfd(c->bev);
     int edge = c->connected && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0;
-    short what = EV_READ | EV_PERSIST | (edge ? EV_ET : 0);
+    short what = EV_READ | EV_PERSIST | (edge ? EV_ET | EV_CLOSED : 0);
     if (!c->rev) {
         if (fd < 0)
             return;
@@ -622,13 +624,13 @@ static void leg_read_cb(struct bufferevent *bev, void *arg)
  * on the stack and straight to the parser (no reserve, commit, pull-up and drain of the input per read: about a
  * dozen calls into libevent per streamed token); bytes after the answer's end go to the input, where they keep
  * the connection from being reused (conn_park), as with the input's own path. */
-static void leg_read_direct(struct up_conn *c, evutil_socket_t fd)
+static void leg_read_direct(struct up_conn *c, evutil_socket_t fd, short what)
 {
     struct up_leg *leg = c->leg;
     char buf[4096];
     ssize_t n = recv(fd, buf, sizeof buf, 0);
     int err = errno;
-    conn_read_more(c, n, sizeof buf);
+    conn_read_more(c, what, n, sizeof buf);
     if (n < 0 && (err == EAGAIN || err == EWOULDBLOCK || err == EINTR))
         return;
     if (n <= 0) {

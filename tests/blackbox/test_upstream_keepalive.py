@@ -1,5 +1,6 @@
 """A pooled keep-alive connection the engine closes just as the router reuses it (no answer byte came back)
 is retried once on a fresh connection, transparently (even with --max-retries 0): the client never sees it."""
+import json
 import time
 
 import xpyd_testlib as t
@@ -219,6 +220,61 @@ class BurstOnReusedConnection(t.TestCase):
                 self.assertEqual(out["choices"][0]["text"], BurstEngine.TEXT.decode(), "request %d" % i)
         self.assertEqual(e.requests, 6)
         self.assertEqual(e.raw.n, 1, "the connection was not reused")
+        self.idle(r)
+
+
+class CutEngine(KeepingEngine):
+    """Streams the first request of a connection whole; on the second (the router's reused connection) sends
+    the head and two events, then closes, corked: the bytes and the FIN go out in one segment, so the router
+    is told of both at once, once (its read event on a reused connection is edge-triggered)."""
+
+    def serve(self, c):
+        import socket
+        try:
+            c.settimeout(15)
+            got = b""
+            while True:
+                req = t.recv_request(c, got)
+                if req is None:
+                    return
+                got = req[2]
+                self.requests += 1
+                ev = b"".join(b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":'
+                              b'[{"index":0,"text":"w%d","logprobs":null,"finish_reason":null}]}\n\n' % i
+                              for i in range(2))
+                head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(ev), ev))
+                if self.requests == 1:
+                    c.sendall(head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n"))
+                    continue
+                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+                c.sendall(head)
+                return  # closed (finally): the FIN joins the corked bytes
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+
+class CutOnReusedConnection(t.TestCase):
+    def test_bytes_and_the_end_together_end_the_stream(self):
+        e = CutEngine()
+        self.addCleanup(e.stop)
+        p = self.start(t.sim("--role", "prefill"))
+        r = self.start(t.router([p.port], ["127.0.0.1:%d" % e.port], "--handoff", "none", "--threads", "1",
+                                "--health-interval-ms", "0", "--max-retries", "0", "--log-level", "error"))
+        body = {"prompt": "a", "max_tokens": 10, "stream": True}
+        got = t.Stream(r.port, "/v1/completions", body).read_all()
+        self.assertEqual([c["choices"][0]["text"] for c in t.content_events(got)], ["w0", "w1"])
+        self.assertEqual(got[-1], "[DONE]")
+        s = t.Stream(r.port, "/v1/completions", body, timeout=10)
+        self.assertEqual(s.status, 200)
+        got = s.read_all()  # the router's stream idle timeout is 120 s: a missed end shows as this read's timeout
+        self.assertEqual([c["choices"][0]["text"] for c in t.content_events(got)], ["w0", "w1"])
+        self.assertEqual(got[-1], "[DONE]")
+        self.assertIn("error", json.loads(got[-2]))
+        self.assertEqual(e.raw.n, 1, "the second request did not reuse the connection")
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="decode_broken_stream"}'), 1)
         self.idle(r)
 
 
