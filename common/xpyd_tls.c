@@ -296,7 +296,9 @@ void xpyd_tls_client_session_slot(SSL *ssl, SSL_SESSION **slot)
     SSL_set_ex_data(ssl, slot_idx, slot);
 }
 
-/* The socket BIO of xpyd_tls_use_send. */
+/* The socket BIO of xpyd_tls_use_send: OpenSSL's own calls write(2)/read(2), which go through the file layer
+ * (vfs_write, the file position lock, sock_write_iter) before reaching the socket; send(2)/recv(2) go to it
+ * directly. What is a retry and what an error is decided as OpenSSL's does (BIO_sock_should_retry). */
 struct sock_bio {
     int fd;
     int eof;
@@ -309,7 +311,7 @@ static int sbio_write(BIO *b, const char *buf, size_t n, size_t *done)
     BIO_clear_retry_flags(b);
     ssize_t w = send(s->fd, buf, n, MSG_NOSIGNAL);
     if (w < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+        if (BIO_sock_should_retry(-1))
             BIO_set_retry_write(b);
         *done = 0;
         return 0;
@@ -327,7 +329,7 @@ static int sbio_read(BIO *b, char *buf, size_t n, size_t *done)
         return 0;
     ssize_t r = recv(s->fd, buf, n, 0);
     if (r < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
+        if (BIO_sock_should_retry(-1))
             BIO_set_retry_read(b);
         return 0;
     }
