@@ -9,6 +9,17 @@ ANSWER = (b'{"id":"c","object":"text_completion","model":"m","choices":[{"index"
           b'"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
 
 
+def json_answer(c, body):
+    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def sse_head(events):
+    """A streamed answer's head and its first chunk, holding events."""
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(events), events))
+
+
 class ClosingEngine:
     """Answers the first request on each connection with keep-alive and keeps the connection open; a second
     request on the same connection is read and then the connection is closed without a byte of answer. That
@@ -23,26 +34,34 @@ class ClosingEngine:
         self.raw = t.RawServer(lambda c, n: self.serve(c))
         self.port = self.raw.port
 
+    timeout = 5
+
     def serve(self, c):
+        """Reads the connection's requests one by one and hands each to answer(c, body, served), until the
+        peer closes or answer returns False (the connection is then closed)."""
         try:
-            c.settimeout(5)
+            c.settimeout(self.timeout)
             got, served = b"", 0
             while True:
                 req = t.recv_request(c, got)
                 if req is None:
                     return
                 got = req[2]
-                if served and not self.keep:
-                    self.dropped += 1
-                    return  # closed under the router's feet
+                if not self.answer(c, req[1], served):
+                    return
                 served += 1
-                self.requests += 1
-                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
-                          b"Content-Length: %d\r\n\r\n%s" % (len(ANSWER), ANSWER))
-        except OSError:
+        except (OSError, RuntimeError):  # RuntimeError: a broken barrier (PairedEngine)
             pass
         finally:
             c.close()
+
+    def answer(self, c, body, served):
+        if served and not self.keep:
+            self.dropped += 1
+            return False  # closed under the router's feet
+        self.requests += 1
+        json_answer(c, ANSWER)
+        return True
 
     def stop(self):
         self.raw.stop()
@@ -102,24 +121,13 @@ class PairedEngine(KeepingEngine):
         self.prefill = prefill
         super().__init__()
 
-    def serve(self, c):
-        try:
-            c.settimeout(15)
-            got = b""
-            while True:
-                req = t.recv_request(c, got)
-                if req is None:
-                    return
-                got = req[2]
-                self.barrier.wait()
-                self.requests += 1
-                body = ANSWER[:-1] + b"," + KV + b"}" if self.prefill else ANSWER
-                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
-                          b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        except (OSError, RuntimeError):
-            pass
-        finally:
-            c.close()
+    timeout = 15
+
+    def answer(self, c, body, served):
+        self.barrier.wait()
+        self.requests += 1
+        json_answer(c, ANSWER[:-1] + b"," + KV + b"}" if self.prefill else ANSWER)
+        return True
 
 
 class IdleCapPerEngine(t.TestCase):
@@ -158,6 +166,11 @@ class IdleCapPerEngine(t.TestCase):
         self.assertEqual(self.rounds(1), (1 + self.ROUNDS, 1 + self.ROUNDS))
 
 
+def token_event(text):
+    return (b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":'
+            b'[{"index":0,"text":"%s","logprobs":null,"finish_reason":null}]}\n\n' % text)
+
+
 class BurstEngine(KeepingEngine):
     """Answers every request of a connection with its whole answer in one write, far larger than one read of
     the router's: a non-streamed answer of 100 KB of text, or a stream of 400 events (≈ 80 KB) with usage and
@@ -166,35 +179,21 @@ class BurstEngine(KeepingEngine):
 
     EVENTS, TEXT = 400, b"0123456789" * 10000
 
-    def serve(self, c):
-        try:
-            c.settimeout(15)
-            got = b""
-            while True:
-                req = t.recv_request(c, got)
-                if req is None:
-                    return
-                got = req[2]
-                self.requests += 1
-                if b'"stream": true' in req[1] or b'"stream":true' in req[1]:
-                    ev = b"".join(b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":'
-                                  b'[{"index":0,"text":"%s","logprobs":null,"finish_reason":null}]}\n\n'
-                                  % (b"t%05d " % i + b"x" * 100) for i in range(self.EVENTS))
-                    ev += (b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":[],'
-                           b'"usage":{"prompt_tokens":1,"completion_tokens":%d,"total_tokens":%d}}\n\n'
-                           b"data: [DONE]\n\n" % (self.EVENTS, self.EVENTS + 1))
-                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
-                              b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n" % (len(ev), ev))
-                else:
-                    body = (b'{"id":"c","object":"text_completion","model":"m","choices":[{"index":0,"text":"%s",'
-                            b'"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,'
-                            b'"total_tokens":2}}' % self.TEXT)
-                    c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
-                              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        except OSError:
-            pass
-        finally:
-            c.close()
+    timeout = 15
+
+    def answer(self, c, body, served):
+        self.requests += 1
+        if b'"stream": true' in body or b'"stream":true' in body:
+            ev = b"".join(token_event(b"t%05d " % i + b"x" * 100) for i in range(self.EVENTS))
+            ev += (b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":[],'
+                   b'"usage":{"prompt_tokens":1,"completion_tokens":%d,"total_tokens":%d}}\n\n'
+                   b"data: [DONE]\n\n" % (self.EVENTS, self.EVENTS + 1))
+            c.sendall(sse_head(ev) + b"0\r\n\r\n")
+        else:
+            json_answer(c, b'{"id":"c","object":"text_completion","model":"m","choices":[{"index":0,"text":"%s",'
+                           b'"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":1,'
+                           b'"total_tokens":2}}' % self.TEXT)
+        return True
 
 
 class BurstOnReusedConnection(t.TestCase):
@@ -228,32 +227,19 @@ class CutEngine(KeepingEngine):
     the head and two events, then closes, corked: the bytes and the FIN go out in one segment, so the router
     is told of both at once, once (its read event on a reused connection is edge-triggered)."""
 
-    def serve(self, c):
+    timeout = 15
+
+    def answer(self, c, body, served):
         import socket
-        try:
-            c.settimeout(15)
-            got = b""
-            while True:
-                req = t.recv_request(c, got)
-                if req is None:
-                    return
-                got = req[2]
-                self.requests += 1
-                ev = b"".join(b'data: {"id":"c","object":"text_completion","created":1,"model":"m","choices":'
-                              b'[{"index":0,"text":"w%d","logprobs":null,"finish_reason":null}]}\n\n' % i
-                              for i in range(2))
-                head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
-                        b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(ev), ev))
-                if self.requests == 1:
-                    c.sendall(head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(b"data: [DONE]\n\n"), b"data: [DONE]\n\n"))
-                    continue
-                c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
-                c.sendall(head)
-                return  # closed (finally): the FIN joins the corked bytes
-        except OSError:
-            pass
-        finally:
-            c.close()
+        self.requests += 1
+        head = sse_head(token_event(b"w0") + token_event(b"w1"))
+        if self.requests == 1:
+            done = b"data: [DONE]\n\n"
+            c.sendall(head + b"%x\r\n%s\r\n0\r\n\r\n" % (len(done), done))
+            return True
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+        c.sendall(head)
+        return False  # closed: the FIN joins the corked bytes
 
 
 class CutOnReusedConnection(t.TestCase):
