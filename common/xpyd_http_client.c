@@ -248,6 +248,14 @@ static void conn_close(struct up_conn *c)
 
 int up_endpoint_resolve(struct up_endpoint *ep, const char *host, int port)
 {
+    /* host may be ep->host itself (etcd_url_parse fills it first): copied before ep is written, since an
+     * snprintf from a buffer into itself is undefined (glibc left it empty, and the empty name turned the
+     * TLS name check off: SSL_set1_host(ssl, "")) */
+    char name[sizeof ep->host];
+    if (!host || strlen(host) >= sizeof name)
+        return -EINVAL;
+    memcpy(name, host, strlen(host) + 1);
+    host = name;
     struct addrinfo hints, *res = NULL;
     memset(&hints, 0, sizeof hints);
     hints.ai_family = AF_UNSPEC;
@@ -775,7 +783,7 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
             SSL *ssl = t->tls ? xpyd_tls_client_ssl(t->tls, ep->host, t->sessions[leg->ep]) : NULL;
             if (!ssl) {
                 free(c);
-                return t->tls ? -ENOMEM : -EPROTONOSUPPORT;
+                return t->tls ? -UP_ETLS : -EPROTONOSUPPORT;
             }
             xpyd_tls_client_session_slot(ssl, &t->sessions[leg->ep]);
             c->bev = bufferevent_openssl_socket_new(t->base, -1, ssl, BUFFEREVENT_SSL_CONNECTING,

@@ -275,16 +275,18 @@ SSL_CTX *xpyd_tls_client_new(const struct xpyd_tls_client_opts *o, char *err, si
 
 SSL *xpyd_tls_client_ssl(SSL_CTX *ctx, const char *host, SSL_SESSION *resume)
 {
+    if (!host || !*host) /* an empty name would turn the certificate's name check off */
+        return NULL;
     SSL *ssl = SSL_new(ctx);
     if (!ssl)
         return NULL;
     unsigned char bin[16];
     int is_ip = inet_pton(AF_INET, host, bin) == 1 || inet_pton(AF_INET6, host, bin) == 1;
-    if (is_ip) {
-        X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host);
-    } else {
-        SSL_set_tlsext_host_name(ssl, host); /* SNI only for names (RFC 6066) */
-        SSL_set1_host(ssl, host);
+    int checked = is_ip ? X509_VERIFY_PARAM_set1_ip_asc(SSL_get0_param(ssl), host)
+                        : SSL_set_tlsext_host_name(ssl, host) && SSL_set1_host(ssl, host); /* SNI only for names */
+    if (checked != 1) { /* no connection without the peer's name checked */
+        SSL_free(ssl);
+        return NULL;
     }
     if (resume)
         SSL_set_session(ssl, resume);

@@ -29,9 +29,12 @@ def unb64(s):
 class Member:
     """One etcd member. name/cluster: for clusters (initial-cluster string shared by all members)."""
 
-    def __init__(self, name="m0", client_port=None, peer_port=None, cluster=None, data_dir=None, tls=None):
-        """tls: (ca, cert, key): clients must speak https with a certificate that CA signed."""
+    def __init__(self, name="m0", client_port=None, peer_port=None, cluster=None, data_dir=None, tls=None,
+                 verify_host=True):
+        """tls: (ca, cert, key): clients must speak https with a certificate that CA signed. verify_host False:
+        the tests' own calls skip the name check (a member serving a certificate for another name)."""
         self.tls = tls
+        self.verify_host = verify_host
         self.name = name
         self.client_port = client_port or free_port()
         self.peer_port = peer_port or free_port()
@@ -81,6 +84,7 @@ class Member:
         if getattr(self, "tls", None):
             import ssl
             ctx = ssl.create_default_context(cafile=self.tls[0])
+            ctx.check_hostname = self.verify_host
             ctx.load_cert_chain(self.tls[1], self.tls[2])  # etcd's own pair is also a client certificate here
             c = http.client.HTTPSConnection("127.0.0.1", self.client_port, timeout=timeout, context=ctx)
         else:

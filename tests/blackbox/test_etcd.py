@@ -477,6 +477,42 @@ class EtcdTls(TestCase):
         self.assertEqual(metric(bare.port, "xpyd_discovery_up"), 0)
         self.assertEqual(active(bare), [])
         self.assertIn('event=discovery_down reason="range: TLS failed', bare.output())
+        # the endpoint the router names is the one it checked the certificate against (it was empty once)
+        wait_until(lambda: "etcd=127.0.0.1:%d" % etcd.client_port in r.output(), what="the etcd endpoint named")
+
+    def test_etcds_refuses_a_certificate_for_another_name(self):
+        """An etcd whose certificate (signed by the trusted CA) names another host is refused, as etcdctl
+        refuses it: by the router's discovery, by its etcd-backed /metadata store, and by xpyd_register. Anyone
+        with any certificate of the internal CA could otherwise pose as etcd and inject engines."""
+        from test_tls import Certs
+        certs = Certs()
+        self.addCleanup(certs.cleanup)
+        scert, skey = certs.issue("etcd", sans="DNS:etcd.other.example")
+        with open(certs.path("both.ext"), "w") as f:
+            f.write("subjectAltName=DNS:etcd.other.example\nextendedKeyUsage=serverAuth,clientAuth\n")
+        certs.run("x509", "-req", "-in", certs.path("etcd.csr"), "-CA", certs.ca, "-CAkey", certs.ca_key,
+                  "-CAcreateserial", "-out", scert, "-days", "2", "-extfile", certs.path("both.ext"))
+        etcd = self.start(etcdlib.Member(tls=(certs.ca, scert, skey), verify_host=False))
+        ccert, ckey = certs.issue("router", sans=None, client=True)
+        tls_args = ("--upstream-ca", certs.ca, "--upstream-cert", ccert, "--upstream-key", ckey)
+        # what an impostor would write: an engine for every router that trusts this etcd
+        d = self.start(sim("--role", "decode", "--decode-us-per-token", "0"))
+        etcd.put("xname/instances/decode/127.0.0.1:%d" % d.port, "{}")
+        url = "etcds://127.0.0.1:%d/xname" % etcd.client_port
+        r = self.start(discovery_router(url, *tls_args, "--metadata-backend", "etcd", "--discovery-retry-max-ms", "200"))
+        wait_until(lambda: 'event=discovery_down reason="range: TLS failed' in r.output(), what="the refusal")
+        self.assertIn("etcd=127.0.0.1:%d" % etcd.client_port, r.output())
+        self.assertIn("certificate verify failed", r.output())
+        self.assertEqual(metric(r.port, "xpyd_discovery_up"), 0)
+        self.assertEqual(active(r), [])
+        st, _, body = request(r.port, "GET", "/metadata?key=mooncake/ram/x")
+        self.assertEqual(st, 503, body)
+        self.assertEqual(post(r.port, BODY)[0], 503)  # nothing was injected
+        # xpyd_register refuses it too: it never registers, and says why
+        reg = self.start(Proc("xpyd_register", ["--etcd", url, "--role", "decode", "--engine", hp(d), "--ttl-s", "2",
+                                                "--ca", certs.ca, "--cert", ccert, "--key", ckey], port_flag=False))
+        wait_until(lambda: "TLS failed" in reg.output(), what="xpyd_register's refusal")
+        self.assertEqual(etcd.get_prefix("xname/instances/decode/"), {"xname/instances/decode/127.0.0.1:%d" % d.port: "{}"})
 
 
 class FakeGateway:
