@@ -1,55 +1,61 @@
 #!/usr/bin/env bash
-# tests/fuzz/run.sh - builds the libFuzzer harnesses with clang (ASan+UBSan) and runs each for a bounded time
-# (FUZZ_SECONDS, default 20) on a copy of its seed corpus. Exit status 1 on any crash, leak or sanitizer report.
-# Findings to keep go into tests/fuzz/corpus/<harness>/ so every later run replays them.
+# SPDX-License-Identifier: Apache-2.0
+# tests/fuzz/run.sh [HARNESS...] - builds libFuzzer harnesses with clang (ASan+UBSan) and runs each on a copy of
+# its seed corpus: every input of tests/fuzz/corpus/<harness>/ is replayed first (the findings kept there), then
+# new inputs are tried for FUZZ_SECONDS (default 20; ctest's fuzz lane gives each harness 10). Without names,
+# every harness in turn. Exit status 1 on any crash, leak or sanitizer report; the input that failed is kept in
+# the run's folder and printed as base64, so a CI log is enough to replay it. Findings to keep go into
+# tests/fuzz/corpus/<harness>/ so every later run replays them.
+# A longer hunt than CI's: FUZZ_SECONDS=600 tests/fuzz/run.sh [HARNESS...]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+ALL=(sse config sim_request rewrite upstream http_req relay admin metadata feedback desc tls etcd)
+NAMES=("$@")
+[ ${#NAMES[@]} -gt 0 ] || NAMES=("${ALL[@]}")
 OUT=${FUZZ_OUT:-$(mktemp -d /tmp/xpyd-fuzz.XXXXXX)}
 mkdir -p "$OUT"
 SECS=${FUZZ_SECONDS:-20}
 CC=${FUZZ_CC:-clang}
 FLAGS=(-g -O1 -std=c11 -D_GNU_SOURCE -Wall -Werror -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -I"$ROOT/common" -I"$ROOT/router" -I"$ROOT/balancer" -I"$ROOT/sim" $(pkg-config --cflags libcjson libevent))
+       -I"$ROOT/common" -I"$ROOT/router" -I"$ROOT/balancer" -I"$ROOT/sim" -I"$OUT" $(pkg-config --cflags libcjson libevent))
 HTTP_PARSER_INC=${HTTP_PARSER_INC:-/usr/include}
 LIBS=($(pkg-config --libs libcjson libevent libevent_openssl openssl) -lpthread -lxxhash)
 echo '#define XPYD_GIT_REV "fuzz"' >"$OUT/xpyd_gitrev.h" # what the build generates (cmake/gitrev.cmake)
-build() { # name sources...
-  local n=$1; shift
-  $CC "${FLAGS[@]}" -o "$OUT/$n" "$@" "${LIBS[@]}"
+C=$ROOT/common R=$ROOT/router
+HTTP=("$C/xpyd_http_client.c" "$C/xpyd_tls.c" -I"$HTTP_PARSER_INC" -lhttp_parser)
+
+sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.c)
+  case $1 in
+  sse) echo "$C/xpyd_sse.c" ;;
+  config) echo "$R/config.c $C/xpyd_util.c $C/xpyd_settings.c $C/xpyd_version.c -DXPYD_VERSION=\"fuzz\"" \
+    "$ROOT/balancer/xb*.c $C/xpyd_etcd.c ${HTTP[*]}" ;;
+  sim_request) echo "$ROOT/sim/sim_request.c $ROOT/sim/sim_tokens.c $C/xpyd_util.c" ;;
+  rewrite) echo "$R/rewrite.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
+  http_req) echo "$R/http_req.c" ;;
+  relay) echo "$R/relay.c $R/rewrite.c $C/xpyd_sse.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
+  admin) echo "$R/admin_parse.c" ;;
+  metadata) echo "$R/metadata_store.c $C/xpyd_util.c" ;;
+  feedback) echo "$R/feedback_parse.c -lm" ;;
+  desc) echo "$ROOT/transfer/xt_desc.c -I$ROOT/transfer" ;;
+  upstream) echo "$C/xpyd_sse.c $R/rewrite.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c ${HTTP[*]}" ;;
+  tls) echo "$C/xpyd_tls.c" ;;
+  etcd) echo "$C/xpyd_etcd.c $R/etcd_parse.c $R/admin_parse.c $C/xpyd_util.c ${HTTP[*]}" ;;
+  *) echo "unknown harness '$1' (known: ${ALL[*]})" >&2; return 1 ;;
+  esac
 }
-build fuzz_sse "$ROOT/tests/fuzz/fuzz_sse.c" "$ROOT/common/xpyd_sse.c"
-build fuzz_config "$ROOT/tests/fuzz/fuzz_config.c" "$ROOT/router/config.c" "$ROOT/common/xpyd_util.c" \
-  "$ROOT/common/xpyd_settings.c" \
-  "$ROOT/common/xpyd_version.c" -I"$OUT" -DXPYD_VERSION=\"fuzz\" \
-  "$ROOT"/balancer/xb*.c "$ROOT/common/xpyd_etcd.c" "$ROOT/common/xpyd_http_client.c" "$ROOT/common/xpyd_tls.c" \
-  -I"$HTTP_PARSER_INC" -lhttp_parser
-build fuzz_sim_request "$ROOT/tests/fuzz/fuzz_sim_request.c" "$ROOT/sim/sim_request.c" \
-  "$ROOT/sim/sim_tokens.c" "$ROOT/common/xpyd_util.c"
-build fuzz_rewrite "$ROOT/tests/fuzz/fuzz_rewrite.c" "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" \
-  "$ROOT/balancer/xb_prefix.c"
-build fuzz_http_req "$ROOT/tests/fuzz/fuzz_http_req.c" "$ROOT/router/http_req.c"
-build fuzz_relay "$ROOT/tests/fuzz/fuzz_relay.c" "$ROOT/router/relay.c" "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_sse.c" \
-  "$ROOT/common/xpyd_util.c" "$ROOT/balancer/xb_prefix.c"
-build fuzz_admin "$ROOT/tests/fuzz/fuzz_admin.c" "$ROOT/router/admin_parse.c"
-build fuzz_metadata "$ROOT/tests/fuzz/fuzz_metadata.c" "$ROOT/router/metadata_store.c" "$ROOT/common/xpyd_util.c"
-build fuzz_feedback "$ROOT/tests/fuzz/fuzz_feedback.c" "$ROOT/router/feedback_parse.c" -lm
-build fuzz_desc "$ROOT/tests/fuzz/fuzz_desc.c" "$ROOT/transfer/xt_desc.c" -I"$ROOT/transfer"
-build fuzz_upstream "$ROOT/tests/fuzz/fuzz_upstream.c" "$ROOT/common/xpyd_http_client.c" "$ROOT/common/xpyd_sse.c" \
-  "$ROOT/router/rewrite.c" "$ROOT/common/xpyd_util.c" "$ROOT/balancer/xb_prefix.c" "$ROOT/common/xpyd_tls.c" \
-  -I"$HTTP_PARSER_INC" -lhttp_parser
-build fuzz_tls "$ROOT/tests/fuzz/fuzz_tls.c" "$ROOT/common/xpyd_tls.c"
-build fuzz_etcd "$ROOT/tests/fuzz/fuzz_etcd.c" "$ROOT/common/xpyd_etcd.c" "$ROOT/router/etcd_parse.c" \
-  "$ROOT/router/admin_parse.c" "$ROOT/common/xpyd_http_client.c" "$ROOT/common/xpyd_tls.c" "$ROOT/common/xpyd_util.c" \
-  -I"$HTTP_PARSER_INC" -lhttp_parser
+
 rc=0
-for h in sse config sim_request rewrite upstream http_req relay admin metadata feedback desc tls etcd; do
+for h in "${NAMES[@]}"; do
+  src=$(sources "$h")
+  # shellcheck disable=SC2086 # the source list is words (and a glob) by design
+  $CC "${FLAGS[@]}" -o "$OUT/fuzz_$h" "$ROOT/tests/fuzz/fuzz_$h.c" $src "${LIBS[@]}"
   mkdir -p "$OUT/corpus_$h"
   cp "$ROOT/tests/fuzz/corpus/$h/"* "$OUT/corpus_$h/"
-  echo "== fuzz_$h for ${SECS}s"
+  echo "== fuzz_$h: $(ls "$OUT/corpus_$h" | wc -l) corpus inputs replayed, then ${SECS}s of new ones"
   if ! (cd "$OUT" && ./fuzz_$h -max_total_time="$SECS" -max_len=8192 -close_fd_mask=3 -print_final_stats=1 \
         -artifact_prefix="$OUT/crash_$h-" "corpus_$h" >"$OUT/fuzz_$h.log" 2>&1); then
     echo "fuzz_$h FAILED:"; tail -40 "$OUT/fuzz_$h.log"; rc=1
-    for f in "$OUT"/crash_$h-*; do # the input that failed, kept and printed so a CI log is enough to replay it
+    for f in "$OUT"/crash_$h-*; do
       [ -e "$f" ] && { echo "input $f (base64):"; base64 -w0 "$f"; echo; }
     done
   else

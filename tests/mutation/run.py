@@ -18,8 +18,10 @@ no longer applies (its 'find' text is gone or ambiguous: the suite must be kept 
 does not compile; it prints which. Before the mutants, every test named in the file is run once against the
 unmutated build: a test that fails there would "kill" every mutant, so it fails the run too.
 
-    tests/mutation/run.py [--only ID[,ID]] [--list] [--keep]
-Environment: XPYD_MUTATION_DIR (default build/mutation), XPYD_MUTATION_JOBS (parallel test processes, 2).
+    tests/mutation/run.py [--only ID[,ID]] [--shard K/N] [--list] [--keep]
+--shard K/N takes every N-th mutant from the K-th (0-based): ctest runs the suite as N shards at once, each in a
+tree of its own (the tests are mostly waiting on the binaries, so shards overlap well on two cores).
+Environment: XPYD_MUTATION_DIR (default build/mutation).
 """
 import argparse
 import os
@@ -69,10 +71,12 @@ def sh(cmd, cwd=None, env=None, timeout=None):
 
 
 def copy_tree(dst):
-    files = sh(["git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"]).stdout.split("\0")
-    if not any(files):  # not a git checkout: copy what is there
-        files = [os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(ROOT)
-                 if "/build" not in d and "/.git" not in d for f in fs]
+    r = subprocess.run(["git", "-C", ROOT, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    files = r.stdout.decode(errors="surrogateescape").split("\0") if r.returncode == 0 else []
+    if not any(files):  # not a git checkout (an unpacked archive, a copy): copy the sources that are there
+        skip = lambda d: any(part.startswith(("build", ".git")) for part in os.path.relpath(d, ROOT).split(os.sep))
+        files = [os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(ROOT) if not skip(d) for f in fs]
     for f in files:
         if not f or not os.path.isfile(os.path.join(ROOT, f)):
             continue
@@ -110,6 +114,7 @@ def build(bld, targets):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only")
+    ap.add_argument("--shard", help="K/N: the K-th of N interleaved parts of the list")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--keep", action="store_true", help="leave the last mutant applied (debugging)")
     a = ap.parse_args()
@@ -117,6 +122,11 @@ def main():
     if a.only:
         want = set(a.only.split(","))
         mutants = [m for m in mutants if m["id"] in want]
+    if a.shard:
+        k, n = (int(x) for x in a.shard.split("/"))
+        if not 0 <= k < n:
+            raise SystemExit("--shard K/N needs 0 <= K < N")
+        mutants = mutants[k::n]
     if a.list:
         for m in mutants:
             print("%-40s %-28s %s" % (m["id"], m["file"], m["why"]))
