@@ -20,6 +20,7 @@ const char *xpyd_oai_error_type(int status)
     case 502: return "BadGatewayError";
     case 503: return "ServiceUnavailableError";
     case 504: return "GatewayTimeoutError";
+    case 508: return "LoopDetectedError";
     default: return status >= 500 ? "InternalServerError" : "BadRequestError";
     }
 }

@@ -47,6 +47,7 @@ const char *xpyd_status_reason(int status)
     case 504: return "Gateway Timeout";
     case 505: return "HTTP Version Not Supported";
     case 507: return "Insufficient Storage";
+    case 508: return "Loop Detected";
     default:
         return status < 200 ? "Informational" : status < 300 ? "Success" : status < 400 ? "Redirection"
                : status < 500 ? "Client Error" : "Server Error";

@@ -249,6 +249,11 @@ static const struct xpyd_setting settings[] = {
      "store see the same segments and every router replica serves the same store; etcd unreachable: 503"},
     {"max-instances", XS_LONG, OFF(max_instances), 1, 4096, "1024", NULL,
      "ranks a pool can hold, including ones added at runtime"},
+    {"max-hops", XS_LONG, OFF(max_hops), 1, 64, "8", NULL,
+     "loop guard: every request the router sends an engine carries `X-Xpyd-Via` with the hop ids of the routers "
+     "it passed through; a request that already passed through this router, or through this many, gets 508 "
+     "(`xpyd_loops_refused_total`). An engine address that is one of the router's own listeners is refused "
+     "outright (start-up, reload, admin API 400, etcd `discovery_invalid`)"},
     {"port-file", XS_STR, OFF(port_file), 0, 0, "", NULL,
      "write the bound port there once listening (the plain listener's, with `--plain-port`, on a second line)"},
     {"tls-cert", XS_STR, OFF(tls_cert), 0, 0, "", NULL,
@@ -316,8 +321,7 @@ static struct rt_host *pool_add(struct rt_pool_cfg *p)
         p->cap = nc;
     }
     struct rt_host *h = &p->hosts[p->n++];
-    memset(h, 0, sizeof *h);
-    h->port = 8000;
+    memset(h, 0, sizeof *h); /* port 0: none given (an engine address needs one: never a default) */
     return h;
 }
 
@@ -346,6 +350,11 @@ static int pool_add_list(struct rt_pool_cfg *p, const char *s, const char *what)
             tok[tl - 1] = '\0';
         if (xpyd_parse_hostport(tok, h->host, sizeof h->host, &h->port) != 0) {
             fprintf(stderr, "xpyd_router: bad %s address '%s' (want HOST:PORT or [V6]:PORT)\n", what, tok);
+            return -1;
+        }
+        if (h->port == 0) { /* a default port would be the router's own (8000): one request would fan out */
+            fprintf(stderr, "xpyd_router: %s address '%s' has no port: write HOST:PORT (the engine's port)\n", what,
+                    tok);
             return -1;
         }
     }
@@ -469,6 +478,10 @@ static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *wha
             return -1;
         }
         rh->tls = cJSON_IsTrue(tls);
+        if (!json_get(h, "port")) {
+            fprintf(stderr, "xpyd_router: config: \"%s\" needs a \"port\" (the engine's)\n", where);
+            return -1;
+        }
         if (rh->port < 1 || rh->port > 65535) {
             fprintf(stderr, "xpyd_router: config: \"%s.port\" must be a port (1-65535), got %d\n", where, rh->port);
             return -1;
@@ -636,10 +649,16 @@ struct alias_lists {
 
 static int apply_alias(struct rt_config *c, struct alias_lists *a, int role)
 {
-    if (!a->hosts[role][0])
-        return 0;
+    if (!a->hosts[role][0]) {
+        if (!a->ports[role][0])
+            return 0;
+        fprintf(stderr, "xpyd_router: --%s-ports needs --%s-hosts\n", role ? "decoder" : "prefiller",
+                role ? "decoder" : "prefiller");
+        return -1;
+    }
     /* Pairing (decisions): as many ports as hosts pair in order; one port serves every host; one host with
-     * several ports is that host on each port; no port is 8000; any other mix is an error, never a drop. */
+     * several ports is that host on each port; hosts without ports, or any other mix, are an error, never a
+     * default port or a drop. */
     const char *who = role ? "decoder" : "prefiller";
     char hb[4096], pb[1024], *hv[256], *pv[256];
     int nh = 0, np = 0;
@@ -657,10 +676,14 @@ static int apply_alias(struct rt_config *c, struct alias_lists *a, int role)
                         "or as many ports as hosts\n", who, nh, who, np);
         return -1;
     }
+    if (np == 0) {
+        fprintf(stderr, "xpyd_router: --%s-hosts needs --%s-ports (the engines' ports: no default)\n", who, who);
+        return -1;
+    }
     int n = nh > np ? nh : np;
     for (int i = 0; i < n; i++) {
-        long port = 8000;
-        if (np && xpyd_parse_long(pv[np == 1 ? 0 : i], 1, 65535, &port) != 0) {
+        long port = 0;
+        if (xpyd_parse_long(pv[np == 1 ? 0 : i], 1, 65535, &port) != 0) {
             fprintf(stderr, "xpyd_router: bad --%s-ports value '%s'\n", who, pv[np == 1 ? 0 : i]);
             return -1;
         }

@@ -100,6 +100,7 @@ struct rt_config {
     char admin_key[256];       /* admin API; empty = admin API off */
     char metadata_write_key[256]; /* PUT/DELETE /metadata; empty = only the admin key writes */
     long max_instances;        /* per pool, including runtime additions */
+    long max_hops;             /* routers a request may have passed through (X-Xpyd-Via) before 508 */
     char discovery[1024];      /* etcd://h:p[,h:p]/prefix: membership and router replicas on etcd; "" off */
     char router_id[128];       /* this replica's name in etcd ("" : hostname:port) */
     long load_sync_ms;         /* publish and read router replicas' load; 0 off */

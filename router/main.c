@@ -1,6 +1,7 @@
 /* main.c - xpyd_router: configuration, listener and worker threads, and the operational endpoints
  * (/health, /status, /metrics). */
 #include "handoff.h"
+#include "loopguard.h"
 #include "router.h"
 #include "xpyd_reply.h"
 #include "discovery.h"
@@ -300,6 +301,19 @@ int main(int argc, char **argv)
                 return 2;
             }
         }
+        if (rt->cfg.listen_port > 0) /* as the start will find it once listening (port 0: only known then) */
+            rt_loop_listener(rt->cfg.listen_host, rt->cfg.listen_port);
+        if (rt->cfg.plain_port > 0)
+            rt_loop_listener(rt->cfg.plain_host, (int)rt->cfg.plain_port);
+        for (size_t i = 0; i < rt->cfg.n_endpoints; i++) {
+            struct up_endpoint ep;
+            up_endpoint_resolve(&ep, rt->cfg.endpoints[i].host, rt->cfg.endpoints[i].port);
+            if (rt_loop_is_self((const struct sockaddr *)&ep.addr, ep.addrlen)) {
+                fprintf(stderr, "xpyd_router: %s is this router's own listener: requests sent there would come back "
+                                "to it (give the engine's address)\n", ep.hostport);
+                return 2;
+            }
+        }
         rt_config_print(&rt->cfg, stdout);
         return 0;
     }
@@ -326,6 +340,14 @@ int main(int argc, char **argv)
     if (!htp || (rt->cfg.plain_port >= 0 && !plain))
         return 1;
     int port = bound_port(htp), pport = plain ? bound_port(plain) : -1;
+    rt_loop_listener(rt->cfg.listen_host, port);
+    if (plain)
+        rt_loop_listener(rt->cfg.plain_host, pport);
+    char self_err[400];
+    if (rt_registry_self_check(self_err, sizeof self_err) != 0) {
+        fprintf(stderr, "xpyd_router: %s\n", self_err);
+        return 2;
+    }
     if (rt->cfg.port_file[0]) {
         char tmp[600];
         snprintf(tmp, sizeof tmp, "%s.tmp", rt->cfg.port_file);

@@ -88,6 +88,9 @@
     X(discovery_routers, "xpyd_discovery_routers", gauge, NONE,                                                \
       "--discovery: router replicas registered in etcd, this one included.")                                     \
     X(etcd_writes, "xpyd_etcd_writes_total", counter, NONE,                                                     \
-      "--discovery: puts and deletes this router sent to etcd (its registration and its published load).")
+      "--discovery: puts and deletes this router sent to etcd (its registration and its published load).")       \
+    X(loops_refused, "xpyd_loops_refused_total", counter, NONE,                                                 \
+      "Requests refused with 508 because they had already passed through this router (or --max-hops routers): " \
+      "an engine address leads back to it.")
 
 #endif

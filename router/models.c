@@ -1,5 +1,6 @@
 /* models.c - GET /v1/models: the first healthy backend's answer (decode ranks first, then prefill ranks),
  * passed through with its status and body; 502 when none answers. */
+#include "loopguard.h"
 #include "request.h"
 
 #include "xpyd_util.h"
@@ -12,6 +13,7 @@
 
 struct models_req {
     evhtp_request_t *ereq;
+    char via[768];      /* the X-Xpyd-Via line sent on (loopguard.h) */
     int status;
     struct evbuffer *body;
     int tries;
@@ -77,6 +79,7 @@ static void models_try(struct models_req *m)
         const char *auth = evhtp_header_find(m->ereq->headers_in, "Authorization");
         if (auth && !strpbrk(auth, "\r\n"))
             evbuffer_add_printf(req, "Authorization: %s\r\n", auth);
+        evbuffer_add(req, m->via, strlen(m->via));
         evbuffer_add_printf(req, "\r\n");
         evbuffer_drain(m->body, evbuffer_get_length(m->body));
         m->status = 0;
@@ -94,7 +97,11 @@ void rt_models_handler(evhtp_request_t *req, void *arg)
 {
     if (!rt_authorized(req) || !xpyd_method_allowed(req, "GET, HEAD"))
         return;
+    char via[768];
+    if (rt_loop_check(req, via, sizeof via) != 0)
+        return;
     struct models_req *m = XPYD_XALLOC(calloc(1, sizeof *m));
+    memcpy(m->via, via, sizeof via);
     m->ereq = req;
     m->body = XPYD_XALLOC(evbuffer_new());
     rt_client_set_owner(req, models_fini, m);

@@ -9,6 +9,7 @@
 #include "router.h"
 #include "xpyd_reply.h"
 #include "admin_parse.h"
+#include "loopguard.h"
 
 #include "xpyd_oai.h"
 #include "xpyd_util.h"
@@ -110,6 +111,19 @@ int rt_registry_setup(struct router *rt)
     return 0;
 }
 
+int rt_registry_self_check(char *err, size_t cap)
+{
+    for (size_t i = 0; i < g_rt->n_endpoints; i++)
+        if (rt_loop_is_self((const struct sockaddr *)&g_rt->endpoints[i].addr, g_rt->endpoints[i].addrlen)) {
+            char hp[300];
+            snprintf(err, cap, "%s is this router's own listener: requests sent there would come back to it (give "
+                               "the engine's address)",
+                     xpyd_hostport(g_rt->endpoints[i].host, g_rt->endpoints[i].port, hp, sizeof hp));
+            return -1;
+        }
+    return 0;
+}
+
 /* The endpoint host:port, appended (and resolved) when new. Under reg_mu. */
 static int endpoint_for(const char *host, int port, int tls, char *err, size_t errcap)
 {
@@ -131,6 +145,11 @@ static int endpoint_for(const char *host, int port, int tls, char *err, size_t e
     if (strlen(host) >= sizeof c->endpoints[0].host ||
         up_endpoint_resolve(&g_rt->endpoints[n], host, port) != 0) {
         snprintf(err, errcap, "cannot resolve host '%.200s'", host);
+        return -EINVAL;
+    }
+    if (rt_loop_is_self((const struct sockaddr *)&g_rt->endpoints[n].addr, g_rt->endpoints[n].addrlen)) {
+        snprintf(err, errcap, "%.200s:%d is this router's own listener: requests sent there would come back to it",
+                 host, port);
         return -EINVAL;
     }
     snprintf(c->endpoints[n].host, sizeof c->endpoints[n].host, "%s", host);

@@ -42,6 +42,7 @@ enum rt_fail {
     RF_METHOD_NOT_ALLOWED,
     RF_DRAINING,
     RF_DECODE_PREEMPTED,
+    RF_LOOP_DETECTED,
     RF_COUNT
 };
 
@@ -169,6 +170,8 @@ int rt_bearer_ok(struct evhtp_request *req, const char *key);
 
 /* The live pools (registry.c): fixed-capacity arrays filled from the configuration, grown at runtime. */
 int rt_registry_setup(struct router *rt);
+/* Once the listeners are bound (loopguard.h): -1 with err when a configured endpoint is one of them. */
+int rt_registry_self_check(char *err, size_t cap);
 /* --handoff mooncake (discovery.c): the prefill endpoints to ask GET /query, each with the endpoint of its
  * bootstrap server (appended to the endpoint table when new). Returns how many were written. */
 struct rt_query_target {

@@ -3,6 +3,7 @@
  * request becomes a struct request (request.h) driven by the handoff mode chosen by --handoff. */
 #include "access_log.h"
 #include "handoff.h"
+#include "loopguard.h"
 #include "request.h"
 #include "rewrite.h"
 
@@ -27,7 +28,7 @@ static int hop_by_hop(const char *k)
     static const char *const skip[] = {"connection", "keep-alive", "proxy-connection", "proxy-authorization",
                                        "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
                                        "content-type", "x-request-id", "accept-encoding", "x-data-parallel-rank",
-                                       XPYD_TOO_LARGE_HEADER,
+                                       XPYD_TOO_LARGE_HEADER, "x-xpyd-via", /* loopguard.c adds its own */
                                        "expect", NULL};
     for (int i = 0; skip[i]; i++)
         if (strcasecmp(k, skip[i]) == 0)
@@ -126,6 +127,11 @@ static void handle_generate(evhtp_request_t *req, int kind)
         rejected(req, kind, 405, RF_METHOD_NOT_ALLOWED);
         return;
     }
+    char via[768];
+    if (rt_loop_check(req, via, sizeof via) != 0) {
+        rejected(req, kind, 508, RF_LOOP_DETECTED);
+        return;
+    }
     if (atomic_load(&g_rt->draining)) {
         xpyd_close_after_reply(req);
         xpyd_reply_error(req, 503, "the router is shutting down (draining): retry on another router");
@@ -183,6 +189,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
     rt_client_addr(req, r->client_addr, sizeof r->client_addr);
     struct evbuffer *hb = XPYD_XALLOC(evbuffer_new());
     evhtp_kvs_for_each(req->headers_in, collect_header, hb);
+    evbuffer_add(hb, via, strlen(via)); /* this router's hop, so a request it sends never comes back unseen */
     size_t hl = evbuffer_get_length(hb);
     if (hl) {
         r->fwd_headers = XPYD_XALLOC(malloc(hl + 1));

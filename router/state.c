@@ -34,6 +34,7 @@ const struct rt_fail_row rt_fail_table[RF_COUNT] = {
     [RF_METHOD_NOT_ALLOWED] = {"method_not_allowed", 405},
     [RF_DRAINING] = {"draining", 503},
     [RF_DECODE_PREEMPTED] = {"decode_preempted", 502},
+    [RF_LOOP_DETECTED] = {"loop_detected", 508},
 };
 
 /* Who rank idx of role is: "host:port" (IPv6 in brackets) into hp, and its pinned DP rank (-1: none). */
