@@ -101,6 +101,28 @@ int xb_set_removed(struct xb_pool *p, int idx, int removed)
     return 0;
 }
 
+int xb_reuse(struct xb_pool *p, int idx, const struct xb_instance_cfg *cfg)
+{
+    if (idx < 0 || (size_t)idx >= p->n || cfg->tp < 1 || cfg->weight < 1)
+        return -EINVAL;
+    pthread_mutex_lock(&p->mu);
+    struct xb_inst *in = &p->inst[idx];
+    if (!in->removed || in->inflight != 0) {
+        pthread_mutex_unlock(&p->mu);
+        return -EBUSY;
+    }
+    if (p->prefix) { /* another engine: nothing of the old one's cache, and the default capacity */
+        xb_prefix_drop_rank(p->prefix, idx);
+        xb_prefix_set_capacity(p->prefix, idx, 0);
+    }
+    memset(in, 0, sizeof *in);
+    in->cfg = *cfg;
+    in->healthy = 1;
+    p->ring_dirty = 1;
+    pthread_mutex_unlock(&p->mu);
+    return 0;
+}
+
 int xb_update(struct xb_pool *p, int idx, const struct xb_instance_cfg *cfg)
 {
     if (idx < 0 || (size_t)idx >= p->n || cfg->tp < 1 || cfg->weight < 1)

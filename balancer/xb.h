@@ -51,6 +51,10 @@ int xb_pool_add(struct xb_pool *p, const struct xb_instance_cfg *cfg);
 /* Runtime membership: a removed instance is never picked (in-flight requests finish); 0 puts it back with
  * a clean health/ejection state. */
 int xb_set_removed(struct xb_pool *p, int idx, int removed);
+/* A removed instance's index given to another engine: its state starts afresh (health, ejection, counts, its
+ * prefix-index entries, capacity), as a new instance's would. -EBUSY unless it is removed with nothing in
+ * flight (nothing this router charged on it is outstanding), -EINVAL for a bad index or configuration. */
+int xb_reuse(struct xb_pool *p, int idx, const struct xb_instance_cfg *cfg);
 /* Updates tp, weight, max_model_len, max_inflight of an instance. */
 int xb_update(struct xb_pool *p, int idx, const struct xb_instance_cfg *cfg);
 size_t xb_pool_size(const struct xb_pool *p);

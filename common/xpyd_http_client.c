@@ -21,6 +21,7 @@
 struct up_conn {
     struct up_thread *t;
     int ep;
+    unsigned gen;       /* the endpoint's generation when connected (up_endpoint.gen) */
     struct bufferevent *bev;
     struct up_leg *leg; /* NULL while idle */
     int connected;
@@ -48,6 +49,7 @@ struct up_thread {
     size_t n;
     SSL_CTX *tls;            /* for endpoints with tls set (the caller's) */
     SSL_SESSION **sessions;  /* per endpoint: the last session, offered again (resumption); owned */
+    unsigned *session_gen;   /* per endpoint: the generation the session is of */
     struct up_idle *idle;    /* per endpoint */
     size_t open_count;
     size_t idle_max;         /* per endpoint: a P->D request uses a connection to each of two engines, and a
@@ -332,8 +334,10 @@ void (*up_tls_failure_hook)(const struct up_endpoint *ep, const char *reason);
 void up_thread_set_tls(struct up_thread *t, SSL_CTX *ctx)
 {
     t->tls = ctx;
-    if (!t->sessions)
+    if (!t->sessions) {
         t->sessions = calloc(t->n ? t->n : 1, sizeof *t->sessions);
+        t->session_gen = calloc(t->n ? t->n : 1, sizeof *t->session_gen);
+    }
 }
 
 void up_thread_free(struct up_thread *t)
@@ -346,6 +350,7 @@ void up_thread_free(struct up_thread *t)
     for (size_t i = 0; t->sessions && i < t->n; i++)
         SSL_SESSION_free(t->sessions[i]);
     free(t->sessions);
+    free(t->session_gen);
     if (!t->shared_eps)
         free(t->eps);
     free(t->idle);
@@ -767,7 +772,10 @@ static void leg_fail_later(struct up_leg *leg, int err)
 static int leg_attach(struct up_leg *leg, int allow_idle)
 {
     struct up_thread *t = leg->t;
-    struct up_conn *c = allow_idle ? TAILQ_FIRST(&t->idle[leg->ep].list) : NULL;
+    unsigned gen = __atomic_load_n(&t->eps[leg->ep].gen, __ATOMIC_ACQUIRE);
+    struct up_conn *c = NULL;
+    while (allow_idle && (c = TAILQ_FIRST(&t->idle[leg->ep].list)) && c->gen != gen)
+        conn_free(c); /* to the address the endpoint's slot had before: never reused */
     if (c) {
         TAILQ_REMOVE(&t->idle[leg->ep].list, c, link);
         t->idle[leg->ep].n--;
@@ -778,7 +786,13 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
             return -ENOMEM;
         c->t = t;
         c->ep = leg->ep;
+        c->gen = gen;
         const struct up_endpoint *ep = &t->eps[leg->ep];
+        if (ep->tls && t->sessions && t->session_gen[leg->ep] != gen) { /* another server's session */
+            SSL_SESSION_free(t->sessions[leg->ep]);
+            t->sessions[leg->ep] = NULL;
+            t->session_gen[leg->ep] = gen;
+        }
         if (ep->tls) {
             SSL *ssl = t->tls ? xpyd_tls_client_ssl(t->tls, ep->host, t->sessions[leg->ep]) : NULL;
             if (!ssl) {

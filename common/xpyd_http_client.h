@@ -31,6 +31,8 @@ struct up_endpoint {
     int tls;                 /* https: connections are TLS (up_thread_set_tls gives the context) */
     struct sockaddr_storage addr; /* resolved once at startup */
     socklen_t addrlen;
+    unsigned gen;            /* bumped (atomically, release) when the slot is given to another address: pooled
+                              * connections and TLS sessions of an older generation are not used again */
 };
 
 struct up_timeouts {

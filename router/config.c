@@ -248,7 +248,10 @@ static const struct xpyd_setting settings[] = {
      "transfer engines write when pointed at the same etcd), so engines on etcd and clients of this HTTP "
      "store see the same segments and every router replica serves the same store; etcd unreachable: 503"},
     {"max-instances", XS_LONG, OFF(max_instances), 1, 4096, "1024", NULL,
-     "ranks a pool can hold, including ones added at runtime"},
+     "rank slots per pool, including ranks added at runtime; a removed rank keeps its slot while requests on it "
+     "finish (and for its own return); once a pool has no never-used slot, the next engine to join takes a removed "
+     "rank's idle slot, so engines coming and going under new addresses never fill it (`xpyd_rank_slots`, "
+     "`xpyd_rank_slot_reuses_total`). Endpoints (host:port): twice as many, reused the same way"},
     {"max-hops", XS_LONG, OFF(max_hops), 1, 64, "8", NULL,
      "loop guard: every request the router sends an engine carries `X-Xpyd-Via` with the hop ids of the routers "
      "it passed through; a request that already passed through this router, or through this many, gets 508 "

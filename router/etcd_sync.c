@@ -47,6 +47,7 @@ struct peer {        /* another router's published load */
 struct name_map {    /* published rank names to indices (rank_by_name) */
     int *idx;        /* cap slots, -1 empty; cap a power of two >= 2 × --max-instances */
     size_t cap, indexed;
+    unsigned gen;    /* the registry's generation it was built for (a slot given to another engine: rebuilt) */
 };
 
 struct esync {
@@ -239,11 +240,17 @@ static void rank_name(int role, size_t i, char *buf, size_t cap)
 }
 
 /* The rank index of a published name, or -1: an open-addressing table of name hashes per role, extended as
- * ranks are appended (a slot's identity never changes, removed ranks keep theirs), so a peer's update costs
- * one hash per entry instead of a scan of every rank. */
+ * ranks are appended and built again when a removed rank's slot was given to another engine (the registry's
+ * generation), so a peer's update costs one hash per entry instead of a scan of every rank. */
 static int rank_by_name(struct esync *s, int role, const char *name)
 {
     struct name_map *m = &s->names[role];
+    unsigned gen = __atomic_load_n(&g_rt->reg.generation, __ATOMIC_ACQUIRE);
+    if (gen != m->gen) {
+        memset(m->idx, 0xff, m->cap * sizeof *m->idx);
+        m->indexed = 0;
+        m->gen = gen;
+    }
     size_t n = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE), mask = m->cap - 1;
     char buf[320];
     for (; m->indexed < n; m->indexed++) {

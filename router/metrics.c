@@ -163,11 +163,28 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
                     continue;
                 char hp[300];
                 int dp = rt_rank_identity(role, (int)i, hp, sizeof hp);
-                evbuffer_add_printf(b, "%s{role=\"%s\",instance=\"%s\",dp_rank=\"%d\"} %" PRId64 "\n", im->name,
+                evbuffer_add_printf(b, "%s{role=\"%s\",engine=\"%s\",dp_rank=\"%d\"} %" PRId64 "\n", im->name,
                                     roles[role], hp, dp < 0 ? 0 : dp, im->value(&st, role, i));
             }
         }
     }
+    evbuffer_add_printf(b, "# HELP xpyd_rank_slots Rank slots of each pool (--max-instances) by state: active, "
+                           "draining (removed, requests still in flight), free (never used, or removed and idle: "
+                           "the next engine to join takes it).\n# TYPE xpyd_rank_slots gauge\n");
+    for (int role = 0; role < 2; role++) {
+        long a, d, f;
+        rt_registry_slots(role, &a, &d, &f);
+        evbuffer_add_printf(b, "xpyd_rank_slots{role=\"%s\",state=\"active\"} %ld\n"
+                               "xpyd_rank_slots{role=\"%s\",state=\"draining\"} %ld\n"
+                               "xpyd_rank_slots{role=\"%s\",state=\"free\"} %ld\n",
+                            roles[role], a, roles[role], d, roles[role], f);
+    }
+    long eu, ef;
+    rt_registry_endpoint_slots(&eu, &ef);
+    evbuffer_add_printf(b, "# HELP xpyd_endpoint_slots Endpoint (host:port) slots (2 x --max-instances): used by a "
+                           "rank, or free.\n# TYPE xpyd_endpoint_slots gauge\n"
+                           "xpyd_endpoint_slots{state=\"used\"} %ld\nxpyd_endpoint_slots{state=\"free\"} %ld\n",
+                        eu, ef);
     xpyd_reply_buffer(req, 200, "text/plain; version=0.0.4; charset=utf-8", b);
     evbuffer_free(b);
 }

@@ -89,6 +89,10 @@
       "--discovery: router replicas registered in etcd, this one included.")                                     \
     X(etcd_writes, "xpyd_etcd_writes_total", counter, NONE,                                                     \
       "--discovery: puts and deletes this router sent to etcd (its registration and its published load).")       \
+    X(rank_reuses, "xpyd_rank_slot_reuses_total", counter, ROLE,                                                 \
+      "Slots of removed ranks given to engines that joined later (once nothing was in flight on them).")      \
+    X(endpoint_reuses, "xpyd_endpoint_slot_reuses_total", counter, NONE,                                        \
+      "Endpoint slots no rank referred to any more, given to new addresses.")                                   \
     X(loops_refused, "xpyd_loops_refused_total", counter, NONE,                                                 \
       "Requests refused with 508 because they had already passed through this router (or --max-hops routers): " \
       "an engine address leads back to it.")

@@ -19,6 +19,7 @@ struct ep_state {
     struct up_leg *sleg;  /* metrics scrape in flight */
     int sstatus;
     struct evbuffer *sbody;
+    unsigned gen;         /* the endpoint slot's generation this state is of (up_endpoint.gen) */
 };
 
 struct probe {
@@ -42,14 +43,26 @@ static void apply_health(struct ep_state *s)
                 xb_set_healthy(g_rt->pools[role], (int)i, s->healthy);
 }
 
-/* Endpoints added at runtime (admin API, reload) join the rounds; one no active rank uses is skipped. */
+/* Endpoints added at runtime (admin API, reload) join the rounds; one no active rank uses is skipped. A slot
+ * given to another address starts afresh (checks of the old address in flight are dropped). */
 static int ep_in_use(struct probe *p, size_t i)
 {
-    if (!p->eps[i].sbody) {
-        p->eps[i].p = p;
-        p->eps[i].idx = (int)i;
-        p->eps[i].healthy = 1;
-        p->eps[i].sbody = XPYD_XALLOC(evbuffer_new());
+    struct ep_state *s = &p->eps[i];
+    unsigned gen = __atomic_load_n(&g_rt->endpoints[i].gen, __ATOMIC_ACQUIRE);
+    if (!s->sbody) {
+        s->p = p;
+        s->idx = (int)i;
+        s->healthy = 1;
+        s->sbody = XPYD_XALLOC(evbuffer_new());
+        s->gen = gen;
+    } else if (s->gen != gen) {
+        up_leg_cancel(s->hleg);
+        up_leg_cancel(s->sleg);
+        s->hleg = s->sleg = NULL;
+        s->healthy = 1;
+        s->streak = 0;
+        s->gen = gen;
+        evbuffer_drain(s->sbody, evbuffer_get_length(s->sbody));
     }
     for (int role = 0; role < 2; role++)
         for (size_t k = 0; k < g_rt->reg.n_ranks[role]; k++)

@@ -1,10 +1,16 @@
 /* registry.c - the live pools, their one owner (g_rt->reg): it starts from the configuration's plan and
  * the configuration is not changed afterwards. Endpoints and ranks live in arrays of fixed capacity
- * (--max-instances) made at start, so they never move: worker threads read them without a lock while the admin API or a SIGHUP
- * reload appends (an entry is written completely, then the count is published with a release store) or
- * marks an entry removed. A removed rank keeps its slot and index (requests in flight on it finish and
- * release exactly what they charged); adding the same host:port:rank again revives that slot. Mutations
- * are serialized by one mutex. */
+ * (--max-instances ranks per pool, twice that in endpoints) made at start, so they never move: worker threads
+ * read them without a lock while the admin API, etcd or a SIGHUP reload appends (an entry is written
+ * completely, then the count is published with a release store) or marks an entry removed. A removed rank
+ * keeps its slot and index while requests in flight on it finish and release exactly what they charged;
+ * adding the same host:port:rank again revives that slot. When a pool has no never-used slot left, the next
+ * engine that joins takes the slot of a removed rank with nothing this router charged on it in flight (its
+ * balancer state starts afresh, its per-rank counters from zero); likewise an endpoint no rank refers to any
+ * more goes to the next new address once the endpoint table is full (up_endpoint.gen tells the connection
+ * pools and TLS sessions of the old address apart). So engines that come and go under new addresses never
+ * fill the pools. Mutations are serialized by one mutex; readers that
+ * hold no charge on a rank (metrics, /status, the admin list) read identities under it. */
 #include "handoff.h"
 #include "router.h"
 #include "xpyd_reply.h"
@@ -26,6 +32,100 @@
 #include <xxhash.h>
 
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+
+int rt_rank_identity(int role, int idx, char *hp, size_t cap)
+{
+    pthread_mutex_lock(&reg_mu);
+    int dp = -1;
+    if (idx < 0 || (size_t)idx >= __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE)) {
+        snprintf(hp, cap, "-");
+    } else {
+        const struct rt_live_rank *r = &g_rt->reg.ranks[role][idx];
+        const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
+        xpyd_hostport(e->host, e->port, hp, cap);
+        dp = r->dp_rank;
+    }
+    pthread_mutex_unlock(&reg_mu);
+    return dp;
+}
+
+/* A rank slot another engine may take: removed, with nothing this router charged on it in flight. */
+static int rank_reusable(int role, size_t i)
+{
+    struct xb_instance_stats st;
+    return xb_stats(g_rt->pools[role], (int)i, &st) == 0 && st.removed && st.inflight == 0;
+}
+
+void rt_registry_slots(int role, long *active, long *draining, long *unused)
+{
+    pthread_mutex_lock(&reg_mu);
+    long a = 0, d = 0;
+    for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
+        struct xb_instance_stats st;
+        xb_stats(g_rt->pools[role], (int)i, &st);
+        a += !st.removed;
+        d += st.removed && st.inflight > 0;
+    }
+    pthread_mutex_unlock(&reg_mu);
+    *active = a;
+    *draining = d;
+    *unused = g_rt->cfg.max_instances - a - d;
+}
+
+static int endpoint_unreferenced(void);
+void rt_registry_endpoint_slots(long *used, long *unused)
+{
+    pthread_mutex_lock(&reg_mu);
+    long n = (long)g_rt->reg.n_endpoints, u = n;
+    if (endpoint_unreferenced() >= 0) { /* count them: a scrape is rare, the table small */
+        char *seen = XPYD_XALLOC(calloc((size_t)n, 1));
+        for (int role = 0; role < 2; role++)
+            for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++)
+                seen[g_rt->reg.ranks[role][i].endpoint] = 1;
+        u = 0;
+        for (long i = 0; i < n; i++)
+            u += seen[i];
+        free(seen);
+    }
+    pthread_mutex_unlock(&reg_mu);
+    *used = u;
+    *unused = (long)g_rt->ep_cap - u;
+}
+
+/* The query endpoint (host:bootstrap port) of a prefill rank, if it has one in the table. Under reg_mu. */
+static int query_endpoint_of(const struct rt_live_rank *r)
+{
+    const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
+    for (size_t i = 0; i < g_rt->reg.n_endpoints; i++)
+        if (g_rt->reg.endpoints[i].port == r->bootstrap_port && !strcmp(g_rt->reg.endpoints[i].host, e->host))
+            return (int)i;
+    return -1;
+}
+
+/* An endpoint slot no rank refers to (nor, under --handoff mooncake, a prefill's /query), or -1. Under reg_mu. */
+static int endpoint_unreferenced(void)
+{
+    size_t n = g_rt->reg.n_endpoints;
+    if (!n)
+        return -1;
+    char *used = XPYD_XALLOC(calloc(n, 1));
+    for (int role = 0; role < 2; role++)
+        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
+            const struct rt_live_rank *r = &g_rt->reg.ranks[role][i];
+            used[r->endpoint] = 1;
+            if (role == RT_PREFILL && rt_config_prefill_by_query(&g_rt->cfg) && !rank_reusable(role, i)) {
+                int q = query_endpoint_of(r);
+                if (q >= 0)
+                    used[q] = 1;
+            }
+        }
+    int free_idx = -1;
+    for (size_t i = 0; i < n && free_idx < 0; i++)
+        if (!used[i])
+            free_idx = (int)i;
+    free(used);
+    return free_idx;
+}
 
 enum { APPLY_UPDATED = 0, APPLY_ADDED, APPLY_REVIVED, APPLY_UNCHANGED };
 static const char *const apply_names[] = {"updated", "added", "revived", "unchanged"};
@@ -137,25 +237,39 @@ static int endpoint_for(const char *host, int port, int tls, char *err, size_t e
             }
             return (int)i;
         }
-    size_t n = c->n_endpoints;
+    int reuse = c->n_endpoints >= g_rt->ep_cap ? endpoint_unreferenced() : -1; /* new slots first */
+    size_t n = reuse >= 0 ? (size_t)reuse : c->n_endpoints;
     if (n >= g_rt->ep_cap) {
-        snprintf(err, errcap, "no room for another endpoint (2 x --max-instances = %zu)", g_rt->ep_cap);
+        snprintf(err, errcap, "no room for another endpoint (2 x --max-instances = %zu, all in use)", g_rt->ep_cap);
         return -ENOSPC;
     }
-    if (strlen(host) >= sizeof c->endpoints[0].host ||
-        up_endpoint_resolve(&g_rt->endpoints[n], host, port) != 0) {
+    struct up_endpoint ep;
+    memset(&ep, 0, sizeof ep);
+    if (strlen(host) >= sizeof c->endpoints[0].host || up_endpoint_resolve(&ep, host, port) != 0) {
         snprintf(err, errcap, "cannot resolve host '%.200s'", host);
         return -EINVAL;
     }
-    if (rt_loop_is_self((const struct sockaddr *)&g_rt->endpoints[n].addr, g_rt->endpoints[n].addrlen)) {
+    if (rt_loop_is_self((const struct sockaddr *)&ep.addr, ep.addrlen)) {
         snprintf(err, errcap, "%.200s:%d is this router's own listener: requests sent there would come back to it",
                  host, port);
         return -EINVAL;
     }
+    /* written field by field: the slot's generation is read by other threads (their pooled connections) */
+    struct up_endpoint *live = &g_rt->endpoints[n];
+    memcpy(live->host, ep.host, sizeof ep.host);
+    live->port = ep.port;
+    memcpy(live->hostport, ep.hostport, sizeof ep.hostport);
+    live->addr = ep.addr;
+    live->addrlen = ep.addrlen;
+    live->tls = tls;
     snprintf(c->endpoints[n].host, sizeof c->endpoints[n].host, "%s", host);
     c->endpoints[n].port = port;
     c->endpoints[n].tls = tls;
-    g_rt->endpoints[n].tls = tls;
+    if (reuse >= 0) {
+        __atomic_add_fetch(&live->gen, 1, __ATOMIC_RELEASE); /* connections to the old address are not reused */
+        atomic_fetch_add(&g_rt->ctr.endpoint_reuses, 1);
+        return reuse;
+    }
     __atomic_store_n(&c->n_endpoints, n + 1, __ATOMIC_RELEASE);
     __atomic_store_n(&g_rt->n_endpoints, n + 1, __ATOMIC_RELEASE);
     return (int)n;
@@ -192,10 +306,28 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
         xb_set_removed(g_rt->pools[role], (int)i, 0);
         return APPLY_REVIVED;
     }
+    /* a never-used slot first (a removed rank keeps its slot for its own return while there is room); when the
+     * pool is full, the first removed slot with nothing in flight */
+    for (size_t i = 0; c->n_ranks[role] >= (size_t)g_rt->cfg.max_instances && i < c->n_ranks[role]; i++) {
+        if (!rank_reusable(role, i))
+            continue;
+        /* written while the slot is removed (never picked); xb_reuse puts it back in the pool afresh */
+        c->ranks[role][i] = live_rank(want, ep);
+        if (xb_reuse(g_rt->pools[role], (int)i, &ic) != 0)
+            continue; /* not reached: a removed rank gains no charges */
+        atomic_store(&g_rt->ctr.instance_errors[role][i < 4096 ? i : 0], 0);
+        if (learned_role(&g_rt->cfg, role))
+            xb_set_ready(g_rt->pools[role], (int)i, 0);
+        __atomic_add_fetch(&c->generation, 1, __ATOMIC_RELEASE);
+        atomic_fetch_add(&g_rt->ctr.rank_reuses[role], 1);
+        *idx_out = (int)i;
+        return APPLY_ADDED;
+    }
     size_t n = c->n_ranks[role];
     if (n >= (size_t)g_rt->cfg.max_instances) {
-        snprintf(err, errcap, "the %s pool is full (--max-instances %ld)", role ? "decode" : "prefill",
-                 g_rt->cfg.max_instances);
+        snprintf(err, errcap, "the %s pool is full (--max-instances %ld ranks, every one active or with requests "
+                              "still in flight)",
+                 role ? "decode" : "prefill", g_rt->cfg.max_instances);
         return -ENOSPC;
     }
     c->ranks[role][n] = live_rank(want, ep);

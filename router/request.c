@@ -134,11 +134,10 @@ static void access_log(const struct request *r, int fail)
 {
     if (!g_rt->cfg.access_log)
         return;
-    char pi[300], di[300];
-    inst_short(RT_PREFILL, r->legs[RT_PREFILL].last_idx, pi, sizeof pi);
-    if (r->local_prefill)
-        snprintf(pi, sizeof pi, "local"); /* the decode computed the prompt (--prefill-fallback) */
-    inst_short(RT_DECODE, r->legs[RT_DECODE].last_idx, di, sizeof di);
+    /* who each leg went to, as it was when picked (the rank's slot may be another engine's by now) */
+    const char *pi = r->local_prefill ? "local" /* the decode computed the prompt */
+                     : r->legs[RT_PREFILL].last_idx >= 0 ? r->legs[RT_PREFILL].who : "-";
+    const char *di = r->legs[RT_DECODE].last_idx >= 0 ? r->legs[RT_DECODE].who : "-";
     struct access_entry e = {r->xid, r->client_addr, "POST", req_path(r), r->status, r->stream, pi, di,
                              r->prompt_tokens, r->tokens_out,
                              r->t_first ? (double)(r->t_first - r->t_start) / 1e6 : -1,
@@ -380,6 +379,8 @@ int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct r
         l->tried[l->ntried++] = idx;
     l->attempts++;
     l->last_idx = idx;
+    if (g_rt->cfg.access_log)
+        inst_short(role, idx, l->who, sizeof l->who);
     l->t_sent = xpyd_now_us();
     l->idx = idx;
     l->charge = q.charged;

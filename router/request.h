@@ -56,6 +56,7 @@ struct leg {
     int tried[MAX_TRIED];       /* instances tried, so retries go elsewhere */
     int ntried, attempts;
     int last_idx;               /* the last instance picked (access log), -1 none */
+    char who[96];               /* with --access-log: who it was when picked ("host:port#dp") */
     uint64_t t_sent;            /* when the current attempt was sent */
     void (*on_done)(struct up_leg *up, int err, void *leg); /* the current attempt's completion */
 };

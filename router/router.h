@@ -51,8 +51,9 @@ struct rt_fail_row {
     int status;         /* HTTP status the client gets when it happens before the first byte */
 };
 extern const struct rt_fail_row rt_fail_table[RF_COUNT];
-/* state.c: who rank idx of role is ("host:port" into hp; returns its pinned DP rank or -1). The registry
- * (g_rt->cfg.ranks, endpoints) is the one owner of identities; the balancer knows ranks by index only. */
+/* registry.c: who rank idx of role is ("host:port" into hp; returns its pinned DP rank or -1), read under the
+ * registry's lock (a removed rank's slot may be given to another engine). The registry is the one owner of
+ * identities; the balancer knows ranks by index only. */
 int rt_rank_identity(int role, int idx, char *hp, size_t cap);
 /* 1 when rank idx of role was taken out at runtime (admin API, reload): the balancer's fact. */
 int rt_rank_removed(int role, int idx);
@@ -123,6 +124,7 @@ struct rt_registry {
     size_t n_endpoints;
     struct rt_live_rank *ranks[2];     /* --max-instances entries per role */
     size_t n_ranks[2];
+    unsigned generation;               /* bumped (release) when a rank slot is given to another engine */
 };
 
 struct handoff_ops;
@@ -170,6 +172,10 @@ int rt_bearer_ok(struct evhtp_request *req, const char *key);
 
 /* The live pools (registry.c): fixed-capacity arrays filled from the configuration, grown at runtime. */
 int rt_registry_setup(struct router *rt);
+/* Rank slots of role: active ones, removed ones with requests still in flight, and the rest (free to take). */
+void rt_registry_slots(int role, long *active, long *draining, long *unused);
+/* Endpoint slots some rank refers to, and the rest. */
+void rt_registry_endpoint_slots(long *used, long *unused);
 /* Once the listeners are bound (loopguard.h): -1 with err when a configured endpoint is one of them. */
 int rt_registry_self_check(char *err, size_t cap);
 /* --handoff mooncake (discovery.c): the prefill endpoints to ask GET /query, each with the endpoint of its

@@ -37,19 +37,6 @@ const struct rt_fail_row rt_fail_table[RF_COUNT] = {
     [RF_LOOP_DETECTED] = {"loop_detected", 508},
 };
 
-/* Who rank idx of role is: "host:port" (IPv6 in brackets) into hp, and its pinned DP rank (-1: none). */
-int rt_rank_identity(int role, int idx, char *hp, size_t cap)
-{
-    if (idx < 0 || (size_t)idx >= __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE)) {
-        snprintf(hp, cap, "-");
-        return -1;
-    }
-    const struct rt_live_rank *r = &g_rt->reg.ranks[role][idx];
-    const struct rt_endpoint_cfg *e = &g_rt->reg.endpoints[r->endpoint];
-    xpyd_hostport(e->host, e->port, hp, cap);
-    return r->dp_rank;
-}
-
 int rt_rank_removed(int role, int idx)
 {
     struct xb_instance_stats st;

@@ -25,7 +25,7 @@ def completion(port, prompt, max_tokens=2, headers=None):
 
 
 def selected(port, role, sim_port):
-    return t.metric(port, 'xpyd_instance_selected_total{role="%s",instance="127.0.0.1:%d",dp_rank="0"}'
+    return t.metric(port, 'xpyd_instance_selected_total{role="%s",engine="127.0.0.1:%d",dp_rank="0"}'
                     % (role, sim_port), default=0)  # a removed rank is not listed
 
 
@@ -130,7 +130,7 @@ class CachePolicy(t.TestCase):
             p = self.start(t.sim("--role", "prefill", *CACHE, "--num-gpu-blocks", "30"))
             d = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
             r = self.start(t.router([p.port], [d.port], "--prefill-policy", "cache", *flags))
-            cap = 'xpyd_instance_prefix_capacity_blocks{role="prefill",instance="127.0.0.1:%d",dp_rank="0"}' % p.port
+            cap = 'xpyd_instance_prefix_capacity_blocks{role="prefill",engine="127.0.0.1:%d",dp_rank="0"}' % p.port
             if flags:  # the engine's 30 blocks of 16 tokens, in the router's 16-token blocks
                 t.wait_until(lambda: t.metric(r.port, cap) == 30, what="engine cache size scraped")
             else:
@@ -239,7 +239,7 @@ class LocalPrefill(t.TestCase):
                                 "--local-prefill-when-busy-tokens", "1000"))
         slow = threading.Thread(target=lambda: completion(r.port, "first one", 2))
         slow.start()
-        t.wait_until(lambda: t.metric(r.port, 'xpyd_instance_inflight_requests{role="prefill",instance='
+        t.wait_until(lambda: t.metric(r.port, 'xpyd_instance_inflight_requests{role="prefill",engine='
                                               '"127.0.0.1:%d",dp_rank="0"}' % p.port) == 1, what="prefill busy")
         completion(r.port, "second one", 2)  # the only prefill is full: the decode computes it
         self.assertEqual(t.metric(r.port, 'xpyd_pd_decisions_total{decision="local_prefill"}'), 1)

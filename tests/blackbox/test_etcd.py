@@ -319,16 +319,16 @@ class EtcdSingle(TestCase):
             th.start()
             threads.append(th)
         wait_until(lambda: metric(a.port, "xpyd_active_requests") == 4, what="a's 4 streams")
-        remote = lambda: metric(b.port, 'xpyd_instance_remote_tokens{role="decode",instance="%s",dp_rank="0"}' % hp(x))
+        remote = lambda: metric(b.port, 'xpyd_instance_remote_tokens{role="decode",engine="%s",dp_rank="0"}' % hp(x))
         wait_until(lambda: remote() > 0, what="b sees a's load on x")
-        self.assertEqual(metric(a.port, 'xpyd_instance_remote_tokens{role="decode",instance="%s",dp_rank="0"}' % hp(x)),
+        self.assertEqual(metric(a.port, 'xpyd_instance_remote_tokens{role="decode",engine="%s",dp_rank="0"}' % hp(x)),
                          0, "a counts its own published load as another router's")
         self.etcd.put("%s/instances/decode/%s" % (prefix, hp(y)), "{}")
         wait_until(lambda: active(b) == sorted([hp(x), hp(y)]), what="y in b")
         # b's own load is zero on both: only the shared load can send its requests to y
         for _ in range(6):
             self.assertEqual(ok(b), (200, None))
-        sel = lambda inst: metric(b.port, 'xpyd_instance_selected_total{role="decode",instance="%s",dp_rank="0"}'
+        sel = lambda inst: metric(b.port, 'xpyd_instance_selected_total{role="decode",engine="%s",dp_rank="0"}'
                                   % inst, 0)
         self.assertEqual(sel(hp(x)), 0, "b placed on the decode a loads")
         self.assertEqual(sel(hp(y)), 6)
@@ -359,7 +359,7 @@ class EtcdSingle(TestCase):
         self.etcd.put("%s/instances/decode/%s" % (prefix, hp(x)), "{}")
         self.etcd.put("%s/load/other" % prefix, '{"decode": {"%s/-1": [5000, 3]}}' % hp(x))
         wait_until(lambda: active(b) == [hp(x)], what="x in")
-        self.assertEqual(metric(b.port, 'xpyd_instance_remote_tokens{role="decode",instance="%s",dp_rank="0"}' % hp(x)), 0)
+        self.assertEqual(metric(b.port, 'xpyd_instance_remote_tokens{role="decode",engine="%s",dp_rank="0"}' % hp(x)), 0)
         self.assertEqual([k for k in self.etcd.get_prefix(prefix + "/") if "/load/" in k], ["%s/load/other" % prefix],
                          "a router with --load-sync-ms 0 publishes nothing")
 

@@ -179,7 +179,7 @@ class RecordingEngine(t.TestCase):
         insts = t.status(r.port)["pools"]["prefill"]["instances"]
         self.assertEqual(sorted((i["port"], i["ready"]) for i in insts),
                          sorted([(rec.p.port, True), (rec.p.port, True), (rec.d.port, False)]))
-        self.assertEqual(t.metric(r.port, 'xpyd_instance_healthy{role="prefill",instance="127.0.0.1:%d",dp_rank="0"}'
+        self.assertEqual(t.metric(r.port, 'xpyd_instance_healthy{role="prefill",engine="127.0.0.1:%d",dp_rank="0"}'
                                   % rec.d.port), 0)
         self.idle(r)
 

@@ -20,9 +20,9 @@ class PassiveEjection(t.TestCase):
         self.assertEqual([i["ejected"] for i in inst], [True, False])
         self.assertEqual([i["healthy"] for i in inst], [True, True])  # active checks still pass
         m = t.metrics(r.port)
-        self.assertEqual(m['xpyd_instance_ejections_total{role="decode",instance="127.0.0.1:%d",dp_rank="0"}'
+        self.assertEqual(m['xpyd_instance_ejections_total{role="decode",engine="127.0.0.1:%d",dp_rank="0"}'
                            % bad.port], 1)
-        self.assertEqual(m['xpyd_instance_healthy{role="decode",instance="127.0.0.1:%d",dp_rank="0"}' % bad.port], 0)
+        self.assertEqual(m['xpyd_instance_healthy{role="decode",engine="127.0.0.1:%d",dp_rank="0"}' % bad.port], 0)
         self.assertIn("event=ejected", r.output())
 
     def test_comes_back_and_4xx_never_counts(self):

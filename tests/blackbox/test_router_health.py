@@ -21,7 +21,7 @@ class UpstreamDown(t.TestCase):
         bad.stop()
         t.wait_until(lambda: decode_states(r.port) == [True, False], what="ejected")
         m = t.metrics(r.port)
-        self.assertEqual(m['xpyd_instance_healthy{role="decode",instance="127.0.0.1:%d",dp_rank="0"}' % port], 0)
+        self.assertEqual(m['xpyd_instance_healthy{role="decode",engine="127.0.0.1:%d",dp_rank="0"}' % port], 0)
         for _ in range(6):  # every request lands on the healthy one, without a retry
             st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 2})
             self.assertEqual(st, 200, out)

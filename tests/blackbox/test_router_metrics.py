@@ -36,7 +36,7 @@ class Counts(t.TestCase):
         self.assertEqual(m['xpyd_ttft_seconds_bucket{le="+Inf"}'], 5)
         self.assertEqual(m["xpyd_generation_tokens_total"], 5 * 6 + 3 * 4)
         self.assertEqual(m["xpyd_prompt_tokens_total"], 5 * 4 + 3 * 3)  # exact, from the prefill's usage
-        self.assertEqual(m['xpyd_instance_selected_total{role="decode",instance="127.0.0.1:%d",dp_rank="0"}'
+        self.assertEqual(m['xpyd_instance_selected_total{role="decode",engine="127.0.0.1:%d",dp_rank="0"}'
                            % d.port], 8)
         self.assertEqual(m["xpyd_active_streams"], 0)
         r.stop()
