@@ -82,6 +82,73 @@ size_t xb_hash_bytes(const void *data, size_t len, size_t block_bytes, uint64_t 
     return nb;
 }
 
+struct xb_hasher {
+    XXH3_state_t *st;    /* XXH3_createState: it needs a 64-byte alignment malloc does not give */
+    size_t block, fill;  /* block size, bytes of the current block so far */
+    uint64_t prev;
+    uint64_t *out;
+    size_t n, cap;
+};
+
+static void *hasher_alloc(void *p, size_t n)
+{
+    void *q = realloc(p, n);
+    if (!q)
+        abort(); /* the library's one allocation failure policy for an executable's prompt reading */
+    return q;
+}
+
+struct xb_hasher *xb_hasher_new(size_t block_bytes)
+{
+    struct xb_hasher *h = hasher_alloc(NULL, sizeof *h);
+    memset(h, 0, sizeof *h);
+    h->block = block_bytes ? block_bytes : 1;
+    h->prev = CHAIN_SEED;
+    if (!(h->st = XXH3_createState()))
+        abort();
+    XXH3_64bits_reset_withSeed(h->st, h->prev);
+    return h;
+}
+
+void xb_hasher_feed(struct xb_hasher *h, const void *data, size_t len)
+{
+    const char *p = data;
+    while (len) {
+        size_t k = h->block - h->fill < len ? h->block - h->fill : len;
+        XXH3_64bits_update(h->st, p, k);
+        h->fill += k;
+        p += k;
+        len -= k;
+        if (h->fill == h->block) {
+            h->prev = XXH3_64bits_digest(h->st);
+            if (h->n == h->cap) {
+                h->cap = h->cap ? 2 * h->cap : 64;
+                h->out = hasher_alloc(h->out, h->cap * sizeof *h->out);
+            }
+            h->out[h->n++] = h->prev;
+            h->fill = 0;
+            XXH3_64bits_reset_withSeed(h->st, h->prev);
+        }
+    }
+}
+
+void xb_hasher_feed_id(struct xb_hasher *h, int64_t id)
+{
+    unsigned char b[8];
+    for (int s = 0; s < 8; s++)
+        b[s] = (unsigned char)((uint64_t)id >> (8 * s));
+    xb_hasher_feed(h, b, sizeof b);
+}
+
+size_t xb_hasher_finish(struct xb_hasher *h, uint64_t **out)
+{
+    size_t n = h->n;
+    *out = h->out;
+    XXH3_freeState(h->st);
+    free(h);
+    return n;
+}
+
 size_t xb_prefix_entry_bytes(void)
 {
     /* the entry, and its share of the table: a power of two at least twice the entries, so at most 4 slots */

@@ -23,6 +23,15 @@
 size_t xb_hash_tokens(const int64_t *ids, size_t n, size_t block_tokens, uint64_t *out, size_t cap);
 /* Same over bytes (a text prompt, or a chat's canonical serialization), block_bytes bytes per block. */
 size_t xb_hash_bytes(const void *data, size_t len, size_t block_bytes, uint64_t *out, size_t cap);
+/* The same chain over bytes fed in pieces (a prompt decoded as it is read, never held whole): the hashes equal
+ * xb_hash_bytes over the concatenation. Out of memory aborts. */
+struct xb_hasher;
+struct xb_hasher *xb_hasher_new(size_t block_bytes);
+void xb_hasher_feed(struct xb_hasher *h, const void *data, size_t len);
+/* Ids as little-endian 64-bit values, as xb_hash_tokens hashes them (block_bytes = 8 x block tokens). */
+void xb_hasher_feed_id(struct xb_hasher *h, int64_t id);
+/* Frees h; *out gets the hashes (malloc'd, NULL when there are none); returns how many. */
+size_t xb_hasher_finish(struct xb_hasher *h, uint64_t **out);
 
 struct xb_prefix;
 

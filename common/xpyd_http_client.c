@@ -64,8 +64,10 @@ struct up_leg {
     const struct up_leg_cbs *cbs;
     void *arg;
     struct up_timeouts to;
-    char *req;              /* the request's bytes, kept for one transparent retry (a pooled connection that
-                             * the engine had closed) until the response starts; exactly sized (owned) */
+    struct up_piece *req[2]; /* the request's bytes (a head, and a body the caller built), kept for one
+                              * transparent retry (a pooled connection the engine had closed) until the response
+                              * starts; NULL when not (or no longer) held */
+    int nreq;
     size_t req_len;
     http_parser parser;
     int status;
@@ -91,6 +93,54 @@ struct leg_header {
     size_t nl, vl;
     int state, skip; /* 0 none, 1 in a name, 2 in a value; skip: too long, not reported */
 };
+
+/* Request bytes held by a leg and, while queued on a connection's output, by that output too (referred to, not
+ * copied: a 16 MiB prompt is not copied again to be sent); freed at the last release. The owning thread's only. */
+struct up_piece {
+    char *p;
+    size_t n;
+    unsigned refs;
+};
+
+static struct up_piece *piece_new(char *p, size_t n)
+{
+    struct up_piece *x = malloc(sizeof *x);
+    if (!x) {
+        free(p);
+        return NULL;
+    }
+    *x = (struct up_piece){p, n, 1};
+    return x;
+}
+
+static void piece_unref(struct up_piece *x)
+{
+    if (x && --x->refs == 0) {
+        free(x->p);
+        free(x);
+    }
+}
+
+static void piece_cleanup(const void *data, size_t len, void *arg)
+{
+    piece_unref(arg);
+}
+
+/* Queues x from byte `from` on out, by reference. */
+static void piece_queue(struct evbuffer *out, struct up_piece *x, size_t from)
+{
+    x->refs++;
+    if (evbuffer_add_reference(out, x->p + from, x->n - from, piece_cleanup, x) != 0)
+        x->refs--; /* not queued (out of memory): the write fails, the leg with it */
+}
+
+static void leg_release_req(struct up_leg *leg)
+{
+    for (int i = 0; i < leg->nreq; i++) {
+        piece_unref(leg->req[i]);
+        leg->req[i] = NULL;
+    }
+}
 
 static void conn_free(struct up_conn *c);
 static void leg_finish(struct up_leg *leg, int err);
@@ -183,7 +233,11 @@ static void conn_read_arm(struct up_conn *c)
         return;
     evutil_socket_t fd = bufferevent_getfd(c->bev);
     int edge = c->connected && evbuffer_get_length(bufferevent_get_output(c->bev)) == 0;
-    short what = EV_READ | EV_PERSIST | (edge ? EV_ET | EV_CLOSED : 0);
+    /* EV_CLOSED both ways: switched from edge to level within one loop iteration, libevent's change list keeps
+     * the edge flag of a removed EV_CLOSED interest and registers the socket's write event edge-triggered too;
+     * a bufferevent writes 16 KiB per write event, so the rest of a request larger than the socket's buffer
+     * (a 16 MiB prompt on a reused connection) was then never written */
+    short what = EV_READ | EV_PERSIST | EV_CLOSED | (edge ? EV_ET : 0);
     if (!c->rev) {
         if (fd < 0)
             return;
@@ -501,7 +555,10 @@ static void conn_park(struct up_conn *c)
 {
     struct up_thread *t = c->t;
     c->leg = NULL;
-    if (t->idle[c->ep].n >= t->idle_max || evbuffer_get_length(bufferevent_get_input(c->bev)) > 0) {
+    /* bytes after the answer, or a request the engine answered before it was all written (an early error):
+     * this connection is out of step with the protocol */
+    if (t->idle[c->ep].n >= t->idle_max || evbuffer_get_length(bufferevent_get_input(c->bev)) > 0 ||
+        evbuffer_get_length(bufferevent_get_output(c->bev)) > 0) {
         t->open_count--;
         conn_close(c);
         return;
@@ -527,7 +584,7 @@ static void leg_drop_conn(struct up_leg *leg)
 
 static void leg_free(struct up_leg *leg)
 {
-    free(leg->req);
+    leg_release_req(leg);
     free(leg->hdr);
     if (leg->defer_ev)
         event_free(leg->defer_ev);
@@ -553,7 +610,7 @@ static void leg_finish(struct up_leg *leg, int err)
 /* A reused keep-alive connection that failed before any response byte: the engine had closed it. */
 static int leg_try_again(struct up_leg *leg)
 {
-    if (!leg->reused || leg->retried || leg->bytes_in > 0 || !leg->req)
+    if (!leg->reused || leg->retried || leg->bytes_in > 0 || !leg->req[0])
         return 0;
     leg->retried = 1;
     leg_drop_conn(leg);
@@ -568,8 +625,7 @@ static int leg_parse(struct up_conn *c, struct up_leg *leg, const char *data, si
     if (leg->bytes_in == 0) {
         struct timeval idle = ms_tv(leg->to.idle_ms);
         conn_timeouts(c, &idle, NULL);
-        free(leg->req);
-        leg->req = NULL;
+        leg_release_req(leg);
     }
     leg->bytes_in += len;
     leg->in_cb = 1;
@@ -695,6 +751,10 @@ static void leg_event_cb(struct bufferevent *bev, short what, void *arg)
     if (what & BEV_EVENT_CONNECTED) {
         c->connected = 1;
         xpyd_tcp_nodelay(bufferevent_getfd(bev));
+        /* --connect-timeout-ms bounded the connect; the request's upload (a long prompt to a slow reader) is
+         * bounded by the first-byte timeout, as the rest of the wait for the answer */
+        struct timeval fb = ms_tv(leg->to.first_byte_ms);
+        conn_timeouts(c, &fb, NULL);
         return;
     }
     int err = EVUTIL_SOCKET_ERROR();
@@ -834,14 +894,13 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
     leg->parser.data = leg;
     leg->sent = 0;
     size_t len = leg->req_len;
-    const char *data = leg->req;
     struct evbuffer *out = bufferevent_get_output(c->bev);
     if (!leg->reused) {
-        /* A new connection is never tried again (leg_try_again): the request is not kept. A stream waiting
-         * for its engine's first byte holds ~1 KiB less (section 4 of bench/overhead.sh). */
-        evbuffer_add(out, data, len);
-        free(leg->req);
-        leg->req = NULL;
+        /* A new connection is never tried again (leg_try_again): the request is not kept once written. A
+         * stream waiting for its engine's first byte holds ~1 KiB less (section 4 of bench/overhead.sh). */
+        for (int i = 0; i < leg->nreq; i++)
+            piece_queue(out, leg->req[i], 0);
+        leg_release_req(leg);
         bufferevent_enable(c->bev, EV_WRITE);
         conn_read(c, 1);
         return 0;
@@ -853,7 +912,11 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
      * bufferevent's path, which also reports the error. */
     size_t done = 0;
     if (!t->eps[leg->ep].tls && !leg->cbs->on_sent && evbuffer_get_length(out) == 0) {
-        ssize_t n = send(bufferevent_getfd(c->bev), data, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        struct iovec iov[2];
+        for (int i = 0; i < leg->nreq; i++)
+            iov[i] = (struct iovec){leg->req[i]->p, leg->req[i]->n};
+        struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)leg->nreq};
+        ssize_t n = sendmsg(bufferevent_getfd(c->bev), &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         done = n > 0 ? (size_t)n : 0;
     }
     if (done == len) {
@@ -861,36 +924,61 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
         conn_read(c, 1);
         return 0;
     }
-    evbuffer_add(out, data + done, len - done);
+    for (int i = 0; i < leg->nreq; i++) { /* the rest, by reference (the leg keeps its own for a retry) */
+        if (done >= leg->req[i]->n) {
+            done -= leg->req[i]->n;
+            continue;
+        }
+        piece_queue(out, leg->req[i], done);
+        done = 0;
+    }
     bufferevent_enable(c->bev, EV_WRITE);
     conn_read(c, 1);
     return 0;
 }
 
-struct up_leg *up_leg_start(struct up_thread *t, int ep, struct evbuffer *req, const struct up_timeouts *to,
-                            const struct up_leg_cbs *cbs, void *arg)
+struct up_leg *up_leg_start_parts(struct up_thread *t, int ep, char *head, size_t head_len, char *body,
+                                  size_t body_len, const struct up_timeouts *to, const struct up_leg_cbs *cbs, void *arg)
 {
-    if (ep < 0 || (size_t)ep >= t->n)
+    struct up_leg *leg = ep >= 0 && (size_t)ep < t->n ? calloc(1, sizeof *leg) : NULL;
+    if (!leg) {
+        free(head);
+        free(body);
         return NULL;
-    struct up_leg *leg = calloc(1, sizeof *leg);
-    if (!leg)
-        return NULL;
+    }
     leg->t = t;
     leg->ep = ep;
     leg->cbs = cbs;
     leg->arg = arg;
     leg->to = *to;
-    leg->req_len = evbuffer_get_length(req);
-    leg->req = malloc(leg->req_len ? leg->req_len : 1);
-    if (!leg->req) {
-        free(leg);
+    leg->req[0] = piece_new(head, head_len);
+    leg->nreq = 1;
+    if (body && body_len) {
+        leg->req[1] = piece_new(body, body_len);
+        leg->nreq = 2;
+    } else {
+        free(body);
+    }
+    if (!leg->req[0] || (leg->nreq == 2 && !leg->req[1])) {
+        leg_free(leg);
         return NULL;
     }
-    evbuffer_remove(req, leg->req, leg->req_len);
+    leg->req_len = head_len + (leg->nreq == 2 ? body_len : 0);
     int rc = leg_attach(leg, 1);
     if (rc != 0)
         leg_fail_later(leg, rc);
     return leg;
+}
+
+struct up_leg *up_leg_start(struct up_thread *t, int ep, struct evbuffer *req, const struct up_timeouts *to,
+                            const struct up_leg_cbs *cbs, void *arg)
+{
+    size_t n = evbuffer_get_length(req);
+    char *bytes = malloc(n ? n : 1);
+    if (!bytes)
+        return NULL;
+    evbuffer_remove(req, bytes, n);
+    return up_leg_start_parts(t, ep, bytes, n, NULL, 0, to, cbs, arg);
 }
 
 void up_leg_cancel(struct up_leg *leg)

@@ -76,6 +76,10 @@ size_t up_thread_open(const struct up_thread *t);
 /* Sends req (a whole serialized HTTP request; drained) to endpoint ep over a pooled or new connection. */
 struct up_leg *up_leg_start(struct up_thread *t, int ep, struct evbuffer *req, const struct up_timeouts *to,
                             const struct up_leg_cbs *cbs, void *arg);
+/* The same with the request in two pieces, a head and a body (NULL: none), both malloc'd and owned by the leg
+ * from the call on (freed on failure too): nothing is copied again to be sent. */
+struct up_leg *up_leg_start_parts(struct up_thread *t, int ep, char *head, size_t head_len, char *body,
+                                  size_t body_len, const struct up_timeouts *to, const struct up_leg_cbs *cbs, void *arg);
 /* Stops the leg: no more callbacks; its connection is closed (never reused mid-response). */
 void up_leg_cancel(struct up_leg *leg);
 /* Dispatch-and-cancel: no more callbacks; the request is still written out completely, then the

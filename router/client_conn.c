@@ -13,6 +13,8 @@
  *   - head over --max-header-bytes / --max-headers / a line over --max-header-line-bytes -> 431, then close
  *   - a malformed or ambiguous head or chunked body          -> 400 (or 501/505/417), then close
  *   - a body over --max-body-bytes: read and discarded, the handler answers 413 (never buffered)
+ *   - a body that would take the bodies the router holds over --max-body-memory-bytes: read and discarded,
+ *     the handler answers 503 + Retry-After (a Content-Length body is admitted whole at its head)
  *   - a connection over --max-connections                    -> 503 + Retry-After, then close
  *   - no new request within --keepalive-timeout-ms           -> closed quietly (nothing was asked)
  * "Expect: 100-continue" is answered by the guard: 100 Continue only when the body will be read (not
@@ -66,10 +68,14 @@ struct cconn {
     struct hr_field *fields; /* the head's fields, sized by its line count; freed with the head, so an
                               * open stream holds none (owned) */
     struct evbuffer *body;  /* only while a body is read (body_buf): an open stream holds none */
+    struct evbuffer *aside; /* a generate request's body, handed to its handler directly (rt_client_take_body),
+                             * not through libevhtp's parser, which would copy it twice more */
     int64_t body_left;      /* Content-Length bytes still to come */
     size_t body_bytes;
     struct hr_chunked ck;
     int too_large;          /* over --max-body-bytes: discarded, the handler answers 413 */
+    int mem_full;           /* over --max-body-memory-bytes: discarded, the handler answers 503 */
+    int64_t reserved;       /* body bytes counted in the router's body memory (rt_body_memory_*) */
     int skip_body;          /* Expect: 100-continue refused early: the body will not be sent */
     bufferevent_data_cb ev_read, ev_write;
     bufferevent_event_cb ev_event;
@@ -95,9 +101,14 @@ static void request_reset(struct cconn *cc)
     if (cc->body)
         evbuffer_free(cc->body);
     cc->body = NULL;
+    if (cc->aside)
+        evbuffer_free(cc->aside);
+    cc->aside = NULL;
     cc->body_left = 0;
     cc->body_bytes = 0;
-    cc->too_large = cc->skip_body = 0;
+    cc->too_large = cc->skip_body = cc->mem_full = 0;
+    rt_body_memory_release(cc->reserved);
+    cc->reserved = 0;
     memset(&cc->ck, 0, sizeof cc->ck);
 }
 
@@ -342,17 +353,45 @@ static struct evbuffer *body_buf(struct cconn *cc)
     return cc->body;
 }
 
+/* The body kept so far goes (none is made just to be drained), and its count in the router's body memory. */
+static void drop_body(struct cconn *cc)
+{
+    if (cc->body)
+        evbuffer_drain(cc->body, evbuffer_get_length(cc->body));
+    rt_body_memory_release(cc->reserved);
+    cc->reserved = 0;
+}
+
 static void collect_body(void *arg, const char *p, size_t n)
 {
     struct cconn *cc = arg;
     cc->body_bytes += n;
+    if (cc->too_large || cc->mem_full)
+        return;
     if (cc->body_bytes > (size_t)g_rt->cfg.max_body_bytes) {
         cc->too_large = 1;
-        if (cc->body) /* what was kept goes; none is made just to be drained */
-            evbuffer_drain(cc->body, evbuffer_get_length(cc->body));
+        drop_body(cc);
+        return;
     }
-    if (!cc->too_large)
-        evbuffer_add(body_buf(cc), p, n);
+    if (!rt_body_memory_reserve((int64_t)n)) {
+        cc->mem_full = 1;
+        drop_body(cc);
+        return;
+    }
+    cc->reserved += (int64_t)n;
+    evbuffer_add(body_buf(cc), p, n);
+}
+
+/* The generate endpoints' paths (a query string allowed): their bodies skip libevhtp's parser. */
+static int is_generate(const char *t, size_t n)
+{
+    static const char *const paths[] = {"/v1/completions", "/v1/chat/completions"};
+    for (int i = 0; i < 2; i++) {
+        size_t k = strlen(paths[i]);
+        if (n >= k && !memcmp(t, paths[i], k) && (n == k || t[k] == '?'))
+            return 1;
+    }
+    return 0;
 }
 
 /* The complete request goes to libevhtp as one canonical message, which it parses at once. */
@@ -374,7 +413,7 @@ static void hand_over(struct cconn *cc)
     evbuffer_add(in, h->minor ? " HTTP/1.1\r\n" : " HTTP/1.0\r\n", 11);
     for (size_t i = 0; i < h->nfields; i++) {
         const struct hr_field *f = &cc->fields[i];
-        if (!f->drop && !hr_name_is(f, "x-xpyd-body-too-large")) {
+        if (!f->drop && !hr_name_is(f, "x-xpyd-body-too-large") && !hr_name_is(f, "x-xpyd-body-memory-full")) {
             evbuffer_add(in, f->name, f->nlen);
             evbuffer_add(in, ": ", 2);
             evbuffer_add(in, f->val, f->vlen);
@@ -383,6 +422,8 @@ static void hand_over(struct cconn *cc)
     }
     if (cc->too_large)
         evbuffer_add_printf(in, "%s: 1\r\n", XPYD_TOO_LARGE_HEADER);
+    else if (cc->mem_full)
+        evbuffer_add_printf(in, "%s: 1\r\n", XPYD_BODY_MEMORY_HEADER);
     cc->last = !h->keep_alive || cc->skip_body;
     if (cc->last)
         evbuffer_add(in, "Connection: close\r\n", 19);
@@ -390,6 +431,11 @@ static void hand_over(struct cconn *cc)
         evbuffer_add(in, "Connection: keep-alive\r\n", 24);
     size_t blen = cc->body ? evbuffer_get_length(cc->body) : 0;
     int has_length = blen || h->content_length >= 0 || h->chunked;
+    if (blen && is_generate(h->target, h->tlen)) { /* the handler takes it as it is (rt_client_take_body) */
+        cc->aside = cc->body;
+        cc->body = NULL;
+        blen = 0;
+    }
     if (has_length) {
         char cl[40] = "Content-Length: ";
         evbuffer_add(in, cl, (size_t)(xpyd_put_u64(cl + 16, blen) - cl));
@@ -411,7 +457,10 @@ static void hand_over(struct cconn *cc)
     /* libevhtp's parser starts afresh for every request (it may be shared: rt_client_attach) */
     htparser_init(cc->c->parser, htp_type_request);
     htparser_set_userdata(cc->c->parser, cc->c);
-    cc->ev_read(bev, cc->ev_arg);
+    int64_t reserved = cc->reserved; /* the handler counts what it keeps (the request's source) itself */
+    cc->reserved = 0;
+    cc->ev_read(bev, cc->ev_arg); /* may free cc */
+    rt_body_memory_release(reserved);
 }
 
 /* Reads as far as the buffered bytes allow: at most one request is handed over per call. */
@@ -448,9 +497,13 @@ static void advance(struct cconn *cc)
         cc->body_left = cc->h.content_length > 0 ? cc->h.content_length : 0;
         if (cc->h.content_length > cfg->max_body_bytes)
             cc->too_large = 1;
+        else if (cc->body_left > 0 && rt_body_memory_reserve(cc->body_left)) /* admitted whole */
+            cc->reserved = cc->body_left;
+        else if (cc->body_left > 0)
+            cc->mem_full = 1;
         int has_body = cc->h.chunked || cc->body_left > 0;
         if (has_body && cc->h.expect_continue && evbuffer_get_length(cc->raw) == 0) {
-            if (cc->too_large || !auth_would_pass(cc)) {
+            if (cc->too_large || cc->mem_full || !auth_would_pass(cc)) {
                 cc->skip_body = 1; /* answered without reading the body, then closed */
                 cc->body_left = 0;
                 hand_over(cc);
@@ -465,7 +518,7 @@ static void advance(struct cconn *cc)
         if (!cc->h.chunked) {
             size_t n = (uint64_t)cc->body_left < avail ? (size_t)cc->body_left : avail;
             if (n) {
-                if (cc->too_large)
+                if (cc->too_large || cc->mem_full)
                     evbuffer_drain(cc->raw, n);
                 else
                     evbuffer_remove_buffer(cc->raw, body_buf(cc), n);
@@ -569,6 +622,15 @@ static void too_large_handler(evhtp_request_t *req, void *arg)
     xpyd_reply_error(req, 413, msg);
 }
 
+static void body_memory_handler(evhtp_request_t *req, void *arg)
+{
+    char msg[200];
+    snprintf(msg, sizeof msg, "the router holds as many request body bytes as it may (--max-body-memory-bytes %ld); "
+                              "retry shortly", g_rt->cfg.max_body_memory_bytes);
+    evhtp_headers_add_header(req->headers_out, evhtp_header_new("Retry-After", "1", 0, 0));
+    xpyd_reply_error(req, 503, msg);
+}
+
 const char *const rt_client_reject_names[RT_CR_COUNT] = {"over_capacity", "header_timeout", "body_timeout",
                                                        "headers_too_large", "keepalive_idle", "malformed"};
 
@@ -581,14 +643,27 @@ int rt_client_headers_hook(evhtp_request_t *req, void *guard)
         req->cbarg = NULL;
         return 0;
     }
-    /* the generate endpoints answer 413 themselves (counted per endpoint, access-logged) */
-    if (evhtp_header_find(req->headers_in, XPYD_TOO_LARGE_HEADER) && req->uri && req->uri->path &&
-        req->uri->path->full && strcmp(req->uri->path->full, "/v1/completions") != 0 &&
-        strcmp(req->uri->path->full, "/v1/chat/completions") != 0) {
+    /* the generate endpoints answer 413 and 503 themselves (counted per endpoint, access-logged) */
+    const char *path = req->uri && req->uri->path && req->uri->path->full ? req->uri->path->full : "";
+    int generate = !strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions");
+    if (!generate && evhtp_header_find(req->headers_in, XPYD_TOO_LARGE_HEADER)) {
         req->cb = too_large_handler;
+        req->cbarg = NULL;
+    } else if (!generate && evhtp_header_find(req->headers_in, XPYD_BODY_MEMORY_HEADER)) {
+        req->cb = body_memory_handler;
         req->cbarg = NULL;
     }
     return 0;
+}
+
+struct evbuffer *rt_client_take_body(evhtp_request_t *req)
+{
+    evhtp_connection_t *c = evhtp_request_get_connection(req);
+    struct cconn *cc = c && c->hooks ? c->hooks->on_connection_fini_arg : NULL;
+    struct evbuffer *b = cc ? cc->aside : NULL;
+    if (cc)
+        cc->aside = NULL;
+    return b;
 }
 
 void rt_client_set_owner(evhtp_request_t *req, void (*fini)(void *arg), void *arg)

@@ -71,6 +71,13 @@ static const struct xpyd_setting settings[] = {
      "(`store` handoff only; streamed and non-streamed requests; docs/PROTOCOLS.md explains the warm-up rule)"},
     {"max-body-bytes", XS_LONG, OFF(max_body_bytes), 1024, 1L << 30, "16777216", NULL,
      "largest request body; larger gets 413 (read and discarded, never buffered)"},
+    {"max-body-keys", XS_LONG, OFF(max_body_keys), 1, 1000000, "1024", NULL,
+     "top-level members of a request body (OpenAI's and vLLM's parameters are well under a hundred); more gets "
+     "400. Bodies are read in place, never as a tree: a body costs its own bytes, whatever its shape"},
+    {"max-body-memory-bytes", XS_LONG, OFF(max_body_memory_bytes), 1024, 1L << 40, "1073741824", NULL,
+     "request-body bytes the router holds at once, all clients together (bodies being read, and the one copy of "
+     "each request in progress, kept for its legs): a body that would go over it is read and discarded and "
+     "gets 503 + `Retry-After: 1` (`xpyd_request_body_bytes`; reason `body_memory_full`)"},
     {"max-response-bytes", XS_LONG, OFF(max_response_bytes), 1024, 1L << 30, "67108864", NULL,
      "largest non-streamed engine answer the router buffers; larger fails with 502"},
     {"connect-timeout-ms", XS_LONG, OFF(connect_timeout_ms), 1, 3600000, "5000", NULL,

@@ -61,6 +61,8 @@ struct rt_config {
     int dp_internal;
     int repeat_d_times;
     long max_body_bytes;
+    long max_body_keys;        /* top-level members of a request body */
+    long max_body_memory_bytes; /* request-body bytes held at once, all requests */
     long max_response_bytes;
     long connect_timeout_ms;
     long first_token_timeout_ms;

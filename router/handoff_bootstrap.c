@@ -4,13 +4,14 @@
  * answer is drained. A failing prefill aborts the decode (POST /abort_request) and both legs start again. */
 #include "handoff.h"
 #include "request.h"
-#include "rewrite.h"
+#include "body_src.h"
 
 #include "xpyd_util.h"
 
 #include <event2/buffer.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static void abort_sent(struct up_leg *leg, int err, void *arg)
 {
@@ -73,10 +74,13 @@ static void start_both(struct request *r)
     const struct up_endpoint *pe = &g_rt->endpoints[prank->endpoint];
     size_t len;
     char *body = rw_bootstrap_body(r->src, pe->host, prank->bootstrap_port, room, r->xid, &len);
-    req_send(r, RT_PREFILL, body, len, prefill_done);
+    char *copy = XPYD_XALLOC(malloc(len + 1)); /* each leg owns its body */
+    memcpy(copy, body, len + 1);
+    req_send(r, RT_PREFILL, copy, len, prefill_done);
     if (r->state != REQ_DONE)
         req_send(r, RT_DECODE, body, len, req_decode_done);
-    free(body);
+    else
+        free(body);
 }
 
 static void decode_retry(struct request *r)

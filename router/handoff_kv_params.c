@@ -3,7 +3,7 @@
  * decode leg carrying the `kv_transfer_params` the prefill returned, so the decode pulls the KV. */
 #include "handoff.h"
 #include "request.h"
-#include "rewrite.h"
+#include "body_src.h"
 
 #include "xpyd_util.h"
 
@@ -56,10 +56,10 @@ static void kv_abandon(struct request *r, int decode_in_flight)
     size_t len;
     char *body = rw_kv_release_body(r->src, r->kv_params, &len);
     struct evbuffer *req = req_build(r, RT_DECODE, idx, "POST", req_path(r), body, len);
-    free(body);
     static const struct up_leg_cbs cbs = {NULL, NULL, release_dispatched, NULL, NULL, NULL};
     struct up_leg *leg = up_leg_start(r->t->up, req_endpoint(RT_DECODE, idx), req, req_timeouts(), &cbs, NULL);
     evbuffer_free(req);
+    free(body);
     if (leg) {
         up_leg_cancel_after_send(leg);
         atomic_fetch_add(&g_rt->ctr.kv_release_dispatches, 1);

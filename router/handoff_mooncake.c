@@ -12,7 +12,7 @@
  * A client that leaves closes both (req_end). */
 #include "handoff.h"
 #include "request.h"
-#include "rewrite.h"
+#include "body_src.h"
 
 #include "xpyd_util.h"
 
@@ -94,8 +94,8 @@ static void start_both(struct request *r)
     req_send(r, RT_PREFILL, pbody, plen, prefill_done);
     if (r->state != REQ_DONE)
         req_send(r, RT_DECODE, dbody, dlen, req_decode_done);
-    free(pbody);
-    free(dbody);
+    else
+        free(dbody);
 }
 
 static void decode_retry(struct request *r) /* both legs again, with a new transfer_id */

@@ -2,7 +2,7 @@
  * deployment behind the same router). The decode gets the client's body byte for byte. */
 #include "handoff.h"
 #include "request.h"
-#include "rewrite.h"
+#include "body_src.h"
 
 static char *client_body(struct request *r, size_t *len)
 {

@@ -4,7 +4,7 @@
  * this mode allows: store KV can be read by many decodes. */
 #include "handoff.h"
 #include "request.h"
-#include "rewrite.h"
+#include "body_src.h"
 
 #include "xpyd_util.h"
 

@@ -13,7 +13,9 @@
 #include "xpyd_util.h"
 #include "xpyd_version.h"
 
+#include <dlfcn.h>
 #include <errno.h>
+#include <malloc.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
 #include <event2/listener.h>
@@ -157,6 +159,32 @@ static void thread_init(evhtp_t *htp, evthr_t *thr, void *arg)
 static void thread_exit(evhtp_t *htp, evthr_t *thr, void *arg)
 {
     rt_thread_free(evthr_get_aux(thr));
+}
+
+/* Memory freed by a burst of large requests goes back to the system once the router is idle (jemalloc keeps
+ * freed pages until later activity decays them, and an idle router has none): every second, when no request
+ * is in progress and some were since the last time, the allocator's dirty pages are purged. jemalloc is found
+ * at run time (mallctl); without it (sanitizer builds), glibc's malloc_trim. */
+static void on_idle_tick(evutil_socket_t fd, short ev, void *arg)
+{
+    static int64_t seen = -1;
+    int64_t done = 0;
+    for (int k = 0; k < RT_EP_COUNT; k++)
+        for (int s = 100; s < 600; s++)
+            done += atomic_load(&g_rt->ctr.requests[k][s]);
+    if (atomic_load(&g_rt->ctr.active_requests) > 0 || done == seen)
+        return;
+    seen = done;
+    static int (*mallctl_fn)(const char *, void *, size_t *, void *, size_t);
+    static int looked;
+    if (!looked) {
+        looked = 1;
+        *(void **)&mallctl_fn = dlsym(RTLD_DEFAULT, "mallctl");
+    }
+    if (mallctl_fn)
+        mallctl_fn("arena.4096.purge", NULL, NULL, NULL, 0); /* MALLCTL_ARENAS_ALL */
+    else
+        malloc_trim(0);
 }
 
 struct drain {
@@ -370,6 +398,9 @@ int main(int argc, char **argv)
               rt->cfg.listen_host, port, rt->tls_server ? "on" : "off", pport, rt->cfg.threads, rt->cfg.handoff,
               rt->reg.n_ranks[0], rt->reg.n_ranks[1]);
     fflush(stderr);
+    struct event *idle = event_new(base, -1, EV_PERSIST, on_idle_tick, NULL);
+    struct timeval one_s = {1, 0};
+    event_add(idle, &one_s);
     struct probe *probe = probe_start(base);
     struct discovery *disc = discovery_start(base);
     drain.es = esync_start(base, port);
@@ -385,6 +416,7 @@ int main(int argc, char **argv)
     event_free(si);
     event_free(st);
     event_free(sh);
+    event_free(idle);
     rt_kvxfer_stop();
     XLOG_INFO("msg=\"xpyd_router stopped\"");
     /* Worker threads and their connections end with the process. */

@@ -93,6 +93,9 @@
       "Slots of removed ranks given to engines that joined later (once nothing was in flight on them).")      \
     X(endpoint_reuses, "xpyd_endpoint_slot_reuses_total", counter, NONE,                                        \
       "Endpoint slots no rank referred to any more, given to new addresses.")                                   \
+    X(body_bytes, "xpyd_request_body_bytes", gauge, NONE,                                                       \
+      "Request-body bytes the router holds now (bodies being read, and the source of every request in "        \
+      "progress), against --max-body-memory-bytes.")                                                            \
     X(loops_refused, "xpyd_loops_refused_total", counter, NONE,                                                 \
       "Requests refused with 508 because they had already passed through this router (or --max-hops routers): " \
       "an engine address leads back to it.")

@@ -3,7 +3,9 @@
  * between modes is behind r->ho (handoff.h), one file per mode. See request.h for the state diagram. */
 #include "request.h"
 #include "access_log.h"
+#include "body_src.h"
 #include "handoff.h"
+#include "prompt.h"
 #include "rewrite.h"
 
 #include "xpyd_oai.h"
@@ -79,11 +81,11 @@ const struct up_timeouts *req_timeouts(void)
     return &to;
 }
 
-struct evbuffer *req_build(struct request *r, int role, int idx, const char *method, const char *path, const char *body,
-                           size_t len)
+/* The head of a request to legs[role]'s instance idx, into b. */
+static void req_head(struct evbuffer *b, struct request *r, int role, int idx, const char *method, const char *path,
+                     const char *body, size_t len)
 {
     const struct up_endpoint *ep = &g_rt->endpoints[req_endpoint(role, idx)];
-    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
     up_request_line(b, ep, method, path);
     char num[24], *e;
     evbuffer_add(b, "X-Request-Id: ", 14);
@@ -104,6 +106,13 @@ struct evbuffer *req_build(struct request *r, int role, int idx, const char *met
         evbuffer_add(b, num, (size_t)(e - num));
     }
     evbuffer_add(b, "\r\n\r\n", body ? 4 : 2);
+}
+
+struct evbuffer *req_build(struct request *r, int role, int idx, const char *method, const char *path, const char *body,
+                           size_t len)
+{
+    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
+    req_head(b, r, role, idx, method, path, body, len);
     if (body)
         evbuffer_add(b, body, len);
     return b;
@@ -232,6 +241,20 @@ void req_leg_fail(struct request *r, int fail, int role, int idx, const char *de
     req_fail(r, fail, rt_fail_table[fail].status, msg);
 }
 
+static void body_memory_release(struct request *r)
+{
+    rt_body_memory_release(r->body_bytes);
+    r->body_bytes = 0;
+}
+
+/* A continuation became the request's body (decode migration): its bytes replace the old ones in the count. */
+static void body_memory_swap(struct request *r, size_t len)
+{
+    rt_body_memory_add((int64_t)len);
+    body_memory_release(r);
+    r->body_bytes = (int64_t)len;
+}
+
 /* libevhtp is freeing the client request (answer sent, or the connection is gone): the single safe point. */
 static void req_free_cb(void *arg)
 {
@@ -241,8 +264,8 @@ static void req_free_cb(void *arg)
         atomic_fetch_add(&g_rt->ctr.client_disconnects, 1);
         req_end(r, RF_CLIENT_DISCONNECT);
     }
-    cJSON_Delete(r->body);
     rw_src_free(r->src);
+    body_memory_release(r);
     free(r->model);
     free(r->kv_params);
     free(r->fwd_headers);
@@ -281,14 +304,10 @@ void req_begin(struct request *r)
     r->queued_role = -1;
     r->cached_tokens = -1;
     if (g_rt->cfg.migration_limit > 0 && r->stream &&
-        (r->kind == RT_EP_CHAT ? cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(r->body, "messages"))
-                               : cJSON_IsString(cJSON_GetObjectItemCaseSensitive(r->body, "prompt"))))
+        jv_type(rw_src_get(r->src, r->kind == RT_EP_CHAT ? "messages" : "prompt")) ==
+            (r->kind == RT_EP_CHAT ? JV_ARRAY : JV_STRING))
         r->gen_text = XPYD_XALLOC(evbuffer_new()); /* it can be continued elsewhere: keep what the client gets */
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(r->body, "model");
-    if (cJSON_IsString(model))
-        r->model = XPYD_XALLOC(strdup(model->valuestring));
-    cJSON_Delete(r->body); /* all that was needed from the tree is taken; the rare later reader calls req_body */
-    r->body = NULL;
+    r->model = rw_string_member(r->src, "model");
     r->sse.max_event = 4u << 20;
     atomic_fetch_add(&g_rt->ctr.active_requests, 1);
     evhtp_request_t *req = r->ereq;
@@ -497,7 +516,7 @@ static void leg_read_end(struct up_leg *up, void *arg)
         client_read_done(r);
 }
 
-void req_send(struct request *r, int role, const char *body, size_t len, void (*on_done)(struct up_leg *, int, void *))
+void req_send(struct request *r, int role, char *body, size_t len, void (*on_done)(struct up_leg *, int, void *))
 {
     struct leg *l = &r->legs[role];
     l->status = 0;
@@ -505,10 +524,15 @@ void req_send(struct request *r, int role, const char *body, size_t len, void (*
     if (l->buf)
         evbuffer_drain(l->buf, evbuffer_get_length(l->buf));
     l->on_done = on_done;
-    struct evbuffer *req = req_build(r, role, l->idx, "POST", req_path(r), body, len);
+    struct evbuffer *hb = XPYD_XALLOC(evbuffer_new());
+    req_head(hb, r, role, l->idx, "POST", req_path(r), body, len);
+    size_t hl = evbuffer_get_length(hb);
+    char *head = XPYD_XALLOC(malloc(hl));
+    evbuffer_remove(hb, head, hl);
+    evbuffer_free(hb);
     static const struct up_leg_cbs cbs = {leg_head, leg_body, leg_done, NULL, leg_header, leg_read_end};
-    l->up = up_leg_start(r->t->up, req_endpoint(role, l->idx), req, req_timeouts(), &cbs, l);
-    evbuffer_free(req);
+    /* the body the handoff built goes out as it is (the leg owns it): a long prompt is not copied again */
+    l->up = up_leg_start_parts(r->t->up, req_endpoint(role, l->idx), head, hl, body, len, req_timeouts(), &cbs, l);
     if (!l->up)
         req_leg_fail(r, role ? RF_DECODE_CONNECT : RF_PREFILL_CONNECT, role, l->idx, "out of memory");
 }
@@ -652,15 +676,6 @@ static int may_migrate(const struct request *r)
            (size_t)d->ntried < g_rt->reg.n_ranks[RT_DECODE]; /* another decode to go on at */
 }
 
-const cJSON *req_body(struct request *r)
-{
-    if (!r->body) {
-        r->body = cJSON_ParseWithLength(r->src->text, r->src->len); /* src was checked: strict, an object */
-        rw_dedupe_keys(r->body); /* read as rw_src_parse's tree was: the last of a repeated key wins */
-    }
-    return r->body;
-}
-
 /* The continuation's body: the client's, whose prompt holds what the client has (rewrite.c); NULL when it
  * cannot be continued. */
 static char *continuation_body(struct request *r, size_t *len)
@@ -669,7 +684,7 @@ static char *continuation_body(struct request *r, size_t *len)
     char *text = XPYD_XALLOC(malloc(n + 1));
     evbuffer_copyout(r->gen_text, text, n);
     text[n] = 0;
-    char *body = rw_continuation_body(r->src, req_body(r), r->kind == RT_EP_CHAT, text, r->tokens_out - r->base_tokens, len);
+    char *body = rw_continuation_body(r->src, r->kind == RT_EP_CHAT, text, r->tokens_out - r->base_tokens, len);
     free(text);
     return body;
 }
@@ -686,17 +701,15 @@ static void migrate_send(struct request *r)
     if (r->ho->local_prefill && g_rt->cfg.migration_prefill_min_tokens > 0 &&
         cont_prompt >= g_rt->cfg.migration_prefill_min_tokens) {
         char *body = continuation_body(r, &len);
-        cJSON *tree = NULL;
         const char *why = NULL;
         size_t at = 0;
-        struct rw_src *src = body ? rw_src_parse(body, len, &tree, &why, &at) : NULL;
-        free(body);
+        /* the body is the router's own splice of checked bytes: it passes the check (and holds one member more
+         * at most) */
+        struct rw_src *src = body ? rw_src_take(body, len, r->src->n + 8, &why, &at) : NULL;
         if (src) {
+            body_memory_swap(r, src->len);
             rw_src_free(r->src);
-            cJSON_Delete(r->body);
-            cJSON_Delete(tree); /* as at the start: the text is kept, the tree parsed again when needed */
             r->src = src;
-            r->body = NULL;
             r->prompt_tokens = cont_prompt;
             r->max_tokens = left > 1 ? left : 1;
             r->base_tokens = r->tokens_out; /* the body's prompt now holds everything delivered */
@@ -709,7 +722,6 @@ static void migrate_send(struct request *r)
             r->ho->start(r);
             return;
         }
-        cJSON_Delete(tree);
     }
     if (req_pick(r, RT_DECODE, cont_prompt + (left > 1 ? left : 1), migrate_send) < 0)
         return;
@@ -719,7 +731,6 @@ static void migrate_send(struct request *r)
         return;
     }
     req_send(r, RT_DECODE, body, len, req_decode_done);
-    free(body);
 }
 
 static void migrate(struct request *r, int err)
@@ -918,7 +929,6 @@ void req_start_prefill(struct request *r)
     size_t len;
     char *body = r->ho->prefill_body(r, &len);
     req_send(r, RT_PREFILL, body, len, req_prefill_done);
-    free(body);
 }
 
 /* A non-streamed answer whose choice ended with stop_reason "recomputed" (the engine preempted it). */
@@ -991,5 +1001,4 @@ void req_start_decode(struct request *r)
     size_t len;
     char *body = r->ho->decode_body(r, &len);
     req_send(r, RT_DECODE, body, len, req_decode_done);
-    free(body);
 }

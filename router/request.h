@@ -70,10 +70,9 @@ struct request {
     struct evhtp_request *ereq; /* NULL once libevhtp freed it */
     const struct handoff_ops *ho;
     int kind;                   /* RT_EP_COMPLETIONS / RT_EP_CHAT */
-    cJSON *body;                /* the client's body parsed (owned): read while the request starts, then freed (its
-                                 * text is in src, ~0.7 KiB less per open stream); req_body() parses it again */
     char *model;                /* the body's "model" (owned), or NULL: named by the prefill's first token */
-    struct rw_src *src;         /* the client's body bytes, what engines receive (rewrite.h); owned */
+    struct rw_src *src;         /* the client's body bytes, read in place, what engines receive (body_src.h); owned */
+    int64_t body_bytes;         /* counted in the router's body memory (rt_body_memory_*) */
     int stream;
     char xid[128];              /* X-Request-Id sent on every leg */
     char client_addr[64];       /* the client's ip:port (access log) */
@@ -126,11 +125,9 @@ struct request {
 };
 
 /* ---- request.c: the core ---- */
-/* A request whose fields the server filled (t, ereq, ho, kind, body, src, stream, xid, fwd_headers,
- * prompt_tokens, max_tokens, t_start) starts: it owns the client request from here, and ho->start runs. */
+/* A request whose fields the server filled (t, ereq, ho, kind, src, stream, xid, fwd_headers, prompt_tokens,
+ * max_tokens, t_start) starts: it owns the client request from here, and ho->start runs. */
 void req_begin(struct request *r);
-/* The client's body as a tree (parsed again from src after the start freed it; owned by r), NULL on OOM. */
-const cJSON *req_body(struct request *r);
 void req_set_state(struct request *r, enum req_state to);
 /* Ends the request (idempotent): legs closed, charges released, counted, logged. */
 void req_end(struct request *r, int fail);
@@ -141,8 +138,9 @@ void req_fail(struct request *r, int fail, int status, const char *msg);
 void req_leg_fail(struct request *r, int fail, int role, int idx, const char *detail);
 /* Picks an instance for role and charges it; -1 when the request waits (queued) or ended (no instance). */
 int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct request *r));
-/* Sends a leg's attempt to legs[role].idx; on_done is the handoff's (or the core's) completion. */
-void req_send(struct request *r, int role, const char *body, size_t len, void (*on_done)(struct up_leg *, int, void *));
+/* Sends a leg's attempt to legs[role].idx; on_done is the handoff's (or the core's) completion. body (malloc'd)
+ * is the leg's from the call on. */
+void req_send(struct request *r, int role, char *body, size_t len, void (*on_done)(struct up_leg *, int, void *));
 /* The core's leg completions: what a prefill or a decode answer means, for every handoff. */
 void req_prefill_done(struct up_leg *leg, int err, void *arg);
 void req_decode_done(struct up_leg *leg, int err, void *arg);

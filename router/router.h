@@ -17,6 +17,8 @@ struct evhtp_request;
 
 /* Marker the body reader adds to a request whose body exceeded --max-body-bytes. */
 #define XPYD_TOO_LARGE_HEADER "X-Xpyd-Body-Too-Large"
+/* Marker the body reader adds when the request-body bytes held would exceed --max-body-memory-bytes. */
+#define XPYD_BODY_MEMORY_HEADER "X-Xpyd-Body-Memory-Full"
 
 /* Every way a request can fail, one row each in rt_fail_table (state.c). */
 enum rt_fail {
@@ -43,6 +45,7 @@ enum rt_fail {
     RF_DRAINING,
     RF_DECODE_PREEMPTED,
     RF_LOOP_DETECTED,
+    RF_BODY_MEMORY,
     RF_COUNT
 };
 
@@ -55,6 +58,12 @@ extern const struct rt_fail_row rt_fail_table[RF_COUNT];
  * registry's lock (a removed rank's slot may be given to another engine). The registry is the one owner of
  * identities; the balancer knows ranks by index only. */
 int rt_rank_identity(int role, int idx, char *hp, size_t cap);
+/* state.c: request-body bytes the router holds (the guard's bodies being read, requests' sources): reserve
+ * under --max-body-memory-bytes (1 when taken, 0 over it), add without a check (bytes already admitted),
+ * release. Any thread. */
+int rt_body_memory_reserve(int64_t n);
+void rt_body_memory_add(int64_t n);
+void rt_body_memory_release(int64_t n);
 /* 1 when rank idx of role was taken out at runtime (admin API, reload): the balancer's fact. */
 int rt_rank_removed(int role, int idx);
 
@@ -223,6 +232,9 @@ int rt_client_headers_hook(struct evhtp_request *req, void *guard);
 /* The handler's cleanup for req, run once when libevhtp frees the request (answer sent, or connection gone);
  * NULL to cancel. Handlers use this instead of libevhtp's request hooks, which would hide the guard's. */
 void rt_client_set_owner(struct evhtp_request *req, void (*fini)(void *arg), void *arg);
+/* A generate request's body, which the guard keeps out of libevhtp's parser (owned by the caller from here),
+ * or NULL: the body is in req->buffer_in. */
+struct evbuffer *rt_client_take_body(struct evhtp_request *req);
 /* Pauses req (its answer comes later, evhtp_request_resume ends the pause) while the connection is still read:
  * gone(owner's arg) is called if the client hangs up, and returns 1 when it freed the connection. */
 void rt_client_pause_reading_on(struct evhtp_request *req, int (*gone)(void *arg));

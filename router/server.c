@@ -2,10 +2,11 @@
  * a request object exists (authentication, method, draining, body size, JSON validation). A valid generate
  * request becomes a struct request (request.h) driven by the handoff mode chosen by --handoff. */
 #include "access_log.h"
+#include "body_src.h"
 #include "handoff.h"
 #include "loopguard.h"
+#include "prompt.h"
 #include "request.h"
-#include "rewrite.h"
 
 #include "xpyd_util.h"
 
@@ -28,7 +29,8 @@ static int hop_by_hop(const char *k)
     static const char *const skip[] = {"connection", "keep-alive", "proxy-connection", "proxy-authorization",
                                        "te", "trailer", "transfer-encoding", "upgrade", "host", "content-length",
                                        "content-type", "x-request-id", "accept-encoding", "x-data-parallel-rank",
-                                       XPYD_TOO_LARGE_HEADER, "x-xpyd-via", /* loopguard.c adds its own */
+                                       XPYD_TOO_LARGE_HEADER, XPYD_BODY_MEMORY_HEADER,
+                                       "x-xpyd-via", /* loopguard.c adds its own */
                                        "expect", NULL};
     for (int i = 0; skip[i]; i++)
         if (strcasecmp(k, skip[i]) == 0)
@@ -114,7 +116,7 @@ static int client_request_id(evhtp_request_t *req, char *out, size_t cap)
     return 1;
 }
 
-static uint64_t session_of(evhtp_request_t *req, const cJSON *body);
+static uint64_t session_of(evhtp_request_t *req, const struct rw_src *body);
 
 static void handle_generate(evhtp_request_t *req, int kind)
 {
@@ -138,52 +140,67 @@ static void handle_generate(evhtp_request_t *req, int kind)
         rejected(req, kind, 503, RF_DRAINING);
         return;
     }
-    size_t len = evbuffer_get_length(req->buffer_in);
+    struct evbuffer *aside = rt_client_take_body(req), *in = aside ? aside : req->buffer_in;
+    size_t len = evbuffer_get_length(in);
     if (len > (size_t)g_rt->cfg.max_body_bytes || evhtp_header_find(req->headers_in, XPYD_TOO_LARGE_HEADER)) {
         char msg[160];
         snprintf(msg, sizeof msg, "request body exceeds the limit of %ld bytes (--max-body-bytes)",
                  g_rt->cfg.max_body_bytes);
         xpyd_reply_error(req, 413, msg);
         rejected(req, kind, 413, RF_BODY_TOO_LARGE);
+        if (aside)
+            evbuffer_free(aside);
         return;
     }
-    const char *data = len ? (const char *)evbuffer_pullup(req->buffer_in, -1) : "";
+    if (evhtp_header_find(req->headers_in, XPYD_BODY_MEMORY_HEADER)) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "the router holds as many request body bytes as it may (--max-body-memory-bytes "
+                                  "%ld); retry shortly", g_rt->cfg.max_body_memory_bytes);
+        evhtp_headers_add_header(req->headers_out, evhtp_header_new("Retry-After", "1", 0, 0));
+        xpyd_reply_error(req, 503, msg);
+        rejected(req, kind, 503, RF_BODY_MEMORY);
+        if (aside)
+            evbuffer_free(aside);
+        return;
+    }
+    /* the body's one copy the router keeps (the connection's buffer is emptied as it is copied): checked strictly
+     * (trailing data refused), then read in place, never as a tree; duplicated keys: the last wins, as the
+     * engines (Python json) read */
+    char *text = XPYD_XALLOC(malloc(len + 1));
+    evbuffer_remove(in, text, len);
+    if (aside)
+        evbuffer_free(aside);
     const char *why = NULL;
     size_t err_at = 0;
-    cJSON *body = NULL;
-    /* strict JSON (trailing data refused); duplicated keys: the last wins, as the engines (Python json) read */
-    struct rw_src *src = rw_src_parse(data, len, &body, &why, &err_at);
+    struct rw_src *src = rw_src_take(text, len, (size_t)g_rt->cfg.max_body_keys, &why, &err_at);
     int stream = 0;
     int64_t max_tokens = 0;
-    const char *bad = body ? rw_validate(body, kind == RT_EP_CHAT, &stream, &max_tokens) : NULL;
-    if (!body || bad) {
+    const char *bad = src ? rw_validate(src, kind == RT_EP_CHAT, &stream, &max_tokens) : NULL;
+    if (!src || bad) {
         char msg[200];
-        if (!body)
+        if (!src)
             snprintf(msg, sizeof msg, "malformed JSON body: %s (near byte %zu)", why, err_at);
-        xpyd_reply_error(req, 400, body ? bad : msg);
-        cJSON_Delete(body);
+        xpyd_reply_error(req, 400, src ? bad : msg);
         rw_src_free(src);
         rejected(req, kind, 400, RF_BAD_REQUEST);
         return;
     }
-    /* the bytes live on in src (what engines receive) and the tree: libevhtp's copy would be a third one held
-     * for the whole stream */
-    evbuffer_drain(req->buffer_in, len);
     struct request *r = XPYD_XALLOC(calloc(1, sizeof *r));
     r->t = t;
     r->ereq = req;
     r->ho = g_rt->ho;
     r->kind = kind;
-    r->body = body;
     r->src = src;
+    r->body_bytes = (int64_t)len;
+    rt_body_memory_add((int64_t)len); /* the guard admitted these bytes under the budget */
     r->stream = stream;
     r->max_tokens = max_tokens;
     r->t_start = xpyd_now_us();
-    r->prompt_tokens = rw_estimate_prompt(body, kind == RT_EP_CHAT, g_rt->cfg.bytes_per_token);
+    r->prompt_tokens = rw_estimate_prompt(src, kind == RT_EP_CHAT, g_rt->cfg.bytes_per_token);
     if (g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE])
-        r->nblocks = rw_prefix_blocks(body, kind == RT_EP_CHAT, (size_t)g_rt->cfg.prefix_block_tokens,
+        r->nblocks = rw_prefix_blocks(src, kind == RT_EP_CHAT, (size_t)g_rt->cfg.prefix_block_tokens,
                                       g_rt->cfg.bytes_per_token, &r->blocks);
-    r->session = session_of(req, body);
+    r->session = session_of(req, src);
     if (!client_request_id(req, r->xid, sizeof r->xid)) /* vLLM uses the client's id too */
         new_request_id(r->xid, sizeof r->xid);
     rt_client_addr(req, r->client_addr, sizeof r->client_addr);
@@ -209,19 +226,18 @@ static void handle_generate(evhtp_request_t *req, int kind)
 
 /* --session-key: the hash of the request's session (a header's value, or a top-level string of the body);
  * 0 when the setting is off or the request has none. */
-static uint64_t session_of(evhtp_request_t *req, const cJSON *body)
+static uint64_t session_of(evhtp_request_t *req, const struct rw_src *body)
 {
-    const char *k = g_rt->cfg.session_key, *v = NULL;
+    const char *k = g_rt->cfg.session_key;
+    char *owned = NULL;
+    const char *v = NULL;
     if (!strncmp(k, "header:", 7))
         v = evhtp_kv_find(req->headers_in, k + 7);
-    else if (!strncmp(k, "body:", 5)) {
-        const cJSON *f = cJSON_GetObjectItemCaseSensitive(body, k + 5);
-        v = cJSON_IsString(f) ? f->valuestring : NULL;
-    }
-    if (!v || !*v)
-        return 0;
-    uint64_t h = XXH3_64bits(v, strlen(v));
-    return h ? h : 1;
+    else if (!strncmp(k, "body:", 5))
+        v = owned = rw_string_member(body, k + 5);
+    uint64_t h = v && *v ? XXH3_64bits(v, strlen(v)) : 0;
+    free(owned);
+    return h || !v || !*v ? h : 1;
 }
 
 static void on_completions(evhtp_request_t *req, void *arg)

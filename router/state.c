@@ -35,7 +35,28 @@ const struct rt_fail_row rt_fail_table[RF_COUNT] = {
     [RF_DRAINING] = {"draining", 503},
     [RF_DECODE_PREEMPTED] = {"decode_preempted", 502},
     [RF_LOOP_DETECTED] = {"loop_detected", 508},
+    [RF_BODY_MEMORY] = {"body_memory_full", 503},
 };
+
+int rt_body_memory_reserve(int64_t n)
+{
+    int64_t cur = atomic_load(&g_rt->ctr.body_bytes);
+    do {
+        if (cur + n > g_rt->cfg.max_body_memory_bytes)
+            return 0;
+    } while (!atomic_compare_exchange_weak(&g_rt->ctr.body_bytes, &cur, cur + n));
+    return 1;
+}
+
+void rt_body_memory_add(int64_t n)
+{
+    atomic_fetch_add(&g_rt->ctr.body_bytes, n);
+}
+
+void rt_body_memory_release(int64_t n)
+{
+    atomic_fetch_sub(&g_rt->ctr.body_bytes, n);
+}
 
 int rt_rank_removed(int role, int idx)
 {

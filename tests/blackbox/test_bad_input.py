@@ -10,15 +10,18 @@ CMPL, stream_body = t.CMPL, t.stream_body
 class BadInput(t.TestCase):
     def test_rejected_with_openai_errors(self):
         p, d = self.start(t.sim("--role", "prefill")), self.start(t.sim("--role", "decode"))
-        r = self.start(t.router([p.port], [d.port], "--max-body-bytes", "2048"))
+        r = self.start(t.router([p.port], [d.port], "--max-body-bytes", "4096", "--max-body-keys", "100"))
         cases = [('{"prompt": "a",', 400, "malformed JSON"), ('[1]', 400, "JSON object"),
                  ('{"max_tokens": 3}', 400, "'prompt' is required"),
                  ('{"prompt": "a", "stream": "yes"}', 400, "'stream' must be a boolean"),
-                 ('{"prompt": "a", "max_tokens": "x"}', 400, "'max_tokens' must be a positive integer"),
-                 ('{"prompt": "a", "max_tokens": 0}', 400, "'max_tokens' must be a positive integer"),
-                 ('{"prompt": "a", "max_tokens": -1}', 400, "'max_tokens' must be a positive integer"),
-                 ('{"prompt": "a", "max_tokens": 1.5}', 400, "'max_tokens' must be a positive integer"),
-                 ('{"prompt": "a", "max_completion_tokens": 0}', 400, "'max_completion_tokens' must be")]
+                 ('{"prompt": "a", "max_tokens": "x"}', 400, "'max_tokens' must be an integer from 1 to 1000000000000"),
+                 ('{"prompt": "a", "max_tokens": 0}', 400, "'max_tokens' must be an integer from 1 to"),
+                 ('{"prompt": "a", "max_tokens": -1}', 400, "'max_tokens' must be an integer from 1 to"),
+                 ('{"prompt": "a", "max_tokens": 1.5}', 400, "'max_tokens' must be an integer from 1 to"),
+                 ('{"prompt": "a", "max_tokens": 1000000000001}', 400, "from 1 to 1000000000000"),
+                 ('{"prompt": "a", "max_completion_tokens": 0}', 400, "'max_completion_tokens' must be"),
+                 ('{"prompt": "a", %s}' % ", ".join('"k%d": 0' % i for i in range(150)), 400,
+                  "too many top-level members (--max-body-keys)")]
         for raw, status, needle in cases:
             st, h, out = t.request(r.port, "POST", "/v1/completions", raw)
             self.assertOpenAIError(st, json.loads(out), status, needle)
@@ -32,7 +35,7 @@ class BadInput(t.TestCase):
         self.assertEqual(st, 200, out)
         # nothing was dispatched for the rejected ones
         self.assertEqual(t.metric(p.port, "xpyd_sim:requests_total"), 1)
-        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="bad_request"}'), 10)
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="bad_request"}'), 12)
         self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="method_not_allowed"}'), 1)
         self.idle(r)
 

@@ -264,5 +264,65 @@ class CutOnReusedConnection(t.TestCase):
         self.idle(r)
 
 
+class SlowReader(KeepingEngine):
+    """Waits before reading each request after the first of its connection, so that a large one fills the
+    socket and the router's first send is partial: the rest must follow on the write event."""
+
+    def serve(self, c):
+        c.settimeout(self.timeout)
+        buf, served = bytearray(), 0
+        try:
+            while True:
+                if served:
+                    time.sleep(0.3)
+                while b"\r\n\r\n" not in buf:
+                    d = c.recv(1 << 20)
+                    if not d:
+                        return
+                    buf += d
+                i = buf.index(b"\r\n\r\n")
+                n = 0
+                for line in bytes(buf[:i]).split(b"\r\n")[1:]:
+                    k, _, v = line.partition(b":")
+                    if k.strip().lower() == b"content-length":
+                        n = int(v)
+                body = buf[i + 4:]
+                while len(body) < n:
+                    d = c.recv(1 << 20)
+                    if not d:
+                        return
+                    body += d
+                buf = body[n:]
+                self.sizes.append(n)
+                json_answer(c, ANSWER)
+                served += 1
+        except OSError:
+            pass
+        finally:
+            c.close()
+
+
+class LargeRequestOnReusedConnection(t.TestCase):
+    def test_a_request_larger_than_the_socket_buffer_goes_out_whole(self):
+        """A 16 MiB prompt sent on a pooled connection: the first send() takes what the socket has room for,
+        and the rest goes out on the write event (once, with an edge-triggered read event on the same socket,
+        the rest was never written and the request hung until the engine gave up)."""
+        e = SlowReader()
+        e.sizes = []
+        e.timeout = 20
+        self.addCleanup(e.stop)
+        r = self.start(t.router([], ["127.0.0.1:%d" % e.port], "--handoff", "none", "--threads", "1",
+                                "--health-interval-ms", "0", "--max-retries", "0", "--max-body-bytes", str(17 << 20)))
+        st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 1})
+        self.assertEqual(st, 200, out)
+        big = json.dumps({"prompt": "x" * (16 << 20), "max_tokens": 1})
+        for _ in range(3):  # each on the connection the previous one left idle
+            st, _, out = t.request(r.port, "POST", "/v1/completions", big, timeout=20)
+            self.assertEqual(st, 200, out)
+        self.assertEqual(e.raw.n, 1, "the requests did not reuse the connection")
+        self.assertEqual(e.sizes[1:], [len(big) + len(b'')] * 3)
+        self.idle(r)
+
+
 if __name__ == "__main__":
     t.main()

@@ -9,7 +9,7 @@
 # A longer hunt than CI's: FUZZ_SECONDS=600 tests/fuzz/run.sh [HARNESS...]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-ALL=(sse config sim_request rewrite upstream http_req relay admin metadata feedback desc tls etcd)
+ALL=(sse config sim_request rewrite json_view upstream http_req relay admin metadata feedback desc tls etcd)
 NAMES=("$@")
 [ ${#NAMES[@]} -gt 0 ] || NAMES=("${ALL[@]}")
 OUT=${FUZZ_OUT:-$(mktemp -d /tmp/xpyd-fuzz.XXXXXX)}
@@ -30,7 +30,8 @@ sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.
   config) echo "$R/config.c $C/xpyd_util.c $C/xpyd_settings.c $C/xpyd_version.c -DXPYD_VERSION=\"fuzz\"" \
     "$ROOT/balancer/xb*.c $C/xpyd_etcd.c ${HTTP[*]}" ;;
   sim_request) echo "$ROOT/sim/sim_request.c $ROOT/sim/sim_tokens.c $C/xpyd_util.c" ;;
-  rewrite) echo "$R/rewrite.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
+  rewrite) echo "$R/rewrite.c $R/body_src.c $R/prompt.c $R/json_view.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
+  json_view) echo "$R/json_view.c $C/xpyd_util.c -lm" ;;
   http_req) echo "$R/http_req.c" ;;
   relay) echo "$R/relay.c $R/rewrite.c $C/xpyd_sse.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
   admin) echo "$R/admin_parse.c" ;;

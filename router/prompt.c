@@ -1,0 +1,212 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* prompt.c - checks, the token estimate and the prefix blocks of a client's request, read in place (see
+ * prompt.h). */
+#include "prompt.h"
+#include "xb_prefix.h"
+
+#include "xpyd_util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* range first: converting an out-of-range double to an integer is undefined behaviour */
+static int is_int_value(struct jv v, double lo, double hi, double *out)
+{
+    double d;
+    if (jv_double(v, &d) != 0 || !(d >= lo && d <= hi) || d != (double)(long long)d)
+        return 0;
+    *out = d;
+    return 1;
+}
+
+const char *rw_validate(const struct rw_src *body, int chat, int *stream, int64_t *max_tokens)
+{
+    if (chat) {
+        struct jv m = rw_src_get(body, "messages");
+        struct jv_iter it;
+        jv_iter_init(&it, m);
+        if (jv_type(m) != JV_ARRAY || !jv_next(&it, NULL, NULL))
+            return "'messages' is required and must be a non-empty array";
+    } else {
+        enum jv_type t = jv_type(rw_src_get(body, "prompt"));
+        if (t != JV_STRING && t != JV_ARRAY)
+            return "'prompt' is required and must be a string or an array";
+    }
+    enum jv_type s = jv_type(rw_src_get(body, "stream"));
+    if (s != JV_NONE && s != JV_NULL && s != JV_TRUE && s != JV_FALSE)
+        return "'stream' must be a boolean";
+    *stream = s == JV_TRUE;
+    enum jv_type so = jv_type(rw_src_get(body, "stream_options"));
+    if (so != JV_NONE && so != JV_NULL && so != JV_OBJECT)
+        return "'stream_options' must be an object";
+    static const char *const names[] = {"max_completion_tokens", "max_tokens"};
+    *max_tokens = -1;
+    for (int i = 0; i < 2; i++) {
+        struct jv v = rw_src_get(body, names[i]);
+        double d;
+        if (jv_type(v) == JV_NONE || jv_type(v) == JV_NULL)
+            continue;
+        if (!is_int_value(v, 1, (double)RW_MAX_TOKENS_LIMIT, &d))
+            return i ? "'max_tokens' must be an integer from 1 to 1000000000000"
+                     : "'max_completion_tokens' must be an integer from 1 to 1000000000000";
+        if (*max_tokens < 0)
+            *max_tokens = (int64_t)d;
+    }
+    if (*max_tokens < 0)
+        *max_tokens = 16; /* unknown: the engine decides; 16 is the cost estimate (vLLM's completions default) */
+    return NULL;
+}
+
+static int64_t estimate_text(struct jv s, double bpt)
+{
+    return (int64_t)((double)jv_str_len(s) / bpt) + 1;
+}
+
+int64_t rw_estimate_prompt(const struct rw_src *body, int chat, double bpt)
+{
+    int64_t n = 0;
+    struct jv_iter it, parts;
+    struct jv v, part;
+    if (bpt <= 0)
+        bpt = 4.0;
+    if (!chat) {
+        struct jv p = rw_src_get(body, "prompt");
+        if (jv_type(p) == JV_STRING)
+            return estimate_text(p, bpt);
+        jv_iter_init(&it, p);
+        while (jv_next(&it, NULL, &v)) {
+            enum jv_type t = jv_type(v);
+            if (t == JV_NUMBER)
+                n++; /* token ids are counted exactly */
+            else if (t == JV_STRING)
+                n += estimate_text(v, bpt);
+            else if (t == JV_ARRAY)
+                n += (int64_t)jv_count(v);
+        }
+        return n;
+    }
+    jv_iter_init(&it, rw_src_get(body, "messages"));
+    while (jv_next(&it, NULL, &v)) {
+        n += 4; /* chat template overhead per message */
+        struct jv c = jv_get(v, "content");
+        if (jv_type(c) == JV_STRING)
+            n += estimate_text(c, bpt);
+        jv_iter_init(&parts, c);
+        while (jv_next(&parts, NULL, &part)) {
+            struct jv tx = jv_get(part, "text");
+            if (jv_type(tx) == JV_STRING)
+                n += estimate_text(tx, bpt);
+        }
+    }
+    return n;
+}
+
+/* ---- prefix blocks: the prompt decoded straight into the chained block hasher ---- */
+
+static void feed(void *h, const char *p, size_t n)
+{
+    xb_hasher_feed(h, p, n);
+}
+
+static void feed_str(struct xb_hasher *h, struct jv s)
+{
+    if (jv_type(s) == JV_STRING)
+        jv_str_each(s, feed, h);
+    xb_hasher_feed(h, "\x1f", 1); /* field separator: fields cannot run into each other */
+}
+
+static void feed_raw(struct xb_hasher *h, struct jv v)
+{
+    if (v.p)
+        xb_hasher_feed(h, v.p, v.n);
+    xb_hasher_feed(h, "\x1f", 1);
+}
+
+static void chat_serialize(const struct rw_src *body, struct xb_hasher *h)
+{
+    struct jv_iter it, parts;
+    struct jv m, part;
+    jv_iter_init(&it, rw_src_get(body, "messages"));
+    while (jv_next(&it, NULL, &m)) {
+        xb_hasher_feed(h, "\x1e", 1); /* message separator */
+        feed_str(h, jv_get(m, "role"));
+        feed_str(h, jv_get(m, "name"));
+        struct jv c = jv_get(m, "content");
+        if (jv_type(c) == JV_ARRAY) {
+            jv_iter_init(&parts, c);
+            while (jv_next(&parts, NULL, &part)) {
+                struct jv tx = jv_get(part, "text");
+                if (jv_type(tx) == JV_STRING)
+                    feed_str(h, tx);
+                else
+                    feed_raw(h, part); /* an image or audio part: its whole description, as sent */
+            }
+        } else {
+            feed_str(h, c);
+        }
+        feed_raw(h, jv_get(m, "tool_calls"));
+        feed_str(h, jv_get(m, "tool_call_id"));
+    }
+}
+
+/* A token id: the number's value as an integer; beyond int64 (or not an integer) hashed by its double's bits,
+ * so such a value (which every engine refuses) still hashes deterministically. */
+static int64_t token_id(struct jv v)
+{
+    if (v.n > 0 && v.n <= 15) { /* the usual id: digits only, exact */
+        int64_t x = 0;
+        size_t i = v.p[0] == '-';
+        for (; i < v.n && v.p[i] >= '0' && v.p[i] <= '9'; i++)
+            x = x * 10 + (v.p[i] - '0');
+        if (i == v.n && v.n > (size_t)(v.p[0] == '-'))
+            return v.p[0] == '-' ? -x : x;
+    }
+    double d = 0;
+    jv_double(v, &d);
+    if (d >= -9.2e18 && d <= 9.2e18)
+        return (int64_t)d;
+    int64_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    return bits;
+}
+
+size_t rw_prefix_blocks(const struct rw_src *body, int chat, size_t block_tokens, double bpt, uint64_t **out)
+{
+    *out = NULL;
+    if (block_tokens == 0)
+        return 0;
+    size_t block_bytes = (size_t)((double)block_tokens * (bpt > 0 ? bpt : 4.0) + 0.5);
+    if (block_bytes == 0)
+        block_bytes = 1;
+    if (chat) {
+        struct xb_hasher *h = xb_hasher_new(block_bytes);
+        chat_serialize(body, h);
+        return xb_hasher_finish(h, out);
+    }
+    struct jv p = rw_src_get(body, "prompt");
+    struct jv_iter it;
+    struct jv v;
+    if (jv_type(p) == JV_ARRAY) { /* ["text"] or [[ids]]: the one prompt */
+        struct jv first;
+        jv_iter_init(&it, p);
+        if (jv_next(&it, NULL, &first) && jv_type(first) != JV_NUMBER && !jv_next(&it, NULL, NULL))
+            p = first;
+    }
+    if (jv_type(p) == JV_STRING) {
+        struct xb_hasher *h = xb_hasher_new(block_bytes);
+        jv_str_each(p, feed, h);
+        return xb_hasher_finish(h, out);
+    }
+    if (jv_type(p) != JV_ARRAY)
+        return 0;
+    struct xb_hasher *h = xb_hasher_new(block_tokens * sizeof(int64_t));
+    jv_iter_init(&it, p);
+    while (jv_next(&it, NULL, &v) && jv_type(v) == JV_NUMBER) /* ids up to the first non-number */
+        xb_hasher_feed_id(h, token_id(v));
+    return xb_hasher_finish(h, out);
+}
+
+char *rw_string_member(const struct rw_src *body, const char *key)
+{
+    return jv_str_dup(rw_src_get(body, key));
+}

