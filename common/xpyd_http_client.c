@@ -282,14 +282,19 @@ static void conn_read(struct up_conn *c, int on)
 /* bufferevent_set_timeouts, with the read timeout kept by the connection's own read event. */
 static void conn_timeouts(struct up_conn *c, const struct timeval *rd, const struct timeval *wr)
 {
+    struct timeval keep;
+    if (rd) { /* (rd may be &c->rtv itself) */
+        keep = *rd;
+        rd = &keep;
+    }
+    c->has_rtv = rd && evutil_timerisset(rd); /* a zero timeout is none, as for a bufferevent */
+    if (c->has_rtv)
+        c->rtv = *rd;
     if (!conn_own_read(c)) {
         bufferevent_set_timeouts(c->bev, rd, wr);
         return;
     }
     bufferevent_set_timeouts(c->bev, NULL, wr);
-    c->has_rtv = rd && evutil_timerisset(rd); /* a zero timeout is none, as for a bufferevent */
-    if (c->has_rtv)
-        c->rtv = *rd;
     if (c->reading && c->rev)
         conn_read_arm(c);
 }
@@ -752,9 +757,9 @@ static void leg_event_cb(struct bufferevent *bev, short what, void *arg)
         c->connected = 1;
         xpyd_tcp_nodelay(bufferevent_getfd(bev));
         /* --connect-timeout-ms bounded the connect; the request's upload (a long prompt to a slow reader) is
-         * bounded by the first-byte timeout, as the rest of the wait for the answer */
-        struct timeval fb = ms_tv(leg->to.first_byte_ms);
-        conn_timeouts(c, &fb, NULL);
+         * bounded by the first-byte timeout (the read timeout, set when the leg attached), as the rest of the
+         * wait for the answer */
+        conn_timeouts(c, c->has_rtv ? &c->rtv : NULL, NULL);
         return;
     }
     int err = EVUTIL_SOCKET_ERROR();

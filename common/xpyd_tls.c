@@ -92,12 +92,25 @@ static int pair_load(const char *cert, const char *key, struct cert_pair *out, c
         snprintf(err, errcap, "cannot open the certificate %s: %s", cert, strerror(errno));
         return -1;
     }
+    ERR_clear_error();
     out->cert = PEM_read_X509(f, NULL, NULL, NULL);
     out->chain = sk_X509_new_null();
     X509 *x;
     while (out->cert && out->chain && (x = PEM_read_X509(f, NULL, NULL, NULL)) != NULL)
         sk_X509_push(out->chain, x);
-    ERR_clear_error(); /* the end of the file reads as an error */
+    /* The file's end reads as "no start line"; any other error is a chain certificate that is not whole (a
+     * half-written file during a renewal): refused, as OpenSSL's own chain loader refuses it, so the pair in
+     * use stays rather than a leaf served without its chain. */
+    unsigned long last = ERR_peek_last_error();
+    int chain_ok = !last || (ERR_GET_LIB(last) == ERR_LIB_PEM && ERR_GET_REASON(last) == PEM_R_NO_START_LINE);
+    if (out->cert && !chain_ok) {
+        snprintf(err, errcap, "a certificate of the chain in %s cannot be read (%s): the file is not whole", cert,
+                 xpyd_tls_errors(why, sizeof why));
+        fclose(f);
+        pair_free(out);
+        return -1;
+    }
+    ERR_clear_error();
     fclose(f);
     if (!out->cert) {
         snprintf(err, errcap, "no PEM certificate in %s", cert);

@@ -50,7 +50,7 @@ class Timing(t.TestCase):
         self.assertLess(r["mean_ttft_ms"], 15)  # the prefill yields the first token: no 20 ms step in TTFT
 
 
-NPM_DIR = os.environ.get("XPYD_NPM_DIR", os.path.expanduser("~/.cache/xpyd-npm"))
+NPM_DIR = t.NPM_DIR
 
 
 class Accounting(t.TestCase):
@@ -92,9 +92,7 @@ class Accounting(t.TestCase):
     def test_prompt_words_are_one_token_each_in_real_vocabularies(self):
         # the words xpyd_bench builds prompts from, checked against OpenAI's cl100k_base and o200k_base (the
         # vocabularies Llama 3 and Qwen extend): a prompt of N words is N tokens, within the 10 %
-        if not os.path.exists(os.path.join(NPM_DIR, "node_modules", "gpt-tokenizer")):
-            self.fail("gpt-tokenizer missing in %s: scripts/test.sh installs it (XPYD_TEST_DEPS=1 scripts/deps.sh)"
-                      % NPM_DIR)
+        t.npm_package("gpt-tokenizer")  # installed if missing (skipped, saying why, only when it cannot be)
         with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "xpyd_bench.c")) as f:
             src = f.read()
         table = src.split("prompt_words[] = {", 1)[1].split("};", 1)[0]

@@ -23,11 +23,29 @@ class MidStreamFailure(t.TestCase):
         # non-streamed: a clear error, never a 200 with a truncated body
         st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 10})
         self.assertOpenAIError(st, out, 502, "decode")
+        errs = 'xpyd_instance_errors_total{role="decode",engine="127.0.0.1:%d",dp_rank="0"}' % d.port
+        self.assertEqual(t.metric(r.port, errs), 2)  # both failures count against the decode that died
         self.idle(r)
         r.stop()  # errors are logged as one structured line even at --log-level error
         lines = [l for l in r.output().splitlines() if "event=request_failed" in l]
         self.assertEqual(len(lines), 2, r.output())
         self.assertIn("reason=decode_broken_stream", lines[0])
+
+    def test_a_migrated_stream_counts_against_the_decode_that_died(self):
+        """The stream goes on at the other decode (--migration-limit 1, the default): the client sees every token
+        and no error, and the failure counts against the decode that died, not the one that finished."""
+        p = self.start(t.sim("--role", "prefill"))
+        bad = self.start(t.sim("--role", "decode", "--fail-after-tokens", "2", "--decode-us-per-token", "100"))
+        good = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
+        r = self.start(t.router([p.port], [bad.port, good.port], "--decode-policy", "rr", "--log-level", "error"))
+        payloads = t.Stream(r.port, "/v1/completions", stream_body(10)).read_all()
+        self.assertEqual(payloads[-1], "[DONE]")
+        self.assertFalse(any("error" in x for x in payloads[:-1] if x and x.startswith("{")), payloads)
+        self.assertEqual(t.metric(r.port, 'xpyd_migrations_total{reason="decode_broken_stream"}'), 1)
+        errs = 'xpyd_instance_errors_total{role="decode",engine="127.0.0.1:%d",dp_rank="0"}'
+        self.assertEqual(t.metric(r.port, errs % bad.port), 1)
+        self.assertEqual(t.metric(r.port, errs % good.port), 0)
+        self.idle(r)
 
 
 if __name__ == "__main__":

@@ -102,8 +102,13 @@ class RecordingEngine(t.TestCase):
         pre, dec = rec.generate("p"), rec.generate("d")
         self.assertEqual(len(pre), 4)
         self.assertEqual(len(dec), 4)
+        # matched by request id: the recording engines serve several connections on threads of their own, so the
+        # order they record in is not the order the requests were sent in
+        by_id = lambda legs: {h.get("X-Request-Id"): (b, h) for b, h in legs}
+        pre, dec = by_id(pre), by_id(dec)
         ranks = set()
-        for (rid, body), (pb, ph), (db, dh) in zip(sent, pre, dec):
+        for rid, body in sent:
+            (pb, ph), (db, dh) = pre[rid], dec[rid]
             xfer = "xfer-" + rid
             want_p = {k: v for k, v in body.items() if k not in ("stream_options", "min_tokens")}
             want_p.update(stream=False, max_tokens=1,

@@ -84,6 +84,23 @@ class Files(t.TestCase):
         self.assertEqual(ranks(out, "P"), ["10.0.0.1:8100"])
 
 
+    def test_per_host_settings_override_the_pool(self):
+        """A host's own tp, weight, max_inflight and max_model_len win over the pool's: capacity weights
+        placement by them (a tp=4 host takes four times the load of a tp=1 one)."""
+        path = os.path.join(t.tmpdir(prefix="xpyd-topo-"), "t.json")
+        with open(path, "w") as f:
+            json.dump({"prefill": {"hosts": ["10.0.0.1:8100"]},
+                       "decode": {"tp": 2, "max_inflight": 8, "hosts": [
+                           {"host": "10.0.1.1", "port": 8200, "tp": 4, "weight": 3, "max_inflight": 16,
+                            "max_model_len": 4096},
+                           {"host": "10.0.1.2", "port": 8200}]}}, f)
+        rc, out, err = dry("--config", path)
+        self.assertEqual(rc, 0, err)
+        d = [l for l in out.splitlines() if l.strip().startswith("D[")]
+        self.assertIn("10.0.1.1:8200 dp_rank=-1 tp=4 weight=3 max_model_len=4096 max_inflight=16", d[0])
+        self.assertIn("10.0.1.2:8200 dp_rank=-1 tp=2 weight=1 max_model_len=0 max_inflight=8", d[1])
+
+
 class Errors(t.TestCase):
     def test_clear_errors(self):
         for args, needle in [(["-p", "10.0.1.1:1"], "at least one prefill"), (["-p", "10.0.1.1:1", "-d", "10.0.1.2:x"], "bad decode address"),

@@ -56,6 +56,28 @@ class Certs:
                  "-days", str(days), "-extfile", ext)
         return cert, key
 
+    def intermediate(self, name="inter"):
+        """A CA certificate the root signs (an intermediate): (cert, key)."""
+        key, csr, cert, ext = (self.path(name + x) for x in (".key", ".csr", ".pem", ".ext"))
+        self.run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", csr,
+                 "-subj", "/CN=xpyd test intermediate %s" % name)
+        with open(ext, "w") as f:
+            f.write("basicConstraints=critical,CA:TRUE\nkeyUsage=critical,keyCertSign,cRLSign\n")
+        self.run("x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial", "-out", cert,
+                 "-days", "2", "-extfile", ext)
+        return cert, key
+
+    def issue_under(self, issuer, name, sans="DNS:localhost,IP:127.0.0.1"):
+        """A server certificate signed by issuer (cert, key): returns (cert, key)."""
+        key, csr, cert, ext = (self.path(name + x) for x in (".key", ".csr", ".pem", ".ext"))
+        self.run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key, "-out", csr,
+                 "-subj", "/CN=%s" % name)
+        with open(ext, "w") as f:
+            f.write("subjectAltName=%s\nextendedKeyUsage=serverAuth\n" % sans)
+        self.run("x509", "-req", "-in", csr, "-CA", issuer[0], "-CAkey", issuer[1], "-CAcreateserial", "-out", cert,
+                 "-days", "2", "-extfile", ext)
+        return cert, key
+
     def cleanup(self):
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -662,6 +684,69 @@ def tls_sim(*args):
     return p
 
 
+class Chain(TlsCase):
+    def test_intermediates_served_at_start_and_after_reload_and_a_torn_chain_refused(self):
+        """root -> intermediate -> leaf, the leaf and its intermediate in --tls-cert: clients that trust only the
+        root verify the router at start and after a SIGHUP renewal (the intermediate is sent with the leaf); a
+        renewal whose chain file is half written (a truncated intermediate) is refused and the pair in use
+        stays, chain included."""
+        e = self.engine()
+        inter = self.certs.intermediate()
+        live_cert, live_key = self.certs.path("live.pem"), self.certs.path("live.key")
+
+        def install(leaf):
+            with open(live_cert + ".tmp", "w") as f:
+                f.write(open(leaf[0]).read() + open(inter[0]).read())
+            shutil.copy(leaf[1], live_key + ".tmp")
+            os.rename(live_cert + ".tmp", live_cert)
+            os.rename(live_key + ".tmp", live_key)
+
+        leaf1 = self.certs.issue_under(inter, "leaf1")
+        install(leaf1)
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "info", "--handoff", "none", "-d",
+                                              "127.0.0.1:%d" % e.port, "--tls-cert", live_cert, "--tls-key", live_key,
+                                              "--plain-port", "0"], ready_path=None))
+        with open(r.port_file) as f:
+            plain_port = int(f.read().split()[1])
+        ctx = tls_ctx(self.certs.ca)  # the root only
+        st, _, facts = https_post(r.port, BODY, ctx)
+        self.assertEqual(st, 200)
+        self.assertEqual(dict(x[0] for x in facts["cert"]["subject"])["commonName"], "leaf1")
+        leaf2 = self.certs.issue_under(inter, "leaf2")
+        install(leaf2)
+        r.signal(signal.SIGHUP)
+        t.wait_until(lambda: t.metric(plain_port, "xpyd_tls_certificate_reloads_total") == 1, what="reloaded")
+        st, _, facts = https_post(r.port, BODY, ctx)
+        self.assertEqual(st, 200)
+        self.assertEqual(dict(x[0] for x in facts["cert"]["subject"])["commonName"], "leaf2")
+        # a renewal caught half written: the intermediate cut short
+        leaf3 = self.certs.issue_under(inter, "leaf3")
+        whole = open(leaf3[0]).read() + open(inter[0]).read()
+        with open(live_cert, "w") as f:
+            f.write(whole[:len(open(leaf3[0]).read()) + 200])
+        shutil.copy(leaf3[1], live_key)
+        r.signal(signal.SIGHUP)
+        t.wait_until(lambda: "event=tls_reload_failed" in r.output(), what="the torn chain refused")
+        self.assertIn("not whole", r.output())
+        self.assertEqual(t.metric(plain_port, "xpyd_tls_certificate_reloads_total"), 1)
+        st, _, facts = https_post(r.port, BODY, ctx)  # the pair in use, with its chain, is still served
+        self.assertEqual(st, 200)
+        self.assertEqual(dict(x[0] for x in facts["cert"]["subject"])["commonName"], "leaf2")
+
+    def test_a_torn_chain_is_refused_at_start(self):
+        inter = self.certs.intermediate()
+        leaf = self.certs.issue_under(inter, "leaf")
+        torn = self.certs.path("torn.pem")
+        whole = open(leaf[0]).read() + open(inter[0]).read()
+        with open(torn, "w") as f:
+            f.write(whole[:len(open(leaf[0]).read()) + 120])
+        p = t.Proc("xpyd_router", ["--port", "0", "--handoff", "none", "-d", "127.0.0.1:1", "--tls-cert", torn,
+                                   "--tls-key", leaf[1]], port_flag=False)
+        self.assertEqual(p.p.wait(10), 2)
+        p.stop(check=False)
+        self.assertIn("not whole", p.output())
+
+
 class Upstream(TlsCase):
     def test_pd_over_https_engines(self):
         tls = ["--tls-cert", self.cert, "--tls-key", self.key]
@@ -728,9 +813,8 @@ class Upstream(TlsCase):
 
 class NodeSdk(TlsCase):
     def test_openai_node_sdk_streams_over_https(self):
-        npm_dir = os.environ.get("XPYD_NPM_DIR", os.path.expanduser("~/.cache/xpyd-npm"))
-        if not shutil.which("node") or not os.path.isdir(os.path.join(npm_dir, "node_modules", "openai")):
-            self.skipTest("node or the openai npm package is not installed (scripts/deps.sh with XPYD_TEST_DEPS=1)")
+        npm_dir = t.NPM_DIR
+        t.npm_package("openai")  # installed if missing (skipped, saying why, only when it cannot be)
         e = self.engine()
         r = self.tls_router(["127.0.0.1:%d" % e.port])
         script = """

@@ -412,9 +412,26 @@ class TestCase(unittest.TestCase):
 SKIPPED = 77  # ctest's SKIP_RETURN_CODE for these files (tests/CMakeLists.txt)
 
 
+NPM_DIR = os.environ.get("XPYD_NPM_DIR", os.path.expanduser("~/.cache/xpyd-npm"))
+
+
+def npm_package(name):
+    """The directory of npm package name in the tests' npm cache, installed there by scripts/deps.sh when it is
+    missing (as scripts/test.sh does); the test is skipped, saying why, only when that cannot be done here."""
+    path = os.path.join(NPM_DIR, "node_modules", name)
+    if not os.path.exists(os.path.join(path, "package.json")):
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+        r = subprocess.run([os.path.join(root, "scripts", "deps.sh")], env=dict(os.environ, XPYD_TEST_DEPS="1"),
+                           capture_output=True, text=True)
+        if not os.path.exists(os.path.join(path, "package.json")):
+            raise unittest.SkipTest("npm package %s is not in %s and scripts/deps.sh could not install it: %s"
+                                    % (name, NPM_DIR, (r.stderr or r.stdout)[-300:]))
+    return path
+
+
 def main():
-    """Runs the file's tests; exit 0 all passed, 1 a failure, 77 nothing failed but something was skipped (so
-    ctest reports the file as skipped, never as passed)."""
+    """Runs the file's tests; exit 0 when every test that ran passed (skipped ones are listed), 1 a failure, 77
+    when every test was skipped (so ctest reports the file as skipped, never as passed for nothing)."""
     import sys
     import warnings
     warnings.simplefilter("ignore", ResourceWarning)
@@ -424,8 +441,7 @@ def main():
         sys.exit(1)
     if res.skipped:
         print("skipped: %s" % "; ".join("%s (%s)" % (tc.id(), why) for tc, why in res.skipped))
-        sys.exit(SKIPPED)
-    if res.testsRun == 0:
+    if res.testsRun == 0 or len(res.skipped) == res.testsRun:
         sys.exit(SKIPPED)
     sys.exit(0)
 

@@ -142,6 +142,27 @@ static void test_byte_bound(void **st)
     xb_prefix_free(x);
 }
 
+/* At the index's byte bound the rank holding the most blocks gives up its least recently used one: a rank with a
+ * few blocks keeps them while a large one streams new chains through. */
+static void test_byte_bound_takes_from_the_fullest(void **st)
+{
+    size_t bound = 64 * 1024;
+    struct xb_prefix *x = xb_prefix_new(1 << 20, bound, 0);
+    uint64_t small[8], big[64];
+    for (int i = 0; i < 8; i++)
+        small[i] = rnd();
+    assert_int_equal(xb_prefix_insert(x, 1, small, 8, 0), 0);
+    for (int round = 0; round < 100; round++) {
+        for (int i = 0; i < 64; i++)
+            big[i] = rnd();
+        assert_int_equal(xb_prefix_insert(x, 0, big, 64, 0), 0);
+    }
+    assert_true(xb_prefix_blocks(x, 0) * xb_prefix_entry_bytes() >= bound / 2); /* the bound was reached */
+    assert_int_equal(xb_prefix_match(x, 1, small, 8, 0), 8);
+    assert_int_equal(xb_prefix_blocks(x, 1), 8);
+    xb_prefix_free(x);
+}
+
 /* TTL: a block not used for longer than the TTL counts as absent. */
 static void test_ttl(void **st)
 {
@@ -290,6 +311,60 @@ static void test_guard_denies_overloaded_holder(void **st)
     xb_pool_free(p);
 }
 
+/* The guard compares loads per unit of capacity: a tp=1 rank holding the prefix, loaded 1500 tokens, is over the
+ * mean per capacity (1167, with two tp=4 ranks at 4000 each, 1000 per capacity) and gets no credit, though it
+ * would win with it; a mean of raw loads (3167) would credit it. */
+static void test_guard_uses_capacity(void **st)
+{
+    struct xb_pool *p = xb_pool_new(XB_POLICY_CACHE, 7);
+    int tps[3] = {1, 4, 4};
+    for (int i = 0; i < 3; i++) {
+        struct xb_instance_cfg c = {tps[i], 1, 0, 0, (uint64_t)(i + 1) * 0x9e3779b97f4a7c15ULL};
+        assert_int_equal(xb_pool_add(p, &c), i);
+    }
+    assert_int_equal(xb_prefix_enable(p, 1000, 1 << 20, 0, 1.0), 0);
+    xb_cache_weight(p, 4.0);
+    uint64_t h[62];
+    blocks_of(5, h, 62);
+    int all_but[3][2] = {{1, 2}, {0, 2}, {0, 1}};
+    struct xb_query warm = {.tokens = 1000, .blocks = h, .nblocks = 62, .block_tokens = 16,
+                            .exclude = all_but[0], .nexclude = 2};
+    assert_int_equal(xb_pick_q(p, &warm), 0);
+    xb_release(p, 0, warm.charged);
+    assert_int_equal(xb_pick(p, 0, 1500, all_but[0], 2), 0);
+    assert_int_equal(xb_pick(p, 0, 4000, all_but[1], 2), 1);
+    assert_int_equal(xb_pick(p, 0, 4000, all_but[2], 2), 2);
+    struct xb_query q = {.tokens = 1000, .blocks = h, .nblocks = 62, .block_tokens = 16, .peek = 1};
+    int i = xb_pick_q(p, &q);
+    assert_true(i == 1 || i == 2);
+    assert_int_equal(q.cached, 0);
+    xb_pool_free(p);
+}
+
+/* Two routers listing the same engines in another order place every session on the same engine: the ring is
+ * built from each rank's identity (its key), not its index. */
+static void test_session_ring_by_identity(void **st)
+{
+    struct xb_pool *a = xb_pool_new(XB_POLICY_LOT, 7), *b = xb_pool_new(XB_POLICY_LOT, 9);
+    uint64_t keys[5] = {0x1111, 0x2222, 0x3333, 0x4444, 0x5555};
+    for (int i = 0; i < 5; i++) {
+        struct xb_instance_cfg ca = {1, 1, 0, 0, keys[i]}, cb = {1, 1, 0, 0, keys[4 - i]};
+        assert_int_equal(xb_pool_add(a, &ca), i);
+        assert_int_equal(xb_pool_add(b, &cb), i);
+    }
+    xb_session_enable(a, 0.25);
+    xb_session_enable(b, 0.25);
+    for (int s = 0; s < 200; s++) {
+        uint64_t sess = rnd() | 1;
+        struct xb_query qa = {.tokens = 10, .session = sess, .peek = 1}, qb = qa;
+        int ia = xb_pick_q(a, &qa), ib = xb_pick_q(b, &qb);
+        assert_true(qa.by_session && qb.by_session);
+        assert_int_equal(keys[ia], keys[4 - ib]);
+    }
+    xb_pool_free(a);
+    xb_pool_free(b);
+}
+
 /* Without shared prefixes, `cache` places exactly as `lot` does. */
 static void test_cache_without_prefixes_is_lot(void **st)
 {
@@ -395,6 +470,8 @@ int main(void)
         cmocka_unit_test(test_cache_affinity),      cmocka_unit_test(test_guard_property),
         cmocka_unit_test(test_cache_without_prefixes_is_lot), cmocka_unit_test(test_session_affinity),
         cmocka_unit_test(test_peek_keeps_rotation),    cmocka_unit_test(test_guard_denies_overloaded_holder),
+        cmocka_unit_test(test_guard_uses_capacity),    cmocka_unit_test(test_session_ring_by_identity),
+        cmocka_unit_test(test_byte_bound_takes_from_the_fullest),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
