@@ -643,7 +643,11 @@ static int expand_pool(struct rt_config *c, int role)
             r->weight = rh->weight > 0 ? rh->weight : 1;
             r->max_model_len = rh->max_model_len;
             r->max_inflight = rh->max_inflight > 0 ? rh->max_inflight : p->max_inflight;
-            r->bootstrap_port = role == RT_PREFILL ? rt_config_bootstrap_port(c, rh->bootstrap_port, rh->port) : 0;
+            /* external DP: rank i is a server of its own, its bootstrap server too, on the host's port + i (as
+             * scripts/launch_engine.sh starts them, and SGLang expects) */
+            r->bootstrap_port = role == RT_PREFILL
+                                    ? rt_config_bootstrap_port(c, rh->bootstrap_port, rh->port) + (internal ? 0 : i)
+                                    : 0;
             r->tls = rh->tls;
             c->endpoints[r->endpoint].tls |= rh->tls;
         }

@@ -647,8 +647,9 @@ int rt_registry_add(const struct rt_admin_instance *in, int source, cJSON *repor
         want.weight = (int)in->weight;
         want.max_inflight = (int)in->max_inflight;
         want.max_model_len = in->max_model_len;
-        want.bootstrap_port =
-            role == RT_PREFILL ? rt_config_bootstrap_port(&g_rt->cfg, (int)in->bootstrap_port, (int)in->port) : 0;
+        want.bootstrap_port = role == RT_PREFILL ? rt_config_bootstrap_port(&g_rt->cfg, (int)in->bootstrap_port,
+                                                                            (int)in->port) + (by_header ? 0 : (int)i)
+                                                 : 0; /* external DP: each rank's own, as in config.c */
         want.tls = in->tls;
         int idx = -1;
         int res = apply_rank(role, in->host, (int)(by_header ? in->port : in->port + i), &want, &idx, err, cap);

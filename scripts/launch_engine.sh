@@ -26,12 +26,16 @@ OPTS=(
   "--dp-address|DPADDR|127.0.0.1|address of the node holding DP rank 0 (vLLM --data-parallel-address)"
   "--dp-rpc-port|DPRPC|13345|vLLM --data-parallel-rpc-port"
   "--tp|TP|1|tensor-parallel size per rank"
+  "--dp-attention|DPATT|off|SGLang internal DP: on adds --enable-dp-attention (data-parallel attention inside one TP group, for MLA/MoE models such as DeepSeek V3: the server uses --tp GPUs, which --dp-size must divide); off: --dp-size replicas of --tp GPUs each"
   "--gpus|GPUS||comma list of this node's GPU ids; each rank gets --tp of them in order (CUDA_VISIBLE_DEVICES)"
   "--side-host|SIDEHOST|auto|NIXL side-channel host others reach this node on (auto: --host, or this node's first address when --host is a wildcard)"
   "--side-port|SIDE|role|NIXL side-channel base port; vLLM adds the DP rank (role: 5600 prefill, 6600 decode)"
   "--kv-port|KVPORT|20001|mooncake-ascend kv_port base (plus the local rank)"
   "--bootstrap-port|BOOT|8998|prefill bootstrap server port (SGLang, vLLM MooncakeConnector)"
   "--mooncake-config|MCFG|mooncake.json|MOONCAKE_CONFIG_PATH for mooncake-store"
+  "--hash-seed|HASHSEED|0|mooncake-store: PYTHONHASHSEED of every engine (prefills and decodes must share it: the store keys blocks by Python hashes)"
+  "--prefill-sizes|PSIZES|own|mooncake-ascend: the prefill engine's DPxTP (own: this node's --dp-size x --tp when --role prefill; required otherwise)"
+  "--decode-sizes|DSIZES|own|mooncake-ascend: the decode engine's DPxTP (own: this node's --dp-size x --tp when --role decode; required otherwise)"
   "--run-dir|RUN|/tmp/xpyd-engines|where the pid file and logs go"
   "--check-s|CHECK|2|after starting, seconds to watch for an engine that exits at once (reported as a failure)"
 )
@@ -92,10 +96,22 @@ if [ "$SIDEHOST" = auto ]; then
   case "$HOST" in 0.0.0.0|::|"") SIDEHOST=$( (hostname -I 2>/dev/null || true) | awk '{print $1}'); SIDEHOST=${SIDEHOST:-127.0.0.1} ;;
     *) SIDEHOST=$HOST ;; esac
 fi
+case "$DPATT" in on|off) ;; *) die "--dp-attention is on or off" ;; esac
+if [ "$CONN" = mooncake-ascend ]; then
+  [ "$PSIZES" = own ] && { [ "$ROLE" = prefill ] && PSIZES="${DPSIZE}x$TP" || die "--connector mooncake-ascend --role decode needs --prefill-sizes DPxTP (the prefill engine's)"; }
+  [ "$DSIZES" = own ] && { [ "$ROLE" = decode ] && DSIZES="${DPSIZE}x$TP" || die "--connector mooncake-ascend --role prefill needs --decode-sizes DPxTP (the decode engine's)"; }
+  for s in "$PSIZES" "$DSIZES"; do [[ "$s" =~ ^[1-9][0-9]*x[1-9][0-9]*$ ]] || die "--prefill-sizes/--decode-sizes take DPxTP, e.g. 2x8: got '$s'"; done
+fi
+if [ "$DPATT" = on ]; then
+  [ "$CONN" = sglang ] && [ "$DPMODE" = internal ] || die "--dp-attention on is for --connector sglang with --dp-mode internal"
+  [ $((TP % DPSIZE)) -eq 0 ] || die "--dp-attention on: --tp $TP must be a multiple of --dp-size $DPSIZE (SGLang checks tp_size % dp_size == 0)"
+fi
 IFS=',' read -r -a GPULIST <<<"$GPUS"
 if [ -n "$GPUS" ]; then
   need=$((DPLOCAL * TP))
+  [ "$DPATT" = on ] && need=$TP # attention DP shares the TP group's GPUs
   [ ${#GPULIST[@]} -ge $need ] || die "--gpus lists ${#GPULIST[@]} GPUs; this node's $DPLOCAL rank(s) x --tp $TP need $need"
+  [ ${#GPULIST[@]} -eq $need ] || die "--gpus lists ${#GPULIST[@]} GPUs; this node's engines use $need (DP x TP, or TP with --dp-attention on)"
 fi
 gpus_for() { # first-local-rank count -> "0,1,..." (empty without --gpus)
   [ -n "$GPUS" ] || return 0
@@ -118,14 +134,16 @@ vllm_cmd() { # local-index port nranks(local) external?
   case "$CONN" in
     nixl)
       env+="VLLM_NIXL_SIDE_CHANNEL_HOST=$SIDEHOST VLLM_NIXL_SIDE_CHANNEL_PORT=$SIDE "
-      cfg="{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"$KVROLE\",\"kv_load_failure_policy\":\"fail\"}" ;;
+      # a KV load failure fails the request (the decode does not recompute): vLLM's default since PR #34896;
+      # "kv_load_failure_policy" is not written, so the line also starts vLLM < 0.11.1, which refuses the key
+      cfg="{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"$KVROLE\"}" ;;
     mooncake)
       [ "$ROLE" = prefill ] && env+="VLLM_MOONCAKE_BOOTSTRAP_PORT=$BOOT "
       cfg="{\"kv_connector\":\"MooncakeConnector\",\"kv_role\":\"$KVROLE\"}" ;;
-    mooncake-ascend)
-      cfg="{\"kv_connector\":\"MooncakeConnectorV1\",\"kv_role\":\"$KVROLE\",\"kv_port\":\"$((KVPORT + i))\",\"engine_id\":\"$ROLE-$p\",\"kv_connector_module_path\":\"vllm_ascend.distributed.mooncake_connector\"}" ;;
-    mooncake-store)
-      env+="MOONCAKE_CONFIG_PATH=$MCFG "
+    mooncake-ascend) # both roles' parallel sizes, which the connector maps its KV layout with
+      cfg="{\"kv_connector\":\"MooncakeConnectorV1\",\"kv_role\":\"$KVROLE\",\"kv_port\":\"$((KVPORT + i))\",\"engine_id\":\"$ROLE-$p\",\"kv_connector_module_path\":\"vllm_ascend.distributed.mooncake_connector\",\"kv_connector_extra_config\":{\"prefill\":{\"dp_size\":${PSIZES%x*},\"tp_size\":${PSIZES#*x}},\"decode\":{\"dp_size\":${DSIZES%x*},\"tp_size\":${DSIZES#*x}}}}" ;;
+    mooncake-store) # block hashes must agree across processes: one Python hash seed for all of them
+      env+="MOONCAKE_CONFIG_PATH=$MCFG PYTHONHASHSEED=$HASHSEED "
       cfg="{\"kv_connector\":\"MooncakeStoreConnector\",\"kv_role\":\"$KVROLE\"}" ;;
   esac
   if [ "$DPSIZE" -gt 1 ]; then
@@ -142,8 +160,10 @@ vllm_cmd() { # local-index port nranks(local) external?
 case "$CONN" in
   sglang)
     if [ "$DPMODE" = internal ] || [ "$DPSIZE" -eq 1 ]; then
-      g=$(gpus_for 0 "$DPLOCAL"); env=""; [ -n "$g" ] && env="CUDA_VISIBLE_DEVICES=$g"
-      dpflag=""; [ "$DPSIZE" -gt 1 ] && dpflag=" --dp-size $DPSIZE --enable-dp-attention"
+      if [ "$DPATT" = on ]; then g=$(gpus_for 0 1); else g=$(gpus_for 0 "$DPLOCAL"); fi
+      env=""; [ -n "$g" ] && env="CUDA_VISIBLE_DEVICES=$g"
+      dpflag=""; [ "$DPSIZE" -gt 1 ] && dpflag=" --dp-size $DPSIZE"
+      [ "$DPATT" = on ] && dpflag+=" --enable-dp-attention"
       boot=""; [ "$ROLE" = prefill ] && boot=" --disaggregation-bootstrap-port $BOOT"
       add "$env" "python3 -m sglang.launch_server --model-path $MODEL --host $HOST --port $PORT --tp-size $TP$dpflag --disaggregation-mode $ROLE$boot --disaggregation-transfer-backend mooncake"
     else

@@ -31,6 +31,7 @@ struct sim_rank {
     struct sim *sim;
     int idx;
     evhtp_t *htp; /* external DP: this rank's own server; internal: NULL (rank 0 owns sim->htp) */
+    evhtp_t *boot_htp;    /* external DP with a bootstrap server: this rank's own (bootstrap port + rank) */
     char engine_id[128];
     int port;             /* the port this rank is reached on */
     long running;

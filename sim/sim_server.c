@@ -192,22 +192,25 @@ static void on_tokenize(evhtp_request_t *req, void *arg)
     evbuffer_free(b);
 }
 
-static void kv_take(evhtp_request_t *req, struct sim *s, int release);
+static void kv_take(evhtp_request_t *req, struct sim_rank *rk, int release);
 
 /* The prefill's KV channel: a decode pulls a lease (kv-params) or a bootstrap room... */
 static void on_kv_pull(evhtp_request_t *req, void *arg)
 {
-    kv_take(req, rank_of(arg)->sim, 0);
+    kv_take(req, rank_of(arg), 0);
 }
 
 /* ...or, aborted before pulling, asks the prefill to free it. */
 static void on_kv_release(evhtp_request_t *req, void *arg)
 {
-    kv_take(req, rank_of(arg)->sim, 1);
+    kv_take(req, rank_of(arg), 1);
 }
 
-static void kv_take(evhtp_request_t *req, struct sim *s, int release)
+/* rk: the rank whose listener the pull came to. An external DP rank's bootstrap server knows only its own rooms
+ * (SGLang's: each rank a server of its own): a decode sent to another rank's bootstrap port finds nothing. */
+static void kv_take(evhtp_request_t *req, struct sim_rank *rk, int release)
 {
+    struct sim *s = rk->sim;
     size_t len;
     const char *body = body_of(req, &len);
     cJSON *o = cJSON_ParseWithLength(body, len);
@@ -230,6 +233,8 @@ static void kv_take(evhtp_request_t *req, struct sim *s, int release)
         return;
     }
     struct sim_lease *l = sim_lease_find(&s->leases, key);
+    if (l && cJSON_IsString(room) && rk->boot_htp && strcmp(l->engine_id, rk->engine_id) != 0)
+        l = NULL; /* another rank's room */
     if (!l) {
         cJSON_Delete(o);
         if (cJSON_IsString(room) || cJSON_IsString(xfer)) {
@@ -540,10 +545,19 @@ int sim_run(const struct sim_config *cfg)
         }
         rk->port = (cfg->dp_internal || port == 0) ? s->cfg.port : port;
     }
-    if (want_boot >= 0) {
+    if (want_boot >= 0 && (cfg->dp_internal || s->nranks == 1)) {
         s->bootstrap_htp = make_server(s, &s->ranks[0], want_boot, SRV_KV_ONLY, &s->cfg.bootstrap_port);
         if (!s->bootstrap_htp)
             goto out;
+    } else if (want_boot >= 0) { /* external DP: rank i's own bootstrap server on the base port + i */
+        for (int i = 0; i < s->nranks; i++) {
+            int bound = 0, want = i ? s->cfg.bootstrap_port + i : want_boot;
+            s->ranks[i].boot_htp = make_server(s, &s->ranks[i], want, SRV_KV_ONLY, &bound);
+            if (!s->ranks[i].boot_htp)
+                goto out;
+            if (i == 0)
+                s->cfg.bootstrap_port = bound;
+        }
     }
     if (cfg->handoff == SIM_HANDOFF_XPYD) {
         char name[64];
@@ -592,6 +606,11 @@ out:
         if (s->ranks[i].htp) {
             evhtp_unbind_socket(s->ranks[i].htp);
             evhtp_free(s->ranks[i].htp);
+        }
+    for (int i = 0; s->ranks && i < s->nranks; i++)
+        if (s->ranks[i].boot_htp) {
+            evhtp_unbind_socket(s->ranks[i].boot_htp);
+            evhtp_free(s->ranks[i].boot_htp);
         }
     if (s->bootstrap_htp) {
         evhtp_unbind_socket(s->bootstrap_htp);

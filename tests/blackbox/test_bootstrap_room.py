@@ -44,6 +44,29 @@ class BootstrapRoom(t.TestCase):
         decode_rooms = {json.loads(b)["bootstrap_room"] for (m, p, b) in de.requests if p != "/health"}
         self.assertEqual(len(decode_rooms), 12)
 
+    def test_external_dp_ranks_each_have_their_bootstrap_port(self):
+        """SGLang with external DP: each prefill rank is a server of its own with its own bootstrap server on the
+        base port + rank (as scripts/launch_engine.sh starts them). The decode of a request served by rank 1 must
+        be sent to rank 1's bootstrap port: rank 0's does not know that room (xpyd_sim's ranks hold their own
+        rooms, as SGLang's do), so a router giving every rank the same port fails half the requests."""
+        port, boot = t.free_port_range(2), t.free_port_range(2)
+        p = self.start(t.Proc("xpyd_sim", ["--port", str(port), "--role", "prefill", "--handoff", "bootstrap",
+                                           "--dp-size", "2", "--bootstrap-port", str(boot), "--log-level", "warn"],
+                              port_flag=False))
+        t.wait_until(lambda: t.request(port + 1, "GET", "/health")[0] == 200, what="both prefill ranks up")
+        d = self.start(t.sim("--role", "decode", "--handoff", "bootstrap", "--decode-us-per-token", "0"))
+        r = self.start(t.router(["127.0.0.1:%d" % port], [d], "--handoff", "bootstrap", "--prefill-dp", "2",
+                                "--prefill-bootstrap-port", str(boot), "--max-retries", "0", "--health-interval-ms", "0"))
+        s = t.status(r.port)
+        self.assertEqual([(i["port"], i["dp_rank"]) for i in s["pools"]["prefill"]["instances"]],
+                         [(port, -1), (port + 1, -1)])
+        for _ in range(8):
+            st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a b c", "max_tokens": 3})
+            self.assertEqual(st, 200, out)
+        served = [t.metric(port + k, "xpyd_sim:requests_total") for k in (0, 1)]
+        self.assertTrue(all(n > 0 for n in served), served)  # both ranks took requests
+        self.idle(r)
+
 
 if __name__ == "__main__":
     t.main()

@@ -182,7 +182,7 @@ real = %(real)r
 if real and args[:2] != ["-m", "sglang.launch_server"]:
     os.execv(real, [real] + args)  # a stand-in python3 runs everything but SGLang's launcher for real
 keep = ("CUDA_VISIBLE_DEVICES", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
-        "VLLM_MOONCAKE_BOOTSTRAP_PORT", "MOONCAKE_CONFIG_PATH")
+        "VLLM_MOONCAKE_BOOTSTRAP_PORT", "MOONCAKE_CONFIG_PATH", "PYTHONHASHSEED")
 path = os.path.join(%(rec)r, str(os.getpid()))
 with open(path + ".tmp", "w") as f:
     json.dump({"prog": os.path.basename(sys.argv[0]), "argv": args,
@@ -249,8 +249,8 @@ class LaunchHelpers(t.TestCase):
         self.assertEqual(opt(p["argv"], "--port"), "8100")
         self.assertEqual(p["env"], {"CUDA_VISIBLE_DEVICES": "0", "VLLM_NIXL_SIDE_CHANNEL_HOST": "10.0.0.5",
                                     "VLLM_NIXL_SIDE_CHANNEL_PORT": "5600"})
-        self.assertEqual(self.kv(p["argv"]), {"kv_connector": "NixlConnector", "kv_role": "kv_producer",
-                                              "kv_load_failure_policy": "fail"})
+        # no kv_load_failure_policy: "fail" is vLLM's default, and vLLM < 0.11.1 refuses the key at start
+        self.assertEqual(self.kv(p["argv"]), {"kv_connector": "NixlConnector", "kv_role": "kv_producer"})
         ds, _ = self.launch("--role", "decode", "--connector", "nixl", "--model", "m", "--side-host", "10.0.0.5",
                             "--dp", "2", "--tp", "2", "--gpus", "1,2,3,4")
         self.assertEqual([opt(d["argv"], "--port") for d in ds], ["8200", "8201"])
@@ -293,20 +293,39 @@ class LaunchHelpers(t.TestCase):
                          {json.dumps({"kv_connector": "MooncakeConnector", "kv_role": "kv_consumer"})})
 
     def test_mooncake_ascend_and_store(self):
-        (p,), _ = self.launch("--role", "prefill", "--connector", "mooncake-ascend", "--model", "m")
+        (p,), _ = self.launch("--role", "prefill", "--connector", "mooncake-ascend", "--model", "m", "--dp", "2",
+                              "--dp-mode", "internal", "--tp", "8", "--decode-sizes", "32x1")
         self.assertEqual(self.kv(p["argv"])["kv_connector"], "MooncakeConnectorV1")
         self.assertEqual(self.kv(p["argv"])["kv_port"], "20001")
+        # both roles' parallel sizes, which vllm-ascend's connector needs to map the KV
+        self.assertEqual(self.kv(p["argv"])["kv_connector_extra_config"],
+                         {"prefill": {"dp_size": 2, "tp_size": 8}, "decode": {"dp_size": 32, "tp_size": 1}})
+        out = subprocess.run([os.path.join(ROOT, "scripts", "launch_engine.sh"), "--role", "prefill", "--connector",
+                              "mooncake-ascend", "--model", "m", "--print"], capture_output=True, text=True)
+        self.assertEqual(out.returncode, 2)
+        self.assertIn("needs --decode-sizes", out.stderr)
         (d,), _ = self.launch("--role", "decode", "--connector", "mooncake-store", "--model", "m",
                               "--mooncake-config", "/etc/mc.json")
-        self.assertEqual(d["env"], {"MOONCAKE_CONFIG_PATH": "/etc/mc.json"})
+        # the store keys blocks by Python hashes: every engine shares one seed
+        self.assertEqual(d["env"], {"MOONCAKE_CONFIG_PATH": "/etc/mc.json", "PYTHONHASHSEED": "0"})
         self.assertEqual(self.kv(d["argv"]), {"kv_connector": "MooncakeStoreConnector", "kv_role": "kv_consumer"})
 
     def test_sglang_internal_and_external_dp(self):
+        # DP replicas (the default): DP x TP GPUs, no attention DP (it was always added once: DP=2 TP=4 then used 4
+        # GPUs instead of 8, and TP=1 failed SGLang's tp_size % dp_size check at start)
         (p,), _ = self.launch("--role", "prefill", "--connector", "sglang", "--model", "m", "--dp", "2",
-                              "--dp-mode", "internal")
+                              "--dp-mode", "internal", "--tp", "4", "--gpus", "0,1,2,3,4,5,6,7")
         self.assertEqual(p["argv"][:2], ["-m", "sglang.launch_server"])
-        self.assertEqual((opt(p["argv"], "--port"), opt(p["argv"], "--dp-size")), ("8100", "2"))
-        self.assertIn("--enable-dp-attention", p["argv"])
+        self.assertEqual((opt(p["argv"], "--port"), opt(p["argv"], "--dp-size"), opt(p["argv"], "--tp-size")),
+                         ("8100", "2", "4"))
+        self.assertNotIn("--enable-dp-attention", p["argv"])
+        self.assertEqual(p["env"]["CUDA_VISIBLE_DEVICES"], "0,1,2,3,4,5,6,7")
+        # attention DP when asked (MLA/MoE models): the TP group's GPUs, tp divisible by dp
+        (a,), _ = self.launch("--role", "prefill", "--connector", "sglang", "--model", "m", "--dp", "2",
+                              "--dp-mode", "internal", "--tp", "4", "--dp-attention", "on", "--gpus", "0,1,2,3")
+        self.assertIn("--enable-dp-attention", a["argv"])
+        self.assertEqual((opt(a["argv"], "--dp-size"), opt(a["argv"], "--tp-size")), ("2", "4"))
+        self.assertEqual(a["env"]["CUDA_VISIBLE_DEVICES"], "0,1,2,3")
         self.assertEqual(opt(p["argv"], "--disaggregation-bootstrap-port"), "8998")
         self.assertEqual(opt(p["argv"], "--disaggregation-mode"), "prefill")
         ds, _ = self.launch("--role", "decode", "--connector", "sglang", "--model", "m", "--dp", "2",
@@ -326,6 +345,10 @@ class LaunchHelpers(t.TestCase):
                              (["--connector", "nixl", "--dp-size", "4", "--dp-local", "2", "--dp-start-rank", "3"],
                               "more than --dp-size"),
                              (["--connector", "nixl", "--dp", "2", "--tp", "2", "--gpus", "0,1,2"], "need 4"),
+                             (["--connector", "sglang", "--dp", "4", "--dp-mode", "internal", "--tp", "2",
+                               "--dp-attention", "on"], "must be a multiple of --dp-size"),
+                             (["--connector", "sglang", "--dp", "2", "--dp-mode", "internal", "--tp", "4", "--gpus",
+                               "0,1,2,3"], "need 8"),
                              (["--connector", "nixl", "--polcy", "x"], "unknown argument")]:
             out = subprocess.run([os.path.join(ROOT, "scripts", "launch_engine.sh"), "--role", "prefill", "--model",
                                   "m", "--print"] + args, capture_output=True, text=True)
@@ -373,6 +396,51 @@ class LaunchHelpers(t.TestCase):
         out = subprocess.run([script, "--config", "missing.json"], cwd=tmp, env=env, capture_output=True, text=True)
         self.assertEqual(out.returncode, 2)
         self.assertIn("relative paths are from %s" % tmp, out.stderr)
+
+    def test_gaudi_start_proxy_as_the_guide_runs_it(self):
+        """scripts/xpyd_start_proxy.sh X Y Z false [benchmark], the Gaudi guide's command, with its IP arrays
+        (here from the environment) mapped onto xpyd_router: X prefill nodes on 8100, Y decode nodes of 8 / Z DP
+        ranks each on 8200.. (port-major across nodes), Mooncake store handoff, the proxy port; benchmark adds
+        repeat mode. Ports are moved to free ones for the test."""
+        pbase, dbase, proxy = t.free_port(), t.free_port_range(2), t.free_port()
+        store = t.tmpdir(prefix="xpyd-store-")
+        sims = [t.Proc("xpyd_sim", ["--port", str(pbase), "--role", "prefill", "--handoff", "store", "--store-dir",
+                                    store, "--log-level", "warn"], port_flag=False)]
+        for host in ("127.0.0.1", "127.0.0.2"):
+            sims.append(t.Proc("xpyd_sim", ["--host", host, "--port", str(dbase), "--dp-size", "2", "--role", "decode",
+                                            "--handoff", "store", "--store-dir", store, "--decode-us-per-token", "0",
+                                            "--log-level", "warn"], port_flag=False))
+        for s in sims:
+            self.start(s)
+        for host, port in (("127.0.0.1", pbase), ("127.0.0.1", dbase), ("127.0.0.1", dbase + 1),
+                           ("127.0.0.2", dbase), ("127.0.0.2", dbase + 1)):
+            t.wait_until(lambda: t.request(port, "GET", "/health", host=host)[0] == 200, what="%s:%d" % (host, port))
+        env = dict(os.environ, XPYD_ROUTER=os.path.join(t.BIN, "xpyd_router"), XPYD_PREFILL_IPS="127.0.0.1",
+                   XPYD_DECODE_IPS="127.0.0.1 127.0.0.2", PBASE_PORT=str(pbase), DBASE_PORT=str(dbase),
+                   PROXY_PORT=str(proxy), XPYD_ROUTER_ARGS="--host 127.0.0.1")
+        script = os.path.join(ROOT, "scripts", "xpyd_start_proxy.sh")
+        for args, repeat in ((["1", "2", "4", "false"], 0), (["1", "2", "4", "false", "benchmark"], 127),
+                             (["1", "2", "4", "true", "3", "benchmark"], 3)):
+            p = subprocess.Popen([script] + args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            try:
+                t.wait_until(lambda: t.request(proxy, "GET", "/health")[0] == 200, timeout=20, what="the proxy")
+                s = t.status(proxy)
+                self.assertEqual([(i["host"], i["port"], i["tp"]) for i in s["pools"]["decode"]["instances"]],
+                                 [("127.0.0.1", dbase, 4), ("127.0.0.2", dbase, 4), ("127.0.0.1", dbase + 1, 4),
+                                  ("127.0.0.2", dbase + 1, 4)])
+                self.assertEqual([(i["host"], i["port"]) for i in s["pools"]["prefill"]["instances"]],
+                                 [("127.0.0.1", pbase)])
+                self.assertEqual(s["handoff"], "store")
+                self.assertEqual(s["first_token"], "prefill" if args[3] == "true" else "decode")
+                st, _, out = t.post_json(proxy, "/v1/completions", {"prompt": "hello", "max_tokens": 3})
+                self.assertEqual(st, 200, out)
+                t.wait_until(lambda: t.metric(proxy, "xpyd_repeat_clones_total") == repeat, what="the clones")
+            finally:
+                p.terminate()
+                p.wait(30)
+        bad = subprocess.run([script, "1", "3", "4", "false"], env=env, capture_output=True, text=True)
+        self.assertEqual(bad.returncode, 2)
+        self.assertIn("3 decode nodes, but DECODE_IPS lists 2", bad.stderr)
 
 
 class Ipv6Live(t.TestCase):
