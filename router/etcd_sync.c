@@ -88,7 +88,14 @@ int64_t esync_age_ms(void)
 
 static void set_up(struct esync *s, int up)
 {
-    atomic_store(&g_rt->ctr.discovery_up, up);
+    atomic_store(&g_rt->ctr.discovery_synced, up);
+}
+
+int esync_up(void)
+{
+    /* in sync, and etcd answered (a watch message, a keep-alive: one every third of the TTL) within a lease's
+     * TTL: an etcd that hangs keeps the watch's connection open and answers nothing */
+    return atomic_load(&g_rt->ctr.discovery_synced) && esync_age_ms() <= g_rt->cfg.discovery_ttl_s * 1000;
 }
 
 static void invalid(const char *key, const char *why)

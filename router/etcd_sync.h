@@ -18,5 +18,7 @@ int esync_left(const struct esync *s);
 void esync_stop(struct esync *s);
 /* Milliseconds since etcd last answered (0 when discovery is off): the /metrics gauge. Any thread. */
 int64_t esync_age_ms(void);
+/* 1 while in sync with etcd and etcd answered within a lease TTL (xpyd_discovery_up). */
+int esync_up(void);
 
 #endif

@@ -4,6 +4,11 @@
 #include "router.h"
 #include "xpyd_reply.h"
 #include "xpyd_util.h"
+#include "xpyd_version.h"
+
+#include <dirent.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <event2/buffer.h>
 #include <evhtp/evhtp.h>
@@ -41,7 +46,7 @@ static void hist_print(struct evbuffer *b, const char *n, const struct rt_hist *
 }
 
 /* The rows of metrics_table.h, with where each one's storage is. */
-enum { L_NONE, L_ROLE, L_REASON, L_GUARD, L_STATUS, L_HIST, L_PD, L_SIDE, L_MSEC };
+enum { L_NONE, L_ROLE, L_REASON, L_GUARD, L_STATUS, L_HIST, L_PD, L_SIDE, L_MSEC, L_OUTCOME };
 struct metric_desc {
     const char *name, *type, *help;
     int labels;
@@ -96,6 +101,13 @@ static void metric_print(struct evbuffer *b, const struct metric_desc *m, const 
                                         e ? "/v1/chat/completions" : "/v1/completions", k, n);
             }
         break;
+    case L_OUTCOME:
+        for (int e = 0; e < RT_EP_COUNT; e++)
+            for (int o = 0; o < RT_OUT_COUNT; o++)
+                evbuffer_add_printf(b, "%s{endpoint=\"%s\",outcome=\"%s\"} %" PRId64 "\n", m->name,
+                                    e ? "/v1/chat/completions" : "/v1/completions", rt_outcome_names[o],
+                                    (int64_t)atomic_load(&v[e * RT_OUT_COUNT + o]));
+        break;
     case L_HIST:
         hist_print(b, m->name, (const struct rt_hist *)(base + m->off));
         break;
@@ -112,10 +124,7 @@ static int64_t i_ejections(const struct xb_instance_stats *st, int role, size_t 
 static int64_t i_prefix_blocks(const struct xb_instance_stats *st, int role, size_t i) { return st->prefix_blocks; }
 static int64_t i_prefix_capacity(const struct xb_instance_stats *st, int role, size_t i) { return st->prefix_capacity; }
 static int64_t i_remote(const struct xb_instance_stats *st, int role, size_t i) { return st->remote; }
-static int64_t i_errors(const struct xb_instance_stats *st, int role, size_t i)
-{
-    return atomic_load(&g_rt->ctr.instance_errors[role][i < 4096 ? i : 0]);
-}
+
 struct instance_metric {
     const char *name, *type, *help;
     int64_t (*value)(const struct xb_instance_stats *st, int role, size_t i);
@@ -126,7 +135,6 @@ static const struct instance_metric instance_metrics[] = {
      i_outstanding},
     {"xpyd_instance_selected_total", "counter", "Times the balancer picked the rank.", i_selected},
     {"xpyd_instance_healthy", "gauge", "1 while the rank may be picked (healthy, ready, not ejected).", i_healthy},
-    {"xpyd_instance_errors_total", "counter", "Failed attempts on the rank.", i_errors},
     {"xpyd_instance_feedback_tokens", "gauge", "Load the engine's own /metrics add (--scrape-interval-ms).",
      i_feedback},
     {"xpyd_instance_ejections_total", "counter", "Passive ejections of the rank.", i_ejections},
@@ -140,6 +148,81 @@ static const struct instance_metric instance_metrics[] = {
      "num_gpu_blocks when scraped; 0: index off).", i_prefix_capacity},
 };
 
+/* Failed attempts per rank and cause (xpyd_instance_errors_total{cause}); ranks removed at runtime not listed. */
+static void instance_errors_print(struct evbuffer *b)
+{
+    evbuffer_add_printf(b, "# HELP xpyd_instance_errors_total Failed attempts on the rank, by cause: connect (refused, "
+                           "reset before an answer, TLS), timeout, status (5xx), broken_stream (cut or given up "
+                           "mid-answer), bad_response (malformed, not JSON, too large).\n"
+                           "# TYPE xpyd_instance_errors_total counter\n");
+    for (int role = 0; role < 2; role++)
+        for (size_t i = 0; i < g_rt->reg.n_ranks[role] && i < 4096; i++) {
+            struct xb_instance_stats st;
+            xb_stats(g_rt->pools[role], (int)i, &st);
+            if (st.removed)
+                continue;
+            char hp[300];
+            int dp = rt_rank_identity(role, (int)i, hp, sizeof hp);
+            for (int k = 0; k < RT_CAUSE_COUNT; k++)
+                evbuffer_add_printf(b, "xpyd_instance_errors_total{role=\"%s\",engine=\"%s\",dp_rank=\"%d\",cause=\"%s\"} "
+                                       "%" PRId64 "\n", roles[role], hp, dp < 0 ? 0 : dp, rt_cause_names[k],
+                                    (int64_t)atomic_load(&g_rt->ctr.instance_errors[role][i][k]));
+        }
+}
+
+/* The standard process metrics (as Prometheus' client libraries export them) and the build. */
+static void process_print(struct evbuffer *b)
+{
+    evbuffer_add_printf(b, "# HELP xpyd_build_info The router's version and the git revision it was built from.\n"
+                           "# TYPE xpyd_build_info gauge\nxpyd_build_info{version=\"%s\",git_revision=\"%s\"} 1\n",
+                        xpyd_version(), xpyd_git_revision());
+    long tck = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+    unsigned long long ut = 0, st = 0, start = 0, vsize = 0, rss = 0, btime = 0;
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (f) {
+        char line[1024];
+        if (fgets(line, sizeof line, f)) {
+            const char *p = strrchr(line, ')'); /* past the command, which may hold spaces */
+            if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %*d %*d %*d %*d %*d %*d %llu "
+                                   "%llu %llu", &ut, &st, &start, &vsize, &rss) != 5)
+                ut = st = start = vsize = rss = 0;
+        }
+        fclose(f);
+    }
+    if ((f = fopen("/proc/stat", "r"))) {
+        char line[256];
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "btime %llu", &btime) == 1)
+                break;
+        fclose(f);
+    }
+    long fds = 0;
+    DIR *d = opendir("/proc/self/fd");
+    for (struct dirent *e; d && (e = readdir(d));)
+        fds += e->d_name[0] != '.';
+    if (d)
+        closedir(d);
+    fds -= d ? 1 : 0; /* the directory's own descriptor */
+    struct rlimit rl = {0, 0};
+    getrlimit(RLIMIT_NOFILE, &rl);
+    evbuffer_add_printf(b,
+                        "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+                        "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total %.2f\n"
+                        "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+                        "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %llu\n"
+                        "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+                        "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes %llu\n"
+                        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+                        "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds %.2f\n"
+                        "# HELP process_open_fds Number of open file descriptors.\n"
+                        "# TYPE process_open_fds gauge\nprocess_open_fds %ld\n"
+                        "# HELP process_max_fds Maximum number of open file descriptors.\n"
+                        "# TYPE process_max_fds gauge\nprocess_max_fds %llu\n",
+                        tck > 0 ? (double)(ut + st) / (double)tck : 0.0, rss * (unsigned long long)(page > 0 ? page : 4096),
+                        vsize, tck > 0 ? (double)btime + (double)start / (double)tck : 0.0, fds,
+                        (unsigned long long)rl.rlim_cur);
+}
+
 void rt_metrics_handler(evhtp_request_t *req, void *arg)
 {
     if (!xpyd_method_allowed(req, "GET, HEAD"))
@@ -147,6 +230,7 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
     struct rt_counters *c = &g_rt->ctr;
     atomic_store(&c->metadata_keys, (int64_t)rt_metadata_count()); /* a gauge sampled when scraped */
     atomic_store(&c->discovery_sync_age_ms, esync_age_ms());
+    atomic_store(&c->discovery_up, g_rt->cfg.discovery[0] ? esync_up() : 0);
     for (int role = 0; role < 2; role++)
         atomic_store(&c->prefix_index_bytes[role], (int64_t)xb_prefix_memory(g_rt->pools[role]));
     struct evbuffer *b = evbuffer_new();
@@ -185,6 +269,8 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
                            "rank, or free.\n# TYPE xpyd_endpoint_slots gauge\n"
                            "xpyd_endpoint_slots{state=\"used\"} %ld\nxpyd_endpoint_slots{state=\"free\"} %ld\n",
                         eu, ef);
+    instance_errors_print(b);
+    process_print(b);
     xpyd_reply_buffer(req, 200, "text/plain; version=0.0.4; charset=utf-8", b);
     evbuffer_free(b);
 }

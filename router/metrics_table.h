@@ -12,13 +12,22 @@
  *   SIDE    side="client" | "upstream" (field[2])
  *   HIST    a latency histogram, buckets 1 ms .. 240 s (struct rt_hist field)
  *   MSEC    one series, kept in milliseconds, shown in seconds
+ *   OUTCOME endpoint=..., outcome=<rt_outcome_names> (field[RT_EP_COUNT][RT_OUT_COUNT])
  * Per-rank series (xpyd_instance_*) come from the balancer's numbers: metrics.c's instance table. */
 #ifndef XPYD_METRICS_TABLE_H
 #define XPYD_METRICS_TABLE_H
 
 #define RT_METRICS(X)                                                                                            \
     X(requests, "xpyd_requests_total", counter, STATUS,                                                          \
-      "Client requests by endpoint and HTTP status (499: the client went away first).")                         \
+      "Client requests by endpoint and HTTP status (499: the client went away first). A stream that fails after " \
+      "its 200 head counts as 200 here: alert on xpyd_request_outcomes_total.")                                  \
+    X(outcomes, "xpyd_request_outcomes_total", counter, OUTCOME,                                                 \
+      "Client requests by endpoint and outcome: ok, error (the router or an engine failed it, a stream cut after " \
+      "its 200 head included), client_error (the request was refused as it was), client_abort (the client went " \
+      "away first), overloaded (queue full or timed out, draining, body memory full).")                          \
+    X(kv_handoff_failures, "xpyd_kv_handoff_failures_total", counter, NONE,                                      \
+      "Decode attempts that failed before their answer's head while a prefill's KV waited for them (any "        \
+      "--handoff: the decode could not pull it, refused it, or was unreachable).")                               \
     X(ttft, "xpyd_ttft_seconds", histogram, HIST, "Time to first token the client saw (streams).")              \
     X(itl, "xpyd_itl_seconds", histogram, HIST, "Gaps between streamed tokens relayed to clients.")             \
     X(e2e, "xpyd_e2e_seconds", histogram, HIST, "Whole request, accept to last byte (successful requests).")    \
@@ -76,7 +85,8 @@
     X(client_rejected, "xpyd_client_rejected_total", counter, GUARD,                                            \
       "Client connections the guard answered (408/431/503) or closed idle, by reason.")                         \
     X(discovery_up, "xpyd_discovery_up", gauge, NONE,                                                           \
-      "--discovery: 1 while the router is in sync with etcd (its range answered and its watch is open).")        \
+      "--discovery: 1 while the router is in sync with etcd (its range answered, its watch open) and etcd "     \
+      "answered within a lease TTL (--discovery-ttl-s).")                                                        \
     X(discovery_events, "xpyd_discovery_events_total", counter, NONE,                                          \
       "--discovery: instance and load changes read from etcd and applied.")                                      \
     X(discovery_invalid, "xpyd_discovery_invalid_total", counter, NONE,                                        \

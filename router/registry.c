@@ -315,7 +315,8 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
         c->ranks[role][i] = live_rank(want, ep);
         if (xb_reuse(g_rt->pools[role], (int)i, &ic) != 0)
             continue; /* not reached: a removed rank gains no charges */
-        atomic_store(&g_rt->ctr.instance_errors[role][i < 4096 ? i : 0], 0);
+        for (int k = 0; i < 4096 && k < RT_CAUSE_COUNT; k++)
+            atomic_store(&g_rt->ctr.instance_errors[role][i][k], 0);
         if (learned_role(&g_rt->cfg, role))
             xb_set_ready(g_rt->pools[role], (int)i, 0);
         __atomic_add_fetch(&c->generation, 1, __ATOMIC_RELEASE);

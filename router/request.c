@@ -212,6 +212,7 @@ void req_end(struct request *r, int fail)
     if (fail == RF_CLIENT_DISCONNECT)
         r->status = 499;
     atomic_fetch_add(&g_rt->ctr.requests[r->kind][r->status >= 100 && r->status < 600 ? r->status : 0], 1);
+    atomic_fetch_add(&g_rt->ctr.outcomes[r->kind][rt_fail_table[fail].outcome], 1);
     if (fail == RF_NONE)
         rt_hist_observe(&g_rt->ctr.e2e, (double)(xpyd_now_us() - r->t_start) / 1e6);
     else
@@ -236,8 +237,7 @@ void req_leg_fail(struct request *r, int fail, int role, int idx, const char *de
     char where[400], msg[1000];
     inst_desc(role, idx, where, sizeof where);
     snprintf(msg, sizeof msg, "%s failed: %s", where, detail);
-    if (idx >= 0 && (size_t)idx < 4096)
-        atomic_fetch_add(&g_rt->ctr.instance_errors[role][idx], 1);
+    rt_count_instance_error(role, idx, fail);
     req_fail(r, fail, rt_fail_table[fail].status, msg);
 }
 
@@ -652,8 +652,8 @@ static void pass_through_error(struct request *r, int role, int status)
         req_leg_fail(r, fail, role, l->idx, detail);
         return;
     }
-    if (l->idx >= 0 && (size_t)l->idx < 4096 && status >= 500)
-        atomic_fetch_add(&g_rt->ctr.instance_errors[role][l->idx], 1);
+    if (status >= 500)
+        rt_count_instance_error(role, l->idx, fail);
     if (r->client == CLIENT_NOTHING) {
         if (!(status == 429 || status == 503))
             r->retry_after[0] = 0;
@@ -738,8 +738,7 @@ static void migrate(struct request *r, int err)
     struct leg *d = &r->legs[RT_DECODE];
     int reason = r->preempted ? RF_DECODE_PREEMPTED : err == -ETIME ? RF_DECODE_TIMEOUT : RF_DECODE_BROKEN_STREAM;
     atomic_fetch_add(&g_rt->ctr.migrations[reason], 1);
-    if (d->idx >= 0 && (size_t)d->idx < 4096)
-        atomic_fetch_add(&g_rt->ctr.instance_errors[RT_DECODE][d->idx], 1);
+    rt_count_instance_error(RT_DECODE, d->idx, reason);
     char buf[120];
     XLOG_INFO("msg=\"decode failed mid-stream: continuing at another decode\" request_id=%s reason=%s err=%s "
               "delivered=%" PRId64, r->xid, rt_fail_table[reason].name, err_text(err, buf, sizeof buf), r->tokens_out);
@@ -758,11 +757,19 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
 {
     struct leg *l = &r->legs[role];
     char buf[200];
+    /* what this attempt's failure was, for the rank's error count by cause */
+    int kind = role == RT_DECODE && r->preempted ? RF_DECODE_PREEMPTED
+               : role == RT_DECODE && err && (r->client != CLIENT_NOTHING || l->status == 200)
+                   ? RF_DECODE_BROKEN_STREAM /* cut after its head: streamed, or a JSON answer cut short */
+                   : leg_fail_kind(role, err, err ? 0 : status);
+    /* a decode that failed before its head while a prefill's KV was meant for it: after the prefill answered
+     * (kv-params, xpyd), or with the prefill running alongside (bootstrap, mooncake) */
+    if (role == RT_DECODE && l->status != 200 && r->legs[RT_PREFILL].attempts > 0 && !r->local_prefill)
+        atomic_fetch_add(&g_rt->ctr.kv_handoff_failures, 1);
     if ((err || status >= 500) && may_retry(r, role, status)) {
         XLOG_INFO("msg=\"retrying %s elsewhere\" request_id=%s err=%s status=%d", role_name(role), r->xid,
                   err ? err_text(err, buf, sizeof buf) : "-", status);
-        if (l->idx >= 0 && (size_t)l->idx < 4096)
-            atomic_fetch_add(&g_rt->ctr.instance_errors[role][l->idx], 1);
+        rt_count_instance_error(role, l->idx, kind);
         req_release(r, role);
         xpyd_sse_reset(&r->sse);
         r->preempted = 0; /* a new attempt's stream is its own */
@@ -783,17 +790,13 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
     if (role == RT_PREFILL && (err || status >= 500) && may_fall_back(r)) {
         char why[200];
         snprintf(why, sizeof why, "prefill %s", err ? err_text(err, buf, sizeof buf) : "answered 5xx");
-        if (l->idx >= 0 && (size_t)l->idx < 4096)
-            atomic_fetch_add(&g_rt->ctr.instance_errors[role][l->idx], 1);
+        rt_count_instance_error(role, l->idx, kind);
         xpyd_sse_reset(&r->sse);
         fall_back_to_local_prefill(r, why);
         return;
     }
     if (err) {
-        int fail = role == RT_DECODE && r->preempted           ? RF_DECODE_PREEMPTED
-                   : role == RT_DECODE && r->client != CLIENT_NOTHING ? RF_DECODE_BROKEN_STREAM
-                                                                      : leg_fail_kind(role, err, 0);
-        req_leg_fail(r, fail, role, l->idx, err_text(err, buf, sizeof buf));
+        req_leg_fail(r, kind, role, l->idx, err_text(err, buf, sizeof buf));
         return;
     }
     if (role == RT_DECODE && status >= 400 && status < 500 && l->attempts > 1 && r->kv_params &&

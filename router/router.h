@@ -49,10 +49,23 @@ enum rt_fail {
     RF_COUNT
 };
 
+/* What a request's ending means to whoever watches the error rate: xpyd_request_outcomes_total{outcome}. A stream
+ * that fails after its 200 head is an error although its status was 200. */
+enum rt_outcome { RT_OUT_OK = 0, RT_OUT_ERROR, RT_OUT_CLIENT_ERROR, RT_OUT_CLIENT_ABORT, RT_OUT_OVERLOADED, RT_OUT_COUNT };
+extern const char *const rt_outcome_names[RT_OUT_COUNT];
+/* What an engine's failed attempt was: xpyd_instance_errors_total{cause}. */
+enum rt_cause { RT_CAUSE_CONNECT = 0, RT_CAUSE_TIMEOUT, RT_CAUSE_STATUS, RT_CAUSE_BROKEN_STREAM, RT_CAUSE_BAD_RESPONSE,
+                RT_CAUSE_COUNT };
+extern const char *const rt_cause_names[RT_CAUSE_COUNT];
+
 struct rt_fail_row {
     const char *name;   /* metrics `reason` label and access-log value */
     int status;         /* HTTP status the client gets when it happens before the first byte */
+    int outcome;        /* enum rt_outcome */
+    int cause;          /* enum rt_cause when an engine attempt failed this way, else -1 */
 };
+/* Counts one failed attempt of role's rank idx, by the failure reason it stands for. Any thread. */
+void rt_count_instance_error(int role, int idx, int fail);
 extern const struct rt_fail_row rt_fail_table[RF_COUNT];
 /* registry.c: who rank idx of role is ("host:port" into hp; returns its pinned DP rank or -1), read under the
  * registry's lock (a removed rank's slot may be given to another engine). The registry is the one owner of
@@ -101,13 +114,16 @@ void rt_hist_observe(struct rt_hist *h, double seconds);
 #define RT_STORE_REASON(f) atomic_int_fast64_t f[RF_COUNT];
 #define RT_STORE_GUARD(f) atomic_int_fast64_t f[RT_CR_COUNT];
 #define RT_STORE_STATUS(f) atomic_int_fast64_t f[RT_EP_COUNT][600];
+#define RT_STORE_OUTCOME(f) atomic_int_fast64_t f[RT_EP_COUNT][RT_OUT_COUNT];
 #define RT_STORE_HIST(f) struct rt_hist f;
 #define RT_METRIC_FIELD(field, name, type, labels, help) RT_STORE_##labels(field)
 struct rt_counters {
     RT_METRICS(RT_METRIC_FIELD)
     /* used by the router itself, not exported as such */
     atomic_int_fast64_t retries_active;          /* requests currently in a retry (the retry budget) */
-    atomic_int_fast64_t instance_errors[2][4096]; /* shown per rank as xpyd_instance_errors_total */
+    atomic_int_fast64_t instance_errors[2][4096][RT_CAUSE_COUNT]; /* shown per rank as xpyd_instance_errors_total */
+    atomic_int_fast64_t discovery_synced;        /* etcd_sync.c: range answered and watch open (xpyd_discovery_up
+                                                  * is this while etcd answered within a lease TTL) */
 };
 
 /* One live rank: who it is. What placement uses (tp, weight, max_model_len, max_inflight), whether it is in

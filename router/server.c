@@ -58,6 +58,7 @@ static int client_request_id(evhtp_request_t *req, char *out, size_t cap);
 static void rejected(evhtp_request_t *req, int kind, int status, int fail)
 {
     atomic_fetch_add(&g_rt->ctr.requests[kind][status], 1);
+    atomic_fetch_add(&g_rt->ctr.outcomes[kind][rt_fail_table[fail].outcome], 1);
     atomic_fetch_add(&g_rt->ctr.errors[fail], 1);
     if (!g_rt->cfg.access_log)
         return;

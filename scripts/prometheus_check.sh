@@ -31,7 +31,32 @@ for _ in $(seq 1 100); do  # until a scrape after the load landed (bounded: 10 s
   sleep 0.1
 done
 got=$(query 'sum(xpyd_requests_total{status="200"})')
+ok=$(query 'sum(xpyd_request_outcomes_total{outcome="ok"})')
 ttft=$(query 'xpyd_ttft_seconds_count')
 up=$(query 'up{job="xpyd"}')
-echo "prometheus_check: requests_200=$got ttft_count=$ttft up=$up (want $N, $N, 1)"
-[ "$got" = "$N" ] && [ "$ttft" = "$N" ] && [ "$up" = 1 ]
+echo "prometheus_check: requests_200=$got outcome_ok=$ok ttft_count=$ttft up=$up (want $N, $N, $N, 1)"
+[ "$got" = "$N" ] && [ "$ok" = "$N" ] && [ "$ttft" = "$N" ] && [ "$up" = 1 ]
+# Every query of the shipped dashboard, against this real scrape: each returns data, and the per-rank series keep
+# their `engine` label (Prometheus renames a label called `instance` to `exported_instance`).
+python3 - "$PP" conf/grafana/xpyd.json <<'PY'
+import json, sys, urllib.parse, urllib.request
+port, dash = sys.argv[1], json.load(open(sys.argv[2]))
+def query(q):
+    url = "http://127.0.0.1:%s/api/v1/query?%s" % (port, urllib.parse.urlencode({"query": q}))
+    return json.load(urllib.request.urlopen(url, timeout=5))["data"]["result"]
+bad = []
+for panel in dash["panels"]:
+    for t in panel.get("targets", []):
+        q = t["expr"].replace("$__rate_interval", "1m")
+        if not query(q):
+            bad.append("%s: %s" % (panel["title"], q))
+ranks = query("xpyd_instance_outstanding_tokens")
+if not ranks or any("exported_instance" in r["metric"] or "engine" not in r["metric"] for r in ranks):
+    bad.append("per-rank labels as stored: %s" % [r["metric"] for r in ranks])
+for r in ranks:
+    if r["metric"]["engine"] == r["metric"].get("instance"):
+        bad.append("the engine label is the scraped target's address: %s" % r["metric"])
+print("prometheus_check: %d dashboard queries, %s" % (sum(len(p.get("targets", [])) for p in dash["panels"]),
+                                                   "all return data" if not bad else "FAILED:\n  " + "\n  ".join(bad)))
+sys.exit(1 if bad else 0)
+PY

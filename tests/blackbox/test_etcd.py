@@ -172,6 +172,23 @@ class EtcdSingle(TestCase):
         self.assertEqual(ok(r, 10), (200, None))
         self.idle(r)
 
+    def test_etcd_that_hangs_is_not_up(self):
+        """An etcd that stops answering (stopped, its connections left open) is down within a lease TTL, though the
+        watch's connection is still open; back when it answers again. Routing goes on meanwhile."""
+        r = self.start(discovery_router(self.url))
+        d1 = self.start(reg_sim(self.url))
+        wait_until(lambda: active(r) == [hp(d1)], what="registered")
+        self.assertEqual(metric(r.port, "xpyd_discovery_up"), 1)
+        self.etcd.p.send_signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: metric(r.port, "xpyd_discovery_up") == 0, timeout=8, what="discovery seen down")
+            self.assertGreaterEqual(metric(r.port, "xpyd_discovery_last_sync_age_seconds"), 2)
+            self.assertEqual(ok(r, 5), (200, None))
+        finally:
+            self.etcd.p.send_signal(signal.SIGCONT)
+        wait_until(lambda: metric(r.port, "xpyd_discovery_up") == 1, timeout=15, what="discovery back")
+        self.idle(r)
+
     def test_changes_missed_while_away_are_applied_on_resync(self):
         """The router is frozen while etcd restarts, d1 leaves, d2 joins and the history is compacted: when
         it runs again its watch is gone, and the range it reads again brings it up to date."""

@@ -23,8 +23,13 @@ class MidStreamFailure(t.TestCase):
         # non-streamed: a clear error, never a 200 with a truncated body
         st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 10})
         self.assertOpenAIError(st, out, 502, "decode")
-        errs = 'xpyd_instance_errors_total{role="decode",engine="127.0.0.1:%d",dp_rank="0"}' % d.port
-        self.assertEqual(t.metric(r.port, errs), 2)  # both failures count against the decode that died
+        errs = 'xpyd_instance_errors_total{role="decode",engine="127.0.0.1:%d",dp_rank="0"' % d.port
+        self.assertEqual(t.metric_sum(r.port, errs + "}"), 2)  # both failures count against the decode that died
+        self.assertEqual(t.metric(r.port, errs + ',cause="broken_stream"}'), 1)  # the stream: cut after its head
+        self.assertEqual(t.metric(r.port, errs + ',cause="connect"}'), 1)  # the JSON answer: gone before its head
+        # the status says 200 for the stream, its outcome says error
+        self.assertEqual(t.metric(r.port, 'xpyd_request_outcomes_total{endpoint="/v1/completions",outcome="error"}'), 2)
+        self.assertEqual(t.metric(r.port, 'xpyd_request_outcomes_total{endpoint="/v1/completions",outcome="ok"}'), 0)
         self.idle(r)
         r.stop()  # errors are logged as one structured line even at --log-level error
         lines = [l for l in r.output().splitlines() if "event=request_failed" in l]
@@ -43,8 +48,9 @@ class MidStreamFailure(t.TestCase):
         self.assertFalse(any("error" in x for x in payloads[:-1] if x and x.startswith("{")), payloads)
         self.assertEqual(t.metric(r.port, 'xpyd_migrations_total{reason="decode_broken_stream"}'), 1)
         errs = 'xpyd_instance_errors_total{role="decode",engine="127.0.0.1:%d",dp_rank="0"}'
-        self.assertEqual(t.metric(r.port, errs % bad.port), 1)
-        self.assertEqual(t.metric(r.port, errs % good.port), 0)
+        self.assertEqual(t.metric_sum(r.port, errs % bad.port), 1)
+        self.assertEqual(t.metric_sum(r.port, errs % good.port), 0)
+        self.assertEqual(t.metric(r.port, 'xpyd_request_outcomes_total{endpoint="/v1/completions",outcome="ok"}'), 1)
         self.idle(r)
 
 

@@ -76,5 +76,54 @@ class KvParamsDecodeFailure(t.TestCase):
         self.assertEqual(t.metric(d.port, "xpyd_sim:requests_total"), 3)
 
 
+class HandoffFailuresCounted(t.TestCase):
+    """xpyd_kv_handoff_failures_total counts a decode that failed while a prefill's KV was meant for it, in every
+    handoff mode that has a prefill leg; a prefill failure, or a success, is not one."""
+    MODES = ["kv-params", "xpyd", "store", "bootstrap", "mooncake"]
+
+    def cluster(self, mode, prefill_args=(), decode_args=(), router_args=()):
+        extra = []
+        if mode == "store":
+            store = t.tmpdir(prefix="xpyd-store-")
+            extra = ["--store-dir", store, "--store-wait-ms", "2000"]
+        pargs = ["--role", "prefill", "--handoff", mode, "--kv-lease-ms", "60000"] + extra + list(prefill_args)
+        rargs = ["--handoff", mode, "--max-retries", "0"] + list(router_args)
+        if mode == "mooncake":
+            bport = t.free_port()
+            pargs += ["--bootstrap-port", str(bport)]
+            rargs += ["--prefill-bootstrap-port", str(bport)]
+        p = self.start(t.sim(*pargs))
+        d = self.start(t.sim("--role", "decode", "--handoff", mode, "--handoff-timeout-ms", "5000", *extra,
+                             *decode_args))
+        r = self.start(t.router([p] if mode == "bootstrap" else [p.port], [d.port], *rargs))
+        return p, d, r
+
+    def test_each_mode_counts_a_failed_decode(self):
+        for mode in self.MODES:
+            with self.subTest(mode=mode):
+                _, _, r = self.cluster(mode, decode_args=("--status-code", "503"))
+                st, _, out = t.post_json(r.port, "/v1/completions", CMPL)
+                self.assertOpenAIError(st, out, 503, "injected")
+                self.assertEqual(t.metric(r.port, "xpyd_kv_handoff_failures_total"), 1)
+                self.assertEqual(t.metric_sum(
+                    r.port, 'xpyd_instance_errors_total{role="decode",cause="status"}'), 1)
+                self.assertEqual(t.metric(r.port, 'xpyd_request_outcomes_total{endpoint="/v1/completions",'
+                                                  'outcome="error"}'), 1)
+                t.wait_until(lambda: t.router_idle(r.port), what="router load back to zero")
+
+    def test_a_prefill_failure_or_a_success_is_not_a_handoff_failure(self):
+        for mode in self.MODES:
+            with self.subTest(mode=mode):
+                _, _, r = self.cluster(mode, prefill_args=("--status-code", "500"),
+                                       router_args=("--prefill-fallback", "off"))
+                st, _, out = t.post_json(r.port, "/v1/completions", CMPL)
+                self.assertOpenAIError(st, out, 500, "injected")
+                _, _, ok = self.cluster(mode)
+                self.assertEqual(t.post_json(ok.port, "/v1/completions", CMPL)[0], 200)
+                for router in (r, ok):
+                    self.assertEqual(t.metric(router.port, "xpyd_kv_handoff_failures_total"), 0)
+                    t.wait_until(lambda: t.router_idle(router.port), what="router load back to zero")
+
+
 if __name__ == "__main__":
     t.main()

@@ -54,7 +54,7 @@ class PrefillFallback(t.TestCase):
         r = self.start(t.router([p500.port], [d.port], "--retry-backoff-ms", "0"))
         self.check_answers(r, d)  # each request fails on the only prefill (no other to retry on) and falls back
         self.assertEqual(t.metric(r.port, "xpyd_prefill_fallbacks_total"), 2)
-        self.assertEqual(t.metric(r.port, 'xpyd_instance_errors_total{role="prefill",engine="127.0.0.1:%d",'
+        self.assertEqual(t.metric_sum(r.port, 'xpyd_instance_errors_total{role="prefill",engine="127.0.0.1:%d",'
                                           'dp_rank="0"}' % p500.port), 2)
         self.idle(r)
 

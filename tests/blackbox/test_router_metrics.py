@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 
 import xpyd_testlib as t
 
@@ -39,6 +40,10 @@ class Counts(t.TestCase):
         self.assertEqual(m['xpyd_instance_selected_total{role="decode",engine="127.0.0.1:%d",dp_rank="0"}'
                            % d.port], 8)
         self.assertEqual(m["xpyd_active_streams"], 0)
+        self.assertEqual(m['xpyd_request_outcomes_total{endpoint="/v1/completions",outcome="ok"}'], 5)
+        self.assertEqual(m['xpyd_request_outcomes_total{endpoint="/v1/chat/completions",outcome="ok"}'], 3)
+        self.assertEqual(m['xpyd_request_outcomes_total{endpoint="/v1/completions",outcome="client_error"}'], 1)
+        self.assertEqual(m['xpyd_request_outcomes_total{endpoint="/v1/completions",outcome="error"}'], 0)
         r.stop()
         lines = [json.loads(l) for l in r.output().splitlines() if l.startswith("{")]
         self.assertEqual(len(lines), 9)
@@ -50,6 +55,38 @@ class Counts(t.TestCase):
             self.assertEqual(l["error"], "none")
         bad = [l for l in lines if l["status"] == 400][0]
         self.assertEqual(bad["error"], "bad_request")
+
+    def test_process_metrics_match_the_kernel(self):
+        """process_* against /proc read by the test, xpyd_build_info against --version."""
+        d = self.start(t.sim("--role", "decode"))
+        t0 = time.time()
+        r = self.start(t.router([], [d.port], "--handoff", "none"))
+        for _ in range(20):
+            self.assertEqual(t.post_json(r.port, "/v1/completions", {"prompt": "a " * 2000, "max_tokens": 2})[0],
+                             200)
+        pid = r.p.pid
+        m = t.metrics(r.port)
+        with open("/proc/%d/status" % pid) as f:
+            rss = [int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:")][0]
+        self.assertLess(abs(m["process_resident_memory_bytes"] - rss), rss * 0.2 + (4 << 20))
+        fds = len(os.listdir("/proc/%d/fd" % pid))
+        self.assertLessEqual(abs(m["process_open_fds"] - fds), 2)  # a scrape's own connection comes and goes
+        with open("/proc/%d/limits" % pid) as f:
+            soft = [l.split()[3] for l in f if l.startswith("Max open files")][0]
+        self.assertEqual(m["process_max_fds"], int(soft))
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        tck = os.sysconf("SC_CLK_TCK")
+        cpu = (int(fields[11]) + int(fields[12])) / tck
+        self.assertLessEqual(m["process_cpu_seconds_total"], cpu + 0.05)
+        self.assertGreater(m["process_cpu_seconds_total"], 0)
+        with open("/proc/stat") as f:
+            btime = [int(l.split()[1]) for l in f if l.startswith("btime")][0]
+        self.assertAlmostEqual(m["process_start_time_seconds"], btime + int(fields[19]) / tck, delta=0.02)
+        self.assertLess(abs(m["process_start_time_seconds"] - t0), 2)
+        version = subprocess.run([os.path.join(t.BIN, "xpyd_router"), "--version"], capture_output=True, text=True).stdout
+        v, rev = re.match(r"xpyd_router (\S+) \(git (\S+)\)", version).groups()
+        self.assertEqual(m['xpyd_build_info{version="%s",git_revision="%s"}' % (v, rev)], 1)
 
     def test_promtool_accepts_the_page(self):
         if not shutil.which("promtool"):

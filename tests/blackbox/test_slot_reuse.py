@@ -105,7 +105,7 @@ class SlotReuse(TestCase):
         r = self.start(router([], [bad], "--handoff", "none", "--admin-key", KEY, "--max-instances", "1",
                               "--health-interval-ms", "0", "--max-retries", "0"))
         self.assertEqual(post_json(r.port, "/v1/completions", BODY)[0], 500)  # the engine's own, passed through
-        key = 'xpyd_instance_errors_total{role="decode",engine="127.0.0.1:%d",dp_rank="0"}'
+        key = 'xpyd_instance_errors_total{role="decode",engine="127.0.0.1:%d",dp_rank="0",cause="status"}'
         self.assertEqual(metric(r.port, key % bad.port), 1)
         self.assertEqual(remove(r, bad.port)[0], 200)
         self.assertEqual(add(r, d.port)[0], 201)

@@ -357,6 +357,22 @@ def metrics(port):
 _NO_DEFAULT = object()
 
 
+def metric_sum(port, selector):
+    """The sum of the series that carry these labels and any others: metric_sum(p, 'x{role="decode"}') adds
+    x{role="decode",cause="a"} and x{role="decode",cause="b"}. The family must be on the page."""
+    name, _, rest = selector.partition("{")
+    want = set(re.findall(r'(\w+)="([^"]*)"', rest))
+    m = metrics(port)
+    if name not in m.families:
+        raise AssertionError("metric %s is not exported at all (renamed or removed?)" % name)
+    total = 0.0
+    for key, val in m.items():
+        k_name, _, k_rest = key.partition("{")
+        if k_name == name and k_rest and want <= set(re.findall(r'(\w+)="([^"]*)"', k_rest)):
+            total += val
+    return total
+
+
 def metric(port, key, default=_NO_DEFAULT):
     """One series' value. A series that is not on the page fails the test (a renamed metric must not make
     '== 0' checks pass), unless a default is given for series that only appear once counted; even then the
