@@ -81,7 +81,9 @@ void xpyd_reply_to(evhtp_request_t *req, struct evbuffer *out, int status, const
         abort();
     evbuffer_add_printf(b, "HTTP/1.%d %d %s\r\n", v10 ? 0 : 1, status, xpyd_status_reason(status));
     evhtp_headers_for_each(req->headers_out, add_out_header, b);
-    evbuffer_add_printf(b, "Content-Type: %s\r\nContent-Length: %zu\r\n", ctype, len);
+    if (ctype) /* NULL: no body to type */
+        evbuffer_add_printf(b, "Content-Type: %s\r\n", ctype);
+    evbuffer_add_printf(b, "Content-Length: %zu\r\n", len);
     if (!keep)
         evbuffer_add_printf(b, "Connection: close\r\n");
     else if (v10)

@@ -10,6 +10,7 @@ struct evbuffer;
 /* The standard reason phrase of status. */
 const char *xpyd_status_reason(int status);
 /* A whole answer (the request's headers_out are written too; HEAD: headers only). */
+/* ctype NULL: no Content-Type (an answer without a body) */
 void xpyd_reply(struct evhtp_request *req, int status, const char *ctype, const char *body, size_t len);
 /* The same answer added to out (a buffer the caller writes), instead of the connection's output. */
 void xpyd_reply_to(struct evhtp_request *req, struct evbuffer *out, int status, const char *ctype, const char *body,

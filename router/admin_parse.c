@@ -1,24 +1,76 @@
-/* admin_parse.c - POST /admin/instances body (see admin_parse.h). */
+/* SPDX-License-Identifier: Apache-2.0 */
+/* admin_parse.c - POST /admin/instances body (see admin_parse.h). Read as the router reads every JSON it is
+ * given (json_view.h): strict JSON, one object and nothing after it, a repeated key read as its last
+ * occurrence (Python's json, what clients' bodies get), an unknown field refused by name. */
 #include "admin_parse.h"
 
-#include <cjson/cJSON.h>
+#include "json_view.h"
+
 #include <stdio.h>
 #include <string.h>
 
-static int json_long(const cJSON *o, const char *k, long lo, long hi, long def, long *out, char *err, size_t cap)
+static const char *const fields[] = {"role",          "host",          "port",           "tls", "dp", "tp", "weight",
+                                     "max_inflight",  "max_model_len", "bootstrap_port", NULL};
+
+static int json_long(struct jv o, const char *k, long lo, long hi, long def, long *out, char *err, size_t cap)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
-    if (!v) {
+    struct jv v = jv_get(o, k);
+    double d;
+    if (!v.p) {
         *out = def;
         return 0;
     }
     /* range first: converting an out-of-range double to an integer is undefined behaviour */
-    if (!cJSON_IsNumber(v) || v->valuedouble < (double)lo || v->valuedouble > (double)hi ||
-        v->valuedouble != (double)(long)v->valuedouble) {
+    if (jv_double(v, &d) != 0 || d < (double)lo || d > (double)hi || d != (double)(long)d) {
         snprintf(err, cap, "'%s' must be an integer in [%ld, %ld]", k, lo, hi);
         return -1;
     }
-    *out = (long)v->valuedouble;
+    *out = (long)d;
+    return 0;
+}
+
+int rt_admin_check_object(const char *json, size_t len, const char *const known[], const char *what, struct jv *obj,
+                          char *err, size_t cap)
+{
+    const char *why = NULL;
+    size_t at = 0;
+    if (len == 0) {
+        snprintf(err, cap, "%s is empty: it must be a JSON object", what);
+        return -1;
+    }
+    if (jv_check(json, len, &why, &at) != 0) {
+        snprintf(err, cap, "%s is not valid JSON: %s at byte %zu", what, why ? why : "malformed", at);
+        return -1;
+    }
+    *obj = jv_at(json, json + len);
+    if (jv_type(*obj) != JV_OBJECT) {
+        snprintf(err, cap, "%s must be a JSON object", what);
+        return -1;
+    }
+    struct jv_iter it;
+    struct jv k, v;
+    jv_iter_init(&it, *obj);
+    while (jv_next(&it, &k, &v)) {
+        int i = 0;
+        while (known[i] && !jv_str_eq(k, known[i], strlen(known[i])))
+            i++;
+        if (!known[i]) {
+            char name[64];
+            size_t n = jv_str_len(k);
+            if (n < sizeof name) {
+                jv_str_decode(k, name);
+                name[n] = 0;
+            } else {
+                snprintf(name, sizeof name, "(a %zu-byte name)", n);
+            }
+            int w = snprintf(err, cap, "unknown field '%s' (known:", name);
+            for (int j = 0; known[j] && w > 0 && (size_t)w < cap; j++)
+                w += snprintf(err + w, cap - (size_t)w, " %s", known[j]);
+            if (w > 0 && (size_t)w < cap)
+                snprintf(err + w, cap - (size_t)w, ")");
+            return -1;
+        }
+    }
     return 0;
 }
 
@@ -27,39 +79,42 @@ int rt_admin_parse_instance(const char *json, size_t len, const struct rt_admin_
 {
     memset(out, 0, sizeof *out);
     err[0] = 0;
-    cJSON *o = cJSON_ParseWithLength(json, len);
-    const cJSON *jr = cJSON_GetObjectItemCaseSensitive(o, "role");
-    const cJSON *jh = cJSON_GetObjectItemCaseSensitive(o, "host");
-    int role = !cJSON_IsString(jr) ? -1 : !strcmp(jr->valuestring, "prefill") ? 0
-                                        : !strcmp(jr->valuestring, "decode") ? 1 : -1;
-    if (!cJSON_IsObject(o))
-        snprintf(err, cap, "the body must be a JSON object");
-    else if (role < 0)
+    struct jv o;
+    if (rt_admin_check_object(json, len, fields, "the body", &o, err, cap) != 0)
+        return -1;
+    struct jv jr = jv_get(o, "role"), jh = jv_get(o, "host"), jt = jv_get(o, "tls");
+    int role = jv_str_eq(jr, "prefill", 7) ? 0 : jv_str_eq(jr, "decode", 6) ? 1 : -1;
+    size_t hl = jv_type(jh) == JV_STRING ? jv_str_len(jh) : 0;
+    if (role < 0)
         snprintf(err, cap, "'role' must be \"prefill\" or \"decode\"");
-    else if (!cJSON_IsString(jh) || !jh->valuestring[0] || strlen(jh->valuestring) > 255)
-        snprintf(err, cap, "'host' must be a non-empty string");
+    else if (!hl || hl > 255)
+        snprintf(err, cap, "'host' must be a non-empty string of at most 255 bytes");
     else if (!json_long(o, "port", 1, 65535, 0, &out->port, err, cap) && out->port == 0)
         snprintf(err, cap, "'port' is required");
-    if (!err[0]) {
-        const struct rt_admin_defaults *d = &defaults[role];
-        if (json_long(o, "dp", 1, 1024, d->dp, &out->dp, err, cap) ||
-            json_long(o, "tp", 1, 1024, d->tp, &out->tp, err, cap) ||
-            json_long(o, "weight", 1, 1000000, 1, &out->weight, err, cap) ||
-            json_long(o, "max_inflight", 0, 1000000, d->max_inflight, &out->max_inflight, err, cap) ||
-            json_long(o, "max_model_len", 0, 1L << 40, 0, &out->max_model_len, err, cap) ||
-            json_long(o, "bootstrap_port", 0, 65535, 0, &out->bootstrap_port, err, cap))
-            ;
-        else if (!dp_internal && out->port + out->dp - 1 > 65535)
-            snprintf(err, cap, "port + dp - 1 is above 65535");
-        const cJSON *jt = cJSON_GetObjectItemCaseSensitive(o, "tls");
-        if (!err[0] && jt && !cJSON_IsBool(jt))
-            snprintf(err, cap, "'tls' must be true or false");
-        out->tls = cJSON_IsTrue(jt);
+    if (err[0])
+        return -1;
+    jv_str_decode(jh, out->host);
+    out->host[hl] = 0;
+    if (memchr(out->host, 0, hl)) {
+        snprintf(err, cap, "'host' must be a non-empty string of at most 255 bytes");
+        return -1;
     }
-    if (!err[0]) {
-        out->role = role;
-        snprintf(out->host, sizeof out->host, "%s", jh->valuestring);
+    const struct rt_admin_defaults *d = &defaults[role];
+    if (json_long(o, "dp", 1, 1024, d->dp, &out->dp, err, cap) || json_long(o, "tp", 1, 1024, d->tp, &out->tp, err, cap) ||
+        json_long(o, "weight", 1, 1000000, 1, &out->weight, err, cap) ||
+        json_long(o, "max_inflight", 0, 1000000, d->max_inflight, &out->max_inflight, err, cap) ||
+        json_long(o, "max_model_len", 0, 1L << 40, 0, &out->max_model_len, err, cap) ||
+        json_long(o, "bootstrap_port", 0, 65535, 0, &out->bootstrap_port, err, cap))
+        return -1;
+    if (!dp_internal && out->port + out->dp - 1 > 65535) {
+        snprintf(err, cap, "port + dp - 1 is above 65535");
+        return -1;
     }
-    cJSON_Delete(o);
-    return err[0] ? -1 : 0;
+    if (jt.p && jv_type(jt) != JV_TRUE && jv_type(jt) != JV_FALSE) {
+        snprintf(err, cap, "'tls' must be true or false");
+        return -1;
+    }
+    out->tls = jv_type(jt) == JV_TRUE;
+    out->role = role;
+    return 0;
 }

@@ -77,6 +77,7 @@ struct cconn {
     int mem_full;           /* over --max-body-memory-bytes: discarded, the handler answers 503 */
     int64_t reserved;       /* body bytes counted in the router's body memory (rt_body_memory_*) */
     int skip_body;          /* Expect: 100-continue refused early: the body will not be sent */
+    int asterisk;           /* "OPTIONS *": the server's own options, answered by asterisk_handler */
     bufferevent_data_cb ev_read, ev_write;
     bufferevent_event_cb ev_event;
     void *ev_arg;
@@ -106,7 +107,7 @@ static void request_reset(struct cconn *cc)
     cc->aside = NULL;
     cc->body_left = 0;
     cc->body_bytes = 0;
-    cc->too_large = cc->skip_body = cc->mem_full = 0;
+    cc->too_large = cc->skip_body = cc->mem_full = cc->asterisk = 0;
     rt_body_memory_release(cc->reserved);
     cc->reserved = 0;
     memset(&cc->ck, 0, sizeof cc->ck);
@@ -409,7 +410,10 @@ static void hand_over(struct cconn *cc)
     /* pieces copied as they are: no printf per line (this runs for every request) */
     evbuffer_add(in, h->method, h->mlen);
     evbuffer_add(in, " ", 1);
-    evbuffer_add(in, h->target, h->tlen);
+    /* "OPTIONS *" (RFC 9110 9.3.7) asks about the server, not a resource; libevhtp's parser takes no "*", so it
+     * is handed over as "/" and answered by asterisk_handler (rt_client_headers_hook) */
+    cc->asterisk = h->tlen == 1 && h->target[0] == '*';
+    evbuffer_add(in, cc->asterisk ? "/" : h->target, cc->asterisk ? 1 : h->tlen);
     evbuffer_add(in, h->minor ? " HTTP/1.1\r\n" : " HTTP/1.0\r\n", 11);
     for (size_t i = 0; i < h->nfields; i++) {
         const struct hr_field *f = &cc->fields[i];
@@ -631,6 +635,14 @@ static void body_memory_handler(evhtp_request_t *req, void *arg)
     xpyd_reply_error(req, 503, msg);
 }
 
+/* "OPTIONS *": what the router as a whole answers to (HAProxy's and other front ends' health checks send it).
+ * The answer is a 200 with no body, the connection kept as the client asked. */
+static void asterisk_handler(evhtp_request_t *req, void *arg)
+{
+    evhtp_headers_add_header(req->headers_out, evhtp_header_new("Allow", "GET, HEAD, POST, PUT, DELETE", 0, 0));
+    xpyd_reply(req, 200, NULL, NULL, 0);
+}
+
 const char *const rt_client_reject_names[RT_CR_COUNT] = {"over_capacity", "header_timeout", "body_timeout",
                                                        "headers_too_large", "keepalive_idle", "malformed"};
 
@@ -640,6 +652,11 @@ int rt_client_headers_hook(evhtp_request_t *req, void *guard)
     if (cc->over_capacity) {
         atomic_fetch_add(&g_rt->ctr.client_rejected[RT_CR_OVER_CAPACITY], 1);
         req->cb = over_capacity_handler;
+        req->cbarg = NULL;
+        return 0;
+    }
+    if (cc->asterisk) {
+        req->cb = asterisk_handler;
         req->cbarg = NULL;
         return 0;
     }

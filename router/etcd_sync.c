@@ -298,9 +298,9 @@ static void put_load(struct esync *s, const char *key, const char *id, const cha
     struct peer *p = find_peer(s, id, 1);
     memset(p->load, 0, 2 * s->nslots * 2 * sizeof *p->load);
     struct load_fill f = {s, p};
-    int bad = esync_parse_load(val, load_rank, &f);
-    if (bad)
-        invalid(key, bad < 0 ? "the value is not a JSON object" : "a rank's load is not [tokens, requests]");
+    char err[300];
+    if (esync_parse_load(val, load_rank, &f, err, sizeof err))
+        invalid(key, err);
     apply_remote(s);
     atomic_fetch_add(&g_rt->ctr.discovery_events, 1);
 }

@@ -323,7 +323,8 @@ ssize_t hr_chunked_feed(struct hr_chunked *c, const char *in, size_t len, size_t
                 else if (!is_value_char(ch))
                     return ck_fail(err, "malformed chunk extension", 400);
             } else if (!c->ext && hexval(ch) >= 0) {
-                if (++c->digits > 15)
+                c->digits++;
+                if ((c->left || hexval(ch)) && ++c->significant > 15)
                     return ck_fail(err, "chunk size too large", 400);
                 c->left = c->left * 16 + (uint64_t)hexval(ch);
             } else if (c->digits && (ch == ';' || ch == ' ' || ch == '\t')) {
@@ -363,7 +364,7 @@ ssize_t hr_chunked_feed(struct hr_chunked *c, const char *in, size_t len, size_t
                 c->state = CK_DATA_LF;
             } else {
                 c->state = CK_SIZE;
-                c->digits = c->ext = c->quote = 0;
+                c->digits = c->significant = c->ext = c->quote = 0;
                 c->line = 0;
             }
             break;

@@ -49,7 +49,8 @@ struct hr_chunked {
     uint64_t left;         /* bytes left in the current chunk */
     size_t line;           /* bytes of the current size or trailer line */
     size_t trailer_bytes;
-    int digits;
+    int digits;            /* of the size (leading zeros are allowed, any number of them: RFC 9112 7.1) */
+    int significant;       /* size digits from the first non-zero one: at most 15 (below 2^60 bytes) */
     int ext;               /* inside a chunk extension */
     int quote;             /* inside a quoted extension value (1), after a backslash in it (2) */
 };

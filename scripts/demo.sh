@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/demo.sh - the main job on a local simulated cluster: installs what is missing, builds, starts
 # 2 prefill + 2 decode xpyd_sim engines and xpyd_router in front (ephemeral loopback ports), streams one
 # request, runs a short benchmark_serving-style load with xpyd_bench, shows the router's view, and stops
@@ -7,8 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then
-  ./scripts/deps.sh
-  ./scripts/build.sh >/dev/null
+  ./scripts/deps.sh # only what building and running xpyd needs; the tests' packages come with scripts/test.sh
+  echo "== building xpyd in ${XPYD_BUILD_DIR:-build}/ (without the tests)"
+  # one line per finished target; compiler messages, if any, come through as they are
+  ./scripts/build.sh -DXPYD_TESTS=OFF | sed -un -E 's/^\[ *([0-9]+)%\] Built target (.*)/  [\1%] built \2/p'
 fi
 B=${XPYD_BIN_DIR:-${XPYD_BUILD_DIR:-build}/bin} # XPYD_BIN_DIR: run installed binaries (e.g. /usr/bin)
 PROMPTS=${DEMO_PROMPTS:-200}

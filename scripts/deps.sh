@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# scripts/deps.sh - installs the Debian packages xpyd needs, only those missing, and the npm packages the
-# tests use (gpt-tokenizer: the real BPE vocabularies xpyd_bench's prompts are checked against; openai: the Node SDK
-# the TLS test streams with). Idempotent.
-# Usage: scripts/deps.sh [extra-package ...]
+# scripts/deps.sh - installs the Debian packages xpyd needs, only those missing, showing what it fetches and sets
+# up; with XPYD_TEST_DEPS=1 also what the tests and benchmarks use, and the npm packages the tests use
+# (gpt-tokenizer: the real BPE vocabularies xpyd_bench's prompts are checked against; openai: the Node SDK the
+# TLS test streams with). Idempotent.
+# Usage: scripts/deps.sh [extra-package ...]    scripts/deps.sh --list: the packages it would see to, one per line
 set -euo pipefail
+list=0
+if [ "${1:-}" = --list ]; then
+  list=1
+  shift
+fi
 NPM_DIR=${XPYD_NPM_DIR:-$HOME/.cache/xpyd-npm}
 npm_deps() {
   [ -f "$NPM_DIR/node_modules/gpt-tokenizer/package.json" ] && [ -f "$NPM_DIR/node_modules/openai/package.json" ] && return 0
@@ -22,13 +28,23 @@ npm_deps() {
   done
   tail -20 /tmp/xpyd-npm.log >&2; exit 1
 }
-[ "${XPYD_TEST_DEPS:-0}" = 1 ] && trap npm_deps EXIT # only the tests need it (scripts/test.sh)
+[ "${XPYD_TEST_DEPS:-0}" = 1 ] && [ $list = 0 ] && trap npm_deps EXIT # only the tests need it (scripts/test.sh)
 
-PKGS=(gcc make cmake pkg-config ca-certificates curl python3 procps prometheus clang libclang-rt-14-dev
-      libevent-dev libevhtp-dev libhttp-parser-dev libcjson-dev libibverbs-dev libjemalloc-dev libcmocka-dev
-      libxxhash-dev libssl-dev openssl etcd-server
-      help2man man-db dpkg-dev adduser gnuplot-nox
-      "$@")
+# What building and running xpyd needs (scripts/demo.sh installs only these) ...
+PKGS=(gcc make cmake pkg-config ca-certificates curl python3 procps
+      libevent-dev libevhtp-dev libhttp-parser-dev libcjson-dev libibverbs-dev libjemalloc-dev libxxhash-dev
+      libssl-dev openssl)
+# ... and what only the tests and benchmarks use (scripts/test.sh): unit tests (cmocka), fuzzing (clang),
+# a real Prometheus, etcd and HAProxy, the Debian package (help2man, dpkg-dev, adduser), charts (gnuplot)
+if [ "${XPYD_TEST_DEPS:-0}" = 1 ]; then
+  PKGS+=(libcmocka-dev clang libclang-rt-14-dev prometheus etcd-server haproxy help2man man-db dpkg-dev adduser
+         gnuplot-nox)
+fi
+PKGS+=("$@")
+if [ $list = 1 ]; then
+  printf '%s\n' "${PKGS[@]}"
+  exit 0
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do
@@ -38,11 +54,19 @@ done
 
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-echo "deps: installing ${missing[*]}" >&2
+echo "deps: installing ${#missing[@]} Debian packages: ${missing[*]} (apt's log: /tmp/xpyd-apt.log)" >&2
 export DEBIAN_FRONTEND=noninteractive
+# apt's progress, one line per package fetched and set up, the rest in the log
+apt_install() {
+  $SUDO apt-get install -y --no-install-recommends "${missing[@]}" 2>&1 | tee -a /tmp/xpyd-apt.log |
+    { grep --line-buffered -E '^(Get:[0-9]+ |Setting up )' || true; } | sed -u -E 's/^Get:[0-9]+ [^ ]+ [^ ]+ [^ ]+ /  fetched /; s/^Setting up /  set up /' >&2
+  return "${PIPESTATUS[0]}"
+}
+: >/tmp/xpyd-apt.log
 # Only refresh the package lists when an install without it fails (keeps reruns fast).
-if ! $SUDO apt-get install -y --no-install-recommends "${missing[@]}" >/tmp/xpyd-apt.log 2>&1; then
+if ! apt_install; then
+  echo "deps: refreshing the package lists (apt-get update)" >&2
   $SUDO apt-get update >>/tmp/xpyd-apt.log 2>&1
-  $SUDO apt-get install -y --no-install-recommends "${missing[@]}" >>/tmp/xpyd-apt.log 2>&1 || {
-    tail -30 /tmp/xpyd-apt.log >&2; exit 1; }
+  apt_install || { tail -30 /tmp/xpyd-apt.log >&2; exit 1; }
 fi
+echo "deps: done" >&2

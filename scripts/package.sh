@@ -6,7 +6,7 @@
 # build/package), configured for /usr, without tests or sanitizers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/deps.sh
+./scripts/deps.sh help2man man-db dpkg-dev adduser # man pages, dpkg-shlibdeps, the unit's user
 B=${XPYD_PACKAGE_BUILD_DIR:-build/package}
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_INSTALL_PREFIX=/usr -DXPYD_TESTS=OFF \
   -DXPYD_SANITIZE=OFF >/dev/null

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
-if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh; ./scripts/build.sh >/dev/null; fi
+if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh prometheus; ./scripts/build.sh >/dev/null; fi
 B=${XPYD_BUILD_DIR:-build}/bin
 N=${PROM_CHECK_PROMPTS:-60}
 WORK=$(mktemp -d /tmp/xpyd-prom.XXXXXX)

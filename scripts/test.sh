@@ -24,11 +24,11 @@ BUILD=${XPYD_BUILD_DIR:-build}
 ASAN_DIR=
 if [ "$SAN" != 0 ]; then
   echo "== building the sanitized tree (build-asan)"
-  XPYD_BUILD_DIR=build-asan XPYD_ASSERTS=ON ./scripts/build.sh -DXPYD_WERROR=ON -DXPYD_SANITIZE=ON
+  XPYD_BUILD_DIR=build-asan XPYD_ASSERTS=ON ./scripts/build.sh -DXPYD_TESTS=ON -DXPYD_WERROR=ON -DXPYD_SANITIZE=ON
   ASAN_DIR=$PWD/build-asan
 fi
 echo "== building $BUILD"
-XPYD_BUILD_DIR=$BUILD XPYD_ASSERTS=ON ./scripts/build.sh -DXPYD_WERROR=ON -DXPYD_SANITIZE=OFF \
+XPYD_BUILD_DIR=$BUILD XPYD_ASSERTS=ON ./scripts/build.sh -DXPYD_TESTS=ON -DXPYD_WERROR=ON -DXPYD_SANITIZE=OFF \
   -DXPYD_ASAN_DIR="$ASAN_DIR"
 sel=()
 [ $quick = 1 ] && sel=(-L 'unit|blackbox' -LE 'slow|asan')

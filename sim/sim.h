@@ -46,6 +46,7 @@ struct sim_config {
     long fail_after_tokens;   /* -1: off */
     long recompute_after_tokens; /* -1: off; else the request is given up (stop_reason "recomputed") after N */
     long stall_ms;
+    long stream_buffer_bytes; /* a stream's unsent bytes above this pause its generation (backpressure) */
     long startup_delay_ms;
     double eos_prob;
     long max_body_bytes;

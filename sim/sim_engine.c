@@ -734,10 +734,26 @@ static void store_poll(struct sreq *r)
         handoff_finished(r, HO_RECOMPUTED);
 }
 
+/* Bytes of r's stream written and not yet taken by its reader. */
+static size_t stream_unsent(const struct sreq *r)
+{
+    evhtp_connection_t *c = r->stream_started && r->ereq ? evhtp_request_get_connection(r->ereq) : NULL;
+    struct bufferevent *bev = c ? evhtp_connection_get_bev(c) : NULL;
+    return bev ? evbuffer_get_length(bufferevent_get_output(bev)) : 0;
+}
+
 static void generate_one(struct sreq *r)
 {
     struct sim *s = r->sim;
     char tok[32];
+    if (r->p.stream && stream_unsent(r) > (size_t)s->cfg.stream_buffer_bytes) {
+        /* backpressure: the reader is not taking the stream; look again in a millisecond, the cadence
+         * restarting once it does */
+        s->stream_waits++;
+        r->next_due_us = 0;
+        sreq_schedule(r, 1000);
+        return;
+    }
     if (s->cfg.recompute_after_tokens >= 0 && s->cfg.role != SIM_ROLE_PREFILL &&
         (long)r->pos >= s->cfg.recompute_after_tokens) { /* preempted: given up, as vLLM-Ascend reports it */
         r->finish_reason = "abort";

@@ -75,6 +75,7 @@ struct sim {
     uint64_t faults_fail_rate, faults_status, faults_disconnect, faults_stall;
     uint64_t aborts_requested;
     uint64_t abort_calls; /* POST /abort_request received, whether or not it found its request */
+    uint64_t stream_waits; /* token steps put off because a stream's reader was not taking its bytes */
     uint64_t release_notices, leases_cancelled;
     /* peers this engine pulls KV from or notifies: common/'s HTTP client, one endpoint per host:port */
     struct up_thread *up;

@@ -73,6 +73,10 @@ static const struct xpyd_setting settings[] = {
     {"fail-rate", XS_DOUBLE, F(fail_rate), 0, 1, "0", NULL, "answer 500 to this fraction of generate requests"},
     {"status-code", XS_LONG, F(status_code), 0, 599, "0", NULL,
      "answer every generate request with this status (100-599; 0: off)"},
+    {"stream-buffer-bytes", XS_LONG, F(stream_buffer_bytes), 4096, 1L << 30, "262144", NULL,
+     "a stream whose reader is not taking its bytes stops generating once this many wait in the engine, and "
+     "goes on when they drain below it (a server's send waits for its socket likewise): a paused reader "
+     "costs the engine this much per stream, not the whole answer"},
     {"fail-after-tokens", XS_LONG, F(fail_after_tokens), -1, 1L << 30, "-1", NULL,
      "close the connection after N generated tokens (-1: off)"},
     {"recompute-after-tokens", XS_LONG, F(recompute_after_tokens), -1, 1L << 30, "-1", NULL,

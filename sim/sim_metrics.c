@@ -115,6 +115,9 @@ void on_metrics(evhtp_request_t *req, void *arg)
          s->xt_releases},
         {"xpyd_sim:abort_request_calls_total", "counter", "POST /abort_request calls received (found or not).",
          s->abort_calls},
+        {"xpyd_sim:stream_backpressure_waits_total", "counter",
+         "Token steps put off because a stream's reader was not taking its bytes (--stream-buffer-bytes).",
+         s->stream_waits},
     };
     for (size_t i = 0; i < sizeof g / sizeof g[0]; i++) {
         metric_head(b, g[i].name, g[i].type, g[i].help);

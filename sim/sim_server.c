@@ -501,14 +501,16 @@ int sim_run(const struct sim_config *cfg)
         struct xpyd_tls_server_opts so = {cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca, minv};
         if (!(s->tls_server = xpyd_tls_server_new(&so, terr, sizeof terr))) {
             XLOG_ERR("msg=\"TLS\" reason=\"%s\"", terr);
-            return 2;
+            rc = 2;
+            goto out;
         }
     }
     if (cfg->upstream_ca[0]) {
         struct xpyd_tls_client_opts co = {cfg->upstream_ca, cfg->upstream_cert, cfg->upstream_key, minv};
         if (!(s->tls_client = xpyd_tls_client_new(&co, terr, sizeof terr))) {
             XLOG_ERR("msg=\"TLS to peers\" reason=\"%s\"", terr);
-            return 2;
+            rc = 2;
+            goto out;
         }
         up_thread_set_tls(s->up, s->tls_client);
     }
@@ -641,6 +643,9 @@ out:
     /* Connections still open are reclaimed by the OS at exit; evhtp has no safe bulk close for them. */
     free(s->ranks);
     xb_prefix_free(s->pcache);
+    /* the base goes too (a start that failed, e.g. a port in use, leaves nothing behind); events of connections
+     * still open stay with the process until it exits */
+    event_base_free(s->base);
     free(s);
     return rc;
 }

@@ -99,7 +99,14 @@ class AdminApi(t.TestCase):
         t.wait_until(lambda: t.router_idle(self.r.port, CLIENT), what="router load back to zero")
 
     def test_bad_input(self):
-        cases = [("not json", "JSON object"), ({"role": "x", "host": "h", "port": 1}, "'role'"),
+        good = '{"role": "decode", "host": "127.0.0.1", "port": %d}' % self.d2.port
+        cases = [("not json", "not valid JSON: invalid JSON value at byte 0"), ("[1]", "must be a JSON object"),
+                 ("", "the body is empty"),
+                 (good + " x", "not valid JSON: unexpected data after the JSON value at byte %d" % (len(good) + 1)),
+                 (good + "{}", "unexpected data after the JSON value"),
+                 (good[:-1] + ', "wieght": 2}', "unknown field 'wieght' (known:"),
+                 (good[:-1] + ', "weight": NaN}', "not valid JSON"),
+                 ({"role": "x", "host": "h", "port": 1}, "'role'"),
                  ({"role": "decode", "port": 1}, "'host'"), ({"role": "decode", "host": "h"}, "'port'"),
                  ({"role": "decode", "host": "h", "port": 70000}, "'port'"),
                  ({"role": "decode", "host": "127.0.0.1", "port": 1, "dp": 0}, "'dp'"),
@@ -107,6 +114,13 @@ class AdminApi(t.TestCase):
         for body, needle in cases:
             st, out = admin(self.r.port, "POST", "/admin/instances", body)
             self.assertOpenAIError(st, out, 400, needle)
+        self.assertEqual(self.decodes_listed(), [self.d1.port])  # nothing was added by any of them
+        # a repeated key reads as its last occurrence, as in client bodies (Python's json)
+        st, out = admin(self.r.port, "POST", "/admin/instances",
+                        '{"role": "prefill", "host": "127.0.0.1", "port": 1, "role": "decode", "port": %d}'
+                        % self.d2.port)
+        self.assertEqual((st, out["instances"][0]["result"]), (201, "added"), out)
+        self.assertEqual(self.decodes_listed(), sorted([self.d1.port, self.d2.port]))
         st, out = admin(self.r.port, "DELETE", "/admin/instances/decode/nonsense")
         self.assertOpenAIError(st, out, 400, "DELETE")
         st, out = admin(self.r.port, "PUT", "/admin/instances")

@@ -27,5 +27,25 @@ class Demo(t.TestCase):
         self.assertEqual(ps.stdout.strip(), "", "processes left behind")
 
 
+class DemoInstalls(t.TestCase):
+    def test_demo_installs_only_what_it_needs(self):
+        """scripts/demo.sh runs scripts/deps.sh without XPYD_TEST_DEPS: the test and benchmark packages come with
+        scripts/test.sh only, and the demo builds without the tests (so without cmocka)."""
+        env = {k: v for k, v in os.environ.items() if k != "XPYD_TEST_DEPS"}
+        run = lambda **kw: subprocess.run([os.path.join(ROOT, "scripts", "deps.sh"), "--list"], capture_output=True,
+                                          text=True, env=dict(env, **kw), check=True).stdout.split()
+        demo, tests = run(), run(XPYD_TEST_DEPS="1")
+        for pkg in ("prometheus", "clang", "etcd-server", "gnuplot-nox", "help2man", "libcmocka-dev", "haproxy"):
+            self.assertNotIn(pkg, demo)
+            self.assertIn(pkg, tests)
+        for pkg in ("gcc", "cmake", "libevhtp-dev", "libcjson-dev", "libssl-dev", "curl"):
+            self.assertIn(pkg, demo)
+        with open(os.path.join(ROOT, "scripts", "demo.sh")) as f:
+            text = f.read()
+        self.assertIn("./scripts/deps.sh #", text)
+        self.assertNotIn("XPYD_TEST_DEPS", text)
+        self.assertIn("-DXPYD_TESTS=OFF", text)
+
+
 if __name__ == "__main__":
     t.main()

@@ -228,7 +228,12 @@ class EtcdSingle(TestCase):
             ("instances/decode/:80", "{}"),
             ("instances/decode/no-such-host.invalid:80", "{}"),
             ("instances/decode/%s" % hp(d), "{" * 5000),
+            ("instances/decode/%s" % hp(d), ""),
+            ("instances/decode/%s" % hp(d), '{"weight": 2} x'),
+            ("instances/decode/%s" % hp(d), '{"wieght": 2}'),
+            ("instances/decode/%s" % hp(d), '{"host": "10.9.9.9", "port": 1}'),
             ("load/other-router", "nope"),
+            ("load/other-router", '{"decode": {}, "prefil": {}}'),
             ("load/other-router", '{"decode": {"%s/-1": [1, "x"]}}' % hp(d)),
             ("load/other-router", '{"decode": {"%s/-1": [-5, 1]}}' % hp(d)),
             ("routers/x", "\x00\xff garbage"),
@@ -236,12 +241,19 @@ class EtcdSingle(TestCase):
         ]
         for k, v in bad:
             self.etcd.put("%s/%s" % (prefix, k), v)
-        wait_until(lambda: metric(r.port, "xpyd_discovery_invalid_total") >= 13, what="invalid values counted")
+        wait_until(lambda: metric(r.port, "xpyd_discovery_invalid_total") >= 18, what="invalid values counted")
         self.assertEqual(active(r), [])
-        self.assertIn("event=discovery_invalid", r.output())
-        # a good value for the same key afterwards works; the router is alive and well
-        self.etcd.put("%s/instances/decode/%s" % (prefix, hp(d)), '{"weight": 2}')
+        out = r.output()
+        self.assertIn("event=discovery_invalid", out)
+        for why in ("the value is empty", "unexpected data after the JSON value", "unknown field 'wieght'",
+                    "unknown field 'host'", "unknown field 'prefil'"):
+            self.assertIn(why, out)
+        # a good value for the same key afterwards works (a repeated key: the last one, as everywhere); the
+        # router is alive and well
+        self.etcd.put("%s/instances/decode/%s" % (prefix, hp(d)), '{"weight": 5, "weight": 2}')
         wait_until(lambda: active(r) == [hp(d)], what="the good value applied")
+        listed = json.loads(request(r.port, "GET", "/admin/instances", headers=AUTH)[2])["decode"]
+        self.assertEqual([i["weight"] for i in listed], [2])
         self.assertEqual(ok(r, 3), (200, None))
         # the same garbage read by a range (a second router starting) is ignored the same way
         r2 = self.start(discovery_router(self.url))

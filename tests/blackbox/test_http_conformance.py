@@ -230,6 +230,38 @@ class Pipelining(Base):
         self.assertEqual(c.response()[0], 200)
         self.assertEqual(c.response()[0], 200)
 
+    def test_chunk_sizes_with_leading_zeros(self):
+        # RFC 9112 7.1: chunk-size = 1*HEXDIG; zeros before the digits that count are any in number
+        body = b"0" * 40 + b"%x\r\n%s\r\n" % (len(BODY), BODY) + b"0" * 30 + b"\r\n\r\n"
+        c = self.conn().send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                             body + HEALTH_CLOSE)
+        st, _, _, out = c.response()
+        self.assertEqual(st, 200, out)
+        self.assertIn(b'"text_completion"', out)
+        self.assertEqual(c.response()[3], b'{"status":"ok"}')
+        # sixteen digits that count are still too large, zeros or not
+        self.assertRefused(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" +
+                           b"000" + b"1" * 16 + b"\r\n", 400, "chunk size too large")
+
+    def test_options_asterisk_then_the_next_request(self):
+        # what HAProxy's "option httpchk OPTIONS *" sends: answered, and the request behind it is kept
+        for version, close in ((b"1.1", False), (b"1.0", True)):
+            with self.subTest(version=version):
+                c = self.conn().send(b"OPTIONS * HTTP/" + version + b"\r\nHost: x\r\n" +
+                                     (b"" if close else b"Content-Length: 0\r\n") + b"\r\n" + HEALTH_CLOSE)
+                st, _, h, out = c.response()
+                self.assertEqual((st, out), (200, b""))
+                self.assertEqual(h.get("allow"), "GET, HEAD, POST, PUT, DELETE")
+                self.assertEqual(h.get("content-length"), "0")
+                if close:  # HTTP/1.0 without keep-alive: the answer is the connection's last
+                    self.assertEqual(h.get("connection"), "close")
+                    self.assertTrue(c.closed())
+                else:
+                    self.assertEqual(c.response()[3], b'{"status":"ok"}')
+                    self.assertTrue(c.closed())
+        self.assertRefused(b"GET * HTTP/1.1\r\nHost: x\r\n\r\n", 400, "malformed request target")
+        self.assertAlive()
+
     def test_bad_chunked_bodies(self):
         head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
         for body in (b"zz\r\n", b"5\r\nabcdefg\r\n", b"5\nabcde\r\n0\r\n\r\n", b"0\r\nBad Trailer\r\n\r\n",

@@ -2,7 +2,9 @@
 batching, faults and abort on client disconnect."""
 import json
 import re
+import os
 import socket
+import subprocess
 import time
 
 import xpyd_testlib as t
@@ -204,6 +206,54 @@ class SimFaults(t.TestCase):
         waited = time.monotonic() - t0
         self.assertGreaterEqual(waited, 0.6, "the port was there before the start-up delay was over")
         self.assertEqual(t.request(s.port, "GET", "/health")[0], 200)
+
+    def test_port_in_use_exits_cleanly(self):
+        """A port it cannot listen on: exit 1 with the reason, nothing leaked (the sanitized build's leak check
+        runs this too: the event base was left behind)."""
+        busy = socket.socket()
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        self.addCleanup(busy.close)
+        out = subprocess.run([os.path.join(t.BIN, "xpyd_sim"), "--port", str(busy.getsockname()[1])],
+                             capture_output=True, text=True, timeout=30)
+        self.assertEqual(out.returncode, 1, out.stderr)
+        self.assertIn("cannot listen", out.stderr)
+        self.assertNotIn("LeakSanitizer", out.stderr)
+        self.assertNotIn("ERROR: AddressSanitizer", out.stderr)
+
+
+class SimBackpressure(t.TestCase):
+    def test_a_paused_reader_holds_the_stream_back(self):
+        """A reader that stops taking a fast stream costs the engine --stream-buffer-bytes, not the whole answer
+        (about 40 MB here); generation goes on when it reads again, and every token arrives."""
+        n = 200000
+        s = self.start(t.sim("--decode-us-per-token", "0", "--max-model-len", str(n + 100)))
+        rss0 = t.rss_kib(s.p.pid)
+        c = socket.socket()
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        c.connect(("127.0.0.1", s.port))
+        body = json.dumps({"prompt": "a", "max_tokens": n, "stream": True, "ignore_eos": True})
+        c.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+        self.addCleanup(c.close)
+        t.wait_until(lambda: t.metric(s.port, "xpyd_sim:stream_backpressure_waits_total") > 100,
+                     what="generation held back")
+        pending = t.metric(s.port, "xpyd_sim:stream_bytes_pending")
+        self.assertLessEqual(pending, 262144 + 4096)  # the bound, plus at most one step's event
+        gen = t.metric(s.port, "vllm:generation_tokens_total")
+        self.assertLess(gen, n // 4)  # the kernel's buffers and the bound, not the answer
+        self.assertLess(t.rss_kib(s.p.pid) - rss0, 32 * 1024)
+        # reading again: the stream resumes and completes, every token once
+        parts = []
+        c.settimeout(30)
+        while not (parts and b"".join(parts[-2:]).endswith(b"\r\n0\r\n\r\n")):
+            d = c.recv(1 << 20)
+            self.assertTrue(d, "the stream ended early")
+            parts.append(d)
+        data = b"".join(parts)
+        self.assertEqual(data.count(b'"text":'), n)
+        self.assertEqual(data.count(b"data: [DONE]"), 1)
+        t.wait_until(lambda: t.metric(s.port, "vllm:num_requests_running") == 0, what="request done")
 
 
 if __name__ == "__main__":

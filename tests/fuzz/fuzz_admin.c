@@ -1,8 +1,10 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_admin.c - libFuzzer harness: the body of POST /admin/instances as the router reads it
  * (router/admin_parse.c). Checks: a refusal says why; an accepted body yields values inside the documented
  * ranges (role, non-empty host, port 1-65535, dp/tp 1-1024, weight >= 1, bootstrap port a port). */
 #include "admin_parse.h"
 
+#include <cjson/cJSON.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +26,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             in.max_inflight < 0 || in.max_model_len < 0 || in.bootstrap_port < 0 || in.bootstrap_port > 65535)
             abort();
         if (!internal && in.port + in.dp - 1 > 65535)
+            abort();
+        /* an accepted body is one JSON object for an independent reader too (cJSON, nothing after it) */
+        char *z = malloc(size + 1);
+        memcpy(z, data, size);
+        z[size] = 0;
+        const char *end = NULL;
+        cJSON *ref = cJSON_ParseWithOpts(z, &end, 1);
+        int whole = cJSON_IsObject(ref) && end == z + size;
+        cJSON_Delete(ref);
+        free(z);
+        if (!whole && !memchr(data, 0, size))
             abort();
     }
     return 0;

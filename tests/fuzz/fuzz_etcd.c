@@ -7,6 +7,7 @@
  *   3: base64 round trip: encoding any bytes and decoding gives them back. */
 #include "admin_parse.h"
 #include "etcd_parse.h"
+#include "json_view.h"
 #include "xpyd_etcd.h"
 
 #include <cjson/cJSON.h>
@@ -46,6 +47,8 @@ static void instance(const char *s, size_t n)
         if (!body && !err[0])
             abort();
         if (body) {
+            if (jv_check(body, strlen(body), NULL, NULL) != 0)
+                abort(); /* the value's members spliced after the key's: still one strict JSON object */
             static const struct rt_admin_defaults defs[2] = {{1, 1, 0}, {1, 1, 0}};
             struct rt_admin_instance in;
             if (rt_admin_parse_instance(body, strlen(body), defs, 0, &in, err, sizeof err) == 0 &&
@@ -126,12 +129,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(s, d, n);
     s[n] = 0;
     int count = 0;
+    char err[300];
     switch (data[0] % 4) {
     case 0:
         instance(s, n);
         break;
     case 1:
-        (void)esync_parse_load(s, on_rank, &count);
+        if (esync_parse_load(s, on_rank, &count, err, sizeof err) != 0 && !err[0])
+            abort(); /* a refusal says why */
         break;
     case 2:
         stream(d, n);

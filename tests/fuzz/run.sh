@@ -34,13 +34,13 @@ sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.
   json_view) echo "$R/json_view.c $C/xpyd_util.c -lm" ;;
   http_req) echo "$R/http_req.c" ;;
   relay) echo "$R/relay.c $R/rewrite.c $C/xpyd_sse.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
-  admin) echo "$R/admin_parse.c" ;;
+  admin) echo "$R/admin_parse.c $R/json_view.c $C/xpyd_util.c -lm" ;;
   metadata) echo "$R/metadata_store.c $C/xpyd_util.c" ;;
   feedback) echo "$R/feedback_parse.c -lm" ;;
   desc) echo "$ROOT/transfer/xt_desc.c -I$ROOT/transfer" ;;
   upstream) echo "$C/xpyd_sse.c $R/rewrite.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c ${HTTP[*]}" ;;
   tls) echo "$C/xpyd_tls.c" ;;
-  etcd) echo "$C/xpyd_etcd.c $R/etcd_parse.c $R/admin_parse.c $C/xpyd_util.c ${HTTP[*]}" ;;
+  etcd) echo "$C/xpyd_etcd.c $R/etcd_parse.c $R/admin_parse.c $R/json_view.c $C/xpyd_util.c ${HTTP[*]}" ;;
   *) echo "unknown harness '$1' (known: ${ALL[*]})" >&2; return 1 ;;
   esac
 }
