@@ -1,17 +1,19 @@
 /* config.c - xpyd_router settings: the settings table, command line (with the Python proxies' aliases),
  * the JSON configuration file, and expansion of host lists into DP ranks. */
 #include "config.h"
+#include "config_internal.h"
 
+#include "handoff_traits.h"
 #include "xb.h"
 #include "xpyd_etcd.h"
 #include "xpyd_settings.h"
 #include "xpyd_util.h"
 #include "xpyd_version.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <limits.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,7 +35,7 @@ static const struct xpyd_setting settings[] = {
      "listen port; 0 = any free port (see `--port-file`)"},
     {"threads", XS_LONG, OFF(threads), 1, 256, "2", NULL,
      "event-loop threads serving clients (each owns its upstream connection pools)"},
-    {"handoff", XS_STR, OFF(handoff), 0, 0, "kv-params", NULL,
+    {"handoff", XS_ENUM, OFF(handoff), 0, 0, "kv-params", rt_handoff_names,
      "`kv-params` (vLLM NixlConnector, vllm-ascend MooncakeConnectorV1), `mooncake` (upstream vLLM "
      "MooncakeConnector: both legs at once meeting on `transfer_id`; prefill DP ranks and engine ids from "
      "`GET /query` on each prefill's bootstrap port), `store` (MooncakeStoreConnector, also the vLLM v0 "
@@ -55,6 +57,10 @@ static const struct xpyd_setting settings[] = {
      "decode migration's cost model: a continuation whose prompt (the client's + what it received) has at least "
      "this many tokens goes through a prefill leg first (kv-params, xpyd, store modes); a shorter one is "
      "computed by the decode itself (0: always the decode)"},
+    {"allow-engine-in-both-pools", XS_ENUM, OFF(allow_both_pools), 0, 0, "off", on_off,
+     "an engine (host:port) listed in both the prefill and the decode pool is refused at start, as a copy-paste "
+     "mistake would route both legs of a request to one engine; `on` allows it (an engine that serves both "
+     "roles, e.g. vLLM with `kv_role: kv_both`) and logs a warning"},
     {"prefill-fallback", XS_ENUM, OFF(prefill_fallback), 0, 0, "on", on_off,
      "`on`: when no prefill can serve a request (every attempt failed with a retryable error, or none is "
      "usable), or a decode retry is refused because an earlier decode attempt took the prefill's KV, the "
@@ -293,14 +299,14 @@ static const struct xpyd_setting settings[] = {
 
 static void usage(FILE *f)
 {
-    fputs("usage: xpyd_router -p HOST:PORT [HOST:PORT ...] -d HOST:PORT [HOST:PORT ...] [options]\n"
+    fprintf(f, "usage: xpyd_router -p HOST:PORT [HOST:PORT ...] -d HOST:PORT [HOST:PORT ...] [options]\n"
           "Router for disaggregated (prefill/decode) LLM serving, OpenAI-compatible.\n\n"
           "Pools (lists: space-separated after the flag, comma-separated, or repeated flags; [v6]:port works):\n"
           "  -p, --prefill LIST           prefill instances\n"
           "  -d, --decode LIST            decode instances\n"
           "  --prefill-dp N, --decode-dp N   data-parallel ranks per host (default 1)\n"
           "  --prefill-tp N, --decode-tp N   tensor-parallel size per rank (capacity weight, default 1)\n"
-          "  --prefill-policy P, --decode-policy P   lot (default) | cache | p2c | rr | random\n"
+          "  --prefill-policy P, --decode-policy P   one of %s (default lot)\n"
           "  --prefill-bootstrap-port N   bootstrap server port of every prefill without its own (--handoff\n"
           "                               bootstrap and mooncake; default 8998, SGLang's and vLLM's)\n"
           "  --prefill-max-inflight N, --decode-max-inflight N   requests a rank runs at once (vLLM max_num_seqs);\n"
@@ -311,266 +317,67 @@ static void usage(FILE *f)
           "  --prefiller-hosts H.. --prefiller-ports P..  --decoder-hosts H.. --decoder-ports P..\n"
           "  --repeat_d_times N (= --repeat-d-times)  --generator_on_p_node (= --first-token prefill)\n"
           "Settings (default in brackets):\n",
-          f);
+          rt_policy_choices());
     xpyd_settings_usage(f, settings, NSETTINGS);
     fputs("  -h, --help                   this text\n  --version                    version and git revision\n"
           "  --config-reference           the settings as the Markdown table of docs/CONFIGURATION.md\n",
           f);
 }
 
-/* ---------- pools ---------- */
 
-static struct rt_host *pool_add(struct rt_pool_cfg *p)
-{
-    if (p->n == p->cap) {
-        size_t nc = p->cap ? p->cap * 2 : 8;
-        struct rt_host *nh = realloc(p->hosts, nc * sizeof *nh);
-        if (!nh)
-            return NULL;
-        p->hosts = nh;
-        p->cap = nc;
-    }
-    struct rt_host *h = &p->hosts[p->n++];
-    memset(h, 0, sizeof *h); /* port 0: none given (an engine address needs one: never a default) */
-    return h;
-}
+/* Settings that only some handoff modes read: given (not at their default) with a mode that does not read
+ * them, the configuration is refused, since the operator expects an effect there will not be. */
+static const struct {
+    const char *name;
+    size_t trait; /* offsetof(struct handoff_traits, ...): the modes that read it */
+    const char *why;
+} mode_settings[] = {
+    {"local-prefill-max-tokens", offsetof(struct handoff_traits, local_prefill),
+     "its decode cannot compute a prompt alone (kv-params, xpyd and store can)"},
+    {"local-prefill-when-busy-tokens", offsetof(struct handoff_traits, local_prefill),
+     "its decode cannot compute a prompt alone (kv-params, xpyd and store can)"},
+    {"migration-prefill-min-tokens", offsetof(struct handoff_traits, local_prefill),
+     "its decode cannot compute a prompt alone (kv-params, xpyd and store can)"},
+    {"query-interval-ms", offsetof(struct handoff_traits, query_prefill), "only mooncake queries its prefills"},
+    {"query-timeout-ms", offsetof(struct handoff_traits, query_prefill), "only mooncake queries its prefills"},
+};
 
-/* Adds each comma-separated HOST:PORT of s. */
-static int pool_add_list(struct rt_pool_cfg *p, const char *s, const char *what)
+static int check_mode_settings(const struct rt_config *c)
 {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", s);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        while (*tok == ' ')
-            tok++;
-        if (!*tok)
+    const struct handoff_traits *t = &rt_handoff_traits[c->handoff];
+    struct rt_config def;
+    memset(&def, 0, sizeof def);
+    if (xpyd_settings_defaults(&def, settings, NSETTINGS, "xpyd_router") != 0)
+        return -1;
+    for (size_t i = 0; i < sizeof mode_settings / sizeof mode_settings[0]; i++) {
+        const struct xpyd_setting *s = xpyd_setting_find(settings, NSETTINGS, mode_settings[i].name);
+        if (!s || xpyd_setting_equal(c, &def, s) || *(const int *)((const char *)t + mode_settings[i].trait))
             continue;
-        struct rt_host *h = pool_add(p);
-        if (!h)
-            return -1;
-        if (!strncmp(tok, "https://", 8)) { /* an engine behind TLS (--upstream-ca verifies it) */
-            h->tls = 1;
-            tok += 8;
-        } else if (!strncmp(tok, "http://", 7)) {
-            tok += 7;
-        }
-        size_t tl = strlen(tok);
-        if (tl && tok[tl - 1] == '/')
-            tok[tl - 1] = '\0';
-        if (xpyd_parse_hostport(tok, h->host, sizeof h->host, &h->port) != 0) {
-            fprintf(stderr, "xpyd_router: bad %s address '%s' (want HOST:PORT or [V6]:PORT)\n", what, tok);
-            return -1;
-        }
-        if (h->port == 0) { /* a default port would be the router's own (8000): one request would fan out */
-            fprintf(stderr, "xpyd_router: %s address '%s' has no port: write HOST:PORT (the engine's port)\n", what,
-                    tok);
-            return -1;
-        }
+        fprintf(stderr, "xpyd_router: --%s does nothing with --handoff %s (%s): remove it\n", s->name, t->name,
+                mode_settings[i].why);
+        return -1;
+    }
+    int host_boot = 0;
+    for (size_t h = 0; h < c->pools[RT_PREFILL].n; h++)
+        host_boot |= c->pools[RT_PREFILL].hosts[h].bootstrap_port > 0;
+    if ((c->prefill_bootstrap_port > 0 || host_boot) && !t->bootstrap_server) {
+        fprintf(stderr, "xpyd_router: %s does nothing with --handoff %s (only bootstrap and mooncake meet at a "
+                        "prefill's bootstrap server): remove it\n",
+                c->prefill_bootstrap_port > 0 ? "--prefill-bootstrap-port" : "a host's \"bootstrap_port\"", t->name);
+        return -1;
     }
     return 0;
 }
 
-/* A topology file's key equals want when they differ only in '-' for '_' (as on the command line). */
-static int key_is(const char *k, const char *want)
+int rt_config_has_setting(const char *name)
 {
-    for (; *k && *want; k++, want++)
-        if (*k != *want && !(*k == '-' && *want == '_'))
-            return 0;
-    return *k == *want;
+    return xpyd_setting_find(settings, NSETTINGS, name) != NULL;
 }
 
-static const cJSON *json_get(const cJSON *o, const char *want)
+int rt_config_set_named(struct rt_config *c, const char *name, const char *val)
 {
-    const cJSON *it;
-    cJSON_ArrayForEach(it, o)
-    {
-        if (it->string && key_is(it->string, want))
-            return it;
-    }
-    return NULL;
-}
-
-/* Every key of object o (at path `where`) must be one of allowed[] (or a "_comment"); else an error naming
- * the key's whole path. */
-static int json_known_keys(const cJSON *o, const char *const *allowed, const char *where)
-{
-    const cJSON *it;
-    cJSON_ArrayForEach(it, o)
-    {
-        if (!it->string || it->string[0] == '_')
-            continue;
-        int ok = 0;
-        for (const char *const *a = allowed; *a && !ok; a++)
-            ok = key_is(it->string, *a);
-        if (!ok) {
-            fprintf(stderr, "xpyd_router: config: unknown key \"%s.%s\" (known there:", where, it->string);
-            for (const char *const *a = allowed; *a; a++)
-                fprintf(stderr, " %s", *a);
-            fprintf(stderr, ")\n");
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* Reads an integer field in [0, 2^31); an absent field leaves *out; anything else is an error. */
-static int json_int(const cJSON *o, const char *k, int *out, const char *where)
-{
-    const cJSON *v = json_get(o, k);
-    if (!v)
-        return 0;
-    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 2147483648.0) ||
-        v->valuedouble != (double)(int)v->valuedouble) {
-        fprintf(stderr, "xpyd_router: config: \"%s.%s\" must be a non-negative integer\n", where, k);
-        return -1;
-    }
-    *out = (int)v->valuedouble;
-    return 0;
-}
-
-static const char *const pool_keys[] = {"hosts", "dp", "tp", "max_inflight", "policy", NULL};
-static const char *const host_keys[] = {"host", "port", "tls", "dp", "tp", "weight", "bootstrap_port", "max_inflight",
-                                        "max_model_len", NULL};
-
-static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *what)
-{
-    if (!o)
-        return 0;
-    if (!cJSON_IsObject(o)) {
-        fprintf(stderr, "xpyd_router: config: \"%s\" must be an object {\"hosts\": [...], ...}\n", what);
-        return -1;
-    }
-    if (json_known_keys(o, pool_keys, what) || json_int(o, "dp", &p->dp, what) || json_int(o, "tp", &p->tp, what) ||
-        json_int(o, "max_inflight", &p->max_inflight, what))
-        return -1;
-    const cJSON *pol = json_get(o, "policy");
-    if (pol && (!cJSON_IsString(pol) || (p->policy = xb_policy_parse(pol->valuestring)) < 0)) {
-        fprintf(stderr, "xpyd_router: config: \"%s.policy\" must be one of lot, cache, p2c, rr, random\n", what);
-        return -1;
-    }
-    const cJSON *hosts = json_get(o, "hosts"), *h;
-    if (hosts && !cJSON_IsArray(hosts)) {
-        fprintf(stderr, "xpyd_router: config: \"%s.hosts\" must be an array\n", what);
-        return -1;
-    }
-    int i = 0;
-    cJSON_ArrayForEach(h, hosts)
-    {
-        char where[64];
-        snprintf(where, sizeof where, "%s.hosts[%d]", what, i++);
-        if (cJSON_IsString(h)) {
-            if (pool_add_list(p, h->valuestring, what))
-                return -1;
-            continue;
-        }
-        const cJSON *host = json_get(h, "host");
-        if (!cJSON_IsObject(h) || !cJSON_IsString(host)) {
-            fprintf(stderr, "xpyd_router: config: \"%s\" must be \"HOST:PORT\" or an object with \"host\"\n", where);
-            return -1;
-        }
-        if (json_known_keys(h, host_keys, where))
-            return -1;
-        struct rt_host *rh = pool_add(p);
-        if (!rh)
-            return -1;
-        snprintf(rh->host, sizeof rh->host, "%s", host->valuestring);
-        int mml = 0;
-        if (json_int(h, "port", &rh->port, where) || json_int(h, "dp", &rh->dp, where) ||
-            json_int(h, "tp", &rh->tp, where) || json_int(h, "weight", &rh->weight, where) ||
-            json_int(h, "bootstrap_port", &rh->bootstrap_port, where) ||
-            json_int(h, "max_inflight", &rh->max_inflight, where) || json_int(h, "max_model_len", &mml, where))
-            return -1;
-        rh->max_model_len = mml;
-        const cJSON *tls = json_get(h, "tls");
-        if (tls && !cJSON_IsBool(tls)) {
-            fprintf(stderr, "xpyd_router: config: \"%s.tls\" must be true or false\n", where);
-            return -1;
-        }
-        rh->tls = cJSON_IsTrue(tls);
-        if (!json_get(h, "port")) {
-            fprintf(stderr, "xpyd_router: config: \"%s\" needs a \"port\" (the engine's)\n", where);
-            return -1;
-        }
-        if (rh->port < 1 || rh->port > 65535) {
-            fprintf(stderr, "xpyd_router: config: \"%s.port\" must be a port (1-65535), got %d\n", where, rh->port);
-            return -1;
-        }
-    }
-    return 0;
-}
-
-static int load_json(struct rt_config *c, const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "xpyd_router: cannot open config '%s': %s\n", path, strerror(errno));
-        return -1;
-    }
-    char *buf = NULL;
-    size_t len = 0, cap = 0, n;
-    char tmp[4096];
-    while ((n = fread(tmp, 1, sizeof tmp, f)) > 0) {
-        if (len + n > cap) {
-            cap = (len + n) * 2;
-            buf = XPYD_XALLOC(realloc(buf, cap));
-        }
-        memcpy(buf + len, tmp, n);
-        len += n;
-    }
-    fclose(f);
-    cJSON *root = cJSON_ParseWithLength(buf ? buf : "", len);
-    free(buf);
-    if (!cJSON_IsObject(root)) {
-        fprintf(stderr, "xpyd_router: config '%s' is not a JSON object\n", path);
-        cJSON_Delete(root);
-        return -1;
-    }
-    int rc = 0;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, root)
-    {
-        if (!strcmp(it->string, "prefill") || !strcmp(it->string, "decode") || it->string[0] == '_')
-            continue; /* pools below; keys starting with '_' are comments */
-        const struct xpyd_setting *s = xpyd_setting_find(settings, NSETTINGS, it->string);
-        if (!s) {
-            fprintf(stderr, "xpyd_router: config '%s': unknown setting \"%s\"\n", path, it->string);
-            rc = -1;
-            break;
-        }
-        char val[512];
-        if (cJSON_IsString(it))
-            snprintf(val, sizeof val, "%s", it->valuestring);
-        else if (cJSON_IsNumber(it))
-            snprintf(val, sizeof val, "%.17g", it->valuedouble);
-        else {
-            fprintf(stderr, "xpyd_router: config: \"%s\" must be a string or number\n", it->string);
-            rc = -1;
-            break;
-        }
-        if ((rc = xpyd_setting_set(c, s, val, "xpyd_router")) != 0)
-            break;
-    }
-    if (rc == 0)
-        rc = load_json_pool(&c->pools[RT_PREFILL], cJSON_GetObjectItemCaseSensitive(root, "prefill"), "prefill");
-    if (rc == 0)
-        rc = load_json_pool(&c->pools[RT_DECODE], cJSON_GetObjectItemCaseSensitive(root, "decode"), "decode");
-    cJSON_Delete(root);
-    return rc;
-}
-
-/* ---------- expansion ---------- */
-
-int rt_config_endpoint_index(struct rt_config *c, const char *host, int port)
-{
-    for (size_t i = 0; i < c->n_endpoints; i++)
-        if (c->endpoints[i].port == port && strcmp(c->endpoints[i].host, host) == 0)
-            return (int)i;
-    c->endpoints = XPYD_XALLOC(realloc(c->endpoints, (c->n_endpoints + 1) * sizeof *c->endpoints));
-    snprintf(c->endpoints[c->n_endpoints].host, sizeof c->endpoints[0].host, "%s", host);
-    c->endpoints[c->n_endpoints].port = port;
-    c->endpoints[c->n_endpoints].tls = 0;
-    return (int)c->n_endpoints++;
+    const struct xpyd_setting *s = xpyd_setting_find(settings, NSETTINGS, name);
+    return s && xpyd_setting_set(c, s, val, "xpyd_router") == 0 ? 0 : -1;
 }
 
 size_t rt_config_changed(const struct rt_config *a, const struct rt_config *b, char *out, size_t cap)
@@ -586,73 +393,6 @@ size_t rt_config_changed(const struct rt_config *a, const struct rt_config *b, c
         n++;
     }
     return n; /* --prefill-bootstrap-port is not a row: it reaches the ranks, which a reload updates */
-}
-
-int rt_config_prefill_by_query(const struct rt_config *c)
-{
-    return strcmp(c->handoff, "mooncake") == 0;
-}
-
-/* The modes that talk to a prefill's bootstrap server (SGLang's; vLLM MooncakeConnector's /query). */
-static int uses_bootstrap(const struct rt_config *c)
-{
-    return strcmp(c->handoff, "bootstrap") == 0 || rt_config_prefill_by_query(c);
-}
-
-int rt_config_bootstrap_port(const struct rt_config *c, int bootstrap_port, int http_port)
-{
-    if (bootstrap_port > 0)
-        return bootstrap_port;
-    if (c->prefill_bootstrap_port > 0)
-        return c->prefill_bootstrap_port;
-    return uses_bootstrap(c) ? RT_BOOTSTRAP_PORT : http_port;
-}
-
-int rt_config_ranks_by_header(const struct rt_config *c, int role)
-{
-    return c->dp_internal || (role == RT_PREFILL && rt_config_prefill_by_query(c));
-}
-
-static int expand_pool(struct rt_config *c, int role)
-{
-    struct rt_pool_cfg *p = &c->pools[role];
-    int internal = rt_config_ranks_by_header(c, role);
-    int maxdp = 0;
-    for (size_t h = 0; h < p->n; h++) {
-        int dp = p->hosts[h].dp > 0 ? p->hosts[h].dp : p->dp;
-        if (dp < 1 || dp > 1024 || (!internal && p->hosts[h].port + dp - 1 > 65535)) {
-            fprintf(stderr, "xpyd_router: %s host %s:%d: bad dp %d\n", role ? "decode" : "prefill",
-                    p->hosts[h].host, p->hosts[h].port, dp);
-            return -1;
-        }
-        maxdp = dp > maxdp ? dp : maxdp;
-    }
-    /* Rank i of every host before rank i+1 of any (port-major interleaving, as the Gaudi scripts do). */
-    for (int i = 0; i < maxdp; i++) {
-        for (size_t h = 0; h < p->n; h++) {
-            const struct rt_host *rh = &p->hosts[h];
-            int dp = rh->dp > 0 ? rh->dp : p->dp;
-            if (i >= dp)
-                continue;
-            c->ranks[role] = XPYD_XALLOC(realloc(c->ranks[role], (c->n_ranks[role] + 1) * sizeof(struct rt_rank)));
-            struct rt_rank *r = &c->ranks[role][c->n_ranks[role]++];
-            memset(r, 0, sizeof *r);
-            r->endpoint = rt_config_endpoint_index(c, rh->host, internal ? rh->port : rh->port + i);
-            r->dp_rank = internal ? i : -1;
-            r->tp = rh->tp > 0 ? rh->tp : p->tp;
-            r->weight = rh->weight > 0 ? rh->weight : 1;
-            r->max_model_len = rh->max_model_len;
-            r->max_inflight = rh->max_inflight > 0 ? rh->max_inflight : p->max_inflight;
-            /* external DP: rank i is a server of its own, its bootstrap server too, on the host's port + i (as
-             * scripts/launch_engine.sh starts them, and SGLang expects) */
-            r->bootstrap_port = role == RT_PREFILL
-                                    ? rt_config_bootstrap_port(c, rh->bootstrap_port, rh->port) + (internal ? 0 : i)
-                                    : 0;
-            r->tls = rh->tls;
-            c->endpoints[r->endpoint].tls |= rh->tls;
-        }
-    }
-    return 0;
 }
 
 /* Hosts and ports given as separate lists (the Python proxies' flags). */
@@ -701,7 +441,7 @@ static int apply_alias(struct rt_config *c, struct alias_lists *a, int role)
             fprintf(stderr, "xpyd_router: bad --%s-ports value '%s'\n", who, pv[np == 1 ? 0 : i]);
             return -1;
         }
-        struct rt_host *rh = pool_add(&c->pools[role]);
+        struct rt_host *rh = rt_pool_add(&c->pools[role]);
         if (!rh)
             return -1;
         snprintf(rh->host, sizeof rh->host, "%s", hv[nh == 1 ? 0 : i]);
@@ -730,7 +470,7 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
     for (int i = 1; i < argc - 1; i++)
         if (strcmp(argv[i], "--config") == 0) {
             snprintf(c->config_path, sizeof c->config_path, "%s", argv[i + 1]);
-            if (load_json(c, argv[i + 1]) != 0)
+            if (rt_config_load_file(c, argv[i + 1]) != 0)
                 return -1;
         }
     struct alias_lists al;
@@ -763,7 +503,7 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
                         c->pools[role].n = 0;
                         cli_pool[role] = 1;
                     }
-                    if (pool_add_list(&c->pools[role], argv[i], role ? "decode" : "prefill"))
+                    if (rt_pool_add_list(&c->pools[role], argv[i], role ? "decode" : "prefill"))
                         return -1;
                 } else {
                     append_list(alias_dst, alias_cap, argv[i]);
@@ -819,7 +559,7 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
         if (!strcmp(a, "--prefill-policy") || !strcmp(a, "--decode-policy")) {
             int pol = xb_policy_parse(v);
             if (pol < 0) {
-                fprintf(stderr, "xpyd_router: %s: unknown policy '%s' (lot|cache|p2c|rr|random)\n", a, v);
+                fprintf(stderr, "xpyd_router: %s: unknown policy '%s' (%s)\n", a, v, rt_policy_choices());
                 return -1;
             }
             c->pools[a[2] == 'd' ? RT_DECODE : RT_PREFILL].policy = pol;
@@ -893,7 +633,7 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
                         "(--handoff none needs only -d)\n");
         return -1;
     }
-    if (expand_pool(c, RT_PREFILL) || expand_pool(c, RT_DECODE))
+    if (rt_config_expand(c) || check_mode_settings(c) || rt_config_check_topology(c))
         return -1;
     return 0;
 }
@@ -901,7 +641,7 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
 void rt_config_print(const struct rt_config *c, FILE *f)
 {
     fprintf(f, "listen %s:%d threads=%d handoff=%s first-token=%s dp-mode=%s repeat-d-times=%d\n", c->listen_host,
-            c->listen_port, c->threads, c->handoff, first_tokens[c->first_token],
+            c->listen_port, c->threads, rt_handoff_names[c->handoff], first_tokens[c->first_token],
             dp_modes[c->dp_internal], c->repeat_d_times);
     for (int role = 0; role < 2; role++) {
         fprintf(f, "%s pool: %zu ranks, policy %s\n", role ? "decode" : "prefill", c->n_ranks[role],
@@ -915,7 +655,7 @@ void rt_config_print(const struct rt_config *c, FILE *f)
             fprintf(f, "  %s[%zu] %s dp_rank=%d tp=%d weight=%d max_model_len=%ld max_inflight=%d", role ? "D" : "P", i,
                     xpyd_hostport(e->host, e->port, hp, sizeof hp), r->dp_rank, r->tp, r->weight, r->max_model_len,
                     r->max_inflight);
-            if (role == RT_PREFILL && uses_bootstrap(c))
+            if (role == RT_PREFILL && rt_config_uses_bootstrap(c))
                 fprintf(f, " bootstrap_port=%d", r->bootstrap_port);
             fputc('\n', f);
         }

@@ -48,9 +48,10 @@ struct rt_config {
     char listen_host[256];
     int listen_port;
     int threads;
-    char handoff[32];          /* the handoff mode's name: router/handoffs.c resolves it */
+    int handoff;               /* enum rt_handoff_mode (handoff_traits.h) */
     int first_token;
     int prefill_fallback;      /* 1: a decode computes the prompt when no prefill can (sequential modes) */
+    int allow_both_pools;      /* 1: an engine may be listed in both pools (refused otherwise) */
     long prefix_block_tokens, prefix_cache_blocks, prefix_index_max_bytes, prefix_ttl_ms;
     double cache_max_imbalance, cache_uncached_weight;
     long local_prefill_max_tokens, local_prefill_when_busy_tokens;

@@ -133,7 +133,7 @@ static void on_tick(evutil_socket_t fd, short ev, void *arg)
 
 struct discovery *discovery_start(struct event_base *base)
 {
-    if (!g_rt->ho->query_prefill)
+    if (!g_rt->ho->t->query_prefill)
         return NULL;
     struct discovery *d = XPYD_XALLOC(calloc(1, sizeof *d));
     d->base = base;

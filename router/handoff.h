@@ -8,21 +8,15 @@
 #ifndef XPYD_HANDOFF_H
 #define XPYD_HANDOFF_H
 
+#include "handoff_traits.h"
+
 #include <stddef.h>
 
 struct request;
 struct rt_config;
 
 struct handoff_ops {
-    const char *name;   /* --handoff <name> */
-    /* traits, checked against the configuration (handoffs.c) and read by the router */
-    int needs_prefill;  /* a prefill pool is required (and /health needs a usable prefill) */
-    int repeat_mode;    /* --repeat-d-times may be used (the decode's KV can be read by many decodes) */
-    int kvxfer;         /* the router runs its own transfer engine to release abandoned KV (kvxfer.c) */
-    int local_prefill;  /* the decode can compute the prompt alone (its body without the prefill's handoff):
-                         * --prefill-fallback may skip a prefill that cannot serve */
-    int query_prefill;  /* prefill ranks and engine ids come from each prefill's GET /query (discovery.c); must
-                         * agree with rt_config_prefill_by_query, which expands the pool before modes resolve */
+    const struct handoff_traits *t; /* its row of handoff_traits.c: name and traits */
     /* The first attempt; also what a failed prefill attempt restarts. */
     void (*start)(struct request *r);
     /* The sequential flow's bodies (req_start_prefill / req_start_decode); NULL where the mode has its own. */
@@ -42,6 +36,10 @@ struct handoff_ops {
 
 extern const struct handoff_ops handoff_kv_params, handoff_store, handoff_bootstrap, handoff_none, handoff_xpyd,
     handoff_mooncake;
+
+/* handoff_kv_params.c: the kv-params flow's bodies, which --handoff xpyd shares */
+char *kv_prefill_body(struct request *r, size_t *len);
+char *kv_decode_body(struct request *r, size_t *len);
 
 /* handoffs.c: the mode named c->handoff, checked against the rest of the configuration; NULL after printing
  * why (an unknown name, a missing prefill pool, a setting the mode cannot take). */

@@ -89,8 +89,7 @@ static void decode_retry(struct request *r)
 }
 
 const struct handoff_ops handoff_bootstrap = {
-    .name = "bootstrap",
-    .needs_prefill = 1,
+    .t = &rt_handoff_traits[RT_HO_BOOTSTRAP],
     .start = start_both,
     .decode_retry = decode_retry,
 };

@@ -68,9 +68,7 @@ static void kv_abandon(struct request *r, int decode_in_flight)
 }
 
 const struct handoff_ops handoff_kv_params = {
-    .name = "kv-params",
-    .needs_prefill = 1,
-    .local_prefill = 1,
+    .t = &rt_handoff_traits[RT_HO_KV_PARAMS],
     .start = req_start_prefill,
     .prefill_body = kv_prefill_body,
     .decode_body = kv_decode_body,

@@ -104,9 +104,7 @@ static void decode_retry(struct request *r) /* both legs again, with a new trans
 }
 
 const struct handoff_ops handoff_mooncake = {
-    .name = "mooncake",
-    .needs_prefill = 1,
-    .query_prefill = 1,
+    .t = &rt_handoff_traits[RT_HO_MOONCAKE],
     .start = start_both,
     .decode_retry = decode_retry,
 };

@@ -10,7 +10,7 @@ static char *client_body(struct request *r, size_t *len)
 }
 
 const struct handoff_ops handoff_none = {
-    .name = "none",
+    .t = &rt_handoff_traits[RT_HO_NONE],
     .start = req_start_decode,
     .decode_body = client_body,
     .decode_retry = req_start_decode,

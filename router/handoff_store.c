@@ -66,10 +66,7 @@ static void fire_clones(struct request *r)
 }
 
 const struct handoff_ops handoff_store = {
-    .name = "store",
-    .needs_prefill = 1,
-    .local_prefill = 1,
-    .repeat_mode = 1,
+    .t = &rt_handoff_traits[RT_HO_STORE],
     .start = req_start_prefill,
     .prefill_body = store_prefill_body,
     .decode_body = store_decode_body,

@@ -4,9 +4,6 @@
 #include "handoff.h"
 #include "request.h"
 
-char *kv_prefill_body(struct request *r, size_t *len);
-char *kv_decode_body(struct request *r, size_t *len);
-
 static void xpyd_abandon(struct request *r, int decode_in_flight)
 {
     (void)decode_in_flight;
@@ -14,10 +11,7 @@ static void xpyd_abandon(struct request *r, int decode_in_flight)
 }
 
 const struct handoff_ops handoff_xpyd = {
-    .name = "xpyd",
-    .needs_prefill = 1,
-    .local_prefill = 1,
-    .kvxfer = 1,
+    .t = &rt_handoff_traits[RT_HO_XPYD],
     .start = req_start_prefill,
     .prefill_body = kv_prefill_body,
     .decode_body = kv_decode_body,

@@ -67,7 +67,7 @@ static void *release_loop(void *arg)
 
 int rt_kvxfer_start(void)
 {
-    if (!g_rt->ho->kvxfer)
+    if (!g_rt->ho->t->kvxfer)
         return 0;
     struct xt_config c = {.name = "xpyd-router", .transport = "tcp", .threads = 1,
                           .io_timeout_ms = (int)g_rt->cfg.connect_timeout_ms};

@@ -48,8 +48,8 @@ static void on_health(evhtp_request_t *req, void *arg)
     struct evbuffer *b = evbuffer_new();
     int draining = atomic_load(&g_rt->draining);
     /* a prefill is needed unless the decodes can compute prompts themselves (--prefill-fallback) */
-    int prefill_ok = !g_rt->ho->needs_prefill || pool_usable(RT_PREFILL) ||
-                     (g_rt->cfg.prefill_fallback && g_rt->ho->local_prefill);
+    int prefill_ok = !g_rt->ho->t->needs_prefill || pool_usable(RT_PREFILL) ||
+                     (g_rt->cfg.prefill_fallback && g_rt->ho->t->local_prefill);
     int ok = !draining && prefill_ok && pool_usable(RT_DECODE);
     evbuffer_add_printf(b, "{\"status\":\"%s\"}", ok ? "ok" : draining ? "draining" : "unavailable");
     xpyd_reply_buffer(req, ok ? 200 : 503, "application/json", b);
@@ -77,7 +77,7 @@ static void on_status(evhtp_request_t *req, void *arg)
     struct evbuffer *b = evbuffer_new();
     evbuffer_add_printf(b, "{\"version\":\"%s\",\"git_revision\":\"%s\",\"uptime_s\":%" PRId64 ",\"handoff\":\"%s\",\"first_token\":\"%s\","
                            "\"active_requests\":%" PRId64 ",\"active_streams\":%" PRId64 ",\"pools\":{",
-                        xpyd_version(), xpyd_git_revision(), xpyd_wall_s() - g_rt->started_wall, g_rt->cfg.handoff,
+                        xpyd_version(), xpyd_git_revision(), xpyd_wall_s() - g_rt->started_wall, rt_handoff_names[g_rt->cfg.handoff],
                         g_rt->cfg.first_token ? "prefill" : "decode", (int64_t)atomic_load(&g_rt->ctr.active_requests),
                         (int64_t)atomic_load(&g_rt->ctr.active_streams));
     for (int role = 0; role < 2; role++) {
@@ -395,7 +395,7 @@ int main(int argc, char **argv)
     event_add(sh, NULL);
     XLOG_INFO("msg=\"xpyd_router ready\" listen=%s:%d tls=%s plain_port=%d threads=%d handoff=%s prefill_ranks=%zu "
               "decode_ranks=%zu",
-              rt->cfg.listen_host, port, rt->tls_server ? "on" : "off", pport, rt->cfg.threads, rt->cfg.handoff,
+              rt->cfg.listen_host, port, rt->tls_server ? "on" : "off", pport, rt->cfg.threads, rt_handoff_names[rt->cfg.handoff],
               rt->reg.n_ranks[0], rt->reg.n_ranks[1]);
     fflush(stderr);
     struct event *idle = event_new(base, -1, EV_PERSIST, on_idle_tick, NULL);

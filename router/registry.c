@@ -363,8 +363,9 @@ int rt_reload(void)
 {
     struct rt_config nc;
     int rc = rt_config_load(&nc, g_rt->argc, g_rt->argv);
-    if (rc == 0 && strcmp(nc.handoff, g_rt->cfg.handoff) != 0) {
-        fprintf(stderr, "xpyd_router: --handoff changes need a restart (running: %s)\n", g_rt->cfg.handoff);
+    if (rc == 0 && nc.handoff != g_rt->cfg.handoff) {
+        fprintf(stderr, "xpyd_router: --handoff changes need a restart (running: %s)\n",
+                rt_handoff_names[g_rt->cfg.handoff]);
         rc = -1;
     }
     if (rc == 0 && !rt_handoff_resolve(&nc))

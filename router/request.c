@@ -332,7 +332,7 @@ static void on_queue_expired(struct request *r, int role)
  * decode runs alone), and nothing reached the client yet. */
 static int may_fall_back(const struct request *r)
 {
-    return g_rt->cfg.prefill_fallback && r->ho->local_prefill && (r->client == CLIENT_NOTHING || r->migrations > 0) &&
+    return g_rt->cfg.prefill_fallback && r->ho->t->local_prefill && (r->client == CLIENT_NOTHING || r->migrations > 0) &&
            r->state != REQ_DONE && r->ereq && !r->legs[RT_PREFILL].answered;
 }
 
@@ -698,7 +698,7 @@ static void migrate_send(struct request *r)
     int64_t since = r->tokens_out - r->base_tokens; /* delivered beyond the request body's prompt */
     int64_t left = r->max_tokens - since, cont_prompt = r->prompt_tokens + since;
     size_t len;
-    if (r->ho->local_prefill && g_rt->cfg.migration_prefill_min_tokens > 0 &&
+    if (r->ho->t->local_prefill && g_rt->cfg.migration_prefill_min_tokens > 0 &&
         cont_prompt >= g_rt->cfg.migration_prefill_min_tokens) {
         char *body = continuation_body(r, &len);
         const char *why = NULL;
@@ -773,7 +773,7 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         req_release(r, role);
         xpyd_sse_reset(&r->sse);
         r->preempted = 0; /* a new attempt's stream is its own */
-        if (role == RT_DECODE && l->accepted && r->kv_params && r->ho->local_prefill) {
+        if (role == RT_DECODE && l->accepted && r->kv_params && r->ho->t->local_prefill) {
             /* the failed decode answered 200: it took the prefill's KV, which is gone; the next one
              * computes the prompt itself */
             free(r->kv_params);
@@ -800,7 +800,7 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         return;
     }
     if (role == RT_DECODE && status >= 400 && status < 500 && l->attempts > 1 && r->kv_params &&
-        g_rt->cfg.prefill_fallback && r->ho->local_prefill && !r->local_prefill && may_retry(r, role, 0)) {
+        g_rt->cfg.prefill_fallback && r->ho->t->local_prefill && !r->local_prefill && may_retry(r, role, 0)) {
         /* An earlier decode attempt failed after it may have pulled the prefill's KV (it died mid-pull, or
          * right after): a decode handed the same kv_transfer_params now is refused, as the prefill no longer
          * holds that KV (vLLM's connectors answer 4xx). The next decode computes the prompt itself. A request
@@ -899,7 +899,7 @@ void req_prefill_done(struct up_leg *up, int err, void *arg)
 static int choose_local_prefill(struct request *r)
 {
     const struct rt_config *c = &g_rt->cfg;
-    if (!r->ho->local_prefill || (!c->local_prefill_max_tokens && !c->local_prefill_when_busy_tokens) ||
+    if (!r->ho->t->local_prefill || (!c->local_prefill_max_tokens && !c->local_prefill_when_busy_tokens) ||
         r->migrations || r->local_prefill || r->legs[RT_PREFILL].attempts)
         return 0;
     int64_t charge;

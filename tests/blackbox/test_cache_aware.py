@@ -8,6 +8,8 @@
    goes through the prefill; "when busy" too; counters and the access log say which;
  - bad settings refused; every load back to zero."""
 import json
+import os
+import subprocess
 import threading
 
 import xpyd_testlib as t
@@ -249,13 +251,13 @@ class LocalPrefill(t.TestCase):
         self.idle(r)
 
     def test_not_in_bootstrap_mode(self):
-        p = self.start(t.sim("--role", "prefill", "--handoff", "bootstrap"))
-        d = self.start(t.sim("--role", "decode", "--handoff", "bootstrap", "--decode-us-per-token", "100"))
-        r = self.start(t.router([p], [d.port], "--handoff", "bootstrap", "--local-prefill-max-tokens", "1000"))
-        completion(r.port, "short", 2)
-        self.assertEqual(t.metric(p.port, "xpyd_sim:requests_total"), 1)  # its decode cannot run alone
-        self.assertEqual(t.metric(r.port, 'xpyd_pd_decisions_total{decision="local_prefill"}'), 0)
-        self.idle(r)
+        # its decode cannot run alone: the flag would do nothing, so the router refuses it at start
+        for flag in ("--local-prefill-max-tokens", "--local-prefill-when-busy-tokens"):
+            out = subprocess.run([os.path.join(t.BIN, "xpyd_router"), "--dry-run", "-p", "10.0.0.1:8100", "-d",
+                                  "10.0.0.2:8200", "--handoff", "bootstrap", flag, "1000"],
+                                 capture_output=True, text=True, timeout=30)
+            self.assertEqual(out.returncode, 2, out.stdout)
+            self.assertIn("%s does nothing with --handoff bootstrap" % flag, out.stderr)
 
 
 if __name__ == "__main__":

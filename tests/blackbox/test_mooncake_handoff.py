@@ -166,10 +166,10 @@ class RecordingEngine(t.TestCase):
     def test_prefill_without_query_is_not_eligible(self):
         # one prefill whose bootstrap server is down: never picked, /health 503 while it is the only one
         rec = Recording(self)
-        dead = t.free_port()
+        dead, other = t.free_port(), t.free_port()
         topo = {"handoff": "mooncake", "query_interval_ms": 200,
                 "prefill": {"hosts": [{"host": "127.0.0.1", "port": rec.p.port, "bootstrap_port": rec.boot.port},
-                                      {"host": "127.0.0.1", "port": rec.d.port, "bootstrap_port": dead}]},
+                                      {"host": "127.0.0.1", "port": other, "bootstrap_port": dead}]},
                 "decode": {"hosts": [{"host": "127.0.0.1", "port": rec.d.port}]}}
         path = os.path.join(t.tmpdir(prefix="xpyd-test-"), "topo.json")
         with open(path, "w") as f:
@@ -183,9 +183,9 @@ class RecordingEngine(t.TestCase):
         self.assertEqual(len(rec.generate("p")), 6)
         insts = t.status(r.port)["pools"]["prefill"]["instances"]
         self.assertEqual(sorted((i["port"], i["ready"]) for i in insts),
-                         sorted([(rec.p.port, True), (rec.p.port, True), (rec.d.port, False)]))
+                         sorted([(rec.p.port, True), (rec.p.port, True), (other, False)]))
         self.assertEqual(t.metric(r.port, 'xpyd_instance_healthy{role="prefill",engine="127.0.0.1:%d",dp_rank="0"}'
-                                  % rec.d.port), 0)
+                                  % other), 0)
         self.idle(r)
 
     def test_no_answering_prefill_means_unavailable(self):
@@ -414,7 +414,7 @@ class ThroughSims(t.TestCase):
 
 class Config(t.TestCase):
     def test_repeat_mode_refused(self):
-        rc = t.Proc("xpyd_router", ["--dry-run", "-p", "127.0.0.1:9", "-d", "127.0.0.1:9", "--handoff", "mooncake",
+        rc = t.Proc("xpyd_router", ["--dry-run", "-p", "127.0.0.1:9", "-d", "127.0.0.1:10", "--handoff", "mooncake",
                                     "--repeat-d-times", "1"], port_flag=False)
         rc.p.wait(10)
         self.assertEqual(rc.p.returncode, 2)

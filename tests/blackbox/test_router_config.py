@@ -152,6 +152,63 @@ class Errors(t.TestCase):
         o["prefill"]["hosts"][0]["port"] = "8100"
         self.assertIn('"prefill.hosts[0].port" must be a non-negative integer', self.topo(o)[2])
 
+    def test_mistakes_in_the_topology_are_refused(self):
+        P, D = ["-p", "10.0.0.1:8100"], ["-d", "10.0.0.2:8200"]
+        for args, needle in [
+                (P + ["-d", "10.0.0.2:8200,10.0.0.3:8200", "10.0.0.2:8200"],
+                 "the decode pool lists 10.0.0.2:8200 twice (entries 1 and 3)"),
+                (P + ["-d", "10.0.0.2:8200", "10.0.0.2:8202", "--decode-dp", "4"],
+                 "decode hosts 10.0.0.2:8200 (ports 8200-8203) and 10.0.0.2:8202 (ports 8202-8205) overlap"),
+                (["-p", "10.0.0.1:8100", "10.0.0.2:8200"] + D, "10.0.0.2:8200 is in both the prefill and the decode"),
+                (P + D + ["--query-interval-ms", "500"], "--query-interval-ms does nothing with --handoff kv-params"),
+                (P + D + ["--prefill-bootstrap-port", "9000"],
+                 "--prefill-bootstrap-port does nothing with --handoff kv-params"),
+                (P + D + ["--handoff", "bootstrap", "--local-prefill-max-tokens", "100"],
+                 "--local-prefill-max-tokens does nothing with --handoff bootstrap"),
+                (P + D + ["--handoff", "mooncake", "--migration-prefill-min-tokens", "100"],
+                 "--migration-prefill-min-tokens does nothing with --handoff mooncake")]:
+            with self.subTest(args=args):
+                rc, out, err = dry(*args)
+                self.assertEqual(rc, 2, out)
+                self.assertIn(needle, err)
+        # what is fine: internal DP ranks on one port, distinct ports of one host, the flags where they apply,
+        # and an engine in both pools when the operator says it serves both
+        for args in (P + ["-d", "10.0.0.2:8200", "10.0.0.2:8204", "--decode-dp", "4"],
+                     P + ["-d", "10.0.0.2:8200", "--decode-dp", "4", "--dp-mode", "internal"],
+                     P + D + ["--handoff", "mooncake", "--query-interval-ms", "500", "--prefill-bootstrap-port", "9000"],
+                     P + D + ["--local-prefill-max-tokens", "100"]):
+            rc, out, err = dry(*args)
+            self.assertEqual(rc, 0, (args, err))
+        rc, out, err = dry("-p", "10.0.0.1:8100", "-d", "10.0.0.1:8100", "--allow-engine-in-both-pools", "on")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("warning: 10.0.0.1:8100 is in both pools", err)
+        # a host's own bootstrap port in a file, with a mode that has no bootstrap server
+        rc, out, err = self.topo({"prefill": {"hosts": [{"host": "10.0.0.1", "port": 8100, "bootstrap_port": 9}]},
+                                  "decode": {"hosts": ["10.0.0.2:8200"]}})
+        self.assertEqual(rc, 2, out)
+        self.assertIn('a host\'s "bootstrap_port" does nothing with --handoff kv-params', err)
+
+    def test_a_malformed_file_names_line_and_column(self):
+        path = os.path.join(t.tmpdir(prefix="xpyd-topo-"), "t.json")
+        for text, needle in [('{\n  "prefill": {"hosts": ["10.0.0.1:1"]},\n  "decode": {"hosts": ["10.0.0.2:1"]\n}\n',
+                              "line 5, column 1: "),
+                             ('{"prefill": {"hosts": ["10.0.0.1:1"]},\n "decode": {"hosts": [\'10.0.0.2:1\']}}',
+                              "line 2, column 23: invalid JSON value"),
+                             ('{"prefill": {"hosts": ["10.0.0.1:1"]}, "decode": {"hosts": ["10.0.0.2:1"]}} x',
+                              "line 1, column 77: unexpected data after the JSON value"),
+                             ('{"prefill": {"hosts": ["10.0.0.1:1"]}, "decode": {"hosts": ["10.0.0.2:1"]},\n'
+                              ' "threads": 2, "threads": 4}', '"threads" is given twice'),
+                             ('{"prefill": {"hosts": [{"host": "10.0.0.1", "port": 1, "tp": 2, "tp": 4}]},'
+                              ' "decode": {"hosts": ["10.0.0.2:1"]}}', '"tp" is given twice in prefill.hosts[0]'),
+                             ('{"prefill": {"hosts": ["10.0.0.1:1"], "max-inflight": 2, "max_inflight": 3},'
+                              ' "decode": {"hosts": ["10.0.0.2:1"]}}', '"max_inflight" is given twice in prefill')]:
+            with self.subTest(text=text):
+                with open(path, "w") as f:
+                    f.write(text)
+                rc, out, err = dry("--config", path)
+                self.assertEqual(rc, 2, out)
+                self.assertIn(needle, err)
+
     def test_dry_run_resolves_names_and_aliases_pair(self):
         rc, out, err = dry("-p", "no-such-host.invalid:1", "-d", "127.0.0.1:2")
         self.assertEqual(rc, 2)
@@ -373,7 +430,7 @@ class LaunchHelpers(t.TestCase):
         # a relative --config is the caller's; a router that exits is reported, one that comes up too
         tmp = t.tmpdir(prefix="xpyd-lr-")
         with open(os.path.join(tmp, "good.json"), "w") as f:
-            json.dump({"port": 0, "prefill": {"hosts": ["127.0.0.1:9"]}, "decode": {"hosts": ["127.0.0.1:9"]}}, f)
+            json.dump({"port": 0, "prefill": {"hosts": ["127.0.0.1:9"]}, "decode": {"hosts": ["127.0.0.1:10"]}}, f)
         with open(os.path.join(tmp, "bad.json"), "w") as f:
             json.dump({"port": 0, "prefill": {"hosts": ["127.0.0.1:9"]}, "decode": {"hosts": [{"hots": "x"}]}}, f)
         script = os.path.join(ROOT, "scripts", "launch_router.sh")
