@@ -30,6 +30,8 @@ install(FILES ${XPYD_CONF_FILES} DESTINATION ${CMAKE_INSTALL_DATADIR}/xpyd/conf)
 install(FILES ${CMAKE_SOURCE_DIR}/conf/grafana/xpyd.json DESTINATION ${CMAKE_INSTALL_DATADIR}/xpyd/grafana)
 install(FILES ${CMAKE_SOURCE_DIR}/conf/systemd/xpyd-router.service ${CMAKE_SOURCE_DIR}/conf/systemd/xpyd-sim@.service
         DESTINATION lib/systemd/system)
+install(FILES ${CMAKE_SOURCE_DIR}/conf/debian/copyright DESTINATION ${CMAKE_INSTALL_DOCDIR})
+install(FILES ${CMAKE_SOURCE_DIR}/conf/systemd/low-port.conf DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
 # /etc/xpyd for the package (prefix /usr); <prefix>/etc/xpyd otherwise, so a staged install stays in its prefix
 if(CMAKE_INSTALL_PREFIX STREQUAL "/usr")
   install(FILES ${CMAKE_SOURCE_DIR}/conf/debian/router.json DESTINATION /etc/xpyd)
@@ -72,7 +74,8 @@ set(CPACK_PACKAGE_DESCRIPTION_SUMMARY "router for disaggregated (prefill/decode)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
-set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser")
+# python3: the xpyd_transfer binding and the mooncake-compatible package it ships (ctypes, no compiled module)
+set(CPACK_DEBIAN_PACKAGE_DEPENDS "adduser, python3")
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
     ${CMAKE_SOURCE_DIR}/conf/debian/postinst ${CMAKE_SOURCE_DIR}/conf/debian/prerm
     ${CMAKE_SOURCE_DIR}/conf/debian/postrm ${CMAKE_SOURCE_DIR}/conf/debian/conffiles)

@@ -146,7 +146,8 @@ static const struct xpyd_setting settings[] = {
      "on the previous block's hash"},
     {"prefix-cache-blocks", XS_LONG, OFF(prefix_cache_blocks), 1, 1L << 30, "8192", NULL,
      "blocks the prefix index remembers per rank (LRU), i.e. the engine's prefix-cache size; an engine's own "
-     "`num_gpu_blocks` from `vllm:cache_config_info` replaces it when `--engine-metrics` scraping is on"},
+     "`num_gpu_blocks` from `vllm:cache_config_info` replaces it when engines are scraped "
+     "(`--scrape-interval-ms` above 0)"},
     {"prefix-index-max-bytes", XS_LONG, OFF(prefix_index_max_bytes), 4096, 1L << 40, "67108864", NULL,
      "memory bound of each pool's prefix index (about 48 bytes per block); when full the rank holding the "
      "most blocks gives up its least recently used one (`xpyd_prefix_index_bytes`)"},

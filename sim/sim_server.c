@@ -643,9 +643,11 @@ out:
     /* Connections still open are reclaimed by the OS at exit; evhtp has no safe bulk close for them. */
     free(s->ranks);
     xb_prefix_free(s->pcache);
-    /* the base goes too (a start that failed, e.g. a port in use, leaves nothing behind); events of connections
-     * still open stay with the process until it exits */
-    event_base_free(s->base);
+    /* A start that failed (a port in use, a bad certificate) had no connection yet: its base goes too. After a
+     * run, connections still open hang on the base (evhtp has no safe bulk close), so it stays with the process,
+     * which exits next, and they stay reachable through it. */
+    if (rc != 0)
+        event_base_free(s->base);
     free(s);
     return rc;
 }
