@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xb.c - balancer pools: the instance table, load accounting, health and ejection, and the dispatch to the
  * pool's policy (xb_<policy>.c, behind struct xb_policy_ops). */
 #include "xb_internal.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xb.h - xpyd balancer: pools of instances (DP ranks), their load, and pick/charge/release.
  *
  * Pure policy: no sockets, no event loop. All functions are thread-safe (one short mutex per pool, never

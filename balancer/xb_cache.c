@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xb_cache.c - policy `cache`: least outstanding tokens where the request's own cost on a rank is only the
  * tokens that rank would compute, its prompt minus the prefix the rank probably holds (the pool's prefix
  * index, xb_prefix.h), under a load guard. Without a prefix index or blocks it is exactly `lot`. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xb_internal.h - pool layout shared by the balancer's policy files. */
 #ifndef XB_INTERNAL_H
 #define XB_INTERNAL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xb_load.c - the arithmetic every policy shares: which instances may take a request, which of two is less
  * loaded per unit of capacity, and the pool's seeded random numbers. A leaf: policies call it, it calls
  * nobody. */

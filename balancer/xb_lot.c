@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xb_lot.c - least outstanding tokens: the eligible instance with the lowest load per unit of capacity.
  * The scan starts at a rotating offset, so equally loaded (e.g. idle) instances are filled in turn
  * instead of piling onto the first one. */

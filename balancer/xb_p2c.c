@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xb_p2c.c - power of two choices: two random eligible instances, the less loaded one wins. */
 #include "xb_internal.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xb_prefix.c - the prefix index (xb_prefix.h): one open-addressing hash table of (rank, block hash)
  * entries, each entry also on its rank's LRU list. Entries live in one array with a free list; the array and
  * the table grow by doubling up to the byte bound, after which inserting evicts. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xb_prefix.h - prefix index: which blocks of a prompt each rank probably holds in its prefix cache.
  *
  * A prompt is cut into blocks of a fixed number of tokens; each full block is identified by a chained 64-bit

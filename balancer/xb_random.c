@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xb_random.c - uniform random choice among eligible instances (seeded, so deterministic). */
 #include "xb_internal.h"
 

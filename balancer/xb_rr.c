@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xb_rr.c - round robin over eligible instances. */
 #include "xb_internal.h"
 

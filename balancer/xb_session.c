@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xb_session.c - session affinity by consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam,
  * "Consistent Hashing with Bounded Loads", 2018): every rank has RING_POINTS points on a 64-bit ring, placed
  * by hashing its stable key; a session goes to the first rank clockwise from its own hash whose load, once it

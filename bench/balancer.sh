@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/balancer.sh - placement policies compared in one run on the same workload: a heavy-tailed (Pareto)
 # mix of prompt and output lengths at a steady request rate, through xpyd_router, against 1 prefill and 4
 # decode sims in the KV-bound regime of real engines: each decode rank holds at most KVCAP KV tokens (a

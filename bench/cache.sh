@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/cache.sh - cache-aware placement (policy `cache`, session affinity, local prefill) against `lot`, side
 # by side in one run, on 4 prefill + 4 decode sims that model what makes placement matter:
 #  - each rank has a vLLM-style prefix cache (--prefix-caching on) of CACHE_BLOCKS blocks of 16 tokens, by

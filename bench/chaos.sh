@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/chaos.sh - a larger chaos round than CI's (tests/blackbox/chaos.py explains the faults and how each
 # request is classified): decodes killed and restarted under load, injected 500s, streams cut mid-way, raw
 # engines answering garbage / resetting / dripping / stalling, clients hanging up at random. Prints one

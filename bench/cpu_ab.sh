@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/cpu_ab.sh - CPU per request of two router builds, measured at the same time: each build's router (one
 # thread) runs on CPU 1, both behind the same zero-delay decode sim, each loaded by its own xpyd_bench (N
 # streamed 16-token completions, 32 at once, keep-alive; TLS with a generated certificate, or plain) started

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/discovery.sh - scale-out on etcd, measured in one run on this machine (a real etcd on loopback):
 #   1. propagation: an engine registering (xpyd_sim --register) -> every router routing to it (p50/p99 over
 #      K engines), and an engine SIGKILLed -> no router choosing it (lease TTL 2 s, health checks every 1 s);

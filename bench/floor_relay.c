@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* floor_relay.c - the cheapest relay this machine allows, as a baseline for bench/overhead.sh: what any
  * user-space proxy must pay in the kernel for the same traffic, with next to nothing spent in user space.
  * It is not a product and has no HTTP beyond what the measurement needs: one thread, one epoll set, and

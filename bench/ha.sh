@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/ha.sh - high availability with an existing load balancer: HAProxy (Debian's haproxy) in front of two
 # xpyd routers on loopback, a steady closed-loop load through it, one router SIGKILLed mid-run. Reports what
 # the clients saw: requests that failed (only those in flight on the killed router may), failures among

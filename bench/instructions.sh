@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/instructions.sh - user-space instructions per request, router against nginx, counted by callgrind
 # (valgrind): a count, not a timing, so it does not move with the machine's load the way CPU time does, and a
 # change to the request path shows as a difference of a few per cent that bench/tls.sh's rounds cannot

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # bench/lib.sh - what the benchmark scripts share (sourced after scripts/lib.sh).
 
 # bench_nginx_conf DIR UPSTREAM_PORT PLAIN_PORT [TLS_PORT CERT KEY]: writes DIR/nginx.conf, nginx as the

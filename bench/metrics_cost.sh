@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/metrics_cost.sh - what the router's metrics cost, by instruction count: the router runs under
 # valgrind's callgrind (counts instructions, repeatable, unlike wall-clock on a shared machine) for the
 # same fixed workload twice, --metrics on and off, and the script prints both totals and their ratio.

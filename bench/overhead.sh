@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/overhead.sh - what the router itself costs, measured side by side in one run on this machine:
 #   1. added latency: the router vs the same kv-params P->D sequence done by the client directly
 #      (xpyd_bench --direct-prefill), TTFT and ITL p50/p99, at 256 concurrent streams;

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/plot.sh - charts (PNG, gnuplot) from recorded benchmark results:
 #   bench/plot.sh SAMPLES_DIR [OUT_DIR=SAMPLES_DIR/charts]
 # SAMPLES_DIR is what the benchmarks leave when run with XPYD_SAMPLES_DIR=DIR (bench/overhead.sh,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* prefix_lookup.c - micro-benchmark of cache-aware placement's per-request cost: hashing an 8k-token prompt
  * into chained blocks, and one `cache` pick of it against 64 ranks whose prefix indexes are full of other
  * prompts' blocks (and, for some ranks, of this prompt's prefix, so the binary searches go deep).

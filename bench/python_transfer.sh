@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/python_transfer.sh - the Python binding's throughput (python/xpyd_transfer) against xpyd_transfer_bench
 # (C) in the same run, on loopback tcp, both writing into the same C target with one submitting thread:
 # 4 MiB blocks in batches of 16, and 16 KiB blocks in batches of 1024. Runs alternate C / Python three times

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/sim_throughput.sh - how many streamed tokens/s one xpyd_sim process sustains on one core with zero
 # delays (it must never be what limits a router benchmark). The sim is pinned to CPU 0 and xpyd_bench to
 # CPU 1 with taskset, and the bench talks to the sim directly (no router).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/soak.sh - RSS over a long soak: N requests (default 1,000,000) through the router in front of a 1P1D
 # pair of zero-delay sims, streamed, 4 output tokens each, 64 at once, 1 in 10 client connections... (all
 # keep-alive via xpyd_bench). The router's VmRSS is sampled every 2 s; the report gives it after the first

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/tls.sh - what TLS costs the router, against nginx terminating TLS with the same certificate, in one
 # run on this machine. The server under test (router with one thread, or nginx with one worker) is pinned to
 # CPU 1 alone; the zero-delay decode sim and the load generator share CPU 0. Its CPU time comes from

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # bench/transfer.sh - libxpyd_transfer tcp throughput on loopback vs iperf3 single-stream loopback, measured
 # in the same run (the acceptance ratio of issue 7 is >= 70 %). xpyd_transfer_bench moves large blocks
 # (4 MiB, batches of 8) and verifies what it moved; it runs with 1 stream (the like-for-like comparison with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_bench.c - a C load generator with vLLM benchmark_serving.py's workflow, flags, metrics and result
  * table: random prompts, Poisson/gamma arrivals, a concurrency cap, TTFT/TPOT/ITL/E2EL percentiles.
  *

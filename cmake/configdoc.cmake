@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake/configdoc.cmake - writes docs/CONFIGURATION.md from its template and the router's settings table.
 #   cmake -DROUTER=<xpyd_router> -DIN=<CONFIGURATION.md.in> -DOUT=<file> [-DCHECK=<checked-in file>] -P configdoc.cmake
 # With CHECK, OUT is compared with it and the script fails when they differ (the test config_doc_fresh).

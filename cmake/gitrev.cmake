@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake/gitrev.cmake - run at every build (cmake -P): writes OUT with the git revision of SRC, only when it
 # changed, so --version and /status name the commit a binary was built from ("unknown" outside git).
 execute_process(COMMAND git -C "${SRC}" rev-parse --short=12 HEAD OUTPUT_VARIABLE rev

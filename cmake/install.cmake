@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake/install.cmake - `cmake --install` (GNUInstallDirs layout), man pages generated from each binary's
 # --help/--version by help2man (so a flag is documented once, where --help prints it), and the Debian
 # package (CPack; scripts/package.sh). Included from the top-level CMakeLists.txt.

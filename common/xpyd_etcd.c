@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_etcd.c - etcd v3 over its JSON gateway: calls with failover, watch streams, lease-held registrations.
  * See xpyd_etcd.h for the contract. Wire facts (etcd 3.4, checked against a running etcd-server):
  *   - every RPC is POST /v3/<service>/<method> with the request message as JSON; keys and values are base64,

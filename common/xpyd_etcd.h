@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_etcd.h - etcd v3 through its JSON gateway (POST /v3/..., base64 keys and values, 64-bit numbers as
  * strings), over xpyd's own HTTP client: no gRPC stack. Everything runs on one event loop (the caller's).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_http_client.c - pooled HTTP/1.1 client legs to engines (see xpyd_http_client.h for the callback contract). */
 #include "xpyd_http_client.h"
 #include "xpyd_tls.h"

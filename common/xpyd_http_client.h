@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_http_client.h - the router's HTTP/1.1 client to engines: per-thread keep-alive pools, http-parser framing.
  *
  * A leg is one request to one endpoint. Contract (libuv style): if up_leg_start() returns NULL no callback

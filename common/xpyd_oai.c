@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_oai.c - OpenAI error shape builder. */
 #include "xpyd_oai.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_oai.h - OpenAI-shaped error bodies shared by the simulator and the router. */
 #ifndef XPYD_OAI_H
 #define XPYD_OAI_H

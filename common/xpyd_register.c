@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_register.c - health-gated registration of one engine in etcd; see xpyd_register.h. */
 #include "xpyd_register.h"
 

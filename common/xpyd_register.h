@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_register.h - an engine announcing itself in etcd while it is healthy (xpyd_register beside a real
  * engine, and xpyd_sim --register: the same code).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_reply.c - complete HTTP answers written by xpyd's servers (the router and the simulator), not by
  * libevhtp's evhtp_send_reply, so that they control the status line and framing: the reason phrase is the
  * standard one for every status (libevhtp's table says "UNKNOWN" for 429 and others), HEAD answers carry the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_reply.h - complete HTTP answers for xpyd's libevhtp servers (router, simulator); see xpyd_reply.c. */
 #ifndef XPYD_REPLY_H
 #define XPYD_REPLY_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_settings.c - the settings-table machinery shared by xpyd_router and xpyd_sim (see xpyd_settings.h). */
 #include "xpyd_settings.h"
 

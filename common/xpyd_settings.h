@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_settings.h - a settings table: each row names a flag (its JSON key is the same name, '-' or '_'), its
  * type, the field it fills (offset and size, taken from the field itself), its range, default, choices and
  * text. The router and the simulator each keep one table; parsing, defaults, --help and the Markdown

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_sse.c - SSE writer and incremental event splitter (see xpyd_sse.h for the contract). */
 #include "xpyd_sse.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_sse.h - Server-Sent Events: writing `data:` events and splitting a byte stream into events. */
 #ifndef XPYD_SSE_H
 #define XPYD_SSE_H

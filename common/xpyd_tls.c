@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_tls.c - see xpyd_tls.h. The server's certificate is not the context's own: every handshake takes the
  * current pair from the context's ex_data (the certificate callback installs it on the connection), so a
  * reload swaps a pointer under a mutex and never touches a context other threads are handshaking with. */

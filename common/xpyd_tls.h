@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_tls.h - TLS for the router and the simulator, on OpenSSL: a server context whose certificate and key
  * can be replaced while connections run (SIGHUP), optional client certificates (mutual TLS), ALPN http/1.1,
  * session resumption; and a client context for https:// upstreams (verification, SNI, client certificates).

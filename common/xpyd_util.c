@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_util.c - clocks, logging, hashing and parsing helpers shared by every xpyd binary. */
 #include "xpyd_util.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_util.h - small shared helpers: clocks, logging, hashing, host:port parsing. */
 #ifndef XPYD_UTIL_H
 #define XPYD_UTIL_H

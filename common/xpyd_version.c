@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_version.c - the version and the git revision every binary and /status report. */
 #include "xpyd_version.h"
 

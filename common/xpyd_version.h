@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_version.h - version and build revision. */
 #ifndef XPYD_VERSION_H
 #define XPYD_VERSION_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* access_log.c - the access log's one format (decisions): a UTC timestamp with milliseconds first, then the
  * request id (the client's X-Request-Id or the router's own, also for refused requests), client address,
  * method, path, status, the instances, token counts, and durations in seconds always with six decimals

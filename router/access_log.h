@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* access_log.h - one line per generate request (--access-log logfmt|json), for the ones the router served,
  * failed or refused before routing alike, in one format (access_log.c). */
 #ifndef XPYD_ACCESS_LOG_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* admission.c - the admission queue: when every eligible rank of a pool is at its max_inflight, a request
  * waits here (FIFO, per router thread) until an instance frees a slot, up to --queue-timeout-ms; beyond
  * --admission-queue waiting requests the answer is "full". It returns outcomes and calls the request's own

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* auth.c - the router's keys: the client --api-key on every endpoint but /health and /metrics. A leaf every
  * router module may call. */
 #include "router.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* client_conn.c - the router's guard in front of libevhtp for each client connection.
  *
  * libevhtp 1.2.18 mishandles much of what a hostile client can send (a request line without a version

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* config.c - xpyd_router settings: the settings table, command line (with the Python proxies' aliases),
  * the JSON configuration file, and expansion of host lists into DP ranks. */
 #include "config.h"

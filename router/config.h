@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* config.h - xpyd_router configuration: one table of settings, pools of hosts, topology expansion. */
 #ifndef XPYD_CONFIG_H
 #define XPYD_CONFIG_H

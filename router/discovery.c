@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* discovery.c - `--handoff mooncake`: every prefill describes its own DP ranks. Each --query-interval-ms,
  * on the router's main event loop, GET /query on every active prefill's bootstrap server answers
  * {"<dp rank>": {"engine_id": "..."}, ...}; the registry turns the answer into ranks (added, given their

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* discovery.h - prefills that describe their own ranks (--handoff mooncake: GET /query on each prefill's
  * bootstrap server), polled on the router's main event loop; see discovery.c. */
 #ifndef XPYD_DISCOVERY_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* etcd_sync.c - `--discovery etcd://...`: the pools follow what engines registered in etcd, and router
  * replicas share their load. On the main event loop; keys under the cluster prefix P (docs/PROTOCOLS.md#etcd):
  *   P/instances/<prefill|decode>/<host>:<port>  {"dp","tp","weight","max_inflight","max_model_len",

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* etcd_sync.h - `--discovery etcd://...`: membership from etcd and router replicas sharing load, on the
  * router's main event loop; see etcd_sync.c. */
 #ifndef XPYD_ETCD_SYNC_H

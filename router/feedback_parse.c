@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* feedback_parse.c - reads vLLM's load series out of a Prometheus page (declared in probe.h). */
 #include "probe.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* handoff.h - what differs between the handoff modes (how a prefill hands its KV to a decode), one
  * `const struct handoff_ops` per mode in a file of its own (handoff_<mode>.c). The request core (request.c)
  * calls only these hooks and never tests the mode.

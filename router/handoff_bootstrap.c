@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* handoff_bootstrap.c - `--handoff bootstrap` (SGLang PD): one body to both legs at once, carrying
  * bootstrap_host (the prefill's host), bootstrap_port, a fresh 63-bit bootstrap_room per attempt and rid; the
  * engines meet through the prefill's bootstrap server. The decode's stream is the client's; the prefill's

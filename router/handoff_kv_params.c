@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* handoff_kv_params.c - `--handoff kv-params` (vLLM NixlConnector, vllm-ascend MooncakeConnectorV1): a prefill
  * leg asked to keep the KV (`kv_transfer_params {do_remote_decode: true}`, one token, not streamed), then a
  * decode leg carrying the `kv_transfer_params` the prefill returned, so the decode pulls the KV. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* handoff_mooncake.c - `--handoff mooncake` (vLLM's MooncakeConnector, push with transfer_id): both legs at
  * once, one X-Request-Id. The prefill gets the client's body as a prefill (max_tokens 1, not streamed) with
  * kv_transfer_params {do_remote_decode: true, do_remote_prefill: false, transfer_id} and the chosen DP rank in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* handoff_none.c - `--handoff none`: no prefill leg; the decode pool serves whole requests (an aggregated
  * deployment behind the same router). The decode gets the client's body byte for byte. */
 #include "handoff.h"

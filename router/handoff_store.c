@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* handoff_store.c - `--handoff store` (vLLM MooncakeStoreConnector, the Gaudi deployment): a prefill leg (one
  * token, not streamed) writes the KV into the Mooncake store; then the decode gets the client's body unchanged
  * and finds the KV there by the prompt's hash. Also the benchmark repeat mode (--repeat-d-times), which only

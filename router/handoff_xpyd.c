@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* handoff_xpyd.c - `--handoff xpyd`: the kv-params flow with the KV moved by libxpyd_transfer. The prefill's
  * `kv_transfer_params` name a transfer segment; when no decode took the KV, the router tells the prefill's
  * engine to release it directly (kvxfer.c), whatever the decode leg was doing. */

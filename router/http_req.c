@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* http_req.c - strict HTTP/1.1 request heads and chunked bodies (see http_req.h). Grammar: RFC 9112 §2-§7,
  * RFC 9110 §5 (fields), §7.6.1 (Connection), §10.1.1 (Expect). What is refused, and why, is listed in
  * http_req.h; everything here reads only the bytes it is given. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* http_req.h - strict HTTP/1.1 request reading (RFC 9112), pure: no I/O, no allocation, no router state.
  *
  * The connection guard (client_conn.c) reads every request head and body with these functions and hands

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kvxfer.c - the router's side of `--handoff xpyd`: it owns a libxpyd_transfer engine and, when a request
  * dies between prefill and decode (no decode took the KV), tells the prefill's engine to release the blocks
  * by a notification "release <key>" on the prefill's segment (named in the kv_transfer_params the prefill

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* main.c - xpyd_router: configuration, listener and worker threads, and the operational endpoints
  * (/health, /status, /metrics). */
 #include "handoff.h"

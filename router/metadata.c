@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* metadata.c - a Mooncake-compatible metadata store served by the router (PROTOCOLS.md §6):
  * GET|PUT|DELETE /metadata?key=<K>, the value as the body. Transfer engines register segment descriptors
  * with it (keys such as mooncake/ram/<segment>, mooncake/rpc_meta/<server>). In memory, bounded

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* metadata_store.c - the metadata store behind /metadata (see metadata_store.h): a chained hash table under
  * one mutex; values are copied in and out. */
 #include "metadata_store.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* metadata_store.h - the Mooncake-compatible metadata store itself (keys to byte values, bounded), without
  * HTTP: metadata.c serves it, tests/fuzz/fuzz_metadata.c drives it directly. Thread-safe. */
 #ifndef XPYD_METADATA_STORE_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* metrics.c - the router's Prometheus page: counters, latency histograms, per-rank numbers. Updates are
  * atomics on the hot path; a scrape only reads them and never blocks request handling. */
 #include "etcd_sync.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* metrics_table.h - every counter, gauge and histogram of the router's /metrics, one row each:
  *   X(field, name, type, labels, help)
  * `field` is its storage in struct rt_counters (router.h), generated from this table with the shape its

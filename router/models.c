@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* models.c - GET /v1/models: the first healthy backend's answer (decode ranks first, then prefill ranks),
  * passed through with its status and body; 502 when none answers. */
 #include "loopguard.h"

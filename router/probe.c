@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* probe.c - active health checks and engine-metrics feedback (see probe.h). */
 #include "probe.h"
 

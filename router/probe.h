@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* probe.h - background checks of every engine endpoint, run on the router's main event loop: active health
  * checks with hysteresis (GET /health) and, optionally, engine load feedback (GET /metrics). */
 #ifndef XPYD_PROBE_H

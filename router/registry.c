@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* registry.c - the live pools, their one owner (g_rt->reg): it starts from the configuration's plan and
  * the configuration is not changed afterwards. Endpoints and ranks live in arrays of fixed capacity
  * (--max-instances ranks per pool, twice that in endpoints) made at start, so they never move: worker threads

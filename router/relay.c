@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* relay.c - the decision for each decode SSE event (see relay.h). Events that need no change are forwarded
  * byte for byte (the fast path parses nothing); JSON is parsed only when usage must be patched or the
  * first-token-from-prefill splice is on. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* relay.h - what the router does with each SSE event of a decode's stream, as a pure function (no I/O, no
  * router state): forward the engine's bytes, forward a rewritten JSON event, or drop it. stream.c does the
  * writing, counting and placement side effects; tests/fuzz/fuzz_relay.c fuzzes this decision directly. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* request.c - the request core: states and their transitions, legs (pick, send, answer, retry), and the one
  * way a request ends (req_end) or fails (req_fail). The handoff mode is never tested here: what differs
  * between modes is behind r->ho (handoff.h), one file per mode. See request.h for the state diagram. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* request.h - one client generate request inside the router: its state machine, its two legs, and the calls
  * the modules that drive it share (request.c: the core; stream.c: what the client receives; admission.c:
  * waiting for a rank; handoff_*.c: the five handoff modes behind struct handoff_ops).

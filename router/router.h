@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* router.h - xpyd_router internals shared by its modules: global state, per-thread state, failure table,
  * counters. */
 #ifndef XPYD_ROUTER_H

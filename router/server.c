@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* server.c - the router's HTTP front: the routes, each event-loop thread's state, and what is answered before
  * a request object exists (authentication, method, draining, body size, JSON validation). A valid generate
  * request becomes a struct request (request.h) driven by the handoff mode chosen by --handoff. */

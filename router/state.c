@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* state.c - the router's one global (g_rt: configuration, pools, endpoints, counters; set up by main.c) and
  * its constant tables. A leaf: every module reads these, and this file calls nobody. */
 #include "router.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* stream.c - what the client of a generate request receives: a JSON answer, or an SSE stream relayed event by
  * event from the decode (relay.c decides per event: forward the engine's bytes, rewrite, drop), with the first
  * token spliced in from the prefill (--first-token prefill), usage patched, and backpressure (a slow client

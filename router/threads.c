@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* threads.c - the router's event-loop threads: the list of them (so that an instance freeing a slot can wake
  * every thread's admission queue, from any thread) and the calling thread's own state. */
 #include "router.h"

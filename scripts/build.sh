@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/build.sh - configure and build into ./build (or $XPYD_BUILD_DIR). Extra args go to cmake.
 set -euo pipefail
 cd "$(dirname "$0")/.."

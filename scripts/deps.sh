@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/deps.sh - installs the Debian packages xpyd needs, only those missing, showing what it fetches and sets
 # up; with XPYD_TEST_DEPS=1 also what the tests and benchmarks use, and the npm packages the tests use
 # (gpt-tokenizer: the real BPE vocabularies xpyd_bench's prompts are checked against; openai: the Node SDK the

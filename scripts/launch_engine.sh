@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/launch_engine.sh - start (or --print) the real engines of one node of a PD deployment behind
 # xpyd_router, with the --kv-transfer-config and environment each connector's own documentation prescribes.
 # vLLM: external DP = one `vllm serve` per local rank (ports --port, --port+1, ...), internal DP = one process

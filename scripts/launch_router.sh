@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/launch_router.sh - start (or --print) xpyd_router from a topology file, and say whether it came up;
 # --stop ends it. Paths are the caller's (a relative --config is read from the directory you run this in).
 set -euo pipefail

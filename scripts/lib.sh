@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # scripts/lib.sh - shared shell helpers for xpyd scripts (sourced, not run).
 
 # xpyd_wait_file FILE SECONDS: waits until FILE exists and is not empty (polling); 1 after SECONDS.

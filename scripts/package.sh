@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/package.sh - builds the Debian package build/xpyd_<version>_amd64.deb with CPack: binaries, man pages,
 # libxpyd_transfer (shared + static, header, pkg-config), example topologies, Grafana dashboard, the
 # xpyd-router systemd unit and /etc/xpyd/router.json; dependencies computed by dpkg-shlibdeps.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/prometheus_check.sh - a real Prometheus server (Debian's package) scrapes the router while a
 # short load runs against a local simulated cluster; the script then asks Prometheus' HTTP API whether it
 # stored the router's series with the right values, and stops everything. Exit 0 = stored and correct.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim.h - xpyd_sim, a simulated vLLM engine: configuration and entry point of the server. */
 #ifndef SIM_H
 #define SIM_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_engine.c - a simulated request's life: per-rank scheduling (max_batch running slots, a FIFO of waiting
  * requests), the handoff legs (KV leases, pulls, the store, bootstrap rooms, libxpyd_transfer reads),
  * generation and streaming, faults.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_http.c - xpyd_sim's small helpers: replies in OpenAI's shape, request bodies, random numbers. */
 #include "sim_internal.h"
 

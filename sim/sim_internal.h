@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_internal.h - xpyd_sim's shared internals: the simulator, its DP ranks and its requests (struct sreq),
  * and the calls between its files: sim_engine.c (a request's life: scheduling, handoff legs, generation),
  * sim_server.c (HTTP handlers and set-up), sim_metrics.c (/metrics), sim_kv.c (simulated KV bytes and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_kv.c - the simulated KV bytes a prefill hands over (derived from the prompt, so a decode can verify
  * them) and the KV store of store mode (files under --store-dir, named by the prompt's hash). */
 #include "sim_internal.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_lease.c - chained hash table of KV leases. */
 #include "sim_lease.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_lease.h - table of KV held by a prefill for a decode to pull, each under an expiring lease. */
 #ifndef SIM_LEASE_H
 #define SIM_LEASE_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_main.c - xpyd_sim command line: its settings table (the router's machinery, common/xpyd_settings.c)
  * fills a sim_config, then the simulator runs. */
 #include "sim.h"

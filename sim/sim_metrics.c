@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_metrics.c - xpyd_sim's /metrics: vLLM's series (per DP rank) and the simulator's own counters. */
 #include "sim_internal.h"
 #include "xpyd_reply.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_output.c - what a simulated engine writes: vLLM's non-streamed answer, its SSE chunks (the chat role
  * chunk, token chunks, the usage chunk, [DONE]) and the X-KV-Transfer report. Builders only: sending and
  * ending the request is sim_engine.c's. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_request.c - vLLM-compatible request validation for xpyd_sim. */
 #include "sim_request.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_request.h - parsing and validating a completion / chat request the way vLLM does. */
 #ifndef SIM_REQUEST_H
 #define SIM_REQUEST_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_server.c - xpyd_sim's HTTP server: the OpenAI endpoints, KV pulls and aborts, DP ranks' listeners,
  * signals and set-up. One process, one event loop. */
 #include "sim_internal.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_tokens.c - token model of xpyd_sim (see sim_tokens.h for the rule). */
 #include "sim_tokens.h"
 

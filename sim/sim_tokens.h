@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* sim_tokens.h - the simulator's token model: how prompts become token ids and what it generates.
  *
  * Rule (documented in the README): a text prompt's tokens are its whitespace-separated words, each word

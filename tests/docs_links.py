@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Every Markdown link in the repository's own docs resolves to a file inside the repository (no link points
 outside it: a user who clones the repository has nothing else), and every `docs/` page is linked from the
 README. Exit status: 0 when all hold, 1 with the broken links listed."""

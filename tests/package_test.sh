@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # tests/package_test.sh - the Debian package end to end, as an operator gets it: scripts/package.sh builds
 # build/xpyd_<version>_amd64.deb; dpkg -i installs it; the files, the xpyd user, the units (systemd-analyze
 # verify where systemd is installed, else the unit's keys are checked), the man pages (rendered without

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # tests/plot_test.sh - bench/plot.sh turns the recorded benchmark sample (bench/samples/) into non-empty PNG
 # charts: TTFT and ITL CDFs per comparison, CPU per request bars, transfer throughput bars.
 set -euo pipefail

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_transfer.h - libxpyd_transfer: move bytes (KV blocks) between registered memory of two processes.
  *
  * In the style of Mooncake's transfer_engine_c.h: create an engine (name, control address, transport),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xt_bench.c - xpyd_transfer_bench, in the spirit of Mooncake's transfer_engine_bench.
  *
  *   target:    xpyd_transfer_bench --mode target [--port N] [--buffer-size BYTES]

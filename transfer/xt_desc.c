@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xt_desc.c - the one reader of a peer's descriptor (the JSON an engine publishes about itself: transport,
  * frame limit, RDMA devices, registered buffers and their rkeys). */
 #include "xt_internal.h"

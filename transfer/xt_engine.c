@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xt_engine.c - libxpyd_transfer core: engine life cycle, peer segments, batches cut into slices that worker
  * threads move through the segment's transport (xt_tcp.c, xt_rdma.c, behind struct xt_transport_ops) over
  * per-peer persistent connections (one per worker, so a large request is striped over `threads` streams),

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xt_frame.c - the frame format on the wire: a fixed header then `len` payload bytes, over blocking TCP
  * sockets with timeouts; connecting to a peer. A leaf: every other transfer file uses it. */
 #ifndef _GNU_SOURCE

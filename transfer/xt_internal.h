@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xt_internal.h - libxpyd_transfer internals: the engine, its registry, batches, the wire format, the
  * transports' ops table and the descriptor reader. */
 #ifndef XT_INTERNAL_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xt_mem.c - registered memory (the ranges peers may read and write), the engine's own descriptor, and the
  * engine's small shared services (wake-up fd, first-error logging). A leaf below the serving side, the
  * transports and the engine. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xt_rdma.c - the RDMA transport of libxpyd_transfer: libibverbs, RC queue pairs, one-sided READ/WRITE.
  *
  * Every device in use gets a protection domain and, per worker thread, a completion queue. Registered memory

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xt_serve.c - the target side: the listener and one thread per peer connection, which checks every range
  * against the registered buffers and moves bytes straight between the socket and the registered memory (no
  * staging copy); QP handshakes go to the transport (rdma). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* xt_tcp.c - the tcp transport: slices as frames over the worker's own persistent connection to the peer,
  * pipelined (requests back to back, answers read in order). Also the connections every transport's control
  * traffic uses. */

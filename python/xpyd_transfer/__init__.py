@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """xpyd_transfer - Python access to libxpyd_transfer (ctypes, standard library only).
 
     from xpyd_transfer import Engine, READ, WRITE

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Chaos run: a router in front of sims that fail in every way we can make them (killed and restarted,
 injected 500s, streams cut mid-way, stalls) and raw engines that answer garbage, reset, drip or never answer,
 with clients that send mixed requests and hang up at random points. Bounded in requests and time.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """etcdlib - a real etcd (Debian's etcd-server) for black-box tests: single members and clusters on loopback
 ephemeral ports, polled for readiness, always stopped; and a tiny client of its JSON gateway (put, get,
 delete, compact) so the tests need no etcdctl."""

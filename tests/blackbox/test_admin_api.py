@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Runtime membership through the admin API: a separate admin key guards it (the client API key does not
 open it; no admin key configured: 403); POST /admin/instances adds (then revives) instances that take
 traffic at once; DELETE /admin/instances/<role>/<host>:<port> stops new requests to one while its streams in

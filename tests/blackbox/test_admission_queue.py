@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-instance max in-flight with a bounded admission queue: when every rank is at max_inflight a request
 waits (FIFO) for a free slot; a full queue gets 429 + Retry-After at once; a wait longer than
 --queue-timeout-ms gets 503; a client that leaves while waiting leaves nothing behind. No rank ever runs

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Bad client input gets a clear 4xx in OpenAI's error shape and is never dispatched; what only the engine
 can judge is passed through with the engine's status and error."""
 import json

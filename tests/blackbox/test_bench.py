@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """xpyd_bench against sims with known timing reproduces that timing (TTFT ~ prefill + first token, ITL ~ the
 configured per-token delay, within a generous tolerance: loopback and a shared 2-core machine add noise),
 counts failures when the sims inject them, and writes benchmark_serving's JSON keys."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The router through the eyes of vLLM's benchmark_serving.py. The real script cannot be installed here (no
 PyPI), so this is a standard-library port of its request functions for the `vllm`/`openai` backends
 (POST /v1/completions) and `openai-chat` (POST /v1/chat/completions): the same payloads and headers, the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Request bodies over --max-body-bytes: 413 in OpenAI's error shape, read and discarded (never buffered),
 never dispatched, whether announced by Content-Length or sent chunked; the router's internal marker cannot be
 forged by a client; a body at the limit is served."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """SGLang bootstrap with internal DP on the prefill: the room the router writes satisfies room % dp == the
 rank it pinned with X-data-parallel-rank (SGLang picks the rank from the room), exactly as a 63-bit integer,
 fresh per request, and the same room, host and port go to both legs."""

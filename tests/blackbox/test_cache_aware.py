@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Cache-aware placement, end to end through the router and sims with vLLM-style prefix caching:
  - policy `cache`: a repeated prefix goes back to the prefill that holds it (the engine reports the hit in
    usage.prompt_tokens_details.cached_tokens, the router exports prediction and truth) until that rank is full

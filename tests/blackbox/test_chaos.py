@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Chaos, bounded (240 requests, 60 s at most): decodes killed and restarted under load, injected 500s,
 streams cut mid-way, raw engines that answer garbage, reset, drip or stall, clients that hang up at random.
 Nothing may be lost: every client gets a whole answer or a clear error; afterwards every gauge is back to

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Client disconnects at every stage: both upstream legs closed, load released, no KV lease stranded."""
 import json
 import socket

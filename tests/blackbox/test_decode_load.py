@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The decode's load falls token by token: a rank's outstanding tokens are its requests' prompt plus the tokens
 still to come, so each streamed token lowers them by one (down to the KV it still holds), and placement sees
 a half-finished long answer as the lighter load it is. Back to zero at the end."""

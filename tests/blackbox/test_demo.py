@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The README's demo command works: a short run of scripts/demo.sh completes, every request succeeds, the
 router ends with zero load, no KV lease is left, and no process is left behind."""
 import os

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The command lines the README and docs/ show, run as written, so examples cannot rot. A fenced block whose
 info string is `sh runnable` runs here as one bash script (set -e, the build's binaries first on PATH, from
 the repository root); `sh runnable cluster` also gets a running xpyd_sim prefill + decode and a router.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """An engine answering an error status: passed through with its status and body (stream or not)."""
 import json
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Scale-out on etcd, against a real etcd (Debian's etcd-server) started by the tests on loopback ports:
 engines that register themselves (xpyd_sim --register, xpyd_register), routers that follow membership
 (--discovery) through registration, deregistration, engine and router deaths, etcd outages, member loss in a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """--first-token prefill: streamed requests get the prefill's token first (covered in test_router_paths);
 non-streamed requests always take the whole answer from the decode, so their text, id and usage are exactly
 what the same request gets with --first-token decode."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Client-side fuzzer: mutated raw bytes from a client, over real loopback connections, into the real router
 (connection guard, request reader, routing, auth, body rewrite, relay) in front of real sims. Run by ctest in
 both passes, so in CI also against the ASan+UBSan build with leak checks at exit.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Graceful shutdown: on SIGTERM /health answers 503, new connections are refused, streams in flight finish
 with every token and [DONE], and the router exits 0 once they are done; the drain timeout bounds it."""
 import signal

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """HTTP conformance of the router's client side, byte-exact, as a hostile client would test it: RFC 9112
 framing (request line, fields, Content-Length / Transfer-Encoding, chunked bodies with extensions and
 trailers, pipelining) and RFC 9110 method rules, plus a regression test for every finding of the client-side

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """cmake --install into a staging prefix: the binaries, libxpyd_transfer (shared + static, header, pkg-config
 file), man pages, example topologies and the Grafana dashboard land in the GNUInstallDirs layout; the demo
 runs from the installed binaries; a C program builds against the installed library with pkg-config and moves

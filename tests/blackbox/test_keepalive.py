@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Client keep-alive: many streamed and non-streamed answers in a row on one connection, and the router never
 closes it in between (libevhtp 1.2.18 closed an idle keep-alive connection when a stray write event came
 after a streamed answer, racing the client's next request; see router/client_conn.c)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """--max-connections: a connection over the cap gets 503 + Retry-After + Connection: close (counted), never a
 silent reset; slots come back as connections close."""
 import json

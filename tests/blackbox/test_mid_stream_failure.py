@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A decode that dies mid-stream: the client gets one error event then [DONE] (stream) or a clear 502
 (non-stream), never a truncated 200; the failure is one structured log line."""
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Streams that survive a decode's death (--migration-limit, default 1): when the decode leg fails after tokens
 reached the client (connection cut, process killed, stream truncated, or the engine giving the request up with
 stop_reason "recomputed"), the router continues the request at another decode — the prompt plus the text the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """GET /v1/models: the first healthy engine's answer passed through unchanged (decode ranks first, `root`
 and every field kept), HEAD answered without a body; 502 in OpenAI's shape when no engine answers."""
 import json

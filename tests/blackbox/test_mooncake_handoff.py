@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """--handoff mooncake: vLLM's MooncakeConnector (push with transfer_id). The router learns each prefill's DP
 ranks and engine ids from GET /query on its bootstrap server, then sends both legs at once: the prefill a
 max_tokens-1 prefill with {do_remote_decode, transfer_id} pinned by X-data-parallel-rank, the decode the

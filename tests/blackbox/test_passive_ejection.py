@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Passive ejection: a rank that keeps failing (5xx, connect errors; never 4xx) is taken out after
 --eject-after-failures in a row, so later requests stop paying a failed attempt plus a retry; it is logged,
 counted, shown in /status, and comes back when the ejection time is over."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PD failure semantics, both directions. SGLang bootstrap: both legs start at once, so when the prefill fails
 the router aborts the decode (POST /abort_request {"rid"}) instead of leaving it waiting for KV that never
 comes. kv-params: when the prefill answered but no decode took its KV (every decode attempt failed), the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """--prefill-fallback (default on): when no prefill can serve a request — every attempt failed with a
 retryable error, or none is usable — and the handoff mode's decode can run alone (kv-params, xpyd, store),
 the decode computes the prompt itself: the client gets its answer instead of a 502/503, counted in

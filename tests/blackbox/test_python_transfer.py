@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The transfer engine from Python: the xpyd_transfer binding and the mooncake.engine-compatible TransferEngine
 (python/), replaying the call sequences vLLM's MooncakeConnector and SGLang's mooncake backend make, in two
 processes over tcp on loopback and in one process over the project's fake libibverbs (rdma), with every byte

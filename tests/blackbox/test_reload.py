@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """SIGHUP reloads the pools from the configuration without dropping streams: instances that appeared are
 added, ones that disappeared stop getting new requests while their streams finish, changed settings apply;
 a configuration that does not load changes nothing; the router keeps serving throughout."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Benchmark repeat mode (--repeat-d-times N, store handoff): with each measured request the router fires N
 decode-only clones, but only once the measured request's decode produced its first token (warm-up rule: its
 KV is in the store, and the clones do not compete with the measured TTFT); clones are counted and their load

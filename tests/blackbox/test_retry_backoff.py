@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Retries wait with jittered exponential backoff: attempt k waits min(--retry-backoff-ms x 2^(k-1), 1 s) x a
 random factor in [0.5, 1.5]; the waits differ from request to request (jitter)."""
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The retry budget refuses retries beyond its share (counted), so an outage is not amplified, while the
 default budget lets retries save requests."""
 import xpyd_testlib as t

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Retries go to a different instance, only while nothing reached the client; the client sees a normal
 answer and the prefill's KV is not stranded."""
 import json

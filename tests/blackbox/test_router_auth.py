@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """--api-key / XPYD_API_KEY: every client endpoint but /health and /metrics needs Authorization: Bearer <key>
 (401 in OpenAI's shape otherwise); the key never shows up in the router's output."""
 import json

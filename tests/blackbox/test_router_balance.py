@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Least outstanding tokens, end to end: with one long decode in flight on one rank the next request goes
 to an idle rank; with every rank busy it goes to the least loaded one; /status ends at zero everywhere."""
 import xpyd_testlib as t

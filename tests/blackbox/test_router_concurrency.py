@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """1,000 concurrent streams through one router without an error; every load returns to zero."""
 import asyncio
 import collections

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Router configuration: host lists in every accepted form, the Python proxies' aliases, JSON topology
 files (the CLI wins), DP expansion, errors, --help; and the launch helpers' --print commands."""
 import json

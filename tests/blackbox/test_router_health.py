@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Active health checks and engine feedback: a dead instance is taken out after --health-fall failed
 checks and brought back after --health-rise passes (each transition logged once as a structured line);
 /health turns 503 when a pool has nothing usable; scraped engine load steers new requests away."""

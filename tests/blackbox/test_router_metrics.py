@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Observability: after N requests of known shape the counters and histogram counts equal what was sent;
 each failure path increments its reason; the page passes promtool; the Grafana dashboard only queries
 metrics a live router exports; the access log has one line per request."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """xpyd_router request paths against xpyd_sim: every handoff mode x stream/non-stream x completions/chat,
 first-token modes, repeat mode, DP external and internal. After each test the router holds no load and
 the sims hold no KV lease."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """xpyd_sim speaks vLLM's OpenAI API: stream framing byte by byte, response shapes, validation errors,
 batching, faults and abort on client disconnect."""
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """xpyd_sim handoff modes driven by the test itself (kv-params, store, bootstrap, mooncake), forged and expired
 params, abort_request, and data-parallel ranks (external and internal)."""
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Backpressure: a client that stops reading pauses the decode leg instead of making the router buffer the
 whole stream; when it reads again, every byte arrives, in order."""
 import json

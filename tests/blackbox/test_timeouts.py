@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Timeouts. Client side, the connection guard, as a client sees them: a head that never completes gets 408
 (the slowloris defence), a body that stalls gets 408, an idle keep-alive connection is closed quietly, a new
 connection that sends nothing is closed quietly, and none of it disturbs other clients or leaks a slot."""

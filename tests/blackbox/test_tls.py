@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """TLS, with certificates this test generates (openssl CLI, a throwaway CA):
  - HTTPS for clients: streaming through curl and through Python's ssl; ALPN http/1.1; session resumption;
    what the router read from an engine at once reaches the client as one TLS record (counted on raw bytes);

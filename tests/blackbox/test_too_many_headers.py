@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Request-head limits: too many header fields, too many header bytes, or one over-long line get 431 in
 OpenAI's error shape (never a silent reset), counted; heads within the limits are served."""
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """libxpyd_transfer between two processes over loopback tcp: xpyd_transfer_bench target and initiator move
 and verify data both ways (reads checked against the target's pattern, writes read back), and the
 initiator reports a throughput and latency percentiles; asking for rdma on a machine without a device

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """An engine that is down (connection refused): 502 in OpenAI's shape naming the leg and instance, never
 a 200 with an empty body; load back to zero."""
 import json

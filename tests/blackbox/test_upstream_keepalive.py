@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A pooled keep-alive connection the engine closes just as the router reuses it (no answer byte came back)
 is retried once on a fresh connection, transparently (even with --max-retries 0): the client never sees it."""
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """--handoff xpyd end to end: the prefill sim registers its KV with libxpyd_transfer and says where it is
 (xpyd_segment/addr/len/key in kv_transfer_params); the router passes that to the decode, which reads the
 bytes through its own transfer engine, verifies them against the prompt and asks the prefill to release

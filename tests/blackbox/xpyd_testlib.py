@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """xpyd_testlib - helpers for black-box tests: start the real binaries on ephemeral loopback ports,
 poll them for readiness (never fixed sleeps), talk HTTP byte-exactly, and always stop them.
 

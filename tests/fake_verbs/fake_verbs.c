@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fake_verbs.c - a test double for libibverbs, written for xpyd (no RDMA hardware here). Linked instead of
  * -libverbs into a test build of libxpyd_transfer, it emulates FAKE_VERBS_NICS devices (default 2) of one
  * fabric inside the process, strictly:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fake_verbs.h - controls of the fake libibverbs used by the RDMA transport tests (see fake_verbs.c). */
 #ifndef XPYD_FAKE_VERBS_H
 #define XPYD_FAKE_VERBS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_config.c - libFuzzer harness: the router's JSON configuration file loader and topology expansion. */
 #include "config.h"
 

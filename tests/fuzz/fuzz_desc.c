@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_desc.c - libFuzzer harness: a peer's descriptor as the transfer engine reads it (xt_desc_parse in
  * transfer/xt_desc.c; the JSON a peer sends in its handshake, so a hostile peer controls it). Checks: it
  * never reads outside the input (ASan), the result is self-consistent (buffers counted, rkeys within

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_etcd.c - libFuzzer harness: what --discovery reads from etcd. The first byte picks the surface:
  *   0: an instance key "<role>/<host>:<port>" and its value (after the first newline), through to the admin
  *      API's parser, as etcd_sync.c does; an accepted one has a role, a host without '/' and a port;

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_feedback.c - libFuzzer harness: an engine's /metrics page as the router's probe reads it for load
  * feedback (probe_parse_engine_metrics in router/feedback_parse.c). The first byte picks the engine label
  * (or all engines). Checks: the counts read are finite and never negative, KV usage within [0, 1] when a

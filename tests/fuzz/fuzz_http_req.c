@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_http_req.c - libFuzzer harness: the strict request reader the connection guard runs on every client
  * byte (router/http_req.c). The input is taken as a request head and as a chunked body. Beyond "no crash,
  * no UB": an accepted head only points inside the input, its values carry no CR/LF/NUL, its target is

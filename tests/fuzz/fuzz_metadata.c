@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_metadata.c - libFuzzer harness: the /metadata store (router/metadata_store.c) driven by a sequence of
  * operations read from the input (decode a key; put / get / delete with small limits), checked against a
  * model kept here: a get returns exactly the last value put, a delete removes, the count never exceeds the

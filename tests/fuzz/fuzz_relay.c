@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_relay.c - libFuzzer harness: the router's relay decision for each decode SSE event (router/relay.c),
  * the real code stream.c calls, fed with events the real SSE splitter (common/xpyd_sse.c) cuts from the
  * input. The first two bytes choose the request's settings (first token from prefill or decode, prefill

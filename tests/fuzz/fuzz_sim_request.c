@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_sim_request.c - libFuzzer harness: xpyd_sim's request validation (completions, chat, tokenize). */
 #include "sim_request.h"
 

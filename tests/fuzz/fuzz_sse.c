@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_sse.c - libFuzzer harness: the SSE splitter, fed the input in pieces whose sizes the input chooses. */
 #include "xpyd_sse.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_tls.c - libFuzzer harness for the TLS server side (common/xpyd_tls.c): client bytes (a ClientHello and
  * whatever follows) into a server connection made from xpyd_tls_server_new's context, through memory BIOs,
  * so our callbacks (certificate installation, ALPN selection) run on hostile input. Once in a while the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_upstream.c - libFuzzer harness: what the router does with an engine's HTTP response. The input is
  * sent, as the engine's answer, over a real loopback connection to an up_leg (common/xpyd_http_client.c:
  * http-parser, keep-alive, timeouts, EOF handling); the body goes through the router's SSE splitter and

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """tests/mutation/run.py - the mutation suite: one-line bugs planted in the router, balancer, simulator and
 transfer engine, each of which some test must catch.
 

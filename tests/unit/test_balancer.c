@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_balancer.c - balancer properties: least-outstanding-tokens picks the least loaded eligible rank,
  * ties rotate, max_model_len filters, and after every release every load is exactly zero, also under
  * concurrent pick/release from several threads. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_feedback_parse.c - reading vLLM's load series from /metrics pages (new and old names, per engine). */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_prefix.c - the prefix index (balancer/xb_prefix.c), the `cache` policy and session affinity: hashing
  * and index properties against a naive model, the byte bound, the load guard under random churn, session
  * stickiness across a rank removal, and every load back to zero. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_sim_model.c - unit tests for the simulator's token model, request validation and lease table. */
 #include <setjmp.h>
 #include <stdarg.h>

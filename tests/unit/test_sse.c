@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_sse.c - unit tests for the SSE writer and the incremental splitter. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_transfer.c - libxpyd_transfer over loopback TCP: two engines move data both ways with checksums,
  * ranges outside the peer's registered buffers are refused (and the connection stays usable), a
  * notification is delivered only after the writes before it landed, slices follow the peer's frame limit,

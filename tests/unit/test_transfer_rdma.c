@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_transfer_rdma.c - libxpyd_transfer's RDMA transport (real libibverbs calls) linked against the
  * project's fake libibverbs (tests/fake_verbs): two engines in one process on two fake NICs each. Fails if the
  * transport posts before RTS, ignores a remote access error, does not fail over when a NIC dies, or leaks a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* test_util.c - unit tests for common/xpyd_util.c: the byte array a stream's events collect in (xpyd_bytes),
  * and event logging from several threads at once. */
 #include <setjmp.h>

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """mooncake.engine-compatible TransferEngine over libxpyd_transfer.
 
 The methods, argument order, return values and error conventions of Mooncake's pybind TransferEngine
