@@ -32,7 +32,7 @@
 #include <unistd.h>
 
 #define BUFSZ 65536
-#define REQMAX 65536
+#define REQMAX 262144 /* a P->D request up to 256 KiB (bench/growth.sh: 128 KB prompts) */
 
 enum { END_CLIENT = 0, END_DECODE = 1, END_PREFILL = 2 };
 

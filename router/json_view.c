@@ -226,6 +226,8 @@ int jv_scan_value(struct jv_scan *j, int depth)
 
 int jv_check(const char *data, size_t len, const char **err, size_t *err_at)
 {
+    if (!data) /* nothing: no value (and no arithmetic on a null pointer) */
+        data = "", len = 0;
     struct jv_scan j = {data, data, data + len, NULL};
     int rc = jv_scan_value(&j, 0);
     if (rc == 0) {

@@ -2,6 +2,7 @@
 /* rewrite.c - what the router reads from and patches in engines' JSON answers (see rewrite.h). */
 #include "rewrite.h"
 
+#include "json_view.h"
 #include "xpyd_util.h"
 
 #include <inttypes.h>
@@ -39,11 +40,14 @@ int rw_patch_usage_continuation(cJSON *o, long delivered)
     return 1;
 }
 
-/* range first: converting an out-of-range double to an integer is undefined behaviour */
-static int is_int_value(const cJSON *v, double lo, double hi)
+/* A count an engine reports: an integer in [0, hi] (range first: converting an out-of-range double to an
+ * integer is undefined behaviour), else -1. */
+static int64_t count_of(struct jv v, double hi)
 {
-    return cJSON_IsNumber(v) && v->valuedouble >= lo && v->valuedouble <= hi &&
-           v->valuedouble == (double)(long long)v->valuedouble;
+    double d;
+    if (jv_double(v, &d) != 0 || !(d >= 0 && d <= hi) || d != (double)(long long)d)
+        return -1;
+    return (int64_t)d;
 }
 
 int rw_absorb_prefill(const char *json, size_t len, struct rw_prefill_answer *out)
@@ -51,32 +55,45 @@ int rw_absorb_prefill(const char *json, size_t len, struct rw_prefill_answer *ou
     memset(out, 0, sizeof *out);
     out->prompt_tokens = -1;
     out->cached_tokens = -1;
-    cJSON *j = cJSON_ParseWithLength(json, len);
-    if (!cJSON_IsObject(j)) {
-        cJSON_Delete(j);
+    /* read in place (json_view.h): the answer's size grows with the prompt (remote_block_ids), and a tree and its
+     * reprinting cost a node and a printf per number */
+    if (jv_check(json, len, NULL, NULL) != 0)
         return -1;
+    struct jv o = jv_at(json, json + len);
+    if (jv_type(o) != JV_OBJECT)
+        return -1;
+    /* one pass over the members (the last of a repeated key wins): the big one, remote_block_ids inside
+     * kv_transfer_params, is skipped once */
+    struct jv kv = {0}, usage = {0}, id = {0}, choices = {0}, k, v;
+    struct jv_iter mi;
+    jv_iter_init(&mi, o);
+    while (jv_next(&mi, &k, &v)) {
+        if (jv_str_eq(k, "kv_transfer_params", 18))
+            kv = v;
+        else if (jv_str_eq(k, "usage", 5))
+            usage = v;
+        else if (jv_str_eq(k, "id", 2))
+            id = v;
+        else if (jv_str_eq(k, "choices", 7))
+            choices = v;
     }
-    const cJSON *kv = cJSON_GetObjectItemCaseSensitive(j, "kv_transfer_params");
-    if (cJSON_IsObject(kv))
-        out->kv_params = XPYD_XALLOC(cJSON_PrintUnformatted(kv));
-    const cJSON *usage = cJSON_GetObjectItemCaseSensitive(j, "usage");
-    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens");
-    if (is_int_value(pt, 0, 1e12))
-        out->prompt_tokens = (int64_t)pt->valuedouble; /* exact, replaces the estimate */
-    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details"),
-                                                       "cached_tokens");
-    if (is_int_value(ct, 0, 1e12))
-        out->cached_tokens = (long)ct->valuedouble;
-    const cJSON *id = cJSON_GetObjectItemCaseSensitive(j, "id");
-    if (cJSON_IsString(id))
-        out->id = XPYD_XALLOC(strdup(id->valuestring));
-    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItemCaseSensitive(j, "choices"), 0);
-    const cJSON *text = cJSON_GetObjectItemCaseSensitive(ch, "text");
-    if (!cJSON_IsString(text))
-        text = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ch, "message"), "content");
-    if (cJSON_IsString(text))
-        out->first_text = XPYD_XALLOC(strdup(text->valuestring));
-    cJSON_Delete(j);
+    if (jv_type(kv) == JV_OBJECT) { /* its bytes as the engine wrote them: what the decode receives */
+        out->kv_params = XPYD_XALLOC(malloc(kv.n + 1));
+        memcpy(out->kv_params, kv.p, kv.n);
+        out->kv_params[kv.n] = 0;
+    }
+    out->prompt_tokens = count_of(jv_get(usage, "prompt_tokens"), 1e12); /* exact, replaces the estimate */
+    out->cached_tokens = (long)count_of(jv_get(jv_get(usage, "prompt_tokens_details"), "cached_tokens"), 1e12);
+    out->id = jv_str_dup(id);
+    struct jv_iter it;
+    struct jv ch = {0};
+    jv_iter_init(&it, choices);
+    if (jv_type(choices) == JV_ARRAY)
+        jv_next(&it, NULL, &ch);
+    struct jv text = jv_get(ch, "text");
+    if (jv_type(text) != JV_STRING)
+        text = jv_get(jv_get(ch, "message"), "content");
+    out->first_text = jv_str_dup(text);
     return 0;
 }
 

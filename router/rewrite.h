@@ -17,14 +17,16 @@ int rw_patch_usage_continuation(cJSON *o, long delivered);
 
 /* What the router keeps from a prefill's (non-streamed) answer. */
 struct rw_prefill_answer {
-    char *kv_params;       /* kv_transfer_params as compact JSON text, what the decode receives (owned), or NULL:
-                            * text, not a tree: ~150 bytes instead of ~800 held for every waiting stream */
+    char *kv_params;       /* kv_transfer_params, its bytes as the engine wrote them (a checked JSON object): what
+                            * the decode receives (owned), or NULL. Text, not a tree: held for every waiting
+                            * stream, and copied rather than reprinted (a reprint costs a printf per number) */
     int64_t prompt_tokens; /* usage.prompt_tokens, or -1 */
     long cached_tokens;    /* usage.prompt_tokens_details.cached_tokens, or -1 */
     char *id;              /* owned, or NULL */
     char *first_text;      /* choices[0].text or .message.content (owned), or NULL */
 };
-/* 0, or -1 when the answer is not a JSON object. Out-of-range numbers are ignored. */
+/* 0, or -1 when the answer is not one strict JSON object (json_view.h; a repeated key reads as its last).
+ * Counts out of range are ignored (-1). */
 int rw_absorb_prefill(const char *json, size_t len, struct rw_prefill_answer *out);
 void rw_prefill_answer_free(struct rw_prefill_answer *a);
 /* A decode event's usage: prompt_tokens_details.cached_tokens set to the prefill's (cached >= 0), or the

@@ -153,6 +153,31 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (rw_absorb_prefill(json, n, &a) == 0) {
         if (a.prompt_tokens < -1 || a.cached_tokens < -1)
             abort();
+        /* against an independent reader (cJSON) where keys are not repeated: the same kv_transfer_params
+         * object (the bytes kept as they came), the same prompt token count */
+        const char *end = NULL;
+        char *z = malloc(n + 1);
+        memcpy(z, json, n);
+        z[n] = 0;
+        cJSON *ref = cJSON_ParseWithOpts(z, &end, 1);
+        const cJSON *rkv = cJSON_GetObjectItemCaseSensitive(ref, "kv_transfer_params");
+        int unique = !memmem(json, n, "\\u0000", 6); /* cJSON ends a key at \u0000, Python does not */
+        for (const cJSON *x = ref ? ref->child : NULL; x; x = x->next)
+            for (const cJSON *y = x->next; y; y = y->next)
+                unique &= !(x->string && y->string && !strcmp(x->string, y->string));
+        if (ref && unique && cJSON_IsObject(rkv)) {
+            cJSON *mine = a.kv_params ? cJSON_Parse(a.kv_params) : NULL;
+            if (!mine || !cJSON_Compare(mine, rkv, 1))
+                abort();
+            cJSON_Delete(mine);
+        }
+        const cJSON *rpt = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(ref, "usage"),
+                                                            "prompt_tokens");
+        if (ref && unique && cJSON_IsNumber(rpt) && rpt->valuedouble >= 0 && rpt->valuedouble <= 1e12 &&
+            rpt->valuedouble == (double)(long long)rpt->valuedouble && a.prompt_tokens != (int64_t)rpt->valuedouble)
+            abort();
+        cJSON_Delete(ref);
+        free(z);
     }
 
     cJSON *ev = cJSON_ParseWithLength(json, n);
