@@ -27,18 +27,18 @@ HTTP=("$C/xpyd_http_client.c" "$C/xpyd_tls.c" -I"$HTTP_PARSER_INC" -lhttp_parser
 sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.c)
   case $1 in
   sse) echo "$C/xpyd_sse.c" ;;
-  config) echo "$R/config.c $R/config_file.c $R/config_topology.c $R/handoff_traits.c $R/json_view.c -lm $C/xpyd_util.c $C/xpyd_settings.c $C/xpyd_version.c -DXPYD_VERSION=\"fuzz\"" \
+  config) echo "$R/config.c $R/config_load.c $R/config_file.c $R/config_topology.c $R/handoff_traits.c $R/json_view.c -lm $C/xpyd_util.c $C/xpyd_settings.c $C/xpyd_version.c -DXPYD_VERSION=\"fuzz\"" \
     "$ROOT/balancer/xb*.c $C/xpyd_etcd.c ${HTTP[*]}" ;;
   sim_request) echo "$ROOT/sim/sim_request.c $ROOT/sim/sim_tokens.c $C/xpyd_util.c" ;;
   rewrite) echo "$R/rewrite.c $R/body_src.c $R/prompt.c $R/json_view.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
   json_view) echo "$R/json_view.c $C/xpyd_util.c -lm" ;;
   http_req) echo "$R/http_req.c" ;;
-  relay) echo "$R/relay.c $R/rewrite.c $C/xpyd_sse.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
+  relay) echo "$R/relay.c $R/rewrite.c $R/json_view.c -lm $C/xpyd_sse.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
   admin) echo "$R/admin_parse.c $R/json_view.c $C/xpyd_util.c -lm" ;;
   metadata) echo "$R/metadata_store.c $C/xpyd_util.c" ;;
   feedback) echo "$R/feedback_parse.c -lm" ;;
   desc) echo "$ROOT/transfer/xt_desc.c -I$ROOT/transfer" ;;
-  upstream) echo "$C/xpyd_sse.c $R/rewrite.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c ${HTTP[*]}" ;;
+  upstream) echo "$C/xpyd_sse.c $R/rewrite.c $R/json_view.c -lm $C/xpyd_util.c $ROOT/balancer/xb_prefix.c ${HTTP[*]}" ;;
   tls) echo "$C/xpyd_tls.c" ;;
   etcd) echo "$C/xpyd_etcd.c $R/etcd_parse.c $R/admin_parse.c $R/json_view.c $C/xpyd_util.c ${HTTP[*]}" ;;
   *) echo "unknown harness '$1' (known: ${ALL[*]})" >&2; return 1 ;;
