@@ -3,7 +3,7 @@
  * waits here (FIFO, per router thread) until an instance frees a slot, up to --queue-timeout-ms; beyond
  * --admission-queue waiting requests the answer is "full". It returns outcomes and calls the request's own
  * callbacks; it never answers or ends a request itself. */
-#include "request.h"
+#include "admission.h"
 
 #include "xpyd_util.h"
 

@@ -14,17 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The balancer's policies, "a|b|c", from its own table (balancer/xb.c). */
-const char *rt_policy_choices(void)
-{
-    static char buf[128];
-    if (!buf[0])
-        for (int i = 0; strcmp(xb_policy_name(i), "?") != 0; i++)
-            snprintf(buf + strlen(buf), sizeof buf - strlen(buf), "%s%s", i ? "|" : "", xb_policy_name(i));
-    return buf;
-}
-
-
 struct rt_host *rt_pool_add(struct rt_pool_cfg *p)
 {
     if (p->n == p->cap) {

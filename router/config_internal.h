@@ -7,9 +7,19 @@
 
 #include "config.h"
 
-/* config.c: is name ('-' or '_') a setting of the table; set it from its text (0, or -1 with the reason printed). */
+#include <stdio.h>
+
+/* config.c, the settings table: every setting at its default (and the pools' dp/tp 1); is name ('-' or '_') a
+ * setting; set it from its text (0, or -1 with the reason printed); --help; the Markdown reference; the
+ * settings only some handoff modes read, refused with another (0, or -1 printed). */
+int rt_config_defaults(struct rt_config *c);
 int rt_config_has_setting(const char *name);
 int rt_config_set_named(struct rt_config *c, const char *name, const char *val);
+void rt_config_usage(FILE *f);
+void rt_config_reference(FILE *f);
+int rt_config_check_modes(const struct rt_config *c);
+/* The balancer's policies as "lot|p2c|...", from its table. */
+const char *rt_policy_choices(void);
 
 /* config_file.c */
 int rt_config_load_file(struct rt_config *c, const char *path);
@@ -17,8 +27,6 @@ int rt_config_load_file(struct rt_config *c, const char *path);
 struct rt_host *rt_pool_add(struct rt_pool_cfg *p);
 /* Adds each comma-separated [http(s)://]HOST:PORT of s; what names the pool in errors. 0 or -1 (printed). */
 int rt_pool_add_list(struct rt_pool_cfg *p, const char *s, const char *what);
-/* The balancer's policies as "lot|p2c|...", from its table. */
-const char *rt_policy_choices(void);
 
 /* config_topology.c: both pools' hosts into ranks and endpoints (0, or -1 printed). */
 int rt_config_expand(struct rt_config *c);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* feedback_parse.c - reads vLLM's load series out of a Prometheus page (declared in probe.h). */
-#include "probe.h"
+/* feedback_parse.c - reads vLLM's load series out of a Prometheus page (feedback_parse.h). */
+#include "feedback_parse.h"
 
 #include <math.h>
 #include <stdio.h>

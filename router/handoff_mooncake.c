@@ -13,6 +13,7 @@
  * A client that leaves closes both (req_end). */
 #include "handoff.h"
 #include "request.h"
+#include "stream.h"
 #include "body_src.h"
 
 #include "xpyd_util.h"

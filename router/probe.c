@@ -2,6 +2,7 @@
 /* probe.c - active health checks and engine-metrics feedback (see probe.h). */
 #include "probe.h"
 
+#include "feedback_parse.h"
 #include "router.h"
 #include "xpyd_util.h"
 

@@ -3,11 +3,14 @@
  * way a request ends (req_end) or fails (req_fail). The handoff mode is never tested here: what differs
  * between modes is behind r->ho (handoff.h), one file per mode. See request.h for the state diagram. */
 #include "request.h"
+
 #include "access_log.h"
+#include "admission.h"
 #include "body_src.h"
 #include "handoff.h"
 #include "prompt.h"
 #include "rewrite.h"
+#include "stream.h"
 
 #include "xpyd_oai.h"
 #include "xpyd_util.h"

@@ -8,6 +8,7 @@
 #include "loopguard.h"
 #include "prompt.h"
 #include "request.h"
+#include "admission.h"
 
 #include "xpyd_util.h"
 

@@ -4,9 +4,10 @@
  * token spliced in from the prefill (--first-token prefill), usage patched, and backpressure (a slow client
  * pauses the decode leg). Errors take OpenAI's shape: an answer before the first byte, an error event and
  * [DONE] after. Nothing here ends a request: request.c does. */
+#include "stream.h"
+
 #include "handoff.h"
 #include "relay.h"
-#include "request.h"
 #include "rewrite.h"
 
 #include "xpyd_oai.h"

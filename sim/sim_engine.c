@@ -5,7 +5,7 @@
  *
  * A request (struct sreq) lives from the moment its body is validated until libevhtp frees the underlying
  * evhtp request (the request_fini hook), which is the single place a sreq is freed. Every other path (done,
- * error, abort, client disconnect) goes through sreq_release(), which is idempotent and returns the slot,
+ * error, abort, client disconnect) goes through sim_sreq_release(), which is idempotent and returns the slot,
  * cancels timers and pulls, and counts what happened. */
 #include "sim_internal.h"
 #include "xpyd_reply.h"
@@ -37,13 +37,13 @@ const char *const ho_result_names[HO_NRESULTS] = {"done", "failed", "recomputed"
 
 /* ---------- request lifecycle ---------- */
 
-evhtp_res on_request_fini(evhtp_request_t *req, void *arg)
+evhtp_res sim_on_request_fini(evhtp_request_t *req, void *arg)
 {
     struct sreq *r = arg;
     r->ereq = NULL;
     if (r->state != SREQ_DONE) { /* the client went away before we answered */
         r->aborted = 1;
-        sreq_release(r);
+        sim_sreq_release(r);
     }
     LIST_REMOVE(r, all);
     sim_params_free(&r->p);
@@ -56,7 +56,7 @@ evhtp_res on_request_fini(evhtp_request_t *req, void *arg)
     return EVHTP_RES_OK;
 }
 
-void on_client_closed(evutil_socket_t fd, short ev, void *arg)
+void sim_on_client_closed(evutil_socket_t fd, short ev, void *arg)
 {
     struct sreq *r = arg;
     event_free(r->close_ev);
@@ -64,8 +64,8 @@ void on_client_closed(evutil_socket_t fd, short ev, void *arg)
     if (r->state == SREQ_DONE || !r->ereq)
         return;
     r->aborted = 1;
-    sreq_release(r);
-    /* Let libevhtp see the EOF itself; it frees the connection and calls on_request_fini. */
+    sim_sreq_release(r);
+    /* Let libevhtp see the EOF itself; it frees the connection and calls sim_on_request_fini. */
     evhtp_connection_t *c = evhtp_request_get_connection(r->ereq);
     evhtp_connection_free(c);
 }
@@ -81,13 +81,13 @@ static int rank_has_room(const struct sim_rank *rk, size_t n)
            rk->kv_tokens_running + n <= (uint64_t)c->kv_capacity_tokens;
 }
 
-void pump_waiting(struct sim_rank *rk)
+void sim_pump_waiting(struct sim_rank *rk)
 {
     while (!TAILQ_EMPTY(&rk->waiting) && rank_has_room(rk, TAILQ_FIRST(&rk->waiting)->p.prompt.n)) {
         struct sreq *w = TAILQ_FIRST(&rk->waiting);
         TAILQ_REMOVE(&rk->waiting, w, wq);
         rk->waiting_n--;
-        sreq_start(w);
+        sim_sreq_start(w);
     }
 }
 
@@ -128,7 +128,7 @@ static struct up_leg *peer_post(struct sim *s, const char *host, int port, const
     return leg;
 }
 
-void sreq_release(struct sreq *r)
+void sim_sreq_release(struct sreq *r)
 {
     struct sim_rank *rk = r->rank;
     if (r->state == SREQ_DONE)
@@ -155,14 +155,14 @@ void sreq_release(struct sreq *r)
         unpulled = 0;
     }
     if (unpulled)
-        notify_release(r);
+        sim_notify_release(r);
     if (r->aborted) {
         rk->aborted_total++;
         if (r->lease_key[0]) { /* a prefill aborted after registering KV: drop it */
             struct sim_lease *l = sim_lease_take(&r->sim->leases, r->lease_key);
             if (l) {
                 r->sim->leases_aborted++;
-                lease_drop(r->sim, l);
+                sim_lease_drop(r->sim, l);
             }
         }
     }
@@ -170,30 +170,30 @@ void sreq_release(struct sreq *r)
         r->in_slot = 0;
         rk->running--;
         rk->kv_tokens_running -= r->p.prompt.n + r->pos;
-        pump_waiting(rk);
+        sim_pump_waiting(rk);
     }
 }
 
-void sreq_schedule(struct sreq *r, uint64_t us)
+void sim_sreq_schedule(struct sreq *r, uint64_t us)
 {
-    struct timeval tv = us_to_tv(us);
+    struct timeval tv = sim_us_to_tv(us);
     if (!r->timer)
-        r->timer = XPYD_XALLOC(event_new(r->sim->base, -1, 0, sreq_tick, r));
+        r->timer = XPYD_XALLOC(event_new(r->sim->base, -1, 0, sim_sreq_tick, r));
     event_add(r->timer, &tv);
 }
 
 /* Sends a whole non-streamed answer for a paused request and ends it. */
-void sreq_reply(struct sreq *r, int status, const char *ctype, const char *body, size_t len)
+void sim_sreq_reply(struct sreq *r, int status, const char *ctype, const char *body, size_t len)
 {
     evhtp_request_t *req = r->ereq;
-    sreq_release(r);
+    sim_sreq_release(r);
     if (!req)
         return;
     xpyd_reply(req, status, ctype, body, len);
     evhtp_request_resume(req);
 }
 
-void sreq_fail(struct sreq *r, int status, const char *msg)
+void sim_sreq_fail(struct sreq *r, int status, const char *msg)
 {
     char *body = xpyd_oai_error_json(status, NULL, msg, NULL);
     if (r->stream_started && r->ereq) { /* mid-stream: one error event, then [DONE] */
@@ -201,24 +201,24 @@ void sreq_fail(struct sreq *r, int status, const char *msg)
         struct evbuffer *b = evbuffer_new();
         xpyd_sse_write(b, body, strlen(body));
         xpyd_sse_write_done(b);
-        sreq_release(r);
+        sim_sreq_release(r);
         evhtp_send_reply_chunk(req, b);
         evhtp_send_reply_chunk_end(req);
         evhtp_request_resume(req);
         evbuffer_free(b);
     } else {
-        sreq_reply(r, status, "application/json", body, strlen(body));
+        sim_sreq_reply(r, status, "application/json", body, strlen(body));
     }
     free(body);
 }
 
 /* Cuts the client's connection without an answer (--fail-after-tokens). */
-void sreq_cut(struct sreq *r)
+void sim_sreq_cut(struct sreq *r)
 {
     r->sim->faults_disconnect++;
     evhtp_request_t *req = r->ereq;
     r->aborted = 1;
-    sreq_release(r);
+    sim_sreq_release(r);
     if (req)
         evhtp_connection_free(evhtp_request_get_connection(req));
 }
@@ -227,16 +227,16 @@ void sreq_cut(struct sreq *r)
 
 /* A lease's KV registered with the transfer engine must leave the engine before its memory is freed
  * (unregistering waits for peers reading it). */
-void lease_unregister(void *arg, struct sim_lease *l)
+void sim_lease_unregister(void *arg, struct sim_lease *l)
 {
     struct sim *s = arg;
     if (s->xt && l->kv)
         xt_unregister_memory(s->xt, l->kv);
 }
 
-void lease_drop(struct sim *s, struct sim_lease *l)
+void sim_lease_drop(struct sim *s, struct sim_lease *l)
 {
-    lease_unregister(s, l);
+    sim_lease_unregister(s, l);
     sim_lease_free(l);
 }
 
@@ -244,7 +244,7 @@ static int prefill_register_kv_params(struct sreq *r)
 {
     struct sim *s = r->sim;
     size_t kvlen;
-    unsigned char *kv = kv_make(r, &kvlen);
+    unsigned char *kv = sim_kv_make(r, &kvlen);
     size_t nblocks = (r->p.prompt.n + 15) / 16;
     uint64_t base = r->rank->next_block;
     r->rank->next_block += nblocks;
@@ -280,7 +280,7 @@ static int prefill_register_kv_params(struct sreq *r)
     if (s->xt) { /* xpyd: the decode reads the bytes through libxpyd_transfer, then asks for the release */
         struct sim_lease *l = sim_lease_find(&s->leases, key);
         if (!l || xt_register_memory(s->xt, l->kv, l->kv_len ? l->kv_len : 1, "sim:kv") != 0) {
-            lease_drop(s, sim_lease_take(&s->leases, key));
+            sim_lease_drop(s, sim_lease_take(&s->leases, key));
             r->lease_key[0] = 0;
             cJSON_Delete(o);
             return -1;
@@ -303,7 +303,7 @@ static int prefill_register_key(struct sreq *r, const char *key)
 {
     struct sim *s = r->sim;
     size_t kvlen;
-    unsigned char *kv = kv_make(r, &kvlen);
+    unsigned char *kv = sim_kv_make(r, &kvlen);
     uint64_t exp = xpyd_now_us() + (uint64_t)s->cfg.lease_ms * 1000u;
     int rc = sim_lease_put(&s->leases, key, r->rank->engine_id, 0, r->p.prompt.hash, kv, kvlen, exp);
     if (rc == 0) {
@@ -386,7 +386,7 @@ static void prefill_locally(struct sreq *r)
         r->rank->prefill_free_at = start + cost;
         cost = r->rank->prefill_free_at - now;
     }
-    sreq_schedule(r, cost);
+    sim_sreq_schedule(r, cost);
 }
 
 static void handoff_finished(struct sreq *r, int result)
@@ -396,7 +396,7 @@ static void handoff_finished(struct sreq *r, int result)
         r->cached_tokens = (long)r->p.prompt.n; /* the whole prompt came from the remote KV */
         prefix_store(r);                         /* and is now in this rank's prefix cache */
         r->state = SREQ_DECODE;
-        sreq_schedule(r, (uint64_t)r->sim->cfg.decode_us_per_token);
+        sim_sreq_schedule(r, (uint64_t)r->sim->cfg.decode_us_per_token);
     } else {
         prefill_locally(r);
     }
@@ -429,9 +429,9 @@ static void on_pull_done(struct up_leg *leg, int err, void *arg)
     const unsigned char *data = len ? evbuffer_pullup(in, -1) : NULL;
     char msg[600];
     if (code == 200) {
-        if (!kv_verify(r, data, len)) {
+        if (!sim_kv_verify(r, data, len)) {
             r->sim->handoffs[r->ho_mode][HO_FAILED]++;
-            sreq_fail(r, 500, "KV transfer failed: the pulled KV does not match this request's prompt "
+            sim_sreq_fail(r, 500, "KV transfer failed: the pulled KV does not match this request's prompt "
                               "(integrity check failed)");
             return;
         }
@@ -442,7 +442,7 @@ static void on_pull_done(struct up_leg *leg, int err, void *arg)
     }
     int rendezvous = r->p.h.has_bootstrap || r->p.h.transfer_id;
     if (code == 409 && rendezvous && xpyd_now_us() < r->deadline_us) {
-        sreq_schedule(r, 2000); /* the prefill has not registered the room (transfer) yet: poll again */
+        sim_sreq_schedule(r, 2000); /* the prefill has not registered the room (transfer) yet: poll again */
         return;
     }
     r->sim->handoffs[r->ho_mode][HO_FAILED]++;
@@ -450,19 +450,19 @@ static void on_pull_done(struct up_leg *leg, int err, void *arg)
         const char *host = r->p.h.has_bootstrap ? r->p.h.bootstrap_host : r->p.h.remote_host;
         int port = r->p.h.has_bootstrap ? r->p.h.bootstrap_port : r->p.h.remote_port;
         snprintf(msg, sizeof msg, "KV transfer failed: could not reach the prefill engine at %s:%d", host, port);
-        sreq_fail(r, 500, msg);
+        sim_sreq_fail(r, 500, msg);
     } else if (code == 409 && r->p.h.transfer_id) {
         snprintf(msg, sizeof msg, "KV transfer failed: the prefill did not produce transfer_id %.200s within %ld ms",
                  r->p.h.transfer_id, r->sim->cfg.handoff_timeout_ms);
-        sreq_fail(r, 500, msg);
+        sim_sreq_fail(r, 500, msg);
     } else if (code == 409) {
         snprintf(msg, sizeof msg, "KV transfer failed: bootstrap room %" PRIu64 " was not ready within %ld ms",
                  r->p.h.bootstrap_room, r->sim->cfg.handoff_timeout_ms);
-        sreq_fail(r, 500, msg);
+        sim_sreq_fail(r, 500, msg);
     } else {
         snprintf(msg, sizeof msg, "kv_transfer_params rejected by the prefill engine (HTTP %d): %.*s", code,
                  (int)(len > 400 ? 400 : len), data ? (const char *)data : "");
-        sreq_fail(r, 400, msg);
+        sim_sreq_fail(r, 400, msg);
     }
 }
 
@@ -489,7 +489,7 @@ static char *pull_json(const struct sreq *r)
 
 /* A decode aborted before it pulled its KV tells the prefill to free it (as vLLM's connectors do), so an
  * abandoned request leaves nothing stranded. Fire and forget. */
-void notify_release(struct sreq *r)
+void sim_notify_release(struct sreq *r)
 {
     static const struct up_leg_cbs cbs = {NULL, NULL, NULL, NULL, NULL, NULL};
     char *body = pull_json(r);
@@ -547,7 +547,7 @@ static void xpull_done(struct xpull *xp, int st)
         return;
     }
     r->xp = NULL;
-    if (st == XT_COMPLETED && kv_verify(r, xp->buf, xp->len)) {
+    if (st == XT_COMPLETED && sim_kv_verify(r, xp->buf, xp->len)) {
         r->kv_xfer_bytes = xp->len;
         r->kv_xfer_us = xpyd_now_us() - xp->t0;
         s->kv_bytes_received += xp->len;
@@ -559,7 +559,7 @@ static void xpull_done(struct xpull *xp, int st)
     if (st != XT_COMPLETED) /* reopened next time: the peer may have restarted */
         xt_close_segment(s->xt, xp_seg);
     s->handoffs[r->ho_mode][HO_FAILED]++;
-    sreq_fail(r, 500, st == XT_COMPLETED ? "KV transfer failed: the KV read does not match this request's prompt "
+    sim_sreq_fail(r, 500, st == XT_COMPLETED ? "KV transfer failed: the KV read does not match this request's prompt "
                                            "(integrity check failed)"
                                          : "KV transfer failed: the read from the prefill's transfer engine failed");
 }
@@ -596,12 +596,12 @@ static void xpull_start(struct sreq *r)
     s->handoffs[r->ho_mode][HO_FAILED]++;
     snprintf(msg, sizeof msg, "KV transfer failed: cannot read from the prefill's transfer engine at %.200s: %s",
              h->xpyd_segment, strerror(-rc));
-    sreq_fail(r, 500, msg);
+    sim_sreq_fail(r, 500, msg);
 }
 
 /* The engine's event fd fired. Decode: reads that finished. Prefill: "release <key>" notifications from
  * decodes (after their read) and from the router (when the request died before any decode read). */
-void xt_on_event(evutil_socket_t fd, short ev, void *arg)
+void sim_xt_on_event(evutil_socket_t fd, short ev, void *arg)
 {
     struct sim *s = arg;
     uint64_t count;
@@ -626,14 +626,14 @@ void xt_on_event(evutil_socket_t fd, short ev, void *arg)
             s->xt_releases++;
             s->leases_released++;
             s->kv_bytes_sent += l->kv_len;
-            lease_drop(s, l);
+            sim_lease_drop(s, l);
         }
 }
 
 /* ---------- scheduling and generation ---------- */
 
 /* Takes a slot and begins: the KV handoff (decode side), else local prefill compute. */
-void sreq_start(struct sreq *r)
+void sim_sreq_start(struct sreq *r)
 {
     struct sim *s = r->sim;
     r->in_slot = 1;
@@ -655,17 +655,17 @@ void sreq_start(struct sreq *r)
         r->state = SREQ_HANDOFF;
         r->ho_mode = SIM_HANDOFF_STORE;
         r->deadline_us = xpyd_now_us() + (uint64_t)s->cfg.store_wait_ms * 1000u;
-        sreq_schedule(r, 0);
+        sim_sreq_schedule(r, 0);
     } else {
         prefill_locally(r);
     }
 }
 
-void sreq_admit(struct sreq *r)
+void sim_sreq_admit(struct sreq *r)
 {
     struct sim_rank *rk = r->rank;
     if (TAILQ_EMPTY(&rk->waiting) && rank_has_room(rk, r->p.prompt.n)) { /* FIFO: no overtaking the queue */
-        sreq_start(r);
+        sim_sreq_start(r);
     } else {
         r->state = SREQ_WAITING;
         TAILQ_INSERT_TAIL(&rk->waiting, r, wq);
@@ -679,7 +679,7 @@ static void sreq_send_final_json(struct sreq *r)
     char *body = sim_final_json(r);
     r->rank->success_total++;
     sim_kv_transfer_header(r);
-    sreq_reply(r, 200, "application/json", body, strlen(body));
+    sim_sreq_reply(r, 200, "application/json", body, strlen(body));
     free(body);
 }
 
@@ -690,7 +690,7 @@ static void stream_token(struct sreq *r, const char *tok, int last)
     if (last) {
         evhtp_request_t *req = r->ereq;
         r->rank->success_total++;
-        sreq_release(r);
+        sim_sreq_release(r);
         evhtp_send_reply_chunk(req, b);
         evhtp_send_reply_chunk_end(req);
         evhtp_request_resume(req);
@@ -705,19 +705,19 @@ static void prefill_done(struct sreq *r)
 {
     struct sim *s = r->sim;
     if (s->cfg.handoff == SIM_HANDOFF_STORE && s->cfg.role != SIM_ROLE_DECODE)
-        store_write(r);
+        sim_store_write(r);
     if (r->p.h.transfer_id && r->p.h.do_remote_decode && s->cfg.role != SIM_ROLE_DECODE) {
         if (prefill_register_transfer(r) != 0) {
-            sreq_fail(r, 400, "transfer_id is already in use on this prefill engine");
+            sim_sreq_fail(r, 400, "transfer_id is already in use on this prefill engine");
             return;
         }
     } else if (r->p.h.do_remote_decode && s->cfg.role != SIM_ROLE_DECODE && prefill_register_kv_params(r) != 0) {
-        sreq_fail(r, 500, "could not register the KV lease");
+        sim_sreq_fail(r, 500, "could not register the KV lease");
         return;
     }
     if (r->p.h.has_bootstrap && s->cfg.role == SIM_ROLE_PREFILL) {
         if (prefill_register_room(r) == -EEXIST) {
-            sreq_fail(r, 400, "bootstrap_room is already in use on this prefill engine");
+            sim_sreq_fail(r, 400, "bootstrap_room is already in use on this prefill engine");
             return;
         }
     }
@@ -726,11 +726,11 @@ static void prefill_done(struct sreq *r)
 
 static void store_poll(struct sreq *r)
 {
-    int found = store_read(r);
+    int found = sim_store_read(r);
     if (found == 1)
         handoff_finished(r, HO_DONE);
     else if (found == 0 && xpyd_now_us() < r->deadline_us)
-        sreq_schedule(r, 2000);
+        sim_sreq_schedule(r, 2000);
     else
         handoff_finished(r, HO_RECOMPUTED);
 }
@@ -752,7 +752,7 @@ static void generate_one(struct sreq *r)
          * restarting once it does */
         s->stream_waits++;
         r->next_due_us = 0;
-        sreq_schedule(r, 1000);
+        sim_sreq_schedule(r, 1000);
         return;
     }
     if (s->cfg.recompute_after_tokens >= 0 && s->cfg.role != SIM_ROLE_PREFILL &&
@@ -786,7 +786,7 @@ static void generate_one(struct sreq *r)
         r->finish_reason = "stop";
     }
     if (s->cfg.fail_after_tokens >= 0 && (long)r->pos > s->cfg.fail_after_tokens) {
-        sreq_cut(r);
+        sim_sreq_cut(r);
         return;
     }
     if (r->p.stream) {
@@ -805,16 +805,16 @@ static void generate_one(struct sreq *r)
         /* a step costs more the more KV the rank's batch holds (attention reads all of it) */
         r->next_due_us += (uint64_t)s->cfg.decode_us_per_token +
                           r->rank->kv_tokens_running * (uint64_t)s->cfg.decode_ns_per_kv_token / 1000u;
-        sreq_schedule(r, r->next_due_us > now ? r->next_due_us - now : 0);
+        sim_sreq_schedule(r, r->next_due_us > now ? r->next_due_us - now : 0);
     }
 }
 
-void sreq_tick(evutil_socket_t fd, short ev, void *arg)
+void sim_sreq_tick(evutil_socket_t fd, short ev, void *arg)
 {
     struct sreq *r = arg;
     switch (r->state) {
     case SREQ_STALLED:
-        sreq_admit(r);
+        sim_sreq_admit(r);
         break;
     case SREQ_HANDOFF:
         if (r->ho_mode == SIM_HANDOFF_STORE)

@@ -32,7 +32,7 @@ uint64_t sim_rand(struct sim *s)
     return s->rng;
 }
 
-void json_escape_into(const char *in, char *out, size_t cap)
+void sim_json_escape_into(const char *in, char *out, size_t cap)
 {
     cJSON *str = XPYD_XALLOC(cJSON_CreateString(in));
     char *q = XPYD_XALLOC(cJSON_PrintUnformatted(str));
@@ -45,24 +45,24 @@ void json_escape_into(const char *in, char *out, size_t cap)
     cJSON_Delete(str);
 }
 
-void add_header(evhtp_request_t *req, const char *k, const char *v)
+void sim_add_header(evhtp_request_t *req, const char *k, const char *v)
 {
     evhtp_headers_add_header(req->headers_out, evhtp_header_new(k, v, 0, 1));
 }
 
-const char *body_of(evhtp_request_t *req, size_t *len)
+const char *sim_body_of(evhtp_request_t *req, size_t *len)
 {
     *len = evbuffer_get_length(req->buffer_in);
     return *len ? (const char *)evbuffer_pullup(req->buffer_in, -1) : "";
 }
 
-struct timeval us_to_tv(uint64_t us)
+struct timeval sim_us_to_tv(uint64_t us)
 {
     struct timeval tv = {(time_t)(us / 1000000u), (suseconds_t)(us % 1000000u)};
     return tv;
 }
 
-struct sim_rank *rank_of(void *arg)
+struct sim_rank *sim_rank_of(void *arg)
 {
     return arg;
 }

@@ -135,39 +135,39 @@ struct xpull {
 
 /* sim_http.c */
 uint64_t sim_rand(struct sim *s);
-void json_escape_into(const char *in, char *out, size_t cap);
-void add_header(evhtp_request_t *req, const char *k, const char *v);
-const char *body_of(evhtp_request_t *req, size_t *len);
-struct timeval us_to_tv(uint64_t us);
-struct sim_rank *rank_of(void *arg);
+void sim_json_escape_into(const char *in, char *out, size_t cap);
+void sim_add_header(evhtp_request_t *req, const char *k, const char *v);
+const char *sim_body_of(evhtp_request_t *req, size_t *len);
+struct timeval sim_us_to_tv(uint64_t us);
+struct sim_rank *sim_rank_of(void *arg);
 
 /* sim_kv.c */
-unsigned char *kv_make(const struct sreq *r, size_t *len);
-int kv_verify(const struct sreq *r, const unsigned char *data, size_t len);
-void store_path(const struct sim *s, uint64_t hash, char *out, size_t cap);
-int store_write(struct sreq *r);
-int store_read(struct sreq *r);
+unsigned char *sim_kv_make(const struct sreq *r, size_t *len);
+int sim_kv_verify(const struct sreq *r, const unsigned char *data, size_t len);
+void sim_store_path(const struct sim *s, uint64_t hash, char *out, size_t cap);
+int sim_store_write(struct sreq *r);
+int sim_store_read(struct sreq *r);
 
 /* sim_engine.c */
 int sim_peer(struct sim *s, const char *host, int port);
-evhtp_res on_request_fini(evhtp_request_t *req, void *arg);
-void on_client_closed(evutil_socket_t fd, short ev, void *arg);
-void sreq_schedule(struct sreq *r, uint64_t us);
-void sreq_admit(struct sreq *r);
-void sreq_start(struct sreq *r);
-void sreq_tick(evutil_socket_t fd, short ev, void *arg);
-void sreq_fail(struct sreq *r, int status, const char *msg);
-void sreq_release(struct sreq *r);
-void sreq_reply(struct sreq *r, int status, const char *ctype, const char *body, size_t len);
-void notify_release(struct sreq *r);
-void lease_drop(struct sim *s, struct sim_lease *l);
-void lease_unregister(void *arg, struct sim_lease *l);
-void xt_on_event(evutil_socket_t fd, short ev, void *arg);
-void sreq_cut(struct sreq *r);
-void pump_waiting(struct sim_rank *rk);
+evhtp_res sim_on_request_fini(evhtp_request_t *req, void *arg);
+void sim_on_client_closed(evutil_socket_t fd, short ev, void *arg);
+void sim_sreq_schedule(struct sreq *r, uint64_t us);
+void sim_sreq_admit(struct sreq *r);
+void sim_sreq_start(struct sreq *r);
+void sim_sreq_tick(evutil_socket_t fd, short ev, void *arg);
+void sim_sreq_fail(struct sreq *r, int status, const char *msg);
+void sim_sreq_release(struct sreq *r);
+void sim_sreq_reply(struct sreq *r, int status, const char *ctype, const char *body, size_t len);
+void sim_notify_release(struct sreq *r);
+void sim_lease_drop(struct sim *s, struct sim_lease *l);
+void sim_lease_unregister(void *arg, struct sim_lease *l);
+void sim_xt_on_event(evutil_socket_t fd, short ev, void *arg);
+void sim_sreq_cut(struct sreq *r);
+void sim_pump_waiting(struct sim_rank *rk);
 
 /* sim_metrics.c */
-void on_metrics(evhtp_request_t *req, void *arg);
+void sim_on_metrics(evhtp_request_t *req, void *arg);
 
 /* sim_output.c: what a simulated engine writes */
 char *sim_final_json(struct sreq *r);

@@ -26,7 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-unsigned char *kv_make(const struct sreq *r, size_t *len)
+unsigned char *sim_kv_make(const struct sreq *r, size_t *len)
 {
     size_t bpt = (size_t)r->sim->cfg.kv_bytes_per_token;
     *len = r->p.prompt.n * bpt;
@@ -35,28 +35,28 @@ unsigned char *kv_make(const struct sreq *r, size_t *len)
     return kv;
 }
 
-int kv_verify(const struct sreq *r, const unsigned char *data, size_t len)
+int sim_kv_verify(const struct sreq *r, const unsigned char *data, size_t len)
 {
     size_t elen;
-    unsigned char *exp = kv_make(r, &elen);
+    unsigned char *exp = sim_kv_make(r, &elen);
     int ok = elen == len && memcmp(exp, data, len) == 0;
     free(exp);
     return ok;
 }
 
 /* Prefill side of kv-params: hold the KV under a lease and describe it in kv_out. */
-void store_path(const struct sim *s, uint64_t hash, char *out, size_t cap)
+void sim_store_path(const struct sim *s, uint64_t hash, char *out, size_t cap)
 {
     snprintf(out, cap, "%s/%016" PRIx64 ".kv", s->cfg.store_dir, hash);
 }
 
-int store_write(struct sreq *r)
+int sim_store_write(struct sreq *r)
 {
     char path[600], tmp[640];
-    store_path(r->sim, r->p.prompt.hash, path, sizeof path);
+    sim_store_path(r->sim, r->p.prompt.hash, path, sizeof path);
     snprintf(tmp, sizeof tmp, "%s.%d.%" PRIu64 ".tmp", path, (int)getpid(), ++r->sim->seq);
     size_t len;
-    unsigned char *kv = kv_make(r, &len);
+    unsigned char *kv = sim_kv_make(r, &len);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     int ok = fd >= 0 && write(fd, kv, len) == (ssize_t)len;
     if (fd >= 0)
@@ -72,10 +72,10 @@ int store_write(struct sreq *r)
 }
 
 /* 1: found and valid, 0: not there (yet), -1: there but corrupt. */
-int store_read(struct sreq *r)
+int sim_store_read(struct sreq *r)
 {
     char path[600];
-    store_path(r->sim, r->p.prompt.hash, path, sizeof path);
+    sim_store_path(r->sim, r->p.prompt.hash, path, sizeof path);
     FILE *f = fopen(path, "rb");
     if (!f)
         return 0;
@@ -83,7 +83,7 @@ int store_read(struct sreq *r)
     unsigned char *buf = XPYD_XALLOC(malloc(cap));
     size_t n = fread(buf, 1, cap, f);
     fclose(f);
-    int ok = kv_verify(r, buf, n);
+    int ok = sim_kv_verify(r, buf, n);
     free(buf);
     if (ok)
         r->sim->kv_bytes_received += n;

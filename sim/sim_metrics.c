@@ -31,13 +31,13 @@ static void metric_head(struct evbuffer *b, const char *name, const char *type, 
     evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
-void on_metrics(evhtp_request_t *req, void *arg)
+void sim_on_metrics(evhtp_request_t *req, void *arg)
 {
-    struct sim *s = rank_of(arg)->sim;
+    struct sim *s = sim_rank_of(arg)->sim;
     struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
     int lo = 0, hi = s->nranks;
     if (!s->cfg.dp_internal && s->nranks > 1) { /* external: each port reports its own rank */
-        lo = rank_of(arg)->idx;
+        lo = sim_rank_of(arg)->idx;
         hi = lo + 1;
     }
     const char *m = s->model_json;

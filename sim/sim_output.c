@@ -85,14 +85,14 @@ void sim_kv_transfer_header(struct sreq *r)
         return;
     char v[96];
     snprintf(v, sizeof v, "bytes=%" PRIu64 "; us=%" PRIu64, r->kv_xfer_bytes, r->kv_xfer_us);
-    add_header(r->ereq, "X-KV-Transfer", v);
+    sim_add_header(r->ereq, "X-KV-Transfer", v);
 }
 
 void sim_stream_begin(struct sreq *r)
 {
     sim_kv_transfer_header(r);
-    add_header(r->ereq, "Content-Type", "text/event-stream");
-    add_header(r->ereq, "Cache-Control", "no-cache");
+    sim_add_header(r->ereq, "Content-Type", "text/event-stream");
+    sim_add_header(r->ereq, "Cache-Control", "no-cache");
     evhtp_send_reply_chunk_start(r->ereq, EVHTP_RES_OK);
     r->stream_started = 1;
     if (r->p.chat) { /* vLLM's first chat chunk carries the role and empty content */

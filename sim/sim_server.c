@@ -79,7 +79,7 @@ static void handle_generate(evhtp_request_t *req, struct sim_rank *own, int chat
         return;
     }
     size_t len;
-    const char *body = body_of(req, &len);
+    const char *body = sim_body_of(req, &len);
     struct sim_limits lim = {s->cfg.model, s->cfg.max_model_len};
     struct sim_params p;
     char *err = NULL;
@@ -119,36 +119,36 @@ static void handle_generate(evhtp_request_t *req, struct sim_rank *own, int chat
     else
         snprintf(r->id, sizeof r->id, "%016" PRIx64, sim_rand(s));
     char esc[220];
-    json_escape_into(r->id, esc, sizeof esc);
+    sim_json_escape_into(r->id, esc, sizeof esc);
     snprintf(r->id_json, sizeof r->id_json, "%s%.200s", chat ? "chatcmpl-" : "cmpl-", esc);
     LIST_INSERT_HEAD(&s->all, r, all);
     rk->requests_total++;
-    evhtp_request_set_hook(req, evhtp_hook_on_request_fini, (evhtp_hook)on_request_fini, r);
+    evhtp_request_set_hook(req, evhtp_hook_on_request_fini, (evhtp_hook)sim_on_request_fini, r);
     evhtp_request_pause(req);
     /* libevhtp's pause turns EV_WRITE off too: without it a reader that fell behind is never written again */
     bufferevent_enable(evhtp_connection_get_bev(evhtp_request_get_connection(req)), EV_WRITE);
     evutil_socket_t fd = bufferevent_getfd(evhtp_connection_get_bev(evhtp_request_get_connection(req)));
-    r->close_ev = event_new(s->base, fd, EV_CLOSED, on_client_closed, r);
+    r->close_ev = event_new(s->base, fd, EV_CLOSED, sim_on_client_closed, r);
     if (r->close_ev)
         event_add(r->close_ev, NULL);
     if (s->cfg.stall_ms > 0) {
         s->faults_stall++;
         r->state = SREQ_STALLED;
-        sreq_schedule(r, (uint64_t)s->cfg.stall_ms * 1000u);
+        sim_sreq_schedule(r, (uint64_t)s->cfg.stall_ms * 1000u);
         return;
     }
-    sreq_admit(r);
+    sim_sreq_admit(r);
 }
 
 
 static void on_completions(evhtp_request_t *req, void *arg)
 {
-    handle_generate(req, rank_of(arg), 0);
+    handle_generate(req, sim_rank_of(arg), 0);
 }
 
 static void on_chat(evhtp_request_t *req, void *arg)
 {
-    handle_generate(req, rank_of(arg), 1);
+    handle_generate(req, sim_rank_of(arg), 1);
 }
 
 static void on_health(evhtp_request_t *req, void *arg)
@@ -158,7 +158,7 @@ static void on_health(evhtp_request_t *req, void *arg)
 
 static void on_models(evhtp_request_t *req, void *arg)
 {
-    struct sim *s = rank_of(arg)->sim;
+    struct sim *s = sim_rank_of(arg)->sim;
     char buf[1024];
     int n = snprintf(buf, sizeof buf,
                      "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,"
@@ -170,11 +170,11 @@ static void on_models(evhtp_request_t *req, void *arg)
 
 static void on_tokenize(evhtp_request_t *req, void *arg)
 {
-    struct sim *s = rank_of(arg)->sim;
+    struct sim *s = sim_rank_of(arg)->sim;
     if (!xpyd_method_allowed(req, "POST"))
         return;
     size_t len;
-    const char *body = body_of(req, &len);
+    const char *body = sim_body_of(req, &len);
     struct sim_prompt pr;
     char *err = NULL;
     int st = sim_tokenize_parse(body, len, &pr, &err);
@@ -198,13 +198,13 @@ static void kv_take(evhtp_request_t *req, struct sim_rank *rk, int release);
 /* The prefill's KV channel: a decode pulls a lease (kv-params) or a bootstrap room... */
 static void on_kv_pull(evhtp_request_t *req, void *arg)
 {
-    kv_take(req, rank_of(arg), 0);
+    kv_take(req, sim_rank_of(arg), 0);
 }
 
 /* ...or, aborted before pulling, asks the prefill to free it. */
 static void on_kv_release(evhtp_request_t *req, void *arg)
 {
-    kv_take(req, rank_of(arg), 1);
+    kv_take(req, sim_rank_of(arg), 1);
 }
 
 /* rk: the rank whose listener the pull came to. An external DP rank's bootstrap server knows only its own rooms
@@ -213,7 +213,7 @@ static void kv_take(evhtp_request_t *req, struct sim_rank *rk, int release)
 {
     struct sim *s = rk->sim;
     size_t len;
-    const char *body = body_of(req, &len);
+    const char *body = sim_body_of(req, &len);
     cJSON *o = cJSON_ParseWithLength(body, len);
     const cJSON *room = cJSON_GetObjectItemCaseSensitive(o, "bootstrap_room");
     const cJSON *eid = cJSON_GetObjectItemCaseSensitive(o, "remote_engine_id");
@@ -270,22 +270,22 @@ static void kv_take(evhtp_request_t *req, struct sim_rank *rk, int release)
     l = sim_lease_take(&s->leases, key);
     if (release) {
         s->leases_cancelled++;
-        lease_drop(s, l);
+        sim_lease_drop(s, l);
         xpyd_reply(req, 200, "application/json", "{\"released\":true}", 17);
         return;
     }
     s->leases_released++;
     s->kv_bytes_sent += l->kv_len;
     xpyd_reply(req, 200, "application/octet-stream", (const char *)l->kv, l->kv_len);
-    lease_drop(s, l);
+    sim_lease_drop(s, l);
 }
 
 static void on_abort(evhtp_request_t *req, void *arg)
 {
-    struct sim *s = rank_of(arg)->sim;
+    struct sim *s = sim_rank_of(arg)->sim;
     s->abort_calls++;
     size_t len;
-    const char *body = body_of(req, &len);
+    const char *body = sim_body_of(req, &len);
     cJSON *o = cJSON_ParseWithLength(body, len);
     const cJSON *rid = cJSON_GetObjectItemCaseSensitive(o, "rid");
     if (!cJSON_IsString(rid)) {
@@ -302,7 +302,7 @@ static void on_abort(evhtp_request_t *req, void *arg)
             snprintf(msg, sizeof msg, "request %.200s was aborted (abort_request)", r->id);
             r->aborted = 1;
             s->aborts_requested++;
-            sreq_fail(r, 400, msg);
+            sim_sreq_fail(r, 400, msg);
             n++;
         }
     }
@@ -315,7 +315,7 @@ static void on_abort(evhtp_request_t *req, void *arg)
 /* GET /query (vLLM MooncakeConnector's bootstrap server): {"<dp rank>": {"engine_id": "..."}, ...}. */
 static void on_query(evhtp_request_t *req, void *arg)
 {
-    struct sim *s = rank_of(arg)->sim;
+    struct sim *s = sim_rank_of(arg)->sim;
     if (!xpyd_method_allowed(req, "GET"))
         return;
     cJSON *o = XPYD_XALLOC(cJSON_CreateObject());
@@ -427,7 +427,7 @@ static evhtp_t *make_server(struct sim *s, struct sim_rank *rk, int port, enum s
         evhtp_set_cb(h, "/v1/chat/completions", on_chat, rk);
         evhtp_set_cb(h, "/v1/models", on_models, rk);
         evhtp_set_cb(h, "/health", on_health, rk);
-        evhtp_set_cb(h, "/metrics", on_metrics, rk);
+        evhtp_set_cb(h, "/metrics", sim_on_metrics, rk);
         evhtp_set_cb(h, "/tokenize", on_tokenize, rk);
         evhtp_set_cb(h, "/abort_request", on_abort, rk);
     }
@@ -473,7 +473,7 @@ int sim_run(const struct sim_config *cfg)
     xpyd_log_level = cfg->log_level;
     s->rng = xpyd_mix64(cfg->seed ^ 0xabcdefu ^ (uint64_t)cfg->port);
     LIST_INIT(&s->all);
-    json_escape_into(cfg->model, s->model_json, sizeof s->model_json);
+    sim_json_escape_into(cfg->model, s->model_json, sizeof s->model_json);
     signal(SIGPIPE, SIG_IGN);
     xpyd_raise_nofile();
     if (cfg->startup_delay_ms > 0)
@@ -572,9 +572,9 @@ int sim_run(const struct sim_config *cfg)
             XLOG_ERR("msg=\"cannot start the transfer engine\" error=\"%s\"", strerror(-xrc));
             goto out;
         }
-        s->leases.on_drop = lease_unregister;
+        s->leases.on_drop = sim_lease_unregister;
         s->leases.on_drop_arg = s;
-        s->xt_ev = event_new(s->base, xt_engine_event_fd(s->xt), EV_READ | EV_PERSIST, xt_on_event, s);
+        s->xt_ev = event_new(s->base, xt_engine_event_fd(s->xt), EV_READ | EV_PERSIST, sim_xt_on_event, s);
         event_add(s->xt_ev, NULL);
     }
     s->sweep_ev = event_new(s->base, -1, EV_PERSIST, on_sweep, s);

@@ -3,7 +3,7 @@
  * feedback (probe_parse_engine_metrics in router/feedback_parse.c). The first byte picks the engine label
  * (or all engines). Checks: the counts read are finite and never negative, KV usage within [0, 1] when a
  * series matched, and no byte outside the page is read (ASan). */
-#include "probe.h"
+#include "feedback_parse.h"
 
 #include <math.h>
 #include <stdint.h>

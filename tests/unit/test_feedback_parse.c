@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "probe.h"
+#include "feedback_parse.h"
 
 #include <string.h>
 

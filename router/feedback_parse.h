@@ -1,0 +1,21 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* feedback_parse.h - vLLM's load series read out of an engine's Prometheus page (pure: probe.c scrapes, this
+ * reads; tests/fuzz/fuzz_feedback.c and tests/unit/test_feedback_parse.c exercise it). */
+#ifndef XPYD_FEEDBACK_PARSE_H
+#define XPYD_FEEDBACK_PARSE_H
+
+#include <stddef.h>
+
+/* vLLM's load series read from one engine's /metrics. */
+struct engine_load {
+    double waiting;  /* vllm:num_requests_waiting */
+    double running;  /* vllm:num_requests_running */
+    double kv_usage; /* vllm:kv_cache_usage_perc, else vllm:gpu_cache_usage_perc (0..1) */
+    long num_gpu_blocks, block_size; /* vllm:cache_config_info's labels; 0 when absent */
+};
+
+/* Parses a Prometheus page for engine label `engine` (every engine when engine < 0: counts summed, the
+ * highest KV usage taken) into *out; returns how many series matched. */
+int probe_parse_engine_metrics(const char *page, size_t len, int engine, struct engine_load *out);
+
+#endif
