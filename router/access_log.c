@@ -6,6 +6,7 @@
  * router made or checked); json is one object per line. */
 #include "access_log.h"
 
+#include "request_state.h"
 #include "router.h"
 #include "xpyd_util.h"
 
@@ -71,4 +72,21 @@ void rt_access_log(const struct access_entry *e)
                 "prompt_tokens=%" PRId64 " output_tokens=%" PRId64 " ttft_s=%.6f total_s=%.6f error=%s migrations=%d pd=%s\n",
                 when, e->request_id, e->client, e->method, e->path, e->status, e->stream, e->prefill, e->decode,
                 e->prompt_tokens, e->output_tokens, ttft, e->total_s, e->error, e->migrations, e->pd);
+}
+
+void rt_access_log_request(const struct request *r, int fail)
+{
+    if (!g_rt->cfg.access_log)
+        return;
+    /* who each leg went to, as it was when picked (the rank's slot may be another engine's by now) */
+    const char *pi = r->local_prefill ? "local" /* the decode computed the prompt */
+                     : r->legs[RT_PREFILL].last_idx >= 0 ? r->legs[RT_PREFILL].who : "-";
+    const char *di = r->legs[RT_DECODE].last_idx >= 0 ? r->legs[RT_DECODE].who : "-";
+    struct access_entry e = {r->xid, r->client_addr, "POST", r->kind == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions", r->status, r->stream, pi, di,
+                             r->prompt_tokens, r->tokens_out,
+                             r->t_first ? (double)(r->t_first - r->t_start) / 1e6 : -1,
+                             (double)(xpyd_now_us() - r->t_start) / 1e6, rt_fail_table[fail].name, r->migrations,
+                             r->pd_local ? "local" : r->local_prefill ? "fallback"
+                                                   : r->legs[RT_PREFILL].attempts ? "remote" : "-"};
+    rt_access_log(&e);
 }

@@ -29,6 +29,9 @@ struct access_entry {
 
 /* Writes the line (nothing with --access-log off). Any thread. */
 void rt_access_log(const struct access_entry *e);
+struct request;
+/* The line of a generate request as it ended (fail: enum rt_fail), when --access-log is on. */
+void rt_access_log_request(const struct request *r, int fail);
 /* The client's address of req as "ip:port" ("[v6]:port") into out, "-" when unknown. */
 void rt_client_addr(struct evhtp_request *req, char *out, size_t cap);
 /* The same for a connection (no request yet, e.g. a failed TLS handshake). */

@@ -6,6 +6,8 @@
 
 #include "access_log.h"
 #include "admission.h"
+#include "decide.h"
+#include "migrate.h"
 #include "body_src.h"
 #include "handoff.h"
 #include "prompt.h"
@@ -57,107 +59,6 @@ void req_set_state(struct request *r, enum req_state to)
 static struct request *leg_request(struct leg *l)
 {
     return (struct request *)((char *)(l - l->role) - offsetof(struct request, legs));
-}
-
-static const char *role_name(int role)
-{
-    return role == RT_DECODE ? "decode" : "prefill";
-}
-
-/* ---------- upstream requests ---------- */
-
-int req_endpoint(int role, int idx)
-{
-    return g_rt->reg.ranks[role][idx].endpoint;
-}
-
-const char *req_path(const struct request *r)
-{
-    return r->kind == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions";
-}
-
-const struct up_timeouts *req_timeouts(void)
-{
-    static __thread struct up_timeouts to;
-    to.connect_ms = g_rt->cfg.connect_timeout_ms;
-    to.first_byte_ms = g_rt->cfg.first_token_timeout_ms;
-    to.idle_ms = g_rt->cfg.stream_idle_timeout_ms;
-    return &to;
-}
-
-/* The head of a request to legs[role]'s instance idx, into b. */
-static void req_head(struct evbuffer *b, struct request *r, int role, int idx, const char *method, const char *path,
-                     const char *body, size_t len)
-{
-    const struct up_endpoint *ep = &g_rt->endpoints[req_endpoint(role, idx)];
-    up_request_line(b, ep, method, path);
-    char num[24], *e;
-    evbuffer_add(b, "X-Request-Id: ", 14);
-    evbuffer_add(b, r->xid, strlen(r->xid));
-    evbuffer_add(b, "\r\n", 2);
-    int dp = g_rt->reg.ranks[role][idx].dp_rank;
-    if (dp >= 0) {
-        evbuffer_add(b, "X-data-parallel-rank: ", 22);
-        e = xpyd_put_u64(num, (uint64_t)dp);
-        evbuffer_add(b, num, (size_t)(e - num));
-        evbuffer_add(b, "\r\n", 2);
-    }
-    if (r->fwd_headers)
-        evbuffer_add(b, r->fwd_headers, strlen(r->fwd_headers));
-    if (body) {
-        evbuffer_add(b, "Content-Type: application/json\r\nContent-Length: ", 48);
-        e = xpyd_put_u64(num, len);
-        evbuffer_add(b, num, (size_t)(e - num));
-    }
-    evbuffer_add(b, "\r\n\r\n", body ? 4 : 2);
-}
-
-struct evbuffer *req_build(struct request *r, int role, int idx, const char *method, const char *path, const char *body,
-                           size_t len)
-{
-    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
-    req_head(b, r, role, idx, method, path, body, len);
-    if (body)
-        evbuffer_add(b, body, len);
-    return b;
-}
-
-static void inst_desc(int role, int idx, char *out, size_t cap)
-{
-    char hp[280];
-    if (idx < 0) {
-        snprintf(out, cap, "%s", role_name(role));
-        return;
-    }
-    int dp = rt_rank_identity(role, idx, hp, sizeof hp);
-    if (dp >= 0)
-        snprintf(out, cap, "%s %s (dp rank %d)", role_name(role), hp, dp);
-    else
-        snprintf(out, cap, "%s %s", role_name(role), hp);
-}
-
-static void inst_short(int role, int idx, char *out, size_t cap)
-{
-    int dp = rt_rank_identity(role, idx, out, cap);
-    if (dp >= 0)
-        snprintf(out + strlen(out), cap - strlen(out), "#%d", dp);
-}
-
-static void access_log(const struct request *r, int fail)
-{
-    if (!g_rt->cfg.access_log)
-        return;
-    /* who each leg went to, as it was when picked (the rank's slot may be another engine's by now) */
-    const char *pi = r->local_prefill ? "local" /* the decode computed the prompt */
-                     : r->legs[RT_PREFILL].last_idx >= 0 ? r->legs[RT_PREFILL].who : "-";
-    const char *di = r->legs[RT_DECODE].last_idx >= 0 ? r->legs[RT_DECODE].who : "-";
-    struct access_entry e = {r->xid, r->client_addr, "POST", req_path(r), r->status, r->stream, pi, di,
-                             r->prompt_tokens, r->tokens_out,
-                             r->t_first ? (double)(r->t_first - r->t_start) / 1e6 : -1,
-                             (double)(xpyd_now_us() - r->t_start) / 1e6, rt_fail_table[fail].name, r->migrations,
-                             r->pd_local ? "local" : r->local_prefill ? "fallback"
-                                                   : r->legs[RT_PREFILL].attempts ? "remote" : "-"};
-    rt_access_log(&e);
 }
 
 /* ---------- ending ---------- */
@@ -223,7 +124,7 @@ void req_end(struct request *r, int fail)
         atomic_fetch_add(&g_rt->ctr.errors[fail], 1);
     atomic_fetch_add(&g_rt->ctr.prompt_tokens, (uint64_t)r->prompt_tokens);
     atomic_fetch_add(&g_rt->ctr.generation_tokens, (uint64_t)r->tokens_out);
-    access_log(r, fail);
+    rt_access_log_request(r, fail);
 }
 
 void req_fail(struct request *r, int fail, int status, const char *msg)
@@ -239,7 +140,7 @@ void req_fail(struct request *r, int fail, int status, const char *msg)
 void req_leg_fail(struct request *r, int fail, int role, int idx, const char *detail)
 {
     char where[400], msg[1000];
-    inst_desc(role, idx, where, sizeof where);
+    req_inst_desc(role, idx, where, sizeof where);
     snprintf(msg, sizeof msg, "%s failed: %s", where, detail);
     rt_count_instance_error(role, idx, fail);
     req_fail(r, fail, rt_fail_table[fail].status, msg);
@@ -249,14 +150,6 @@ static void body_memory_release(struct request *r)
 {
     rt_body_memory_release(r->body_bytes);
     r->body_bytes = 0;
-}
-
-/* A continuation became the request's body (decode migration): its bytes replace the old ones in the count. */
-static void body_memory_swap(struct request *r, size_t len)
-{
-    rt_body_memory_add((int64_t)len);
-    body_memory_release(r);
-    r->body_bytes = (int64_t)len;
 }
 
 /* libevhtp is freeing the client request (answer sent, or the connection is gone): the single safe point. */
@@ -328,7 +221,7 @@ static void on_queue_expired(struct request *r, int role)
     char msg[300];
     snprintf(msg, sizeof msg,
              "no %s instance had room within --queue-timeout-ms (%ld ms): every rank is at its max_inflight",
-             role_name(role), g_rt->cfg.queue_timeout_ms);
+             req_role_name(role), g_rt->cfg.queue_timeout_ms);
     req_fail(r, RF_QUEUE_TIMEOUT, 503, msg);
 }
 
@@ -336,8 +229,8 @@ static void on_queue_expired(struct request *r, int role)
  * decode runs alone), and nothing reached the client yet. */
 static int may_fall_back(const struct request *r)
 {
-    return g_rt->cfg.prefill_fallback && r->ho->t->local_prefill && (r->client == CLIENT_NOTHING || r->migrations > 0) &&
-           r->state != REQ_DONE && r->ereq && !r->legs[RT_PREFILL].answered;
+    return rd_may_fall_back(g_rt->cfg.prefill_fallback, r->ho->t->local_prefill, r->client != CLIENT_NOTHING,
+                            r->migrations, r->state == REQ_DONE || !r->ereq, r->legs[RT_PREFILL].answered);
 }
 
 /* The decode gets the client's body without any prefill handoff and computes the prompt itself. */
@@ -370,7 +263,7 @@ int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct r
             snprintf(msg, sizeof msg,
                      "too many requests: every %s rank is at its max_inflight and %ld requests are already waiting "
                      "(--admission-queue); retry later",
-                     role_name(role), g_rt->cfg.admission_queue);
+                     req_role_name(role), g_rt->cfg.admission_queue);
             snprintf(r->retry_after, sizeof r->retry_after, "1");
             req_fail(r, RF_QUEUE_FULL, 429, msg);
         }
@@ -383,7 +276,7 @@ int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct r
         snprintf(msg, sizeof msg,
                  "no %s instance can hold this request: about %" PRId64 " prompt tokens + %" PRId64
                  " max tokens exceed every instance's max_model_len",
-                 role_name(role), r->prompt_tokens, r->max_tokens);
+                 req_role_name(role), r->prompt_tokens, r->max_tokens);
         req_fail(r, RF_CONTEXT_TOO_LONG, 503, msg);
         return -1;
     }
@@ -403,7 +296,7 @@ int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct r
     l->attempts++;
     l->last_idx = idx;
     if (g_rt->cfg.access_log)
-        inst_short(role, idx, l->who, sizeof l->who);
+        req_inst_short(role, idx, l->who, sizeof l->who);
     l->t_sent = xpyd_now_us();
     l->idx = idx;
     l->charge = q.charged;
@@ -549,59 +442,28 @@ void req_report(int role, int idx, int ok)
     long ms = xb_report(g_rt->pools[role], idx, ok);
     if (ms > 0) {
         char where[400];
-        inst_desc(role, idx, where, sizeof where);
+        req_inst_desc(role, idx, where, sizeof where);
         xpyd_log_event(XPYD_LOG_WARN, "event=ejected instance=\"%s\" for_ms=%ld reason=consecutive_failures", where, ms);
     }
-}
-
-static int leg_fail_kind(int role, int err, int status)
-{
-    if (status)
-        return role ? RF_DECODE_STATUS : RF_PREFILL_STATUS;
-    if (err == -ETIMEDOUT)
-        return role ? RF_DECODE_CONNECT : RF_PREFILL_CONNECT;
-    if (err == -ETIME)
-        return role ? RF_DECODE_TIMEOUT : RF_PREFILL_TIMEOUT;
-    return role ? RF_DECODE_CONNECT : RF_PREFILL_CONNECT;
-}
-
-static const char *err_text(int err, char *buf, size_t cap)
-{
-    if (err == -ETIME)
-        snprintf(buf, cap, "no answer within the timeout");
-    else if (err == -ETIMEDOUT)
-        snprintf(buf, cap, "connect timed out");
-    else if (err == -EPROTO)
-        snprintf(buf, cap, "malformed HTTP response");
-    else if (err == -UP_ETLS)
-        snprintf(buf, cap, "TLS handshake failed (see event=tls_handshake_failed in the log)");
-    else if (err == -ECONNRESET)
-        snprintf(buf, cap, "connection closed before the response was complete");
-    else
-        snprintf(buf, cap, "%s", strerror(-err));
-    return buf;
 }
 
 /* Another attempt on a different instance, while nothing reached the client and budget remains. */
 static int may_retry(struct request *r, int role, int status)
 {
-    struct leg *l = &r->legs[role];
-    if (r->client != CLIENT_NOTHING || r->state == REQ_DONE || !r->ereq)
+    const struct leg *l = &r->legs[role];
+    const struct rt_config *c = &g_rt->cfg;
+    struct rd_retry f = {.client_has_bytes = r->client != CLIENT_NOTHING, .ended = r->state == REQ_DONE || !r->ereq,
+                         .status = status, .attempts = l->attempts, .tried = l->ntried, .max_retries = c->max_retries,
+                         .ranks = g_rt->reg.n_ranks[role], .max_tried = MAX_TRIED, .retrying = r->retrying,
+                         .active = (int64_t)atomic_load(&g_rt->ctr.active_requests),
+                         .retries_active = (int64_t)atomic_load(&g_rt->ctr.retries_active),
+                         .budget_percent = c->retry_budget_percent, .budget_min = c->retry_budget_min};
+    enum rd_retry_answer a = rd_may_retry(&f);
+    if (a == RD_BUDGET_SPENT)
+        atomic_fetch_add(&g_rt->ctr.retries_denied, 1);
+    if (a != RD_RETRY)
         return 0;
-    if (status && status < 500)
-        return 0; /* the engine judged the request itself: another one would too */
-    if (l->attempts > g_rt->cfg.max_retries || l->ntried >= MAX_TRIED || (size_t)l->ntried >= g_rt->reg.n_ranks[role])
-        return 0; /* out of attempts, or every instance was tried: the real error goes to the client */
     if (!r->retrying) {
-        /* Retry budget: in an outage, retries must not multiply the load on what is left. */
-        int64_t active = (int64_t)atomic_load(&g_rt->ctr.active_requests);
-        int64_t allowed_now = active * g_rt->cfg.retry_budget_percent / 100;
-        if (allowed_now < g_rt->cfg.retry_budget_min)
-            allowed_now = g_rt->cfg.retry_budget_min;
-        if ((int64_t)atomic_load(&g_rt->ctr.retries_active) >= allowed_now) {
-            atomic_fetch_add(&g_rt->ctr.retries_denied, 1);
-            return 0;
-        }
         r->retrying = 1;
         atomic_fetch_add(&g_rt->ctr.retries_active, 1);
     }
@@ -617,20 +479,14 @@ static void on_retry_timer(evutil_socket_t fd, short ev, void *arg)
 }
 
 /* Runs next (the next attempt) after a jittered exponential backoff. */
-static void retry_later(struct request *r, int role, void (*next)(struct request *r))
+void req_retry_later(struct request *r, int role, void (*next)(struct request *r))
 {
-    long base = g_rt->cfg.retry_backoff_ms;
-    if (base <= 0) {
+    if (g_rt->cfg.retry_backoff_ms <= 0) {
         next(r);
         return;
     }
-    double ms = (double)base;
-    for (int k = 1; k < r->legs[role].attempts && ms < 1000; k++)
-        ms *= 2;
-    if (ms > 1000)
-        ms = 1000;
     r->t->rng = xpyd_mix64(r->t->rng);
-    ms *= 0.5 + (double)(r->t->rng >> 11) / 9007199254740992.0;
+    double ms = rd_backoff_ms(g_rt->cfg.retry_backoff_ms, r->legs[role].attempts, r->t->rng);
     r->next = next;
     req_set_state(r, REQ_BACKOFF);
     if (!r->retry_timer)
@@ -666,93 +522,8 @@ static void pass_through_error(struct request *r, int role, int status)
         return;
     }
     char msg[600];
-    snprintf(msg, sizeof msg, "%s answered HTTP %d", role_name(role), status);
+    snprintf(msg, sizeof msg, "%s answered HTTP %d", req_role_name(role), status);
     req_fail(r, status < 500 ? RF_BAD_REQUEST : fail, status, msg);
-}
-
-/* ---------- decode migration ---------- */
-
-static int may_migrate(const struct request *r)
-{
-    const struct leg *d = &r->legs[RT_DECODE];
-    return r->gen_text && r->migrations < g_rt->cfg.migration_limit && r->client == CLIENT_STREAMING &&
-           r->state != REQ_DONE && r->ereq && !r->done_seen && d->ntried < MAX_TRIED &&
-           (size_t)d->ntried < g_rt->reg.n_ranks[RT_DECODE]; /* another decode to go on at */
-}
-
-/* The continuation's body: the client's, whose prompt holds what the client has (rewrite.c); NULL when it
- * cannot be continued. */
-static char *continuation_body(struct request *r, size_t *len)
-{
-    size_t n = evbuffer_get_length(r->gen_text);
-    char *text = XPYD_XALLOC(malloc(n + 1));
-    evbuffer_copyout(r->gen_text, text, n);
-    text[n] = 0;
-    char *body = rw_continuation_body(r->src, r->kind == RT_EP_CHAT, text, r->tokens_out - r->base_tokens, len);
-    free(text);
-    return body;
-}
-
-/* The continuation after the backoff. Cost model (decision): a continuation whose prompt (the client's plus
- * what it has) reaches --migration-prefill-min-tokens goes through a prefill leg first, in the modes with one
- * (the continuation becomes the request's body and the mode starts again: prefill, then decode with its KV);
- * a shorter one is computed by the decode itself, which costs less than a handoff. */
-static void migrate_send(struct request *r)
-{
-    int64_t since = r->tokens_out - r->base_tokens; /* delivered beyond the request body's prompt */
-    int64_t left = r->max_tokens - since, cont_prompt = r->prompt_tokens + since;
-    size_t len;
-    if (r->ho->t->local_prefill && g_rt->cfg.migration_prefill_min_tokens > 0 &&
-        cont_prompt >= g_rt->cfg.migration_prefill_min_tokens) {
-        char *body = continuation_body(r, &len);
-        const char *why = NULL;
-        size_t at = 0;
-        /* the body is the router's own splice of checked bytes: it passes the check (and holds one member more
-         * at most) */
-        struct rw_src *src = body ? rw_src_take(body, len, r->src->n + 8, &why, &at) : NULL;
-        if (src) {
-            body_memory_swap(r, src->len);
-            rw_src_free(r->src);
-            r->src = src;
-            r->prompt_tokens = cont_prompt;
-            r->max_tokens = left > 1 ? left : 1;
-            r->base_tokens = r->tokens_out; /* the body's prompt now holds everything delivered */
-            evbuffer_drain(r->gen_text, evbuffer_get_length(r->gen_text));
-            free(r->kv_params);
-            r->kv_params = NULL;
-            struct leg *p = &r->legs[RT_PREFILL];
-            p->answered = 0;
-            p->ntried = p->attempts = 0; /* a new prompt: any prefill may take it */
-            r->ho->start(r);
-            return;
-        }
-    }
-    if (req_pick(r, RT_DECODE, cont_prompt + (left > 1 ? left : 1), migrate_send) < 0)
-        return;
-    char *body = continuation_body(r, &len);
-    if (!body) { /* not reached: gen_text exists only for prompts that can be continued */
-        req_leg_fail(r, RF_DECODE_BROKEN_STREAM, RT_DECODE, r->legs[RT_DECODE].idx, "the stream cannot be continued");
-        return;
-    }
-    req_send(r, RT_DECODE, body, len, req_decode_done);
-}
-
-static void migrate(struct request *r, int err)
-{
-    struct leg *d = &r->legs[RT_DECODE];
-    int reason = r->preempted ? RF_DECODE_PREEMPTED : err == -ETIME ? RF_DECODE_TIMEOUT : RF_DECODE_BROKEN_STREAM;
-    atomic_fetch_add(&g_rt->ctr.migrations[reason], 1);
-    rt_count_instance_error(RT_DECODE, d->idx, reason);
-    char buf[120];
-    XLOG_INFO("msg=\"decode failed mid-stream: continuing at another decode\" request_id=%s reason=%s err=%s "
-              "delivered=%" PRId64, r->xid, rt_fail_table[reason].name, err_text(err, buf, sizeof buf), r->tokens_out);
-    req_release(r, RT_DECODE);
-    xpyd_sse_reset(&r->sse);
-    r->migrations++;
-    r->tokens_before = r->tokens_out;
-    r->preempted = 0;
-    r->first_dropped = 1; /* nothing of the continuation stands for a token the client has */
-    retry_later(r, RT_DECODE, migrate_send);
 }
 
 /* A failed attempt of role (err, or its status): retried through next when allowed, a stream migrated, a
@@ -765,14 +536,14 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
     int kind = role == RT_DECODE && r->preempted ? RF_DECODE_PREEMPTED
                : role == RT_DECODE && err && (r->client != CLIENT_NOTHING || l->status == 200)
                    ? RF_DECODE_BROKEN_STREAM /* cut after its head: streamed, or a JSON answer cut short */
-                   : leg_fail_kind(role, err, err ? 0 : status);
+                   : rd_leg_fail_kind(role, err, err ? 0 : status);
     /* a decode that failed before its head while a prefill's KV was meant for it: after the prefill answered
      * (kv-params, xpyd), or with the prefill running alongside (bootstrap, mooncake) */
     if (role == RT_DECODE && l->status != 200 && r->legs[RT_PREFILL].attempts > 0 && !r->local_prefill)
         atomic_fetch_add(&g_rt->ctr.kv_handoff_failures, 1);
     if ((err || status >= 500) && may_retry(r, role, status)) {
-        XLOG_INFO("msg=\"retrying %s elsewhere\" request_id=%s err=%s status=%d", role_name(role), r->xid,
-                  err ? err_text(err, buf, sizeof buf) : "-", status);
+        XLOG_INFO("msg=\"retrying %s elsewhere\" request_id=%s err=%s status=%d", req_role_name(role), r->xid,
+                  err ? rd_err_text(err, buf, sizeof buf) : "-", status);
         rt_count_instance_error(role, l->idx, kind);
         req_release(r, role);
         xpyd_sse_reset(&r->sse);
@@ -784,23 +555,23 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
             r->kv_params = NULL;
             r->local_prefill = 1;
         }
-        retry_later(r, role, next);
+        req_retry_later(r, role, next);
         return;
     }
-    if (role == RT_DECODE && (err || status >= 500) && may_migrate(r)) {
-        migrate(r, err);
+    if (role == RT_DECODE && (err || status >= 500) && req_may_migrate(r)) {
+        req_migrate(r, err);
         return;
     }
     if (role == RT_PREFILL && (err || status >= 500) && may_fall_back(r)) {
         char why[200];
-        snprintf(why, sizeof why, "prefill %s", err ? err_text(err, buf, sizeof buf) : "answered 5xx");
+        snprintf(why, sizeof why, "prefill %s", err ? rd_err_text(err, buf, sizeof buf) : "answered 5xx");
         rt_count_instance_error(role, l->idx, kind);
         xpyd_sse_reset(&r->sse);
         fall_back_to_local_prefill(r, why);
         return;
     }
     if (err) {
-        req_leg_fail(r, kind, role, l->idx, err_text(err, buf, sizeof buf));
+        req_leg_fail(r, kind, role, l->idx, rd_err_text(err, buf, sizeof buf));
         return;
     }
     if (role == RT_DECODE && status >= 400 && status < 500 && l->attempts > 1 && r->kv_params &&
@@ -817,7 +588,7 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         free(r->kv_params);
         r->kv_params = NULL;
         r->local_prefill = 1;
-        retry_later(r, role, next);
+        req_retry_later(r, role, next);
         return;
     }
     pass_through_error(r, role, status);
@@ -913,10 +684,8 @@ static int choose_local_prefill(struct request *r)
                          .session = r->session, .peek = 1};
     if (xb_pick_q(g_rt->pools[RT_DECODE], &q) < 0)
         return 0;
-    int64_t uncached = r->prompt_tokens - q.cached;
-    if (uncached < c->local_prefill_max_tokens)
-        return 1;
-    return uncached < c->local_prefill_when_busy_tokens && xb_saturated(g_rt->pools[RT_PREFILL]);
+    return rd_local_prefill(r->prompt_tokens, q.cached, c->local_prefill_max_tokens, c->local_prefill_when_busy_tokens,
+                            xb_saturated(g_rt->pools[RT_PREFILL]));
 }
 
 void req_start_prefill(struct request *r)

@@ -1,0 +1,93 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* leg_wire.c - what a leg puts on the wire and how its engine is named: the request head every engine request
+ * carries (X-Request-Id, the DP rank header, the client's forwarded headers), the path, the timeouts, and a
+ * rank named for errors, logs and the access log (see request.h). */
+#include "request.h"
+
+#include "xpyd_util.h"
+
+#include <event2/buffer.h>
+#include <stdio.h>
+#include <string.h>
+
+const char *req_role_name(int role)
+{
+    return role == RT_DECODE ? "decode" : "prefill";
+}
+
+int req_endpoint(int role, int idx)
+{
+    return g_rt->reg.ranks[role][idx].endpoint;
+}
+
+const char *req_path(const struct request *r)
+{
+    return r->kind == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions";
+}
+
+const struct up_timeouts *req_timeouts(void)
+{
+    static __thread struct up_timeouts to;
+    to.connect_ms = g_rt->cfg.connect_timeout_ms;
+    to.first_byte_ms = g_rt->cfg.first_token_timeout_ms;
+    to.idle_ms = g_rt->cfg.stream_idle_timeout_ms;
+    return &to;
+}
+
+/* The head of a request to legs[role]'s instance idx, into b. */
+void req_head(struct evbuffer *b, struct request *r, int role, int idx, const char *method, const char *path,
+                     const char *body, size_t len)
+{
+    const struct up_endpoint *ep = &g_rt->endpoints[req_endpoint(role, idx)];
+    up_request_line(b, ep, method, path);
+    char num[24], *e;
+    evbuffer_add(b, "X-Request-Id: ", 14);
+    evbuffer_add(b, r->xid, strlen(r->xid));
+    evbuffer_add(b, "\r\n", 2);
+    int dp = g_rt->reg.ranks[role][idx].dp_rank;
+    if (dp >= 0) {
+        evbuffer_add(b, "X-data-parallel-rank: ", 22);
+        e = xpyd_put_u64(num, (uint64_t)dp);
+        evbuffer_add(b, num, (size_t)(e - num));
+        evbuffer_add(b, "\r\n", 2);
+    }
+    if (r->fwd_headers)
+        evbuffer_add(b, r->fwd_headers, strlen(r->fwd_headers));
+    if (body) {
+        evbuffer_add(b, "Content-Type: application/json\r\nContent-Length: ", 48);
+        e = xpyd_put_u64(num, len);
+        evbuffer_add(b, num, (size_t)(e - num));
+    }
+    evbuffer_add(b, "\r\n\r\n", body ? 4 : 2);
+}
+
+struct evbuffer *req_build(struct request *r, int role, int idx, const char *method, const char *path, const char *body,
+                           size_t len)
+{
+    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
+    req_head(b, r, role, idx, method, path, body, len);
+    if (body)
+        evbuffer_add(b, body, len);
+    return b;
+}
+
+void req_inst_desc(int role, int idx, char *out, size_t cap)
+{
+    char hp[280];
+    if (idx < 0) {
+        snprintf(out, cap, "%s", req_role_name(role));
+        return;
+    }
+    int dp = rt_rank_identity(role, idx, hp, sizeof hp);
+    if (dp >= 0)
+        snprintf(out, cap, "%s %s (dp rank %d)", req_role_name(role), hp, dp);
+    else
+        snprintf(out, cap, "%s %s", req_role_name(role), hp);
+}
+
+void req_inst_short(int role, int idx, char *out, size_t cap)
+{
+    int dp = rt_rank_identity(role, idx, out, cap);
+    if (dp >= 0)
+        snprintf(out + strlen(out), cap - strlen(out), "#%d", dp);
+}
