@@ -27,6 +27,7 @@
  * or REJECTED (answer written, lingering) from HEAD/BODY. */
 #include "router.h"
 #include "access_log.h"
+#include "client_answers.h"
 #include "xpyd_reply.h"
 #include "http_req.h"
 
@@ -162,45 +163,6 @@ static void linger_write(struct bufferevent *bev, void *arg)
     }
 }
 
-/* Peers whose failed handshake was logged, so a client retrying in a loop is one line (a small table of
- * address hashes; a collision only skips a line). The counter counts every failure. */
-static atomic_uint_fast64_t tls_logged[256];
-
-static void tls_client_failed(struct cconn *cc, struct bufferevent *bev)
-{
-    char why[300] = "", one[256];
-    unsigned long e, first = 0;
-    while ((e = bufferevent_get_openssl_error(bev)) != 0) {
-        if (!first)
-            first = e;
-        ERR_error_string_n(e, one, sizeof one);
-        const char *r = strrchr(one, ':');
-        size_t n = strlen(why);
-        snprintf(why + n, sizeof why - n, "%s%s", n ? "; " : "", r ? r + 1 : one);
-    }
-    if (!first)
-        return; /* connected and closed without a word: a TCP check, not a failed handshake */
-    atomic_fetch_add(&g_rt->ctr.tls_handshake_failures[0], 1);
-    if (xpyd_tls_is_plain_http(first)) { /* plain HTTP sent to the TLS port: say so, in plain HTTP, and close */
-        static const char body[] = "{\"error\":{\"message\":\"this port speaks HTTPS: use https:// (plain HTTP "
-                                   "was sent to a TLS listener)\",\"type\":\"BadRequestError\",\"param\":null,"
-                                   "\"code\":400}}";
-        char msg[512];
-        int n = snprintf(msg, sizeof msg, "HTTP/1.1 400 Bad Request\r\nContent-Type: application/json\r\n"
-                                          "Content-Length: %zu\r\nConnection: close\r\n\r\n%s", sizeof body - 1, body);
-        if (n > 0 && send(cc->c->sock, msg, (size_t)n, MSG_NOSIGNAL | MSG_DONTWAIT) < 0)
-            (void)0; /* best effort: the connection closes either way */
-    }
-    char peer[128];
-    rt_client_addr_of(cc->c, peer, sizeof peer);
-    char *colon = strrchr(peer, ':'); /* one line per address, whatever its port */
-    if (colon)
-        *colon = '\0';
-    uint64_t h = xpyd_fnv64(XPYD_FNV_INIT, peer, strlen(peer));
-    if (atomic_exchange(&tls_logged[h & 255], h) != h)
-        xpyd_log_event(XPYD_LOG_WARN, "event=tls_handshake_failed side=client peer=%s reason=\"%s\"", peer, why);
-}
-
 /* The client hung up (or its socket failed) while an answer is in progress: the handler ends the request and
  * frees the connection (1), or leaves an answer already complete to libevhtp (0). */
 static int client_gone(struct cconn *cc)
@@ -214,7 +176,7 @@ static void guard_event(struct bufferevent *bev, short what, void *arg)
     struct cconn *cc = arg;
     SSL *ssl = (what & (BEV_EVENT_ERROR | BEV_EVENT_EOF)) ? bufferevent_openssl_get_ssl(bev) : NULL;
     if (ssl && !SSL_is_init_finished(ssl))
-        tls_client_failed(cc, bev);
+        rt_client_tls_failed(cc->c, bev);
     if ((what & (BEV_EVENT_ERROR | BEV_EVENT_EOF)) && client_gone(cc))
         return; /* the connection is freed */
     if (what & BEV_EVENT_CONNECTED) /* handshake done: a request may have come with its last flight */
@@ -613,37 +575,6 @@ static void on_kick(evutil_socket_t fd, short ev, void *arg)
 
 /* ---- hooks from libevhtp ---- */
 
-static void over_capacity_handler(evhtp_request_t *req, void *arg)
-{
-    evhtp_headers_add_header(req->headers_out, evhtp_header_new("Retry-After", "1", 0, 0));
-    xpyd_close_after_reply(req);
-    xpyd_reply_error(req, 503, "the router is at --max-connections; retry later");
-}
-
-static void too_large_handler(evhtp_request_t *req, void *arg)
-{
-    char msg[160];
-    snprintf(msg, sizeof msg, "request body exceeds the limit of %ld bytes (--max-body-bytes)", g_rt->cfg.max_body_bytes);
-    xpyd_reply_error(req, 413, msg);
-}
-
-static void body_memory_handler(evhtp_request_t *req, void *arg)
-{
-    char msg[200];
-    snprintf(msg, sizeof msg, "the router holds as many request body bytes as it may (--max-body-memory-bytes %ld); "
-                              "retry shortly", g_rt->cfg.max_body_memory_bytes);
-    evhtp_headers_add_header(req->headers_out, evhtp_header_new("Retry-After", "1", 0, 0));
-    xpyd_reply_error(req, 503, msg);
-}
-
-/* "OPTIONS *": what the router as a whole answers to (HAProxy's and other front ends' health checks send it).
- * The answer is a 200 with no body, the connection kept as the client asked. */
-static void asterisk_handler(evhtp_request_t *req, void *arg)
-{
-    evhtp_headers_add_header(req->headers_out, evhtp_header_new("Allow", "GET, HEAD, POST, PUT, DELETE", 0, 0));
-    xpyd_reply(req, 200, NULL, NULL, 0);
-}
-
 const char *const rt_client_reject_names[RT_CR_COUNT] = {"over_capacity", "header_timeout", "body_timeout",
                                                        "headers_too_large", "keepalive_idle", "malformed"};
 
@@ -652,12 +583,12 @@ int rt_client_headers_hook(evhtp_request_t *req, void *guard)
     struct cconn *cc = guard;
     if (cc->over_capacity) {
         atomic_fetch_add(&g_rt->ctr.client_rejected[RT_CR_OVER_CAPACITY], 1);
-        req->cb = over_capacity_handler;
+        req->cb = rt_answer_over_capacity;
         req->cbarg = NULL;
         return 0;
     }
     if (cc->asterisk) {
-        req->cb = asterisk_handler;
+        req->cb = rt_answer_asterisk;
         req->cbarg = NULL;
         return 0;
     }
@@ -665,10 +596,10 @@ int rt_client_headers_hook(evhtp_request_t *req, void *guard)
     const char *path = req->uri && req->uri->path && req->uri->path->full ? req->uri->path->full : "";
     int generate = !strcmp(path, "/v1/completions") || !strcmp(path, "/v1/chat/completions");
     if (!generate && evhtp_header_find(req->headers_in, XPYD_TOO_LARGE_HEADER)) {
-        req->cb = too_large_handler;
+        req->cb = rt_answer_too_large;
         req->cbarg = NULL;
     } else if (!generate && evhtp_header_find(req->headers_in, XPYD_BODY_MEMORY_HEADER)) {
-        req->cb = body_memory_handler;
+        req->cb = rt_answer_body_memory;
         req->cbarg = NULL;
     }
     return 0;

@@ -2,7 +2,7 @@
 /* leg_wire.c - what a leg puts on the wire and how its engine is named: the request head every engine request
  * carries (X-Request-Id, the DP rank header, the client's forwarded headers), the path, the timeouts, and a
  * rank named for errors, logs and the access log (see request.h). */
-#include "request.h"
+#include "leg_wire.h"
 
 #include "xpyd_util.h"
 

@@ -3,6 +3,7 @@
  * (/health, /status, /metrics). */
 #include "handoff.h"
 #include "loopguard.h"
+#include "migrate.h"
 #include "router.h"
 #include "xpyd_reply.h"
 #include "discovery.h"
@@ -319,6 +320,7 @@ int main(int argc, char **argv)
     int rc = rt_config_load(&rt->cfg, argc, argv);
     if (rc != 0)
         return rc > 0 ? 0 : 2;
+    rt_migration_install();
     if (!(rt->ho = rt_handoff_resolve(&rt->cfg)))
         return 2;
     if (rt->cfg.dry_run) {

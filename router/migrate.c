@@ -16,7 +16,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 
-int req_may_migrate(const struct request *r)
+static int may_migrate(const struct request *r)
 {
     return rd_may_migrate(r->gen_text != NULL, r->client == CLIENT_STREAMING, r->done_seen,
                           r->state == REQ_DONE || !r->ereq, r->migrations, g_rt->cfg.migration_limit,
@@ -87,7 +87,7 @@ static void migrate_send(struct request *r)
     req_send(r, RT_DECODE, body, len, req_decode_done);
 }
 
-void req_migrate(struct request *r, int err)
+static void migrate(struct request *r, int err)
 {
     struct leg *d = &r->legs[RT_DECODE];
     int reason = r->preempted ? RF_DECODE_PREEMPTED : err == -ETIME ? RF_DECODE_TIMEOUT : RF_DECODE_BROKEN_STREAM;
@@ -103,4 +103,11 @@ void req_migrate(struct request *r, int err)
     r->preempted = 0;
     r->first_dropped = 1; /* nothing of the continuation stands for a token the client has */
     req_retry_later(r, RT_DECODE, migrate_send);
+}
+
+static const struct req_migration migration = {may_migrate, migrate};
+
+void rt_migration_install(void)
+{
+    req_set_migration(&migration);
 }

@@ -3,11 +3,9 @@
 #ifndef XPYD_MIGRATE_H
 #define XPYD_MIGRATE_H
 
-#include "request_state.h"
-
-/* The decode of r failed after tokens reached the client: may the stream go on elsewhere? */
-int req_may_migrate(const struct request *r);
-/* It does: counted, logged, the decode released, a continuation sent after the backoff (err: the leg's). */
-void req_migrate(struct request *r, int err);
+/* Installs migration in the request core (request.h's req_set_migration): a decode that fails after tokens
+ * reached the client is counted, logged, released, and a continuation goes to another decode after the
+ * backoff, when decide.c's rules allow. */
+void rt_migration_install(void);
 
 #endif

@@ -7,7 +7,6 @@
 #include "access_log.h"
 #include "admission.h"
 #include "decide.h"
-#include "migrate.h"
 #include "body_src.h"
 #include "handoff.h"
 #include "prompt.h"
@@ -526,6 +525,13 @@ static void pass_through_error(struct request *r, int role, int status)
     req_fail(r, status < 500 ? RF_BAD_REQUEST : fail, status, msg);
 }
 
+static const struct req_migration *migration; /* migrate.c's, installed at start; NULL: none */
+
+void req_set_migration(const struct req_migration *m)
+{
+    migration = m;
+}
+
 /* A failed attempt of role (err, or its status): retried through next when allowed, a stream migrated, a
  * prefill replaced by the decode's own (--prefill-fallback), else the request fails. */
 static void leg_failed(struct request *r, int role, int err, int status, void (*next)(struct request *r))
@@ -558,8 +564,8 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         req_retry_later(r, role, next);
         return;
     }
-    if (role == RT_DECODE && (err || status >= 500) && req_may_migrate(r)) {
-        req_migrate(r, err);
+    if (role == RT_DECODE && (err || status >= 500) && migration && migration->may(r)) {
+        migration->go(r, err);
         return;
     }
     if (role == RT_PREFILL && (err || status >= 500) && may_fall_back(r)) {

@@ -4,6 +4,7 @@
 #ifndef XPYD_REQUEST_H
 #define XPYD_REQUEST_H
 
+#include "leg_wire.h"
 #include "request_state.h"
 
 /* A request whose fields the server filled (t, ereq, ho, kind, src, stream, xid, fwd_headers, prompt_tokens,
@@ -28,6 +29,13 @@ void req_decode_done(struct up_leg *leg, int err, void *arg);
 /* A prefill attempt finished (any mode): the leg lets go of its connection and the outcome counts against its
  * instance (200 a success; an error or a 5xx a failure). *ok: usable answer. NULL: the request had ended. */
 struct request *req_prefill_finished(struct leg *p, int err, int *ok);
+/* Decode migration, a layer above the core (migrate.c): whether a broken stream may go on at another decode,
+ * and the step that sends it there. Installed once at start; the core only asks. */
+struct req_migration {
+    int (*may)(const struct request *r);
+    void (*go)(struct request *r, int err);
+};
+void req_set_migration(const struct req_migration *m);
 /* Runs next (the next attempt) after a jittered exponential backoff (decide.c), in state BACKOFF. */
 void req_retry_later(struct request *r, int role, void (*next)(struct request *r));
 /* A failed prefill attempt (err, or its status): retries through next when allowed, else fails the request. */
@@ -51,18 +59,5 @@ void req_restart_pair(struct request *r, void (*start)(struct request *r));
 void req_start_prefill(struct request *r);
 void req_start_decode(struct request *r);
 void req_decode_charge(struct request *r, int64_t *charge);
-/* leg_wire.c: the head of a request to legs[role]'s instance idx, into b; the whole request (head, body). */
-void req_head(struct evbuffer *b, struct request *r, int role, int idx, const char *method, const char *path,
-              const char *body, size_t len);
-/* An upstream request to legs[role]'s instance idx: request line, our headers, the client's, the body. */
-struct evbuffer *req_build(struct request *r, int role, int idx, const char *method, const char *path, const char *body,
-                           size_t len);
-int req_endpoint(int role, int idx);
-const struct up_timeouts *req_timeouts(void);
-const char *req_path(const struct request *r);
-const char *req_role_name(int role);
-/* A rank for errors and logs: "decode 10.0.0.2:8200 (dp rank 1)"; for the access log: "10.0.0.2:8200#1". */
-void req_inst_desc(int role, int idx, char *out, size_t cap);
-void req_inst_short(int role, int idx, char *out, size_t cap);
 
 #endif

@@ -14,8 +14,24 @@ xpyd_wait_file() {
 
 # xpyd_free_port: prints a loopback TCP port free right now (the kernel's pick), for servers that take a port
 # number rather than --port 0.
+# xpyd_free_port: a port free a moment ago, below the kernel's ephemeral range (which every outgoing connection
+# draws from: a port from it could be taken before the caller binds it).
 xpyd_free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+  python3 -c '
+import random, socket
+lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+for _ in range(500):
+    p = random.SystemRandom().randrange(10000, lo)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", p))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(p)
+    break
+'
 }
 
 # xpyd_wait_http URL SECONDS: polls URL until it answers 2xx; 1 after SECONDS.

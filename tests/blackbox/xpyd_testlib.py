@@ -8,6 +8,7 @@ import atexit
 import http.client
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -39,21 +40,27 @@ def _remove_tmpdirs():  # registered before _stop_all, so it runs after it
         shutil.rmtree(d, ignore_errors=True)
 
 
-def free_port():
-    """A port that was free a moment ago (for binaries that need a fixed port, e.g. DP external)."""
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+def _ephemeral_low():
+    """The first port the kernel hands out on its own (to port-0 listeners and to every outgoing connection)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+FIXED_LOW = 10000  # fixed ports are drawn from [FIXED_LOW, the ephemeral range): nothing else takes those
 
 
 def free_port_range(n):
-    """A base port such that base..base+n-1 were all free a moment ago."""
-    for _ in range(200):
-        base = free_port()
-        if base + n > 65000:
-            continue
+    """A base port such that base..base+n-1 were all free a moment ago, below the kernel's ephemeral range: a port
+    handed out for the next outgoing connection (tests run in parallel) cannot take it between now and its use."""
+    hi = _ephemeral_low() - n
+    rng = random.SystemRandom()
+    for _ in range(500):
+        base = rng.randrange(FIXED_LOW, hi) if hi > FIXED_LOW else None
+        if base is None:
+            break
         socks = []
         try:
             for i in range(n):
@@ -67,6 +74,12 @@ def free_port_range(n):
             for s in socks:
                 s.close()
     raise RuntimeError("no free port range")
+
+
+def free_port():
+    """A port that was free a moment ago (for binaries that need a fixed port, e.g. DP external, and for an
+    address where nothing listens), below the ephemeral range (see free_port_range)."""
+    return free_port_range(1)
 
 
 def wait_until(pred, timeout=10.0, interval=0.01, what="condition"):

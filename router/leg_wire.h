@@ -1,0 +1,27 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* leg_wire.h - what a leg puts on the wire and how its engine is named (leg_wire.c). */
+#ifndef XPYD_LEG_WIRE_H
+#define XPYD_LEG_WIRE_H
+
+#include "request_state.h"
+
+#include <stddef.h>
+
+struct evbuffer;
+struct up_timeouts;
+
+/* The head of a request to legs[role]'s instance idx, into b; the whole request (head, body). */
+void req_head(struct evbuffer *b, struct request *r, int role, int idx, const char *method, const char *path,
+              const char *body, size_t len);
+/* An upstream request to legs[role]'s instance idx: request line, our headers, the client's, the body. */
+struct evbuffer *req_build(struct request *r, int role, int idx, const char *method, const char *path, const char *body,
+                           size_t len);
+int req_endpoint(int role, int idx);
+const struct up_timeouts *req_timeouts(void);
+const char *req_path(const struct request *r);
+const char *req_role_name(int role);
+/* A rank for errors and logs: "decode 10.0.0.2:8200 (dp rank 1)"; for the access log: "10.0.0.2:8200#1". */
+void req_inst_desc(int role, int idx, char *out, size_t cap);
+void req_inst_short(int role, int idx, char *out, size_t cap);
+
+#endif
