@@ -24,7 +24,6 @@ struct cJSON;
 struct etcd;
 struct etcd_op;
 struct etcd_watch;
-struct etcd_reg;
 
 #define ETCD_MAX_ENDPOINTS 16
 #define ETCD_MAX_PREFIX 200
@@ -56,6 +55,9 @@ struct etcd_stats {
     uint64_t last_ok_us;      /* xpyd_now_us() of etcd's last good answer or watch message; 0: never */
 };
 void etcd_get_stats(const struct etcd *e, struct etcd_stats *out);
+/* The event loop e runs on; a keep-alive counted in its stats (xpyd_etcd_lease.c). */
+struct event_base *etcd_base(const struct etcd *e);
+void etcd_count_keepalive(struct etcd *e);
 
 /* ---------- calls ---------- */
 
@@ -85,21 +87,6 @@ struct etcd_watch_cbs {
 struct etcd_watch *etcd_watch_prefix(struct etcd *e, const char *prefix, int64_t start_rev,
                                      const struct etcd_watch_cbs *cbs, void *arg);
 void etcd_watch_cancel(struct etcd_watch *w);
-
-/* ---------- registrations ---------- */
-
-/* on_state(held): the lease is held and every key put (1), or was lost / revoked (0). Optional. */
-struct etcd_reg *etcd_reg_new(struct etcd *e, long ttl_s, void (*on_state)(int held, void *arg), void *arg);
-/* Sets key (under the registration's lease) to value; put at once when the lease is held, else when it is.
- * A key whose put is in flight is put again with the newest value afterwards. */
-void etcd_reg_set(struct etcd_reg *r, const char *key, const char *value);
-/* on 1: grant the lease and put the keys; on 0: revoke it (the keys vanish). Idempotent. */
-void etcd_reg_active(struct etcd_reg *r, int on);
-int etcd_reg_held(const struct etcd_reg *r);
-/* Revokes the lease if held, then calls done (at most timeout_ms later); the registration is inactive after. */
-void etcd_reg_stop(struct etcd_reg *r, long timeout_ms, void (*done)(void *arg), void *arg);
-/* Frees without revoking (a dying process: the lease runs out by itself). */
-void etcd_reg_free(struct etcd_reg *r);
 
 /* ---------- helpers ---------- */
 

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* xpyd_http_client.c - pooled HTTP/1.1 client legs to engines (see xpyd_http_client.h for the callback contract). */
 #include "xpyd_http_client.h"
+#include "xpyd_http_internal.h"
 #include "xpyd_tls.h"
 
 #include <errno.h>
@@ -18,130 +19,6 @@
 #include <sys/queue.h>
 
 #include "xpyd_util.h"
-
-struct up_conn {
-    struct up_thread *t;
-    int ep;
-    unsigned gen;       /* the endpoint's generation when connected (up_endpoint.gen) */
-    struct bufferevent *bev;
-    struct up_leg *leg; /* NULL while idle */
-    int connected;
-    /* Plain connections read through their own event (conn_read_cb), not the bufferevent's: libevent's
-     * socket read asks the kernel how much is readable (ioctl FIONREAD) before every read, one syscall more
-     * per engine read (per streamed token, often). The bufferevent still connects, writes and holds the
-     * input buffer; the callbacks set on it are the ones called. TLS connections read through it. */
-    struct event *rev;  /* NULL for TLS, or until the socket exists */
-    int reading;        /* EV_READ wanted */
-    int edge;           /* rev is edge-triggered (see conn_read_arm) */
-    int has_rtv;        /* a read (idle) timeout is set */
-    struct timeval rtv;
-    TAILQ_ENTRY(up_conn) link;
-};
-TAILQ_HEAD(up_conn_list, up_conn);
-struct up_idle {
-    struct up_conn_list list; /* most recently used first */
-    size_t n;
-};
-
-struct up_thread {
-    struct event_base *base;
-    struct up_endpoint *eps; /* owned copy, or the caller's array (shared) */
-    int shared_eps;
-    size_t n;
-    SSL_CTX *tls;            /* for endpoints with tls set (the caller's) */
-    SSL_SESSION **sessions;  /* per endpoint: the last session, offered again (resumption); owned */
-    unsigned *session_gen;   /* per endpoint: the generation the session is of */
-    struct up_idle *idle;    /* per endpoint */
-    size_t open_count;
-    size_t idle_max;         /* per endpoint: a P->D request uses a connection to each of two engines, and a
-                              * cap shared by all engines closed (and reopened) one in ten of them at 64
-                              * streams (a TCP handshake and teardown each, ≈ 15 % of the router's CPU) */
-};
-
-struct up_leg {
-    struct up_thread *t;
-    struct up_conn *c;
-    int ep;
-    const struct up_leg_cbs *cbs;
-    void *arg;
-    struct up_timeouts to;
-    struct up_piece *req[2]; /* the request's bytes (a head, and a body the caller built), kept for one
-                              * transparent retry (a pooled connection the engine had closed) until the response
-                              * starts; NULL when not (or no longer) held */
-    int nreq;
-    size_t req_len;
-    http_parser parser;
-    int status;
-    int complete;
-    int keepalive;
-    int in_cb;
-    int canceled;
-    int sent;
-    int retried;
-    int reused;
-    int orphan;             /* cancelled after send: finish writing, then close silently */
-    uint64_t bytes_in;
-    struct event *defer_ev; /* deferred failure delivery */
-    int defer_err;
-    struct leg_header *hdr; /* only while the head is read, for cbs->on_header (owned) */
-};
-
-/* A response header being assembled for cbs->on_header (http-parser may split names and values across
- * reads). Allocated at the head's first field and freed when the head is complete: not held by an open
- * stream. */
-struct leg_header {
-    char name[64], value[256];
-    size_t nl, vl;
-    int state, skip; /* 0 none, 1 in a name, 2 in a value; skip: too long, not reported */
-};
-
-/* Request bytes held by a leg and, while queued on a connection's output, by that output too (referred to, not
- * copied: a 16 MiB prompt is not copied again to be sent); freed at the last release. The owning thread's only. */
-struct up_piece {
-    char *p;
-    size_t n;
-    unsigned refs;
-};
-
-static struct up_piece *piece_new(char *p, size_t n)
-{
-    struct up_piece *x = malloc(sizeof *x);
-    if (!x) {
-        free(p);
-        return NULL;
-    }
-    *x = (struct up_piece){p, n, 1};
-    return x;
-}
-
-static void piece_unref(struct up_piece *x)
-{
-    if (x && --x->refs == 0) {
-        free(x->p);
-        free(x);
-    }
-}
-
-static void piece_cleanup(const void *data, size_t len, void *arg)
-{
-    piece_unref(arg);
-}
-
-/* Queues x from byte `from` on out, by reference. */
-static void piece_queue(struct evbuffer *out, struct up_piece *x, size_t from)
-{
-    x->refs++;
-    if (evbuffer_add_reference(out, x->p + from, x->n - from, piece_cleanup, x) != 0)
-        x->refs--; /* not queued (out of memory): the write fails, the leg with it */
-}
-
-static void leg_release_req(struct up_leg *leg)
-{
-    for (int i = 0; i < leg->nreq; i++) {
-        piece_unref(leg->req[i]);
-        leg->req[i] = NULL;
-    }
-}
 
 static void conn_free(struct up_conn *c);
 static void leg_finish(struct up_leg *leg, int err);
@@ -308,43 +185,6 @@ static void conn_close(struct up_conn *c)
     free(c);
 }
 
-int up_endpoint_resolve(struct up_endpoint *ep, const char *host, int port)
-{
-    /* host may be ep->host itself (etcd_url_parse fills it first): copied before ep is written, since an
-     * snprintf from a buffer into itself is undefined (glibc left it empty, and the empty name turned the
-     * TLS name check off: SSL_set1_host(ssl, "")) */
-    char name[sizeof ep->host];
-    if (!host || strlen(host) >= sizeof name)
-        return -EINVAL;
-    memcpy(name, host, strlen(host) + 1);
-    host = name;
-    struct addrinfo hints, *res = NULL;
-    memset(&hints, 0, sizeof hints);
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    char ps[16];
-    snprintf(ps, sizeof ps, "%d", port);
-    if (getaddrinfo(host, ps, &hints, &res) != 0 || !res)
-        return -EINVAL;
-    memcpy(&ep->addr, res->ai_addr, res->ai_addrlen);
-    ep->addrlen = (socklen_t)res->ai_addrlen;
-    freeaddrinfo(res);
-    snprintf(ep->host, sizeof ep->host, "%s", host);
-    ep->port = port;
-    xpyd_hostport(ep->host, port, ep->hostport, sizeof ep->hostport);
-    return 0;
-}
-
-void up_request_line(struct evbuffer *b, const struct up_endpoint *ep, const char *method, const char *path)
-{
-    evbuffer_add(b, method, strlen(method)); /* pieces, without printf: this runs for every request */
-    evbuffer_add(b, " ", 1);
-    evbuffer_add(b, path, strlen(path));
-    evbuffer_add(b, " HTTP/1.1\r\nHost: ", 17);
-    evbuffer_add(b, ep->hostport, strlen(ep->hostport));
-    evbuffer_add(b, "\r\n", 2);
-}
-
 struct up_thread *up_thread_new(struct event_base *base, const struct up_endpoint *eps, size_t n, size_t idle_max)
 {
     struct up_thread *t = calloc(1, sizeof *t);
@@ -435,106 +275,6 @@ uint64_t up_leg_bytes_in(const struct up_leg *leg)
     return leg->bytes_in;
 }
 
-/* ---------- http-parser callbacks ---------- */
-
-static void header_emit(struct leg_header *h, struct up_leg *leg)
-{
-    if (h->state == 2 && !h->skip) {
-        h->name[h->nl] = 0;
-        h->value[h->vl] = 0;
-        leg->cbs->on_header(leg, h->name, h->value, leg->arg);
-    }
-    h->nl = h->vl = 0;
-    h->skip = 0;
-    h->state = 0;
-}
-
-/* The header being assembled, NULL when headers are not wanted (no on_header, trailers after the head, out
- * of memory: the header is then not reported). */
-static struct leg_header *leg_header_of(struct up_leg *leg)
-{
-    if (!leg->cbs->on_header || leg->status)
-        return NULL; /* chunked trailers (after the head) are not headers of the answer */
-    if (!leg->hdr)
-        leg->hdr = calloc(1, sizeof *leg->hdr);
-    return leg->hdr;
-}
-
-static int p_header_field(http_parser *p, const char *at, size_t len)
-{
-    struct up_leg *leg = p->data;
-    struct leg_header *h = leg_header_of(leg);
-    if (!h)
-        return 0;
-    if (h->state == 2)
-        header_emit(h, leg);
-    h->state = 1;
-    if (h->nl + len >= sizeof h->name)
-        h->skip = 1;
-    else {
-        memcpy(h->name + h->nl, at, len);
-        h->nl += len;
-    }
-    return 0;
-}
-
-static int p_header_value(http_parser *p, const char *at, size_t len)
-{
-    struct up_leg *leg = p->data;
-    struct leg_header *h = leg_header_of(leg);
-    if (!h)
-        return 0;
-    h->state = 2;
-    if (h->vl + len >= sizeof h->value)
-        h->skip = 1;
-    else {
-        memcpy(h->value + h->vl, at, len);
-        h->vl += len;
-    }
-    return 0;
-}
-
-static int p_headers_complete(http_parser *p)
-{
-    struct up_leg *leg = p->data;
-    if (leg->hdr) {
-        header_emit(leg->hdr, leg);
-        free(leg->hdr);
-        leg->hdr = NULL;
-    }
-    leg->status = (int)p->status_code;
-    if (leg->status < 200 || leg->status > 599)
-        return -1; /* not a final HTTP status (1xx, or nonsense like "HTTP/1.1 5"): a malformed response */
-    if (leg->cbs->on_head)
-        leg->cbs->on_head(leg, leg->status, leg->arg);
-    return leg->canceled ? -1 : 0;
-}
-
-static int p_body(http_parser *p, const char *at, size_t len)
-{
-    struct up_leg *leg = p->data;
-    if (leg->cbs->on_body)
-        leg->cbs->on_body(leg, at, len, leg->arg);
-    return leg->canceled ? -1 : 0;
-}
-
-static int p_complete(http_parser *p)
-{
-    struct up_leg *leg = p->data;
-    leg->complete = 1;
-    leg->keepalive = http_should_keep_alive(p);
-    http_parser_pause(p, 1); /* nothing after one response is ours */
-    return 0;
-}
-
-static const http_parser_settings parser_settings = {
-    .on_header_field = p_header_field,
-    .on_header_value = p_header_value,
-    .on_headers_complete = p_headers_complete,
-    .on_body = p_body,
-    .on_message_complete = p_complete,
-};
-
 /* ---------- connections ---------- */
 
 static void conn_free(struct up_conn *c)
@@ -590,7 +330,7 @@ static void leg_drop_conn(struct up_leg *leg)
 
 static void leg_free(struct up_leg *leg)
 {
-    leg_release_req(leg);
+    up_leg_release_req(leg);
     free(leg->hdr);
     if (leg->defer_ev)
         event_free(leg->defer_ev);
@@ -631,11 +371,11 @@ static int leg_parse(struct up_conn *c, struct up_leg *leg, const char *data, si
     if (leg->bytes_in == 0) {
         struct timeval idle = ms_tv(leg->to.idle_ms);
         conn_timeouts(c, &idle, NULL);
-        leg_release_req(leg);
+        up_leg_release_req(leg);
     }
     leg->bytes_in += len;
     leg->in_cb = 1;
-    size_t n = http_parser_execute(&leg->parser, &parser_settings, data, len);
+    size_t n = http_parser_execute(&leg->parser, &up_parser_settings, data, len);
     leg->in_cb = 0;
     *used = n;
     if (leg->canceled) {
@@ -789,7 +529,7 @@ static void leg_event_cb(struct bufferevent *bev, short what, void *arg)
     if (what & BEV_EVENT_EOF) {
         /* A body delimited by the connection's end completes here. */
         leg->in_cb = 1;
-        http_parser_execute(&leg->parser, &parser_settings, NULL, 0);
+        http_parser_execute(&leg->parser, &up_parser_settings, NULL, 0);
         leg->in_cb = 0;
         if (leg->canceled) {
             leg_drop_conn(leg);
@@ -905,8 +645,8 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
         /* A new connection is never tried again (leg_try_again): the request is not kept once written. A
          * stream waiting for its engine's first byte holds ~1 KiB less (section 4 of bench/overhead.sh). */
         for (int i = 0; i < leg->nreq; i++)
-            piece_queue(out, leg->req[i], 0);
-        leg_release_req(leg);
+            up_piece_queue(out, leg->req[i], 0);
+        up_leg_release_req(leg);
         bufferevent_enable(c->bev, EV_WRITE);
         conn_read(c, 1);
         return 0;
@@ -935,7 +675,7 @@ static int leg_attach(struct up_leg *leg, int allow_idle)
             done -= leg->req[i]->n;
             continue;
         }
-        piece_queue(out, leg->req[i], done);
+        up_piece_queue(out, leg->req[i], done);
         done = 0;
     }
     bufferevent_enable(c->bev, EV_WRITE);
@@ -957,10 +697,10 @@ struct up_leg *up_leg_start_parts(struct up_thread *t, int ep, char *head, size_
     leg->cbs = cbs;
     leg->arg = arg;
     leg->to = *to;
-    leg->req[0] = piece_new(head, head_len);
+    leg->req[0] = up_piece_new(head, head_len);
     leg->nreq = 1;
     if (body && body_len) {
-        leg->req[1] = piece_new(body, body_len);
+        leg->req[1] = up_piece_new(body, body_len);
         leg->nreq = 2;
     } else {
         free(body);

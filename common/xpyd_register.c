@@ -3,6 +3,7 @@
 #include "xpyd_register.h"
 
 #include "xpyd_etcd.h"
+#include "xpyd_etcd_lease.h"
 #include "xpyd_http_client.h"
 #include "xpyd_util.h"
 

@@ -19,6 +19,7 @@
 #include "etcd_parse.h"
 #include "router.h"
 #include "xpyd_etcd.h"
+#include "xpyd_etcd_lease.h"
 #include "xpyd_util.h"
 #include "xpyd_version.h"
 

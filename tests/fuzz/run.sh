@@ -22,7 +22,7 @@ HTTP_PARSER_INC=${HTTP_PARSER_INC:-/usr/include}
 LIBS=($(pkg-config --libs libcjson libevent libevent_openssl openssl) -lpthread -lxxhash)
 echo '#define XPYD_GIT_REV "fuzz"' >"$OUT/xpyd_gitrev.h" # what the build generates (cmake/gitrev.cmake)
 C=$ROOT/common R=$ROOT/router
-HTTP=("$C/xpyd_http_client.c" "$C/xpyd_tls.c" -I"$HTTP_PARSER_INC" -lhttp_parser)
+HTTP=("$C/xpyd_http_client.c" "$C/xpyd_http_response.c" "$C/xpyd_http_request.c" "$C/xpyd_endpoint.c" "$C/xpyd_tls.c" -I"$HTTP_PARSER_INC" -lhttp_parser)
 
 sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.c)
   case $1 in
