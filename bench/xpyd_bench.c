@@ -5,6 +5,8 @@
  * Metrics follow benchmark_serving: TTFT = first SSE event carrying choices; ITL = gaps between such
  * events; output length = the usage event's completion_tokens (else the number of content events);
  * TPOT = (E2EL - TTFT) / (output tokens - 1). Failed requests are counted with their error. */
+#include "bench.h"
+
 #include "xpyd_http_client.h"
 #include "xpyd_tls.h"
 #include "xpyd_sse.h"
@@ -23,275 +25,13 @@
 #include <time.h>
 #include <unistd.h>
 
-struct opts {
-    char host[256];
-    int port;
-    char endpoint[256];
-    int chat;
-    char model[256];
-    int num_prompts;
-    int input_len, output_len;
-    double range_ratio;
-    double rate; /* requests/s, 0 = inf */
-    double burstiness;
-    int max_concurrency; /* 0 = unlimited */
-    int ignore_eos;
-    uint64_t seed;
-    char percentile_metrics[128];
-    char metric_percentiles[128];
-    int save_result;
-    char result_filename[512];
-    int disable_tqdm;
-    long timeout_ms;
-    int pareto;               /* --length-dist pareto: heavy-tailed lengths (shape 1.5, mean kept, cap 10x) */
-    int token_ids;            /* --tokenizer-free: prompts as token-id arrays (completions only) */
-    double slo_ttft_ms, slo_tpot_ms, slo_e2el_ms; /* --goodput: 0 = not part of the SLO */
-    int goodput;
-    char direct_prefill[300]; /* HOST:PORT: do the kv-params P->D sequence from the client (baseline) */
-    int prefix_rep;           /* --dataset-name prefix-repetition */
-    int pr_prefix_len, pr_suffix_len, pr_num_prefixes, pr_output_len;
-    int multi_turn;           /* --multi-turn N: conversations of N turns, each re-sending its history */
-    int tls;                  /* --base-url https://...: TLS to the server */
-    char tls_ca[512];         /* --tls-ca FILE: the CA the server's certificate is checked against ("" system) */
-    char dp_host[256];
-    int dp_port;
-};
-
-struct req {
-    int i;
-    int in_len, out_len;
-    uint64_t t_start, t_last;
-    double ttft;         /* s, <0 until the first token */
-    double *itl;         /* s, owned */
-    size_t n_itl, cap_itl;
-    long out_tokens;     /* from usage, else counted */
-    long in_tokens;      /* the server's usage.prompt_tokens, -1 when it sent none */
-    struct evbuffer *text; /* generated text (result file: generated_texts) */
-    long counted;
-    int status;
-    int done_seen;
-    int ok;
-    double e2el;
-    char err[200];
-    struct xpyd_sse_parser sse;
-    struct evbuffer *errbody;
-    struct up_leg *leg;
-    char *prompt;        /* owned: the text (or token ids) of this request's new user turn */
-    struct evbuffer *pbody; /* direct mode: the prefill's answer */
-    long cached_tokens;  /* usage.prompt_tokens_details.cached_tokens, -1 when the server sent none */
-    int sent;
-};
-
-static struct opts O;
+struct opts O;
 static struct event_base *base;
 static struct up_thread *up;
-static struct req *reqs;
+struct req *reqs;
 static int next_to_send, in_flight, finished;
-static uint64_t rng, t0, t_end;
+uint64_t rng, t0, t_end;
 static struct event *arrival_ev;
-
-static double urand(void)
-{
-    rng = xpyd_mix64(rng);
-    return (double)(rng >> 11) / 9007199254740992.0;
-}
-
-/* Gamma(shape, scale) by Marsaglia-Tsang; shape 1 is the exponential (Poisson arrivals). */
-static double gamma_sample(double shape, double scale)
-{
-    if (shape < 1)
-        return gamma_sample(shape + 1, scale) * pow(urand(), 1.0 / shape);
-    double d = shape - 1.0 / 3, c = 1 / sqrt(9 * d);
-    for (;;) {
-        double x, v;
-        do {
-            double u1 = urand(), u2 = urand();
-            x = sqrt(-2 * log(u1 + 1e-300)) * cos(2 * M_PI * u2);
-            v = 1 + c * x;
-        } while (v <= 0);
-        v = v * v * v;
-        double u = urand();
-        if (log(u + 1e-300) < 0.5 * x * x + d - d * v + d * log(v))
-            return d * v * scale;
-    }
-}
-
-static int rand_len(int mean)
-{
-    if (O.pareto) {
-        const double alpha = 1.5;
-        double xm = mean * (alpha - 1) / alpha, v = xm / pow(1 - urand(), 1 / alpha);
-        if (v > 10.0 * mean)
-            v = 10.0 * mean;
-        return v < 1 ? 1 : (int)v;
-    }
-    int lo = (int)(mean * (1 - O.range_ratio)), hi = (int)(mean * (1 + O.range_ratio));
-    if (lo < 1)
-        lo = 1;
-    if (hi < lo)
-        hi = lo;
-    return lo + (int)(urand() * (hi - lo + 1));
-}
-
-/* Common English words that are one token each, with or without the leading space, in the BPE vocabularies
- * real models use (OpenAI cl100k_base and o200k_base, hence Llama 3 and Qwen, whose vocabularies extend
- * them): a prompt of N of them joined by spaces is N tokens there, as it is on xpyd_sim (checked against
- * both encodings by tests/blackbox/test_bench.py when the tokenizer package is installed). */
-static const char *const prompt_words[] = {
-    "the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "an",
-    "be", "this", "are", "or", "but", "not", "had", "were", "they", "which", "have", "one", "you", "all", "we",
-    "can", "her", "has", "there", "been", "if", "more", "when", "will", "would", "who", "so", "no", "out", "up",
-    "into", "do", "than", "its", "only", "other", "new", "some", "could", "time", "these", "two", "may", "first",
-    "then", "any", "like", "my", "now", "over", "such", "our", "man", "me", "even", "most", "made", "after", "also",
-    "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down",
-    "should", "because", "each", "just", "those", "people", "how", "too", "little", "state", "good", "very", "make",
-    "world", "still", "own", "see", "men", "work", "long", "get", "here", "between", "both", "life", "being",
-    "under", "never", "day", "same", "another", "know", "while", "last", "might", "us", "great", "old", "year",
-    "off", "come", "since", "against", "go", "came", "right", "used", "take", "three", "house", "place", "water",
-    "small", "found", "part", "city", "home", "light", "hand", "high", "school", "every", "end", "few", "game",
-    "line", "name", "side", "point", "form", "child", "head", "group", "fact", "night", "word", "river", "music",
-    "story", "money", "table", "field", "power", "order", "paper", "market", "plan", "color", "stone", "window",
-    "letter", "summer", "winter", "spring", "doctor", "teacher", "mother", "father", "family", "friend", "number",
-    "system", "program", "question", "government", "company", "problem", "service", "area", "country", "week",
-    "case",
-};
-#define N_PROMPT_WORDS (sizeof prompt_words / sizeof prompt_words[0])
-
-static void add_words(struct evbuffer *p, int n, int lead_space)
-{
-    for (int k = 0; k < n; k++)
-        evbuffer_add_printf(p, "%s%s", k || lead_space ? " " : "", prompt_words[(size_t)(urand() * N_PROMPT_WORDS) % N_PROMPT_WORDS]);
-}
-
-/* --dataset-name prefix-repetition (vLLM's PrefixRepetitionRandomDataset): num_prefixes shared prefixes of
- * prefix_len tokens, each request one of them (in a shuffled order, each used equally often) plus a random
- * suffix of suffix_len tokens. */
-static char **pr_prefixes;
-static int *pr_order;
-
-static void prefix_rep_init(void)
-{
-    pr_prefixes = XPYD_XALLOC(calloc((size_t)O.pr_num_prefixes, sizeof *pr_prefixes));
-    for (int i = 0; i < O.pr_num_prefixes; i++) {
-        struct evbuffer *p = evbuffer_new();
-        add_words(p, O.pr_prefix_len, 0);
-        size_t n = evbuffer_get_length(p);
-        pr_prefixes[i] = XPYD_XALLOC(malloc(n + 1));
-        evbuffer_remove(p, pr_prefixes[i], n);
-        pr_prefixes[i][n] = 0;
-        evbuffer_free(p);
-    }
-    pr_order = XPYD_XALLOC(calloc((size_t)O.num_prompts, sizeof *pr_order));
-    for (int i = 0; i < O.num_prompts; i++)
-        pr_order[i] = i % O.pr_num_prefixes;
-    for (int i = O.num_prompts - 1; i > 0; i--) { /* Fisher-Yates */
-        int j = (int)(urand() * (i + 1)) % (i + 1), t = pr_order[i];
-        pr_order[i] = pr_order[j];
-        pr_order[j] = t;
-    }
-}
-
-static void make_prompt(struct req *r)
-{
-    struct evbuffer *p = evbuffer_new();
-    if (O.prefix_rep) {
-        evbuffer_add_printf(p, "%s", pr_prefixes[pr_order[r->i]]);
-        add_words(p, O.pr_suffix_len, O.pr_prefix_len > 0);
-    } else if (O.token_ids) { /* --tokenizer-free: token ids, exactly in_len tokens on any engine */
-        evbuffer_add(p, "[", 1);
-        for (int k = 0; k < r->in_len; k++)
-            evbuffer_add_printf(p, "%s%d", k ? "," : "", 1000 + (int)(urand() * 29000));
-        evbuffer_add(p, "]", 1);
-    } else {
-        for (int k = 0; k < r->in_len; k++)
-            evbuffer_add_printf(p, "%s%s", k ? " " : "", prompt_words[(size_t)(urand() * N_PROMPT_WORDS) % N_PROMPT_WORDS]);
-    }
-    size_t n = evbuffer_get_length(p);
-    r->prompt = XPYD_XALLOC(malloc(n + 1));
-    evbuffer_remove(p, r->prompt, n);
-    r->prompt[n] = '\0';
-    evbuffer_free(p);
-}
-
-/* The request body; prefill=1 builds the kv-params prefill leg of the direct baseline, kv (may be NULL)
- * is the prefill's kv_transfer_params for the decode leg. */
-static void add_message(cJSON *msgs, const char *role, const char *content)
-{
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "role", role);
-    cJSON_AddStringToObject(m, "content", content);
-    cJSON_AddItemToArray(msgs, m);
-}
-
-/* A request's text: with --multi-turn, its conversation's earlier turns (prompt, then the answer received)
- * come first, as a chat client re-sends its history. */
-static char *history_text(const struct req *r)
-{
-    struct evbuffer *b = evbuffer_new();
-    for (int k = r->i - r->i % (O.multi_turn ? O.multi_turn : 1); k < r->i; k++) {
-        evbuffer_add_printf(b, "%s", reqs[k].prompt);
-        evbuffer_add_buffer_reference(b, reqs[k].text); /* generated texts start with a space */
-        evbuffer_add(b, " ", 1);
-    }
-    evbuffer_add_printf(b, "%s", r->prompt);
-    size_t n = evbuffer_get_length(b);
-    char *s = XPYD_XALLOC(malloc(n + 1));
-    evbuffer_remove(b, s, n);
-    s[n] = 0;
-    evbuffer_free(b);
-    return s;
-}
-
-static char *make_body(struct req *r, int prefill, const cJSON *kv)
-{
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "model", O.model);
-    if (O.chat) {
-        cJSON *msgs = cJSON_AddArrayToObject(o, "messages");
-        for (int k = O.multi_turn ? r->i - r->i % O.multi_turn : r->i; k < r->i; k++) {
-            add_message(msgs, "user", reqs[k].prompt);
-            size_t tl = evbuffer_get_length(reqs[k].text);
-            char *tx = XPYD_XALLOC(malloc(tl + 1));
-            evbuffer_copyout(reqs[k].text, tx, tl);
-            tx[tl] = 0;
-            add_message(msgs, "assistant", tx);
-            free(tx);
-        }
-        add_message(msgs, "user", r->prompt);
-        cJSON_AddNumberToObject(o, "max_completion_tokens", prefill ? 1 : r->out_len);
-    } else {
-        if (O.token_ids)
-            cJSON_AddItemToObject(o, "prompt", XPYD_XALLOC(cJSON_Parse(r->prompt)));
-        else if (O.multi_turn) {
-            char *h = history_text(r);
-            cJSON_AddStringToObject(o, "prompt", h);
-            free(h);
-        } else
-            cJSON_AddStringToObject(o, "prompt", r->prompt);
-        cJSON_AddNumberToObject(o, "max_tokens", prefill ? 1 : r->out_len);
-    }
-    if (prefill) {
-        cJSON_AddFalseToObject(o, "stream");
-        cJSON_AddItemToObject(o, "kv_transfer_params", cJSON_Parse("{\"do_remote_decode\":true,"
-                                                                   "\"do_remote_prefill\":false}"));
-    } else {
-        cJSON_AddTrueToObject(o, "stream");
-        cJSON_AddItemToObject(o, "stream_options", cJSON_Parse("{\"include_usage\":true}"));
-        if (kv)
-            cJSON_AddItemToObject(o, "kv_transfer_params", cJSON_Duplicate(kv, 1));
-    }
-    if (O.multi_turn) { /* OpenAI's end-user id: one per conversation (what --session-key body:user keys on) */
-        char u[32];
-        snprintf(u, sizeof u, "conv-%d", r->i / O.multi_turn);
-        cJSON_AddStringToObject(o, "user", u);
-    }
-    cJSON_AddNumberToObject(o, "temperature", 0);
-    if (O.ignore_eos)
-        cJSON_AddTrueToObject(o, "ignore_eos");
-    char *s = XPYD_XALLOC(cJSON_PrintUnformatted(o));
-    cJSON_Delete(o);
-    return s;
-}
 
 static int on_event(void *arg, const char *data, size_t len, const char *raw, size_t rawlen)
 {
@@ -442,7 +182,7 @@ static void pre_done(struct up_leg *leg, int err, void *arg)
     }
     size_t n = evbuffer_get_length(r->pbody);
     cJSON *j = cJSON_ParseWithLength((const char *)evbuffer_pullup(r->pbody, -1), n);
-    char *body = make_body(r, 0, cJSON_GetObjectItemCaseSensitive(j, "kv_transfer_params"));
+    char *body = bench_make_body(r, 0, cJSON_GetObjectItemCaseSensitive(j, "kv_transfer_params"));
     cJSON_Delete(j);
     r->status = 0;
     static const struct up_leg_cbs cbs = {on_head, on_body, on_done, NULL, NULL, NULL};
@@ -472,18 +212,18 @@ static void send_one(void)
     struct req *r = next_ready();
     next_to_send++;
     r->sent = 1;
-    make_prompt(r);
+    bench_make_prompt(r);
     r->t_start = xpyd_now_us();
     in_flight++;
     if (O.direct_prefill[0]) {
-        char *body = make_body(r, 1, NULL);
+        char *body = bench_make_body(r, 1, NULL);
         r->pbody = XPYD_XALLOC(evbuffer_new());
         static const struct up_leg_cbs pcbs = {pre_head, pre_body, pre_done, NULL, NULL, NULL};
         send_leg(r, 1, body, &pcbs);
         free(body);
         return;
     }
-    char *body = make_body(r, 0, NULL);
+    char *body = bench_make_body(r, 0, NULL);
     static const struct up_leg_cbs cbs = {on_head, on_body, on_done, NULL, NULL, NULL};
     send_leg(r, 0, body, &cbs);
     free(body);
@@ -509,7 +249,7 @@ static void schedule_arrivals(void)
                 return;
             }
             send_one();
-            due += (uint64_t)(gamma_sample(O.burstiness, 1.0 / (O.rate * O.burstiness)) * 1e6);
+            due += (uint64_t)(bench_gamma(O.burstiness, 1.0 / (O.rate * O.burstiness)) * 1e6);
         } else {
             send_one();
         }
@@ -518,22 +258,6 @@ static void schedule_arrivals(void)
         struct timeval tv = {0, 1000};
         event_add(arrival_ev, &tv);
     }
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double pct(double *v, size_t n, double p)
-{
-    if (!n)
-        return 0;
-    double k = (double)(n - 1) * p / 100.0; /* linear interpolation, as numpy.percentile */
-    size_t f = (size_t)k;
-    size_t c = f + 1 < n ? f + 1 : f;
-    return v[f] + (v[c] - v[f]) * (k - (double)f);
 }
 
 static void usage(FILE *f)
@@ -715,201 +439,6 @@ static int parse(int argc, char **argv)
     return 0;
 }
 
-static void print_metric(const char *title, const char *key, const char *label, double *v, size_t n, const double *pcts, int np,
-                         int show, cJSON *out)
-{
-    double sum = 0;
-    for (size_t i = 0; i < n; i++)
-        sum += v[i];
-    qsort(v, n, sizeof *v, cmp_double);
-    double mean = n ? sum / (double)n : 0, var = 0;
-    for (size_t i = 0; i < n; i++)
-        var += (v[i] - mean) * (v[i] - mean);
-    char k[80];
-    snprintf(k, sizeof k, "mean_%s_ms", key);
-    cJSON_AddNumberToObject(out, k, mean * 1000);
-    snprintf(k, sizeof k, "median_%s_ms", key);
-    cJSON_AddNumberToObject(out, k, pct(v, n, 50) * 1000);
-    snprintf(k, sizeof k, "std_%s_ms", key);
-    cJSON_AddNumberToObject(out, k, n ? sqrt(var / (double)n) * 1000 : 0);
-    if (show) {
-        char lab[80];
-        printf("%s\n", title);
-        snprintf(lab, sizeof lab, "Mean %s (ms):", label);
-        printf("%-40s%-10.2f\n", lab, mean * 1000);
-        snprintf(lab, sizeof lab, "Median %s (ms):", label);
-        printf("%-40s%-10.2f\n", lab, pct(v, n, 50) * 1000);
-    }
-    for (int i = 0; i < np; i++) {
-        snprintf(k, sizeof k, "p%g_%s_ms", pcts[i], key);
-        cJSON_AddNumberToObject(out, k, pct(v, n, pcts[i]) * 1000);
-        if (show) {
-            char lab[80];
-            snprintf(lab, sizeof lab, "P%g %s (ms):", pcts[i], label);
-            printf("%-40s%-10.2f\n", lab, pct(v, n, pcts[i]) * 1000);
-        }
-    }
-}
-
-static void report(void)
-{
-    double dur = (double)(t_end - t0) / 1e6;
-    int ok = 0;
-    long in_total = 0, out_total = 0;
-    size_t n_itl = 0;
-    int good = 0, in_from_server = 0, cached_reported = 0;
-    long cached_total = 0, in_with_cached = 0;
-    for (int i = 0; i < O.num_prompts; i++) {
-        struct req *r = &reqs[i];
-        if (r->ok) {
-            ok++;
-            /* the server's count when it sent usage (benchmark_serving's tokenizer count stands for it) */
-            in_total += r->in_tokens >= 0 ? r->in_tokens : r->in_len;
-            in_from_server += r->in_tokens >= 0;
-            out_total += r->out_tokens;
-            n_itl += r->n_itl;
-            if (r->cached_tokens >= 0 && r->in_tokens >= 0) {
-                cached_reported++;
-                cached_total += r->cached_tokens;
-                in_with_cached += r->in_tokens;
-            }
-            double tpot_ms = r->out_tokens > 1 ? (r->e2el - r->ttft) / (double)(r->out_tokens - 1) * 1e3 : 0;
-            good += (!O.slo_ttft_ms || r->ttft * 1e3 <= O.slo_ttft_ms) && (!O.slo_tpot_ms || tpot_ms <= O.slo_tpot_ms) &&
-                    (!O.slo_e2el_ms || r->e2el * 1e3 <= O.slo_e2el_ms);
-        }
-    }
-    double *ttft = XPYD_XALLOC(calloc((size_t)ok + 1, sizeof(double)));
-    double *tpot = XPYD_XALLOC(calloc((size_t)ok + 1, sizeof(double)));
-    double *e2el = XPYD_XALLOC(calloc((size_t)ok + 1, sizeof(double)));
-    double *itl = XPYD_XALLOC(calloc(n_itl + 1, sizeof(double)));
-    size_t k = 0, nt = 0, ni = 0;
-    cJSON *out = cJSON_CreateObject();
-    cJSON *a_ttft = cJSON_CreateArray(), *a_itl = cJSON_CreateArray(), *a_err = cJSON_CreateArray();
-    cJSON *a_in = cJSON_CreateArray(), *a_out = cJSON_CreateArray(), *a_txt = cJSON_CreateArray();
-    for (int i = 0; i < O.num_prompts; i++) {
-        struct req *r = &reqs[i];
-        cJSON_AddItemToArray(a_ttft, cJSON_CreateNumber(r->ok ? r->ttft : 0));
-        cJSON_AddItemToArray(a_err, cJSON_CreateString(r->err));
-        cJSON_AddItemToArray(a_in, cJSON_CreateNumber(r->in_tokens >= 0 ? r->in_tokens : r->in_len));
-        size_t tl = evbuffer_get_length(r->text);
-        char *tx = XPYD_XALLOC(malloc(tl + 1));
-        evbuffer_copyout(r->text, tx, tl);
-        tx[tl] = 0;
-        cJSON_AddItemToArray(a_txt, cJSON_CreateString(r->ok ? tx : ""));
-        free(tx);
-        cJSON_AddItemToArray(a_out, cJSON_CreateNumber(r->ok ? (double)r->out_tokens : 0));
-        cJSON *ri = cJSON_CreateArray();
-        for (size_t j = 0; j < r->n_itl; j++)
-            cJSON_AddItemToArray(ri, cJSON_CreateNumber(r->itl[j]));
-        cJSON_AddItemToArray(a_itl, ri);
-        if (!r->ok)
-            continue;
-        ttft[k] = r->ttft;
-        e2el[k++] = r->e2el;
-        if (r->out_tokens > 1)
-            tpot[nt++] = (r->e2el - r->ttft) / (double)(r->out_tokens - 1);
-        for (size_t j = 0; j < r->n_itl; j++)
-            itl[ni++] = r->itl[j];
-    }
-    printf("============ Serving Benchmark Result ============\n");
-    printf("%-40s%-10d\n", "Successful requests:", ok);
-    printf("%-40s%-10d\n", "Failed requests:", O.num_prompts - ok);
-    printf("%-40s%-10.2f\n", "Benchmark duration (s):", dur);
-    printf("%-40s%-10ld\n", "Total input tokens:", in_total);
-    if (in_from_server < ok)
-        printf("  (%d of %d requests without a usage prompt_tokens: their requested length counted)\n", ok - in_from_server, ok);
-    printf("%-40s%-10ld\n", "Total generated tokens:", out_total);
-    if (cached_reported) {
-        printf("%-40s%-10ld\n", "Cached input tokens (engine):", cached_total);
-        printf("%-40s%-10.4f\n", "Prefix cache hit rate (engine):",
-               in_with_cached ? (double)cached_total / (double)in_with_cached : 0);
-    }
-    printf("%-40s%-10.2f\n", "Request throughput (req/s):", ok / dur);
-    if (O.goodput)
-        printf("%-40s%-10.2f\n", "Request goodput (req/s):", good / dur);
-    printf("%-40s%-10.2f\n", "Output token throughput (tok/s):", (double)out_total / dur);
-    printf("%-40s%-10.2f\n", "Total Token throughput (tok/s):", (double)(in_total + out_total) / dur);
-    char date[32];
-    time_t now = time(NULL);
-    struct tm tm;
-    localtime_r(&now, &tm);
-    strftime(date, sizeof date, "%Y%m%d-%H%M%S", &tm); /* benchmark_serving's format */
-    cJSON_AddStringToObject(out, "date", date);
-    cJSON_AddStringToObject(out, "backend", O.chat ? "openai-chat" : "openai");
-    cJSON_AddStringToObject(out, "model_id", O.model);
-    cJSON_AddStringToObject(out, "tokenizer_id", O.model); /* no tokenizer: lengths come from the server */
-    cJSON_AddNumberToObject(out, "num_prompts", O.num_prompts);
-    cJSON_AddNumberToObject(out, "duration", dur);
-    cJSON_AddNumberToObject(out, "completed", ok);
-    cJSON_AddNumberToObject(out, "failed", O.num_prompts - ok);
-    cJSON_AddNumberToObject(out, "total_input_tokens", (double)in_total);
-    cJSON_AddNumberToObject(out, "total_output_tokens", (double)out_total);
-    cJSON_AddNumberToObject(out, "total_cached_tokens", (double)cached_total);
-    if (cached_reported)
-        cJSON_AddNumberToObject(out, "cache_hit_rate", in_with_cached ? (double)cached_total / (double)in_with_cached : 0);
-    else
-        cJSON_AddNullToObject(out, "cache_hit_rate");
-    cJSON_AddNumberToObject(out, "request_throughput", ok / dur);
-    if (O.goodput)
-        cJSON_AddNumberToObject(out, "request_goodput", good / dur);
-    else
-        cJSON_AddNullToObject(out, "request_goodput");
-    cJSON_AddNumberToObject(out, "output_throughput", (double)out_total / dur);
-    cJSON_AddNumberToObject(out, "total_token_throughput", (double)(in_total + out_total) / dur);
-    if (O.rate > 0)
-        cJSON_AddNumberToObject(out, "request_rate", O.rate);
-    else
-        cJSON_AddStringToObject(out, "request_rate", "inf");
-    cJSON_AddNumberToObject(out, "burstiness", O.burstiness);
-    if (O.max_concurrency)
-        cJSON_AddNumberToObject(out, "max_concurrency", O.max_concurrency);
-    else
-        cJSON_AddNullToObject(out, "max_concurrency");
-    double pcts[16];
-    int np = 0;
-    char buf[128];
-    snprintf(buf, sizeof buf, "%s", O.metric_percentiles);
-    for (char *s = strtok(buf, ","); s && np < 16; s = strtok(NULL, ","))
-        pcts[np++] = atof(s);
-    print_metric("---------------Time to First Token----------------", "ttft", "TTFT", ttft, k, pcts, np,
-                 strstr(O.percentile_metrics, "ttft") != NULL, out);
-    print_metric("-----Time per Output Token (excl. 1st token)------", "tpot", "TPOT", tpot, nt, pcts, np,
-                 strstr(O.percentile_metrics, "tpot") != NULL, out);
-    print_metric("---------------Inter-token Latency----------------", "itl", "ITL", itl, ni, pcts, np,
-                 strstr(O.percentile_metrics, "itl") != NULL, out);
-    print_metric("----------------End-to-end Latency----------------", "e2el", "E2EL", e2el, k, pcts, np,
-                 strstr(O.percentile_metrics, "e2el") != NULL, out);
-    printf("==================================================\n");
-    for (int i = 0, shown = 0; i < O.num_prompts && shown < 5; i++)
-        if (!reqs[i].ok) {
-            printf("failed request %d: %s\n", i, reqs[i].err);
-            shown++;
-        }
-    cJSON_AddItemToObject(out, "input_lens", a_in);
-    cJSON_AddItemToObject(out, "output_lens", a_out);
-    cJSON_AddItemToObject(out, "ttfts", a_ttft);
-    cJSON_AddItemToObject(out, "itls", a_itl);
-    cJSON_AddItemToObject(out, "generated_texts", a_txt);
-    cJSON_AddItemToObject(out, "errors", a_err);
-    if (O.save_result) {
-        char fn[600];
-        if (O.result_filename[0])
-            snprintf(fn, sizeof fn, "%s", O.result_filename);
-        else
-            snprintf(fn, sizeof fn, "xpyd-bench-%lld.json", (long long)xpyd_wall_s());
-        char *s = cJSON_PrintUnformatted(out);
-        FILE *f = fopen(fn, "w");
-        if (!f || fputs(s, f) < 0 || fclose(f) != 0)
-            fprintf(stderr, "xpyd_bench: cannot write %s\n", fn);
-        free(s);
-    }
-    cJSON_Delete(out);
-    free(ttft);
-    free(tpot);
-    free(e2el);
-    free(itl);
-}
-
 int main(int argc, char **argv)
 {
     if (parse(argc, argv) != 0)
@@ -938,8 +467,8 @@ int main(int argc, char **argv)
     reqs = XPYD_XALLOC(calloc((size_t)O.num_prompts, sizeof *reqs));
     for (int i = 0; i < O.num_prompts; i++) {
         reqs[i].i = i;
-        reqs[i].in_len = rand_len(O.input_len);
-        reqs[i].out_len = O.prefix_rep ? O.pr_output_len : rand_len(O.output_len);
+        reqs[i].in_len = bench_rand_len(O.input_len);
+        reqs[i].out_len = O.prefix_rep ? O.pr_output_len : bench_rand_len(O.output_len);
         reqs[i].cached_tokens = -1;
         reqs[i].ttft = -1;
         reqs[i].out_tokens = -1;
@@ -949,7 +478,7 @@ int main(int argc, char **argv)
         reqs[i].errbody = evbuffer_new();
     }
     if (O.prefix_rep)
-        prefix_rep_init();
+        bench_prefix_init();
     arrival_ev = event_new(base, -1, 0, on_arrival, NULL);
     printf("Starting benchmark: %d prompts, input %d, output %d, rate %s, max concurrency %d\n", O.num_prompts,
            O.input_len, O.output_len, O.rate > 0 ? "finite" : "inf", O.max_concurrency);
@@ -957,7 +486,7 @@ int main(int argc, char **argv)
     t0 = xpyd_now_us();
     schedule_arrivals();
     event_base_dispatch(base);
-    report();
+    bench_report();
     int failed = 0;
     for (int i = 0; i < O.num_prompts; i++) {
         failed += !reqs[i].ok;

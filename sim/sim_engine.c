@@ -225,160 +225,12 @@ void sim_sreq_cut(struct sreq *r)
 
 /* ---------- handoff: KV leases, store, pulls ---------- */
 
-/* A lease's KV registered with the transfer engine must leave the engine before its memory is freed
- * (unregistering waits for peers reading it). */
-void sim_lease_unregister(void *arg, struct sim_lease *l)
-{
-    struct sim *s = arg;
-    if (s->xt && l->kv)
-        xt_unregister_memory(s->xt, l->kv);
-}
-
-void sim_lease_drop(struct sim *s, struct sim_lease *l)
-{
-    sim_lease_unregister(s, l);
-    sim_lease_free(l);
-}
-
-static int prefill_register_kv_params(struct sreq *r)
-{
-    struct sim *s = r->sim;
-    size_t kvlen;
-    unsigned char *kv = sim_kv_make(r, &kvlen);
-    size_t nblocks = (r->p.prompt.n + 15) / 16;
-    uint64_t base = r->rank->next_block;
-    r->rank->next_block += nblocks;
-    uint64_t sig = XPYD_FNV_INIT;
-    cJSON *o = XPYD_XALLOC(cJSON_CreateObject());
-    cJSON_AddBoolToObject(o, "do_remote_prefill", 1);
-    cJSON_AddBoolToObject(o, "do_remote_decode", 0);
-    cJSON *blocks = cJSON_AddArrayToObject(o, "remote_block_ids");
-    for (size_t i = 0; i < nblocks; i++) {
-        long long id = (long long)(base + i);
-        sig = xpyd_fnv64(sig, &id, sizeof id);
-        cJSON_AddItemToArray(blocks, cJSON_CreateNumber((double)id));
-    }
-    char key[240], rid[220];
-    snprintf(rid, sizeof rid, "%s", r->id);
-    snprintf(key, sizeof key, "req:%s", rid);
-    if (sim_lease_find(&s->leases, key)) { /* the same X-Request-Id reused while its KV is held */
-        snprintf(rid, sizeof rid, "%.150s~%" PRIu64, r->id, ++s->seq);
-        snprintf(key, sizeof key, "req:%s", rid);
-    }
-    uint64_t exp = xpyd_now_us() + (uint64_t)s->cfg.lease_ms * 1000u;
-    if (sim_lease_put(&s->leases, key, r->rank->engine_id, sig, r->p.prompt.hash, kv, kvlen, exp)) {
-        cJSON_Delete(o);
-        return -1;
-    }
-    s->leases_created++;
-    snprintf(r->lease_key, sizeof r->lease_key, "%s", key);
-    cJSON_AddStringToObject(o, "remote_engine_id", r->rank->engine_id);
-    cJSON_AddStringToObject(o, "remote_request_id", rid);
-    cJSON_AddStringToObject(o, "remote_host", s->cfg.host);
-    cJSON_AddNumberToObject(o, "remote_port", s->cfg.bootstrap_port ? s->cfg.bootstrap_port : r->rank->port);
-    cJSON_AddNumberToObject(o, "tp_size", 1);
-    if (s->xt) { /* xpyd: the decode reads the bytes through libxpyd_transfer, then asks for the release */
-        struct sim_lease *l = sim_lease_find(&s->leases, key);
-        if (!l || xt_register_memory(s->xt, l->kv, l->kv_len ? l->kv_len : 1, "sim:kv") != 0) {
-            sim_lease_drop(s, sim_lease_take(&s->leases, key));
-            r->lease_key[0] = 0;
-            cJSON_Delete(o);
-            return -1;
-        }
-        char seg[300], addr[32];
-        xpyd_hostport(s->cfg.host, xt_engine_port(s->xt), seg, sizeof seg);
-        snprintf(addr, sizeof addr, "%" PRIu64, (uint64_t)(uintptr_t)l->kv);
-        cJSON_AddStringToObject(o, "xpyd_segment", seg);
-        cJSON_AddStringToObject(o, "xpyd_addr", addr);
-        cJSON_AddNumberToObject(o, "xpyd_len", (double)l->kv_len);
-        cJSON_AddStringToObject(o, "xpyd_key", key);
-    }
-    r->kv_out = o;
-    return 0;
-}
-
-/* Keeps the prefill's KV under a rendezvous key ("room:<n>" SGLang, "xfer:<id>" vLLM MooncakeConnector) for the
- * decode that claims it. -EEXIST: the key is in use. */
-static int prefill_register_key(struct sreq *r, const char *key)
-{
-    struct sim *s = r->sim;
-    size_t kvlen;
-    unsigned char *kv = sim_kv_make(r, &kvlen);
-    uint64_t exp = xpyd_now_us() + (uint64_t)s->cfg.lease_ms * 1000u;
-    int rc = sim_lease_put(&s->leases, key, r->rank->engine_id, 0, r->p.prompt.hash, kv, kvlen, exp);
-    if (rc == 0) {
-        s->leases_created++;
-        snprintf(r->lease_key, sizeof r->lease_key, "%s", key);
-    }
-    return rc;
-}
-
-static int prefill_register_room(struct sreq *r)
-{
-    char key[64];
-    snprintf(key, sizeof key, "room:%" PRIu64, r->p.h.bootstrap_room);
-    return prefill_register_key(r, key);
-}
-
-static int prefill_register_transfer(struct sreq *r)
-{
-    char key[240];
-    snprintf(key, sizeof key, "xfer:%s", r->p.h.transfer_id);
-    return prefill_register_key(r, key);
-}
-
-/* ---------- the prefix cache (--prefix-caching) ---------- */
-
-/* The chained block hashes of r's prompt (full blocks only); malloc'd, NULL when none. */
-static size_t prompt_blocks(const struct sreq *r, uint64_t **out)
-{
-    size_t bs = (size_t)r->sim->cfg.block_size, n = r->p.prompt.n;
-    *out = NULL;
-    if (!r->sim->pcache || n < bs)
-        return 0;
-    int64_t *ids = XPYD_XALLOC(malloc(n * sizeof *ids));
-    for (size_t i = 0; i < n; i++)
-        ids[i] = r->p.prompt.ids[i];
-    *out = XPYD_XALLOC(malloc(n / bs * sizeof **out));
-    size_t nb = xb_hash_tokens(ids, n, bs, *out, n / bs);
-    free(ids);
-    return nb;
-}
-
-/* Tokens of r's prompt this rank computes from its cache, counted as vLLM does (queries and hits in tokens);
- * at least one token is always computed, so a fully cached prompt reuses all but its last block. */
-static long prefix_lookup(struct sreq *r)
-{
-    uint64_t *h;
-    size_t nb = prompt_blocks(r, &h);
-    if (!r->sim->pcache)
-        return 0;
-    size_t n = r->p.prompt.n, bs = (size_t)r->sim->cfg.block_size;
-    size_t hit = xb_prefix_match(r->sim->pcache, r->rank->idx, h, nb, 0);
-    if (hit * bs >= n)
-        hit = (n - 1) / bs;
-    free(h);
-    r->rank->prefix_queries += n;
-    r->rank->prefix_hits += hit * bs;
-    return (long)(hit * bs);
-}
-
-/* The rank now holds r's prompt blocks (computed here, or received from a prefill). */
-static void prefix_store(struct sreq *r)
-{
-    uint64_t *h;
-    size_t nb = prompt_blocks(r, &h);
-    if (nb)
-        xb_prefix_insert(r->sim->pcache, r->rank->idx, h, nb, 0);
-    free(h);
-}
-
 /* Local prefill: computes what the cache does not hold. */
 static void prefill_locally(struct sreq *r)
 {
-    long cached = prefix_lookup(r);
+    long cached = sim_prefix_lookup(r);
     r->cached_tokens = cached;
-    prefix_store(r);
+    sim_prefix_store(r);
     r->state = SREQ_PREFILL;
     uint64_t cost = (uint64_t)r->sim->cfg.prefill_us_per_token * (r->p.prompt.n - (size_t)cached);
     if (r->sim->cfg.prefill_serial) { /* queued behind the prompts the rank is already computing */
@@ -394,7 +246,7 @@ static void handoff_finished(struct sreq *r, int result)
     r->sim->handoffs[r->ho_mode][result]++;
     if (result == HO_DONE) {
         r->cached_tokens = (long)r->p.prompt.n; /* the whole prompt came from the remote KV */
-        prefix_store(r);                         /* and is now in this rank's prefix cache */
+        sim_prefix_store(r);                         /* and is now in this rank's prefix cache */
         r->state = SREQ_DECODE;
         sim_sreq_schedule(r, (uint64_t)r->sim->cfg.decode_us_per_token);
     } else {
@@ -707,16 +559,16 @@ static void prefill_done(struct sreq *r)
     if (s->cfg.handoff == SIM_HANDOFF_STORE && s->cfg.role != SIM_ROLE_DECODE)
         sim_store_write(r);
     if (r->p.h.transfer_id && r->p.h.do_remote_decode && s->cfg.role != SIM_ROLE_DECODE) {
-        if (prefill_register_transfer(r) != 0) {
+        if (sim_register_transfer(r) != 0) {
             sim_sreq_fail(r, 400, "transfer_id is already in use on this prefill engine");
             return;
         }
-    } else if (r->p.h.do_remote_decode && s->cfg.role != SIM_ROLE_DECODE && prefill_register_kv_params(r) != 0) {
+    } else if (r->p.h.do_remote_decode && s->cfg.role != SIM_ROLE_DECODE && sim_register_kv_params(r) != 0) {
         sim_sreq_fail(r, 500, "could not register the KV lease");
         return;
     }
     if (r->p.h.has_bootstrap && s->cfg.role == SIM_ROLE_PREFILL) {
-        if (prefill_register_room(r) == -EEXIST) {
+        if (sim_register_room(r) == -EEXIST) {
             sim_sreq_fail(r, 400, "bootstrap_room is already in use on this prefill engine");
             return;
         }

@@ -160,8 +160,18 @@ void sim_sreq_fail(struct sreq *r, int status, const char *msg);
 void sim_sreq_release(struct sreq *r);
 void sim_sreq_reply(struct sreq *r, int status, const char *ctype, const char *body, size_t len);
 void sim_notify_release(struct sreq *r);
+/* sim_prefill.c: a lease's KV leaves the transfer engine before it is freed; a lease dropped. */
 void sim_lease_drop(struct sim *s, struct sim_lease *l);
 void sim_lease_unregister(void *arg, struct sim_lease *l);
+/* A prefill's KV held for its decode, per handoff: the kv-params lease, the store key, the bootstrap room, the
+ * mooncake transfer id (0, or -errno: -EEXIST for a room or id already in use). */
+int sim_register_kv_params(struct sreq *r);
+int sim_register_key(struct sreq *r, const char *key);
+int sim_register_room(struct sreq *r);
+int sim_register_transfer(struct sreq *r);
+/* The prefix cache: tokens of r's prompt this rank has cached (counted as vLLM does), and r's blocks stored. */
+long sim_prefix_lookup(struct sreq *r);
+void sim_prefix_store(struct sreq *r);
 void sim_xt_on_event(evutil_socket_t fd, short ev, void *arg);
 void sim_sreq_cut(struct sreq *r);
 void sim_pump_waiting(struct sim_rank *rk);

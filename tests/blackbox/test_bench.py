@@ -94,7 +94,7 @@ class Accounting(t.TestCase):
         # the words xpyd_bench builds prompts from, checked against OpenAI's cl100k_base and o200k_base (the
         # vocabularies Llama 3 and Qwen extend): a prompt of N words is N tokens, within the 10 %
         t.npm_package("gpt-tokenizer")  # installed if missing (skipped, saying why, only when it cannot be)
-        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "xpyd_bench.c")) as f:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench", "bench_workload.c")) as f:
             src = f.read()
         table = src.split("prompt_words[] = {", 1)[1].split("};", 1)[0]
         words = json.loads("[" + table.strip().rstrip(",") + "]")
