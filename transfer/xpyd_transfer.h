@@ -21,6 +21,13 @@
 extern "C" {
 #endif
 
+/* The library's interface: the only symbols libxpyd_transfer.so exports (it is built with hidden visibility). */
+#if defined(__GNUC__)
+#define XT_API __attribute__((visibility("default")))
+#else
+#define XT_API
+#endif
+
 typedef struct xt_engine xt_engine;
 typedef int64_t xt_segment;   /* an opened peer segment (>= 0) */
 typedef int64_t xt_batch;     /* a batch of requests (>= 0) */
@@ -64,47 +71,47 @@ struct xt_notify {
     char msg[448];
 };
 
-int xt_engine_create(const struct xt_config *cfg, xt_engine **out);
-void xt_engine_destroy(xt_engine *e);
-int xt_engine_port(const xt_engine *e);
-const char *xt_engine_transport(const xt_engine *e); /* "rdma" or "tcp" */
+XT_API int xt_engine_create(const struct xt_config *cfg, xt_engine **out);
+XT_API void xt_engine_destroy(xt_engine *e);
+XT_API int xt_engine_port(const xt_engine *e);
+XT_API const char *xt_engine_transport(const xt_engine *e); /* "rdma" or "tcp" */
 
 /* Registers [addr, addr+len) as readable and writable by peers. Overlaps are refused (-EEXIST). */
-int xt_register_memory(xt_engine *e, void *addr, size_t len, const char *location);
-int xt_unregister_memory(xt_engine *e, void *addr);
+XT_API int xt_register_memory(xt_engine *e, void *addr, size_t len, const char *location);
+XT_API int xt_unregister_memory(xt_engine *e, void *addr);
 /* This engine's segment descriptor as JSON: name, host, port, transport, buffers [{addr, len, location}]. */
-int xt_segment_descriptor(xt_engine *e, char *buf, size_t cap);
+XT_API int xt_segment_descriptor(xt_engine *e, char *buf, size_t cap);
 
 /* Opens the peer listening at "host:port" (handshake: descriptor exchange). Returns a segment handle; a peer
  * that is already open gives the same handle (after a failure, close it to reconnect). */
-int xt_open_segment(xt_engine *e, const char *peer, xt_segment *out);
-int xt_close_segment(xt_engine *e, xt_segment seg);
+XT_API int xt_open_segment(xt_engine *e, const char *peer, xt_segment *out);
+XT_API int xt_close_segment(xt_engine *e, xt_segment seg);
 /* The peer's descriptor as received in the handshake. */
-int xt_peer_descriptor(xt_engine *e, xt_segment seg, char *buf, size_t cap);
+XT_API int xt_peer_descriptor(xt_engine *e, xt_segment seg, char *buf, size_t cap);
 
-int xt_alloc_batch(xt_engine *e, size_t max_requests, xt_batch *out);
+XT_API int xt_alloc_batch(xt_engine *e, size_t max_requests, xt_batch *out);
 /* Queues n requests; their task ids are the batch's next n indices. -EINVAL for a request outside this
  * engine's registered memory or an unknown segment; -ENOSPC beyond max_requests. */
-int xt_submit(xt_engine *e, xt_batch b, const struct xt_request *reqs, size_t n);
-int xt_task_status(xt_engine *e, xt_batch b, size_t task, struct xt_task_status *st);
+XT_API int xt_submit(xt_engine *e, xt_batch b, const struct xt_request *reqs, size_t n);
+XT_API int xt_task_status(xt_engine *e, xt_batch b, size_t task, struct xt_task_status *st);
 /* XT_COMPLETED when every task is, XT_FAILED when any failed and none is pending, else XT_PENDING. */
-int xt_batch_status(xt_engine *e, xt_batch b, int *state);
+XT_API int xt_batch_status(xt_engine *e, xt_batch b, int *state);
 /* Waits until the batch is no longer pending (timeout_ms < 0: no limit). -ETIMEDOUT. */
-int xt_wait_batch(xt_engine *e, xt_batch b, int timeout_ms, int *state);
+XT_API int xt_wait_batch(xt_engine *e, xt_batch b, int timeout_ms, int *state);
 /* Frees the batch; -EBUSY while tasks are still moving. */
-int xt_free_batch(xt_engine *e, xt_batch b);
+XT_API int xt_free_batch(xt_engine *e, xt_batch b);
 
 /* Sends msg to the peer, after every WRITE submitted to that segment before this call has landed. */
-int xt_send_notify(xt_engine *e, xt_segment seg, const char *msg);
+XT_API int xt_send_notify(xt_engine *e, xt_segment seg, const char *msg);
 /* Takes up to max notifications received (oldest first); returns how many. */
-int xt_get_notifies(xt_engine *e, struct xt_notify *out, size_t max);
+XT_API int xt_get_notifies(xt_engine *e, struct xt_notify *out, size_t max);
 
 /* A non-blocking eventfd that becomes readable when a task finishes or a notification arrives (read 8 bytes
  * to clear it): an event loop polls xt_batch_status / xt_get_notifies when it fires instead of on a timer. */
-int xt_engine_event_fd(const xt_engine *e);
+XT_API int xt_engine_event_fd(const xt_engine *e);
 
 /* Bytes this engine moved as initiator, and served as target (monitoring). */
-void xt_engine_counters(xt_engine *e, uint64_t *bytes_initiated, uint64_t *bytes_served);
+XT_API void xt_engine_counters(xt_engine *e, uint64_t *bytes_initiated, uint64_t *bytes_served);
 
 #ifdef __cplusplus
 }
