@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every Markdown link in the repository's own docs resolves to a file inside the repository (no link points
 outside it: a user who clones the repository has nothing else), and every `docs/` page is linked from the
-README. Exit status: 0 when all hold, 1 with the broken links listed."""
+README, as is bench/RESULTS.md, a page of at most 150 lines with charts. Exit status: 0 when all hold, 1
+with the broken links listed."""
 import os
 import re
 import subprocess
@@ -30,6 +31,14 @@ def main():
     for d in sorted(os.listdir(os.path.join(ROOT, "docs"))):
         if d.endswith(".md") and "(docs/%s)" % d not in readme:
             bad.append("README.md does not link docs/%s" % d)
+    # the results page stays a page (its history is bench/journal/), shows charts, and the README links it
+    results = open(os.path.join(ROOT, "bench", "RESULTS.md"), encoding="utf-8").read()
+    if results.count("\n") > 150:
+        bad.append("bench/RESULTS.md has %d lines (at most 150; history goes to bench/journal/)" % results.count("\n"))
+    if "](charts/" not in results:
+        bad.append("bench/RESULTS.md shows no chart")
+    if "(bench/RESULTS.md)" not in readme:
+        bad.append("README.md does not link bench/RESULTS.md")
     for b in bad:
         print("broken: " + b)
     return 1 if bad else 0

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* register_main.c - xpyd_register: runs beside a real engine (vLLM, SGLang, ...) and keeps it registered in
+/* xpyd_register_main.c - xpyd_register: runs beside a real engine (vLLM, SGLang, ...) and keeps it registered in
  * etcd for xpyd routers started with --discovery while its health check passes (common/xpyd_register.c).
  * SIGTERM/SIGINT deregister at once; if this process dies the registration expires after --ttl-s. */
 #include "xpyd_register.h"
