@@ -317,6 +317,34 @@ static struct evbuffer *body_buf(struct cconn *cc)
     return cc->body;
 }
 
+/* libevent 2.1 reads a socket at most 4,096 bytes at a time (EVBUFFER_MAX_READ), each read after a FIONREAD
+ * ioctl and most after a turn of the loop: a 128 KB body took 33 reads, 33 ioctls and 13 epoll_waits, and each
+ * small read opened the client's TCP window a little, so loopback delivered its next segments in the router's
+ * time. The rest of a Content-Length body on a plain connection is read here, straight into the request's body,
+ * as much as the socket holds and no more than the body still needs (its memory is reserved already, and
+ * bytes after it stay in the socket for the bufferevent). TLS bodies go through OpenSSL. */
+#define BODY_READ_MAX (1 << 20)
+static void read_body_direct(struct cconn *cc)
+{
+    if (bufferevent_openssl_get_ssl(cc->c->bev)) /* TLS: only OpenSSL reads the socket */
+        return;
+    struct evbuffer *b = body_buf(cc);
+    while (cc->body_left > 0) {
+        size_t want = cc->body_left < BODY_READ_MAX ? (size_t)cc->body_left : BODY_READ_MAX;
+        struct evbuffer_iovec v;
+        if (evbuffer_reserve_space(b, (ev_ssize_t)want, &v, 1) != 1)
+            return;
+        ssize_t r = recv(cc->c->sock, v.iov_base, want, 0);
+        v.iov_len = r > 0 ? (size_t)r : 0;
+        evbuffer_commit_space(b, &v, 1);
+        if (r <= 0) /* empty for now, or the peer's end or an error: the bufferevent sees those on its next read */
+            return;
+        cc->body_left -= r;
+        if ((size_t)r < want)
+            return;
+    }
+}
+
 /* The body kept so far goes (none is made just to be drained), and its count in the router's body memory. */
 static void drop_body(struct cconn *cc)
 {
@@ -491,6 +519,8 @@ static void advance(struct cconn *cc)
                     evbuffer_remove_buffer(cc->raw, body_buf(cc), n);
                 cc->body_left -= (int64_t)n;
             }
+            if (cc->body_left > 0 && !cc->too_large && !cc->mem_full)
+                read_body_direct(cc);
             if (cc->body_left > 0)
                 return;
         } else {

@@ -86,9 +86,9 @@ static const struct xpyd_setting settings[] = {
      "request-body bytes the router holds at once, all clients together (bodies being read, and the one copy of "
      "each request in progress, kept for its legs): a body that would go over it is read and discarded and "
      "gets 503 + `Retry-After: 1` (`xpyd_request_body_bytes`; reason `body_memory_full`). The process's memory "
-     "for them peaks near 3.5 times this count (the bytes as read, the one contiguous copy read in place, each "
-     "leg's own copy while it is sent, the allocator's slack: `bench/growth.sh`), so size it to a quarter of "
-     "what the router may use for bodies"},
+     "for them peaks near 2.2 times this count (the request's one contiguous copy, read in place, each leg's "
+     "own copy while it is sent, the allocator's slack: `bench/growth.sh`), so size it to a third of what the "
+     "router may use for bodies"},
     {"max-response-bytes", XS_LONG, OFF(max_response_bytes), 1024, 1L << 30, "67108864", NULL,
      "largest non-streamed engine answer the router buffers; larger fails with 502"},
     {"connect-timeout-ms", XS_LONG, OFF(connect_timeout_ms), 1, 3600000, "5000", NULL,
