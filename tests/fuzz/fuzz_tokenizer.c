@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* fuzz_tokenizer.c - libFuzzer harness for libxpyd_tokenizer. The first byte picks the surface:
+ *   even: the rest is a hostile tokenizer.json (xtok_load_json): loaded or refused with a reason, never a crash
+ *         or a leak; one that loads encodes "hello <s> world" into ids below its vocabulary size;
+ *   odd:  the rest is text encoded by a small byte-level model with every supported part (NFC, a Split regex
+ *         and ByteLevel, merges, ignore_merges, added tokens plain, lstrip/rstrip and normalized, a template):
+ *         invalid UTF-8 is refused; valid text gives ids below the vocabulary size, the template's ids first and
+ *         last with add_special, and the same ids in between as without. */
+#include "xpyd_tokenizer.h"
+
+#include <assert.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static struct xtok *model;
+
+static void byte_level(int b, char *out) /* GPT-2's byte-level character of byte b, as UTF-8 */
+{
+    int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    int cp = b;
+    if (!printable) {
+        cp = 256;
+        for (int k = 0; k < b; k++)
+            if (!((k >= '!' && k <= '~') || (k >= 0xA1 && k <= 0xAC) || (k >= 0xAE && k <= 0xFF)))
+                cp++;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = 0;
+    } else {
+        out[0] = (char)(0xC0 | cp >> 6);
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        out[2] = 0;
+    }
+}
+
+static void build_model(void)
+{
+    static char json[65536];
+    size_t n = 0;
+    n += (size_t)snprintf(json + n, sizeof json - n,
+                          "{\"normalizer\":{\"type\":\"NFC\"},\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
+                          "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(?i:'s|'t)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|"
+                          "\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
+                          "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+                          "\"use_regex\":false}]},\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":["
+                          "{\"SpecialToken\":{\"id\":\"<s>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},"
+                          "{\"SpecialToken\":{\"id\":\"</s>\",\"type_id\":0}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\","
+                          "\"ids\":[300]},\"</s>\":{\"id\":\"</s>\",\"ids\":[301]}}},\"added_tokens\":["
+                          "{\"id\":300,\"content\":\"<s>\",\"special\":true},{\"id\":301,\"content\":\"</s>\",\"special\":true},"
+                          "{\"id\":302,\"content\":\"<mask>\",\"lstrip\":true,\"rstrip\":true},"
+                          "{\"id\":303,\"content\":\"caf\\u00e9\",\"normalized\":true}],"
+                          "\"model\":{\"type\":\"BPE\",\"ignore_merges\":true,\"vocab\":{");
+    char c[4];
+    for (int b = 0; b < 256; b++) {
+        byte_level(b, c);
+        n += (size_t)snprintf(json + n, sizeof json - n, "\"%s%s\":%d,", c[0] == '"' || c[0] == '\\' ? "\\" : "", c, b);
+    }
+    n += (size_t)snprintf(json + n, sizeof json - n,
+                          "\"he\":256,\"ll\":257,\"hell\":258,\"hello\":259,\"\\u0120w\":260,\"or\":261,\"\\u0120wor\":262,"
+                          "\"\\u0120world\":263,\"ld\":264,\"aa\":265,\"aaa\":266},\"merges\":[\"h e\",\"l l\",\"he ll\","
+                          "\"hell o\",\"\\u0120 w\",\"o r\",\"\\u0120w or\",\"l d\",\"\\u0120wor ld\",\"a a\",\"aa a\"]}}");
+    char err[256];
+    model = xtok_load_json(json, n, err, sizeof err);
+    if (!model) {
+        fprintf(stderr, "fuzz_tokenizer: the harness's model does not load: %s\n", err);
+        abort();
+    }
+}
+
+int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
+{
+    if (!model)
+        build_model();
+    if (size < 1)
+        return 0;
+    const char *rest = (const char *)data + 1;
+    size_t len = size - 1;
+    uint32_t *ids, *ids2;
+    size_t n, n2;
+    if (!(data[0] & 1)) {
+        char err[256];
+        struct xtok *t = xtok_load_json(rest, len, err, sizeof err);
+        if (!t) {
+            assert(err[0]);
+            return 0;
+        }
+        if (xtok_encode(t, "hello <s> world", 15, 1, &ids, &n) == 0) {
+            for (size_t i = 0; i < n; i++)
+                assert(ids[i] < xtok_vocab_size(t));
+            free(ids);
+        }
+        xtok_free(t);
+        return 0;
+    }
+    int rc = xtok_encode(model, rest, len, 0, &ids, &n);
+    if (rc) {
+        assert(rc == XTOK_EINVAL);
+        return 0;
+    }
+    for (size_t i = 0; i < n; i++)
+        assert(ids[i] < xtok_vocab_size(model));
+    assert(xtok_encode(model, rest, len, 1, &ids2, &n2) == 0);
+    assert(n2 == n + 2 && ids2[0] == 300 && ids2[n + 1] == 301 && !memcmp(ids2 + 1, ids, n * sizeof *ids));
+    free(ids);
+    free(ids2);
+    return 0;
+}

@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* tok_internal.h - what the tokenizer's files share: the loaded tokenizer, its tables (tok_map.c), the loader
+ * (tok_load.c) and the encoder (tok_encode.c). */
+#ifndef XPYD_TOK_INTERNAL_H
+#define XPYD_TOK_INTERNAL_H
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "xpyd_tokenizer.h"
+
+#include <pcre2.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* bytes -> id, open addressing on xxh3 (keys kept in one arena) */
+struct tok_slot {
+    uint64_t h;
+    uint32_t off, len;
+    int32_t id; /* -1: empty */
+};
+struct tok_map {
+    struct tok_slot *slots;
+    size_t cap, n;
+    char *arena;
+    size_t alen, acap;
+};
+int tok_map_init(struct tok_map *m, size_t expect);
+int tok_map_put(struct tok_map *m, const void *key, size_t len, int32_t id); /* 0, 1 if present (kept), -1 */
+int32_t tok_map_get(const struct tok_map *m, const void *key, size_t len);   /* -1 if absent */
+void tok_map_free(struct tok_map *m);
+
+/* (left id, right id) -> (rank, merged id) */
+struct tok_merge {
+    uint64_t key; /* (left << 32 | right) + 1; 0: empty */
+    uint32_t rank, id;
+};
+struct tok_merges {
+    struct tok_merge *slots;
+    size_t cap, n;
+};
+int tok_merges_init(struct tok_merges *m, size_t expect);
+int tok_merges_put(struct tok_merges *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t id);
+const struct tok_merge *tok_merges_get(const struct tok_merges *m, uint32_t a, uint32_t b);
+void tok_merges_free(struct tok_merges *m);
+
+enum tok_norm { TOK_NFC = 1, TOK_NFKC, TOK_NFD, TOK_NFKD };
+enum tok_pre { TOK_PRE_SPLIT = 1, TOK_PRE_BYTELEVEL };
+
+struct tok_pre_step {
+    enum tok_pre type;
+    pcre2_code *re; /* Split's pattern, or ByteLevel's GPT-2 regex when use_regex; NULL for none */
+    int add_prefix_space;
+};
+
+struct tok_added {
+    char *content;
+    size_t len;
+    uint32_t id;
+    int special, normalized, lstrip, rstrip;
+};
+
+struct xtok {
+    struct tok_map vocab;     /* the model's tokens as raw bytes (byte-level symbols decoded) */
+    struct tok_map vocab_str; /* the model's tokens as written in tokenizer.json */
+    struct tok_merges merges;
+    int32_t byte_id[256]; /* the token of each single byte */
+    int ignore_merges;
+    int norm[4];
+    int nnorm;
+    struct tok_pre_step pre[8];
+    int npre;
+    struct tok_added *added;
+    size_t nadded;
+    unsigned char added_first[2][256]; /* [normalized][byte]: an added token of that kind starts with it */
+    uint32_t *prefix, *suffix; /* TemplateProcessing's single: ids around the sequence */
+    size_t nprefix, nsuffix;
+    size_t vocab_size;
+};
+
+/* GPT-2's map of bytes to printable code points (the byte-level alphabet) and back. */
+void tok_bytes_to_unicode(uint32_t cp_of[256]);
+/* A byte-level token's text back into raw bytes; -1 when a code point is not of the alphabet. */
+long tok_bytelevel_decode(const char *s, size_t len, char *out);
+
+#endif

@@ -1,0 +1,411 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* tok_load.c - tokenizer.json read into a struct xtok (see xpyd_tokenizer.h for what is supported). Every
+ * component is checked against what the encoder implements; anything else fails here, naming it. */
+#include "tok_internal.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int fail(char *err, size_t errlen, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && errlen)
+        vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static const char *str_of(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static int bool_of(const cJSON *o, const char *key)
+{
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, key));
+}
+
+static int is_set(const cJSON *o, const char *key) /* present and neither null nor empty */
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && !v->valuestring[0]);
+}
+
+static int load_normalizer(struct xtok *t, const cJSON *n, char *err, size_t errlen)
+{
+    if (!n || cJSON_IsNull(n))
+        return 0;
+    const char *type = str_of(n, "type");
+    if (type && !strcmp(type, "Sequence")) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(n, "normalizers"))
+            if (load_normalizer(t, it, err, errlen))
+                return -1;
+        return 0;
+    }
+    static const char *const names[] = {NULL, "NFC", "NFKC", "NFD", "NFKD"};
+    for (int k = 1; k <= 4; k++)
+        if (type && !strcmp(type, names[k])) {
+            if (t->nnorm == 4)
+                return fail(err, errlen, "normalizer: more than 4 steps");
+            t->norm[t->nnorm++] = k;
+            return 0;
+        }
+    return fail(err, errlen, "normalizer %s is not supported", type ? type : "(without a type)");
+}
+
+static pcre2_code *compile(const char *pattern, size_t len, int literal, char *err, size_t errlen)
+{
+    int code;
+    PCRE2_SIZE at;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len,
+                                   literal ? PCRE2_LITERAL | PCRE2_UTF : PCRE2_UTF | PCRE2_UCP, &code, &at, NULL);
+    if (!re) {
+        PCRE2_UCHAR msg[160];
+        pcre2_get_error_message(code, msg, sizeof msg);
+        fail(err, errlen, "pre_tokenizer Split: pattern %s at offset %zu: %s", pattern, (size_t)at, (char *)msg);
+        return NULL;
+    }
+    pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* without JIT (an error here) it is interpreted */
+    return re;
+}
+
+/* GPT-2's pre-tokenization regex, what ByteLevel applies when use_regex is true. */
+static const char GPT2_RE[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+static int load_pre(struct xtok *t, const cJSON *p, char *err, size_t errlen)
+{
+    if (!p || cJSON_IsNull(p))
+        return 0;
+    const char *type = str_of(p, "type");
+    if (type && !strcmp(type, "Sequence")) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(p, "pretokenizers"))
+            if (load_pre(t, it, err, errlen))
+                return -1;
+        return 0;
+    }
+    if (t->npre == (int)(sizeof t->pre / sizeof t->pre[0]))
+        return fail(err, errlen, "pre_tokenizer: more than %zu steps", sizeof t->pre / sizeof t->pre[0]);
+    struct tok_pre_step *s = &t->pre[t->npre];
+    if (type && !strcmp(type, "Split")) {
+        const char *beh = str_of(p, "behavior");
+        if (!beh || strcmp(beh, "Isolated"))
+            return fail(err, errlen, "pre_tokenizer Split with behavior %s is not supported", beh ? beh : "(none)");
+        if (bool_of(p, "invert"))
+            return fail(err, errlen, "pre_tokenizer Split with invert is not supported");
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
+        const char *rx = str_of(pat, "Regex"), *lit = str_of(pat, "String");
+        if (!rx && !lit)
+            return fail(err, errlen, "pre_tokenizer Split without a Regex or String pattern");
+        s->type = TOK_PRE_SPLIT;
+        s->re = compile(rx ? rx : lit, strlen(rx ? rx : lit), !rx, err, errlen);
+        if (!s->re)
+            return -1;
+        t->npre++;
+        return 0;
+    }
+    if (type && !strcmp(type, "ByteLevel")) {
+        s->type = TOK_PRE_BYTELEVEL;
+        s->add_prefix_space = bool_of(p, "add_prefix_space");
+        if (s->add_prefix_space)
+            return fail(err, errlen, "pre_tokenizer ByteLevel with add_prefix_space is not supported yet");
+        const cJSON *ur = cJSON_GetObjectItemCaseSensitive(p, "use_regex");
+        if (!ur || cJSON_IsTrue(ur)) { /* Hugging Face's default is true */
+            s->re = compile(GPT2_RE, sizeof GPT2_RE - 1, 0, err, errlen);
+            if (!s->re)
+                return -1;
+        }
+        t->npre++;
+        return 0;
+    }
+    return fail(err, errlen, "pre_tokenizer %s is not supported", type ? type : "(without a type)");
+}
+
+static int has_bytelevel(const struct xtok *t)
+{
+    for (int i = 0; i < t->npre; i++)
+        if (t->pre[i].type == TOK_PRE_BYTELEVEL)
+            return 1;
+    return 0;
+}
+
+static int load_post(struct xtok *t, const cJSON *p, char *err, size_t errlen)
+{
+    if (!p || cJSON_IsNull(p))
+        return 0;
+    const char *type = str_of(p, "type");
+    if (type && !strcmp(type, "Sequence")) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(p, "processors"))
+            if (load_post(t, it, err, errlen))
+                return -1;
+        return 0;
+    }
+    if (type && !strcmp(type, "ByteLevel"))
+        return 0; /* offsets only: the ids are unchanged */
+    if (!type || strcmp(type, "TemplateProcessing"))
+        return fail(err, errlen, "post_processor %s is not supported", type ? type : "(without a type)");
+    if (t->prefix || t->suffix)
+        return fail(err, errlen, "post_processor: two TemplateProcessing steps");
+    const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single");
+    const cJSON *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
+    size_t cap = 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, single) {
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(it, "SpecialToken");
+        if (sp)
+            cap += (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetObjectItemCaseSensitive(specials, str_of(sp, "id") ? str_of(sp, "id") : ""), "ids"));
+    }
+    t->prefix = calloc(cap + 1, sizeof *t->prefix);
+    t->suffix = calloc(cap + 1, sizeof *t->suffix);
+    if (!t->prefix || !t->suffix)
+        return fail(err, errlen, "out of memory");
+    int seen_a = 0;
+    cJSON_ArrayForEach(it, single) {
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(it, "SpecialToken");
+        const cJSON *sq = cJSON_GetObjectItemCaseSensitive(it, "Sequence");
+        if (sq) {
+            if (seen_a || !str_of(sq, "id") || strcmp(str_of(sq, "id"), "A"))
+                return fail(err, errlen, "post_processor TemplateProcessing: single must hold sequence A once");
+            seen_a = 1;
+        } else if (sp && str_of(sp, "id")) {
+            const cJSON *ids = cJSON_GetObjectItemCaseSensitive(
+                cJSON_GetObjectItemCaseSensitive(specials, str_of(sp, "id")), "ids");
+            if (!cJSON_IsArray(ids))
+                return fail(err, errlen, "post_processor TemplateProcessing: special token %s has no ids",
+                            str_of(sp, "id"));
+            const cJSON *id;
+            cJSON_ArrayForEach(id, ids) {
+                if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > 4e9)
+                    return fail(err, errlen, "post_processor TemplateProcessing: bad id");
+                if (seen_a)
+                    t->suffix[t->nsuffix++] = (uint32_t)id->valuedouble;
+                else
+                    t->prefix[t->nprefix++] = (uint32_t)id->valuedouble;
+            }
+        } else {
+            return fail(err, errlen, "post_processor TemplateProcessing: an item of single is neither a "
+                                     "SpecialToken nor a Sequence");
+        }
+    }
+    if (!seen_a)
+        return fail(err, errlen, "post_processor TemplateProcessing: single without sequence A");
+    return 0;
+}
+
+static void note_id(struct xtok *t, long id)
+{
+    if ((size_t)id + 1 > t->vocab_size)
+        t->vocab_size = (size_t)id + 1;
+}
+
+static int load_model(struct xtok *t, const cJSON *m, char *err, size_t errlen)
+{
+    const char *type = str_of(m, "type");
+    if (!type || strcmp(type, "BPE"))
+        return fail(err, errlen, "model %s is not supported", type ? type : "(without a type)");
+    if (!has_bytelevel(t))
+        return fail(err, errlen, "model BPE without a ByteLevel pre_tokenizer (SentencePiece-style BPE: Metaspace, "
+                                 "byte_fallback) is not supported yet");
+    if (is_set(m, "dropout"))
+        return fail(err, errlen, "model BPE with dropout is not supported");
+    if (is_set(m, "continuing_subword_prefix") || is_set(m, "end_of_word_suffix"))
+        return fail(err, errlen, "model BPE with continuing_subword_prefix or end_of_word_suffix is not supported");
+    if (bool_of(m, "byte_fallback"))
+        return fail(err, errlen, "model BPE with byte_fallback is not supported yet");
+    t->ignore_merges = bool_of(m, "ignore_merges");
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab");
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(m, "merges");
+    if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges))
+        return fail(err, errlen, "model BPE without a vocab object and a merges array");
+    size_t nv = (size_t)cJSON_GetArraySize(vocab), nm = (size_t)cJSON_GetArraySize(merges);
+    if (tok_map_init(&t->vocab, nv) || tok_map_init(&t->vocab_str, nv) || tok_merges_init(&t->merges, nm))
+        return fail(err, errlen, "out of memory");
+    for (int b = 0; b < 256; b++)
+        t->byte_id[b] = -1;
+    char buf[1024];
+    const cJSON *it;
+    cJSON_ArrayForEach(it, vocab) {
+        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > 2147483647.0)
+            return fail(err, errlen, "model vocab: %s has no valid id", it->string);
+        int32_t id = (int32_t)it->valuedouble;
+        size_t len = strlen(it->string);
+        note_id(t, id);
+        if (tok_map_put(&t->vocab_str, it->string, len, id) < 0)
+            return fail(err, errlen, "out of memory");
+        long n = len < sizeof buf ? tok_bytelevel_decode(it->string, len, buf) : -1;
+        if (n <= 0)
+            continue; /* not of the byte-level alphabet: reachable as an added token only */
+        if (tok_map_put(&t->vocab, buf, (size_t)n, id) < 0)
+            return fail(err, errlen, "out of memory");
+        if (n == 1)
+            t->byte_id[(unsigned char)buf[0]] = id;
+    }
+    for (int b = 0; b < 256; b++)
+        if (t->byte_id[b] < 0)
+            return fail(err, errlen, "model BPE: byte 0x%02x has no token (not a byte-level vocabulary)", b);
+    uint32_t rank = 0;
+    cJSON_ArrayForEach(it, merges) {
+        const char *a, *b;
+        char pair[2048];
+        if (cJSON_IsString(it)) { /* "a b" */
+            const char *sp = strchr(it->valuestring, ' ');
+            size_t la = sp ? (size_t)(sp - it->valuestring) : 0;
+            if (!sp || la >= sizeof pair / 2 || strlen(sp + 1) >= sizeof pair / 2)
+                return fail(err, errlen, "model merges: %s is not \"left right\"", it->valuestring);
+            memcpy(pair, it->valuestring, la);
+            pair[la] = 0;
+            strcpy(pair + la + 1, sp + 1);
+            a = pair;
+            b = pair + la + 1;
+        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
+                   cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
+            a = cJSON_GetArrayItem(it, 0)->valuestring;
+            b = cJSON_GetArrayItem(it, 1)->valuestring;
+        } else {
+            return fail(err, errlen, "model merges: item %u is neither \"left right\" nor [left, right]", rank);
+        }
+        int32_t ia = tok_map_get(&t->vocab_str, a, strlen(a)), ib = tok_map_get(&t->vocab_str, b, strlen(b));
+        char joined[2048];
+        snprintf(joined, sizeof joined, "%s%s", a, b);
+        int32_t ij = tok_map_get(&t->vocab_str, joined, strlen(joined));
+        if (ia < 0 || ib < 0 || ij < 0)
+            return fail(err, errlen, "model merges: %s + %s: a part or the result is not in the vocab", a, b);
+        if (tok_merges_put(&t->merges, (uint32_t)ia, (uint32_t)ib, rank, (uint32_t)ij) < 0)
+            return fail(err, errlen, "out of memory");
+        rank++;
+    }
+    return 0;
+}
+
+static int load_added(struct xtok *t, const cJSON *added, char *err, size_t errlen)
+{
+    size_t n = (size_t)cJSON_GetArraySize(added);
+    t->added = calloc(n + 1, sizeof *t->added);
+    if (!t->added)
+        return fail(err, errlen, "out of memory");
+    const cJSON *it;
+    cJSON_ArrayForEach(it, added) {
+        const char *content = str_of(it, "content");
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
+        if (!content || !content[0] || !cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > 2147483647.0)
+            return fail(err, errlen, "added_tokens: an entry without content or id");
+        if (bool_of(it, "single_word"))
+            return fail(err, errlen, "added_tokens: %s is single_word, which is not supported yet", content);
+        struct tok_added *a = &t->added[t->nadded++];
+        a->content = strdup(content);
+        if (!a->content)
+            return fail(err, errlen, "out of memory");
+        a->len = strlen(content);
+        a->id = (uint32_t)id->valuedouble;
+        a->special = bool_of(it, "special");
+        a->normalized = bool_of(it, "normalized");
+        a->lstrip = bool_of(it, "lstrip");
+        a->rstrip = bool_of(it, "rstrip");
+        t->added_first[a->normalized][(unsigned char)content[0]] = 1;
+        note_id(t, (long)a->id);
+    }
+    return 0;
+}
+
+struct xtok *xtok_load_json(const char *json, size_t len, char *err, size_t errlen)
+{
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root) {
+        fail(err, errlen, "tokenizer.json is not JSON");
+        return NULL;
+    }
+    struct xtok *t = calloc(1, sizeof *t);
+    if (!t) {
+        cJSON_Delete(root);
+        fail(err, errlen, "out of memory");
+        return NULL;
+    }
+    int rc = load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), err, errlen);
+    rc = rc ? rc : load_pre(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), err, errlen);
+    rc = rc ? rc : load_model(t, cJSON_GetObjectItemCaseSensitive(root, "model"), err, errlen);
+    rc = rc ? rc : load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), err, errlen);
+    rc = rc ? rc : load_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), err, errlen);
+    cJSON_Delete(root);
+    if (rc) {
+        xtok_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+struct xtok *xtok_load(const char *dir, char *err, size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fail(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (len == cap) {
+            cap = cap ? cap * 2 : 1 << 20;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                fail(err, errlen, "out of memory");
+                return NULL;
+            }
+            buf = nb;
+        }
+        size_t got = fread(buf + len, 1, cap - len, f);
+        if (!got)
+            break;
+        len += got;
+    }
+    fclose(f);
+    char why[512] = "";
+    struct xtok *t = xtok_load_json(buf, len, why, sizeof why);
+    free(buf);
+    if (!t)
+        fail(err, errlen, "%s: %s", path, why);
+    return t;
+}
+
+void xtok_free(struct xtok *t)
+{
+    if (!t)
+        return;
+    tok_map_free(&t->vocab);
+    tok_map_free(&t->vocab_str);
+    tok_merges_free(&t->merges);
+    for (int i = 0; i < t->npre; i++)
+        pcre2_code_free(t->pre[i].re);
+    for (size_t i = 0; i < t->nadded; i++)
+        free(t->added[i].content);
+    free(t->added);
+    free(t->prefix);
+    free(t->suffix);
+    free(t);
+}
+
+size_t xtok_vocab_size(const struct xtok *t)
+{
+    return t->vocab_size;
+}
+
+long xtok_token_id(const struct xtok *t, const char *token)
+{
+    size_t len = strlen(token);
+    for (size_t i = 0; i < t->nadded; i++)
+        if (t->added[i].len == len && !memcmp(t->added[i].content, token, len))
+            return t->added[i].id;
+    return tok_map_get(&t->vocab_str, token, len);
+}

@@ -1,0 +1,167 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* xpyd_tokenize - a model directory's tokenizer, checked before it is deployed, and for scripts.
+ *   xpyd_tokenize --tokenizer DIR [--add-special-tokens]      text on stdin -> its ids as one JSON array
+ *   xpyd_tokenize --tokenizer DIR --jsonl [--add-special-tokens]  one JSON string per line -> one array per line
+ *   xpyd_tokenize --tokenizer DIR --bench FILE [--seconds S]  MB/s and tokens/s encoding FILE line by line */
+#include "xpyd_tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static void usage(FILE *f)
+{
+    fputs("usage: xpyd_tokenize --tokenizer DIR [--add-special-tokens] [--jsonl]\n"
+          "       xpyd_tokenize --tokenizer DIR --bench FILE [--seconds S]\n"
+          "Reads text on stdin and prints its token ids as one JSON array (no special tokens unless\n"
+          "--add-special-tokens: those the post-processor adds, as Hugging Face's add_special_tokens).\n"
+          "--jsonl: each input line is a JSON string, each output line its ids. --bench: encodes FILE's lines\n"
+          "for S seconds (default 3) and prints MB/s and tokens/s.\n",
+          f);
+}
+
+static char *read_all(FILE *f, size_t *len)
+{
+    size_t cap = 1 << 16, n = 0;
+    char *b = malloc(cap);
+    for (size_t got; b && (got = fread(b + n, 1, cap - n, f)) > 0;) {
+        n += got;
+        if (n == cap) {
+            char *nb = realloc(b, cap *= 2);
+            if (!nb)
+                free(b);
+            b = nb;
+        }
+    }
+    *len = n;
+    return b;
+}
+
+static int print_ids(const struct xtok *t, const char *text, size_t len, int special)
+{
+    uint32_t *ids;
+    size_t n;
+    int rc = xtok_encode(t, text, len, special, &ids, &n);
+    if (rc) {
+        fprintf(stderr, "xpyd_tokenize: %s\n", rc == XTOK_EINVAL ? "the input is not valid UTF-8" : "out of memory");
+        return 1;
+    }
+    putchar('[');
+    for (size_t i = 0; i < n; i++)
+        printf(i ? ",%u" : "%u", ids[i]);
+    putchar(']');
+    free(ids);
+    return 0;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int bench(const struct xtok *t, const char *path, double seconds)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        perror(path);
+        return 1;
+    }
+    size_t len;
+    char *text = read_all(f, &len);
+    fclose(f);
+    if (!text)
+        return 1;
+    double t0 = now(), t1;
+    size_t bytes = 0, tokens = 0, rounds = 0;
+    do {
+        for (char *p = text, *end = text + len; p < end;) {
+            char *nl = memchr(p, '\n', (size_t)(end - p));
+            size_t l = nl ? (size_t)(nl - p + 1) : (size_t)(end - p);
+            uint32_t *ids;
+            size_t n;
+            if (xtok_encode(t, p, l, 0, &ids, &n)) {
+                fprintf(stderr, "xpyd_tokenize: %s: a line is not valid UTF-8\n", path);
+                free(text);
+                return 1;
+            }
+            free(ids);
+            tokens += n;
+            bytes += l;
+            p += l;
+        }
+        rounds++;
+        t1 = now();
+    } while (t1 - t0 < seconds);
+    printf("{\"bytes\":%zu,\"tokens\":%zu,\"rounds\":%zu,\"seconds\":%.3f,\"mb_per_s\":%.2f,\"tokens_per_s\":%.0f}\n",
+           bytes, tokens, rounds, t1 - t0, bytes / (t1 - t0) / 1e6, tokens / (t1 - t0));
+    free(text);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL, *bench_file = NULL;
+    int special = 0, jsonl = 0;
+    double seconds = 3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
+            dir = argv[++i];
+        else if (!strcmp(argv[i], "--add-special-tokens"))
+            special = 1;
+        else if (!strcmp(argv[i], "--jsonl"))
+            jsonl = 1;
+        else if (!strcmp(argv[i], "--bench") && i + 1 < argc)
+            bench_file = argv[++i];
+        else if (!strcmp(argv[i], "--seconds") && i + 1 < argc && atof(argv[i + 1]) > 0)
+            seconds = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return 0;
+        } else {
+            fprintf(stderr, "xpyd_tokenize: unknown or incomplete argument '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!dir) {
+        usage(stderr);
+        return 2;
+    }
+    char err[1024];
+    struct xtok *t = xtok_load(dir, err, sizeof err);
+    if (!t) {
+        fprintf(stderr, "xpyd_tokenize: %s\n", err);
+        return 1;
+    }
+    int rc = 0;
+    if (bench_file) {
+        rc = bench(t, bench_file, seconds);
+    } else if (jsonl) {
+        char *line = NULL;
+        size_t cap = 0;
+        ssize_t n;
+        while (!rc && (n = getline(&line, &cap, stdin)) > 0) {
+            cJSON *s = cJSON_ParseWithLength(line, (size_t)n);
+            if (!cJSON_IsString(s)) {
+                fprintf(stderr, "xpyd_tokenize: --jsonl: a line is not a JSON string\n");
+                rc = 1;
+            } else {
+                rc = print_ids(t, s->valuestring, strlen(s->valuestring), special);
+                putchar('\n');
+            }
+            cJSON_Delete(s);
+        }
+        free(line);
+    } else {
+        size_t len;
+        char *text = read_all(stdin, &len);
+        rc = text ? print_ids(t, text, len, special) : 1;
+        free(text);
+    }
+    xtok_free(t);
+    return rc;
+}
