@@ -61,69 +61,184 @@ static int valid_utf8(const unsigned char *s, size_t len)
     return 1;
 }
 
-/* Byte-level BPE of one piece: the lowest-ranked adjacent pair merged first (the leftmost among equals), until
- * no pair has a merge. rank[i] caches the rank of the pair starting at symbol i. */
-static int bpe(const struct xtok *t, const unsigned char *p, size_t n, struct ids *out)
+/* A binary min-heap of candidate merges by (rank, position): the lowest rank first, the leftmost among equals,
+ * as Hugging Face's BPE does. A candidate is stale once either symbol has changed (checked when popped). */
+struct cand {
+    uint32_t rank;
+    int32_t pos;
+    uint32_t left, right;
+};
+
+static int cand_less(const struct cand *a, const struct cand *b)
 {
-    if (n == 0)
-        return 0;
-    if (n == 1)
-        return push(out, (uint32_t)t->byte_id[p[0]]);
-    if (t->ignore_merges) {
-        int32_t id = tok_map_get(&t->vocab, p, n);
-        if (id >= 0)
-            return push(out, (uint32_t)id);
+    return a->rank != b->rank ? a->rank < b->rank : a->pos < b->pos;
+}
+
+static void heap_push(struct cand *h, size_t *n, struct cand c)
+{
+    size_t i = (*n)++;
+    while (i && cand_less(&c, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
     }
-    uint32_t stack_sym[64], stack_rank[64];
-    int32_t stack_next[64];
-    uint32_t *sym = n <= 64 ? stack_sym : malloc(n * sizeof *sym);
-    uint32_t *rank = n <= 64 ? stack_rank : malloc(n * sizeof *rank);
-    int32_t *next = n <= 64 ? stack_next : malloc(n * sizeof *next);
+    h[i] = c;
+}
+
+static struct cand heap_pop(struct cand *h, size_t *n)
+{
+    struct cand top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && cand_less(&h[c + 1], &h[c]))
+            c++;
+        if (!cand_less(&h[c], &last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n)
+        h[i] = last;
+    return top;
+}
+
+static void candidate(const struct xtok *t, struct cand *h, size_t *nh, const uint32_t *sym, int32_t i, int32_t j)
+{
+    const struct tok_merge *m = tok_merges_get(&t->merges, sym[i], sym[j]);
+    if (m)
+        heap_push(h, nh, (struct cand){m->rank, i, sym[i], sym[j]});
+}
+
+/* BPE over n initial symbols (ids): merges applied lowest rank first, the leftmost among equals, until no
+ * adjacent pair has one. Short pieces scan for the best pair; long ones (a whole SentencePiece text, a long
+ * whitespace run) use the heap: O(n log n). */
+static int bpe_merge(const struct xtok *t, uint32_t *sym, size_t n, struct ids *out)
+{
+    int32_t stack_next[64], stack_prev[64];
+    uint32_t stack_rank[64];
+    int small = n <= 64;
+    int32_t *next = small ? stack_next : malloc(n * sizeof *next);
+    int32_t *prev = small ? stack_prev : malloc(n * sizeof *prev);
+    uint32_t *rank = small ? stack_rank : NULL;
+    struct cand *h = small ? NULL : malloc(n * 2 * sizeof *h);
     int rc = 0;
-    if (!sym || !rank || !next) {
+    if (!next || !prev || (!small && !h)) {
         rc = XTOK_ENOMEM;
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        sym[i] = (uint32_t)t->byte_id[p[i]];
         next[i] = i + 1 < n ? (int32_t)(i + 1) : -1;
+        prev[i] = (int32_t)i - 1;
     }
-    for (size_t i = 0; i + 1 < n; i++) {
-        const struct tok_merge *m = tok_merges_get(&t->merges, sym[i], sym[i + 1]);
-        rank[i] = m ? m->rank : UINT32_MAX;
-    }
-    rank[n - 1] = UINT32_MAX;
-    int32_t prev_of_best;
-    for (;;) {
-        uint32_t best = UINT32_MAX;
-        int32_t bi = -1, prev = -1;
-        prev_of_best = -1;
-        for (int32_t i = 0; i >= 0; prev = i, i = next[i])
-            if (rank[i] < best) {
-                best = rank[i];
-                bi = i;
-                prev_of_best = prev;
+    if (small) {
+        for (size_t i = 0; i < n; i++) {
+            const struct tok_merge *m = i + 1 < n ? tok_merges_get(&t->merges, sym[i], sym[i + 1]) : NULL;
+            rank[i] = m ? m->rank : UINT32_MAX;
+        }
+        for (;;) {
+            uint32_t best = UINT32_MAX;
+            int32_t bi = -1;
+            for (int32_t i = 0; i >= 0; i = next[i])
+                if (rank[i] < best) {
+                    best = rank[i];
+                    bi = i;
+                }
+            if (bi < 0)
+                break;
+            int32_t j = next[bi];
+            sym[bi] = tok_merges_get(&t->merges, sym[bi], sym[j])->id;
+            next[bi] = next[j];
+            if (next[bi] >= 0)
+                prev[next[bi]] = bi;
+            const struct tok_merge *m = next[bi] >= 0 ? tok_merges_get(&t->merges, sym[bi], sym[next[bi]]) : NULL;
+            rank[bi] = m ? m->rank : UINT32_MAX;
+            if (prev[bi] >= 0) {
+                m = tok_merges_get(&t->merges, sym[prev[bi]], sym[bi]);
+                rank[prev[bi]] = m ? m->rank : UINT32_MAX;
             }
-        if (bi < 0)
-            break;
-        int32_t j = next[bi];
-        sym[bi] = tok_merges_get(&t->merges, sym[bi], sym[j])->id;
-        next[bi] = next[j];
-        const struct tok_merge *m = next[bi] >= 0 ? tok_merges_get(&t->merges, sym[bi], sym[next[bi]]) : NULL;
-        rank[bi] = m ? m->rank : UINT32_MAX;
-        if (prev_of_best >= 0) {
-            m = tok_merges_get(&t->merges, sym[prev_of_best], sym[bi]);
-            rank[prev_of_best] = m ? m->rank : UINT32_MAX;
+        }
+    } else {
+        size_t nh = 0;
+        for (size_t i = 0; i + 1 < n; i++)
+            candidate(t, h, &nh, sym, (int32_t)i, (int32_t)i + 1);
+        while (nh) {
+            struct cand c = heap_pop(h, &nh);
+            int32_t i = c.pos, j = next[i];
+            if (sym[i] != c.left || j < 0 || sym[j] != c.right || prev[i] == -2)
+                continue; /* stale: a symbol of the pair has merged since */
+            sym[i] = tok_merges_get(&t->merges, c.left, c.right)->id;
+            next[i] = next[j];
+            if (next[i] >= 0)
+                prev[next[i]] = i;
+            prev[j] = -2; /* gone */
+            if (prev[i] >= 0)
+                candidate(t, h, &nh, sym, prev[i], i);
+            if (next[i] >= 0)
+                candidate(t, h, &nh, sym, i, next[i]);
         }
     }
     for (int32_t i = 0; i >= 0 && !rc; i = next[i])
         rc = push(out, sym[i]);
 out:
-    if (n > 64) {
-        free(sym);
-        free(rank);
+    if (!small) {
         free(next);
+        free(prev);
+        free(h);
     }
+    return rc;
+}
+
+/* One piece through the model: its initial symbols (bytes, or characters with byte fallback and unknowns),
+ * then the merges. */
+static int bpe(const struct xtok *t, const unsigned char *p, size_t n, struct ids *out)
+{
+    if (n == 0)
+        return 0;
+    if (t->bytelevel && n == 1)
+        return push(out, (uint32_t)t->byte_id[p[0]]);
+    if (t->ignore_merges) {
+        int32_t id = tok_map_get(t->bytelevel ? &t->vocab : &t->vocab_str, p, n);
+        if (id >= 0)
+            return push(out, (uint32_t)id);
+    }
+    uint32_t stack_sym[64];
+    uint32_t *sym = n <= 64 ? stack_sym : malloc(n * sizeof *sym);
+    if (!sym)
+        return XTOK_ENOMEM;
+    size_t ns = 0;
+    int rc = 0;
+    if (t->bytelevel) {
+        for (size_t i = 0; i < n; i++)
+            sym[ns++] = (uint32_t)t->byte_id[p[i]];
+    } else {
+        int last_unk = 0;
+        for (size_t i = 0; i < n;) { /* one character at a time (the input is valid UTF-8) */
+            size_t l = p[i] < 0x80 ? 1 : (p[i] & 0xE0) == 0xC0 ? 2 : (p[i] & 0xF0) == 0xE0 ? 3 : 4;
+            int32_t id = tok_map_get(&t->vocab_str, p + i, l);
+            int fallback = id < 0 && t->byte_fallback;
+            for (size_t k = 0; fallback && k < l; k++)
+                fallback = t->byte_id[p[i + k]] >= 0;
+            if (id >= 0) {
+                sym[ns++] = (uint32_t)id;
+                last_unk = 0;
+            } else if (fallback) {
+                for (size_t k = 0; k < l; k++)
+                    sym[ns++] = (uint32_t)t->byte_id[p[i + k]];
+                last_unk = 0;
+            } else if (t->unk_id >= 0) {
+                if (!(t->fuse_unk && last_unk))
+                    sym[ns++] = (uint32_t)t->unk_id;
+                last_unk = 1;
+            } /* no unk token: the character is dropped, as Hugging Face does */
+            i += l;
+        }
+    }
+    if (ns)
+        rc = bpe_merge(t, sym, ns, out);
+    if (n > 64)
+        free(sym);
     return rc;
 }
 
@@ -151,8 +266,10 @@ static int span_push(struct spans *s, size_t off, size_t len)
     return 0;
 }
 
-/* Split with behaviour Isolated: every match a piece, and every stretch between matches a piece. */
-static int split_isolated(pcre2_code *re, pcre2_match_data *md, const char *text, struct span in, struct spans *out)
+/* Split with behaviour Isolated: every match a piece, and every stretch between matches a piece; merged (behaviour
+ * MergedWithPrevious): each match ends the piece the stretch before it began. */
+static int split_isolated(pcre2_code *re, int merged, pcre2_match_data *md, const char *text, struct span in,
+                          struct spans *out)
 {
     PCRE2_SPTR subj = (PCRE2_SPTR)(text + in.off);
     size_t pos = 0, last = 0;
@@ -170,7 +287,8 @@ static int split_isolated(pcre2_code *re, pcre2_match_data *md, const char *text
                 pos++;
             continue;
         }
-        if (span_push(out, in.off + last, s - last) || span_push(out, in.off + s, e - s))
+        if (merged ? span_push(out, in.off + last, e - last)
+                   : span_push(out, in.off + last, s - last) || span_push(out, in.off + s, e - s))
             return XTOK_ENOMEM;
         last = pos = e;
     }
@@ -188,7 +306,7 @@ static int encode_normalized(const struct xtok *t, const char *text, size_t len,
             continue;
         b.n = 0;
         for (size_t i = 0; i < a.n && !rc; i++)
-            rc = split_isolated(t->pre[k].re, md, text, a.v[i], &b);
+            rc = split_isolated(t->pre[k].re, t->pre[k].merged_with_previous, md, text, a.v[i], &b);
         struct spans tmp = a;
         a = b;
         b = tmp;
@@ -240,22 +358,55 @@ static const struct tok_added *find_added(const struct xtok *t, int normalized, 
 static int encode_raw_piece(const struct xtok *t, const char *text, size_t len, pcre2_match_data *md,
                             struct ids *out)
 {
-    unsigned char *norm = NULL;
+    char *norm = NULL;
     const char *s = text;
-    if (t->nnorm) {
-        static const int opts[] = {0, UTF8PROC_COMPOSE, UTF8PROC_COMPOSE | UTF8PROC_COMPAT, UTF8PROC_DECOMPOSE,
-                                   UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT};
-        for (int k = 0; k < t->nnorm; k++) {
-            unsigned char *o = NULL;
-            utf8proc_ssize_t n = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &o,
-                                              (utf8proc_option_t)(UTF8PROC_STABLE | opts[t->norm[k]]));
-            free(norm);
-            if (n < 0)
-                return n == UTF8PROC_ERROR_NOMEM ? XTOK_ENOMEM : XTOK_EINVAL;
-            norm = o;
-            s = (const char *)o;
-            len = (size_t)n;
+    for (int k = 0; k < t->nnorm; k++) {
+        const struct tok_norm_step *st = &t->norm[k];
+        char *o = NULL;
+        size_t olen = 0;
+        if (st->type == TOK_PREPEND) {
+            if (!len)
+                continue;
+            o = malloc(st->alen + len + 1);
+            if (o) {
+                memcpy(o, st->a, st->alen);
+                memcpy(o + st->alen, s, len);
+                olen = st->alen + len;
+            }
+        } else if (st->type == TOK_REPLACE) {
+            size_t count = 0;
+            for (const char *q = s; (q = memmem(q, len - (size_t)(q - s), st->a, st->alen)); q += st->alen)
+                count++;
+            olen = len + count * st->blen - count * st->alen;
+            o = malloc(olen + 1);
+            for (size_t i = 0, w = 0; o && i < len;) {
+                if (len - i >= st->alen && !memcmp(s + i, st->a, st->alen)) {
+                    memcpy(o + w, st->b, st->blen);
+                    w += st->blen;
+                    i += st->alen;
+                } else {
+                    o[w++] = s[i++];
+                }
+            }
+        } else {
+            static const int opts[] = {0, UTF8PROC_COMPOSE, UTF8PROC_COMPOSE | UTF8PROC_COMPAT, UTF8PROC_DECOMPOSE,
+                                       UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT};
+            unsigned char *u = NULL;
+            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &u,
+                                              (utf8proc_option_t)(UTF8PROC_STABLE | opts[st->type]));
+            if (r < 0) {
+                free(norm);
+                return r == UTF8PROC_ERROR_NOMEM ? XTOK_ENOMEM : XTOK_EINVAL;
+            }
+            o = (char *)u;
+            olen = (size_t)r;
         }
+        free(norm);
+        if (!o)
+            return XTOK_ENOMEM;
+        norm = o;
+        s = o;
+        len = olen;
     }
     int rc = 0;
     while (len && !rc) { /* the tokens matched in the normalized text */

@@ -42,13 +42,20 @@ int tok_merges_put(struct tok_merges *m, uint32_t a, uint32_t b, uint32_t rank, 
 const struct tok_merge *tok_merges_get(const struct tok_merges *m, uint32_t a, uint32_t b);
 void tok_merges_free(struct tok_merges *m);
 
-enum tok_norm { TOK_NFC = 1, TOK_NFKC, TOK_NFD, TOK_NFKD };
+enum tok_norm { TOK_NFC = 1, TOK_NFKC, TOK_NFD, TOK_NFKD, TOK_PREPEND, TOK_REPLACE };
 enum tok_pre { TOK_PRE_SPLIT = 1, TOK_PRE_BYTELEVEL };
+
+struct tok_norm_step {
+    enum tok_norm type;
+    char *a, *b; /* Prepend: a; Replace: every a by b */
+    size_t alen, blen;
+};
 
 struct tok_pre_step {
     enum tok_pre type;
     pcre2_code *re; /* Split's pattern, or ByteLevel's GPT-2 regex when use_regex; NULL for none */
     int add_prefix_space;
+    int merged_with_previous; /* Split's behaviour MergedWithPrevious (else Isolated) */
 };
 
 struct tok_added {
@@ -59,12 +66,15 @@ struct tok_added {
 };
 
 struct xtok {
-    struct tok_map vocab;     /* the model's tokens as raw bytes (byte-level symbols decoded) */
+    struct tok_map vocab;     /* byte-level models: the model's tokens as raw bytes (byte-level symbols decoded) */
     struct tok_map vocab_str; /* the model's tokens as written in tokenizer.json */
     struct tok_merges merges;
-    int32_t byte_id[256]; /* the token of each single byte */
+    int bytelevel;        /* a ByteLevel pre-tokenizer: symbols are bytes; else (SentencePiece-style) characters */
+    int32_t byte_id[256]; /* byte-level: the token of each single byte; else byte_fallback's <0xXX> (or -1) */
+    int32_t unk_id;       /* -1: none */
+    int byte_fallback, fuse_unk;
     int ignore_merges;
-    int norm[4];
+    struct tok_norm_step norm[8];
     int nnorm;
     struct tok_pre_step pre[8];
     int npre;

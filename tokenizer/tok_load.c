@@ -49,14 +49,36 @@ static int load_normalizer(struct xtok *t, const cJSON *n, char *err, size_t err
                 return -1;
         return 0;
     }
+    if (t->nnorm == (int)(sizeof t->norm / sizeof t->norm[0]))
+        return fail(err, errlen, "normalizer: more than %zu steps", sizeof t->norm / sizeof t->norm[0]);
+    struct tok_norm_step *st = &t->norm[t->nnorm];
     static const char *const names[] = {NULL, "NFC", "NFKC", "NFD", "NFKD"};
     for (int k = 1; k <= 4; k++)
         if (type && !strcmp(type, names[k])) {
-            if (t->nnorm == 4)
-                return fail(err, errlen, "normalizer: more than 4 steps");
-            t->norm[t->nnorm++] = k;
+            st->type = (enum tok_norm)k;
+            t->nnorm++;
             return 0;
         }
+    if (type && !strcmp(type, "Prepend") && str_of(n, "prepend")) {
+        st->type = TOK_PREPEND;
+        st->a = strdup(str_of(n, "prepend"));
+        st->alen = st->a ? strlen(st->a) : 0;
+        t->nnorm++;
+        return st->a ? 0 : fail(err, errlen, "out of memory");
+    }
+    if (type && !strcmp(type, "Replace")) {
+        const char *pat = str_of(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "String");
+        const char *content = str_of(n, "content");
+        if (!pat || !pat[0] || !content)
+            return fail(err, errlen, "normalizer Replace is supported with a non-empty String pattern only");
+        st->type = TOK_REPLACE;
+        st->a = strdup(pat);
+        st->b = strdup(content);
+        st->alen = st->a ? strlen(st->a) : 0;
+        st->blen = st->b ? strlen(st->b) : 0;
+        t->nnorm++;
+        return st->a && st->b ? 0 : fail(err, errlen, "out of memory");
+    }
     return fail(err, errlen, "normalizer %s is not supported", type ? type : "(without a type)");
 }
 
@@ -96,8 +118,9 @@ static int load_pre(struct xtok *t, const cJSON *p, char *err, size_t errlen)
     struct tok_pre_step *s = &t->pre[t->npre];
     if (type && !strcmp(type, "Split")) {
         const char *beh = str_of(p, "behavior");
-        if (!beh || strcmp(beh, "Isolated"))
+        if (!beh || (strcmp(beh, "Isolated") && strcmp(beh, "MergedWithPrevious")))
             return fail(err, errlen, "pre_tokenizer Split with behavior %s is not supported", beh ? beh : "(none)");
+        s->merged_with_previous = !strcmp(beh, "MergedWithPrevious");
         if (bool_of(p, "invert"))
             return fail(err, errlen, "pre_tokenizer Split with invert is not supported");
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
@@ -212,15 +235,15 @@ static int load_model(struct xtok *t, const cJSON *m, char *err, size_t errlen)
     const char *type = str_of(m, "type");
     if (!type || strcmp(type, "BPE"))
         return fail(err, errlen, "model %s is not supported", type ? type : "(without a type)");
-    if (!has_bytelevel(t))
-        return fail(err, errlen, "model BPE without a ByteLevel pre_tokenizer (SentencePiece-style BPE: Metaspace, "
-                                 "byte_fallback) is not supported yet");
+    t->bytelevel = has_bytelevel(t);
     if (is_set(m, "dropout"))
         return fail(err, errlen, "model BPE with dropout is not supported");
     if (is_set(m, "continuing_subword_prefix") || is_set(m, "end_of_word_suffix"))
         return fail(err, errlen, "model BPE with continuing_subword_prefix or end_of_word_suffix is not supported");
-    if (bool_of(m, "byte_fallback"))
-        return fail(err, errlen, "model BPE with byte_fallback is not supported yet");
+    t->byte_fallback = bool_of(m, "byte_fallback");
+    t->fuse_unk = bool_of(m, "fuse_unk");
+    if (t->bytelevel && t->byte_fallback)
+        return fail(err, errlen, "model BPE with byte_fallback and a ByteLevel pre_tokenizer is not supported");
     t->ignore_merges = bool_of(m, "ignore_merges");
     const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab");
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(m, "merges");
@@ -241,6 +264,8 @@ static int load_model(struct xtok *t, const cJSON *m, char *err, size_t errlen)
         note_id(t, id);
         if (tok_map_put(&t->vocab_str, it->string, len, id) < 0)
             return fail(err, errlen, "out of memory");
+        if (!t->bytelevel)
+            continue;
         long n = len < sizeof buf ? tok_bytelevel_decode(it->string, len, buf) : -1;
         if (n <= 0)
             continue; /* not of the byte-level alphabet: reachable as an added token only */
@@ -249,9 +274,18 @@ static int load_model(struct xtok *t, const cJSON *m, char *err, size_t errlen)
         if (n == 1)
             t->byte_id[(unsigned char)buf[0]] = id;
     }
-    for (int b = 0; b < 256; b++)
+    for (int b = 0; b < 256 && t->bytelevel; b++)
         if (t->byte_id[b] < 0)
             return fail(err, errlen, "model BPE: byte 0x%02x has no token (not a byte-level vocabulary)", b);
+    for (int b = 0; b < 256 && !t->bytelevel && t->byte_fallback; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        t->byte_id[b] = tok_map_get(&t->vocab_str, name, strlen(name));
+    }
+    const char *unk = str_of(m, "unk_token");
+    t->unk_id = unk ? tok_map_get(&t->vocab_str, unk, strlen(unk)) : -1;
+    if (unk && t->unk_id < 0)
+        return fail(err, errlen, "model BPE: unk_token %s is not in the vocab", unk);
     uint32_t rank = 0;
     cJSON_ArrayForEach(it, merges) {
         const char *a, *b;
@@ -388,6 +422,10 @@ void xtok_free(struct xtok *t)
     tok_merges_free(&t->merges);
     for (int i = 0; i < t->npre; i++)
         pcre2_code_free(t->pre[i].re);
+    for (int i = 0; i < t->nnorm; i++) {
+        free(t->norm[i].a);
+        free(t->norm[i].b);
+    }
     for (size_t i = 0; i < t->nadded; i++)
         free(t->added[i].content);
     free(t->added);

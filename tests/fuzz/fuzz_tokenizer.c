@@ -2,10 +2,11 @@
 /* fuzz_tokenizer.c - libFuzzer harness for libxpyd_tokenizer. The first byte picks the surface:
  *   even: the rest is a hostile tokenizer.json (xtok_load_json): loaded or refused with a reason, never a crash
  *         or a leak; one that loads encodes "hello <s> world" into ids below its vocabulary size;
- *   odd:  the rest is text encoded by a small byte-level model with every supported part (NFC, a Split regex
+ *   1:    the rest is text encoded by a small byte-level model with every supported part (NFC, a Split regex
  *         and ByteLevel, merges, ignore_merges, added tokens plain, lstrip/rstrip and normalized, a template):
  *         invalid UTF-8 is refused; valid text gives ids below the vocabulary size, the template's ids first and
- *         last with add_special, and the same ids in between as without. */
+ *         last with add_special, and the same ids in between as without;
+ *   3:    the same with a small SentencePiece-style model (Prepend, Replace, NFC, byte_fallback, fuse_unk). */
 #include "xpyd_tokenizer.h"
 
 #include <assert.h>
@@ -13,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static struct xtok *model;
+static struct xtok *model, *sp_model;
 
 static void byte_level(int b, char *out) /* GPT-2's byte-level character of byte b, as UTF-8 */
 {
@@ -69,10 +70,41 @@ static void build_model(void)
     }
 }
 
+static void build_sp_model(void)
+{
+    static char json[16384];
+    size_t n = (size_t)snprintf(json, sizeof json,
+                                "{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\","
+                                "\"prepend\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},"
+                                "\"content\":\"\\u2581\"},{\"type\":\"NFC\"}]},\"pre_tokenizer\":null,"
+                                "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":"
+                                "{\"id\":\"<s>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},"
+                                "{\"SpecialToken\":{\"id\":\"</s>\",\"type_id\":0}}],\"special_tokens\":{\"<s>\":"
+                                "{\"id\":\"<s>\",\"ids\":[1]},\"</s>\":{\"id\":\"</s>\",\"ids\":[2]}}},"
+                                "\"added_tokens\":[{\"id\":1,\"content\":\"<s>\",\"special\":true},{\"id\":2,"
+                                "\"content\":\"</s>\",\"special\":true}],\"model\":{\"type\":\"BPE\",\"unk_token\":"
+                                "\"<unk>\",\"byte_fallback\":true,\"fuse_unk\":true,\"vocab\":{\"<unk>\":0,\"<s>\":1,"
+                                "\"</s>\":2,");
+    for (int b = 0; b < 256; b++)
+        if (b != 0x80) /* one byte without its token: characters with it become <unk> */
+            n += (size_t)snprintf(json + n, sizeof json - n, "\"<0x%02X>\":%d,", b, 3 + b);
+    n += (size_t)snprintf(json + n, sizeof json - n,
+                          "\"\\u2581\":259,\"a\":260,\"b\":261,\"ab\":262,\"\\u2581ab\":263,\"\\u00e9\":264},"
+                          "\"merges\":[\"a b\",\"\\u2581 ab\"]}}");
+    char err[256];
+    sp_model = xtok_load_json(json, n, err, sizeof err);
+    if (!sp_model) {
+        fprintf(stderr, "fuzz_tokenizer: the harness's SentencePiece model does not load: %s\n", err);
+        abort();
+    }
+}
+
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
 {
-    if (!model)
+    if (!model) {
         build_model();
+        build_sp_model();
+    }
     if (size < 1)
         return 0;
     const char *rest = (const char *)data + 1;
@@ -94,15 +126,17 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         xtok_free(t);
         return 0;
     }
-    int rc = xtok_encode(model, rest, len, 0, &ids, &n);
+    const struct xtok *m = data[0] & 2 ? sp_model : model;
+    uint32_t bos = data[0] & 2 ? 1 : 300, eos = data[0] & 2 ? 2 : 301;
+    int rc = xtok_encode(m, rest, len, 0, &ids, &n);
     if (rc) {
         assert(rc == XTOK_EINVAL);
         return 0;
     }
     for (size_t i = 0; i < n; i++)
-        assert(ids[i] < xtok_vocab_size(model));
-    assert(xtok_encode(model, rest, len, 1, &ids2, &n2) == 0);
-    assert(n2 == n + 2 && ids2[0] == 300 && ids2[n + 1] == 301 && !memcmp(ids2 + 1, ids, n * sizeof *ids));
+        assert(ids[i] < xtok_vocab_size(m));
+    assert(xtok_encode(m, rest, len, 1, &ids2, &n2) == 0);
+    assert(n2 == n + 2 && ids2[0] == bos && ids2[n + 1] == eos && !memcmp(ids2 + 1, ids, n * sizeof *ids));
     free(ids);
     free(ids2);
     return 0;
