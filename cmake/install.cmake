@@ -4,7 +4,7 @@
 # package (CPack; scripts/package.sh). Included from the top-level CMakeLists.txt.
 include(GNUInstallDirs)
 
-set(XPYD_TOOLS xpyd_router xpyd_sim xpyd_bench xpyd_transfer_bench xpyd_register)
+set(XPYD_TOOLS xpyd_router xpyd_sim xpyd_bench xpyd_transfer_bench xpyd_register xpyd_tokenize)
 install(TARGETS ${XPYD_TOOLS} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(TARGETS xpyd_transfer xpyd_transfer_shared
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
@@ -48,6 +48,7 @@ if(HELP2MAN)
   set(XPYD_DESC_xpyd_bench "load generator with the flags and metrics of vLLM's benchmark_serving.py")
   set(XPYD_DESC_xpyd_transfer_bench "throughput benchmark of the xpyd KV transfer engine")
   set(XPYD_DESC_xpyd_register "keeps an engine registered in etcd for xpyd routers while it is healthy")
+  set(XPYD_DESC_xpyd_tokenize "token ids of text with a Hugging Face model's tokenizer, as the tokenizers library gives them")
   set(XPYD_MAN_PAGES)
   foreach(tool ${XPYD_TOOLS})
     set(page ${CMAKE_BINARY_DIR}/man/${tool}.1)

@@ -58,6 +58,7 @@ struct sim_config {
     char upstream_ca[512], upstream_cert[512], upstream_key[512];
     char register_url[1024];  /* etcd://.../prefix: register this engine (common/xpyd_register.c); "" off */
     char register_host[256];  /* the host routers should use ("" : --host) */
+    char tokenizer[1024];     /* a Hugging Face model directory: prompts through its tokenizer ("" : word model) */
     long register_ttl_s;
 };
 

@@ -2,6 +2,8 @@
 /* sim_main.c - xpyd_sim command line: its settings table (the router's machinery, common/xpyd_settings.c)
  * fills a sim_config, then the simulator runs. */
 #include "sim.h"
+#include "sim_tokens.h"
+#include "xpyd_tokenizer.h"
 
 #include "xpyd_settings.h"
 #include "xpyd_util.h"
@@ -107,6 +109,12 @@ static const struct xpyd_setting settings[] = {
      "the host routers should connect to (default: --host)"},
     {"register-ttl-s", XS_LONG, F(register_ttl_s), 2, 3600, "5", NULL,
      "lease TTL of the registration: a killed simulator disappears from routers this long after"},
+    {"tokenizer", XS_STR, F(tokenizer), 0, 0, "", NULL,
+     "a Hugging Face model directory: prompts are token ids of its tokenizer.json (libxpyd_tokenizer), as a "
+     "real engine counts them, instead of one id per word: usage, --max-model-len, /tokenize and the prefix "
+     "cache see them. A completion's prompt gets the special tokens (BOS) as vLLM adds them; a chat message's "
+     "text is encoded without, after a role token (chat templates are not rendered yet); text that is not "
+     "UTF-8 gets 400"},
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
 
@@ -171,11 +179,28 @@ static int parse_args(int argc, char **argv, struct sim_config *c)
     return 0;
 }
 
+static int encode(void *arg, const char *text, size_t len, int add_special, uint32_t **ids, size_t *n)
+{
+    return xtok_encode(arg, text, len, add_special, ids, n);
+}
+
 int main(int argc, char **argv)
 {
     struct sim_config c;
     sim_config_defaults(&c);
     if (parse_args(argc, argv, &c) != 0)
         return 2;
-    return sim_run(&c);
+    struct xtok *tok = NULL;
+    if (c.tokenizer[0]) {
+        char err[1024];
+        tok = xtok_load(c.tokenizer, err, sizeof err);
+        if (!tok) {
+            fprintf(stderr, "xpyd_sim: --tokenizer: %s\n", err);
+            return 2;
+        }
+        sim_tokens_set_encoder(encode, tok);
+    }
+    int rc = sim_run(&c);
+    xtok_free(tok);
+    return rc;
 }

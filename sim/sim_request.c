@@ -53,10 +53,16 @@ static int add_role(struct sim_prompt *p, const char *role)
     return sim_prompt_add_text(p, tag, strlen(tag));
 }
 
+/* What adding text to a prompt returned, as a status: 0, 400 for text the tokenizer refuses, 500. */
+static int text_status(int rc, char **err)
+{
+    return !rc ? 0 : rc == -EINVAL ? fail(err, 400, "the prompt is not valid UTF-8") : 500;
+}
+
 static int prompt_from_completion(const cJSON *prompt, struct sim_prompt *p, char **err)
 {
     if (cJSON_IsString(prompt))
-        return sim_prompt_add_text(p, prompt->valuestring, strlen(prompt->valuestring)) ? 500 : 0;
+        return text_status(sim_prompt_add_prompt(p, prompt->valuestring, strlen(prompt->valuestring)), err);
     if (!cJSON_IsArray(prompt) || cJSON_GetArraySize(prompt) == 0)
         return fail(err, 400, "prompt must be a string, an array of token ids, or an array of one of these");
     const cJSON *first = cJSON_GetArrayItem(prompt, 0);
@@ -94,8 +100,9 @@ static int prompt_from_messages(const cJSON *msgs, int continue_final, struct si
             return 500;
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (cJSON_IsString(content)) {
-            if (sim_prompt_add_text(p, content->valuestring, strlen(content->valuestring)))
-                return 500;
+            int rc = text_status(sim_prompt_add_text(p, content->valuestring, strlen(content->valuestring)), err);
+            if (rc)
+                return rc;
         } else if (cJSON_IsArray(content)) {
             const cJSON *part;
             cJSON_ArrayForEach(part, content)
@@ -107,8 +114,9 @@ static int prompt_from_messages(const cJSON *msgs, int continue_final, struct si
                 if (strcmp(type->valuestring, "text") == 0) {
                     if (!cJSON_IsString(text))
                         return fail(err, 400, "a 'text' content part needs a string 'text'");
-                    if (sim_prompt_add_text(p, text->valuestring, strlen(text->valuestring)))
-                        return 500;
+                    int rc = text_status(sim_prompt_add_text(p, text->valuestring, strlen(text->valuestring)), err);
+                    if (rc)
+                        return rc;
                 }
             }
         } else if (content && !cJSON_IsNull(content)) {

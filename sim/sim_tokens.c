@@ -27,8 +27,37 @@ static int is_space(char c)
     return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
 }
 
+static sim_encoder_fn encoder;
+static void *encoder_arg;
+
+void sim_tokens_set_encoder(sim_encoder_fn encode, void *arg)
+{
+    encoder = encode;
+    encoder_arg = arg;
+}
+
+static int add_encoded(struct sim_prompt *p, const char *text, size_t len, int special)
+{
+    uint32_t *ids;
+    size_t n;
+    if (encoder(encoder_arg, text, len, special, &ids, &n))
+        return -EINVAL;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = sim_prompt_add_id(p, ids[i]);
+    free(ids);
+    return rc;
+}
+
+int sim_prompt_add_prompt(struct sim_prompt *p, const char *text, size_t len)
+{
+    return encoder ? add_encoded(p, text, len, 1) : sim_prompt_add_text(p, text, len);
+}
+
 int sim_prompt_add_text(struct sim_prompt *p, const char *text, size_t len)
 {
+    if (encoder)
+        return add_encoded(p, text, len, 0);
     size_t i = 0;
     while (i < len) {
         while (i < len && is_space(text[i]))

@@ -23,8 +23,15 @@ struct sim_prompt {
     uint64_t hash; /* FNV-1a over ids, valid after sim_prompt_finish() */
 };
 
-/* Appends the words of text (len bytes) as token ids. 0 or -ENOMEM. */
+/* Appends the words of text (len bytes) as token ids (with an encoder set: its ids, no special tokens).
+ * 0, -ENOMEM, or -EINVAL (an encoder refused the text: not UTF-8). */
 int sim_prompt_add_text(struct sim_prompt *p, const char *text, size_t len);
+/* The same for a completion's whole prompt: an encoder adds its special tokens (BOS), as vLLM does. */
+int sim_prompt_add_prompt(struct sim_prompt *p, const char *text, size_t len);
+/* A real tokenizer instead of the word model (xpyd_sim --tokenizer): encode(arg, text, len, add_special, &ids,
+ * &n) returns 0 with malloc'ed ids, or nonzero for text it refuses. NULL: the word model. */
+typedef int (*sim_encoder_fn)(void *arg, const char *text, size_t len, int add_special, uint32_t **ids, size_t *n);
+void sim_tokens_set_encoder(sim_encoder_fn encode, void *arg);
 /* Appends one token id. 0 or -ENOMEM. */
 int sim_prompt_add_id(struct sim_prompt *p, uint32_t id);
 /* Computes p->hash. */

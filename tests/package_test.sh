@@ -46,6 +46,7 @@ if [ -n "$FAKE_SYSTEMD" ]; then rmdir /run/systemd/system /run/systemd 2>/dev/nu
 
 # files
 for f in /usr/bin/xpyd_router /usr/bin/xpyd_sim /usr/bin/xpyd_bench /usr/bin/xpyd_transfer_bench /usr/bin/xpyd_register \
+         /usr/bin/xpyd_tokenize \
          /usr/include/xpyd/xpyd_transfer.h /etc/xpyd/router.json /usr/share/xpyd/grafana/xpyd.json \
          /usr/share/xpyd/conf/1p1d.json /usr/lib/systemd/system/xpyd-router.service \
          /usr/lib/systemd/system/xpyd-sim@.service /usr/share/doc/xpyd/copyright \
@@ -67,7 +68,7 @@ out=$(xpyd_router --version)
 echo "$out" | grep -Eq '^xpyd_router [0-9]+\.[0-9]+\.[0-9]+ \(git ([0-9a-f]{12}(-dirty)?|unknown)\)$' || fail "--version: $out"
 
 # man pages
-for m in xpyd_router xpyd_sim xpyd_bench xpyd_transfer_bench xpyd_register; do
+for m in xpyd_router xpyd_sim xpyd_bench xpyd_transfer_bench xpyd_register xpyd_tokenize; do
   err=$(MANWIDTH=80 man --warnings "$m" 2>&1 >/dev/null) || fail "man $m"
   [ -z "$err" ] || fail "man $m warnings: $err"
 done

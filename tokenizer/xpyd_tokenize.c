@@ -4,6 +4,7 @@
  *   xpyd_tokenize --tokenizer DIR --jsonl [--add-special-tokens]  one JSON string per line -> one array per line
  *   xpyd_tokenize --tokenizer DIR --bench FILE [--seconds S]  MB/s and tokens/s encoding FILE line by line */
 #include "xpyd_tokenizer.h"
+#include "xpyd_version.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -18,7 +19,9 @@ static void usage(FILE *f)
           "Reads text on stdin and prints its token ids as one JSON array (no special tokens unless\n"
           "--add-special-tokens: those the post-processor adds, as Hugging Face's add_special_tokens).\n"
           "--jsonl: each input line is a JSON string, each output line its ids. --bench: encodes FILE's lines\n"
-          "for S seconds (default 3) and prints MB/s and tokens/s.\n",
+          "for S seconds (default 3) and prints MB/s and tokens/s.\n"
+          "Exit status: 0, 1 (a model that does not load, input that is not UTF-8), 2 (a wrong argument).\n"
+          "  --help, --version\n",
           f);
 }
 
@@ -118,7 +121,10 @@ int main(int argc, char **argv)
             bench_file = argv[++i];
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc && atof(argv[i + 1]) > 0)
             seconds = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+        else if (!strcmp(argv[i], "--version")) {
+            xpyd_print_version("xpyd_tokenize");
+            return 0;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             usage(stdout);
             return 0;
         } else {

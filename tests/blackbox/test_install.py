@@ -15,7 +15,7 @@ import xpyd_testlib as t
 
 BUILD = os.path.abspath(os.path.join(t.BIN, ".."))
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TOOLS = ("xpyd_router", "xpyd_sim", "xpyd_bench", "xpyd_transfer_bench", "xpyd_register")
+TOOLS = ("xpyd_router", "xpyd_sim", "xpyd_bench", "xpyd_transfer_bench", "xpyd_register", "xpyd_tokenize")
 
 PROG = r"""
 #include <xpyd_transfer.h>

@@ -190,5 +190,46 @@ class Tokenizer(t.TestCase):
         self.assertEqual(json.loads(p.stdout), oracle("llama3_1", ["Hello world"], special=True)[0])
 
 
+class SimWithTokenizer(t.TestCase):
+    """xpyd_sim --tokenizer DIR counts prompts in the model's real token ids: /tokenize, usage and the length
+    limit see what Hugging Face's tokenizer gives for the prompt (with BOS for a completion, as vLLM adds it)."""
+
+    def test_prompts_are_real_token_ids(self):
+        texts = ["Hello world, 你好！ 12345", CORPUS[12], " ".join(CORPUS)]
+        self.assertLess(len(texts[2].split()), 400)  # under the limit in words
+        for name in ("llama3_1", "qwen3"):
+            with self.subTest(model=name):
+                s = self.start(t.sim("--tokenizer", model_dir(name), "--max-model-len", "400"))
+                want = oracle(name, texts, special=True)
+                self.assertGreater(len(want[2]), 400)  # over it in tokens
+                for text, ids in zip(texts, want):
+                    st, _, body = t.request(s.port, "POST", "/tokenize", {"prompt": text})
+                    self.assertEqual(st, 200, body)
+                    self.assertEqual(json.loads(body)["tokens"], ids)
+                    st, _, body = t.request(s.port, "POST", "/v1/completions",
+                                            {"model": "sim-model", "prompt": text, "max_tokens": 1})
+                    if len(ids) + 1 <= 400:
+                        self.assertEqual(st, 200, body)
+                        self.assertEqual(json.loads(body)["usage"]["prompt_tokens"], len(ids))
+                    else:  # over --max-model-len in real tokens, though well under it in words
+                        self.assertEqual(st, 400, body)
+                # raw bytes that are not UTF-8 inside the JSON string: refused, in OpenAI's shape
+                st, _, body = t.request(s.port, "POST", "/v1/completions",
+                                        b'{"model":"sim-model","prompt":"a \xff\xfe b","max_tokens":1}')
+                self.assertEqual(st, 400, body)
+                self.assertIn("UTF-8", json.loads(body)["error"]["message"])
+                st, _, body = t.request(s.port, "POST", "/v1/chat/completions",
+                                        {"model": "sim-model", "max_tokens": 1,
+                                         "messages": [{"role": "user", "content": "Hi there"}]})
+                self.assertEqual(st, 200, body)
+                s.stop()
+
+    def test_a_directory_without_a_tokenizer_is_refused_at_start(self):
+        p = subprocess.run([os.path.join(t.BIN, "xpyd_sim"), "--port", "0", "--tokenizer", "/nonexistent"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("--tokenizer: /nonexistent/tokenizer.json", p.stderr)
+
+
 if __name__ == "__main__":
     t.main()
