@@ -67,13 +67,44 @@ def free_port_range(n):
                 s = socket.socket()
                 s.bind(("127.0.0.1", base + i))
                 socks.append(s)
-            return base
         except OSError:
             continue
         finally:
             for s in socks:
                 s.close()
+        if _reserve(base, n):
+            return base
     raise RuntimeError("no free port range")
+
+
+_PORT_DIR = os.path.join(tempfile.gettempdir(), "xpyd-test-ports")
+
+
+def _reserve(base, n, hold_s=600):
+    """Claims base..base+n-1 for this process for hold_s seconds (a file per port, created exclusively), so that
+    two tests running at once never draw the same free port between its check and its bind (seen: etcd failing
+    with "address already in use" on a port another test had drawn a moment before). False if any is claimed."""
+    os.makedirs(_PORT_DIR, exist_ok=True)
+    made = []
+    for port in range(base, base + n):
+        path = os.path.join(_PORT_DIR, str(port))
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                stale = time.time() - os.stat(path).st_mtime > hold_s
+            except OSError:
+                stale = True
+            if not stale:
+                for m in made:
+                    os.unlink(m)
+                return False
+            os.utime(path) if os.path.exists(path) else open(path, "w").close()
+            made.append(path)
+            continue
+        os.close(fd)
+        made.append(path)
+    return True
 
 
 def free_port():
