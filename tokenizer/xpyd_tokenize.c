@@ -59,6 +59,21 @@ static int print_ids(const struct xtok *t, const char *text, size_t len, int spe
     return 0;
 }
 
+/* Whether a JSON line holds the escape \u0000 (an odd run of backslashes before "u0000"). */
+static int has_escaped_nul(const char *s, size_t n)
+{
+    for (size_t i = 0; i + 5 < n; i++) {
+        if (s[i] != '\\' || memcmp(s + i + 1, "u0000", 5))
+            continue;
+        size_t k = i;
+        while (k > 0 && s[k - 1] == '\\')
+            k--;
+        if ((i - k) % 2 == 0)
+            return 1;
+    }
+    return 0;
+}
+
 static double now(void)
 {
     struct timespec ts;
@@ -154,6 +169,9 @@ int main(int argc, char **argv)
             cJSON *s = cJSON_ParseWithLength(line, (size_t)n);
             if (!cJSON_IsString(s)) {
                 fprintf(stderr, "xpyd_tokenize: --jsonl: a line is not a JSON string\n");
+                rc = 1;
+            } else if (has_escaped_nul(line, (size_t)n)) { /* the JSON reader would cut the string there */
+                fprintf(stderr, "xpyd_tokenize: --jsonl: a string with \\u0000 is not supported\n");
                 rc = 1;
             } else {
                 rc = print_ids(t, s->valuestring, strlen(s->valuestring), special);

@@ -183,6 +183,15 @@ class Tokenizer(t.TestCase):
         self.assertIn(b"/nonexistent/tokenizer.json", p.stderr)
         p = subprocess.run([tool, "--bogus"], input=b"", capture_output=True, timeout=60)
         self.assertEqual(p.returncode, 2)
+        # --jsonl: a string holding NUL would be cut by the JSON reader: refused, nothing printed for it
+        p = subprocess.run([tool, "--tokenizer", model_dir("qwen3"), "--jsonl"], input=b'"a\\u0000b"\n',
+                           capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(b"\\u0000 is not supported", p.stderr)
+        self.assertEqual(p.stdout, b"")
+        p = subprocess.run([tool, "--tokenizer", model_dir("qwen3"), "--jsonl"], input=b'"a\\\\u0000b"\n',
+                           capture_output=True, timeout=60)  # an escaped backslash, then the text u0000
+        self.assertEqual(p.returncode, 0, p.stderr)
         # stdin as one text: the same ids as --jsonl gives for it, printed as one JSON array
         p = subprocess.run([tool, "--tokenizer", model_dir("llama3_1"), "--add-special-tokens"],
                            input="Hello world", capture_output=True, text=True, timeout=60)
