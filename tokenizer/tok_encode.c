@@ -274,7 +274,8 @@ static int split_isolated(pcre2_code *re, int merged, pcre2_match_data *md, cons
     PCRE2_SPTR subj = (PCRE2_SPTR)(text + in.off);
     size_t pos = 0, last = 0;
     while (pos < in.len) {
-        int rc = pcre2_match(re, subj, in.len, pos, 0, md, NULL);
+        /* the text was checked as UTF-8 once (xtok_encode): checking it again at every match is O(n) each */
+        int rc = pcre2_match(re, subj, in.len, pos, PCRE2_NO_UTF_CHECK, md, NULL);
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
         if (rc < 0)
