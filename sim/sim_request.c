@@ -59,15 +59,16 @@ static int text_status(int rc, char **err)
     return !rc ? 0 : rc == -EINVAL ? fail(err, 400, "the prompt is not valid UTF-8") : 500;
 }
 
-static int prompt_from_completion(const cJSON *prompt, struct sim_prompt *p, char **err)
+/* special: the body's add_special_tokens (vLLM: true unless it says false) */
+static int prompt_from_completion(const cJSON *prompt, int special, struct sim_prompt *p, char **err)
 {
     if (cJSON_IsString(prompt))
-        return text_status(sim_prompt_add_prompt(p, prompt->valuestring, strlen(prompt->valuestring)), err);
+        return text_status(sim_prompt_add_prompt(p, prompt->valuestring, strlen(prompt->valuestring), special), err);
     if (!cJSON_IsArray(prompt) || cJSON_GetArraySize(prompt) == 0)
         return fail(err, 400, "prompt must be a string, an array of token ids, or an array of one of these");
     const cJSON *first = cJSON_GetArrayItem(prompt, 0);
     if (cJSON_GetArraySize(prompt) == 1 && (cJSON_IsString(first) || cJSON_IsArray(first)))
-        return prompt_from_completion(first, p, err);
+        return prompt_from_completion(first, special, p, err);
     if (!is_int(first))
         return fail(err, 400, "batched prompts (arrays of several prompts) are not supported by xpyd_sim");
     const cJSON *it;
@@ -299,7 +300,9 @@ static int parse_fields(const cJSON *root, int chat, const struct sim_limits *li
                                   &out->prompt, err);
     else {
         const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-        rc = prompt ? prompt_from_completion(prompt, &out->prompt, err)
+        rc = prompt ? prompt_from_completion(
+                          prompt, !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens")),
+                          &out->prompt, err)
                     : fail(err, 400, "'prompt' is required");
     }
     if (rc)
@@ -392,7 +395,8 @@ int sim_tokenize_parse(const char *body, size_t len, struct sim_prompt *out, cha
         rc = prompt_from_messages(cJSON_GetObjectItemCaseSensitive(root, "messages"),
                                   cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "continue_final_message")), out, err);
     else if (cJSON_GetObjectItemCaseSensitive(root, "prompt"))
-        rc = prompt_from_completion(cJSON_GetObjectItemCaseSensitive(root, "prompt"), out, err);
+        rc = prompt_from_completion(cJSON_GetObjectItemCaseSensitive(root, "prompt"),
+                                    !cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens")), out, err);
     else
         rc = fail(err, 400, "'prompt' or 'messages' is required");
     cJSON_Delete(root);

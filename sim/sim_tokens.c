@@ -49,9 +49,9 @@ static int add_encoded(struct sim_prompt *p, const char *text, size_t len, int s
     return rc;
 }
 
-int sim_prompt_add_prompt(struct sim_prompt *p, const char *text, size_t len)
+int sim_prompt_add_prompt(struct sim_prompt *p, const char *text, size_t len, int special)
 {
-    return encoder ? add_encoded(p, text, len, 1) : sim_prompt_add_text(p, text, len);
+    return encoder ? add_encoded(p, text, len, special) : sim_prompt_add_text(p, text, len);
 }
 
 int sim_prompt_add_text(struct sim_prompt *p, const char *text, size_t len)

@@ -26,8 +26,9 @@ struct sim_prompt {
 /* Appends the words of text (len bytes) as token ids (with an encoder set: its ids, no special tokens).
  * 0, -ENOMEM, or -EINVAL (an encoder refused the text: not UTF-8). */
 int sim_prompt_add_text(struct sim_prompt *p, const char *text, size_t len);
-/* The same for a completion's whole prompt: an encoder adds its special tokens (BOS), as vLLM does. */
-int sim_prompt_add_prompt(struct sim_prompt *p, const char *text, size_t len);
+/* The same for a completion's whole prompt: an encoder adds its special tokens (BOS) unless special is 0 (the
+ * request's add_special_tokens: false), as vLLM does. */
+int sim_prompt_add_prompt(struct sim_prompt *p, const char *text, size_t len, int special);
 /* A real tokenizer instead of the word model (xpyd_sim --tokenizer): encode(arg, text, len, add_special, &ids,
  * &n) returns 0 with malloc'ed ids, or nonzero for text it refuses. NULL: the word model. */
 typedef int (*sim_encoder_fn)(void *arg, const char *text, size_t len, int add_special, uint32_t **ids, size_t *n);
