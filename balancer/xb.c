@@ -147,6 +147,24 @@ size_t xb_pool_size(const struct xb_pool *p)
     return p->n;
 }
 
+long xb_max_model_len(struct xb_pool *p)
+{
+    long most = 0;
+    int unknown = 0;
+    pthread_mutex_lock(&p->mu);
+    for (size_t i = 0; i < p->n; i++) {
+        const struct xb_inst *in = &p->inst[i];
+        if (in->removed || in->unready || !in->healthy)
+            continue;
+        if (in->cfg.max_model_len <= 0)
+            unknown = 1;
+        else if (in->cfg.max_model_len > most)
+            most = in->cfg.max_model_len;
+    }
+    pthread_mutex_unlock(&p->mu);
+    return unknown ? 0 : most;
+}
+
 /* The policies, indexed by enum xb_policy (xb.h). Adding one: a new xb_<name>.c defining its
  * `const struct xb_policy_ops`, a row here, a value in enum xb_policy. */
 static const struct xb_policy_ops *const policies[] = {&xb_policy_lot, &xb_policy_p2c, &xb_policy_rr,

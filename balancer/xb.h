@@ -59,6 +59,9 @@ int xb_reuse(struct xb_pool *p, int idx, const struct xb_instance_cfg *cfg);
 /* Updates tp, weight, max_model_len, max_inflight of an instance. */
 int xb_update(struct xb_pool *p, int idx, const struct xb_instance_cfg *cfg);
 size_t xb_pool_size(const struct xb_pool *p);
+/* The largest max_model_len among the instances that may be picked (healthy, ready, not removed); 0 when one of
+ * them has none (unknown: no limit) or none may be picked. */
+long xb_max_model_len(struct xb_pool *p);
 int xb_policy_parse(const char *s); /* lot|p2c|rr|random, -1 if unknown */
 const char *xb_policy_name(int policy);
 

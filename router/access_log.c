@@ -8,6 +8,7 @@
 
 #include "request_state.h"
 #include "router.h"
+#include "tokenize.h"
 #include "xpyd_util.h"
 
 #include <arpa/inet.h>
@@ -62,16 +63,18 @@ void rt_access_log(const struct access_entry *e)
         fprintf(stderr,
                 "{\"ts\":\"%s\",\"request_id\":\"%s\",\"client\":\"%s\",\"method\":\"%s\",\"path\":\"%s\","
                 "\"status\":%d,\"stream\":%s,\"prefill\":\"%s\",\"decode\":\"%s\",\"prompt_tokens\":%" PRId64
-                ",\"output_tokens\":%" PRId64 ",\"ttft_s\":%.6f,\"total_s\":%.6f,\"error\":\"%s\",\"migrations\":%d,\"pd\":\"%s\"}\n",
+                ",\"output_tokens\":%" PRId64 ",\"ttft_s\":%.6f,\"total_s\":%.6f,\"error\":\"%s\",\"migrations\":%d,\"pd\":\"%s\","
+                "\"prompt_src\":\"%s\"}\n",
                 when, e->request_id, e->client, e->method, e->path, e->status, e->stream ? "true" : "false",
                 e->prefill, e->decode, e->prompt_tokens, e->output_tokens, ttft, e->total_s, e->error, e->migrations,
-                e->pd);
+                e->pd, e->prompt_src);
     else
         fprintf(stderr,
                 "ts=%s access request_id=%s client=%s method=%s path=%s status=%d stream=%d prefill=%s decode=%s "
-                "prompt_tokens=%" PRId64 " output_tokens=%" PRId64 " ttft_s=%.6f total_s=%.6f error=%s migrations=%d pd=%s\n",
+                "prompt_tokens=%" PRId64 " output_tokens=%" PRId64 " ttft_s=%.6f total_s=%.6f error=%s migrations=%d pd=%s "
+                "prompt_src=%s\n",
                 when, e->request_id, e->client, e->method, e->path, e->status, e->stream, e->prefill, e->decode,
-                e->prompt_tokens, e->output_tokens, ttft, e->total_s, e->error, e->migrations, e->pd);
+                e->prompt_tokens, e->output_tokens, ttft, e->total_s, e->error, e->migrations, e->pd, e->prompt_src);
 }
 
 void rt_access_log_request(const struct request *r, int fail)
@@ -86,6 +89,7 @@ void rt_access_log_request(const struct request *r, int fail)
                              r->prompt_tokens, r->tokens_out,
                              r->t_first ? (double)(r->t_first - r->t_start) / 1e6 : -1,
                              (double)(xpyd_now_us() - r->t_start) / 1e6, rt_fail_table[fail].name, r->migrations,
+                             rt_prompt_src_names[r->prompt_src],
                              r->pd_local ? "local" : r->local_prefill ? "fallback"
                                                    : r->legs[RT_PREFILL].attempts ? "remote" : "-"};
     rt_access_log(&e);

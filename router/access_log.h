@@ -22,6 +22,9 @@ struct access_entry {
     double total_s;
     const char *error;         /* the failure table's name, "none" */
     int migrations;            /* continuations the stream needed (decode migration) */
+    const char *prompt_src;    /* where prompt_tokens came from: tokenizer (--tokenizer), ids (a token-id prompt),
+                                * engine (the prefill's usage replaced the estimate), estimate, - (refused
+                                * before it was read) */
     const char *pd;            /* who computed the prompt: remote (a prefill leg), local (conditional
                                 * disaggregation chose the decode alone), fallback (no prefill could), - (the
                                 * mode has no prefill leg) */

@@ -144,9 +144,27 @@ static const struct xpyd_setting settings[] = {
      "unsent bytes to a slow client before the decode leg is paused (backpressure; resumed below half)"},
     {"bytes-per-token", XS_DOUBLE, OFF(bytes_per_token), 0.5, 64, "4.0", NULL,
      "prompt-size estimate for text prompts (token-id arrays are counted exactly)"},
+    {"tokenizer", XS_STR, OFF(tokenizer), 0, 0, "", NULL,
+     "a Hugging Face model directory (its `tokenizer.json`, read by libxpyd_tokenizer): completion prompts "
+     "that are text are tokenized by the router, on `--tokenizer-threads` threads (never on the event loop), "
+     "before any engine is picked: the charge is their exact token count (with the BOS the engine adds, "
+     "unless the body says `add_special_tokens: false`), a prompt + max tokens over every rank's "
+     "`max_model_len` gets 400 before any engine is touched, and prefix blocks are blocks of "
+     "`--prefix-block-tokens` token ids (the engine's own blocks when that is the engine's block size). The "
+     "prefill's `usage.prompt_tokens` is still read and a difference counted "
+     "(`xpyd_tokenizer_mismatch_total`, 0 on a correct setup). Chat requests keep the byte estimate until "
+     "chat templates are rendered (`xpyd_tokenizer_fallbacks_total{reason=\"chat\"}`). One model for every "
+     "pool. A directory that does not load stops the router at start, naming the component. Empty: off (the "
+     "byte estimate, as before)"},
+    {"tokenizer-threads", XS_LONG, OFF(tokenizer_threads), 1, 256, "2", NULL,
+     "threads that tokenize prompts for `--tokenizer` (each one encodes a prompt at a time)"},
+    {"tokenizer-queue", XS_LONG, OFF(tokenizer_queue), 1, 1000000, "4096", NULL,
+     "prompts waiting for or being tokenized at once; a prompt beyond it is not tokenized and keeps the byte "
+     "estimate (`xpyd_tokenizer_fallbacks_total{reason=\"busy\"}`), so a burst never waits on the tokenizer "
+     "longer than this bound"},
     {"prefix-block-tokens", XS_LONG, OFF(prefix_block_tokens), 1, 4096, "16", NULL,
      "cache-aware placement: tokens per prefix block (vLLM's default block size); text prompts are cut every "
-     "block × `--bytes-per-token` bytes, chat requests over a canonical serialization of their messages (role, "
+     "block × `--bytes-per-token` bytes (with `--tokenizer`: every block of token ids), chat requests over a canonical serialization of their messages (role, "
      "name, content, tool calls, in order), token-id prompts by ids; each block hashed with xxHash3 chained "
      "on the previous block's hash"},
     {"prefix-cache-blocks", XS_LONG, OFF(prefix_cache_blocks), 1, 1L << 30, "8192", NULL,

@@ -73,6 +73,8 @@ struct rt_config {
     long upstream_idle_max;
     long client_buffer_bytes;  /* backpressure: pause decode reads above this much unsent client data */
     double bytes_per_token;
+    char tokenizer[1024];      /* --tokenizer DIR: prompts counted exactly (tokenize.c); "" off */
+    long tokenizer_threads, tokenizer_queue;
     char id_prefix[32];
     int log_level;
     int access_log;            /* 0 off, 1 logfmt, 2 json */

@@ -9,6 +9,7 @@
 #include "discovery.h"
 #include "etcd_sync.h"
 #include "probe.h"
+#include "tokenize.h"
 
 #include "xpyd_oai.h"
 #include "xpyd_tls.h"
@@ -251,7 +252,7 @@ int main(int argc, char **argv)
     rt->started_wall = xpyd_wall_s();
     rt->argc = argc;
     rt->argv = argv;
-    if (tls_setup(rt) != 0 || rt_registry_setup(rt) != 0 || rt_kvxfer_start() != 0)
+    if (tls_setup(rt) != 0 || rt_registry_setup(rt) != 0 || rt_kvxfer_start() != 0 || rt_tok_setup(rt) != 0)
         return 2;
     signal(SIGPIPE, SIG_IGN);
     xpyd_raise_nofile();
@@ -321,6 +322,7 @@ int main(int argc, char **argv)
     event_free(sh);
     event_free(idle);
     rt_kvxfer_stop();
+    rt_tok_stop();
     XLOG_INFO("msg=\"xpyd_router stopped\"");
     /* Worker threads and their connections end with the process. */
     return 0;

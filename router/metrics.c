@@ -3,6 +3,7 @@
  * atomics on the hot path; a scrape only reads them and never blocks request handling. */
 #include "etcd_sync.h"
 #include "router.h"
+#include "tokenize.h"
 #include "xpyd_reply.h"
 #include "xpyd_util.h"
 #include "xpyd_version.h"
@@ -47,7 +48,7 @@ static void hist_print(struct evbuffer *b, const char *n, const struct rt_hist *
 }
 
 /* The rows of metrics_table.h, with where each one's storage is. */
-enum { L_NONE, L_ROLE, L_REASON, L_GUARD, L_STATUS, L_HIST, L_PD, L_SIDE, L_MSEC, L_OUTCOME };
+enum { L_NONE, L_ROLE, L_REASON, L_GUARD, L_STATUS, L_HIST, L_PD, L_SIDE, L_MSEC, L_OUTCOME, L_TOKFB };
 struct metric_desc {
     const char *name, *type, *help;
     int labels;
@@ -87,6 +88,11 @@ static void metric_print(struct evbuffer *b, const struct metric_desc *m, const 
         for (int f = 1; f < RF_COUNT; f++)
             evbuffer_add_printf(b, "%s{reason=\"%s\"} %" PRId64 "\n", m->name, rt_fail_table[f].name,
                                 (int64_t)atomic_load(&v[f]));
+        break;
+    case L_TOKFB:
+        for (int i = 0; i < RT_TF_COUNT; i++)
+            evbuffer_add_printf(b, "%s{reason=\"%s\"} %" PRId64 "\n", m->name, rt_tok_fallback_names[i],
+                                (int64_t)atomic_load(&v[i]));
         break;
     case L_GUARD:
         for (int i = 0; i < RT_CR_COUNT; i++)

@@ -14,6 +14,7 @@
  *   HIST    a latency histogram, buckets 1 ms .. 240 s (struct rt_hist field)
  *   MSEC    one series, kept in milliseconds, shown in seconds
  *   OUTCOME endpoint=..., outcome=<rt_outcome_names> (field[RT_EP_COUNT][RT_OUT_COUNT])
+ *   TOKFB   reason=<rt_tok_fallback_names> (field[RT_TF_COUNT], tokenize.h)
  * Per-rank series (xpyd_instance_*) come from the balancer's numbers: metrics.c's instance table. */
 #ifndef XPYD_METRICS_TABLE_H
 #define XPYD_METRICS_TABLE_H
@@ -109,6 +110,19 @@
       "progress), against --max-body-memory-bytes.")                                                            \
     X(loops_refused, "xpyd_loops_refused_total", counter, NONE,                                                 \
       "Requests refused with 508 because they had already passed through this router (or --max-hops routers): " \
-      "an engine address leads back to it.")
+      "an engine address leads back to it.")                                                                     \
+    X(tokenizer_prompts, "xpyd_tokenizer_prompts_total", counter, NONE,                                         \
+      "--tokenizer: requests whose prompt the router tokenized (their prompt tokens are exact).")               \
+    X(tokenizer_fallbacks, "xpyd_tokenizer_fallbacks_total", counter, TOKFB,                                    \
+      "--tokenizer: requests that kept the byte estimate, by reason: chat (chat templates are not rendered "    \
+      "yet), busy (--tokenizer-queue full), invalid_text (not valid UTF-8, e.g. a lone surrogate escape), "     \
+      "shape (a prompt that is neither text nor token ids).")                                                   \
+    X(tokenizer_mismatch, "xpyd_tokenizer_mismatch_total", counter, NONE,                                       \
+      "--tokenizer: prefill answers whose usage.prompt_tokens differed from the router's count (0 when the "    \
+      "tokenizer is the engines' model's).")                                                                     \
+    X(tokenizer_pending, "xpyd_tokenizer_queue_depth", gauge, NONE,                                             \
+      "--tokenizer: prompts waiting for or being tokenized now (at most --tokenizer-queue).")                   \
+    X(tokenizer_time, "xpyd_tokenizer_seconds", histogram, HIST,                                                \
+      "--tokenizer: CPU time spent tokenizing one request's prompt.")
 
 #endif

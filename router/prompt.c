@@ -206,6 +206,67 @@ size_t rw_prefix_blocks(const struct rw_src *body, int chat, size_t block_tokens
     return xb_hasher_finish(h, out);
 }
 
+size_t rw_id_blocks(const uint32_t *ids, size_t n, size_t block_tokens, uint64_t **out)
+{
+    *out = NULL;
+    if (block_tokens == 0)
+        return 0;
+    struct xb_hasher *h = xb_hasher_new(block_tokens * sizeof(int64_t)); /* as a token-id prompt is hashed */
+    for (size_t i = 0; i < n; i++)
+        xb_hasher_feed_id(h, (int64_t)ids[i]);
+    return xb_hasher_finish(h, out);
+}
+
+int rw_prompt_is_ids(const struct rw_src *body)
+{
+    struct jv p = rw_src_get(body, "prompt"), v;
+    struct jv_iter it;
+    size_t n = 0;
+    if (jv_type(p) != JV_ARRAY)
+        return 0;
+    jv_iter_init(&it, p);
+    while (jv_next(&it, NULL, &v)) {
+        if (jv_type(v) != JV_NUMBER && jv_type(v) != JV_ARRAY)
+            return 0;
+        n++;
+    }
+    return n > 0;
+}
+
+size_t rw_prompt_texts(const struct rw_src *body, char **text, size_t *lens, size_t max)
+{
+    struct jv p = rw_src_get(body, "prompt"), v;
+    struct jv_iter it;
+    size_t n = 0, total = 0;
+    *text = NULL;
+    if (jv_type(p) == JV_STRING) {
+        total = jv_str_len(p);
+        n = 1;
+    } else if (jv_type(p) == JV_ARRAY) {
+        jv_iter_init(&it, p);
+        while (jv_next(&it, NULL, &v)) {
+            if (jv_type(v) != JV_STRING || n == max)
+                return 0;
+            total += jv_str_len(v);
+            n++;
+        }
+    }
+    if (!n)
+        return 0;
+    char *w = *text = XPYD_XALLOC(malloc(total + 1));
+    if (jv_type(p) == JV_STRING) {
+        lens[0] = jv_str_decode(p, w);
+        return 1;
+    }
+    size_t i = 0;
+    jv_iter_init(&it, p);
+    while (jv_next(&it, NULL, &v)) {
+        lens[i] = jv_str_decode(v, w);
+        w += lens[i++];
+    }
+    return n;
+}
+
 char *rw_string_member(const struct rw_src *body, const char *key)
 {
     return jv_str_dup(rw_src_get(body, key));

@@ -26,6 +26,15 @@ int64_t rw_estimate_prompt(const struct rw_src *body, int chat, double bytes_per
  * turn is a prefix of the next. Returns the number of blocks. */
 size_t rw_prefix_blocks(const struct rw_src *body, int chat, size_t block_tokens, double bytes_per_token,
                         uint64_t **out);
+/* The chained block hashes of a prompt's token ids, block_tokens per block, exactly as rw_prefix_blocks hashes the
+ * same ids sent as a token-id prompt (so a text prompt the router tokenized and its ids share their blocks). */
+size_t rw_id_blocks(const uint32_t *ids, size_t n, size_t block_tokens, uint64_t **out);
+/* 1 when a completion prompt is token ids (an array of numbers, or of arrays): counted exactly as it is. */
+int rw_prompt_is_ids(const struct rw_src *body);
+/* A completion prompt that is text (a string, or an array of up to max strings): its decoded bytes, one after
+ * another, in *text (malloc'd), each one's length in lens[]; returns how many. 0 (nothing allocated) for any
+ * other shape (token ids, mixed arrays, more than max strings). */
+size_t rw_prompt_texts(const struct rw_src *body, char **text, size_t *lens, size_t max);
 /* A top-level string member's decoded text (malloc'd), or NULL when absent or not a string. */
 char *rw_string_member(const struct rw_src *body, const char *key);
 

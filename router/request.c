@@ -12,6 +12,7 @@
 #include "prompt.h"
 #include "rewrite.h"
 #include "stream.h"
+#include "tokenize.h"
 
 #include "xpyd_oai.h"
 #include "xpyd_util.h"
@@ -89,6 +90,7 @@ void req_end(struct request *r, int fail)
     int decode_in_flight = d->up != NULL;
     req_set_state(r, REQ_DONE);
     r->fail = fail;
+    rt_tok_detach(r);
     admission_leave(r);
     if (p->up) {
         up_leg_cancel(p->up);
@@ -210,7 +212,8 @@ void req_begin(struct request *r)
     rt_client_set_owner(req, req_free_cb, r);
     /* the client's bytes are written by stream.c (write-through); the connection is read meanwhile */
     rt_client_pause_reading_on(req, on_client_gone);
-    r->ho->start(r);
+    if (!rt_tok_start(r)) /* else it starts when its prompt's tokens are counted (tokenize.c) */
+        r->ho->start(r);
 }
 
 /* ---------- picking ---------- */
@@ -619,6 +622,8 @@ int req_absorb_prefill(struct request *r)
     r->legs[RT_PREFILL].buf = NULL;
     r->kv_params = a.kv_params;
     a.kv_params = NULL;
+    if (a.prompt_tokens >= 0 && !r->migrations) /* (a continuation's prompt is the client's + its tokens so far) */
+        rt_tok_check(r, a.prompt_tokens);
     if (a.prompt_tokens >= 0)
         r->prompt_tokens = a.prompt_tokens; /* exact, replaces the estimate */
     if (a.cached_tokens >= 0) {

@@ -79,7 +79,9 @@ struct request {
     char xid[128];              /* X-Request-Id sent on every leg */
     char client_addr[64];       /* the client's ip:port (access log) */
     char *fwd_headers;          /* client headers forwarded upstream, serialized; owned */
-    int64_t prompt_tokens;      /* estimate, corrected by prefill's usage */
+    int64_t prompt_tokens;      /* estimate, corrected by prefill's usage; exact with --tokenizer (tokenize.h) */
+    int prompt_src;             /* where prompt_tokens came from: enum rt_prompt_src (tokenize.h) */
+    struct rt_tok_job *tok_job; /* --tokenizer: the prompt's job while it is tokenized (tokenize.c), else NULL */
     int64_t max_tokens;
     uint64_t t_start, t_first, t_last_tok;
     struct leg legs[2];

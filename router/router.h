@@ -111,6 +111,7 @@ void rt_hist_observe(struct rt_hist *h, double seconds);
 #define RT_STORE_MSEC(f) atomic_int_fast64_t f;
 #define RT_STORE_ROLE(f) atomic_int_fast64_t f[2];
 #define RT_STORE_PD(f) atomic_int_fast64_t f[2];
+#define RT_STORE_TOKFB(f) atomic_int_fast64_t f[4];
 #define RT_STORE_SIDE(f) atomic_int_fast64_t f[2];
 #define RT_STORE_REASON(f) atomic_int_fast64_t f[RF_COUNT];
 #define RT_STORE_GUARD(f) atomic_int_fast64_t f[RT_CR_COUNT];
@@ -187,6 +188,7 @@ struct rthread {
     struct etcd *etcd;                /* --metadata-backend etcd: this thread's client (made on first use) */
     void *parser;                     /* libevhtp's request parser, shared by this thread's client connections
                                        * (client_conn.c; made on first use) */
+    struct rt_tok_inbox *tok_inbox;   /* --tokenizer: prompts tokenized for this thread's requests (tokenize.c) */
 };
 
 /* auth.c: the client --api-key, a leaf every module may call (answers: xpyd_reply.h, common/).

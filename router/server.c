@@ -9,6 +9,7 @@
 #include "prompt.h"
 #include "request.h"
 #include "admission.h"
+#include "tokenize.h"
 
 #include "xpyd_util.h"
 
@@ -72,7 +73,7 @@ static void rejected(evhtp_request_t *req, int kind, int status, int fail)
     const char *method = m == htp_method_GET ? "GET" : m == htp_method_POST ? "POST" : m == htp_method_HEAD ? "HEAD"
                        : m == htp_method_PUT ? "PUT" : m == htp_method_DELETE ? "DELETE" : "OTHER";
     struct access_entry e = {xid, client, method, kind == RT_EP_CHAT ? "/v1/chat/completions" : "/v1/completions",
-                             status, 0, "-", "-", 0, 0, -1, 0, rt_fail_table[fail].name, 0, "-"};
+                             status, 0, "-", "-", 0, 0, -1, 0, rt_fail_table[fail].name, 0, "-", "-"};
     rt_access_log(&e);
 }
 
@@ -200,7 +201,8 @@ static void handle_generate(evhtp_request_t *req, int kind)
     r->max_tokens = max_tokens;
     r->t_start = xpyd_now_us();
     r->prompt_tokens = rw_estimate_prompt(src, kind == RT_EP_CHAT, g_rt->cfg.bytes_per_token);
-    if (g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE])
+    r->prompt_src = kind == RT_EP_COMPLETIONS && rw_prompt_is_ids(src) ? RT_PS_IDS : RT_PS_ESTIMATE;
+    if ((g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE]) && !rt_tok_wants(r)) /* else: its ids' */
         r->nblocks = rw_prefix_blocks(src, kind == RT_EP_CHAT, (size_t)g_rt->cfg.prefix_block_tokens,
                                       g_rt->cfg.bytes_per_token, &r->blocks);
     r->session = session_of(req, src);
@@ -268,6 +270,7 @@ struct rthread *rt_thread_new(struct event_base *base)
     t->kick_role = -1;
     t->kick = XPYD_XALLOC(event_new(base, -1, 0, admission_on_kick, t));
     rt_threads_add(t);
+    rt_tok_thread_init(t);
     return t;
 }
 
@@ -276,6 +279,7 @@ void rt_thread_free(struct rthread *t)
     if (!t)
         return;
     rt_threads_remove(t);
+    rt_tok_thread_free(t);
     event_free(t->kick);
     up_thread_free(t->up);
     free(t->parser);

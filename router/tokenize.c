@@ -1,0 +1,336 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* tokenize.c - --tokenizer (tokenize.h): a FIFO of prompts, --tokenizer-threads threads encoding them with the
+ * loaded tokenizer (immutable, shared), and a per-router-thread inbox the results come back to (an event the
+ * worker activates), where the request goes on: exact charge, the max_model_len check, its handoff's start. */
+#include "tokenize.h"
+#include "handoff.h"
+#include "prompt.h"
+#include "request.h"
+#include "request_state.h"
+#include "router.h"
+#include "xpyd_tokenizer.h"
+
+#include <event2/event.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+const char *const rt_prompt_src_names[4] = {"estimate", "ids", "tokenizer", "engine"};
+const char *const rt_tok_fallback_names[RT_TF_COUNT] = {"chat", "busy", "invalid_text", "shape"};
+
+_Static_assert(RT_TF_COUNT == 4, "RT_STORE_TOKFB (router.h) holds 4 reasons");
+
+#define MAX_PROMPTS 1024 /* texts of one batch prompt tokenized; a longer batch keeps the estimate */
+
+struct rt_tok_job {
+    struct rt_tok_job *next;
+    struct request *r;   /* NULL once the request ended (read and written on r's own thread only) */
+    struct rthread *t;   /* where the result goes */
+    char *text;          /* the prompts' decoded bytes, one after another (owned) */
+    size_t *lens, n;
+    int add_special;
+    size_t block_tokens; /* 0: no prefix blocks wanted */
+    /* the result, written by the worker */
+    int rc;
+    int64_t tokens;
+    uint64_t *blocks;
+    size_t nblocks;
+    int64_t held;        /* bytes counted in the router's body memory while the job lives */
+};
+
+struct rt_tok_inbox {
+    pthread_mutex_t mu;
+    struct rt_tok_job *head, *tail;
+    struct event *ev;
+};
+
+static struct {
+    struct xtok *tok;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct rt_tok_job *head, *tail;
+    long pending; /* queued + being encoded, against --tokenizer-queue */
+    int stop;
+    pthread_t *th;
+    long nth;
+} T = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+/* The prompt's prefix blocks as without --tokenizer (over its text's bytes), when it is not tokenized after all. */
+static void text_blocks(struct request *r)
+{
+    if (g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE])
+        r->nblocks = rw_prefix_blocks(r->src, 0, (size_t)g_rt->cfg.prefix_block_tokens, g_rt->cfg.bytes_per_token,
+                                      &r->blocks);
+}
+
+static void job_free(struct rt_tok_job *j)
+{
+    rt_body_memory_release(j->held);
+    free(j->text);
+    free(j->lens);
+    free(j->blocks);
+    free(j);
+}
+
+static double thread_cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void encode(struct rt_tok_job *j)
+{
+    double t0 = thread_cpu_s();
+    const char *p = j->text;
+    j->tokens = 0;
+    for (size_t i = 0; i < j->n && j->rc == 0; i++) {
+        uint32_t *ids = NULL;
+        size_t nids = 0;
+        j->rc = xtok_encode(T.tok, p, j->lens[i], j->add_special, &ids, &nids);
+        if (j->rc == 0) {
+            j->tokens += (int64_t)nids;
+            if (j->n == 1 && j->block_tokens) /* blocks of the one prompt (a batch's are not placed by prefix) */
+                j->nblocks = rw_id_blocks(ids, nids, j->block_tokens, &j->blocks);
+        }
+        free(ids);
+        p += j->lens[i];
+    }
+    rt_hist_observe(&g_rt->ctr.tokenizer_time, thread_cpu_s() - t0);
+}
+
+static void *worker(void *arg)
+{
+    for (;;) {
+        pthread_mutex_lock(&T.mu);
+        while (!T.head && !T.stop)
+            pthread_cond_wait(&T.cv, &T.mu);
+        struct rt_tok_job *j = T.head;
+        if (!j) {
+            pthread_mutex_unlock(&T.mu);
+            return NULL;
+        }
+        T.head = j->next;
+        if (!T.head)
+            T.tail = NULL;
+        pthread_mutex_unlock(&T.mu);
+        j->next = NULL;
+        encode(j);
+        struct rt_tok_inbox *in = j->t->tok_inbox;
+        pthread_mutex_lock(&in->mu);
+        if (in->tail)
+            in->tail->next = j;
+        else
+            in->head = j;
+        in->tail = j;
+        pthread_mutex_unlock(&in->mu);
+        event_active(in->ev, EV_READ, 0);
+    }
+}
+
+int rt_tok_setup(struct router *rt)
+{
+    if (!rt->cfg.tokenizer[0])
+        return 0;
+    char err[600];
+    if (!(T.tok = xtok_load(rt->cfg.tokenizer, err, sizeof err))) {
+        fprintf(stderr, "xpyd_router: --tokenizer %s: %s\n", rt->cfg.tokenizer, err);
+        return -1;
+    }
+    T.nth = rt->cfg.tokenizer_threads;
+    T.th = XPYD_XALLOC(calloc((size_t)T.nth, sizeof *T.th));
+    for (long i = 0; i < T.nth; i++)
+        if (pthread_create(&T.th[i], NULL, worker, NULL) != 0) {
+            fprintf(stderr, "xpyd_router: cannot start tokenizer threads\n");
+            T.nth = i;
+            return -1;
+        }
+    XLOG_INFO("msg=\"tokenizer loaded\" dir=\"%s\" vocab=%zu threads=%ld", rt->cfg.tokenizer, xtok_vocab_size(T.tok),
+              T.nth);
+    return 0;
+}
+
+void rt_tok_stop(void)
+{
+    pthread_mutex_lock(&T.mu);
+    T.stop = 1;
+    pthread_cond_broadcast(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+    for (long i = 0; i < T.nth; i++)
+        pthread_join(T.th[i], NULL);
+    free(T.th);
+    T.th = NULL;
+    T.nth = 0;
+}
+
+/* A finished job on its request's thread: the request goes on (or it had ended: the job is dropped). */
+static void finish(struct rt_tok_job *j)
+{
+    struct request *r = j->r;
+    pthread_mutex_lock(&T.mu);
+    T.pending--;
+    pthread_mutex_unlock(&T.mu);
+    atomic_fetch_sub(&g_rt->ctr.tokenizer_pending, 1);
+    if (!r) {
+        job_free(j);
+        return;
+    }
+    r->tok_job = NULL;
+    if (j->rc != 0) {
+        atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_INVALID], 1);
+        job_free(j);
+        text_blocks(r);
+        r->ho->start(r);
+        return;
+    }
+    atomic_fetch_add(&g_rt->ctr.tokenizer_prompts, 1);
+    r->prompt_tokens = j->tokens;
+    r->prompt_src = RT_PS_TOKENIZER;
+    r->blocks = j->blocks;
+    r->nblocks = j->nblocks;
+    j->blocks = NULL;
+    job_free(j);
+    /* exact: a prompt no rank can hold is the client's error, said before any engine is touched */
+    int64_t need = r->prompt_tokens + r->max_tokens;
+    for (int role = 0; role < 2; role++) {
+        long mml = xb_max_model_len(g_rt->pools[role]);
+        if (mml <= 0 || need <= mml)
+            continue;
+        char msg[400];
+        if (r->prompt_tokens >= mml)
+            snprintf(msg, sizeof msg,
+                     "This model's maximum context length is %ld tokens. However, your request has %" PRId64
+                     " input tokens. Please reduce the length of the input.", mml, r->prompt_tokens);
+        else
+            snprintf(msg, sizeof msg,
+                     "'max_tokens' or 'max_completion_tokens' is too large: %" PRId64 ". This model's maximum "
+                     "context length is %ld tokens and your request has %" PRId64 " input tokens (%" PRId64
+                     " > %ld - %" PRId64 ").", r->max_tokens, mml, r->prompt_tokens, r->max_tokens, mml,
+                     r->prompt_tokens);
+        req_fail(r, RF_CONTEXT_TOO_LONG, 400, msg);
+        return;
+    }
+    r->ho->start(r);
+}
+
+static void on_inbox(evutil_socket_t fd, short what, void *arg)
+{
+    struct rt_tok_inbox *in = arg;
+    pthread_mutex_lock(&in->mu);
+    struct rt_tok_job *j = in->head;
+    in->head = in->tail = NULL;
+    pthread_mutex_unlock(&in->mu);
+    while (j) {
+        struct rt_tok_job *next = j->next;
+        finish(j);
+        j = next;
+    }
+}
+
+void rt_tok_thread_init(struct rthread *t)
+{
+    if (!T.tok)
+        return;
+    struct rt_tok_inbox *in = XPYD_XALLOC(calloc(1, sizeof *in));
+    pthread_mutex_init(&in->mu, NULL);
+    in->ev = XPYD_XALLOC(event_new(t->base, -1, 0, on_inbox, in));
+    t->tok_inbox = in;
+}
+
+void rt_tok_thread_free(struct rthread *t)
+{
+    struct rt_tok_inbox *in = t->tok_inbox;
+    if (!in)
+        return;
+    for (struct rt_tok_job *j = in->head, *next; j; j = next) {
+        next = j->next;
+        job_free(j);
+    }
+    event_free(in->ev);
+    pthread_mutex_destroy(&in->mu);
+    free(in);
+    t->tok_inbox = NULL;
+}
+
+int rt_tok_wants(const struct request *r)
+{
+    return T.tok && r->kind == RT_EP_COMPLETIONS && r->prompt_src != RT_PS_IDS; /* ids: counted exactly already */
+}
+
+int rt_tok_start(struct request *r)
+{
+    if (T.tok && r->kind == RT_EP_CHAT)
+        atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_CHAT], 1);
+    if (!rt_tok_wants(r))
+        return 0;
+    size_t *lens = XPYD_XALLOC(malloc(MAX_PROMPTS * sizeof *lens));
+    char *text;
+    size_t n = rw_prompt_texts(r->src, &text, lens, MAX_PROMPTS);
+    if (!n) {
+        free(lens);
+        atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_SHAPE], 1);
+        text_blocks(r);
+        return 0;
+    }
+    pthread_mutex_lock(&T.mu);
+    int room = T.pending < g_rt->cfg.tokenizer_queue;
+    if (room)
+        T.pending++;
+    pthread_mutex_unlock(&T.mu);
+    if (!room) {
+        free(text);
+        free(lens);
+        atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_BUSY], 1);
+        text_blocks(r);
+        return 0;
+    }
+    struct rt_tok_job *j = XPYD_XALLOC(calloc(1, sizeof *j));
+    j->r = r;
+    j->t = r->t;
+    j->text = text;
+    j->lens = lens;
+    j->n = n;
+    j->add_special = jv_type(rw_src_get(r->src, "add_special_tokens")) != JV_FALSE; /* vLLM: true by default */
+    if (g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE])
+        j->block_tokens = (size_t)g_rt->cfg.prefix_block_tokens;
+    for (size_t i = 0; i < n; i++)
+        j->held += (int64_t)lens[i];
+    rt_body_memory_add(j->held); /* the decoded copy is request-body memory too, until the job is freed */
+    r->tok_job = j;
+    atomic_fetch_add(&g_rt->ctr.tokenizer_pending, 1);
+    pthread_mutex_lock(&T.mu);
+    if (T.tail)
+        T.tail->next = j;
+    else
+        T.head = j;
+    T.tail = j;
+    pthread_cond_signal(&T.cv);
+    pthread_mutex_unlock(&T.mu);
+    return 1;
+}
+
+void rt_tok_detach(struct request *r)
+{
+    if (r->tok_job) {
+        r->tok_job->r = NULL;
+        r->tok_job = NULL;
+    }
+}
+
+void rt_tok_check(struct request *r, int64_t engine_prompt_tokens)
+{
+    if (r->prompt_src == RT_PS_ESTIMATE) {
+        r->prompt_src = RT_PS_ENGINE;
+        return;
+    }
+    if (r->prompt_src != RT_PS_TOKENIZER || r->migrations || engine_prompt_tokens == r->prompt_tokens)
+        return;
+    int64_t n = atomic_fetch_add(&g_rt->ctr.tokenizer_mismatch, 1);
+    if (n < 10 || n % 1000 == 0) /* 0 on a correct setup: the first ones say which request, then a sample */
+        XLOG_WARN("msg=\"the prefill counted another number of prompt tokens than --tokenizer: is it the engine's "
+                  "model?\" request_id=%s router=%" PRId64 " engine=%" PRId64 " mismatches=%" PRId64,
+                  r->xid, r->prompt_tokens, engine_prompt_tokens, n + 1);
+}

@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""xpyd_router --tokenizer DIR: completion prompts counted exactly with the model's tokenizer before any engine
+is picked, checked against Hugging Face's own tokenizer (npm `tokenizers`, tests/blackbox/tok_oracle.js) and
+against sims that tokenize with the model too (xpyd_sim --tokenizer): the charge on the rank, the access log,
+the prefill's usage (xpyd_tokenizer_mismatch_total stays 0, and counts a router whose model is not the
+engines'), a prompt over every rank's max_model_len refused with 400 before any engine sees it (fresh and
+keep-alive connections), prefix blocks of token ids that predict exactly what the engine reports cached, chat
+requests counted as keeping the estimate, and every counter back to zero."""
+import json
+import os
+import socket
+import subprocess
+
+import xpyd_testlib as t
+from test_tokenizer import model_dir, oracle
+
+CACHE = ("--prefix-caching", "on", "--block-size", "16")
+MIXED = ("Routers place requests by their tokens. 路由器按令牌放置请求，中文比英文每个字节的令牌更多。"
+         "def f(x): return [i * i for i in range(x)]  # code has many short tokens\n")
+
+
+def access_lines(proc):
+    return [json.loads(l) for l in proc.output().splitlines() if l.startswith("{")]
+
+
+def completion(port, body, headers=None):
+    st, _, out = t.request(port, "POST", "/v1/completions", dict({"model": "sim-model", "max_tokens": 2}, **body),
+                           headers=headers, timeout=30)
+    return st, json.loads(out)
+
+
+class RouterTokenizer(t.TestCase):
+    def engines(self, name, *flags):
+        p = self.start(t.sim("--role", "prefill", "--tokenizer", model_dir(name), *flags))
+        d = self.start(t.sim("--role", "decode", "--tokenizer", model_dir(name), *flags))
+        return p, d
+
+    def test_exact_charge_access_log_and_usage(self):
+        p = self.start(t.sim("--role", "prefill", "--tokenizer", model_dir("llama3_1"), "--stall-ms", "1500"))
+        d = self.start(t.sim("--role", "decode", "--tokenizer", model_dir("llama3_1")))
+        r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--access-log", "json"))
+        want = oracle("llama3_1", [MIXED, "second prompt", "a" * 3000], special=True)
+        self.assertNotEqual(len(want[0]), len(MIXED.encode()) // 4 + 1)  # the byte estimate would be wrong
+        # while the prefill holds the request, its rank is charged the exact prompt (lot: nothing cached)
+        s = t.Stream(r.port, "/v1/completions", {"model": "sim-model", "prompt": MIXED, "max_tokens": 2,
+                                                  "stream": True}, timeout=30, lazy=True)
+        rank = lambda: t.status(r.port)["pools"]["prefill"]["instances"][0]["outstanding_tokens"]
+        t.wait_until(lambda: rank() > 0, what="the prefill charged")
+        self.assertEqual(rank(), len(want[0]))
+        self.assertEqual(s.read_all()[-1], "[DONE]")
+        # a batch: counted as the sum of its prompts (xpyd_sim refuses batches: the engine's 400 passes through)
+        st, out = completion(r.port, {"prompt": ["second prompt", "a" * 3000]})
+        self.assertEqual(st, 400, out)
+        self.assertIn("batched prompts", out["error"]["message"])
+        t.wait_until(lambda: len(access_lines(r)) == 2, what="two access lines")
+        lines = access_lines(r)
+        self.assertEqual([l["prompt_tokens"] for l in lines], [len(want[0]), len(want[1]) + len(want[2])])
+        self.assertEqual([l["prompt_src"] for l in lines], ["tokenizer", "tokenizer"])
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 2)
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)  # the prefill counted the same
+        # add_special_tokens false: no BOS, as vLLM does
+        st, out = completion(r.port, {"prompt": "second prompt", "add_special_tokens": False})
+        self.assertEqual(st, 200, out)
+        t.wait_until(lambda: len(access_lines(r)) == 3, what="three access lines")
+        self.assertEqual(access_lines(r)[2]["prompt_tokens"], len(want[1]) - 1)
+        # token ids are counted as they are; chat keeps the estimate, counted
+        st, out = completion(r.port, {"prompt": [1, 2, 3, 4]})
+        self.assertEqual(st, 200, out)
+        st, _, body = t.request(r.port, "POST", "/v1/chat/completions",
+                                {"model": "sim-model", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+        self.assertEqual(st, 200, body)
+        t.wait_until(lambda: len(access_lines(r)) == 5, what="five access lines")
+        self.assertEqual([l["prompt_src"] for l in access_lines(r)[3:]], ["ids", "engine"])
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="chat"}'), 1)
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 3)
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)  # the sim honours it too
+        t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_queue_depth"), 0)
+        self.assertEqual(t.metric(r.port, "xpyd_request_body_bytes"), 0)
+
+    def test_a_router_with_another_model_counts_mismatches(self):
+        p, d = self.engines("qwen3")
+        r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1")))
+        st, out = completion(r.port, {"prompt": MIXED})
+        self.assertEqual(st, 200, out)
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 1)
+
+    def test_over_max_model_len_is_400_before_any_engine(self):
+        p, d = self.engines("llama3_1")
+        topo = os.path.join(t.tmpdir(), "topology.json")
+        with open(topo, "w") as f:
+            json.dump({role: {"hosts": [{"host": "127.0.0.1", "port": e.port, "max_model_len": 60}]}
+                       for role, e in (("prefill", p), ("decode", d))}, f)
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--config", topo,
+                                              "--tokenizer", model_dir("llama3_1")]))
+        text = "你好世界，这是一个测试。" * 6
+        n = len(oracle("llama3_1", [text], special=True)[0])
+        self.assertGreater(n, 30)  # ~1 token per 2 characters: 66 characters, 198 bytes; the byte estimate: 50
+        self.assertLessEqual(n, 55)
+        long = text * 2
+        n2 = len(oracle("llama3_1", [long], special=True)[0])
+        self.assertGreater(n2, 60)
+        st, out = completion(r.port, {"prompt": long})  # the prompt alone is over
+        self.assertEqual(st, 400, out)
+        self.assertEqual(out["error"]["message"], "This model's maximum context length is 60 tokens. However, "
+                         "your request has %d input tokens. Please reduce the length of the input." % n2)
+        st, out = completion(r.port, {"prompt": text, "max_tokens": 61 - n})  # prompt + max_tokens over
+        self.assertEqual(st, 400, out)
+        self.assertIn("'max_tokens' or 'max_completion_tokens' is too large: %d" % (61 - n), out["error"]["message"])
+        self.assertEqual(out["error"]["type"], "BadRequestError")
+        st, out = completion(r.port, {"prompt": text, "max_tokens": 60 - n})  # exactly fits
+        self.assertEqual(st, 200, out)
+        # on one keep-alive connection: refused, then served, then refused
+        c = t.RawConn(r.port)
+        for prompt, want in ((long, 400), (text, 200), (long, 400)):
+            body = json.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": 2}).encode()
+            c.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            self.assertEqual(c.response()[0], want)
+        c.close()
+        # no engine saw a refused request: the sims served the two that fit, nothing else
+        for e in (p, d):
+            self.assertEqual(t.metric(e.port, 'vllm:request_success_total{engine="0",model_name="sim-model"}'), 2)
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="context_too_long"}'), 4)
+        t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
+
+    def test_prefix_blocks_are_the_engines_blocks(self):
+        p1 = self.start(t.sim("--role", "prefill", "--tokenizer", model_dir("llama3_1"), *CACHE))
+        p2 = self.start(t.sim("--role", "prefill", "--tokenizer", model_dir("llama3_1"), *CACHE))
+        d = self.start(t.sim("--role", "decode", "--tokenizer", model_dir("llama3_1")))
+        r = self.start(t.router([p1, p2], [d], "--tokenizer", model_dir("llama3_1"), "--prefill-policy", "cache",
+                                "--prefix-block-tokens", "16"))
+        shared = (MIXED * 6).strip() + "."
+        ids = oracle("llama3_1", [shared + " one more question?"], special=True)[0]
+        for suffix in (" first question?", " second question here?", " and a third one."):
+            st, out = completion(r.port, {"prompt": shared + suffix})
+            self.assertEqual(st, 200, out)
+        st, out = completion(r.port, {"prompt": ids})  # the same text as ids: the same blocks
+        self.assertEqual(st, 200, out)
+        pred = t.metric(r.port, 'xpyd_prefix_predicted_tokens_total{role="prefill"}')
+        truth = t.metric(r.port, 'xpyd_prefix_cached_tokens_total{role="prefill"}')
+        self.assertGreater(truth, 3 * 16 * 10)
+        self.assertEqual(pred, truth)  # token blocks: the index knows exactly what the engine has
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)
+
+    def test_client_leaving_while_tokenized_and_bad_text(self):
+        p, d = self.engines("llama3_1")
+        r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--tokenizer-threads", "1"))
+        big = json.dumps({"model": "sim-model", "prompt": "word " * 1500000, "max_tokens": 1}).encode()
+        for _ in range(3):  # sent whole, then gone before the answer
+            s = socket.create_connection(("127.0.0.1", r.port))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(big), big))
+            s.close()
+        t.wait_until(lambda: t.metric(r.port, "xpyd_tokenizer_queue_depth") == 0 and t.router_idle(r.port),
+                     timeout=60, what="the tokenizer done and the router idle")
+        t.wait_until(lambda: t.metric(r.port, "xpyd_request_body_bytes") == 0, what="body memory back to 0")
+        # a lone surrogate is not UTF-8: the router keeps the estimate (the engine decides), counted
+        st, _, body = t.request(r.port, "POST", "/v1/completions",
+                                b'{"model":"sim-model","prompt":"a \\ud800 b","max_tokens":1}')
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="invalid_text"}'), 1)
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_prompts_total'), 0)
+        # the router still serves
+        st, out = completion(r.port, {"prompt": "still here"})
+        self.assertEqual(st, 200, out)
+        t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
+
+    def test_without_the_flag_nothing_changes_and_a_bad_directory_stops_the_router(self):
+        p, d = self.engines("llama3_1")
+        r = self.start(t.router([p], [d], "--access-log", "json"))
+        st, out = completion(r.port, {"prompt": MIXED})
+        self.assertEqual(st, 200, out)
+        t.wait_until(lambda: len(access_lines(r)) == 1, what="an access line")
+        line = access_lines(r)[0]
+        self.assertEqual(line["prompt_src"], "engine")  # the estimate, replaced by the prefill's count
+        self.assertEqual(line["prompt_tokens"], len(oracle("llama3_1", [MIXED], special=True)[0]))
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 0)
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="chat"}'), 0)
+        res = subprocess.run([os.path.join(t.BIN, "xpyd_router"), "--port", "0", "-p", "127.0.0.1:1", "-d",
+                              "127.0.0.1:2", "--tokenizer", "/nonexistent"], capture_output=True, text=True,
+                             timeout=30)
+        self.assertEqual(res.returncode, 2, res.stderr)
+        self.assertIn("--tokenizer /nonexistent: ", res.stderr)
+        self.assertIn("/nonexistent/tokenizer.json", res.stderr)
+
+
+if __name__ == "__main__":
+    t.main()
