@@ -47,10 +47,11 @@ PKGS=(gcc make cmake pkg-config ca-certificates curl python3 procps
       libpcre2-dev libutf8proc-dev
       libssl-dev openssl)
 # ... and what only the tests and benchmarks use (scripts/test.sh): unit tests (cmocka), fuzzing (clang),
-# a real Prometheus, etcd and HAProxy, the Debian package (help2man, dpkg-dev, adduser), charts (gnuplot)
+# a real Prometheus, etcd and HAProxy, the Debian package (help2man, dpkg-dev, adduser), charts (gnuplot),
+# the chat-template oracle (jinja2, configured as transformers configures it)
 if [ "${XPYD_TEST_DEPS:-0}" = 1 ]; then
   PKGS+=(libcmocka-dev clang libclang-rt-14-dev prometheus etcd-server haproxy help2man man-db dpkg-dev adduser
-         gnuplot-nox)
+         gnuplot-nox python3-jinja2)
 fi
 PKGS+=("$@")
 if [ $list = 1 ]; then
