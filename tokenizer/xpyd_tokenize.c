@@ -2,7 +2,9 @@
 /* xpyd_tokenize - a model directory's tokenizer, checked before it is deployed, and for scripts.
  *   xpyd_tokenize --tokenizer DIR [--add-special-tokens]      text on stdin -> its ids as one JSON array
  *   xpyd_tokenize --tokenizer DIR --jsonl [--add-special-tokens]  one JSON string per line -> one array per line
- *   xpyd_tokenize --tokenizer DIR --bench FILE [--seconds S]  MB/s and tokens/s encoding FILE line by line */
+ *   xpyd_tokenize --tokenizer DIR --bench FILE [--seconds S]  MB/s and tokens/s encoding FILE line by line
+ *   xpyd_tokenize --tokenizer DIR --chat [--ids] [--jsonl] [--chat-template FILE]  an OpenAI chat request body on
+ *       stdin -> the prompt its chat template renders, byte for byte (--ids: its token ids) */
 #include "xpyd_tokenizer.h"
 #include "xpyd_version.h"
 
@@ -16,10 +18,17 @@ static void usage(FILE *f)
 {
     fputs("usage: xpyd_tokenize --tokenizer DIR [--add-special-tokens] [--jsonl]\n"
           "       xpyd_tokenize --tokenizer DIR --bench FILE [--seconds S]\n"
+          "       xpyd_tokenize --tokenizer DIR --chat [--ids] [--jsonl] [--chat-template FILE]\n"
           "Reads text on stdin and prints its token ids as one JSON array (no special tokens unless\n"
           "--add-special-tokens: those the post-processor adds, as Hugging Face's add_special_tokens).\n"
           "--jsonl: each input line is a JSON string, each output line its ids. --bench: encodes FILE's lines\n"
           "for S seconds (default 3) and prints MB/s and tokens/s.\n"
+          "--chat: stdin is an OpenAI chat request body (messages, tools, add_generation_prompt (default true),\n"
+          "continue_final_message, chat_template_kwargs); prints the prompt DIR's chat template renders, exactly,\n"
+          "with no newline added (--chat-template FILE: that template instead). --ids: its token ids (special\n"
+          "tokens added only with --add-special-tokens or the body's add_special_tokens: true, as vLLM). With\n"
+          "--jsonl, one body per line and one JSON string (or ids) per line; a body that fails gives\n"
+          "{\"error\": \"...\"} on its line.\n"
           "Exit status: 0, 1 (a model that does not load, input that is not UTF-8), 2 (a wrong argument).\n"
           "  --help, --version\n",
           f);
@@ -120,10 +129,57 @@ static int bench(const struct xtok *t, const char *path, double seconds)
     return 0;
 }
 
+/* One chat request body: its rendered prompt (or ids) printed; with jsonl a failure is an {"error"} line. */
+static int chat_one(const struct xtok_chat *chat, const struct xtok *t, const char *body, size_t len, int ids,
+                    int special, int jsonl)
+{
+    char err[1024];
+    char *text = NULL;
+    size_t n = 0;
+    cJSON *req = has_escaped_nul(body, len) ? NULL : cJSON_ParseWithLength(body, len);
+    int rc = 0;
+    if (!cJSON_IsObject(req)) {
+        snprintf(err, sizeof err, has_escaped_nul(body, len) ? "a string with \\u0000 is not supported"
+                                                             : "the request body is not a JSON object");
+        rc = -1;
+    } else {
+        rc = xtok_chat_render(chat, req, NULL, &text, &n, err, sizeof err);
+    }
+    if (rc == 0 && ids) {
+        const cJSON *as = cJSON_GetObjectItemCaseSensitive(req, "add_special_tokens");
+        rc = print_ids(t, text, n, special || cJSON_IsTrue(as));
+    } else if (rc == 0 && jsonl) {
+        cJSON *s = cJSON_CreateString(text);
+        char *j = s ? cJSON_PrintUnformatted(s) : NULL;
+        if (j && strlen(text) == n)
+            fputs(j, stdout);
+        else
+            printf("{\"error\":\"the rendered prompt holds a NUL byte\"}");
+        free(j);
+        cJSON_Delete(s);
+    } else if (rc == 0) {
+        fwrite(text, 1, n, stdout);
+    } else if (jsonl) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "error", err);
+        char *j = cJSON_PrintUnformatted(e);
+        fputs(j, stdout);
+        free(j);
+        cJSON_Delete(e);
+        rc = 0;
+    } else {
+        fprintf(stderr, "xpyd_tokenize: %s\n", err);
+        rc = 1;
+    }
+    free(text);
+    cJSON_Delete(req);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
-    const char *dir = NULL, *bench_file = NULL;
-    int special = 0, jsonl = 0;
+    const char *dir = NULL, *bench_file = NULL, *chat_template = NULL;
+    int special = 0, jsonl = 0, chat = 0, ids = 0;
     double seconds = 3;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
@@ -132,6 +188,12 @@ int main(int argc, char **argv)
             special = 1;
         else if (!strcmp(argv[i], "--jsonl"))
             jsonl = 1;
+        else if (!strcmp(argv[i], "--chat"))
+            chat = 1;
+        else if (!strcmp(argv[i], "--ids"))
+            ids = 1;
+        else if (!strcmp(argv[i], "--chat-template") && i + 1 < argc)
+            chat_template = argv[++i];
         else if (!strcmp(argv[i], "--bench") && i + 1 < argc)
             bench_file = argv[++i];
         else if (!strcmp(argv[i], "--seconds") && i + 1 < argc && atof(argv[i + 1]) > 0)
@@ -148,18 +210,41 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!dir) {
+    if (!dir || ((ids || chat_template) && !chat)) {
         usage(stderr);
         return 2;
     }
     char err[1024];
-    struct xtok *t = xtok_load(dir, err, sizeof err);
-    if (!t) {
+    struct xtok *t = NULL;
+    if ((!chat || ids) && !(t = xtok_load(dir, err, sizeof err))) {
         fprintf(stderr, "xpyd_tokenize: %s\n", err);
         return 1;
     }
     int rc = 0;
-    if (bench_file) {
+    if (chat) {
+        struct xtok_chat *c = xtok_chat_load(dir, chat_template, err, sizeof err);
+        if (!c) {
+            fprintf(stderr, "xpyd_tokenize: %s\n", err);
+            xtok_free(t);
+            return 1;
+        }
+        if (jsonl) {
+            char *line = NULL;
+            size_t cap = 0;
+            ssize_t n;
+            while (!rc && (n = getline(&line, &cap, stdin)) > 0) {
+                rc = chat_one(c, t, line, (size_t)n, ids, special, 1);
+                putchar('\n');
+            }
+            free(line);
+        } else {
+            size_t len;
+            char *body = read_all(stdin, &len);
+            rc = body ? chat_one(c, t, body, len, ids, special, 0) : 1;
+            free(body);
+        }
+        xtok_chat_free(c);
+    } else if (bench_file) {
         rc = bench(t, bench_file, seconds);
     } else if (jsonl) {
         char *line = NULL;

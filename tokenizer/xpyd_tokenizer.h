@@ -43,6 +43,37 @@ size_t xtok_vocab_size(const struct xtok *t);
 /* The id of a token as written in tokenizer.json (an added token's content, or a vocabulary entry), -1 if none. */
 long xtok_token_id(const struct xtok *t, const char *token);
 
+/* ---- chat templates (tok_chat.c, tpl_*.c) ----
+ * A Jinja2 subset rendered as transformers renders chat templates (jinja2's ImmutableSandboxedEnvironment with
+ * trim_blocks, lstrip_blocks and loop controls; tojson as json.dumps with ensure_ascii=False; raise_exception,
+ * strftime_now), with Python's value semantics. A construct outside the subset fails at compile time with its
+ * line; a render is bounded in output, memory and steps. Compiled templates are immutable: any number of
+ * threads may render one at once. */
+struct xtpl;
+struct cJSON;
+struct xtpl_limits {
+    size_t max_output;  /* bytes of rendered text (0: 16 MiB) */
+    size_t max_memory;  /* bytes a render may allocate (0: 256 MiB) */
+    uint64_t max_steps; /* nodes evaluated (0: 10 million) */
+};
+struct xtpl *xtpl_compile(const char *src, size_t len, char *err, size_t errlen);
+void xtpl_free(struct xtpl *t);
+/* Renders with vars' members as the template's variables (a JSON object). 0, or -1 with the reason (and line). */
+int xtpl_render(const struct xtpl *t, const struct cJSON *vars, const struct xtpl_limits *lim, char **out,
+                size_t *n, char *err, size_t errlen);
+
+/* A model directory's chat template: template_file if given, else DIR/chat_template.jinja, else
+ * tokenizer_config.json's chat_template (a string, or named templates: "default", "tool_use" when the request
+ * has tools); its special tokens (bos_token, eos_token, ...) from tokenizer_config.json and
+ * special_tokens_map.json. NULL with the reason when there is none or it does not compile. */
+struct xtok_chat;
+struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, char *err, size_t errlen);
+void xtok_chat_free(struct xtok_chat *c);
+/* Renders an OpenAI chat request body (messages, tools, documents, add_generation_prompt (default true, as
+ * vLLM), continue_final_message, chat_template_kwargs) into the prompt text, byte for byte. 0 or -1 with err. */
+int xtok_chat_render(const struct xtok_chat *c, const struct cJSON *request, const struct xtpl_limits *lim,
+                     char **out, size_t *n, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

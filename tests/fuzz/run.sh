@@ -9,7 +9,8 @@
 # A longer hunt than CI's: FUZZ_SECONDS=600 tests/fuzz/run.sh [HARNESS...]
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-ALL=(sse config sim_request rewrite json_view upstream http_req relay admin metadata feedback desc tls etcd tokenizer)
+ALL=(sse config sim_request rewrite json_view upstream http_req relay admin metadata feedback desc tls etcd tokenizer
+     template)
 NAMES=("$@")
 [ ${#NAMES[@]} -gt 0 ] || NAMES=("${ALL[@]}")
 OUT=${FUZZ_OUT:-$(mktemp -d /tmp/xpyd-fuzz.XXXXXX)}
@@ -42,6 +43,8 @@ sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.
   tls) echo "$C/xpyd_tls.c" ;;
   tokenizer) echo "$ROOT/tokenizer/tok_load.c $ROOT/tokenizer/tok_encode.c $ROOT/tokenizer/tok_map.c -I$ROOT/tokenizer" \
     "$(pkg-config --cflags --libs libpcre2-8 libutf8proc)" ;;
+  template) echo "$ROOT/tokenizer/tok_chat.c $ROOT/tokenizer/tpl_*.c -I$ROOT/tokenizer -lm" \
+    "$(pkg-config --cflags --libs libutf8proc)" ;;
   etcd) echo "$C/xpyd_etcd.c $R/etcd_parse.c $R/admin_parse.c $R/json_view.c $C/xpyd_util.c ${HTTP[*]}" ;;
   *) echo "unknown harness '$1' (known: ${ALL[*]})" >&2; return 1 ;;
   esac

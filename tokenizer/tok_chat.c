@@ -1,0 +1,377 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* tok_chat.c - chat templates (xpyd_tokenizer.h): compiling and rendering one (the tpl_*.c engine), and a model
+ * directory's template with its special tokens, rendered from an OpenAI chat request as vLLM renders it through
+ * transformers' apply_chat_template (continue_final_message cut as transformers cuts it). */
+#include "tpl_internal.h"
+#include "xpyd_tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct xtpl {
+    struct tpl *t;
+};
+
+struct xtpl *xtpl_compile(const char *src, size_t len, char *err, size_t errlen)
+{
+    struct tpl *t = tpl_parse(src, len, err, errlen);
+    if (!t)
+        return NULL;
+    struct xtpl *x = calloc(1, sizeof *x);
+    if (!x) {
+        tarena_free(&t->arena);
+        free(t);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    x->t = t;
+    return x;
+}
+
+void xtpl_free(struct xtpl *x)
+{
+    if (!x)
+        return;
+    tarena_free(&x->t->arena);
+    free(x->t);
+    free(x);
+}
+
+static void set_global(struct tctx *c, struct tscope *s, const char *name, int fn)
+{
+    struct tv v = {.t = TV_FUNC};
+    v.u.fn = fn;
+    td_set(c, &s->vars, tv_strref(name, strlen(name)), v);
+}
+
+int xtpl_render(const struct xtpl *x, const cJSON *vars, const struct xtpl_limits *lim, char **out, size_t *n,
+                char *err, size_t errlen)
+{
+    struct tctx c = {.err = err, .errlen = errlen, .maxdepth = 64};
+    c.arena.limit = lim && lim->max_memory ? lim->max_memory : 256u << 20;
+    c.outmax = lim && lim->max_output ? lim->max_output : 16u << 20;
+    c.maxsteps = lim && lim->max_steps ? lim->max_steps : 10000000;
+    *out = NULL;
+    *n = 0;
+    if (setjmp(c.jb)) {
+        free(c.out);
+        tarena_free(&c.arena);
+        return -1;
+    }
+    struct tscope *globals = tpl_alloc(&c, sizeof *globals), *root = tpl_alloc(&c, sizeof *root);
+    set_global(&c, globals, "range", G_RANGE);
+    set_global(&c, globals, "namespace", G_NAMESPACE);
+    set_global(&c, globals, "raise_exception", G_RAISE);
+    set_global(&c, globals, "strftime_now", G_STRFTIME);
+    set_global(&c, globals, "dict", G_DICT);
+    root->parent = globals;
+    c.root = root;
+    for (const cJSON *it = vars ? vars->child : NULL; it; it = it->next)
+        if (it->string)
+            td_set(&c, &root->vars, tv_str(&c, it->string, strlen(it->string)), tv_from_json(&c, it));
+    tpl_exec(&c, root, x->t->body, x->t->nbody);
+    tpl_emit(&c, "", 0);
+    char *o = c.out ? c.out : malloc(1);
+    if (!o) {
+        tarena_free(&c.arena);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    o[c.outn] = '\0';
+    *out = o;
+    *n = c.outn;
+    tarena_free(&c.arena);
+    return 0;
+}
+
+/* ---------------- a model directory's template ---------------- */
+
+#define NSPECIAL 7
+static const char *const SPECIAL[NSPECIAL] = {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
+                                              "cls_token", "mask_token"};
+
+struct named {
+    char *name;
+    struct xtpl *t;
+};
+
+struct xtok_chat {
+    struct named *tpl;
+    size_t ntpl;
+    cJSON *special; /* {"bos_token": "...", ..., "additional_special_tokens": [...]} */
+};
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *b = malloc(cap + 1);
+    for (size_t r; b && (r = fread(b + n, 1, cap - n, f)) > 0;) {
+        n += r;
+        if (n == cap) {
+            char *nb = cap < (64u << 20) ? realloc(b, cap * 2 + 1) : NULL;
+            if (!nb) {
+                free(b);
+                b = NULL;
+                break;
+            }
+            b = nb;
+            cap *= 2;
+        }
+    }
+    fclose(f);
+    if (b) {
+        b[n] = '\0';
+        *len = n;
+    }
+    return b;
+}
+
+static const char *token_text(const cJSON *v)
+{
+    if (cJSON_IsString(v))
+        return v->valuestring;
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(v, "content");
+    return cJSON_IsString(c) ? c->valuestring : NULL;
+}
+
+static void add_specials(cJSON *special, const cJSON *from)
+{
+    for (int i = 0; i < NSPECIAL; i++) {
+        const char *t = token_text(cJSON_GetObjectItemCaseSensitive(from, SPECIAL[i]));
+        if (t && !cJSON_GetObjectItemCaseSensitive(special, SPECIAL[i]))
+            cJSON_AddStringToObject(special, SPECIAL[i], t);
+    }
+    const cJSON *add = cJSON_GetObjectItemCaseSensitive(from, "additional_special_tokens"), *it;
+    if (cJSON_IsArray(add) && !cJSON_GetObjectItemCaseSensitive(special, "additional_special_tokens")) {
+        cJSON *l = cJSON_AddArrayToObject(special, "additional_special_tokens");
+        cJSON_ArrayForEach(it, add)
+        {
+            const char *t = token_text(it);
+            if (t)
+                cJSON_AddItemToArray(l, cJSON_CreateString(t));
+        }
+    }
+}
+
+static int add_template(struct xtok_chat *c, const char *name, const char *src, size_t len, const char *where,
+                        char *err, size_t errlen)
+{
+    char e[400];
+    struct xtpl *t = xtpl_compile(src, len, e, sizeof e);
+    if (!t) {
+        snprintf(err, errlen, "%s: %s", where, e);
+        return -1;
+    }
+    struct named *nt = realloc(c->tpl, (c->ntpl + 1) * sizeof *nt);
+    if (!nt) {
+        xtpl_free(t);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    c->tpl = nt;
+    c->tpl[c->ntpl].name = strdup(name);
+    c->tpl[c->ntpl++].t = t;
+    return 0;
+}
+
+struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, char *err, size_t errlen)
+{
+    struct xtok_chat *c = calloc(1, sizeof *c);
+    char path[4096];
+    size_t len;
+    if (!c || !(c->special = cJSON_CreateObject())) {
+        free(c);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    char *text = read_file(path, &len);
+    cJSON *cfg = text ? cJSON_ParseWithLength(text, len) : NULL;
+    free(text);
+    if (text && !cfg) {
+        snprintf(err, errlen, "%s: not valid JSON", path);
+        xtok_chat_free(c);
+        return NULL;
+    }
+    if (cfg)
+        add_specials(c->special, cfg);
+    snprintf(path, sizeof path, "%s/special_tokens_map.json", dir);
+    text = read_file(path, &len);
+    cJSON *map = text ? cJSON_ParseWithLength(text, len) : NULL;
+    free(text);
+    if (map)
+        add_specials(c->special, map);
+    cJSON_Delete(map);
+    int rc = 0;
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    const char *file = template_file ? template_file : path;
+    text = read_file(file, &len);
+    if (!text && template_file) {
+        snprintf(err, errlen, "%s: cannot read it", template_file);
+        rc = -1;
+    } else if (text) {
+        rc = add_template(c, "default", text, len, file, err, errlen);
+    } else {
+        const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"), *it;
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        if (cJSON_IsString(ct)) {
+            rc = add_template(c, "default", ct->valuestring, strlen(ct->valuestring), path, err, errlen);
+        } else if (cJSON_IsArray(ct)) {
+            cJSON_ArrayForEach(it, ct)
+            {
+                const cJSON *nm = cJSON_GetObjectItemCaseSensitive(it, "name");
+                const cJSON *tp = cJSON_GetObjectItemCaseSensitive(it, "template");
+                if (cJSON_IsString(nm) && cJSON_IsString(tp) &&
+                    (rc = add_template(c, nm->valuestring, tp->valuestring, strlen(tp->valuestring), path, err,
+                                       errlen)) != 0)
+                    break;
+            }
+        }
+        if (!rc && !c->ntpl) {
+            snprintf(err, errlen, "%s has no chat_template (and there is no %s/chat_template.jinja)", path, dir);
+            rc = -1;
+        }
+    }
+    free(text);
+    cJSON_Delete(cfg);
+    if (rc) {
+        xtok_chat_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+void xtok_chat_free(struct xtok_chat *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->ntpl; i++) {
+        free(c->tpl[i].name);
+        xtpl_free(c->tpl[i].t);
+    }
+    free(c->tpl);
+    cJSON_Delete(c->special);
+    free(c);
+}
+
+static const struct xtpl *pick(const struct xtok_chat *c, int tools)
+{
+    const struct xtpl *def = NULL;
+    for (size_t i = 0; i < c->ntpl; i++) {
+        if (tools && !strcmp(c->tpl[i].name, "tool_use"))
+            return c->tpl[i].t;
+        if (!strcmp(c->tpl[i].name, "default"))
+            def = c->tpl[i].t;
+    }
+    return def ? def : c->tpl[0].t;
+}
+
+static size_t strip_left(const char *p, size_t n)
+{
+    size_t i = 0, l;
+    while (i < n && u8_is_space(p + i, n - i, &l))
+        i += l;
+    return i;
+}
+
+static size_t strip_right(const char *p, size_t n)
+{
+    while (n > 0) {
+        size_t s = n - 1, l;
+        while (s > 0 && ((unsigned char)p[s] & 0xC0) == 0x80)
+            s--;
+        if (!u8_is_space(p + s, n - s, &l) || l != n - s)
+            break;
+        n = s;
+    }
+    return n;
+}
+
+/* transformers: with continue_final_message the text ends where the final message's text does */
+static int cut_at_final(const cJSON *msgs, char *out, size_t *n, char *err, size_t errlen)
+{
+    const cJSON *last = cJSON_GetArrayItem(msgs, cJSON_GetArraySize(msgs) - 1);
+    const cJSON *content = cJSON_GetObjectItemCaseSensitive(last, "content"), *it;
+    const char *fm = cJSON_IsString(content) ? content->valuestring : NULL;
+    if (cJSON_IsArray(content))
+        for (it = content->child ? content->child : NULL; it; it = it->next) {
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(it, "text");
+            if (cJSON_IsString(t))
+                fm = t->valuestring; /* the last text block */
+        }
+    if (!fm) {
+        snprintf(err, errlen, "continue_final_message is set but the final message has no text to continue");
+        return -1;
+    }
+    size_t fl = strlen(fm), a = strip_left(fm, fl), b = strip_right(fm, fl);
+    const char *core = fm + a;
+    size_t cl = b > a ? b - a : 0, at = (size_t)-1;
+    for (size_t i = 0; i + cl <= *n; i++)
+        if (!memcmp(out + i, core, cl))
+            at = i;
+    if (at == (size_t)-1) {
+        snprintf(err, errlen, "continue_final_message is set but the final message does not appear in the chat "
+                              "after applying the chat template");
+        return -1;
+    }
+    /* the message as it is there (no leading space to drop): keep its trailing spaces too */
+    if (a == 0 && at + fl <= *n && !memcmp(out + at, fm, fl))
+        *n = at + fl;
+    else
+        *n = at + cl;
+    out[*n] = '\0';
+    return 0;
+}
+
+int xtok_chat_render(const struct xtok_chat *c, const cJSON *req, const struct xtpl_limits *lim, char **out,
+                     size_t *n, char *err, size_t errlen)
+{
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
+    if (!cJSON_IsArray(msgs) || !cJSON_GetArraySize(msgs)) {
+        snprintf(err, errlen, "'messages' is required and must be a non-empty array");
+        return -1;
+    }
+    const cJSON *agp = cJSON_GetObjectItemCaseSensitive(req, "add_generation_prompt");
+    const cJSON *cont = cJSON_GetObjectItemCaseSensitive(req, "continue_final_message");
+    int add_gen = agp ? cJSON_IsTrue(agp) : 1, cont_final = cJSON_IsTrue(cont);
+    if (cont_final && add_gen && cJSON_IsTrue(agp)) {
+        snprintf(err, errlen, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+        return -1;
+    }
+    if (cont_final)
+        add_gen = 0;
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
+    cJSON *vars = cJSON_Duplicate(c->special, 1);
+    if (!vars) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    cJSON_AddItemToObject(vars, "messages", cJSON_Duplicate(msgs, 1));
+    cJSON_AddItemToObject(vars, "tools", tools && !cJSON_IsNull(tools) ? cJSON_Duplicate(tools, 1) : cJSON_CreateNull());
+    const cJSON *docs = cJSON_GetObjectItemCaseSensitive(req, "documents");
+    cJSON_AddItemToObject(vars, "documents", docs ? cJSON_Duplicate(docs, 1) : cJSON_CreateNull());
+    cJSON_AddBoolToObject(vars, "add_generation_prompt", add_gen);
+    cJSON_AddBoolToObject(vars, "continue_final_message", cont_final);
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs"), *it;
+    if (!cJSON_IsObject(kw))
+        kw = NULL;
+    cJSON_ArrayForEach(it, kw) /* vLLM: the request's kwargs win */
+    {
+        cJSON_DeleteItemFromObjectCaseSensitive(vars, it->string);
+        cJSON_AddItemToObject(vars, it->string, cJSON_Duplicate(it, 1));
+    }
+    int tools_given = cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0;
+    int rc = xtpl_render(pick(c, tools_given), vars, lim, out, n, err, errlen);
+    cJSON_Delete(vars);
+    if (rc == 0 && cont_final && cut_at_final(msgs, *out, n, err, errlen) != 0) {
+        free(*out);
+        *out = NULL;
+        rc = -1;
+    }
+    return rc;
+}

@@ -1,0 +1,799 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* tpl_value.c - a template's values with Python's semantics (str(), repr(), json.dumps as transformers' tojson
+ * calls it, equality, ordering, truth, len, iteration), the arena a render allocates from, and the request's
+ * JSON turned into values (tpl_internal.h). */
+#include "tpl_internal.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <utf8proc.h>
+
+/* ---------------- arena ---------------- */
+
+struct tchunk {
+    struct tchunk *next;
+    size_t used, cap;
+    max_align_t data[];
+};
+
+void *tarena_alloc(struct tarena *a, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    struct tchunk *c = a->head;
+    if (!c || c->cap - c->used < n) {
+        size_t cap = n > (64u << 10) ? n : (64u << 10);
+        if (a->used + cap > a->limit)
+            return NULL;
+        c = malloc(sizeof *c + cap);
+        if (!c)
+            return NULL;
+        c->used = 0;
+        c->cap = cap;
+        c->next = a->head;
+        a->head = c;
+        a->used += cap;
+    }
+    void *p = (char *)c->data + c->used;
+    c->used += n;
+    memset(p, 0, n);
+    return p;
+}
+
+void tarena_free(struct tarena *a)
+{
+    for (struct tchunk *c = a->head, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    a->head = NULL;
+    a->used = 0;
+}
+
+void *tpl_alloc(struct tctx *c, size_t n)
+{
+    void *p = tarena_alloc(&c->arena, n);
+    if (!p)
+        tpl_fail(c, "the render needs more than its memory limit (%zu bytes)", c->arena.limit);
+    return p;
+}
+
+_Noreturn void tpl_fail(struct tctx *c, const char *fmt, ...)
+{
+    va_list ap;
+    int k = snprintf(c->err, c->errlen, "chat template line %d: ", c->line);
+    va_start(ap, fmt);
+    if (k >= 0 && (size_t)k < c->errlen)
+        vsnprintf(c->err + k, c->errlen - (size_t)k, fmt, ap);
+    va_end(ap);
+    longjmp(c->jb, 1);
+}
+
+void tpl_emit(struct tctx *c, const char *p, size_t n)
+{
+    if (!n)
+        return;
+    if (c->outn + n > c->outmax)
+        tpl_fail(c, "the rendered prompt exceeds its limit (%zu bytes)", c->outmax);
+    if (c->outn + n > c->outcap) {
+        size_t cap = c->outcap ? c->outcap : 4096;
+        while (cap < c->outn + n)
+            cap *= 2;
+        char *o = realloc(c->out, cap + 1);
+        if (!o)
+            tpl_fail(c, "out of memory");
+        c->out = o;
+        c->outcap = cap;
+    }
+    memcpy(c->out + c->outn, p, n);
+    c->outn += n;
+}
+
+/* ---------------- UTF-8 ---------------- */
+
+size_t u8_count(const char *p, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += ((unsigned char)p[i] & 0xC0) != 0x80;
+    return k;
+}
+
+size_t u8_offset(const char *p, size_t n, size_t k)
+{
+    size_t i = 0;
+    while (i < n && k) {
+        i++;
+        while (i < n && ((unsigned char)p[i] & 0xC0) == 0x80)
+            i++;
+        k--;
+    }
+    return i;
+}
+
+static int32_t u8_decode(const char *p, size_t n, size_t *len)
+{
+    utf8proc_int32_t cp;
+    utf8proc_ssize_t l = utf8proc_iterate((const utf8proc_uint8_t *)p, (utf8proc_ssize_t)n, &cp);
+    if (l <= 0) {
+        *len = 1;
+        return (unsigned char)p[0];
+    }
+    *len = (size_t)l;
+    return cp;
+}
+
+int u8_is_space(const char *p, size_t n, size_t *len)
+{
+    int32_t cp = u8_decode(p, n, len);
+    return (cp >= 9 && cp <= 13) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+           (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+           cp == 0x3000;
+}
+
+/* ---------------- constructors ---------------- */
+
+struct tv tv_strref(const char *p, size_t n)
+{
+    struct tv v = {.t = TV_STR};
+    v.u.s.p = p;
+    v.u.s.n = n;
+    return v;
+}
+
+struct tv tv_str(struct tctx *c, const char *p, size_t n)
+{
+    char *o = tpl_alloc(c, n + 1);
+    if (n)
+        memcpy(o, p, n);
+    return tv_strref(o, n);
+}
+
+struct tv tv_int(int64_t i)
+{
+    struct tv v = {.t = TV_INT};
+    v.u.i = i;
+    return v;
+}
+
+struct tv tv_float(double f)
+{
+    struct tv v = {.t = TV_FLOAT};
+    v.u.f = f;
+    return v;
+}
+
+struct tv tv_bool(int b)
+{
+    struct tv v = {.t = TV_BOOL};
+    v.u.b = !!b;
+    return v;
+}
+
+struct tv tv_none(void)
+{
+    return (struct tv){.t = TV_NONE};
+}
+
+struct tv tv_undef(const char *name)
+{
+    return (struct tv){.t = TV_UNDEF, .undef_name = name};
+}
+
+struct tlist *tl_new(struct tctx *c, size_t cap)
+{
+    struct tlist *l = tpl_alloc(c, sizeof *l);
+    l->cap = cap ? cap : 4;
+    l->v = tpl_alloc(c, l->cap * sizeof *l->v);
+    return l;
+}
+
+void tl_push(struct tctx *c, struct tlist *l, struct tv v)
+{
+    if (l->n == l->cap) {
+        struct tv *nv = tpl_alloc(c, l->cap * 2 * sizeof *nv);
+        memcpy(nv, l->v, l->n * sizeof *nv);
+        l->v = nv;
+        l->cap *= 2;
+    }
+    l->v[l->n++] = v;
+}
+
+struct tdict *td_new(struct tctx *c)
+{
+    return tpl_alloc(c, sizeof(struct tdict));
+}
+
+struct tv *td_gets(const struct tdict *d, const char *name, size_t n)
+{
+    for (size_t i = 0; i < d->n; i++)
+        if (d->k[i].t == TV_STR && d->k[i].u.s.n == n && !memcmp(d->k[i].u.s.p, name, n))
+            return &d->v[i];
+    return NULL;
+}
+
+struct tv *td_get(const struct tdict *d, struct tv k)
+{
+    if (k.t == TV_STR)
+        return td_gets(d, k.u.s.p, k.u.s.n);
+    for (size_t i = 0; i < d->n; i++)
+        if (tv_equal(&d->k[i], &k))
+            return &d->v[i];
+    return NULL;
+}
+
+void td_set(struct tctx *c, struct tdict *d, struct tv k, struct tv v)
+{
+    struct tv *old = td_get(d, k);
+    if (old) { /* Python: the key keeps its place, the value changes */
+        *old = v;
+        return;
+    }
+    if (d->n == d->cap) {
+        size_t cap = d->cap ? d->cap * 2 : 8;
+        struct tv *nk = tpl_alloc(c, cap * sizeof *nk), *nv = tpl_alloc(c, cap * sizeof *nv);
+        if (d->n) {
+            memcpy(nk, d->k, d->n * sizeof *nk);
+            memcpy(nv, d->v, d->n * sizeof *nv);
+        }
+        d->k = nk;
+        d->v = nv;
+        d->cap = cap;
+    }
+    d->k[d->n] = k;
+    d->v[d->n++] = v;
+}
+
+/* ---------------- semantics ---------------- */
+
+static int is_num(const struct tv *v)
+{
+    return v->t == TV_BOOL || v->t == TV_INT || v->t == TV_FLOAT;
+}
+
+static double num(const struct tv *v)
+{
+    return v->t == TV_FLOAT ? v->u.f : v->t == TV_INT ? (double)v->u.i : (double)v->u.b;
+}
+
+static int64_t inum(const struct tv *v)
+{
+    return v->t == TV_INT ? v->u.i : v->u.b;
+}
+
+int tv_truth(const struct tv *v)
+{
+    switch (v->t) {
+    case TV_UNDEF:
+    case TV_NONE:
+        return 0;
+    case TV_BOOL:
+        return v->u.b;
+    case TV_INT:
+        return v->u.i != 0;
+    case TV_FLOAT:
+        return v->u.f != 0;
+    case TV_STR:
+        return v->u.s.n > 0;
+    case TV_LIST:
+        return v->u.l->n > 0;
+    case TV_DICT:
+        return v->u.d->n > 0;
+    default:
+        return 1;
+    }
+}
+
+int tv_equal(const struct tv *a, const struct tv *b)
+{
+    if (is_num(a) && is_num(b)) {
+        if (a->t != TV_FLOAT && b->t != TV_FLOAT)
+            return inum(a) == inum(b);
+        return num(a) == num(b);
+    }
+    if (a->t != b->t)
+        return 0;
+    switch (a->t) {
+    case TV_UNDEF:
+    case TV_NONE:
+        return 1;
+    case TV_STR:
+        return a->u.s.n == b->u.s.n && !memcmp(a->u.s.p, b->u.s.p, a->u.s.n);
+    case TV_LIST:
+        if (a->u.l->n != b->u.l->n)
+            return 0;
+        for (size_t i = 0; i < a->u.l->n; i++)
+            if (!tv_equal(&a->u.l->v[i], &b->u.l->v[i]))
+                return 0;
+        return 1;
+    case TV_DICT:
+        if (a->u.d->n != b->u.d->n)
+            return 0;
+        for (size_t i = 0; i < a->u.d->n; i++) {
+            struct tv *o = td_get(b->u.d, a->u.d->k[i]);
+            if (!o || !tv_equal(&a->u.d->v[i], o))
+                return 0;
+        }
+        return 1;
+    case TV_NS:
+        return a->u.d == b->u.d;
+    case TV_FUNC:
+        return a->u.fn == b->u.fn;
+    case TV_MACRO:
+        return a->u.mac == b->u.mac;
+    default:
+        return 0;
+    }
+}
+
+const char *tv_type_name(const struct tv *v)
+{
+    static const char *const names[] = {"Undefined", "NoneType", "bool", "int", "float", "str", "list", "dict",
+                                        "Namespace", "function", "method", "Macro", "LoopContext"};
+    return names[v->t];
+}
+
+int tv_compare(struct tctx *c, const struct tv *a, const struct tv *b)
+{
+    if (is_num(a) && is_num(b)) {
+        if (a->t != TV_FLOAT && b->t != TV_FLOAT)
+            return inum(a) < inum(b) ? -1 : inum(a) > inum(b);
+        double x = num(a), y = num(b);
+        return x < y ? -1 : x > y;
+    }
+    if (a->t == TV_STR && b->t == TV_STR) {
+        size_t n = a->u.s.n < b->u.s.n ? a->u.s.n : b->u.s.n;
+        int r = memcmp(a->u.s.p, b->u.s.p, n); /* UTF-8 byte order is code point order */
+        return r ? r : a->u.s.n < b->u.s.n ? -1 : a->u.s.n > b->u.s.n;
+    }
+    if (a->t == TV_LIST && b->t == TV_LIST) {
+        for (size_t i = 0; i < a->u.l->n && i < b->u.l->n; i++)
+            if (!tv_equal(&a->u.l->v[i], &b->u.l->v[i]))
+                return tv_compare(c, &a->u.l->v[i], &b->u.l->v[i]);
+        return a->u.l->n < b->u.l->n ? -1 : a->u.l->n > b->u.l->n;
+    }
+    tpl_fail(c, "'<' not supported between instances of '%s' and '%s'", tv_type_name(a), tv_type_name(b));
+}
+
+size_t tv_len(struct tctx *c, const struct tv *v)
+{
+    switch (v->t) {
+    case TV_UNDEF:
+        return 0;
+    case TV_STR:
+        return u8_count(v->u.s.p, v->u.s.n);
+    case TV_LIST:
+        return v->u.l->n;
+    case TV_DICT:
+    case TV_NS:
+        return v->u.d->n;
+    case TV_LOOP:
+        return v->u.loop->items->n;
+    default:
+        tpl_fail(c, "object of type '%s' has no len()", tv_type_name(v));
+    }
+}
+
+struct tlist *tv_iter(struct tctx *c, const struct tv *v)
+{
+    struct tlist *l;
+    switch (v->t) {
+    case TV_UNDEF:
+        return tl_new(c, 1);
+    case TV_LIST:
+        return v->u.l;
+    case TV_DICT:
+        l = tl_new(c, v->u.d->n);
+        for (size_t i = 0; i < v->u.d->n; i++)
+            tl_push(c, l, v->u.d->k[i]);
+        return l;
+    case TV_STR:
+        l = tl_new(c, v->u.s.n);
+        for (size_t i = 0; i < v->u.s.n;) {
+            size_t e = u8_offset(v->u.s.p + i, v->u.s.n - i, 1);
+            tl_push(c, l, tv_strref(v->u.s.p + i, e));
+            i += e;
+        }
+        return l;
+    default:
+        tpl_fail(c, "'%s' object is not iterable", tv_type_name(v));
+    }
+}
+
+/* ---------------- text forms ---------------- */
+
+void tb_put(struct tctx *c, struct tbuf *b, const char *p, size_t n)
+{
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 64;
+        while (cap < b->n + n + 1)
+            cap *= 2;
+        char *np = tpl_alloc(c, cap);
+        if (b->n)
+            memcpy(np, b->p, b->n);
+        b->p = np;
+        b->cap = cap;
+    }
+    if (n)
+        memcpy(b->p + b->n, p, n);
+    b->n += n;
+}
+
+static void tb_puts(struct tctx *c, struct tbuf *b, const char *s)
+{
+    tb_put(c, b, s, strlen(s));
+}
+
+void tv_float_repr(double f, char *out, size_t cap)
+{
+    if (isnan(f)) {
+        snprintf(out, cap, "nan");
+        return;
+    }
+    if (isinf(f)) {
+        snprintf(out, cap, f < 0 ? "-inf" : "inf");
+        return;
+    }
+    char e[40];
+    int p;
+    for (p = 1; p <= 17; p++) { /* the shortest digits that read back as f */
+        snprintf(e, sizeof e, "%.*e", p - 1, f);
+        if (strtod(e, NULL) == f)
+            break;
+    }
+    /* e: [-]d[.ddd]e[+-]XX */
+    char digits[24];
+    size_t nd = 0;
+    const char *s = e;
+    int neg = *s == '-';
+    if (neg)
+        s++;
+    for (; *s && *s != 'e'; s++)
+        if (*s != '.')
+            digits[nd++] = *s;
+    int exp = atoi(s + 1);
+    while (nd > 1 && digits[nd - 1] == '0')
+        nd--;
+    size_t k = 0;
+    if (neg)
+        out[k++] = '-';
+    if (exp >= -4 && exp < 16) {
+        if (exp >= 0) {
+            for (int i = 0; i <= exp; i++)
+                out[k++] = (size_t)i < nd ? digits[i] : '0';
+            out[k++] = '.';
+            if ((size_t)exp + 1 < nd)
+                for (size_t i = (size_t)exp + 1; i < nd; i++)
+                    out[k++] = digits[i];
+            else
+                out[k++] = '0';
+        } else {
+            out[k++] = '0';
+            out[k++] = '.';
+            for (int i = 0; i < -exp - 1; i++)
+                out[k++] = '0';
+            for (size_t i = 0; i < nd; i++)
+                out[k++] = digits[i];
+        }
+        out[k] = 0;
+    } else {
+        out[k++] = digits[0];
+        if (nd > 1) {
+            out[k++] = '.';
+            for (size_t i = 1; i < nd; i++)
+                out[k++] = digits[i];
+        }
+        snprintf(out + k, cap - k, "e%c%02d", exp < 0 ? '-' : '+', exp < 0 ? -exp : exp);
+    }
+}
+
+static void repr_str(struct tctx *c, struct tbuf *b, const char *p, size_t n)
+{
+    int sq = memchr(p, '\'', n) != NULL, dq = memchr(p, '"', n) != NULL;
+    char q = sq && !dq ? '"' : '\'';
+    tb_put(c, b, &q, 1);
+    for (size_t i = 0; i < n;) {
+        size_t l;
+        int32_t cp = u8_decode(p + i, n - i, &l);
+        char esc[16];
+        const char *e = NULL;
+        if (cp == '\\')
+            e = "\\\\";
+        else if (cp == q)
+            e = q == '\'' ? "\\'" : "\\\"";
+        else if (cp == '\n')
+            e = "\\n";
+        else if (cp == '\r')
+            e = "\\r";
+        else if (cp == '\t')
+            e = "\\t";
+        else {
+            utf8proc_category_t cat = utf8proc_category(cp);
+            int printable = cp == ' ' || !(cat == UTF8PROC_CATEGORY_CC || cat == UTF8PROC_CATEGORY_CF ||
+                                           cat == UTF8PROC_CATEGORY_CS || cat == UTF8PROC_CATEGORY_CO ||
+                                           cat == UTF8PROC_CATEGORY_CN || cat == UTF8PROC_CATEGORY_ZL ||
+                                           cat == UTF8PROC_CATEGORY_ZP || cat == UTF8PROC_CATEGORY_ZS);
+            if (!printable) {
+                snprintf(esc, sizeof esc, cp < 0x100 ? "\\x%02x" : cp < 0x10000 ? "\\u%04x" : "\\U%08x", (unsigned)cp);
+                e = esc;
+            }
+        }
+        if (e)
+            tb_puts(c, b, e);
+        else
+            tb_put(c, b, p + i, l);
+        i += l;
+    }
+    tb_put(c, b, &q, 1);
+}
+
+void tv_repr_into(struct tctx *c, struct tbuf *b, const struct tv *v)
+{
+    if (++c->steps > c->maxsteps)
+        tpl_fail(c, "the render takes more than its step limit");
+    switch (v->t) {
+    case TV_STR:
+        repr_str(c, b, v->u.s.p, v->u.s.n);
+        return;
+    case TV_LIST:
+        tb_put(c, b, v->u.l->tuple ? "(" : "[", 1);
+        for (size_t i = 0; i < v->u.l->n; i++) {
+            if (i)
+                tb_put(c, b, ", ", 2);
+            tv_repr_into(c, b, &v->u.l->v[i]);
+        }
+        if (v->u.l->tuple && v->u.l->n == 1)
+            tb_put(c, b, ",", 1);
+        tb_put(c, b, v->u.l->tuple ? ")" : "]", 1);
+        return;
+    case TV_DICT:
+        tb_put(c, b, "{", 1);
+        for (size_t i = 0; i < v->u.d->n; i++) {
+            if (i)
+                tb_put(c, b, ", ", 2);
+            tv_repr_into(c, b, &v->u.d->k[i]);
+            tb_put(c, b, ": ", 2);
+            tv_repr_into(c, b, &v->u.d->v[i]);
+        }
+        tb_put(c, b, "}", 1);
+        return;
+    default:
+        tv_str_into(c, b, v);
+    }
+}
+
+void tv_str_into(struct tctx *c, struct tbuf *b, const struct tv *v)
+{
+    char num[64];
+    switch (v->t) {
+    case TV_UNDEF:
+        return;
+    case TV_NONE:
+        tb_puts(c, b, "None");
+        return;
+    case TV_BOOL:
+        tb_puts(c, b, v->u.b ? "True" : "False");
+        return;
+    case TV_INT:
+        snprintf(num, sizeof num, "%lld", (long long)v->u.i);
+        tb_puts(c, b, num);
+        return;
+    case TV_FLOAT:
+        tv_float_repr(v->u.f, num, sizeof num);
+        tb_puts(c, b, num);
+        return;
+    case TV_STR:
+        tb_put(c, b, v->u.s.p, v->u.s.n);
+        return;
+    case TV_LIST:
+    case TV_DICT:
+        tv_repr_into(c, b, v);
+        return;
+    case TV_NS:
+        tb_puts(c, b, "<Namespace>");
+        return;
+    default:
+        tb_puts(c, b, "<function>");
+        return;
+    }
+}
+
+struct tv tv_to_str(struct tctx *c, const struct tv *v)
+{
+    if (v->t == TV_STR)
+        return *v;
+    struct tbuf b = {0};
+    tv_str_into(c, &b, v);
+    return tv_strref(b.p ? b.p : "", b.n);
+}
+
+static void json_str(struct tctx *c, struct tbuf *b, const char *p, size_t n)
+{
+    tb_put(c, b, "\"", 1);
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)p[i];
+        const char *e = NULL;
+        char u[8];
+        if (ch == '"')
+            e = "\\\"";
+        else if (ch == '\\')
+            e = "\\\\";
+        else if (ch == '\n')
+            e = "\\n";
+        else if (ch == '\r')
+            e = "\\r";
+        else if (ch == '\t')
+            e = "\\t";
+        else if (ch == '\b')
+            e = "\\b";
+        else if (ch == '\f')
+            e = "\\f";
+        else if (ch < 0x20) {
+            snprintf(u, sizeof u, "\\u%04x", ch);
+            e = u;
+        }
+        if (e) {
+            tb_put(c, b, p + run, i - run);
+            tb_puts(c, b, e);
+            run = i + 1;
+        }
+    }
+    tb_put(c, b, p + run, n - run);
+    tb_put(c, b, "\"", 1);
+}
+
+static void json_nl(struct tctx *c, struct tbuf *b, int indent, int level)
+{
+    tb_put(c, b, "\n", 1);
+    for (int i = 0; i < indent * level; i++)
+        tb_put(c, b, " ", 1);
+}
+
+static int key_cmp(const void *x, const void *y)
+{
+    const struct tv *a = *(struct tv *const *)x, *b = *(struct tv *const *)y;
+    size_t n = a->u.s.n < b->u.s.n ? a->u.s.n : b->u.s.n;
+    int r = memcmp(a->u.s.p, b->u.s.p, n);
+    return r ? r : (a->u.s.n > b->u.s.n) - (a->u.s.n < b->u.s.n);
+}
+
+void tv_json_into(struct tctx *c, struct tbuf *b, const struct tv *v, int indent, const char *item_sep,
+                  const char *key_sep, int sort_keys, int level)
+{
+    char num[64];
+    if (++c->steps > c->maxsteps)
+        tpl_fail(c, "the render takes more than its step limit");
+    if (level > 512)
+        tpl_fail(c, "tojson: nested too deeply");
+    switch (v->t) {
+    case TV_NONE:
+        tb_puts(c, b, "null");
+        return;
+    case TV_BOOL:
+        tb_puts(c, b, v->u.b ? "true" : "false");
+        return;
+    case TV_INT:
+        snprintf(num, sizeof num, "%lld", (long long)v->u.i);
+        tb_puts(c, b, num);
+        return;
+    case TV_FLOAT:
+        if (isnan(v->u.f))
+            tb_puts(c, b, "NaN");
+        else if (isinf(v->u.f))
+            tb_puts(c, b, v->u.f < 0 ? "-Infinity" : "Infinity");
+        else {
+            tv_float_repr(v->u.f, num, sizeof num);
+            tb_puts(c, b, num);
+        }
+        return;
+    case TV_STR:
+        json_str(c, b, v->u.s.p, v->u.s.n);
+        return;
+    case TV_LIST:
+        if (!v->u.l->n) {
+            tb_puts(c, b, "[]");
+            return;
+        }
+        tb_put(c, b, "[", 1);
+        for (size_t i = 0; i < v->u.l->n; i++) {
+            if (i)
+                tb_puts(c, b, item_sep);
+            if (indent >= 0)
+                json_nl(c, b, indent, level + 1);
+            tv_json_into(c, b, &v->u.l->v[i], indent, item_sep, key_sep, sort_keys, level + 1);
+        }
+        if (indent >= 0)
+            json_nl(c, b, indent, level);
+        tb_put(c, b, "]", 1);
+        return;
+    case TV_DICT: {
+        const struct tdict *d = v->u.d;
+        if (!d->n) {
+            tb_puts(c, b, "{}");
+            return;
+        }
+        const struct tv **keys = tpl_alloc(c, d->n * sizeof *keys);
+        size_t *at = tpl_alloc(c, d->n * sizeof *at);
+        for (size_t i = 0; i < d->n; i++) {
+            if (d->k[i].t != TV_STR)
+                tpl_fail(c, "tojson: keys must be strings");
+            keys[i] = &d->k[i];
+        }
+        if (sort_keys)
+            qsort(keys, d->n, sizeof *keys, key_cmp);
+        for (size_t i = 0; i < d->n; i++)
+            at[i] = (size_t)(keys[i] - d->k);
+        tb_put(c, b, "{", 1);
+        for (size_t i = 0; i < d->n; i++) {
+            if (i)
+                tb_puts(c, b, item_sep);
+            if (indent >= 0)
+                json_nl(c, b, indent, level + 1);
+            json_str(c, b, d->k[at[i]].u.s.p, d->k[at[i]].u.s.n);
+            tb_puts(c, b, key_sep);
+            tv_json_into(c, b, &d->v[at[i]], indent, item_sep, key_sep, sort_keys, level + 1);
+        }
+        if (indent >= 0)
+            json_nl(c, b, indent, level);
+        tb_put(c, b, "}", 1);
+        return;
+    }
+    default:
+        tpl_fail(c, "Object of type %s is not JSON serializable", tv_type_name(v));
+    }
+}
+
+struct tv tv_from_json(struct tctx *c, const cJSON *j)
+{
+    if (++c->steps > c->maxsteps)
+        tpl_fail(c, "the render takes more than its step limit");
+    if (cJSON_IsNull(j) || !j)
+        return tv_none();
+    if (cJSON_IsBool(j))
+        return tv_bool(cJSON_IsTrue(j));
+    if (cJSON_IsNumber(j)) {
+        double d = j->valuedouble;
+        /* cJSON keeps no trace of how the number was written: integral values within 2^53 are ints */
+        if (d == floor(d) && fabs(d) <= 9007199254740992.0)
+            return tv_int((int64_t)d);
+        return tv_float(d);
+    }
+    if (cJSON_IsString(j))
+        return tv_str(c, j->valuestring, strlen(j->valuestring));
+    struct tv v = {0};
+    if (cJSON_IsArray(j)) {
+        v.t = TV_LIST;
+        v.u.l = tl_new(c, (size_t)cJSON_GetArraySize(j));
+        for (const cJSON *it = j->child; it; it = it->next)
+            tl_push(c, v.u.l, tv_from_json(c, it));
+        return v;
+    }
+    v.t = TV_DICT;
+    v.u.d = td_new(c);
+    for (const cJSON *it = j->child; it; it = it->next)
+        td_set(c, v.u.d, tv_str(c, it->string, strlen(it->string)), tv_from_json(c, it));
+    return v;
+}
+
+struct tv tv_list_of(struct tctx *c, struct tlist *l)
+{
+    struct tv v = {.t = TV_LIST};
+    v.u.l = l;
+    return v;
+}
+
+struct tv tv_buf_str(struct tbuf *b)
+{
+    return tv_strref(b->p ? b->p : "", b->n);
+}
+
+struct tv tv_need_str(struct tctx *c, struct tv v, const char *what)
+{
+    if (v.t != TV_STR)
+        tpl_fail(c, "%s: expected a string, got %s", what, tv_type_name(&v));
+    return v;
+}
