@@ -351,10 +351,17 @@ int xtok_chat_render(const struct xtok_chat *c, const cJSON *req, const struct x
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    cJSON_AddItemToObject(vars, "messages", cJSON_Duplicate(msgs, 1));
-    cJSON_AddItemToObject(vars, "tools", tools && !cJSON_IsNull(tools) ? cJSON_Duplicate(tools, 1) : cJSON_CreateNull());
+    /* the request's own nodes, referred to (not copied: a long conversation is read once, by the render) */
+    cJSON_AddItemReferenceToObject(vars, "messages", (cJSON *)msgs);
+    if (tools && !cJSON_IsNull(tools))
+        cJSON_AddItemReferenceToObject(vars, "tools", (cJSON *)tools);
+    else
+        cJSON_AddNullToObject(vars, "tools");
     const cJSON *docs = cJSON_GetObjectItemCaseSensitive(req, "documents");
-    cJSON_AddItemToObject(vars, "documents", docs ? cJSON_Duplicate(docs, 1) : cJSON_CreateNull());
+    if (docs)
+        cJSON_AddItemReferenceToObject(vars, "documents", (cJSON *)docs);
+    else
+        cJSON_AddNullToObject(vars, "documents");
     cJSON_AddBoolToObject(vars, "add_generation_prompt", add_gen);
     cJSON_AddBoolToObject(vars, "continue_final_message", cont_final);
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs"), *it;
@@ -363,7 +370,7 @@ int xtok_chat_render(const struct xtok_chat *c, const cJSON *req, const struct x
     cJSON_ArrayForEach(it, kw) /* vLLM: the request's kwargs win */
     {
         cJSON_DeleteItemFromObjectCaseSensitive(vars, it->string);
-        cJSON_AddItemToObject(vars, it->string, cJSON_Duplicate(it, 1));
+        cJSON_AddItemReferenceToObject(vars, it->string, (cJSON *)it);
     }
     int tools_given = cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0;
     int rc = xtpl_render(pick(c, tools_given), vars, lim, out, n, err, errlen);

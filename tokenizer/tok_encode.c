@@ -35,6 +35,9 @@ static int valid_utf8(const unsigned char *s, size_t len)
         unsigned char c = s[i];
         if (c < 0x80) {
             i++;
+            uint64_t w; /* then 8 ASCII bytes at a time */
+            while (i + 8 <= len && (memcpy(&w, s + i, 8), !(w & 0x8080808080808080ULL)))
+                i += 8;
             continue;
         }
         size_t n;
@@ -329,14 +332,26 @@ static int is_space(unsigned char c)
 static const struct tok_added *find_added(const struct xtok *t, int normalized, const char *text, size_t len,
                                           size_t *ms, size_t *me)
 {
+    int only = t->added_only[normalized];
+    if (only == -2)
+        return NULL;
     for (size_t i = 0; i < len; i++) {
-        if (!t->added_first[normalized][(unsigned char)text[i]])
+        if (only >= 0) { /* every added token starts with the same byte: memchr finds the candidates */
+            const char *p = memchr(text + i, only, len - i);
+            if (!p)
+                return NULL;
+            i = (size_t)(p - text);
+        } else if (!t->added_first[normalized][(unsigned char)text[i]]) {
             continue;
+        }
         const struct tok_added *best = NULL;
+        uint64_t w = 0; /* the next 8 bytes: most tokens differ from the text within them (Llama 3's 256 all
+                         * start with "<|") */
+        memcpy(&w, text + i, len - i < 8 ? len - i : 8);
         for (size_t k = 0; k < t->nadded; k++) {
             const struct tok_added *a = &t->added[k];
-            if (a->normalized != normalized || a->len > len - i || (best && a->len <= best->len) ||
-                a->content[0] != text[i] || memcmp(a->content, text + i, a->len))
+            if ((w & a->mask) != a->head || a->normalized != normalized || a->len > len - i ||
+                (best && a->len <= best->len) || memcmp(a->content, text + i, a->len))
                 continue;
             best = a;
         }
@@ -426,12 +441,34 @@ static int encode_raw_piece(const struct xtok *t, const char *text, size_t len, 
     return rc;
 }
 
+/* A piece between added tokens: from the cache when it holds it, else encoded (and kept there). */
+static int encode_piece(const struct xtok *t, struct xtok_cache *c, const char *text, size_t len,
+                        pcre2_match_data *md, struct ids *out)
+{
+    size_t start = out->n;
+    int rc = tok_cache_get(c, text, len, &out->v, &out->n, &out->cap);
+    if (rc) /* a piece with these bytes (XXH3-128 and length) was valid UTF-8 when it was kept */
+        return rc < 0 ? XTOK_ENOMEM : 0;
+    if (!valid_utf8((const unsigned char *)text, len))
+        return XTOK_EINVAL;
+    rc = encode_raw_piece(t, text, len, md, out);
+    if (!rc)
+        tok_cache_put(c, text, len, out->v + start, out->n - start);
+    return rc;
+}
+
 int xtok_encode(const struct xtok *t, const char *text, size_t len, int add_special, uint32_t **ids, size_t *n)
+{
+    return xtok_encode_cached(t, NULL, text, len, add_special, ids, n);
+}
+
+int xtok_encode_cached(const struct xtok *t, struct xtok_cache *cache, const char *text, size_t len, int add_special,
+                       uint32_t **ids, size_t *n)
 {
     *ids = NULL;
     *n = 0;
-    if (!valid_utf8((const unsigned char *)text, len))
-        return XTOK_EINVAL;
+    /* UTF-8 is checked piece by piece (encode_piece): the added tokens matched between them are valid UTF-8, and a
+     * piece the cache holds was checked when it was kept, so a cached conversation is not read twice */
     struct ids out = {0};
     pcre2_match_data *md = pcre2_match_data_create(1, NULL);
     if (!md)
@@ -444,10 +481,10 @@ int xtok_encode(const struct xtok *t, const char *text, size_t len, int add_spec
         size_t ms, me;
         const struct tok_added *a = find_added(t, 0, text, len, &ms, &me);
         if (!a) {
-            rc = encode_raw_piece(t, text, len, md, &out);
+            rc = encode_piece(t, cache, text, len, md, &out);
             break;
         }
-        rc = encode_raw_piece(t, text, ms, md, &out);
+        rc = encode_piece(t, cache, text, ms, md, &out);
         rc = rc ? rc : push(&out, a->id);
         text += me;
         len -= me;

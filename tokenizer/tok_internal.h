@@ -63,6 +63,7 @@ struct tok_added {
     size_t len;
     uint32_t id;
     int special, normalized, lstrip, rstrip;
+    uint64_t head, mask; /* its first (up to 8) bytes as loaded from memory, and which of them count */
 };
 
 struct xtok {
@@ -81,10 +82,17 @@ struct xtok {
     struct tok_added *added;
     size_t nadded;
     unsigned char added_first[2][256]; /* [normalized][byte]: an added token of that kind starts with it */
+    int added_only[2];                 /* [normalized]: the one byte every such token starts with, else -1 */
     uint32_t *prefix, *suffix; /* TemplateProcessing's single: ids around the sequence */
     size_t nprefix, nsuffix;
     size_t vocab_size;
 };
+
+/* tok_cache.c: a piece's ids from the cache, appended to the array (v, n, cap: grown with realloc): 1, or 0 when
+ * not there, -1 out of memory; keeping a piece's ids. A NULL cache holds nothing. */
+struct xtok_cache;
+int tok_cache_get(struct xtok_cache *c, const char *text, size_t len, uint32_t **v, size_t *n, size_t *cap);
+void tok_cache_put(struct xtok_cache *c, const char *text, size_t len, const uint32_t *ids, size_t n);
 
 /* GPT-2's map of bytes to printable code points (the byte-level alphabet) and back. */
 void tok_bytes_to_unicode(uint32_t cp_of[256]);

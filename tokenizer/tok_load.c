@@ -344,8 +344,24 @@ static int load_added(struct xtok *t, const cJSON *added, char *err, size_t errl
         a->normalized = bool_of(it, "normalized");
         a->lstrip = bool_of(it, "lstrip");
         a->rstrip = bool_of(it, "rstrip");
+        size_t hl = a->len < 8 ? a->len : 8;
+        memcpy(&a->head, content, hl);
+        memset(&a->mask, 0xFF, hl);
         t->added_first[a->normalized][(unsigned char)content[0]] = 1;
         note_id(t, (long)a->id);
+    }
+    for (int k = 0; k < 2; k++) { /* one first byte for all (e.g. '<'): encode finds candidates with memchr */
+        int distinct = 0;
+        t->added_only[k] = -1;
+        for (int b = 0; b < 256; b++)
+            if (t->added_first[k][b]) {
+                distinct++;
+                t->added_only[k] = b;
+            }
+        if (distinct > 1)
+            t->added_only[k] = -1;
+        else if (!distinct)
+            t->added_only[k] = -2; /* none of this kind */
     }
     return 0;
 }
@@ -358,6 +374,8 @@ struct xtok *xtok_load_json(const char *json, size_t len, char *err, size_t errl
         return NULL;
     }
     struct xtok *t = calloc(1, sizeof *t);
+    if (t)
+        t->added_only[0] = t->added_only[1] = -2; /* no added tokens until load_added finds some */
     if (!t) {
         cJSON_Delete(root);
         fail(err, errlen, "out of memory");

@@ -255,17 +255,12 @@ static struct tv binop(struct tctx *c, int op, struct tv a, struct tv b)
 {
     static const char *const names[] = {"", "+", "-", "*", "/", "//", "%", "**"};
     int64_t r;
-    if (op == OP_CONCAT) {
-        struct tbuf buf = {0};
-        tv_str_into(c, &buf, &a);
-        tv_str_into(c, &buf, &b);
-        return tv_strref(buf.p ? buf.p : "", buf.n);
-    }
-    if (op == OP_ADD && a.t == TV_STR && b.t == TV_STR) {
-        struct tbuf buf = {0};
-        tb_put(c, &buf, a.u.s.p, a.u.s.n);
-        tb_put(c, &buf, b.u.s.p, b.u.s.n);
-        return tv_strref(buf.p ? buf.p : "", buf.n);
+    if (op == OP_CONCAT || (op == OP_ADD && a.t == TV_STR && b.t == TV_STR)) { /* one allocation, one copy each */
+        struct tv x = op == OP_CONCAT ? tv_to_str(c, &a) : a, y = op == OP_CONCAT ? tv_to_str(c, &b) : b;
+        char *o = tpl_alloc_raw(c, x.u.s.n + y.u.s.n + 1);
+        memcpy(o, x.u.s.p, x.u.s.n);
+        memcpy(o + x.u.s.n, y.u.s.p, y.u.s.n);
+        return tv_strref(o, x.u.s.n + y.u.s.n);
     }
     if (op == OP_ADD && a.t == TV_LIST && b.t == TV_LIST) {
         struct tv l = {.t = TV_LIST};

@@ -21,6 +21,7 @@ struct tarena {
 };
 struct tctx;
 void *tpl_alloc(struct tctx *c, size_t n); /* zeroed; fails the render past the arena's limit */
+void *tpl_alloc_raw(struct tctx *c, size_t n); /* the same, not zeroed (text) */
 void tarena_free(struct tarena *a);
 void *tarena_alloc(struct tarena *a, size_t n); /* NULL past the limit */
 

@@ -12,86 +12,6 @@
 #include <string.h>
 #include <utf8proc.h>
 
-/* ---------------- arena ---------------- */
-
-struct tchunk {
-    struct tchunk *next;
-    size_t used, cap;
-    max_align_t data[];
-};
-
-void *tarena_alloc(struct tarena *a, size_t n)
-{
-    n = (n + 15) & ~(size_t)15;
-    struct tchunk *c = a->head;
-    if (!c || c->cap - c->used < n) {
-        size_t cap = n > (64u << 10) ? n : (64u << 10);
-        if (a->used + cap > a->limit)
-            return NULL;
-        c = malloc(sizeof *c + cap);
-        if (!c)
-            return NULL;
-        c->used = 0;
-        c->cap = cap;
-        c->next = a->head;
-        a->head = c;
-        a->used += cap;
-    }
-    void *p = (char *)c->data + c->used;
-    c->used += n;
-    memset(p, 0, n);
-    return p;
-}
-
-void tarena_free(struct tarena *a)
-{
-    for (struct tchunk *c = a->head, *n; c; c = n) {
-        n = c->next;
-        free(c);
-    }
-    a->head = NULL;
-    a->used = 0;
-}
-
-void *tpl_alloc(struct tctx *c, size_t n)
-{
-    void *p = tarena_alloc(&c->arena, n);
-    if (!p)
-        tpl_fail(c, "the render needs more than its memory limit (%zu bytes)", c->arena.limit);
-    return p;
-}
-
-_Noreturn void tpl_fail(struct tctx *c, const char *fmt, ...)
-{
-    va_list ap;
-    int k = snprintf(c->err, c->errlen, "chat template line %d: ", c->line);
-    va_start(ap, fmt);
-    if (k >= 0 && (size_t)k < c->errlen)
-        vsnprintf(c->err + k, c->errlen - (size_t)k, fmt, ap);
-    va_end(ap);
-    longjmp(c->jb, 1);
-}
-
-void tpl_emit(struct tctx *c, const char *p, size_t n)
-{
-    if (!n)
-        return;
-    if (c->outn + n > c->outmax)
-        tpl_fail(c, "the rendered prompt exceeds its limit (%zu bytes)", c->outmax);
-    if (c->outn + n > c->outcap) {
-        size_t cap = c->outcap ? c->outcap : 4096;
-        while (cap < c->outn + n)
-            cap *= 2;
-        char *o = realloc(c->out, cap + 1);
-        if (!o)
-            tpl_fail(c, "out of memory");
-        c->out = o;
-        c->outcap = cap;
-    }
-    memcpy(c->out + c->outn, p, n);
-    c->outn += n;
-}
-
 /* ---------------- UTF-8 ---------------- */
 
 size_t u8_count(const char *p, size_t n)
@@ -146,7 +66,7 @@ struct tv tv_strref(const char *p, size_t n)
 
 struct tv tv_str(struct tctx *c, const char *p, size_t n)
 {
-    char *o = tpl_alloc(c, n + 1);
+    char *o = tpl_alloc_raw(c, n + 1);
     if (n)
         memcpy(o, p, n);
     return tv_strref(o, n);
@@ -411,7 +331,7 @@ void tb_put(struct tctx *c, struct tbuf *b, const char *p, size_t n)
         size_t cap = b->cap ? b->cap * 2 : 64;
         while (cap < b->n + n + 1)
             cap *= 2;
-        char *np = tpl_alloc(c, cap);
+        char *np = tpl_alloc_raw(c, cap);
         if (b->n)
             memcpy(np, b->p, b->n);
         b->p = np;
@@ -762,8 +682,8 @@ struct tv tv_from_json(struct tctx *c, const cJSON *j)
             return tv_int((int64_t)d);
         return tv_float(d);
     }
-    if (cJSON_IsString(j))
-        return tv_str(c, j->valuestring, strlen(j->valuestring));
+    if (cJSON_IsString(j)) /* referred to: the JSON outlives the render */
+        return tv_strref(j->valuestring, strlen(j->valuestring));
     struct tv v = {0};
     if (cJSON_IsArray(j)) {
         v.t = TV_LIST;
@@ -775,7 +695,7 @@ struct tv tv_from_json(struct tctx *c, const cJSON *j)
     v.t = TV_DICT;
     v.u.d = td_new(c);
     for (const cJSON *it = j->child; it; it = it->next)
-        td_set(c, v.u.d, tv_str(c, it->string, strlen(it->string)), tv_from_json(c, it));
+        td_set(c, v.u.d, tv_strref(it->string, strlen(it->string)), tv_from_json(c, it));
     return v;
 }
 

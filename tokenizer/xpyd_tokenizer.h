@@ -38,6 +38,21 @@ void xtok_free(struct xtok *t);
  * special tokens (e.g. Llama 3's <|begin_of_text|>), as Hugging Face's add_special_tokens. 0 or XTOK_E*. */
 int xtok_encode(const struct xtok *t, const char *text, size_t len, int add_special, uint32_t **ids, size_t *n);
 
+/* A tokenization cache shared by threads (tok_cache.c): the ids of text pieces between added tokens (a chat
+ * template's special tokens delimit messages), so a conversation's earlier turns are not encoded again. Pieces
+ * shorter than min_piece bytes are not kept; past max_bytes (entries and ids) the least recently used go. */
+struct xtok_cache;
+struct xtok_cache_stats {
+    size_t bytes, entries;
+    uint64_t hits, misses, hit_bytes, miss_bytes;
+};
+struct xtok_cache *xtok_cache_new(size_t max_bytes, size_t min_piece);
+void xtok_cache_free(struct xtok_cache *c);
+void xtok_cache_stats(struct xtok_cache *c, struct xtok_cache_stats *st);
+/* xtok_encode through a cache (NULL: none): the same ids. */
+int xtok_encode_cached(const struct xtok *t, struct xtok_cache *c, const char *text, size_t len, int add_special,
+                       uint32_t **ids, size_t *n);
+
 /* The vocabulary's size (the model's tokens and the added ones: the largest id + 1). */
 size_t xtok_vocab_size(const struct xtok *t);
 /* The id of a token as written in tokenizer.json (an added token's content, or a vocabulary entry), -1 if none. */

@@ -1,0 +1,166 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* chat_turns.c - the multi-turn chat benchmark of issue 39: a conversation of TURNS turns, each adding about
+ * GROWTH tokens (a user message and the assistant's answer, English and some Chinese, seeded), rendered by the
+ * model's chat template and tokenized as a router does it for every request: the whole conversation so far,
+ * through a tokenization cache that has seen the earlier turns (xtok_encode_cached). Against it, in the same
+ * run: tokenizing only the text the turn added (no template, no cache) - the issue's baseline - and the whole
+ * conversation without a cache. Each repetition starts from a fresh cache that has seen the previous turn's
+ * request (filled outside the timing). CPU time of this thread, the best of REPS repetitions per measurement.
+ *   xpyd_chat_turns MODEL_DIR [turns=20] [growth=2000] [reps=5]
+ * Prints one JSON line per turn and a summary line: the worst turn's ratio cached / new text alone. */
+#include "xpyd_tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static unsigned long long rng = 88172645463325252ULL;
+static unsigned rnd(unsigned n)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (unsigned)(rng % n);
+}
+
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* about `tokens` tokens of text: words, digits, punctuation, now and then a Chinese clause */
+static char *text_of(const struct xtok *t, size_t tokens)
+{
+    static const char *const words[] = {"the", "router", "places", "each", "request", "by", "its", "tokens", "and",
+                                        "cache", "prefill", "decode", "latency", "throughput", "engine", "model",
+                                        "a", "of", "to", "in", "which", "balance", "memory", "block", "turn"};
+    static const char *const han[] = {"路由器", "按令牌", "放置请求", "缓存", "预填充", "解码", "延迟", "吞吐量"};
+    size_t cap = tokens * 16 + 64, n = 0;
+    char *s = malloc(cap);
+    for (;;) {
+        for (int k = 0; k < 64; k++) {
+            const char *w = rnd(10) == 0 ? han[rnd(8)] : words[rnd(25)];
+            n += (size_t)snprintf(s + n, cap - n, "%s%s", n ? " " : "", w);
+            if (rnd(12) == 0)
+                n += (size_t)snprintf(s + n, cap - n, "%s", rnd(2) ? "." : ", 42");
+        }
+        uint32_t *ids;
+        size_t m;
+        xtok_encode(t, s, n, 0, &ids, &m);
+        free(ids);
+        if (m >= tokens || n + 1024 > cap)
+            return s;
+    }
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: xpyd_chat_turns MODEL_DIR [turns=20] [growth=2000] [reps=5]\n");
+        return 2;
+    }
+    int turns = argc > 2 ? atoi(argv[2]) : 20, growth = argc > 3 ? atoi(argv[3]) : 2000;
+    int reps = argc > 4 ? atoi(argv[4]) : 5;
+    char err[1024];
+    struct xtok *t = xtok_load(argv[1], err, sizeof err);
+    struct xtok_chat *chat = t ? xtok_chat_load(argv[1], NULL, err, sizeof err) : NULL;
+    if (!chat) {
+        fprintf(stderr, "xpyd_chat_turns: %s\n", err);
+        return 1;
+    }
+    char *prev_prompt = NULL; /* the previous turn's rendered request: what the cache has seen */
+    size_t prev_len = 0, hits = 0, misses = 0;
+    cJSON *req = cJSON_CreateObject(), *msgs = cJSON_AddArrayToObject(req, "messages");
+    cJSON *sys = cJSON_CreateObject();
+    cJSON_AddStringToObject(sys, "role", "system");
+    cJSON_AddStringToObject(sys, "content", "You are a helpful assistant.");
+    cJSON_AddItemToArray(msgs, sys);
+    char *prev_answer = NULL;
+    double worst = 0;
+    for (int turn = 1; turn <= turns; turn++) {
+        char *user = text_of(t, (size_t)growth / 2), *answer = text_of(t, (size_t)growth / 2);
+        cJSON *u = cJSON_CreateObject();
+        cJSON_AddStringToObject(u, "role", "user");
+        cJSON_AddStringToObject(u, "content", user);
+        cJSON_AddItemToArray(msgs, u);
+        /* the text this turn added: the previous answer (now history) and the new question */
+        size_t nl = strlen(user) + (prev_answer ? strlen(prev_answer) : 0);
+        char *added = malloc(nl + 2);
+        snprintf(added, nl + 2, "%s%s", prev_answer ? prev_answer : "", user);
+        double best_new = 1e9, best_cached = 1e9, best_full = 1e9, best_render = 1e9;
+        size_t ntok = 0, prompt_bytes = 0;
+        for (int r = 0; r < reps; r++) {
+            uint32_t *ids;
+            size_t n;
+            char *p;
+            size_t pl;
+            /* a cache that has seen the conversation up to the previous turn (set up outside the timing) */
+            struct xtok_cache *cache = xtok_cache_new(64u << 20, 64);
+            if (prev_prompt) {
+                xtok_encode_cached(t, cache, prev_prompt, prev_len, 0, &ids, &n);
+                free(ids);
+            }
+            double t0 = cpu_s();
+            xtok_encode(t, added, strlen(added), 0, &ids, &n); /* the baseline: the new text alone */
+            double t1 = cpu_s();
+            free(ids);
+            if (xtok_chat_render(chat, req, NULL, &p, &pl, err, sizeof err) != 0) {
+                fprintf(stderr, "xpyd_chat_turns: %s\n", err);
+                return 1;
+            }
+            double tr = cpu_s();
+            xtok_encode_cached(t, cache, p, pl, 0, &ids, &n); /* what the router does: render, then encode */
+            double t2 = cpu_s();
+            best_render = tr - t1 < best_render ? tr - t1 : best_render;
+            free(ids);
+            free(p);
+            xtok_chat_render(chat, req, NULL, &p, &pl, err, sizeof err);
+            xtok_encode(t, p, pl, 0, &ids, &ntok); /* the same without a cache */
+            double t3 = cpu_s();
+            free(ids);
+            prompt_bytes = pl;
+            if (r == reps - 1) {
+                struct xtok_cache_stats st;
+                xtok_cache_stats(cache, &st);
+                hits += st.hits;
+                misses += st.misses;
+                free(prev_prompt);
+                prev_prompt = p;
+                prev_len = pl;
+            } else {
+                free(p);
+            }
+            xtok_cache_free(cache);
+            best_new = t1 - t0 < best_new ? t1 - t0 : best_new;
+            best_cached = t2 - t1 < best_cached ? t2 - t1 : best_cached;
+            best_full = t3 - t2 < best_full ? t3 - t2 : best_full;
+        }
+        double ratio = best_cached / best_new;
+        if (turn > 1 && ratio > worst)
+            worst = ratio;
+        printf("{\"turn\":%d,\"prompt_tokens\":%zu,\"prompt_bytes\":%zu,\"new_text_us\":%.1f,\"cached_us\":%.1f,"
+               "\"render_us\":%.1f,\"uncached_us\":%.1f,\"cached_over_new\":%.3f}\n",
+               turn, ntok, prompt_bytes, best_new * 1e6, best_cached * 1e6, best_render * 1e6, best_full * 1e6, ratio);
+        /* the answer joins the conversation for the next turn (the cache saw this request's pieces) */
+        cJSON *a = cJSON_CreateObject();
+        cJSON_AddStringToObject(a, "role", "assistant");
+        cJSON_AddStringToObject(a, "content", answer);
+        cJSON_AddItemToArray(msgs, a);
+        free(prev_answer);
+        prev_answer = answer;
+        free(user);
+        free(added);
+    }
+    printf("{\"summary\":true,\"turns\":%d,\"worst_cached_over_new\":%.3f,\"piece_hits\":%zu,\"piece_misses\":%zu}\n",
+           turns, worst, hits, misses);
+    free(prev_prompt);
+    free(prev_answer);
+    cJSON_Delete(req);
+    xtok_chat_free(chat);
+    xtok_free(t);
+    return 0;
+}

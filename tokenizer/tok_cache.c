@@ -1,0 +1,203 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* tok_cache.c - the tokenization cache (xpyd_tokenizer.h): the ids of text pieces between added tokens, keyed by
+ * the piece's XXH3-128 (the piece's text is not kept), least recently used first out when the cache passes its
+ * byte bound. A piece between added tokens is encoded on its own by Hugging Face's pipeline (the added tokens
+ * split the text before normalization and pre-tokenization), so its ids do not depend on what surrounds it:
+ * a conversation's earlier turns, delimited by the template's special tokens, are pieces seen before. One mutex;
+ * lookups and inserts are O(1). */
+#include "tok_internal.h"
+#include "xpyd_tokenizer.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+struct centry {
+    XXH128_hash_t key;
+    size_t len;                 /* the piece's length (a second check besides the hash) */
+    uint32_t *ids;
+    size_t n;
+    struct centry *hnext;       /* hash chain */
+    struct centry *prev, *next; /* LRU: head most recent */
+};
+
+struct xtok_cache {
+    pthread_mutex_t mu;
+    struct centry **buckets;
+    size_t nbuckets, entries, bytes, max_bytes, min_piece;
+    struct centry *head, *tail;
+    uint64_t hits, misses, hit_bytes, miss_bytes;
+};
+
+static size_t entry_bytes(const struct centry *e)
+{
+    return sizeof *e + e->n * sizeof(uint32_t);
+}
+
+struct xtok_cache *xtok_cache_new(size_t max_bytes, size_t min_piece)
+{
+    struct xtok_cache *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->nbuckets = 1024;
+    while (c->nbuckets < max_bytes / 512 && c->nbuckets < (1u << 24))
+        c->nbuckets *= 2;
+    c->buckets = calloc(c->nbuckets, sizeof *c->buckets);
+    if (!c->buckets) {
+        free(c);
+        return NULL;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    c->max_bytes = max_bytes;
+    c->min_piece = min_piece;
+    return c;
+}
+
+void xtok_cache_free(struct xtok_cache *c)
+{
+    if (!c)
+        return;
+    for (struct centry *e = c->head, *n; e; e = n) {
+        n = e->next;
+        free(e->ids);
+        free(e);
+    }
+    free(c->buckets);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+void xtok_cache_stats(struct xtok_cache *c, struct xtok_cache_stats *st)
+{
+    pthread_mutex_lock(&c->mu);
+    st->bytes = c->bytes;
+    st->entries = c->entries;
+    st->hits = c->hits;
+    st->misses = c->misses;
+    st->hit_bytes = c->hit_bytes;
+    st->miss_bytes = c->miss_bytes;
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void unlink_lru(struct xtok_cache *c, struct centry *e)
+{
+    if (e->prev)
+        e->prev->next = e->next;
+    else
+        c->head = e->next;
+    if (e->next)
+        e->next->prev = e->prev;
+    else
+        c->tail = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static void push_front(struct xtok_cache *c, struct centry *e)
+{
+    e->next = c->head;
+    e->prev = NULL;
+    if (c->head)
+        c->head->prev = e;
+    c->head = e;
+    if (!c->tail)
+        c->tail = e;
+}
+
+static struct centry **slot(struct xtok_cache *c, XXH128_hash_t k)
+{
+    return &c->buckets[k.low64 & (c->nbuckets - 1)];
+}
+
+static void evict_one(struct xtok_cache *c)
+{
+    struct centry *e = c->tail;
+    unlink_lru(c, e);
+    for (struct centry **pp = slot(c, e->key); *pp; pp = &(*pp)->hnext)
+        if (*pp == e) {
+            *pp = e->hnext;
+            break;
+        }
+    c->bytes -= entry_bytes(e);
+    c->entries--;
+    free(e->ids);
+    free(e);
+}
+
+int tok_cache_get(struct xtok_cache *c, const char *text, size_t len, uint32_t **v, size_t *n, size_t *cap)
+{
+    if (!c || len < c->min_piece)
+        return 0;
+    XXH128_hash_t k = XXH3_128bits(text, len);
+    int rc = 0;
+    pthread_mutex_lock(&c->mu);
+    for (struct centry *e = *slot(c, k); e; e = e->hnext)
+        if (XXH128_isEqual(e->key, k) && e->len == len) {
+            if (*n + e->n > *cap) { /* appended to the caller's growing array */
+                size_t nc = *cap ? *cap : 64;
+                while (nc < *n + e->n)
+                    nc *= 2;
+                uint32_t *nv = realloc(*v, nc * sizeof *nv);
+                if (!nv) {
+                    pthread_mutex_unlock(&c->mu);
+                    return -1;
+                }
+                *v = nv;
+                *cap = nc;
+            }
+            memcpy(*v + *n, e->ids, e->n * sizeof **v);
+            *n += e->n;
+            unlink_lru(c, e);
+            push_front(c, e);
+            c->hits++;
+            c->hit_bytes += len;
+            rc = 1;
+            break;
+        }
+    if (!rc) {
+        c->misses++;
+        c->miss_bytes += len;
+    }
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+void tok_cache_put(struct xtok_cache *c, const char *text, size_t len, const uint32_t *ids, size_t n)
+{
+    if (!c || len < c->min_piece)
+        return;
+    struct centry *e = calloc(1, sizeof *e);
+    if (!e)
+        return;
+    e->ids = malloc((n ? n : 1) * sizeof *ids);
+    if (!e->ids) {
+        free(e);
+        return;
+    }
+    memcpy(e->ids, ids, n * sizeof *ids);
+    e->n = n;
+    e->len = len;
+    e->key = XXH3_128bits(text, len);
+    if (entry_bytes(e) > c->max_bytes) {
+        free(e->ids);
+        free(e);
+        return;
+    }
+    pthread_mutex_lock(&c->mu);
+    for (struct centry *x = *slot(c, e->key); x; x = x->hnext)
+        if (XXH128_isEqual(x->key, e->key) && x->len == len) { /* another thread put it first */
+            pthread_mutex_unlock(&c->mu);
+            free(e->ids);
+            free(e);
+            return;
+        }
+    while (c->tail && c->bytes + entry_bytes(e) > c->max_bytes)
+        evict_one(c);
+    struct centry **s = slot(c, e->key);
+    e->hnext = *s;
+    *s = e;
+    push_front(c, e);
+    c->bytes += entry_bytes(e);
+    c->entries++;
+    pthread_mutex_unlock(&c->mu);
+}

@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* tpl_arena.c - where a chat template's render (and a compiled template) allocates: an arena of chunks, bounded,
+ * freed at once, its chunks kept by the thread for its next render; the rendered text's buffer; failing a
+ * render (longjmp to xtpl_render with the reason and line). tpl_internal.h. */
+#include "tpl_internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---------------- arena ---------------- */
+
+struct tchunk {
+    struct tchunk *next;
+    size_t used, cap;
+    max_align_t data[];
+};
+
+/* Chunks a thread's finished renders gave back, reused by its next ones (a render of a long conversation
+ * otherwise maps fresh pages for its chunks every time: page faults were most of its cost), at most SPARE_MAX. */
+#define SPARE_MAX (16u << 20)
+static __thread struct tchunk *spare;
+static __thread size_t spare_bytes;
+
+static void *arena_take(struct tarena *a, size_t n, int zero)
+{
+    n = (n + 15) & ~(size_t)15;
+    struct tchunk *c = a->head;
+    if (!c || c->cap - c->used < n) {
+        size_t cap = n > (64u << 10) ? n : (64u << 10);
+        if (a->used + cap > a->limit)
+            return NULL;
+        c = NULL;
+        for (struct tchunk **pp = &spare; *pp; pp = &(*pp)->next)
+            if ((*pp)->cap >= cap) {
+                c = *pp;
+                *pp = c->next;
+                spare_bytes -= c->cap;
+                cap = c->cap;
+                break;
+            }
+        if (!c && !(c = malloc(sizeof *c + cap)))
+            return NULL;
+        c->used = 0;
+        c->cap = cap;
+        c->next = a->head;
+        a->head = c;
+        a->used += cap;
+    }
+    void *p = (char *)c->data + c->used;
+    c->used += n;
+    if (zero)
+        memset(p, 0, n);
+    return p;
+}
+
+void *tarena_alloc(struct tarena *a, size_t n)
+{
+    return arena_take(a, n, 1);
+}
+
+void tarena_free(struct tarena *a)
+{
+    for (struct tchunk *c = a->head, *n; c; c = n) {
+        n = c->next;
+        if (spare_bytes + c->cap <= SPARE_MAX) {
+            c->next = spare;
+            spare = c;
+            spare_bytes += c->cap;
+        } else {
+            free(c);
+        }
+    }
+    a->head = NULL;
+    a->used = 0;
+}
+
+void *tpl_alloc_raw(struct tctx *c, size_t n)
+{
+    void *p = arena_take(&c->arena, n, 0);
+    if (!p)
+        tpl_fail(c, "the render needs more than its memory limit (%zu bytes)", c->arena.limit);
+    return p;
+}
+
+void *tpl_alloc(struct tctx *c, size_t n)
+{
+    void *p = tarena_alloc(&c->arena, n);
+    if (!p)
+        tpl_fail(c, "the render needs more than its memory limit (%zu bytes)", c->arena.limit);
+    return p;
+}
+
+_Noreturn void tpl_fail(struct tctx *c, const char *fmt, ...)
+{
+    va_list ap;
+    int k = snprintf(c->err, c->errlen, "chat template line %d: ", c->line);
+    va_start(ap, fmt);
+    if (k >= 0 && (size_t)k < c->errlen)
+        vsnprintf(c->err + k, c->errlen - (size_t)k, fmt, ap);
+    va_end(ap);
+    longjmp(c->jb, 1);
+}
+
+void tpl_emit(struct tctx *c, const char *p, size_t n)
+{
+    if (!n)
+        return;
+    if (c->outn + n > c->outmax)
+        tpl_fail(c, "the rendered prompt exceeds its limit (%zu bytes)", c->outmax);
+    if (c->outn + n > c->outcap) {
+        size_t cap = c->outcap ? c->outcap : 4096;
+        while (cap < c->outn + n)
+            cap *= 2;
+        char *o = realloc(c->out, cap + 1);
+        if (!o)
+            tpl_fail(c, "out of memory");
+        c->out = o;
+        c->outcap = cap;
+    }
+    memcpy(c->out + c->outn, p, n);
+    c->outn += n;
+}
+
