@@ -145,17 +145,25 @@ static const struct xpyd_setting settings[] = {
     {"bytes-per-token", XS_DOUBLE, OFF(bytes_per_token), 0.5, 64, "4.0", NULL,
      "prompt-size estimate for text prompts (token-id arrays are counted exactly)"},
     {"tokenizer", XS_STR, OFF(tokenizer), 0, 0, "", NULL,
-     "a Hugging Face model directory (its `tokenizer.json`, read by libxpyd_tokenizer): completion prompts "
-     "that are text are tokenized by the router, on `--tokenizer-threads` threads (never on the event loop), "
-     "before any engine is picked: the charge is their exact token count (with the BOS the engine adds, "
-     "unless the body says `add_special_tokens: false`), a prompt + max tokens over every rank's "
-     "`max_model_len` gets 400 before any engine is touched, and prefix blocks are blocks of "
+     "a Hugging Face model directory (its `tokenizer.json`, read by libxpyd_tokenizer): prompts are tokenized "
+     "by the router, on `--tokenizer-threads` threads (never on the event loop), before any engine is picked: "
+     "completion prompts that are text, and chat requests rendered with the model's chat template as vLLM "
+     "renders them. The charge is their exact token count (with the special tokens vLLM adds: BOS for "
+     "completions unless `add_special_tokens: false`, none for chat unless `true`), a prompt + max tokens over "
+     "every rank's `max_model_len` gets 400 before any engine is touched, and prefix blocks are blocks of "
      "`--prefix-block-tokens` token ids (the engine's own blocks when that is the engine's block size). The "
      "prefill's `usage.prompt_tokens` is still read and a difference counted "
-     "(`xpyd_tokenizer_mismatch_total`, 0 on a correct setup). Chat requests keep the byte estimate until "
-     "chat templates are rendered (`xpyd_tokenizer_fallbacks_total{reason=\"chat\"}`). One model for every "
-     "pool. A directory that does not load stops the router at start, naming the component. Empty: off (the "
-     "byte estimate, as before)"},
+     "(`xpyd_tokenizer_mismatch_total`, 0 on a correct setup). What cannot be counted keeps the byte estimate "
+     "(`xpyd_tokenizer_fallbacks_total{reason}`). One model for every pool. A directory whose tokenizer does "
+     "not load stops the router at start, naming the component. Empty: off (the byte estimate, as before)"},
+    {"chat-template", XS_STR, OFF(chat_template), 0, 0, "", NULL,
+     "with `--tokenizer`: this Jinja file is the chat template (as vLLM's `--chat-template`) instead of the model "
+     "directory's `chat_template.jinja` or `tokenizer_config.json`'s; one that does not compile stops the router "
+     "(the model directory's own only makes chat requests keep the estimate, logged with its line)"},
+    {"tokenizer-cache-bytes", XS_LONG, OFF(tokenizer_cache_bytes), 0, 1L << 40, "67108864", NULL,
+     "with `--tokenizer`: memory of the tokenization cache, the ids of text pieces between special tokens (a "
+     "conversation's earlier turns), least recently used out first (`xpyd_tokenizer_cache_bytes`, "
+     "`xpyd_tokenizer_cache_hit_bytes_total`); pieces under 64 bytes are not kept; 0 = off"},
     {"tokenizer-threads", XS_LONG, OFF(tokenizer_threads), 1, 256, "2", NULL,
      "threads that tokenize prompts for `--tokenizer` (each one encodes a prompt at a time)"},
     {"tokenizer-queue", XS_LONG, OFF(tokenizer_queue), 1, 1000000, "4096", NULL,

@@ -74,7 +74,8 @@ struct rt_config {
     long client_buffer_bytes;  /* backpressure: pause decode reads above this much unsent client data */
     double bytes_per_token;
     char tokenizer[1024];      /* --tokenizer DIR: prompts counted exactly (tokenize.c); "" off */
-    long tokenizer_threads, tokenizer_queue;
+    long tokenizer_threads, tokenizer_queue, tokenizer_cache_bytes;
+    char chat_template[1024];  /* --chat-template FILE: instead of the model directory's; "" none */
     char id_prefix[32];
     int log_level;
     int access_log;            /* 0 off, 1 logfmt, 2 json */

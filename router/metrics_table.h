@@ -114,15 +114,25 @@
     X(tokenizer_prompts, "xpyd_tokenizer_prompts_total", counter, NONE,                                         \
       "--tokenizer: requests whose prompt the router tokenized (their prompt tokens are exact).")               \
     X(tokenizer_fallbacks, "xpyd_tokenizer_fallbacks_total", counter, TOKFB,                                    \
-      "--tokenizer: requests that kept the byte estimate, by reason: chat (chat templates are not rendered "    \
-      "yet), busy (--tokenizer-queue full), invalid_text (not valid UTF-8, e.g. a lone surrogate escape), "     \
-      "shape (a prompt that is neither text nor token ids).")                                                   \
+      "--tokenizer: requests that kept the byte estimate, by reason: template (a chat request, and the model "  \
+      "has no chat template the router can render: see the start-up log), busy (--tokenizer-queue full), "      \
+      "invalid_text (not valid UTF-8, e.g. a lone surrogate escape), shape (a prompt or message of another "   \
+      "shape than the API's), media (image, audio or video parts: the model's own placeholders), render (the "  \
+      "template failed on the request, e.g. raise_exception: the engine will judge it).")                     \
     X(tokenizer_mismatch, "xpyd_tokenizer_mismatch_total", counter, NONE,                                       \
       "--tokenizer: prefill answers whose usage.prompt_tokens differed from the router's count (0 when the "    \
       "tokenizer is the engines' model's).")                                                                     \
     X(tokenizer_pending, "xpyd_tokenizer_queue_depth", gauge, NONE,                                             \
       "--tokenizer: prompts waiting for or being tokenized now (at most --tokenizer-queue).")                   \
     X(tokenizer_time, "xpyd_tokenizer_seconds", histogram, HIST,                                                \
-      "--tokenizer: CPU time spent tokenizing one request's prompt.")
+      "--tokenizer: CPU time spent tokenizing one request's prompt (a chat request's template included).")     \
+    X(tokenizer_cache_bytes, "xpyd_tokenizer_cache_bytes", gauge, NONE,                                         \
+      "--tokenizer: memory the tokenization cache holds (ids of text pieces between special tokens: earlier "   \
+      "turns of conversations), within --tokenizer-cache-bytes.")                                               \
+    X(tokenizer_cache_hits, "xpyd_tokenizer_cache_hit_bytes_total", counter, NONE,                              \
+      "--tokenizer: prompt bytes whose ids came from the tokenization cache.")                                  \
+    X(tokenizer_cache_misses, "xpyd_tokenizer_cache_miss_bytes_total", counter, NONE,                           \
+      "--tokenizer: prompt bytes (of pieces long enough to be kept) the cache did not hold: hit rate = hits / " \
+      "(hits + misses).")
 
 #endif

@@ -3,6 +3,7 @@
  * loaded tokenizer (immutable, shared), and a per-router-thread inbox the results come back to (an event the
  * worker activates), where the request goes on: exact charge, the max_model_len check, its handoff's start. */
 #include "tokenize.h"
+#include "chat_prompt.h"
 #include "handoff.h"
 #include "prompt.h"
 #include "request.h"
@@ -10,6 +11,7 @@
 #include "router.h"
 #include "xpyd_tokenizer.h"
 
+#include <cjson/cJSON.h>
 #include <event2/event.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -19,9 +21,10 @@
 #include <time.h>
 
 const char *const rt_prompt_src_names[4] = {"estimate", "ids", "tokenizer", "engine"};
-const char *const rt_tok_fallback_names[RT_TF_COUNT] = {"chat", "busy", "invalid_text", "shape"};
+const char *const rt_tok_fallback_names[RT_TF_COUNT] = {"template", "busy", "invalid_text", "shape", "media",
+                                                         "render"};
 
-_Static_assert(RT_TF_COUNT == 4, "RT_STORE_TOKFB (router.h) holds 4 reasons");
+_Static_assert(RT_TF_COUNT == 6, "RT_STORE_TOKFB (router.h) holds 6 reasons");
 
 #define MAX_PROMPTS 1024 /* texts of one batch prompt tokenized; a longer batch keeps the estimate */
 
@@ -29,12 +32,14 @@ struct rt_tok_job {
     struct rt_tok_job *next;
     struct request *r;   /* NULL once the request ended (read and written on r's own thread only) */
     struct rthread *t;   /* where the result goes */
-    char *text;          /* the prompts' decoded bytes, one after another (owned) */
+    char *text;          /* the prompts' decoded bytes, one after another; a chat request's body (owned) */
     size_t *lens, n;
+    int chat;            /* text is a chat request's body: rendered with the model's template, then encoded */
     int add_special;
     size_t block_tokens; /* 0: no prefix blocks wanted */
     /* the result, written by the worker */
     int rc;
+    int fallback;        /* rc != 0: the enum rt_tok_fallback reason */
     int64_t tokens;
     uint64_t *blocks;
     size_t nblocks;
@@ -49,6 +54,8 @@ struct rt_tok_inbox {
 
 static struct {
     struct xtok *tok;
+    struct xtok_chat *chat;   /* NULL: chat requests keep the estimate (reason "template") */
+    struct xtok_cache *cache; /* NULL: --tokenizer-cache-bytes 0 */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     struct rt_tok_job *head, *tail;
@@ -62,8 +69,8 @@ static struct {
 static void text_blocks(struct request *r)
 {
     if (g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE])
-        r->nblocks = rw_prefix_blocks(r->src, 0, (size_t)g_rt->cfg.prefix_block_tokens, g_rt->cfg.bytes_per_token,
-                                      &r->blocks);
+        r->nblocks = rw_prefix_blocks(r->src, r->kind == RT_EP_CHAT, (size_t)g_rt->cfg.prefix_block_tokens,
+                                      g_rt->cfg.bytes_per_token, &r->blocks);
 }
 
 static void job_free(struct rt_tok_job *j)
@@ -82,19 +89,63 @@ static double thread_cpu_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* A chat request: vLLM's template input, rendered, then encoded through the cache (no special tokens unless the
+ * body asks: vLLM's default for chat). */
+static void encode_chat(struct rt_tok_job *j)
+{
+    int why = 0;
+    cJSON *req = rt_chat_as_vllm(j->text, j->lens[0], xtok_chat_openai_content(T.chat), &why);
+    if (!req) {
+        j->rc = -1;
+        j->fallback = why == RT_CHAT_MEDIA ? RT_TF_MEDIA : RT_TF_SHAPE;
+        return;
+    }
+    size_t body = (size_t)g_rt->cfg.max_body_bytes;
+    struct xtpl_limits lim = {4 * body + (1u << 20), 8 * body + (64u << 20), 10000000};
+    char *text, err[400];
+    size_t n;
+    if (xtok_chat_render(T.chat, req, &lim, &text, &n, err, sizeof err) != 0) {
+        cJSON_Delete(req);
+        j->rc = -1;
+        j->fallback = RT_TF_RENDER;
+        XLOG_DEBUG("msg=\"the chat template failed on a request: the byte estimate counts it\" error=\"%s\"", err);
+        return;
+    }
+    cJSON_Delete(req);
+    uint32_t *ids = NULL;
+    size_t nids = 0;
+    j->rc = xtok_encode_cached(T.tok, T.cache, text, n, j->add_special, &ids, &nids);
+    free(text);
+    if (j->rc == 0) {
+        j->tokens = (int64_t)nids;
+        if (j->block_tokens)
+            j->nblocks = rw_id_blocks(ids, nids, j->block_tokens, &j->blocks);
+    } else {
+        j->fallback = RT_TF_INVALID;
+    }
+    free(ids);
+}
+
 static void encode(struct rt_tok_job *j)
 {
     double t0 = thread_cpu_s();
     const char *p = j->text;
     j->tokens = 0;
+    if (j->chat) {
+        encode_chat(j);
+        rt_hist_observe(&g_rt->ctr.tokenizer_time, thread_cpu_s() - t0);
+        return;
+    }
     for (size_t i = 0; i < j->n && j->rc == 0; i++) {
         uint32_t *ids = NULL;
         size_t nids = 0;
-        j->rc = xtok_encode(T.tok, p, j->lens[i], j->add_special, &ids, &nids);
+        j->rc = xtok_encode_cached(T.tok, T.cache, p, j->lens[i], j->add_special, &ids, &nids);
         if (j->rc == 0) {
             j->tokens += (int64_t)nids;
             if (j->n == 1 && j->block_tokens) /* blocks of the one prompt (a batch's are not placed by prefix) */
                 j->nblocks = rw_id_blocks(ids, nids, j->block_tokens, &j->blocks);
+        } else {
+            j->fallback = RT_TF_INVALID;
         }
         free(ids);
         p += j->lens[i];
@@ -140,6 +191,19 @@ int rt_tok_setup(struct router *rt)
         fprintf(stderr, "xpyd_router: --tokenizer %s: %s\n", rt->cfg.tokenizer, err);
         return -1;
     }
+    if (!(T.chat = xtok_chat_load(rt->cfg.tokenizer, rt->cfg.chat_template[0] ? rt->cfg.chat_template : NULL, err,
+                                  sizeof err))) {
+        if (rt->cfg.chat_template[0]) { /* a template the operator named must work */
+            fprintf(stderr, "xpyd_router: --chat-template %s: %s\n", rt->cfg.chat_template, err);
+            return -1;
+        }
+        XLOG_WARN("msg=\"no chat template the router can render: chat requests keep the byte estimate "
+                  "(xpyd_tokenizer_fallbacks_total{reason=\\\"template\\\"})\" reason=\"%s\"", err);
+    }
+    if (rt->cfg.tokenizer_cache_bytes > 0 && !(T.cache = xtok_cache_new((size_t)rt->cfg.tokenizer_cache_bytes, 64))) {
+        fprintf(stderr, "xpyd_router: out of memory\n");
+        return -1;
+    }
     T.nth = rt->cfg.tokenizer_threads;
     T.th = XPYD_XALLOC(calloc((size_t)T.nth, sizeof *T.th));
     for (long i = 0; i < T.nth; i++)
@@ -148,8 +212,8 @@ int rt_tok_setup(struct router *rt)
             T.nth = i;
             return -1;
         }
-    XLOG_INFO("msg=\"tokenizer loaded\" dir=\"%s\" vocab=%zu threads=%ld", rt->cfg.tokenizer, xtok_vocab_size(T.tok),
-              T.nth);
+    XLOG_INFO("msg=\"tokenizer loaded\" dir=\"%s\" vocab=%zu threads=%ld chat_template=%s cache_bytes=%ld",
+              rt->cfg.tokenizer, xtok_vocab_size(T.tok), T.nth, T.chat ? "yes" : "no", rt->cfg.tokenizer_cache_bytes);
     return 0;
 }
 
@@ -180,7 +244,7 @@ static void finish(struct rt_tok_job *j)
     }
     r->tok_job = NULL;
     if (j->rc != 0) {
-        atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_INVALID], 1);
+        atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[j->fallback], 1);
         job_free(j);
         text_blocks(r);
         r->ho->start(r);
@@ -257,18 +321,32 @@ void rt_tok_thread_free(struct rthread *t)
 
 int rt_tok_wants(const struct request *r)
 {
-    return T.tok && r->kind == RT_EP_COMPLETIONS && r->prompt_src != RT_PS_IDS; /* ids: counted exactly already */
+    if (!T.tok)
+        return 0;
+    if (r->kind == RT_EP_CHAT)
+        return T.chat != NULL;
+    return r->prompt_src != RT_PS_IDS; /* ids: counted exactly already */
 }
 
 int rt_tok_start(struct request *r)
 {
-    if (T.tok && r->kind == RT_EP_CHAT)
-        atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_CHAT], 1);
+    if (T.tok && r->kind == RT_EP_CHAT && !T.chat)
+        atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_TEMPLATE], 1);
     if (!rt_tok_wants(r))
         return 0;
     size_t *lens = XPYD_XALLOC(malloc(MAX_PROMPTS * sizeof *lens));
     char *text;
-    size_t n = rw_prompt_texts(r->src, &text, lens, MAX_PROMPTS);
+    size_t n;
+    if (r->kind == RT_EP_CHAT) { /* the body, parsed and rendered on the tokenizer thread */
+        struct jv body = rw_src_view(r->src);
+        text = XPYD_XALLOC(malloc(body.n + 1));
+        memcpy(text, body.p, body.n);
+        text[body.n] = '\0';
+        lens[0] = body.n;
+        n = 1;
+    } else {
+        n = rw_prompt_texts(r->src, &text, lens, MAX_PROMPTS);
+    }
     if (!n) {
         free(lens);
         atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_SHAPE], 1);
@@ -293,7 +371,9 @@ int rt_tok_start(struct request *r)
     j->text = text;
     j->lens = lens;
     j->n = n;
-    j->add_special = jv_type(rw_src_get(r->src, "add_special_tokens")) != JV_FALSE; /* vLLM: true by default */
+    j->chat = r->kind == RT_EP_CHAT;
+    enum jv_type as = jv_type(rw_src_get(r->src, "add_special_tokens"));
+    j->add_special = j->chat ? as == JV_TRUE : as != JV_FALSE; /* vLLM: false for chat, true for completions */
     if (g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE])
         j->block_tokens = (size_t)g_rt->cfg.prefix_block_tokens;
     for (size_t i = 0; i < n; i++)
@@ -333,4 +413,15 @@ void rt_tok_check(struct request *r, int64_t engine_prompt_tokens)
         XLOG_WARN("msg=\"the prefill counted another number of prompt tokens than --tokenizer: is it the engine's "
                   "model?\" request_id=%s router=%" PRId64 " engine=%" PRId64 " mismatches=%" PRId64,
                   r->xid, r->prompt_tokens, engine_prompt_tokens, n + 1);
+}
+
+void rt_tok_refresh_metrics(void)
+{
+    if (!T.cache)
+        return;
+    struct xtok_cache_stats st;
+    xtok_cache_stats(T.cache, &st);
+    atomic_store(&g_rt->ctr.tokenizer_cache_bytes, (int64_t)st.bytes);
+    atomic_store(&g_rt->ctr.tokenizer_cache_hits, (int64_t)st.hit_bytes);
+    atomic_store(&g_rt->ctr.tokenizer_cache_misses, (int64_t)st.miss_bytes);
 }

@@ -17,7 +17,8 @@ enum rt_prompt_src { RT_PS_ESTIMATE = 0, RT_PS_IDS, RT_PS_TOKENIZER, RT_PS_ENGIN
 extern const char *const rt_prompt_src_names[4];
 
 /* Why a prompt was not tokenized with --tokenizer on (xpyd_tokenizer_fallbacks_total{reason}). */
-enum rt_tok_fallback { RT_TF_CHAT = 0, RT_TF_BUSY, RT_TF_INVALID, RT_TF_SHAPE, RT_TF_COUNT };
+enum rt_tok_fallback { RT_TF_TEMPLATE = 0, RT_TF_BUSY, RT_TF_INVALID, RT_TF_SHAPE, RT_TF_MEDIA, RT_TF_RENDER,
+                       RT_TF_COUNT };
 extern const char *const rt_tok_fallback_names[RT_TF_COUNT];
 
 /* Loads --tokenizer and starts its threads (nothing when it is empty). -1 with the reason on stderr. */
@@ -38,5 +39,7 @@ int rt_tok_start(struct request *r);
 void rt_tok_detach(struct request *r);
 /* The prefill reported prompt_tokens for r: counted as a mismatch when the router's own count differs. */
 void rt_tok_check(struct request *r, int64_t engine_prompt_tokens);
+/* At a scrape: the tokenization cache's size and hit counts into the counters. */
+void rt_tok_refresh_metrics(void);
 
 #endif

@@ -4,11 +4,13 @@
 #include "sim.h"
 #include "sim_tokens.h"
 #include "xpyd_tokenizer.h"
+#include "sim_chat.h"
 
 #include "xpyd_settings.h"
 #include "xpyd_util.h"
 #include "xpyd_version.h"
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,9 +114,11 @@ static const struct xpyd_setting settings[] = {
     {"tokenizer", XS_STR, F(tokenizer), 0, 0, "", NULL,
      "a Hugging Face model directory: prompts are token ids of its tokenizer.json (libxpyd_tokenizer), as a "
      "real engine counts them, instead of one id per word: usage, --max-model-len, /tokenize and the prefix "
-     "cache see them. A completion's prompt gets the special tokens (BOS) as vLLM adds them; a chat message's "
-     "text is encoded without, after a role token (chat templates are not rendered yet); text that is not "
-     "UTF-8 gets 400"},
+     "cache see them. A completion's prompt gets the special tokens (BOS) as vLLM adds them (unless "
+     "add_special_tokens is false); a chat request is rendered with the model's chat template as vLLM renders "
+     "it (sim_chat.c: messages and tools as vLLM passes them), without special tokens unless add_special_tokens "
+     "is true (a model without a template: a role token and the text per message); text that is not UTF-8 or "
+     "a template that refuses the conversation gets 400"},
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
 
@@ -184,13 +188,30 @@ static int encode(void *arg, const char *text, size_t len, int add_special, uint
     return xtok_encode(arg, text, len, add_special, ids, n);
 }
 
+static struct xtok *tok;
+static struct xtok_chat *chat;
+
+/* A chat request's prompt: rendered as vLLM renders it (sim_chat.c), encoded (special tokens only on request) */
+static int chat_ids(void *arg, const cJSON *root, uint32_t **ids, size_t *n, char *err, size_t cap)
+{
+    char *text;
+    size_t len;
+    if (sim_chat_render(chat, root, &text, &len, err, cap) != 0)
+        return -1;
+    int rc = xtok_encode(tok, text, len, cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens")),
+                         ids, n);
+    free(text);
+    if (rc)
+        snprintf(err, cap, "the prompt is not valid UTF-8");
+    return rc ? -1 : 0;
+}
+
 int main(int argc, char **argv)
 {
     struct sim_config c;
     sim_config_defaults(&c);
     if (parse_args(argc, argv, &c) != 0)
         return 2;
-    struct xtok *tok = NULL;
     if (c.tokenizer[0]) {
         char err[1024];
         tok = xtok_load(c.tokenizer, err, sizeof err);
@@ -199,8 +220,13 @@ int main(int argc, char **argv)
             return 2;
         }
         sim_tokens_set_encoder(encode, tok);
+        if ((chat = xtok_chat_load(c.tokenizer, NULL, err, sizeof err)))
+            sim_tokens_set_chat(chat_ids, NULL);
+        else /* chat requests: role tokens and text, as without a template */
+            fprintf(stderr, "xpyd_sim: --tokenizer: no chat template (%s)\n", err);
     }
     int rc = sim_run(&c);
+    xtok_chat_free(chat);
     xtok_free(tok);
     return rc;
 }

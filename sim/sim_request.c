@@ -294,7 +294,10 @@ static int parse_fields(const cJSON *root, int chat, const struct sim_limits *li
         if (strcmp(model->valuestring, lim->model) != 0)
             return fail(err, 404, "The model `%.200s` does not exist.", model->valuestring);
     }
-    if (chat)
+    char terr[400];
+    if (chat && (rc = sim_prompt_add_chat(&out->prompt, root, terr, sizeof terr)) != -ENOSYS)
+        rc = !rc ? 0 : rc == -EINVAL ? fail(err, 400, "%s", terr) : 500; /* the model's template, as vLLM */
+    else if (chat)
         rc = prompt_from_messages(cJSON_GetObjectItemCaseSensitive(root, "messages"),
                                   cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "continue_final_message")),
                                   &out->prompt, err);

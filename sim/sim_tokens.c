@@ -29,6 +29,29 @@ static int is_space(char c)
 
 static sim_encoder_fn encoder;
 static void *encoder_arg;
+static sim_chat_fn chat_render;
+static void *chat_arg;
+
+void sim_tokens_set_chat(sim_chat_fn render, void *arg)
+{
+    chat_render = render;
+    chat_arg = arg;
+}
+
+int sim_prompt_add_chat(struct sim_prompt *p, const struct cJSON *root, char *err, size_t cap)
+{
+    uint32_t *ids;
+    size_t n;
+    if (!chat_render)
+        return -ENOSYS;
+    if (chat_render(chat_arg, root, &ids, &n, err, cap))
+        return -EINVAL;
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = sim_prompt_add_id(p, ids[i]);
+    free(ids);
+    return rc;
+}
 
 void sim_tokens_set_encoder(sim_encoder_fn encode, void *arg)
 {

@@ -33,6 +33,14 @@ int sim_prompt_add_prompt(struct sim_prompt *p, const char *text, size_t len, in
  * &n) returns 0 with malloc'ed ids, or nonzero for text it refuses. NULL: the word model. */
 typedef int (*sim_encoder_fn)(void *arg, const char *text, size_t len, int add_special, uint32_t **ids, size_t *n);
 void sim_tokens_set_encoder(sim_encoder_fn encode, void *arg);
+/* The model's chat template (xpyd_sim --tokenizer with a template): render(arg, request body, &ids, &n, err, cap)
+ * gives a chat request's prompt ids; 0, -EINVAL (the template or the text refused it: err says why). */
+struct cJSON;
+typedef int (*sim_chat_fn)(void *arg, const struct cJSON *root, uint32_t **ids, size_t *n, char *err, size_t cap);
+void sim_tokens_set_chat(sim_chat_fn render, void *arg);
+/* A chat request's prompt through the template: 0, -ENOSYS (none set: the caller models chat itself), -EINVAL
+ * with err, -ENOMEM. */
+int sim_prompt_add_chat(struct sim_prompt *p, const struct cJSON *root, char *err, size_t cap);
 /* Appends one token id. 0 or -ENOMEM. */
 int sim_prompt_add_id(struct sim_prompt *p, uint32_t id);
 /* Computes p->hash. */

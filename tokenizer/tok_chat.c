@@ -101,7 +101,50 @@ struct xtok_chat {
     struct named *tpl;
     size_t ntpl;
     cJSON *special; /* {"bos_token": "...", ..., "additional_special_tokens": [...]} */
+    int openai_content; /* a template loops over a message's content parts (vLLM's "openai" content format) */
 };
+
+static size_t skip_ws(const char *s, size_t i, size_t n)
+{
+    while (i < n && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n'))
+        i++;
+    return i;
+}
+
+static size_t ident(const char *s, size_t i, size_t n)
+{
+    while (i < n && (s[i] == '_' || (s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+                     (s[i] >= '0' && s[i] <= '9')))
+        i++;
+    return i;
+}
+
+/* vLLM's content-format detection, read off the source: `for X in Y.content` or `for X in Y['content']` */
+static int iterates_content(const char *s, size_t n)
+{
+    for (size_t i = 0; i + 4 < n; i++) {
+        if (memcmp(s + i, "for", 3) || (i && ident(s, i - 1, n) != i - 1) || ident(s, i, n) != i + 3)
+            continue; /* the word "for", not part of another */
+        size_t k = skip_ws(s, i + 3, n), e = ident(s, k, n);
+        if (e == k)
+            continue;
+        k = skip_ws(s, e, n);
+        if (n - k < 3 || memcmp(s + k, "in", 2) || ident(s, k, n) != k + 2)
+            continue;
+        k = skip_ws(s, k + 2, n);
+        e = ident(s, k, n);
+        if (e == k)
+            continue;
+        if (n - e >= 8 && !memcmp(s + e, ".content", 8) && ident(s, e + 1, n) == e + 8)
+            return 1;
+        if (e < n && s[e] == '[') {
+            size_t q = skip_ws(s, e + 1, n);
+            if (n - q >= 9 && (s[q] == '\'' || s[q] == '"') && !memcmp(s + q + 1, "content", 7) && s[q + 8] == s[q])
+                return 1;
+        }
+    }
+    return 0;
+}
 
 static char *read_file(const char *path, size_t *len)
 {
@@ -176,7 +219,13 @@ static int add_template(struct xtok_chat *c, const char *name, const char *src, 
     c->tpl = nt;
     c->tpl[c->ntpl].name = strdup(name);
     c->tpl[c->ntpl++].t = t;
+    c->openai_content |= iterates_content(src, len);
     return 0;
+}
+
+int xtok_chat_openai_content(const struct xtok_chat *c)
+{
+    return c->openai_content;
 }
 
 struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, char *err, size_t errlen)

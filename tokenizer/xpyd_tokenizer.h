@@ -84,6 +84,9 @@ int xtpl_render(const struct xtpl *t, const struct cJSON *vars, const struct xtp
 struct xtok_chat;
 struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, char *err, size_t errlen);
 void xtok_chat_free(struct xtok_chat *c);
+/* 1 when the template loops over a message's content parts (vLLM then passes content as a list of
+ * {"type": "text", "text": ...} parts: its "openai" content format), 0 when it reads content as a string. */
+int xtok_chat_openai_content(const struct xtok_chat *c);
 /* Renders an OpenAI chat request body (messages, tools, documents, add_generation_prompt (default true, as
  * vLLM), continue_final_message, chat_template_kwargs) into the prompt text, byte for byte. 0 or -1 with err. */
 int xtok_chat_render(const struct xtok_chat *c, const struct cJSON *request, const struct xtpl_limits *lim,

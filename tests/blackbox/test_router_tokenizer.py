@@ -13,6 +13,7 @@ import socket
 import subprocess
 
 import xpyd_testlib as t
+from test_chat_template import specials, template_of, theirs
 from test_tokenizer import model_dir, oracle
 
 CACHE = ("--prefix-caching", "on", "--block-size", "16")
@@ -71,9 +72,9 @@ class RouterTokenizer(t.TestCase):
                                 {"model": "sim-model", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
         self.assertEqual(st, 200, body)
         t.wait_until(lambda: len(access_lines(r)) == 5, what="five access lines")
-        self.assertEqual([l["prompt_src"] for l in access_lines(r)[3:]], ["ids", "engine"])
-        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="chat"}'), 1)
-        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 3)
+        self.assertEqual([l["prompt_src"] for l in access_lines(r)[3:]], ["ids", "tokenizer"])  # chat: its template
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="template"}'), 0)
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 4)
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)  # the sim honours it too
         t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_queue_depth"), 0)
@@ -176,13 +177,133 @@ class RouterTokenizer(t.TestCase):
         self.assertEqual(line["prompt_src"], "engine")  # the estimate, replaced by the prefill's count
         self.assertEqual(line["prompt_tokens"], len(oracle("llama3_1", [MIXED], special=True)[0]))
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 0)
-        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="chat"}'), 0)
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="template"}'), 0)
         res = subprocess.run([os.path.join(t.BIN, "xpyd_router"), "--port", "0", "-p", "127.0.0.1:1", "-d",
                               "127.0.0.1:2", "--tokenizer", "/nonexistent"], capture_output=True, text=True,
                              timeout=30)
         self.assertEqual(res.returncode, 2, res.stderr)
         self.assertIn("--tokenizer /nonexistent: ", res.stderr)
         self.assertIn("/nonexistent/tokenizer.json", res.stderr)
+
+
+def vllm_conversation(req, parts):
+    """What vLLM passes to the chat template for a request (vllm/entrypoints/chat_utils.py and its pydantic
+    models), written here for the oracle, apart from the router's C: content as text joined with newlines or as
+    text parts, tool-call arguments parsed, tools with null description/parameters when absent."""
+    def text(c):
+        if c is None:
+            return []
+        if isinstance(c, str):
+            return [c]
+        return [p.get("text", "") for p in c]
+    msgs = []
+    for m in req["messages"]:
+        texts = text(m.get("content"))
+        out = {"role": m["role"], "content": [{"type": "text", "text": x} for x in texts]
+               if parts and m["role"] != "tool" else "\n".join(texts)}
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = json.loads(json.dumps(m["tool_calls"]))
+            for c in calls:
+                a = c["function"].get("arguments")
+                if isinstance(a, str):
+                    try:
+                        c["function"]["arguments"] = json.loads(a)
+                    except ValueError:
+                        c["function"]["arguments"] = {}
+            out["tool_calls"] = calls
+        if m["role"] == "tool" and "tool_call_id" in m:
+            out["tool_call_id"] = m["tool_call_id"]
+        if isinstance(m.get("name"), str):
+            out["name"] = m["name"]
+        msgs.append(out)
+    conv = {"messages": msgs}
+    if req.get("tools") is not None:
+        conv["tools"] = [{"type": x.get("type", "function"),
+                          "function": {"name": x["function"]["name"],
+                                       "description": x["function"].get("description"),
+                                       "parameters": x["function"].get("parameters")}} for x in req["tools"]]
+    for k in ("add_generation_prompt", "continue_final_message", "chat_template_kwargs"):
+        if k in req:
+            conv[k] = req[k]
+    return conv
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+CHATS = [
+    {"messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hello 你好 😀"}]},
+    {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                  {"role": "user", "content": [{"type": "text", "text": "two"}, {"type": "text", "text": "parts"}]}]},
+    {"messages": [{"role": "user", "content": "Weather in Paris?"},
+                  {"role": "assistant", "content": None, "tool_calls": [
+                      {"id": "c1", "type": "function",
+                       "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                  {"role": "tool", "tool_call_id": "c1", "content": "21 C"}], "tools": TOOLS},
+    {"messages": [{"role": "user", "content": "think?"}], "chat_template_kwargs": {"enable_thinking": False}},
+    {"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": True, "add_generation_prompt": False},
+]
+
+
+class RouterChat(t.TestCase):
+    """Chat requests with --tokenizer: rendered with the model's template as vLLM renders it, counted exactly."""
+
+    def chat(self, port, req):
+        st, _, out = t.request(port, "POST", "/v1/chat/completions", dict(req, model="sim-model", max_tokens=2),
+                               timeout=30)
+        return st, json.loads(out)
+
+    def test_counts_equal_jinja2_and_hugging_face(self):
+        for name, parts in (("qwen3", False), ("gemma3", True)):
+            with self.subTest(model=name):
+                p = self.start(t.sim("--role", "prefill", "--tokenizer", model_dir(name)))
+                d = self.start(t.sim("--role", "decode", "--tokenizer", model_dir(name)))
+                r = self.start(t.router([p], [d], "--tokenizer", model_dir(name), "--access-log", "json"))
+                reqs = CHATS if name == "qwen3" else [CHATS[0], CHATS[1]]
+                texts = theirs(template_of(name), specials(name), [vllm_conversation(q, parts) for q in reqs])
+                want = []
+                for q, text in zip(reqs, texts):
+                    self.assertIsInstance(text, str)
+                    want.append(len(oracle(name, [text], special=bool(q.get("add_special_tokens")))[0]))
+                for q in reqs:
+                    st, out = self.chat(r.port, q)
+                    self.assertEqual(st, 200, out)
+                t.wait_until(lambda: len(access_lines(r)) == len(reqs), what="access lines")
+                lines = access_lines(r)
+                self.assertEqual([l["prompt_tokens"] for l in lines], want)
+                self.assertEqual({l["prompt_src"] for l in lines}, {"tokenizer"})
+                self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)  # the sims counted the same
+                # an image part: its placeholders are the model's own; the estimate counts it
+                st, out = self.chat(r.port, {"messages": [{"role": "user", "content": [
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]})
+                self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="media"}'), 1)
+                t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
+                for proc in (r, p, d):
+                    proc.stop()
+
+    def test_conversation_turns_come_from_the_cache(self):
+        p, d = (self.start(t.sim("--role", role, "--tokenizer", model_dir("qwen3"))) for role in ("prefill", "decode"))
+        r = self.start(t.router([p], [d], "--tokenizer", model_dir("qwen3"), "--access-log", "json"))
+        msgs = [{"role": "system", "content": "You answer questions about routers. " * 8}]
+        for turn in range(5):
+            msgs.append({"role": "user", "content": "Question %d: how are requests placed? " % turn * 10})
+            st, out = self.chat(r.port, {"messages": msgs})
+            self.assertEqual(st, 200, out)
+            msgs.append({"role": "assistant", "content": "By their tokens, turn %d. " % turn * 12})
+        hit = t.metric(r.port, "xpyd_tokenizer_cache_hit_bytes_total")
+        miss = t.metric(r.port, "xpyd_tokenizer_cache_miss_bytes_total")
+        self.assertGreater(hit, miss)  # from the second turn on, the history is not encoded again
+        self.assertGreater(t.metric(r.port, "xpyd_tokenizer_cache_bytes"), 0)
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)  # and the counts stay exact
+
+    def test_a_model_without_a_template_keeps_the_estimate_for_chat(self):
+        p, d = (self.start(t.sim("--role", role, "--tokenizer", model_dir("llama2"))) for role in ("prefill", "decode"))
+        r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama2")))
+        self.assertIn("no chat template the router can render", r.output())
+        st, out = self.chat(r.port, {"messages": [{"role": "user", "content": "hi"}]})
+        self.assertEqual(st, 200, out)
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="template"}'), 1)
+        st, out = completion(r.port, {"prompt": "still exact"})
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 1)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* sim_chat.c - xpyd_sim --tokenizer: a chat request's prompt as vLLM builds it (sim_chat.h): the messages as
+ * vLLM's chat_utils passes them to the model's chat template (content null -> no text, a string -> one text part,
+ * text parts joined with "\n" for a template that reads content as a string, kept as {"type": "text"} parts for
+ * one that loops over them; an assistant's tool_calls with string arguments parsed as JSON ({} when not JSON), an
+ * empty list dropped; tool_call_id, name), the tools as vLLM's pydantic models dump them (type, function {name,
+ * description, parameters} with nulls for the absent ones), add_generation_prompt true by default, then
+ * rendered (libxpyd_tokenizer's template engine, as vLLM renders through transformers) and encoded with the
+ * model's tokenizer, with special tokens only when the body says add_special_tokens: true. The simulator's own
+ * model of the engine: the router's counterpart (router/chat_prompt.c) is separate code. */
+#include "sim_chat.h"
+
+#include "xpyd_tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <stdlib.h>
+#include <string.h>
+
+static cJSON *text_of(const cJSON *content, int as_parts)
+{
+    cJSON *parts = cJSON_CreateArray();
+    const cJSON *it;
+    if (cJSON_IsString(content)) {
+        cJSON_AddItemToArray(parts, cJSON_CreateString(content->valuestring));
+    } else {
+        cJSON_ArrayForEach(it, content)
+        {
+            const cJSON *tx = cJSON_GetObjectItemCaseSensitive(it, "text");
+            cJSON_AddItemToArray(parts, cJSON_CreateString(cJSON_IsString(tx) ? tx->valuestring : ""));
+        }
+    }
+    if (as_parts) {
+        cJSON *out = cJSON_CreateArray();
+        cJSON_ArrayForEach(it, parts)
+        {
+            cJSON *p = cJSON_CreateObject();
+            cJSON_AddStringToObject(p, "type", "text");
+            cJSON_AddStringToObject(p, "text", it->valuestring);
+            cJSON_AddItemToArray(out, p);
+        }
+        cJSON_Delete(parts);
+        return out;
+    }
+    size_t total = 1;
+    cJSON_ArrayForEach(it, parts) total += strlen(it->valuestring) + 1;
+    char *s = calloc(1, total);
+    cJSON_ArrayForEach(it, parts)
+    {
+        if (it != parts->child)
+            strcat(s, "\n");
+        strcat(s, it->valuestring);
+    }
+    cJSON *out = cJSON_CreateString(s ? s : "");
+    free(s);
+    cJSON_Delete(parts);
+    return out;
+}
+
+static cJSON *conversation(const cJSON *msgs, int as_parts)
+{
+    cJSON *out = cJSON_CreateArray();
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs)
+    {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "role", cJSON_IsString(role) ? role->valuestring : "");
+        int tool = cJSON_IsString(role) && !strcmp(role->valuestring, "tool");
+        cJSON_AddItemToObject(x, "content", text_of(cJSON_GetObjectItemCaseSensitive(m, "content"), as_parts && !tool));
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls"), *c;
+        if (cJSON_IsString(role) && !strcmp(role->valuestring, "assistant") && cJSON_IsArray(calls) &&
+            cJSON_GetArraySize(calls)) {
+            cJSON *list = cJSON_AddArrayToObject(x, "tool_calls");
+            cJSON_ArrayForEach(c, calls)
+            {
+                cJSON *call = cJSON_Duplicate(c, 1), *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
+                cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+                if (cJSON_IsObject(fn) && cJSON_IsString(args)) {
+                    cJSON *v = cJSON_Parse(args->valuestring);
+                    cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", v ? v : cJSON_CreateObject());
+                } else if (cJSON_IsObject(fn) && !cJSON_IsObject(args) && !cJSON_IsArray(args)) {
+                    cJSON_DeleteItemFromObjectCaseSensitive(fn, "arguments");
+                    cJSON_AddItemToObject(fn, "arguments", cJSON_CreateObject());
+                }
+                cJSON_AddItemToArray(list, call);
+            }
+        }
+        const cJSON *reasoning = cJSON_GetObjectItemCaseSensitive(m, "reasoning");
+        if (cJSON_IsString(role) && !strcmp(role->valuestring, "assistant") && reasoning && !cJSON_IsNull(reasoning)) {
+            cJSON_AddItemToObject(x, "reasoning", cJSON_Duplicate(reasoning, 1));
+            cJSON_AddItemToObject(x, "reasoning_content", cJSON_Duplicate(reasoning, 1));
+        }
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+        if (tool && id)
+            cJSON_AddItemToObject(x, "tool_call_id", cJSON_Duplicate(id, 1));
+        static const char *const keep[] = {"name", "task"};
+        for (int k = 0; k < 2; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, keep[k]);
+            if (cJSON_IsString(v))
+                cJSON_AddItemToObject(x, keep[k], cJSON_Duplicate(v, 1));
+        }
+        cJSON_AddItemToArray(out, x);
+    }
+    return out;
+}
+
+static cJSON *tools_dumped(const cJSON *tools)
+{
+    cJSON *out = cJSON_CreateArray();
+    const cJSON *t, *it;
+    cJSON_ArrayForEach(t, tools)
+    {
+        cJSON *x = cJSON_CreateObject(), *f;
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type"), *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
+        cJSON_AddItemToObject(x, "type", type ? cJSON_Duplicate(type, 1) : cJSON_CreateString("function"));
+        f = cJSON_AddObjectToObject(x, "function");
+        static const char *const fields[] = {"name", "description", "parameters"};
+        for (int k = 0; k < 3; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(fn, fields[k]);
+            cJSON_AddItemToObject(f, fields[k], v ? cJSON_Duplicate(v, 1) : cJSON_CreateNull());
+        }
+        cJSON_ArrayForEach(it, fn) if (strcmp(it->string, "name") && strcmp(it->string, "description") &&
+                                       strcmp(it->string, "parameters"))
+            cJSON_AddItemToObject(f, it->string, cJSON_Duplicate(it, 1));
+        cJSON_ArrayForEach(it, t) if (strcmp(it->string, "type") && strcmp(it->string, "function"))
+            cJSON_AddItemToObject(x, it->string, cJSON_Duplicate(it, 1));
+        cJSON_AddItemToArray(out, x);
+    }
+    return out;
+}
+
+int sim_chat_render(const struct xtok_chat *chat, const cJSON *root, char **text, size_t *n, char *err,
+                    size_t errlen)
+{
+    cJSON *req = cJSON_CreateObject();
+    int parts = xtok_chat_openai_content(chat);
+    cJSON_AddItemToObject(req, "messages", conversation(cJSON_GetObjectItemCaseSensitive(root, "messages"), parts));
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    if (cJSON_IsArray(tools))
+        cJSON_AddItemToObject(req, "tools", tools_dumped(tools));
+    static const char *const asis[] = {"add_generation_prompt", "continue_final_message", "documents",
+                                       "chat_template_kwargs"};
+    for (int k = 0; k < 4; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, asis[k]);
+        if (v && !cJSON_IsNull(v))
+            cJSON_AddItemToObject(req, asis[k], cJSON_Duplicate(v, 1));
+    }
+    int rc = xtok_chat_render(chat, req, NULL, text, n, err, errlen);
+    cJSON_Delete(req);
+    return rc;
+}
