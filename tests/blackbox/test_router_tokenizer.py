@@ -237,7 +237,7 @@ CHATS = [
     {"messages": [{"role": "user", "content": "Weather in Paris?"},
                   {"role": "assistant", "content": None, "tool_calls": [
                       {"id": "c1", "type": "function",
-                       "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                       "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
                   {"role": "tool", "tool_call_id": "c1", "content": "21 C"}], "tools": TOOLS},
     {"messages": [{"role": "user", "content": "think?"}], "chat_template_kwargs": {"enable_thinking": False}},
     {"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": True, "add_generation_prompt": False},
@@ -289,6 +289,9 @@ class RouterChat(t.TestCase):
             st, out = self.chat(r.port, {"messages": msgs})
             self.assertEqual(st, 200, out)
             msgs.append({"role": "assistant", "content": "By their tokens, turn %d. " % turn * 12})
+        # a system prompt of the same length in bytes but other tokens: found by its hash, not its length
+        st, out = self.chat(r.port, {"messages": [{"role": "system", "content": "x y " * 72}] + msgs[1:3]})
+        self.assertEqual(st, 200, out)
         hit = t.metric(r.port, "xpyd_tokenizer_cache_hit_bytes_total")
         miss = t.metric(r.port, "xpyd_tokenizer_cache_miss_bytes_total")
         self.assertGreater(hit, miss)  # from the second turn on, the history is not encoded again
