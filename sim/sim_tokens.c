@@ -30,6 +30,16 @@ static int is_space(char c)
 static sim_encoder_fn encoder;
 static void *encoder_arg;
 static sim_chat_fn chat_render;
+
+/* ids (malloc'ed, freed here) appended to the prompt */
+static int add_ids(struct sim_prompt *p, uint32_t *ids, size_t n)
+{
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        rc = sim_prompt_add_id(p, ids[i]);
+    free(ids);
+    return rc;
+}
 static void *chat_arg;
 
 void sim_tokens_set_chat(sim_chat_fn render, void *arg)
@@ -46,11 +56,7 @@ int sim_prompt_add_chat(struct sim_prompt *p, const struct cJSON *root, char *er
         return -ENOSYS;
     if (chat_render(chat_arg, root, &ids, &n, err, cap))
         return -EINVAL;
-    int rc = 0;
-    for (size_t i = 0; i < n && !rc; i++)
-        rc = sim_prompt_add_id(p, ids[i]);
-    free(ids);
-    return rc;
+    return add_ids(p, ids, n);
 }
 
 void sim_tokens_set_encoder(sim_encoder_fn encode, void *arg)
@@ -65,11 +71,7 @@ static int add_encoded(struct sim_prompt *p, const char *text, size_t len, int s
     size_t n;
     if (encoder(encoder_arg, text, len, special, &ids, &n))
         return -EINVAL;
-    int rc = 0;
-    for (size_t i = 0; i < n && !rc; i++)
-        rc = sim_prompt_add_id(p, ids[i]);
-    free(ids);
-    return rc;
+    return add_ids(p, ids, n);
 }
 
 int sim_prompt_add_prompt(struct sim_prompt *p, const char *text, size_t len, int special)

@@ -435,6 +435,64 @@ struct tv tpl_call(struct tctx *c, struct tscope *s, const struct tv *f, struct 
     }
 }
 
+#define CHAIN_MAX 32
+
+/* a + b + c ... (or a ~ b ~ c ...): the operands evaluated left to right; strings joined with one copy each
+ * (emit: written straight to the output, no string built: `{{ '<|im_start|>' + m.role + '\n' + m.content }}`),
+ * else folded pairwise as Python adds them. A long conversation's text is copied once, not once per `+`. */
+static struct tv chain(struct tctx *c, struct tscope *s, const struct tnode *e, int emit)
+{
+    const struct tnode *spine[CHAIN_MAX];
+    int n = 0;
+    const struct tnode *x = e;
+    while (x->kind == E_BIN && x->op == e->op && n < CHAIN_MAX - 1) {
+        spine[n++] = x;
+        x = x->a;
+    }
+    struct tv v[CHAIN_MAX];
+    int k = 0, strs = 1;
+    v[k] = tpl_eval(c, s, x); /* the leftmost operand, then each right one */
+    strs &= v[k++].t == TV_STR;
+    for (int i = n - 1; i >= 0; i--) {
+        step(c, spine[i]);
+        v[k] = tpl_eval(c, s, spine[i]->b);
+        strs &= v[k++].t == TV_STR;
+    }
+    c->line = e->line;
+    if (e->op == OP_CONCAT && !strs) {
+        for (int i = 0; i < k; i++)
+            v[i] = tv_to_str(c, &v[i]);
+        strs = 1;
+    }
+    if (!strs) {
+        struct tv acc = v[0];
+        for (int i = 1; i < k; i++) {
+            c->line = spine[n - i]->line;
+            acc = binop(c, e->op, acc, v[i]);
+        }
+        if (emit) {
+            struct tbuf b = {0};
+            tv_str_into(c, &b, &acc);
+            tpl_emit(c, b.p, b.n);
+        }
+        return acc;
+    }
+    size_t total = 0;
+    for (int i = 0; i < k; i++) {
+        if (emit)
+            tpl_emit(c, v[i].u.s.p, v[i].u.s.n);
+        total += v[i].u.s.n;
+    }
+    if (emit)
+        return tv_none();
+    char *o = tpl_alloc_raw(c, total + 1), *w = o;
+    for (int i = 0; i < k; i++) {
+        memcpy(w, v[i].u.s.p, v[i].u.s.n);
+        w += v[i].u.s.n;
+    }
+    return tv_strref(o, total);
+}
+
 struct tv tpl_eval(struct tctx *c, struct tscope *s, const struct tnode *e)
 {
     step(c, e);
@@ -510,6 +568,8 @@ struct tv tpl_eval(struct tctx *c, struct tscope *s, const struct tnode *e)
             tpl_fail(c, "an integer beyond 64 bits");
         return tv_int(-inum(&a));
     case E_BIN:
+        if (e->op == OP_ADD || e->op == OP_CONCAT)
+            return chain(c, s, e, 0);
         a = tpl_eval(c, s, e->a);
         b = tpl_eval(c, s, e->b);
         c->line = e->line;
@@ -602,6 +662,11 @@ void tpl_exec(struct tctx *c, struct tscope *s, struct tnode **body, size_t nbod
             tpl_emit(c, n->val.u.s.p, n->val.u.s.n);
             break;
         case N_OUT: {
+            if (n->a->kind == E_BIN && (n->a->op == OP_ADD || n->a->op == OP_CONCAT)) {
+                step(c, n->a);
+                chain(c, s, n->a, 1); /* written as it is evaluated */
+                break;
+            }
             v = tpl_eval(c, s, n->a);
             c->line = n->line;
             if (v.t == TV_STR) {

@@ -476,30 +476,29 @@ static struct tnode *parse_not(struct parser *ps)
     return parse_compare(ps);
 }
 
-static struct tnode *parse_and(struct parser *ps)
+/* `x and y and ...` / `x or y or ...`: left-associative, over the next tighter level */
+static struct tnode *parse_logic(struct parser *ps, const char *word, int kind,
+                                 struct tnode *(*operand)(struct parser *ps))
 {
-    struct tnode *n = parse_not(ps);
-    while (is_name(ps, "and")) {
-        struct tnode *a = node(ps, E_AND, cur(ps)->line);
+    struct tnode *n = operand(ps);
+    while (is_name(ps, word)) {
+        struct tnode *a = node(ps, kind, cur(ps)->line);
         ps->at++;
         a->a = n;
-        a->b = parse_not(ps);
+        a->b = operand(ps);
         n = a;
     }
     return n;
 }
 
+static struct tnode *parse_and(struct parser *ps)
+{
+    return parse_logic(ps, "and", E_AND, parse_not);
+}
+
 struct tnode *parse_or(struct parser *ps)
 {
-    struct tnode *n = parse_and(ps);
-    while (is_name(ps, "or")) {
-        struct tnode *a = node(ps, E_OR, cur(ps)->line);
-        ps->at++;
-        a->a = n;
-        a->b = parse_and(ps);
-        n = a;
-    }
-    return n;
+    return parse_logic(ps, "or", E_OR, parse_and);
 }
 
 struct tnode *parse_expr(struct parser *ps)
