@@ -4,6 +4,7 @@
  * render (longjmp to xtpl_render with the reason and line). tpl_internal.h. */
 #include "tpl_internal.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,10 +19,41 @@ struct tchunk {
 };
 
 /* Chunks a thread's finished renders gave back, reused by its next ones (a render of a long conversation
- * otherwise maps fresh pages for its chunks every time: page faults were most of its cost), at most SPARE_MAX. */
+ * otherwise maps fresh pages for its chunks every time: page faults were most of its cost), at most SPARE_MAX;
+ * freed when the thread ends (a key's destructor: a thread-local pointer would leak them). */
 #define SPARE_MAX (16u << 20)
-static __thread struct tchunk *spare;
-static __thread size_t spare_bytes;
+struct spare {
+    struct tchunk *head;
+    size_t bytes;
+};
+static pthread_key_t spare_key;
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+
+static void spare_free(void *arg)
+{
+    struct spare *sp = arg;
+    for (struct tchunk *c = sp->head, *n; c; c = n) {
+        n = c->next;
+        free(c);
+    }
+    free(sp);
+}
+
+static void spare_init(void)
+{
+    pthread_key_create(&spare_key, spare_free);
+}
+
+static struct spare *spare_of_thread(void)
+{
+    pthread_once(&spare_once, spare_init);
+    struct spare *sp = pthread_getspecific(spare_key);
+    if (!sp && (sp = calloc(1, sizeof *sp)) && pthread_setspecific(spare_key, sp) != 0) {
+        free(sp);
+        sp = NULL;
+    }
+    return sp;
+}
 
 static void *arena_take(struct tarena *a, size_t n, int zero)
 {
@@ -32,11 +64,12 @@ static void *arena_take(struct tarena *a, size_t n, int zero)
         if (a->used + cap > a->limit)
             return NULL;
         c = NULL;
-        for (struct tchunk **pp = &spare; *pp; pp = &(*pp)->next)
+        struct spare *sp = spare_of_thread();
+        for (struct tchunk **pp = sp ? &sp->head : NULL; pp && *pp; pp = &(*pp)->next)
             if ((*pp)->cap >= cap) {
                 c = *pp;
                 *pp = c->next;
-                spare_bytes -= c->cap;
+                sp->bytes -= c->cap;
                 cap = c->cap;
                 break;
             }
@@ -62,12 +95,13 @@ void *tarena_alloc(struct tarena *a, size_t n)
 
 void tarena_free(struct tarena *a)
 {
+    struct spare *sp = a->head ? spare_of_thread() : NULL;
     for (struct tchunk *c = a->head, *n; c; c = n) {
         n = c->next;
-        if (spare_bytes + c->cap <= SPARE_MAX) {
-            c->next = spare;
-            spare = c;
-            spare_bytes += c->cap;
+        if (sp && sp->bytes + c->cap <= SPARE_MAX) {
+            c->next = sp->head;
+            sp->head = c;
+            sp->bytes += c->cap;
         } else {
             free(c);
         }
