@@ -452,7 +452,7 @@ static int encode_piece(const struct xtok *t, struct xtok_cache *c, const char *
     if (!valid_utf8((const unsigned char *)text, len))
         return XTOK_EINVAL;
     rc = encode_raw_piece(t, text, len, md, out);
-    if (!rc)
+    if (!rc && c && out->v) /* (an empty piece leaves out->v NULL: no pointer arithmetic on it) */
         tok_cache_put(c, text, len, out->v + start, out->n - start);
     return rc;
 }
