@@ -238,7 +238,6 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
     atomic_store(&c->metadata_keys, (int64_t)rt_metadata_count()); /* a gauge sampled when scraped */
     atomic_store(&c->discovery_sync_age_ms, esync_age_ms());
     atomic_store(&c->discovery_up, g_rt->cfg.discovery[0] ? esync_up() : 0);
-    rt_tok_refresh_metrics();
     for (int role = 0; role < 2; role++)
         atomic_store(&c->prefix_index_bytes[role], (int64_t)xb_prefix_memory(g_rt->pools[role]));
     struct evbuffer *b = evbuffer_new();

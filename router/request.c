@@ -193,6 +193,12 @@ static int on_client_gone(void *arg)
     return 1;
 }
 
+/* --tokenizer counted the prompt (tokenize.c): the handoff starts, or the exact count fits no rank (400) */
+static void tokenized(struct request *r, const char *refusal)
+{
+    refusal ? req_fail(r, RF_CONTEXT_TOO_LONG, 400, refusal) : r->ho->start(r);
+}
+
 void req_begin(struct request *r)
 {
     for (int role = 0; role < 2; role++) {
@@ -212,7 +218,7 @@ void req_begin(struct request *r)
     rt_client_set_owner(req, req_free_cb, r);
     /* the client's bytes are written by stream.c (write-through); the connection is read meanwhile */
     rt_client_pause_reading_on(req, on_client_gone);
-    if (!rt_tok_start(r)) /* else it starts when its prompt's tokens are counted (tokenize.c) */
+    if (!rt_tok_start(r, tokenized)) /* else it starts when its prompt's tokens are counted */
         r->ho->start(r);
 }
 

@@ -4,9 +4,7 @@
  * worker activates), where the request goes on: exact charge, the max_model_len check, its handoff's start. */
 #include "tokenize.h"
 #include "chat_prompt.h"
-#include "handoff.h"
 #include "prompt.h"
-#include "request.h"
 #include "request_state.h"
 #include "router.h"
 #include "xpyd_tokenizer.h"
@@ -21,8 +19,6 @@
 #include <time.h>
 
 const char *const rt_prompt_src_names[4] = {"estimate", "ids", "tokenizer", "engine"};
-const char *const rt_tok_fallback_names[RT_TF_COUNT] = {"template", "busy", "invalid_text", "shape", "media",
-                                                         "render"};
 
 _Static_assert(RT_TF_COUNT == 6, "RT_STORE_TOKFB (router.h) holds 6 reasons");
 
@@ -35,6 +31,7 @@ struct rt_tok_job {
     char *text;          /* the prompts' decoded bytes, one after another; a chat request's body (owned) */
     size_t *lens, n;
     int chat;            /* text is a chat request's body: rendered with the model's template, then encoded */
+    rt_tok_go go;        /* how the request goes on (request.c) */
     int add_special;
     size_t block_tokens; /* 0: no prefix blocks wanted */
     /* the result, written by the worker */
@@ -170,6 +167,7 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&T.mu);
         j->next = NULL;
         encode(j);
+        rt_tok_refresh_metrics();
         struct rt_tok_inbox *in = j->t->tok_inbox;
         pthread_mutex_lock(&in->mu);
         if (in->tail)
@@ -245,9 +243,10 @@ static void finish(struct rt_tok_job *j)
     r->tok_job = NULL;
     if (j->rc != 0) {
         atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[j->fallback], 1);
+        rt_tok_go go = j->go;
         job_free(j);
         text_blocks(r);
-        r->ho->start(r);
+        go(r, NULL);
         return;
     }
     atomic_fetch_add(&g_rt->ctr.tokenizer_prompts, 1);
@@ -256,6 +255,7 @@ static void finish(struct rt_tok_job *j)
     r->blocks = j->blocks;
     r->nblocks = j->nblocks;
     j->blocks = NULL;
+    rt_tok_go go = j->go;
     job_free(j);
     /* exact: a prompt no rank can hold is the client's error, said before any engine is touched */
     int64_t need = r->prompt_tokens + r->max_tokens;
@@ -274,10 +274,10 @@ static void finish(struct rt_tok_job *j)
                      "context length is %ld tokens and your request has %" PRId64 " input tokens (%" PRId64
                      " > %ld - %" PRId64 ").", r->max_tokens, mml, r->prompt_tokens, r->max_tokens, mml,
                      r->prompt_tokens);
-        req_fail(r, RF_CONTEXT_TOO_LONG, 400, msg);
+        go(r, msg);
         return;
     }
-    r->ho->start(r);
+    go(r, NULL);
 }
 
 static void on_inbox(evutil_socket_t fd, short what, void *arg)
@@ -328,7 +328,7 @@ int rt_tok_wants(const struct request *r)
     return r->prompt_src != RT_PS_IDS; /* ids: counted exactly already */
 }
 
-int rt_tok_start(struct request *r)
+int rt_tok_start(struct request *r, rt_tok_go go)
 {
     if (T.tok && r->kind == RT_EP_CHAT && !T.chat)
         atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_TEMPLATE], 1);
@@ -372,6 +372,7 @@ int rt_tok_start(struct request *r)
     j->lens = lens;
     j->n = n;
     j->chat = r->kind == RT_EP_CHAT;
+    j->go = go;
     enum jv_type as = jv_type(rw_src_get(r->src, "add_special_tokens"));
     j->add_special = j->chat ? as == JV_TRUE : as != JV_FALSE; /* vLLM: false for chat, true for completions */
     if (g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE])

@@ -32,14 +32,17 @@ void rt_tok_thread_free(struct rthread *t);
 /* 1 when r's prompt is for the tokenizer (--tokenizer on, a completion prompt that is not token ids): its prefix
  * blocks are then left to rt_tok_start. */
 int rt_tok_wants(const struct request *r);
-/* At a request's start (req_begin): 1 when its prompt went to be tokenized (it goes on by itself, through
- * r->ho->start, when its ids are back); 0 when it goes on now with the byte estimate. */
-int rt_tok_start(struct request *r);
+/* How a tokenized request goes on, on its own thread (request.c): refusal is NULL, or the 400's message when the
+ * exact count fits no rank's max_model_len. */
+typedef void (*rt_tok_go)(struct request *r, const char *refusal);
+/* At a request's start (req_begin): 1 when its prompt went to be tokenized (it goes on by itself, through go,
+ * when its ids are back); 0 when it goes on now with the byte estimate. */
+int rt_tok_start(struct request *r, rt_tok_go go);
 /* The request ended while its prompt was being tokenized: the ids will be dropped. */
 void rt_tok_detach(struct request *r);
 /* The prefill reported prompt_tokens for r: counted as a mismatch when the router's own count differs. */
 void rt_tok_check(struct request *r, int64_t engine_prompt_tokens);
-/* At a scrape: the tokenization cache's size and hit counts into the counters. */
+/* The tokenization cache's size and hit counts into the counters (after each prompt). */
 void rt_tok_refresh_metrics(void);
 
 #endif
