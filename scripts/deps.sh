@@ -44,7 +44,7 @@ npm_deps() {
 # What building and running xpyd needs (scripts/demo.sh installs only these) ...
 PKGS=(gcc make cmake pkg-config ca-certificates curl python3 procps
       libevent-dev libevhtp-dev libhttp-parser-dev libcjson-dev libibverbs-dev libjemalloc-dev libxxhash-dev
-      libpcre2-dev libutf8proc-dev
+      libpcre2-dev libutf8proc-dev libmsgpack-dev
       libssl-dev openssl)
 # ... and what only the tests and benchmarks use (scripts/test.sh): unit tests (cmocka), fuzzing (clang),
 # a real Prometheus, etcd and HAProxy, the Debian package (help2man, dpkg-dev, adduser), charts (gnuplot),

@@ -10,7 +10,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 ALL=(sse config sim_request rewrite json_view upstream http_req relay admin metadata feedback desc tls etcd tokenizer
-     template)
+     template kv_events)
 NAMES=("$@")
 [ ${#NAMES[@]} -gt 0 ] || NAMES=("${ALL[@]}")
 OUT=${FUZZ_OUT:-$(mktemp -d /tmp/xpyd-fuzz.XXXXXX)}
@@ -46,6 +46,7 @@ sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.
     "$(pkg-config --cflags --libs libpcre2-8 libutf8proc)" ;;
   template) echo "$ROOT/tokenizer/tok_chat.c $ROOT/tokenizer/tpl_*.c -I$ROOT/tokenizer -lm" \
     "$(pkg-config --cflags --libs libutf8proc)" ;;
+  kv_events) echo "$R/kv_events.c $(pkg-config --cflags --libs msgpack)" ;;
   etcd) echo "$C/xpyd_etcd.c $R/etcd_parse.c $R/admin_parse.c $R/json_view.c $C/xpyd_util.c ${HTTP[*]}" ;;
   *) echo "unknown harness '$1' (known: ${ALL[*]})" >&2; return 1 ;;
   esac
