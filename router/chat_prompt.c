@@ -53,11 +53,10 @@ static cJSON *message(const cJSON *m, int openai, int *why)
     int tool = !strcmp(role->valuestring, "tool");
     cJSON *out = cJSON_CreateObject(), *parts = cJSON_CreateArray();
     cJSON_AddStringToObject(out, "role", role->valuestring);
-    size_t total = 0, n = 0;
+    size_t total = 0;
     if (cJSON_IsString(content)) {
         cJSON_AddItemToArray(parts, cJSON_CreateString(content->valuestring));
         total = strlen(content->valuestring);
-        n = 1;
     } else if (cJSON_IsArray(content)) {
         cJSON_ArrayForEach(it, content)
         {
@@ -70,7 +69,6 @@ static cJSON *message(const cJSON *m, int openai, int *why)
             }
             cJSON_AddItemToArray(parts, cJSON_CreateString(t));
             total += strlen(t) + 1;
-            n++;
         }
     }
     if (openai && !tool) {
@@ -103,7 +101,6 @@ static cJSON *message(const cJSON *m, int openai, int *why)
         cJSON_AddStringToObject(out, "content", joined);
         free(joined);
     }
-    (void)n;
     cJSON_Delete(parts);
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
     if (!strcmp(role->valuestring, "assistant")) {
@@ -115,11 +112,10 @@ static cJSON *message(const cJSON *m, int openai, int *why)
                 cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
                 cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
                 if (cJSON_IsObject(fn) && !cJSON_IsObject(args) && !cJSON_IsArray(args)) {
+                    /* a JSON string: its value (json.loads); not JSON, or not a string: {} */
                     cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
-                    if (!cJSON_IsObject(parsed) && !cJSON_IsArray(parsed) && !(parsed && cJSON_IsString(args))) {
-                        cJSON_Delete(parsed);
-                        parsed = cJSON_CreateObject(); /* not JSON: {} */
-                    }
+                    if (!parsed)
+                        parsed = cJSON_CreateObject();
                     if (args)
                         cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
                     else

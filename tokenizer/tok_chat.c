@@ -388,7 +388,7 @@ int xtok_chat_render(const struct xtok_chat *c, const cJSON *req, const struct x
     const cJSON *agp = cJSON_GetObjectItemCaseSensitive(req, "add_generation_prompt");
     const cJSON *cont = cJSON_GetObjectItemCaseSensitive(req, "continue_final_message");
     int add_gen = agp ? cJSON_IsTrue(agp) : 1, cont_final = cJSON_IsTrue(cont);
-    if (cont_final && add_gen && cJSON_IsTrue(agp)) {
+    if (cont_final && cJSON_IsTrue(agp)) {
         snprintf(err, errlen, "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
         return -1;
     }

@@ -78,9 +78,7 @@ struct tv ts_jinja_title(struct tctx *c, struct tv s)
     int start = 1;
     for (size_t i = 0; i < s.u.s.n;) {
         size_t l;
-        int sep = u8_is_space(s.u.s.p + i, s.u.s.n - i, &l) || strchr("-({[<", s.u.s.p[i]) != NULL;
-        if (!sep && s.u.s.p[i] == 0)
-            sep = 0;
+        int sep = u8_is_space(s.u.s.p + i, s.u.s.n - i, &l) || (s.u.s.p[i] && strchr("-({[<", s.u.s.p[i]));
         struct tv ch = tv_strref(s.u.s.p + i, l);
         struct tv m = sep ? ch : ts_map_case(c, ch, start ? utf8proc_toupper : utf8proc_tolower);
         tb_put(c, &b, m.u.s.p, m.u.s.n);

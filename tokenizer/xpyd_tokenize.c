@@ -136,11 +136,11 @@ static int chat_one(const struct xtok_chat *chat, const struct xtok *t, const ch
     char err[1024];
     char *text = NULL;
     size_t n = 0;
-    cJSON *req = has_escaped_nul(body, len) ? NULL : cJSON_ParseWithLength(body, len);
+    int nul = has_escaped_nul(body, len); /* cJSON would cut the string there */
+    cJSON *req = nul ? NULL : cJSON_ParseWithLength(body, len);
     int rc = 0;
     if (!cJSON_IsObject(req)) {
-        snprintf(err, sizeof err, has_escaped_nul(body, len) ? "a string with \\u0000 is not supported"
-                                                             : "the request body is not a JSON object");
+        snprintf(err, sizeof err, nul ? "a string with \\u0000 is not supported" : "the request body is not a JSON object");
         rc = -1;
     } else {
         rc = xtok_chat_render(chat, req, NULL, &text, &n, err, sizeof err);
