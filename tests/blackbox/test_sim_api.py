@@ -137,6 +137,8 @@ class SimApi(t.TestCase):
         self.assertEqual(m['vllm:generation_tokens_total{engine="0",model_name="sim-model"}'], 3)
 
     def test_disconnect_aborts_request(self):
+        # 60 tokens take 3 s here: a loaded CI machine must not finish the stream before the client leaves
+        self.s = self.start(t.sim("--decode-us-per-token", "50000", "--max-model-len", "64"))
         st = t.Stream(self.s.port, "/v1/completions", {"prompt": "a", "max_tokens": 60, "stream": True,
                                                        "ignore_eos": True})
         ev = st.events()
