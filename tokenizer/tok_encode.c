@@ -344,16 +344,17 @@ static const struct tok_added *find_added(const struct xtok *t, int normalized, 
         } else if (!t->added_first[normalized][(unsigned char)text[i]]) {
             continue;
         }
-        const struct tok_added *best = NULL;
-        uint64_t w = 0; /* the next 8 bytes: most tokens differ from the text within them (Llama 3's 256 all
-                         * start with "<|") */
-        memcpy(&w, text + i, len - i < 8 ? len - i : 8);
-        for (size_t k = 0; k < t->nadded; k++) {
-            const struct tok_added *a = &t->added[k];
-            if ((w & a->mask) != a->head || a->normalized != normalized || a->len > len - i ||
-                (best && a->len <= best->len) || memcmp(a->content, text + i, a->len))
-                continue;
-            best = a;
+        const struct tok_added *best = NULL; /* the longest token starting at i: one walk down the trie */
+        const struct tok_tnode *nd = t->trie[normalized];
+        for (size_t j = i, cur = 0; j < len; j++) {
+            uint32_t ch = nd[cur].child;
+            while (ch && nd[ch].byte != (unsigned char)text[j])
+                ch = nd[ch].sibling;
+            if (!ch)
+                break;
+            cur = ch;
+            if (nd[cur].added >= 0)
+                best = &t->added[nd[cur].added];
         }
         if (best) {
             size_t s = i, e = i + best->len;
@@ -470,9 +471,14 @@ int xtok_encode_cached(const struct xtok *t, struct xtok_cache *cache, const cha
     /* UTF-8 is checked piece by piece (encode_piece): the added tokens matched between them are valid UTF-8, and a
      * piece the cache holds was checked when it was kept, so a cached conversation is not read twice */
     struct ids out = {0};
-    pcre2_match_data *md = pcre2_match_data_create(1, NULL);
-    if (!md)
+    /* room for a token per 4 bytes (English runs 4-5 bytes a token): a long prompt's ids grow without copies */
+    out.cap = len / 4 + 16;
+    out.v = malloc(out.cap * sizeof *out.v);
+    pcre2_match_data *md = out.v ? pcre2_match_data_create(1, NULL) : NULL;
+    if (!md) {
+        free(out.v);
         return XTOK_ENOMEM;
+    }
     int rc = 0;
     if (add_special)
         for (size_t i = 0; i < t->nprefix && !rc; i++)

@@ -63,7 +63,13 @@ struct tok_added {
     size_t len;
     uint32_t id;
     int special, normalized, lstrip, rstrip;
-    uint64_t head, mask; /* its first (up to 8) bytes as loaded from memory, and which of them count */
+};
+
+/* A byte trie of the added tokens of one kind: the longest one starting at a position is one walk down it */
+struct tok_tnode {
+    uint32_t child, sibling; /* node indexes; 0: none (the root, node 0, is no one's child) */
+    int32_t added;           /* the token ending here (index in xtok.added), or -1 */
+    unsigned char byte;
 };
 
 struct xtok {
@@ -83,6 +89,8 @@ struct xtok {
     size_t nadded;
     unsigned char added_first[2][256]; /* [normalized][byte]: an added token of that kind starts with it */
     int added_only[2];                 /* [normalized]: the one byte every such token starts with, else -1 */
+    struct tok_tnode *trie[2];         /* [normalized] */
+    size_t ntrie[2];
     uint32_t *prefix, *suffix; /* TemplateProcessing's single: ids around the sequence */
     size_t nprefix, nsuffix;
     size_t vocab_size;

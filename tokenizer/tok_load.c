@@ -344,11 +344,38 @@ static int load_added(struct xtok *t, const cJSON *added, char *err, size_t errl
         a->normalized = bool_of(it, "normalized");
         a->lstrip = bool_of(it, "lstrip");
         a->rstrip = bool_of(it, "rstrip");
-        size_t hl = a->len < 8 ? a->len : 8;
-        memcpy(&a->head, content, hl);
-        memset(&a->mask, 0xFF, hl);
         t->added_first[a->normalized][(unsigned char)content[0]] = 1;
         note_id(t, (long)a->id);
+    }
+    size_t bytes = 1;
+    for (size_t i = 0; i < t->nadded; i++)
+        bytes += t->added[i].len;
+    for (int k = 0; k < 2; k++) {
+        t->trie[k] = calloc(bytes, sizeof *t->trie[k]);
+        if (!t->trie[k])
+            return fail(err, errlen, "out of memory");
+        t->trie[k][0].added = -1;
+        t->ntrie[k] = 1;
+    }
+    for (size_t i = 0; i < t->nadded; i++) { /* the first of equal contents wins, as the scan it replaces did */
+        struct tok_added *a = &t->added[i];
+        int k = a->normalized;
+        struct tok_tnode *nd = t->trie[k];
+        uint32_t cur = 0;
+        for (size_t j = 0; j < a->len; j++) {
+            unsigned char b = (unsigned char)a->content[j];
+            uint32_t c = nd[cur].child;
+            while (c && nd[c].byte != b)
+                c = nd[c].sibling;
+            if (!c) {
+                c = (uint32_t)t->ntrie[k]++;
+                nd[c] = (struct tok_tnode){.sibling = nd[cur].child, .added = -1, .byte = b};
+                nd[cur].child = c;
+            }
+            cur = c;
+        }
+        if (nd[cur].added < 0)
+            nd[cur].added = (int32_t)i;
     }
     for (int k = 0; k < 2; k++) { /* one first byte for all (e.g. '<'): encode finds candidates with memchr */
         int distinct = 0;
@@ -447,6 +474,8 @@ void xtok_free(struct xtok *t)
     for (size_t i = 0; i < t->nadded; i++)
         free(t->added[i].content);
     free(t->added);
+    free(t->trie[0]);
+    free(t->trie[1]);
     free(t->prefix);
     free(t->suffix);
     free(t);

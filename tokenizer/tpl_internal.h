@@ -106,6 +106,7 @@ struct tctx {
     struct tarena arena;
     char *out;
     size_t outn, outcap, outmax;
+    size_t json_bytes; /* the strings read from the request: the output's first size (a template prints them) */
     uint64_t steps, maxsteps;
     int depth, maxdepth;
     int line;              /* the node being evaluated, for messages */

@@ -682,8 +682,11 @@ struct tv tv_from_json(struct tctx *c, const cJSON *j)
             return tv_int((int64_t)d);
         return tv_float(d);
     }
-    if (cJSON_IsString(j)) /* referred to: the JSON outlives the render */
-        return tv_strref(j->valuestring, strlen(j->valuestring));
+    if (cJSON_IsString(j)) { /* referred to: the JSON outlives the render */
+        size_t n = strlen(j->valuestring);
+        c->json_bytes += n;
+        return tv_strref(j->valuestring, n);
+    }
     struct tv v = {0};
     if (cJSON_IsArray(j)) {
         v.t = TV_LIST;
