@@ -421,40 +421,124 @@ struct xtok *xtok_load_json(const char *json, size_t len, char *err, size_t errl
     return t;
 }
 
-struct xtok *xtok_load(const char *dir, char *err, size_t errlen)
+static char *read_all(const char *path, size_t *len)
 {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     FILE *f = fopen(path, "rb");
-    if (!f) {
-        fail(err, errlen, "%s: %s", path, strerror(errno));
+    if (!f)
         return NULL;
-    }
     char *buf = NULL;
-    size_t len = 0, cap = 0;
+    size_t cap = 0;
+    *len = 0;
     for (;;) {
-        if (len == cap) {
+        if (*len == cap) {
             cap = cap ? cap * 2 : 1 << 20;
             char *nb = realloc(buf, cap);
             if (!nb) {
                 free(buf);
                 fclose(f);
-                fail(err, errlen, "out of memory");
+                errno = ENOMEM;
                 return NULL;
             }
             buf = nb;
         }
-        size_t got = fread(buf + len, 1, cap - len, f);
+        size_t got = fread(buf + *len, 1, cap - *len, f);
         if (!got)
             break;
-        len += got;
+        *len += got;
     }
     fclose(f);
+    return buf;
+}
+
+static const char *special_of(const cJSON *cfg, const char *key, const char *dflt)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, key);
+    if (cJSON_IsObject(v)) /* an AddedToken written out: {"content": ..., ...} */
+        v = cJSON_GetObjectItemCaseSensitive(v, "content");
+    if (cJSON_IsNull(v))
+        return NULL;
+    return cJSON_IsString(v) ? v->valuestring : dflt;
+}
+
+/* transformers' Llama, CodeLlama and Gemma fast tokenizers replace tokenizer.json's post-processor when they load:
+ * BOS before the text if add_bos_token (default true), EOS after it if add_eos_token (default false), with the
+ * config's bos_token/eos_token (update_post_processor). vLLM loads them so; DeepSeek V3 names LlamaTokenizerFast
+ * with a ByteLevel post-processor, so its completions get a BOS that tokenizer.json alone does not add. */
+static int apply_transformers_class(struct xtok *t, const cJSON *cfg, char *err, size_t errlen)
+{
+    static const char *const classes[][3] = {{"LlamaTokenizer", "<s>", "</s>"}, {"CodeLlamaTokenizer", "<s>", "</s>"},
+                                             {"GemmaTokenizer", "<bos>", "<eos>"}};
+    const cJSON *cls = cJSON_GetObjectItemCaseSensitive(cfg, "tokenizer_class");
+    if (!cJSON_IsString(cls))
+        return 0;
+    int k = -1;
+    for (int i = 0; i < 3; i++) {
+        size_t n = strlen(classes[i][0]);
+        if (!strncmp(cls->valuestring, classes[i][0], n) &&
+            (!cls->valuestring[n] || !strcmp(cls->valuestring + n, "Fast")))
+            k = i;
+    }
+    if (k < 0)
+        return 0;
+    const cJSON *ab = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
+    const cJSON *ae = cJSON_GetObjectItemCaseSensitive(cfg, "add_eos_token");
+    int add_bos = cJSON_IsBool(ab) ? cJSON_IsTrue(ab) : 1, add_eos = cJSON_IsBool(ae) ? cJSON_IsTrue(ae) : 0;
+    const char *names[2] = {special_of(cfg, "bos_token", classes[k][1]), special_of(cfg, "eos_token", classes[k][2])};
+    int want[2] = {add_bos, add_eos};
+    long ids[2] = {-1, -1};
+    for (int i = 0; i < 2; i++)
+        if (want[i] && (!names[i] || (ids[i] = xtok_token_id(t, names[i])) < 0))
+            return fail(err, errlen, "tokenizer_config.json: %s with %s but its %s (%s) is not a token",
+                        cls->valuestring, i ? "add_eos_token" : "add_bos_token", i ? "eos_token" : "bos_token",
+                        names[i] ? names[i] : "none");
+    free(t->prefix);
+    free(t->suffix);
+    t->prefix = malloc(sizeof *t->prefix);
+    t->suffix = malloc(sizeof *t->suffix);
+    if (!t->prefix || !t->suffix)
+        return fail(err, errlen, "out of memory");
+    t->nprefix = t->nsuffix = 0;
+    if (add_bos)
+        t->prefix[t->nprefix++] = (uint32_t)ids[0];
+    if (add_eos)
+        t->suffix[t->nsuffix++] = (uint32_t)ids[1];
+    return 0;
+}
+
+struct xtok *xtok_load(const char *dir, char *err, size_t errlen)
+{
+    char path[4096];
+    size_t len;
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    char *buf = read_all(path, &len);
+    if (!buf) {
+        fail(err, errlen, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
     char why[512] = "";
     struct xtok *t = xtok_load_json(buf, len, why, sizeof why);
     free(buf);
-    if (!t)
+    if (!t) {
         fail(err, errlen, "%s: %s", path, why);
+        return NULL;
+    }
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    buf = read_all(path, &len); /* none: tokenizer.json alone */
+    cJSON *cfg = buf ? cJSON_ParseWithLength(buf, len) : NULL;
+    int unparsed = buf && !cfg;
+    free(buf);
+    if (unparsed) {
+        fail(err, errlen, "%s: not valid JSON", path);
+        xtok_free(t);
+        return NULL;
+    }
+    int rc = cfg ? apply_transformers_class(t, cfg, why, sizeof why) : 0;
+    cJSON_Delete(cfg);
+    if (rc) {
+        fail(err, errlen, "%s/%s", dir, why);
+        xtok_free(t);
+        return NULL;
+    }
     return t;
 }
 

@@ -66,7 +66,8 @@ def tokenize(name, texts, special=False):
 def oracle(name, texts, special=False):
     t.npm_package("tokenizers")
     args = ["node", os.path.join(HERE, "tok_oracle.js"), os.path.join(model_dir(name), "tokenizer.json")]
-    p = subprocess.run(args + (["--add-special-tokens"] if special else []),
+    config = ["--config", os.path.join(model_dir(name), "tokenizer_config.json")]  # as transformers loads it
+    p = subprocess.run(args + (["--add-special-tokens"] + config if special else []),
                        input="".join(json.dumps(s) + "\n" for s in texts), capture_output=True, text=True,
                        timeout=600, env=dict(os.environ, NODE_PATH=os.path.join(t.NPM_DIR, "node_modules")))
     assert p.returncode == 0, p.stderr
@@ -155,6 +156,50 @@ class Tokenizer(t.TestCase):
         self.assertEqual(len(mine), len(texts))
         self.assertEqual(list(zip(texts, mine)), list(zip(texts, theirs)))
         self.assertIn(base + 1, mine[1])  # <thinker>, not <think> + "er>"
+
+    def test_bos_and_eos_follow_the_config_as_transformers_loads_it(self):
+        # Llama/Gemma fast tokenizers rebuild the post-processor from add_bos_token/add_eos_token (DeepSeek V3,
+        # LlamaTokenizerFast with a ByteLevel post-processor, gets a BOS that tokenizer.json alone does not add);
+        # other classes keep tokenizer.json's. Derived configs against the oracle's TemplateProcessing.
+        texts = ["Hello world", "", "<s> already"]
+        cases = [("llama2", {"add_bos_token": False, "add_eos_token": True}),
+                 ("llama2", {"add_eos_token": True}),
+                 ("gemma3", {"bos_token": {"content": "<eos>", "special": True}, "add_bos_token": True}),
+                 ("llama3_1", {"add_bos_token": False, "add_eos_token": True}),  # PreTrainedTokenizerFast
+                 ("deepseek_v3", {})]
+        for name, change in cases:
+            with self.subTest(model=name, change=change):
+                tmp = t.tmpdir(prefix="xpyd-tok-")
+                with open(os.path.join(model_dir(name), "tokenizer_config.json"), encoding="utf-8") as f:
+                    cfg = json.load(f)
+                cfg.update(change)
+                with open(os.path.join(tmp, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+                    json.dump(cfg, f)
+                os.symlink(os.path.join(model_dir(name), "tokenizer.json"), os.path.join(tmp, "tokenizer.json"))
+                inp = "".join(json.dumps(x) + "\n" for x in texts)
+                p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", tmp, "--jsonl",
+                                    "--add-special-tokens"], input=inp, capture_output=True, text=True, timeout=120)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                q = subprocess.run(["node", os.path.join(HERE, "tok_oracle.js"), os.path.join(tmp, "tokenizer.json"),
+                                    "--add-special-tokens", "--config", os.path.join(tmp, "tokenizer_config.json")],
+                                   input=inp, capture_output=True, text=True, timeout=120,
+                                   env=dict(os.environ, NODE_PATH=os.path.join(t.NPM_DIR, "node_modules")))
+                self.assertEqual(q.returncode, 0, q.stderr)
+                mine = [json.loads(l) for l in p.stdout.splitlines()]
+                self.assertEqual(mine, [json.loads(l) for l in q.stdout.splitlines()])
+                if name == "llama2" and change.get("add_eos_token"):
+                    self.assertEqual(mine[1][-1], 2)  # </s> ends even the empty text
+                if name == "deepseek_v3":
+                    self.assertEqual(mine[0][0], 0)  # <｜begin▁of▁sentence｜>
+        # a config asking for an EOS the model does not have: refused at load, naming it
+        tmp = t.tmpdir(prefix="xpyd-tok-")
+        with open(os.path.join(tmp, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump({"tokenizer_class": "LlamaTokenizerFast", "add_eos_token": True, "eos_token": "<nope>"}, f)
+        os.symlink(os.path.join(model_dir("llama2"), "tokenizer.json"), os.path.join(tmp, "tokenizer.json"))
+        p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", tmp], input="x",
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("eos_token (<nope>) is not a token", p.stderr)
 
     def test_unsupported_components_fail_at_load_naming_them(self):
         with open(os.path.join(model_dir("qwen3"), "tokenizer.json"), encoding="utf-8") as f:
