@@ -70,6 +70,26 @@ size_t xb_hash_tokens(const int64_t *ids, size_t n, size_t block_tokens, uint64_
 #endif
 }
 
+uint64_t xb_chain_seed(void)
+{
+    return CHAIN_SEED;
+}
+
+uint64_t xb_hash_block_ids(uint64_t prev, const uint32_t *ids, size_t n)
+{
+    XXH3_state_t st;
+    XXH3_64bits_reset_withSeed(&st, prev);
+    unsigned char buf[64 * 8];
+    for (size_t k = 0; k < n; k += 64) { /* ids as little-endian 64-bit values */
+        size_t m = n - k < 64 ? n - k : 64;
+        for (size_t j = 0; j < m; j++)
+            for (int s = 0; s < 8; s++)
+                buf[8 * j + (size_t)s] = (unsigned char)((uint64_t)ids[k + j] >> (8 * s));
+        XXH3_64bits_update(&st, buf, m * 8);
+    }
+    return XXH3_64bits_digest(&st);
+}
+
 size_t xb_hash_bytes(const void *data, size_t len, size_t block_bytes, uint64_t *out, size_t cap)
 {
     if (block_bytes == 0)

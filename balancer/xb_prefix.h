@@ -24,6 +24,10 @@
 size_t xb_hash_tokens(const int64_t *ids, size_t n, size_t block_tokens, uint64_t *out, size_t cap);
 /* Same over bytes (a text prompt, or a chat's canonical serialization), block_bytes bytes per block. */
 size_t xb_hash_bytes(const void *data, size_t len, size_t block_bytes, uint64_t *out, size_t cap);
+/* One link of the token-id chain: the hash of a block of n ids after the block hashed prev (a chain's first
+ * block: prev = xb_chain_seed()). xb_hash_tokens' k-th value is this applied k+1 times. */
+uint64_t xb_hash_block_ids(uint64_t prev, const uint32_t *ids, size_t n);
+uint64_t xb_chain_seed(void);
 /* The same chain over bytes fed in pieces (a prompt decoded as it is read, never held whole): the hashes equal
  * xb_hash_bytes over the concatenation. Out of memory aborts. */
 struct xb_hasher;

@@ -1,0 +1,448 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kv_index.c - the per-pool index of the blocks ranks report holding (kv_index.h). Open addressing with linear
+ * probing and backward-shift deletion, over entry arrays that grow by doubling up to the bound. */
+#include "kv_index.h"
+
+#include "xb_prefix.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#define NONE UINT32_MAX
+#define MAX_RANKS 4096
+#define MAX_WORDS (MAX_RANKS / 64)
+#define MAX_SPACES 64 /* LoRA names remembered for kvi_space_for */
+
+const char *const kvi_skip_names[KVI_COUNT] = {"ok", "not_full_attention", "block_size", "shape", "orphan", "full",
+                                                "nomem"};
+
+struct slot {
+    uint64_t key;
+    uint32_t idx; /* NONE: empty */
+};
+
+struct map {
+    struct slot *s;
+    size_t cap, n; /* cap: 0 or a power of two, at most half full */
+};
+
+struct blk { /* a content key: which ranks hold it, and the pairs that say so */
+    uint64_t key;
+    uint32_t head; /* first pair; free list link when unused */
+};
+
+struct pair { /* a block one rank reported */
+    uint64_t ehash, chain, space;
+    uint32_t blk, next; /* next pair of the same blk; free list link when unused */
+    uint16_t rank;
+    uint8_t media; /* 1 GPU (or not said), 2 CPU, 4 any other medium */
+};
+
+struct kvi {
+    pthread_rwlock_t mu;
+    int nranks, words;
+    size_t max_pairs;
+    uint64_t seed; /* of the (rank, engine hash) keys: an engine cannot aim its hashes at one probe chain */
+    struct map by_key, by_pair;
+    struct blk *blks;
+    uint64_t *bits; /* words per blk */
+    size_t nblks, blks_cap;
+    uint32_t blk_free;
+    struct pair *pairs;
+    size_t npairs, pairs_cap;
+    uint32_t pair_free;
+    size_t *rank_pairs;
+    uint64_t spaces[MAX_SPACES];
+    int nspaces;
+};
+
+static size_t home(uint64_t key, size_t cap)
+{
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 20) & (cap - 1);
+}
+
+static long map_find(const struct map *m, uint64_t key)
+{
+    if (!m->cap)
+        return -1;
+    for (size_t i = home(key, m->cap);; i = (i + 1) & (m->cap - 1)) {
+        if (m->s[i].idx == NONE)
+            return -1;
+        if (m->s[i].key == key)
+            return (long)i;
+    }
+}
+
+static void map_place(struct map *m, uint64_t key, uint32_t idx)
+{
+    size_t i = home(key, m->cap);
+    while (m->s[i].idx != NONE)
+        i = (i + 1) & (m->cap - 1);
+    m->s[i].key = key;
+    m->s[i].idx = idx;
+    m->n++;
+}
+
+static int map_put(struct map *m, uint64_t key, uint32_t idx)
+{
+    if (2 * (m->n + 1) > m->cap) {
+        size_t cap = m->cap ? 2 * m->cap : 1024;
+        struct slot *s = malloc(cap * sizeof *s), *old = m->s;
+        if (!s)
+            return -1;
+        for (size_t i = 0; i < cap; i++)
+            s[i].idx = NONE;
+        size_t oldcap = m->cap;
+        m->s = s;
+        m->cap = cap;
+        m->n = 0;
+        for (size_t i = 0; i < oldcap; i++)
+            if (old[i].idx != NONE)
+                map_place(m, old[i].key, old[i].idx);
+        free(old);
+    }
+    map_place(m, key, idx);
+    return 0;
+}
+
+static void map_del(struct map *m, size_t i)
+{
+    size_t mask = m->cap - 1;
+    m->n--;
+    for (;;) {
+        m->s[i].idx = NONE;
+        size_t j = i;
+        for (;;) {
+            j = (j + 1) & mask;
+            if (m->s[j].idx == NONE)
+                return;
+            size_t h = home(m->s[j].key, m->cap);
+            /* the entry at j may fill the hole at i unless its home lies cyclically in (i, j] */
+            int between = i <= j ? (h > i && h <= j) : (h > i || h <= j);
+            if (!between)
+                break;
+        }
+        m->s[i] = m->s[j];
+        i = j;
+    }
+}
+
+struct kvi *kvi_new(int nranks, size_t max_blocks)
+{
+    if (nranks < 1 || nranks > MAX_RANKS || !max_blocks || max_blocks > NONE / 2)
+        return NULL;
+    struct kvi *x = calloc(1, sizeof *x);
+    if (!x)
+        return NULL;
+    x->nranks = nranks;
+    x->words = (nranks + 63) / 64;
+    x->max_pairs = max_blocks;
+    x->rank_pairs = calloc((size_t)nranks, sizeof *x->rank_pairs);
+    x->blk_free = x->pair_free = NONE;
+    x->seed = (uint64_t)arc4random() << 32 | arc4random();
+    if (!x->rank_pairs || pthread_rwlock_init(&x->mu, NULL)) {
+        free(x->rank_pairs);
+        free(x);
+        return NULL;
+    }
+    return x;
+}
+
+void kvi_free(struct kvi *x)
+{
+    if (!x)
+        return;
+    pthread_rwlock_destroy(&x->mu);
+    free(x->by_key.s);
+    free(x->by_pair.s);
+    free(x->blks);
+    free(x->bits);
+    free(x->pairs);
+    free(x->rank_pairs);
+    free(x);
+}
+
+static uint64_t pair_key(const struct kvi *x, int rank, uint64_t ehash)
+{
+    uint64_t v[2] = {(uint64_t)rank, ehash};
+    return XXH3_64bits_withSeed(v, sizeof v, x->seed);
+}
+
+static long find_pair(const struct kvi *x, int rank, uint64_t ehash)
+{
+    long s = map_find(&x->by_pair, pair_key(x, rank, ehash));
+    if (s < 0)
+        return -1;
+    uint32_t i = x->by_pair.s[s].idx;
+    return x->pairs[i].rank == rank && x->pairs[i].ehash == ehash ? (long)i : -1;
+}
+
+static uint64_t *bits_of(const struct kvi *x, uint32_t b)
+{
+    return x->bits + (size_t)b * (size_t)x->words;
+}
+
+static long new_blk(struct kvi *x, uint64_t key)
+{
+    uint32_t b = x->blk_free;
+    if (b != NONE) {
+        x->blk_free = x->blks[b].head;
+    } else {
+        if (x->nblks == x->blks_cap) {
+            size_t cap = x->blks_cap ? 2 * x->blks_cap : 1024;
+            struct blk *nb = realloc(x->blks, cap * sizeof *nb);
+            if (nb)
+                x->blks = nb;
+            uint64_t *bits = nb ? realloc(x->bits, cap * (size_t)x->words * sizeof *bits) : NULL;
+            if (!bits)
+                return -1;
+            x->bits = bits;
+            x->blks_cap = cap;
+        }
+        b = (uint32_t)x->nblks++;
+    }
+    if (map_put(&x->by_key, key, b)) {
+        x->blks[b].head = x->blk_free;
+        x->blk_free = b;
+        return -1;
+    }
+    x->blks[b].key = key;
+    x->blks[b].head = NONE;
+    memset(bits_of(x, b), 0, (size_t)x->words * sizeof(uint64_t));
+    return b;
+}
+
+static void remove_pair(struct kvi *x, uint32_t pi)
+{
+    struct pair *p = &x->pairs[pi];
+    struct blk *b = &x->blks[p->blk];
+    int still = 0; /* another pair of the same rank holds this content */
+    for (uint32_t *link = &b->head; *link != NONE;) {
+        if (*link == pi) {
+            *link = p->next;
+            continue;
+        }
+        still |= x->pairs[*link].rank == p->rank;
+        link = &x->pairs[*link].next;
+    }
+    if (!still)
+        bits_of(x, p->blk)[p->rank / 64] &= ~(1ull << (p->rank % 64));
+    if (b->head == NONE) {
+        map_del(&x->by_key, (size_t)map_find(&x->by_key, b->key));
+        b->head = x->blk_free;
+        x->blk_free = p->blk;
+    }
+    map_del(&x->by_pair, (size_t)map_find(&x->by_pair, pair_key(x, p->rank, p->ehash)));
+    x->rank_pairs[p->rank]--;
+    x->npairs--;
+    p->next = x->pair_free;
+    x->pair_free = pi;
+}
+
+static int add_pair(struct kvi *x, int rank, uint64_t ehash, uint64_t chain, uint64_t space, uint8_t media)
+{
+    long old = find_pair(x, rank, ehash);
+    if (old >= 0) {
+        struct pair *p = &x->pairs[old];
+        if (p->chain == chain && p->space == space) {
+            p->media |= media;
+            return KVI_OK;
+        }
+        remove_pair(x, (uint32_t)old); /* the engine's hash now names other content */
+    }
+    if (x->npairs >= x->max_pairs)
+        return KVI_FULL;
+    uint64_t pk = pair_key(x, rank, ehash);
+    if (map_find(&x->by_pair, pk) >= 0) /* another (rank, hash) with the same 64-bit key: not kept */
+        return KVI_FULL;
+    long bs = map_find(&x->by_key, chain ^ space);
+    long b = bs >= 0 ? (long)x->by_key.s[bs].idx : new_blk(x, chain ^ space);
+    if (b < 0)
+        return KVI_NOMEM;
+    uint32_t pi = x->pair_free;
+    if (pi != NONE) {
+        x->pair_free = x->pairs[pi].next;
+    } else {
+        if (x->npairs == x->pairs_cap) {
+            size_t cap = x->pairs_cap ? 2 * x->pairs_cap : 1024;
+            struct pair *np = realloc(x->pairs, cap * sizeof *np);
+            if (!np)
+                goto nomem;
+            x->pairs = np;
+            x->pairs_cap = cap;
+        }
+        pi = (uint32_t)x->npairs; /* no free slot: every slot below npairs is in use */
+    }
+    if (map_put(&x->by_pair, pk, pi)) {
+        x->pairs[pi].next = x->pair_free;
+        x->pair_free = pi;
+        goto nomem;
+    }
+    x->pairs[pi] = (struct pair){.ehash = ehash, .chain = chain, .space = space, .blk = (uint32_t)b,
+                                 .next = x->blks[b].head, .rank = (uint16_t)rank, .media = media};
+    x->blks[b].head = pi;
+    bits_of(x, (uint32_t)b)[rank / 64] |= 1ull << (rank % 64);
+    x->rank_pairs[rank]++;
+    x->npairs++;
+    return KVI_OK;
+nomem:
+    if (x->blks[b].head == NONE) { /* made for this pair */
+        map_del(&x->by_key, (size_t)map_find(&x->by_key, chain ^ space));
+        x->blks[b].head = x->blk_free;
+        x->blk_free = (uint32_t)b;
+    }
+    return KVI_NOMEM;
+}
+
+static uint8_t media_of(const char *m)
+{
+    if (!m[0] || !strcmp(m, "GPU"))
+        return 1;
+    return !strcmp(m, "CPU") ? 2 : 4;
+}
+
+static uint64_t space_of_name(const char *name, size_t len)
+{
+    return XXH3_64bits(name, len) | (1ull << 63); /* never 0, the base model's */
+}
+
+static uint64_t space_of(const struct kv_event *ev)
+{
+    if (ev->lora_name[0])
+        return space_of_name(ev->lora_name, strlen(ev->lora_name));
+    if (ev->lora_id >= 0) /* an adapter known only by its id: its blocks match no request, as they should not */
+        return XXH3_64bits_withSeed(&ev->lora_id, sizeof ev->lora_id, 0x6c6f7261u) | (1ull << 63);
+    return 0;
+}
+
+int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tokens)
+{
+    if (rank < 0 || rank >= x->nranks)
+        return KVI_SHAPE;
+    int rc = KVI_OK;
+    pthread_rwlock_wrlock(&x->mu);
+    if (ev->type == KVE_CLEARED) {
+        pthread_rwlock_unlock(&x->mu);
+        kvi_drop_rank(x, rank);
+        return KVI_OK;
+    }
+    if (ev->type == KVE_REMOVED) {
+        uint8_t media = media_of(ev->medium);
+        for (size_t i = 0; i < ev->nhashes; i++) {
+            long pi = find_pair(x, rank, ev->hashes[i]);
+            if (pi >= 0 && !(x->pairs[pi].media &= (uint8_t)~media))
+                remove_pair(x, (uint32_t)pi);
+        }
+        pthread_rwlock_unlock(&x->mu);
+        return KVI_OK;
+    }
+    long b = ev->block_size > 0 ? ev->block_size : block_tokens;
+    if (!ev->full_attention)
+        rc = KVI_NOT_FULL_ATTENTION;
+    else if (b != block_tokens || b <= 0)
+        rc = KVI_BLOCK_SIZE;
+    else if (ev->ntokens != ev->nhashes * (size_t)b)
+        rc = KVI_SHAPE;
+    uint64_t prev = xb_chain_seed(), space = space_of(ev);
+    if (!rc && ev->has_parent) {
+        long pi = find_pair(x, rank, ev->parent);
+        if (pi < 0)
+            rc = KVI_ORPHAN;
+        else
+            prev = x->pairs[pi].chain;
+    }
+    for (size_t i = 0; !rc && i < ev->nhashes; i++) {
+        uint64_t chain = xb_hash_block_ids(prev, ev->tokens + i * (size_t)b, (size_t)b);
+        rc = add_pair(x, rank, ev->hashes[i], chain, space, media_of(ev->medium));
+        prev = chain;
+    }
+    if (ev->lora_name[0] && x->nspaces < MAX_SPACES) {
+        int seen = 0;
+        for (int i = 0; i < x->nspaces; i++)
+            seen |= x->spaces[i] == space;
+        if (!seen)
+            x->spaces[x->nspaces++] = space;
+    }
+    pthread_rwlock_unlock(&x->mu);
+    return rc;
+}
+
+void kvi_drop_rank(struct kvi *x, int rank)
+{
+    if (rank < 0 || rank >= x->nranks)
+        return;
+    pthread_rwlock_wrlock(&x->mu);
+    /* a pair is in use when it is in by_pair; walk the table, not the arrays (free slots hold links) */
+    for (size_t i = 0; x->rank_pairs[rank] && i < x->by_pair.cap;) {
+        const struct slot *s = &x->by_pair.s[i];
+        if (s->idx != NONE && x->pairs[s->idx].rank == rank)
+            remove_pair(x, s->idx); /* backward shift may move another entry into slot i: look at it again */
+        else
+            i++;
+    }
+    pthread_rwlock_unlock(&x->mu);
+}
+
+uint64_t kvi_space_for(struct kvi *x, const char *model)
+{
+    if (!model || !model[0])
+        return 0;
+    uint64_t s = space_of_name(model, strlen(model)), found = 0;
+    pthread_rwlock_rdlock(&x->mu);
+    for (int i = 0; i < x->nspaces; i++)
+        if (x->spaces[i] == s)
+            found = s;
+    pthread_rwlock_unlock(&x->mu);
+    return found;
+}
+
+void kvi_match(struct kvi *x, const uint64_t *keys, size_t n, uint64_t space, uint32_t *out)
+{
+    uint64_t alive[MAX_WORDS] = {0};
+    int any = 0;
+    pthread_rwlock_rdlock(&x->mu);
+    for (int r = 0; r < x->nranks; r++) {
+        out[r] = 0;
+        if (x->rank_pairs[r]) {
+            alive[r / 64] |= 1ull << (r % 64);
+            any = 1;
+        }
+    }
+    size_t i = 0;
+    for (; any && i < n; i++) {
+        long s = map_find(&x->by_key, keys[i] ^ space);
+        const uint64_t *bits = s >= 0 ? bits_of(x, x->by_key.s[s].idx) : NULL;
+        any = 0;
+        for (int w = 0; w < x->words; w++) {
+            uint64_t keep = bits ? alive[w] & bits[w] : 0;
+            for (uint64_t gone = alive[w] & ~keep; gone; gone &= gone - 1)
+                out[w * 64 + __builtin_ctzll(gone)] = (uint32_t)i;
+            alive[w] = keep;
+            any |= keep != 0;
+        }
+    }
+    for (int w = 0; any && w < x->words; w++)
+        for (uint64_t left = alive[w]; left; left &= left - 1)
+            out[w * 64 + __builtin_ctzll(left)] = (uint32_t)n;
+    pthread_rwlock_unlock(&x->mu);
+}
+
+size_t kvi_blocks(struct kvi *x, int rank)
+{
+    pthread_rwlock_rdlock(&x->mu);
+    size_t n = rank >= 0 && rank < x->nranks ? x->rank_pairs[rank] : 0;
+    pthread_rwlock_unlock(&x->mu);
+    return n;
+}
+
+size_t kvi_bytes(struct kvi *x)
+{
+    pthread_rwlock_rdlock(&x->mu);
+    size_t b = (x->by_key.cap + x->by_pair.cap) * sizeof(struct slot) +
+               x->blks_cap * (sizeof(struct blk) + (size_t)x->words * sizeof(uint64_t)) +
+               x->pairs_cap * sizeof(struct pair) + (size_t)x->nranks * sizeof(size_t);
+    pthread_rwlock_unlock(&x->mu);
+    return b;
+}

@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kv_index.h - what each rank of a pool reports holding in its prefix cache (issue 40): the blocks of the KV
+ * events it published (kv_events.h), keyed by their token content as the router hashes a prompt's blocks
+ * (xb_hash_block_ids, chained from the parent block), never by the engine's own hash (vLLM's is pickle-based);
+ * the engine's hash is kept per rank only to find a block again on removal and as the next block's parent.
+ *
+ * Two tables: content key -> which ranks hold it (a bitmap), and (rank, engine hash) -> content key, the
+ * entries of one content key linked so a removal recomputes that rank's bit from the others. A block under a
+ * LoRA adapter lives in the adapter's key space (its content key mixed with the adapter's name), never the base
+ * model's. Bounded: at most max_blocks (rank, block) pairs; beyond, stored blocks are not kept (counted).
+ * Thread-safe (a rwlock: lookups share it, events take it alone). */
+#ifndef XPYD_KV_INDEX_H
+#define XPYD_KV_INDEX_H
+
+#include "kv_events.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvi;
+
+/* Why an event was not (wholly) applied, counted by cause. */
+enum kvi_skip {
+    KVI_OK = 0,
+    KVI_NOT_FULL_ATTENTION, /* a sliding-window or mamba group: does not drive routing */
+    KVI_BLOCK_SIZE,         /* block_size unlike the router's --prefix-block-tokens: keys would never match */
+    KVI_SHAPE,              /* token_ids not block_size x block_hashes */
+    KVI_ORPHAN,             /* the parent block is unknown (missed, or evicted before): its chain cannot be keyed */
+    KVI_FULL,               /* max_blocks reached */
+    KVI_NOMEM,
+    KVI_COUNT
+};
+extern const char *const kvi_skip_names[KVI_COUNT];
+
+struct kvi *kvi_new(int nranks, size_t max_blocks);
+void kvi_free(struct kvi *x);
+
+/* Applies one event of rank r (block_tokens: the router's block size). KVI_OK or why (not) applied. */
+int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tokens);
+/* Forgets everything rank r holds (AllBlocksCleared, an engine restart, a source gone or replaced). */
+void kvi_drop_rank(struct kvi *x, int rank);
+
+/* The key space of a request for `model` (0: the base model): an adapter's when some rank stored blocks under a
+ * LoRA of that name, else the base model's. */
+uint64_t kvi_space_for(struct kvi *x, const char *model);
+/* out[r] (r < nranks) = how many leading blocks of keys[0..n) rank r holds in key space `space`. */
+void kvi_match(struct kvi *x, const uint64_t *keys, size_t n, uint64_t space, uint32_t *out);
+
+size_t kvi_blocks(struct kvi *x, int rank); /* (rank, block) pairs of one rank */
+size_t kvi_bytes(struct kvi *x);            /* memory held by the tables */
+
+#endif

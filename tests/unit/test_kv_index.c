@@ -1,0 +1,265 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* test_kv_index.c - the index of what ranks report caching (router/kv_index.c): blocks keyed by content so a
+ * prompt hashed as the router hashes it (xb_hash_tokens over the whole prompt) finds them, chains continued from a
+ * parent, removals (a middle block ends the leading run), media, duplicates, LoRA key spaces, refusals by cause,
+ * the bound, a rank dropped; and a seeded random run of stores and removals against a plain model of it. */
+#include "kv_index.h"
+#include "xb_prefix.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#define B 4
+
+static struct kv_event stored(uint64_t *hashes, size_t n, uint32_t *tokens, int has_parent, uint64_t parent)
+{
+    struct kv_event e = {.type = KVE_STORED, .hashes = hashes, .nhashes = n, .has_parent = has_parent,
+                         .parent = parent, .tokens = tokens, .ntokens = n * B, .block_size = B, .lora_id = -1,
+                         .group_idx = -1, .full_attention = 1};
+    return e;
+}
+
+static struct kv_event removed(uint64_t *hashes, size_t n, const char *medium)
+{
+    struct kv_event e = {.type = KVE_REMOVED, .hashes = hashes, .nhashes = n, .lora_id = -1, .group_idx = -1,
+                         .full_attention = 1};
+    strncpy(e.medium, medium, sizeof e.medium - 1);
+    return e;
+}
+
+/* the router's keys of a prompt: the same function it hashes a token-id prompt with */
+static size_t keys_of(const uint32_t *ids, size_t n, uint64_t *out)
+{
+    int64_t wide[256];
+    for (size_t i = 0; i < n; i++)
+        wide[i] = ids[i];
+    return xb_hash_tokens(wide, n, B, out, 64);
+}
+
+static uint32_t prompt[40];
+
+static void setup_prompt(void)
+{
+    for (int i = 0; i < 40; i++)
+        prompt[i] = (uint32_t)(1000 + i * 7);
+}
+
+static void chains_and_removals(void **state)
+{
+    (void)state;
+    setup_prompt();
+    struct kvi *x = kvi_new(3, 1000);
+    uint64_t h1[3] = {11, 12, 13}, h2[2] = {14, 15}, h3[2] = {21, 22};
+    struct kv_event a = stored(h1, 3, prompt, 0, 0), b = stored(h2, 2, prompt + 12, 1, 13);
+    struct kv_event c = stored(h3, 2, prompt, 0, 0);
+    assert_int_equal(kvi_apply(x, 0, &a, B), KVI_OK);
+    assert_int_equal(kvi_apply(x, 0, &b, B), KVI_OK); /* continues from block 13 */
+    assert_int_equal(kvi_apply(x, 1, &c, B), KVI_OK);
+    uint64_t k[16];
+    size_t n = keys_of(prompt, 32, k); /* 8 blocks */
+    assert_int_equal(n, 8);
+    uint32_t out[3];
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 5);
+    assert_int_equal(out[1], 2);
+    assert_int_equal(out[2], 0);
+    assert_int_equal(kvi_blocks(x, 0), 5);
+    /* another prompt sharing the first block only */
+    uint32_t other[8];
+    memcpy(other, prompt, sizeof other);
+    other[5] = 9;
+    n = keys_of(other, 8, k);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 1);
+    assert_int_equal(out[1], 1);
+    /* the middle block evicted: the leading run ends before it */
+    uint64_t gone[1] = {12};
+    struct kv_event r = removed(gone, 1, "GPU");
+    assert_int_equal(kvi_apply(x, 0, &r, B), KVI_OK);
+    n = keys_of(prompt, 32, k);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 1);
+    assert_int_equal(kvi_blocks(x, 0), 4);
+    /* unknown hashes removed: nothing happens */
+    uint64_t unknown[2] = {99, 11};
+    struct kv_event r2 = removed(unknown, 1, "");
+    kvi_apply(x, 0, &r2, B);
+    assert_int_equal(kvi_blocks(x, 0), 4);
+    /* AllBlocksCleared on rank 0: rank 1 keeps its blocks */
+    struct kv_event clr = {.type = KVE_CLEARED};
+    kvi_apply(x, 0, &clr, B);
+    assert_int_equal(kvi_blocks(x, 0), 0);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 0);
+    assert_int_equal(out[1], 2);
+    kvi_drop_rank(x, 1);
+    assert_int_equal(kvi_blocks(x, 1), 0);
+    kvi_free(x);
+}
+
+static void refusals(void **state)
+{
+    (void)state;
+    setup_prompt();
+    struct kvi *x = kvi_new(2, 3);
+    uint64_t h[4] = {1, 2, 3, 4}, k[8];
+    struct kv_event orphan = stored(h, 1, prompt, 1, 777);
+    assert_int_equal(kvi_apply(x, 0, &orphan, B), KVI_ORPHAN);
+    struct kv_event sz = stored(h, 1, prompt, 0, 0);
+    sz.block_size = 16;
+    assert_int_equal(kvi_apply(x, 0, &sz, B), KVI_BLOCK_SIZE);
+    struct kv_event sw = stored(h, 1, prompt, 0, 0);
+    sw.full_attention = 0;
+    assert_int_equal(kvi_apply(x, 0, &sw, B), KVI_NOT_FULL_ATTENTION);
+    struct kv_event shape = stored(h, 2, prompt, 0, 0);
+    shape.ntokens = 7;
+    assert_int_equal(kvi_apply(x, 0, &shape, B), KVI_SHAPE);
+    assert_int_equal(kvi_blocks(x, 0), 0);
+    /* the bound: 3 pairs in all */
+    struct kv_event four = stored(h, 4, prompt, 0, 0);
+    assert_int_equal(kvi_apply(x, 0, &four, B), KVI_FULL);
+    assert_int_equal(kvi_blocks(x, 0), 3);
+    uint32_t out[2];
+    size_t n = keys_of(prompt, 16, k);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 3);
+    assert_null(kvi_new(0, 10));
+    assert_null(kvi_new(5000, 10));
+    kvi_free(x);
+}
+
+static void media_duplicates_and_lora(void **state)
+{
+    (void)state;
+    setup_prompt();
+    struct kvi *x = kvi_new(1, 100);
+    uint64_t h[1] = {5}, h2[1] = {6}, k[4];
+    uint32_t out[1];
+    size_t n = keys_of(prompt, 4, k);
+    struct kv_event gpu = stored(h, 1, prompt, 0, 0), cpu = stored(h, 1, prompt, 0, 0);
+    strcpy(cpu.medium, "CPU");
+    kvi_apply(x, 0, &gpu, B);
+    kvi_apply(x, 0, &cpu, B);
+    struct kv_event rg = removed(h, 1, "GPU"), rc = removed(h, 1, "CPU");
+    kvi_apply(x, 0, &rg, B); /* offloaded: still there */
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 1);
+    kvi_apply(x, 0, &rc, B);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 0);
+    /* the same content under two engine hashes: held until both are removed */
+    struct kv_event d1 = stored(h, 1, prompt, 0, 0), d2 = stored(h2, 1, prompt, 0, 0);
+    kvi_apply(x, 0, &d1, B);
+    kvi_apply(x, 0, &d2, B);
+    struct kv_event r1 = removed(h, 1, ""), r2 = removed(h2, 1, "");
+    kvi_apply(x, 0, &r1, B);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 1);
+    kvi_apply(x, 0, &r2, B);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 0);
+    /* an adapter's block is not the base model's */
+    struct kv_event lora = stored(h, 1, prompt, 0, 0);
+    strcpy(lora.lora_name, "sql-adapter");
+    lora.lora_id = 3;
+    kvi_apply(x, 0, &lora, B);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 0);
+    assert_int_equal(kvi_space_for(x, "base-model"), 0);
+    assert_int_equal(kvi_space_for(x, NULL), 0);
+    uint64_t sp = kvi_space_for(x, "sql-adapter");
+    assert_true(sp != 0);
+    kvi_match(x, k, n, sp, out);
+    assert_int_equal(out[0], 1);
+    assert_true(kvi_bytes(x) > 0);
+    kvi_free(x);
+}
+
+/* A plain model: per rank, engine hash -> content key; a rank holds a key when any of its hashes maps to it. */
+#define R 6
+#define H 40
+static uint64_t model_key[R][H]; /* 0: not held */
+
+static int model_holds(int r, uint64_t key)
+{
+    for (int i = 0; i < H; i++)
+        if (model_key[r][i] == key)
+            return 1;
+    return 0;
+}
+
+static void random_against_a_model(void **state)
+{
+    (void)state;
+    struct kvi *x = kvi_new(R, 100000);
+    /* 8 prompts of 6 blocks over a small alphabet: many shared prefixes */
+    uint32_t prompts[8][6 * B];
+    uint64_t keys[8][6];
+    srand(4242);
+    for (int p = 0; p < 8; p++) {
+        for (int i = 0; i < 6 * B; i++)
+            prompts[p][i] = (uint32_t)(p < 4 && i < 2 * B ? i : rand() % 3);
+        keys_of(prompts[p], 6 * B, keys[p]);
+    }
+    memset(model_key, 0, sizeof model_key);
+    int deep = 0; /* checks where some rank held 2+ leading blocks: the run is not trivially all zeros */
+    for (int step = 0; step < 20000; step++) {
+        int r = rand() % R, p = rand() % 8, blk = rand() % 6;
+        /* engine hash: the rank's own numbering of (prompt, block), like vLLM's per-content hash */
+        uint64_t eh = (uint64_t)(p * 6 + blk) % H;
+        if (rand() % 3) { /* store blocks blk.. of prompt p, chained from blk-1 when blk > 0 */
+            if (blk > 0 && model_key[r][(p * 6 + blk - 1) % H] != keys[p][blk - 1])
+                continue; /* parent not held (or held as other content): an orphan, tested above */
+            uint64_t hashes[1] = {eh};
+            struct kv_event e = stored(hashes, 1, prompts[p] + blk * B, blk > 0, (uint64_t)(p * 6 + blk - 1) % H);
+            assert_int_equal(kvi_apply(x, r, &e, B), KVI_OK);
+            model_key[r][eh] = keys[p][blk];
+        } else {
+            uint64_t hashes[1] = {eh};
+            struct kv_event e = removed(hashes, 1, "GPU");
+            kvi_apply(x, r, &e, B);
+            model_key[r][eh] = 0;
+        }
+        if (step % 97 == 0) {
+            int q = rand() % 8;
+            uint32_t out[R];
+            kvi_match(x, keys[q], 6, 0, out);
+            for (int rr = 0; rr < R; rr++) {
+                uint32_t want = 0;
+                while (want < 6 && model_holds(rr, keys[q][want]))
+                    want++;
+                assert_int_equal(out[rr], want);
+                deep += want >= 2;
+            }
+        }
+        if (step == 15000)
+            for (int i = 0; i < H; i++) { /* rank 2 restarts */
+                kvi_drop_rank(x, 2);
+                model_key[2][i] = 0;
+            }
+    }
+    assert_true(deep > 20);
+    for (int r = 0; r < R; r++) {
+        size_t held = 0;
+        for (int i = 0; i < H; i++)
+            held += model_key[r][i] != 0;
+        assert_int_equal(kvi_blocks(x, r), held);
+    }
+    kvi_free(x);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(chains_and_removals),
+        cmocka_unit_test(refusals),
+        cmocka_unit_test(media_duplicates_and_lora),
+        cmocka_unit_test(random_against_a_model),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
