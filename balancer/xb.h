@@ -104,6 +104,8 @@ struct xb_query {
     const uint64_t *blocks;    /* chained block hashes of its prompt (xb_prefix.h), NULL: none */
     size_t nblocks;
     int64_t block_tokens;      /* tokens one block stands for */
+    const int64_t *precise;    /* per instance: leading blocks of them it reports holding (engines' KV events), or
+                                * -1 where that is not known (the prefix index's guess then); NULL: none */
     uint64_t session;          /* hash of its session key; 0: no session */
     const int *exclude;
     int nexclude;

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* xb_cache.c - policy `cache`: least outstanding tokens where the request's own cost on a rank is only the
- * tokens that rank would compute, its prompt minus the prefix the rank probably holds (the pool's prefix
- * index, xb_prefix.h), under a load guard. Without a prefix index or blocks it is exactly `lot`. */
+ * tokens that rank would compute, its prompt minus the prefix the rank holds (what its KV events report when
+ * the query has them for it, else the pool's prefix index's guess, xb_prefix.h), under a load guard. Without
+ * either, or without blocks, it is exactly `lot`. */
 #include "xb_internal.h"
 
 static uint64_t capacity(const struct xb_inst *in)
@@ -25,7 +26,8 @@ double xb_mean_load(struct xb_pool *p, uint64_t need_len, const int *exclude, in
 
 int64_t xb_cached_tokens(struct xb_pool *p, size_t i, const struct xb_query *q, double mean)
 {
-    if (!p->prefix || !q->nblocks || q->block_tokens <= 0)
+    int precise = q->precise && q->precise[i] >= 0;
+    if ((!p->prefix && !precise) || !q->nblocks || q->block_tokens <= 0)
         return 0;
     const struct xb_inst *in = &p->inst[i];
     if (mean >= 0) { /* the load guard (mean < 0: asked after the choice, no guard) */
@@ -36,7 +38,8 @@ int64_t xb_cached_tokens(struct xb_pool *p, size_t i, const struct xb_query *q, 
         if (in->cfg.max_inflight > 0 && xb_inflight_of(in) >= in->cfg.max_inflight)
             return 0;
     }
-    int64_t c = (int64_t)xb_prefix_match(p->prefix, (int)i, q->blocks, q->nblocks, p->now) * q->block_tokens;
+    size_t held = precise ? (size_t)q->precise[i] : xb_prefix_match(p->prefix, (int)i, q->blocks, q->nblocks, p->now);
+    int64_t c = (int64_t)(held < q->nblocks ? held : q->nblocks) * q->block_tokens;
     return c < q->tokens ? c : q->tokens;
 }
 

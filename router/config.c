@@ -170,6 +170,31 @@ static const struct xpyd_setting settings[] = {
      "prompts waiting for or being tokenized at once; a prompt beyond it is not tokenized and keeps the byte "
      "estimate (`xpyd_tokenizer_fallbacks_total{reason=\"busy\"}`), so a burst never waits on the tokenizer "
      "longer than this bound"},
+    {"prefill-kv-events-port", XS_LONG, OFF(kv_events_port[0]), 0, 65535, "0", NULL,
+     "precise cache-aware placement: every prefill publishes vLLM's KV events (ZeroMQ PUB, `--kv-events-config` "
+     "endpoint `tcp://*:PORT`) on this port of its host, DP rank r on PORT + r; the router subscribes, keeps what "
+     "each rank reports holding (docs/CONFIGURATION.md \"Precise prefix-cache routing\") and `cache` placement "
+     "uses it for that rank (a host's own `kv_events` in the topology wins); 0 = none"},
+    {"decode-kv-events-port", XS_LONG, OFF(kv_events_port[1]), 0, 65535, "0", NULL,
+     "the same for decodes (their caches count where a decode computes a prompt: `--local-prefill-max-tokens`)"},
+    {"kv-events-replay-offset", XS_LONG, OFF(kv_events_replay_offset), 0, 65535, "0", NULL,
+     "vLLM's `replay_endpoint`: a rank's replay port is its event port + N (both offset by the DP rank, as vLLM "
+     "does); a gap in a rank's sequence numbers (or a first message after the start) asks it for the missed "
+     "batches; 0 = none (a gap then forgets that rank's blocks, which may be stale)"},
+    {"kv-events-stale-ms", XS_LONG, OFF(kv_events_stale_ms), 1, 1L << 30, "5000", NULL,
+     "a rank sent a prompt of at least one block and published nothing within this time: its events are not "
+     "trusted (placement goes approximate for it, `xpyd_kv_events_sources{state=\"stale\"}`) until it publishes "
+     "again"},
+    {"kv-events-max-bytes", XS_LONG, OFF(kv_events_max_bytes), 1024, 1L << 30, "1048576", NULL,
+     "largest KV-event message accepted (ZeroMQ drops the connection of a publisher sending more); with "
+     "`--kv-events-hwm` it bounds what one source may queue"},
+    {"kv-events-hwm", XS_LONG, OFF(kv_events_hwm), 1, 1000000, "64", NULL,
+     "KV-event messages ZeroMQ queues per source before dropping (a gap the sequence numbers then show)"},
+    {"kv-events-replay-timeout-ms", XS_LONG, OFF(kv_events_replay_timeout_ms), 1, 600000, "1000", NULL,
+     "how long a replay may take before the rank's blocks are forgotten instead"},
+    {"kv-index-max-blocks", XS_LONG, OFF(kv_index_max_blocks), 1, 1L << 30, "1048576", NULL,
+     "(rank, block) pairs the KV-event index of a pool keeps (about 70 bytes each); stored blocks beyond it are "
+     "not kept (`xpyd_kv_events_skipped_total{cause=\"full\"}`)"},
     {"prefix-block-tokens", XS_LONG, OFF(prefix_block_tokens), 1, 4096, "16", NULL,
      "cache-aware placement: tokens per prefix block (vLLM's default block size); text prompts are cut every "
      "block × `--bytes-per-token` bytes (with `--tokenizer`: every block of token ids), chat requests over a canonical serialization of their messages (role, "
@@ -474,6 +499,8 @@ void rt_config_print(const struct rt_config *c, FILE *f)
                     r->max_inflight);
             if (role == RT_PREFILL && rt_handoff_traits[c->handoff].bootstrap_server)
                 fprintf(f, " bootstrap_port=%d", r->bootstrap_port);
+            if (r->kv_events[0])
+                fprintf(f, " kv_events=%s", r->kv_events);
             fputc('\n', f);
         }
     }

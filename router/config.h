@@ -19,6 +19,7 @@ struct rt_host {
     int bootstrap_port;
     int max_inflight;
     int tls;             /* https:// */
+    char kv_events[300]; /* "tcp://HOST:PORT": its rank 0's KV-event publisher (rank r on PORT + r), "" none */
 };
 
 struct rt_pool_cfg {
@@ -37,6 +38,7 @@ struct rt_rank {
     int tp, weight, bootstrap_port, max_inflight;
     long max_model_len;
     int tls;             /* the endpoint speaks https */
+    char kv_events[300]; /* "tcp://HOST:PORT" of this rank's KV-event publisher, "" none */
 };
 
 struct rt_endpoint_cfg {
@@ -75,6 +77,8 @@ struct rt_config {
     double bytes_per_token;
     char tokenizer[1024];      /* --tokenizer DIR: prompts counted exactly (tokenize.c); "" off */
     long tokenizer_threads, tokenizer_queue, tokenizer_cache_bytes;
+    long kv_events_port[2], kv_events_replay_offset, kv_events_stale_ms, kv_events_max_bytes, kv_events_hwm;
+    long kv_events_replay_timeout_ms, kv_index_max_blocks;
     char chat_template[1024];  /* --chat-template FILE: instead of the model directory's; "" none */
     char id_prefix[32];
     int log_level;
@@ -146,5 +150,11 @@ int rt_config_bootstrap_port(const struct rt_config *c, int bootstrap_port, int 
 int rt_config_ranks_by_header(const struct rt_config *c, int role);
 /* Index of host:port in c->endpoints, appended when new (the configuration's own arrays, before start). */
 int rt_config_endpoint_index(struct rt_config *c, const char *host, int port);
+
+/* KV-event endpoints (config_topology.c): "tcp://HOST:PORT" checked (0 or -1), made from a host and port, and
+ * rank r's from its rank 0's (PORT + r). */
+int rt_kv_endpoint_check(const char *ep);
+void rt_kv_endpoint_make(const char *host, int port, char *out, size_t cap);
+void rt_kv_endpoint_rank(const char *base, int rank, char *out, size_t cap);
 
 #endif

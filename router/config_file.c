@@ -141,7 +141,7 @@ static int json_int(const cJSON *o, const char *k, int *out, const char *where)
 
 static const char *const pool_keys[] = {"hosts", "dp", "tp", "max_inflight", "policy", NULL};
 static const char *const host_keys[] = {"host", "port", "tls", "dp", "tp", "weight", "bootstrap_port", "max_inflight",
-                                        "max_model_len", NULL};
+                                        "max_model_len", "kv_events", NULL};
 
 static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *what)
 {
@@ -198,6 +198,15 @@ static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *wha
             return -1;
         }
         rh->tls = cJSON_IsTrue(tls);
+        const cJSON *kv = json_get(h, "kv_events");
+        if (kv && (!cJSON_IsString(kv) || rt_kv_endpoint_check(kv->valuestring) != 0 ||
+                   strlen(kv->valuestring) >= sizeof rh->kv_events)) {
+            fprintf(stderr, "xpyd_router: config: \"%s.kv_events\" must be \"tcp://HOST:PORT\" (the engine's KV-event "
+                            "publisher, its rank 0)\n", where);
+            return -1;
+        }
+        if (kv)
+            snprintf(rh->kv_events, sizeof rh->kv_events, "%s", kv->valuestring);
         if (!json_get(h, "port")) {
             fprintf(stderr, "xpyd_router: config: \"%s\" needs a \"port\" (the engine's)\n", where);
             return -1;

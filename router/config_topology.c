@@ -85,9 +85,37 @@ static int expand_pool(struct rt_config *c, int role)
                                     : 0;
             r->tls = rh->tls;
             c->endpoints[r->endpoint].tls |= rh->tls;
+            /* KV events: rank i of a host publishes on its base port + i, as vLLM offsets a DP rank's endpoint */
+            if (rh->kv_events[0])
+                rt_kv_endpoint_rank(rh->kv_events, i, r->kv_events, sizeof r->kv_events);
+            else if (c->kv_events_port[role] > 0)
+                rt_kv_endpoint_make(rh->host, (int)c->kv_events_port[role] + i, r->kv_events, sizeof r->kv_events);
         }
     }
     return 0;
+}
+
+int rt_kv_endpoint_check(const char *ep)
+{
+    const char *colon = strrchr(ep, ':');
+    char *end;
+    long port = colon ? strtol(colon + 1, &end, 10) : 0;
+    return strncmp(ep, "tcp://", 6) || !colon || colon - ep <= 6 || *end || port < 1 || port > 65535 ? -1 : 0;
+}
+
+void rt_kv_endpoint_make(const char *host, int port, char *out, size_t cap)
+{
+    if (strchr(host, ':')) /* an IPv6 address */
+        snprintf(out, cap, "tcp://[%s]:%d", host, port);
+    else
+        snprintf(out, cap, "tcp://%s:%d", host, port);
+}
+
+void rt_kv_endpoint_rank(const char *base, int rank, char *out, size_t cap)
+{
+    const char *colon = strrchr(base, ':');
+    long port = strtol(colon + 1, NULL, 10) + rank;
+    snprintf(out, cap, "%.*s:%ld", (int)(colon - base), base, port > 65535 ? 65535 : port);
 }
 
 int rt_config_expand(struct rt_config *c)

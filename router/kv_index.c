@@ -137,7 +137,7 @@ struct kvi *kvi_new(int nranks, size_t max_blocks)
     if (!x)
         return NULL;
     x->nranks = nranks;
-    x->words = (nranks + 63) / 64;
+    x->words = 1; /* grows with the highest rank that stores a block */
     x->max_pairs = max_blocks;
     x->rank_pairs = calloc((size_t)nranks, sizeof *x->rank_pairs);
     x->blk_free = x->pair_free = NONE;
@@ -182,6 +182,23 @@ static long find_pair(const struct kvi *x, int rank, uint64_t ehash)
 static uint64_t *bits_of(const struct kvi *x, uint32_t b)
 {
     return x->bits + (size_t)b * (size_t)x->words;
+}
+
+/* Room in every bitmap for rank: the bitmaps re-laid out with more words. 0 or -1. */
+static int ensure_words(struct kvi *x, int rank)
+{
+    int w = rank / 64 + 1;
+    if (w <= x->words)
+        return 0;
+    uint64_t *bits = x->blks_cap ? calloc(x->blks_cap * (size_t)w, sizeof *bits) : NULL;
+    if (x->blks_cap && !bits)
+        return -1;
+    for (size_t b = 0; b < x->nblks; b++)
+        memcpy(bits + b * (size_t)w, x->bits + b * (size_t)x->words, (size_t)x->words * sizeof *bits);
+    free(x->bits);
+    x->bits = bits;
+    x->words = w;
+    return 0;
 }
 
 static long new_blk(struct kvi *x, uint64_t key)
@@ -346,6 +363,8 @@ int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tok
     else if (ev->ntokens != ev->nhashes * (size_t)b)
         rc = KVI_SHAPE;
     uint64_t prev = xb_chain_seed(), space = space_of(ev);
+    if (!rc && ensure_words(x, rank))
+        rc = KVI_NOMEM;
     if (!rc && ev->has_parent) {
         long pi = find_pair(x, rank, ev->parent);
         if (pi < 0)

@@ -10,6 +10,7 @@
 #include "etcd_sync.h"
 #include "probe.h"
 #include "tokenize.h"
+#include "kv_sub.h"
 
 #include "xpyd_oai.h"
 #include "xpyd_tls.h"
@@ -252,7 +253,8 @@ int main(int argc, char **argv)
     rt->started_wall = xpyd_wall_s();
     rt->argc = argc;
     rt->argv = argv;
-    if (tls_setup(rt) != 0 || rt_registry_setup(rt) != 0 || rt_kvxfer_start() != 0 || rt_tok_setup(rt) != 0)
+    if (tls_setup(rt) != 0 || rt_registry_setup(rt) != 0 || rt_kvxfer_start() != 0 || rt_tok_setup(rt) != 0 ||
+        rt_kv_setup(rt) != 0)
         return 2;
     signal(SIGPIPE, SIG_IGN);
     xpyd_raise_nofile();
@@ -323,6 +325,7 @@ int main(int argc, char **argv)
     event_free(idle);
     rt_kvxfer_stop();
     rt_tok_stop();
+    rt_kv_stop();
     XLOG_INFO("msg=\"xpyd_router stopped\"");
     /* Worker threads and their connections end with the process. */
     return 0;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* metrics.c - the router's Prometheus page: counters, latency histograms, per-rank numbers. Updates are
  * atomics on the hot path; a scrape only reads them and never blocks request handling. */
+#include "kv_sub.h"
 #include "etcd_sync.h"
 #include "router.h"
 #include "tokenize.h"
@@ -277,6 +278,7 @@ void rt_metrics_handler(evhtp_request_t *req, void *arg)
                            "xpyd_endpoint_slots{state=\"used\"} %ld\nxpyd_endpoint_slots{state=\"free\"} %ld\n",
                         eu, ef);
     instance_errors_print(b);
+    rt_kv_metrics(b);
     process_print(b);
     xpyd_reply_buffer(req, 200, "text/plain; version=0.0.4; charset=utf-8", b);
     evbuffer_free(b);

@@ -50,6 +50,16 @@ int rt_rank_identity(int role, int idx, char *hp, size_t cap)
     return dp;
 }
 
+int rt_rank_kv_events(int role, int idx, char *ep, size_t cap)
+{
+    pthread_mutex_lock(&reg_mu);
+    int live = idx >= 0 && (size_t)idx < __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE) &&
+               !rt_rank_removed(role, idx);
+    snprintf(ep, cap, "%s", live ? g_rt->reg.ranks[role][idx].kv_events : "");
+    pthread_mutex_unlock(&reg_mu);
+    return live;
+}
+
 /* A rank slot another engine may take: removed, with nothing this router charged on it in flight. */
 static int rank_reusable(int role, size_t i)
 {
@@ -133,7 +143,8 @@ static const char *const apply_names[] = {"updated", "added", "revived", "unchan
 
 static struct rt_live_rank live_rank(const struct rt_rank *plan, int endpoint)
 {
-    struct rt_live_rank r = {endpoint, plan->dp_rank, plan->bootstrap_port, "", RT_SRC_CONFIG};
+    struct rt_live_rank r = {endpoint, plan->dp_rank, plan->bootstrap_port, "", RT_SRC_CONFIG, ""};
+    memcpy(r.kv_events, plan->kv_events, sizeof r.kv_events);
     return r;
 }
 
@@ -285,6 +296,11 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
     int ep = endpoint_for(host, port, want->tls, err, errcap);
     if (ep < 0)
         return ep;
+    struct rt_rank with_kv = *want; /* added at run time: its KV events where the flags say (DP rank r: + r) */
+    if (!with_kv.kv_events[0] && g_rt->cfg.kv_events_port[role] > 0)
+        rt_kv_endpoint_make(host, (int)g_rt->cfg.kv_events_port[role] + (want->dp_rank > 0 ? want->dp_rank : 0),
+                            with_kv.kv_events, sizeof with_kv.kv_events);
+    want = &with_kv;
     struct xb_instance_cfg ic = inst_cfg(want, host, port);
     for (size_t i = 0; i < c->n_ranks[role]; i++) {
         struct rt_live_rank *cur = &c->ranks[role][i];
@@ -294,8 +310,10 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
         struct xb_instance_stats st;
         xb_stats(g_rt->pools[role], (int)i, &st);
         int same = cur->bootstrap_port == want->bootstrap_port && st.tp == ic.tp && st.weight == ic.weight &&
-                   st.max_model_len == ic.max_model_len && st.max_inflight == ic.max_inflight;
+                   st.max_model_len == ic.max_model_len && st.max_inflight == ic.max_inflight &&
+                   !strcmp(cur->kv_events, want->kv_events);
         cur->bootstrap_port = want->bootstrap_port;
+        memcpy(cur->kv_events, want->kv_events, sizeof cur->kv_events);
         xb_update(g_rt->pools[role], (int)i, &ic);
         *idx_out = (int)i;
         if (!was_removed)

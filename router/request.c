@@ -9,6 +9,7 @@
 #include "decide.h"
 #include "body_src.h"
 #include "handoff.h"
+#include "kv_sub.h"
 #include "prompt.h"
 #include "rewrite.h"
 #include "stream.h"
@@ -257,12 +258,10 @@ int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct r
     struct leg *l = &r->legs[role];
     struct xb_query q = {.need_len = (uint64_t)(r->prompt_tokens + r->max_tokens), .tokens = charge,
                          .session = r->session, .exclude = l->tried, .nexclude = l->ntried};
-    if (g_rt->prefix_on[role] && !r->migrations) { /* a continuation's prompt is not the one hashed */
-        q.blocks = r->blocks;
-        q.nblocks = r->nblocks;
-        q.block_tokens = g_rt->cfg.prefix_block_tokens;
-    }
+    if (g_rt->prefix_on[role] && !r->migrations) /* a continuation's prompt is not the one hashed */
+        rt_kv_query(&q, role, r->blocks, r->nblocks, r->model);
     int idx = xb_pick_q(g_rt->pools[role], &q);
+    rt_kv_picked(role, idx, &q);
     if (idx == -EBUSY) {
         if (admission_wait(r, role, again, on_queue_expired) == ADMISSION_QUEUED) {
             req_set_state(r, REQ_QUEUED);
@@ -697,8 +696,8 @@ static int choose_local_prefill(struct request *r)
     int64_t charge;
     req_decode_charge(r, &charge);
     struct xb_query q = {.need_len = (uint64_t)(r->prompt_tokens + r->max_tokens), .tokens = charge,
-                         .blocks = r->blocks, .nblocks = r->nblocks, .block_tokens = c->prefix_block_tokens,
                          .session = r->session, .peek = 1};
+    rt_kv_query(&q, RT_DECODE, r->blocks, r->nblocks, r->model);
     if (xb_pick_q(g_rt->pools[RT_DECODE], &q) < 0)
         return 0;
     return rd_local_prefill(r->prompt_tokens, q.cached, c->local_prefill_max_tokens, c->local_prefill_when_busy_tokens,

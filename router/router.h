@@ -72,6 +72,8 @@ extern const struct rt_fail_row rt_fail_table[RF_COUNT];
  * registry's lock (a removed rank's slot may be given to another engine). The registry is the one owner of
  * identities; the balancer knows ranks by index only. */
 int rt_rank_identity(int role, int idx, char *hp, size_t cap);
+/* Rank idx's KV-event endpoint into ep ("" none); 1 when the rank exists and is not removed, else 0. */
+int rt_rank_kv_events(int role, int idx, char *ep, size_t cap);
 /* state.c: request-body bytes the router holds (the guard's bodies being read, requests' sources): reserve
  * under --max-body-memory-bytes (1 when taken, 0 over it), add without a check (bytes already admitted),
  * release. Any thread. */
@@ -138,6 +140,7 @@ struct rt_live_rank {
     char engine_id[128]; /* --handoff mooncake: this rank's engine id from /query ("" unknown); read it with
                           * rt_rank_engine_id (it changes when the prefill restarts) */
     int source;          /* enum rt_source: who put it there (who may take it out) */
+    char kv_events[300]; /* its KV-event publisher ("" none): read with rt_rank_kv_events, under the lock */
 };
 
 /* Where a rank came from. The configuration (-p/-d, --config, SIGHUP) and the admin API own theirs; etcd

@@ -44,14 +44,15 @@ npm_deps() {
 # What building and running xpyd needs (scripts/demo.sh installs only these) ...
 PKGS=(gcc make cmake pkg-config ca-certificates curl python3 procps
       libevent-dev libevhtp-dev libhttp-parser-dev libcjson-dev libibverbs-dev libjemalloc-dev libxxhash-dev
-      libpcre2-dev libutf8proc-dev libmsgpack-dev
+      libpcre2-dev libutf8proc-dev libmsgpack-dev libzmq3-dev
       libssl-dev openssl)
 # ... and what only the tests and benchmarks use (scripts/test.sh): unit tests (cmocka), fuzzing (clang),
 # a real Prometheus, etcd and HAProxy, the Debian package (help2man, dpkg-dev, adduser), charts (gnuplot),
-# the chat-template oracle (jinja2, configured as transformers configures it)
+# the chat-template oracle (jinja2, configured as transformers configures it), KV-event publishers written
+# independently of the router (pyzmq, msgpack)
 if [ "${XPYD_TEST_DEPS:-0}" = 1 ]; then
   PKGS+=(libcmocka-dev clang libclang-rt-14-dev prometheus etcd-server haproxy help2man man-db dpkg-dev adduser
-         gnuplot-nox python3-jinja2)
+         gnuplot-nox python3-jinja2 python3-zmq python3-msgpack)
 fi
 PKGS+=("$@")
 if [ $list = 1 ]; then

@@ -180,6 +180,31 @@ static void media_duplicates_and_lora(void **state)
     kvi_free(x);
 }
 
+static void many_ranks(void **state)
+{
+    (void)state;
+    setup_prompt();
+    struct kvi *x = kvi_new(300, 1000);
+    uint64_t h[2] = {1, 2}, k[8];
+    struct kv_event a = stored(h, 2, prompt, 0, 0), one = stored(h, 1, prompt, 0, 0);
+    assert_int_equal(kvi_apply(x, 3, &a, B), KVI_OK);
+    assert_int_equal(kvi_apply(x, 250, &one, B), KVI_OK); /* the bitmaps grow from one word to four */
+    assert_int_equal(kvi_apply(x, 130, &a, B), KVI_OK);
+    uint32_t out[300];
+    size_t n = keys_of(prompt, 12, k);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[3], 2);
+    assert_int_equal(out[250], 1);
+    assert_int_equal(out[130], 2);
+    assert_int_equal(out[0], 0);
+    assert_int_equal(out[299], 0);
+    kvi_drop_rank(x, 130);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[130], 0);
+    assert_int_equal(out[3], 2);
+    kvi_free(x);
+}
+
 /* A plain model: per rank, engine hash -> content key; a rank holds a key when any of its hashes maps to it. */
 #define R 6
 #define H 40
@@ -259,6 +284,7 @@ int main(void)
         cmocka_unit_test(chains_and_removals),
         cmocka_unit_test(refusals),
         cmocka_unit_test(media_duplicates_and_lora),
+        cmocka_unit_test(many_ranks),
         cmocka_unit_test(random_against_a_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

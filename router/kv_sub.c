@@ -1,0 +1,459 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kv_sub.c - the KV-event consumer (kv_sub.h): one thread, one ZeroMQ SUB socket per rank with an endpoint,
+ * polled together; batches decoded and applied to the pool's index as they come. Replays are synchronous on
+ * this thread (bounded by --kv-events-replay-timeout-ms); placement reads the index from the event loops. */
+#include "kv_sub.h"
+
+#include "kv_events.h"
+#include "kv_index.h"
+#include "router.h"
+#include "xb.h"
+#include "xpyd_util.h"
+
+#include <event2/buffer.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <zmq.h>
+
+#define DRAIN_MAX 256 /* messages taken from one socket before the others get their turn */
+
+struct src {
+    char ep[300];  /* the endpoint subscribed to ("" none); the consumer thread's alone */
+    void *sub;
+    int have_seq;
+    uint64_t seq;
+    atomic_int on;                    /* subscribed (placement may trust it) */
+    atomic_uint_fast64_t first_sent;  /* µs of the first prompt sent since its last message; 0: none */
+};
+
+static pthread_key_t scratch_key; /* rt_kv_query's per-thread memory */
+static const char *const roles[2] = {"prefill", "decode"};
+
+static struct {
+    int on[2];
+    struct kvi *idx[2];
+    struct src *src[2];
+    size_t cap;
+    void *ctx;
+    pthread_t th;
+    int started;
+    atomic_int stop;
+    atomic_uint_fast64_t batches[2], events[2][3], gaps[2], replays_ok[2], replays_failed[2], resets[2];
+    atomic_uint_fast64_t decode_errors[2][KVE_ECOUNT], skipped[2][KVI_COUNT], picks[2][2];
+    atomic_uint_fast64_t lag_us[2]; /* the last batch: its arrival minus its ts */
+} K;
+
+static uint64_t be64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static void apply(int role, int rank, const void *buf, size_t len)
+{
+    size_t lim = (size_t)g_rt->cfg.kv_events_max_bytes; /* every element takes a byte at least */
+    struct kve_limits l = {lim, lim, lim};
+    struct kv_batch b;
+    char err[200];
+    int rc = kve_decode(buf, len, &l, &b, err, sizeof err);
+    if (rc != KVE_OK) {
+        atomic_fetch_add(&K.decode_errors[role][rc], 1);
+        XLOG_DEBUG("msg=\"KV-event batch refused\" role=%s rank=%d cause=%s err=\"%s\"", roles[role], rank,
+                   kve_error_names[rc], err);
+        return;
+    }
+    atomic_fetch_add(&K.batches[role], 1);
+    struct timeval tv;
+    gettimeofday(&tv, NULL);
+    double lag = (double)tv.tv_sec + (double)tv.tv_usec / 1e6 - b.ts;
+    atomic_store(&K.lag_us[role], lag > 0 && lag < 1e6 ? (uint64_t)(lag * 1e6) : 0);
+    for (size_t i = 0; i < b.n; i++) {
+        atomic_fetch_add(&K.events[role][b.ev[i].type - 1], 1);
+        int r = kvi_apply(K.idx[role], rank, &b.ev[i], g_rt->cfg.prefix_block_tokens);
+        if (r != KVI_OK)
+            atomic_fetch_add(&K.skipped[role][r], 1);
+    }
+    kve_batch_free(&b);
+}
+
+/* Receives one multipart message without waiting: 1 with *nf frames (the first 3 kept), 0 when none waits. */
+static int recv_msg(void *sock, zmq_msg_t *f, int *nf)
+{
+    *nf = 0;
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, sock, *nf ? 0 : ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&m);
+            return *nf > 0;
+        }
+        int more = zmq_msg_more(&m);
+        if (*nf < 3)
+            f[(*nf)++] = m;
+        else
+            zmq_msg_close(&m);
+        if (!more)
+            return 1;
+    }
+}
+
+static void close_frames(zmq_msg_t *f, int nf)
+{
+    for (int i = 0; i < nf; i++)
+        zmq_msg_close(&f[i]);
+}
+
+/* Asks rank's replay endpoint for batches [from, upto) and applies them; 0 when all came in order. */
+static int replay(int role, int rank, struct src *s, uint64_t from, uint64_t upto)
+{
+    const char *colon = strrchr(s->ep, ':');
+    char ep[320];
+    snprintf(ep, sizeof ep, "%.*s:%ld", (int)(colon - s->ep), s->ep,
+             strtol(colon + 1, NULL, 10) + g_rt->cfg.kv_events_replay_offset);
+    void *d = zmq_socket(K.ctx, ZMQ_DEALER);
+    int zero = 0, ok = -1;
+    int64_t max = g_rt->cfg.kv_events_max_bytes;
+    if (!d)
+        return -1;
+    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(d, ZMQ_MAXMSGSIZE, &max, sizeof max);
+    unsigned char req[8];
+    for (int i = 0; i < 8; i++)
+        req[i] = (unsigned char)(from >> (56 - 8 * i));
+    uint64_t deadline = xpyd_now_us() + (uint64_t)g_rt->cfg.kv_events_replay_timeout_ms * 1000u, next = from;
+    if (zmq_connect(d, ep) == 0 && zmq_send(d, req, sizeof req, 0) == sizeof req) {
+        for (uint64_t now; ok < 0 && (now = xpyd_now_us()) < deadline;) {
+            zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
+            if (zmq_poll(&it, 1, (long)((deadline - now + 999) / 1000)) <= 0)
+                break;
+            zmq_msg_t f[3];
+            int nf;
+            if (!recv_msg(d, f, &nf))
+                continue;
+            if (nf == 2 && zmq_msg_size(&f[0]) == 8) {
+                uint64_t seq = be64(zmq_msg_data(&f[0]));
+                if (!zmq_msg_size(&f[1])) { /* the end: everything asked for came, or the buffer had less */
+                    ok = next >= upto ? 0 : 1;
+                } else if (seq == next && seq < upto) {
+                    apply(role, rank, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]));
+                    next++;
+                    if (next >= upto)
+                        ok = 0;
+                } else if (seq > next) { /* older ones no longer buffered */
+                    ok = 1;
+                }
+            }
+            close_frames(f, nf);
+        }
+    }
+    zmq_close(d);
+    atomic_fetch_add(ok == 0 ? &K.replays_ok[role] : &K.replays_failed[role], 1);
+    return ok == 0 ? 0 : -1;
+}
+
+static void on_message(int role, int rank, struct src *s, zmq_msg_t *f, int nf)
+{
+    if (nf != 3 || zmq_msg_size(&f[1]) != 8) {
+        atomic_fetch_add(&K.decode_errors[role][KVE_ESHAPE], 1);
+        return;
+    }
+    uint64_t seq = be64(zmq_msg_data(&f[1]));
+    int replayable = g_rt->cfg.kv_events_replay_offset > 0;
+    if (s->have_seq && seq <= s->seq) { /* numbered afresh: the engine restarted, its cache empty */
+        atomic_fetch_add(&K.resets[role], 1);
+        kvi_drop_rank(K.idx[role], rank);
+    } else if (s->have_seq && seq > s->seq + 1) {
+        atomic_fetch_add(&K.gaps[role], 1);
+        if (!replayable || replay(role, rank, s, s->seq + 1, seq) != 0)
+            kvi_drop_rank(K.idx[role], rank); /* what was missed may have removed blocks: start afresh */
+    } else if (!s->have_seq && seq > 0 && replayable) {
+        replay(role, rank, s, 0, seq); /* joined late: what the rank stored before, as far as it is buffered */
+    }
+    s->have_seq = 1;
+    s->seq = seq;
+    apply(role, rank, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
+    atomic_store(&s->first_sent, 0);
+}
+
+static void unsubscribe(int role, int rank, struct src *s)
+{
+    atomic_store(&s->on, 0);
+    if (s->sub)
+        zmq_close(s->sub);
+    s->sub = NULL;
+    s->ep[0] = 0;
+    s->have_seq = 0;
+    kvi_drop_rank(K.idx[role], rank);
+}
+
+/* Follows the registry: a rank's endpoint new, changed or gone. */
+static void sync_sources(void)
+{
+    for (int role = 0; role < 2; role++) {
+        if (!K.on[role])
+            continue;
+        size_t n = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE);
+        for (size_t i = 0; i < n && i < K.cap; i++) {
+            struct src *s = &K.src[role][i];
+            char ep[300];
+            if (!rt_rank_kv_events(role, (int)i, ep, sizeof ep))
+                ep[0] = 0;
+            if (!strcmp(ep, s->ep))
+                continue;
+            if (s->ep[0])
+                unsubscribe(role, (int)i, s);
+            if (!ep[0])
+                continue;
+            void *sub = zmq_socket(K.ctx, ZMQ_SUB);
+            int zero = 0, hwm = (int)g_rt->cfg.kv_events_hwm, ivl = 100, ivl_max = 5000;
+            int64_t max = g_rt->cfg.kv_events_max_bytes;
+            if (!sub)
+                continue;
+            zmq_setsockopt(sub, ZMQ_LINGER, &zero, sizeof zero);
+            zmq_setsockopt(sub, ZMQ_RCVHWM, &hwm, sizeof hwm);
+            zmq_setsockopt(sub, ZMQ_MAXMSGSIZE, &max, sizeof max);
+            zmq_setsockopt(sub, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
+            zmq_setsockopt(sub, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
+            zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0); /* every topic */
+            if (zmq_connect(sub, ep) != 0) {
+                XLOG_WARN("msg=\"cannot subscribe to KV events\" role=%s rank=%zu endpoint=\"%s\" err=\"%s\"",
+                          roles[role], i, ep, zmq_strerror(zmq_errno()));
+                zmq_close(sub);
+                continue;
+            }
+            snprintf(s->ep, sizeof s->ep, "%s", ep);
+            s->sub = sub;
+            atomic_store(&s->first_sent, 0);
+            atomic_store(&s->on, 1);
+            XLOG_INFO("msg=\"subscribed to KV events\" role=%s rank=%zu endpoint=\"%s\"", roles[role], i, ep);
+        }
+    }
+}
+
+static void *consumer(void *arg)
+{
+    (void)arg;
+    size_t max = 2 * K.cap;
+    zmq_pollitem_t *items = calloc(max, sizeof *items);
+    int *who = calloc(max, sizeof *who);
+    uint64_t next_sync = 0;
+    while (items && who && !atomic_load(&K.stop)) {
+        uint64_t now = xpyd_now_us();
+        if (now >= next_sync) {
+            sync_sources();
+            next_sync = now + 500000;
+        }
+        int n = 0;
+        for (int role = 0; role < 2; role++)
+            for (size_t i = 0; K.on[role] && i < K.cap; i++)
+                if (K.src[role][i].sub) {
+                    items[n] = (zmq_pollitem_t){K.src[role][i].sub, 0, ZMQ_POLLIN, 0};
+                    who[n++] = role * (int)K.cap + (int)i;
+                }
+        if (zmq_poll(items, n, 100) <= 0)
+            continue;
+        for (int k = 0; k < n; k++) {
+            if (!(items[k].revents & ZMQ_POLLIN))
+                continue;
+            int role = who[k] / (int)K.cap, rank = who[k] % (int)K.cap;
+            struct src *s = &K.src[role][rank];
+            for (int m = 0; m < DRAIN_MAX; m++) {
+                zmq_msg_t f[3];
+                int nf;
+                if (!recv_msg(s->sub, f, &nf))
+                    break;
+                on_message(role, rank, s, f, nf);
+                close_frames(f, nf);
+            }
+        }
+    }
+    free(items);
+    free(who);
+    for (int role = 0; role < 2; role++)
+        for (size_t i = 0; K.on[role] && i < K.cap; i++)
+            if (K.src[role][i].sub)
+                zmq_close(K.src[role][i].sub);
+    return NULL;
+}
+
+int rt_kv_setup(struct router *rt)
+{
+    const struct rt_config *c = &rt->cfg;
+    K.cap = (size_t)c->max_instances;
+    for (int role = 0; role < 2; role++) {
+        K.on[role] = c->kv_events_port[role] > 0;
+        for (size_t i = 0; i < c->n_ranks[role]; i++)
+            K.on[role] |= c->ranks[role][i].kv_events[0] != 0;
+        if (!K.on[role])
+            continue;
+        if (!rt->prefix_on[role])
+            XLOG_WARN("msg=\"KV events of the %s pool are read but its placement does not use them (policy cache, "
+                      "or --local-prefill-max-tokens for decodes)\"", roles[role]);
+        K.idx[role] = kvi_new((int)K.cap, (size_t)c->kv_index_max_blocks);
+        K.src[role] = calloc(K.cap, sizeof *K.src[role]);
+        if (!K.idx[role] || !K.src[role]) {
+            fprintf(stderr, "xpyd_router: out of memory\n");
+            return -1;
+        }
+    }
+    if (!K.on[0] && !K.on[1])
+        return 0;
+    if (pthread_key_create(&scratch_key, free) || !(K.ctx = zmq_ctx_new()) ||
+        pthread_create(&K.th, NULL, consumer, NULL) != 0) {
+        fprintf(stderr, "xpyd_router: cannot start the KV-event consumer\n");
+        return -1;
+    }
+    K.started = 1;
+    return 0;
+}
+
+void rt_kv_stop(void)
+{
+    if (K.started) {
+        atomic_store(&K.stop, 1);
+        pthread_join(K.th, NULL);
+        zmq_ctx_term(K.ctx);
+        K.started = 0;
+    }
+    for (int role = 0; role < 2; role++) {
+        kvi_free(K.idx[role]);
+        free(K.src[role]);
+        K.idx[role] = NULL;
+        K.src[role] = NULL;
+    }
+}
+
+/* Per thread: the query's per-slot blocks and the index's answer (one allocation, freed when the thread ends) */
+
+static void *scratch(void)
+{
+    void *p = pthread_getspecific(scratch_key);
+    if (!p && (p = malloc(K.cap * (sizeof(int64_t) + sizeof(uint32_t)))) && pthread_setspecific(scratch_key, p)) {
+        free(p);
+        p = NULL;
+    }
+    return p;
+}
+
+void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n, const char *model)
+{
+    q->blocks = blocks;
+    q->nblocks = n;
+    q->block_tokens = g_rt->cfg.prefix_block_tokens;
+    q->precise = NULL;
+    int64_t *out = K.on[role] && n ? scratch() : NULL; /* every slot of the pool: a rank added meanwhile reads -1 */
+    if (!out)
+        return;
+    uint32_t *held = (uint32_t *)(out + K.cap);
+    kvi_match(K.idx[role], blocks, n, kvi_space_for(K.idx[role], model), held);
+    uint64_t now = xpyd_now_us(), stale = (uint64_t)g_rt->cfg.kv_events_stale_ms * 1000u;
+    int trusted = 0;
+    for (size_t i = 0; i < K.cap; i++) {
+        const struct src *s = &K.src[role][i];
+        uint64_t sent = atomic_load(&s->first_sent);
+        int ok = atomic_load(&s->on) && !(sent && now - sent > stale);
+        out[i] = ok ? (int64_t)held[i] : -1;
+        trusted += ok;
+    }
+    if (trusted)
+        q->precise = out;
+}
+
+void rt_kv_picked(int role, int idx, const struct xb_query *q)
+{
+    if (!K.on[role] || !q->nblocks || idx < 0 || (size_t)idx >= K.cap)
+        return;
+    if (!q->peek) {
+        uint_fast64_t none = 0;
+        atomic_compare_exchange_strong(&K.src[role][idx].first_sent, &none, xpyd_now_us());
+    }
+    atomic_fetch_add(&K.picks[role][q->precise && q->precise[idx] >= 0], 1);
+}
+
+#define EACH_ROLE for (int role = 0; role < 2; role++) if (K.on[role])
+#define U64(x) ((uint64_t)atomic_load(&(x)))
+
+static void header(struct evbuffer *b, const char *name, const char *type, const char *help)
+{
+    evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* Each family in one group (its HELP and TYPE, then its series for both pools), as the text format wants. */
+void rt_kv_metrics(struct evbuffer *b)
+{
+    if (!K.on[0] && !K.on[1])
+        return;
+    static const char *const types[3] = {"stored", "removed", "cleared"};
+    size_t blocks[2] = {0, 0};
+    long precise[2] = {0, 0}, stale_n[2] = {0, 0};
+    uint64_t now = xpyd_now_us(), stale = (uint64_t)g_rt->cfg.kv_events_stale_ms * 1000u;
+    EACH_ROLE {
+        size_t n = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE);
+        for (size_t i = 0; i < n && i < K.cap; i++) {
+            const struct src *s = &K.src[role][i];
+            blocks[role] += kvi_blocks(K.idx[role], (int)i);
+            if (!atomic_load(&s->on))
+                continue;
+            uint64_t sent = atomic_load(&s->first_sent);
+            if (sent && now - sent > stale)
+                stale_n[role]++;
+            else
+                precise[role]++;
+        }
+    }
+    header(b, "xpyd_kv_events_batches_total", "counter", "KV-event batches applied, per pool.");
+    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_batches_total{role=\"%s\"} %" PRIu64 "\n", roles[role],
+                                  U64(K.batches[role]));
+    header(b, "xpyd_kv_events_total", "counter", "KV events received, per pool and type.");
+    EACH_ROLE for (int t = 0; t < 3; t++)
+        evbuffer_add_printf(b, "xpyd_kv_events_total{role=\"%s\",type=\"%s\"} %" PRIu64 "\n", roles[role], types[t],
+                            U64(K.events[role][t]));
+    header(b, "xpyd_kv_events_gaps_total", "counter",
+           "Gaps in a rank's sequence numbers (messages lost: replayed, or the rank's blocks forgotten).");
+    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_gaps_total{role=\"%s\"} %" PRIu64 "\n", roles[role],
+                                  U64(K.gaps[role]));
+    header(b, "xpyd_kv_events_replays_total", "counter", "Replays asked for (a gap, or joining late), by result.");
+    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_replays_total{role=\"%s\",result=\"ok\"} %" PRIu64 "\n"
+                                     "xpyd_kv_events_replays_total{role=\"%s\",result=\"failed\"} %" PRIu64 "\n",
+                                  roles[role], U64(K.replays_ok[role]), roles[role], U64(K.replays_failed[role]));
+    header(b, "xpyd_kv_events_resets_total", "counter",
+           "Sequence numbers that went back (an engine restarted): the rank's blocks forgotten.");
+    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_resets_total{role=\"%s\"} %" PRIu64 "\n", roles[role],
+                                  U64(K.resets[role]));
+    header(b, "xpyd_kv_events_decode_errors_total", "counter", "KV-event messages refused, by cause.");
+    EACH_ROLE for (int e = 1; e < KVE_ECOUNT; e++)
+        evbuffer_add_printf(b, "xpyd_kv_events_decode_errors_total{role=\"%s\",cause=\"%s\"} %" PRIu64 "\n",
+                            roles[role], kve_error_names[e], U64(K.decode_errors[role][e]));
+    header(b, "xpyd_kv_events_skipped_total", "counter",
+           "KV events not (wholly) applied to the index, by cause (orphan: parent unknown; block_size: unlike "
+           "--prefix-block-tokens; not_full_attention; shape; full: --kv-index-max-blocks).");
+    EACH_ROLE for (int e = 1; e < KVI_COUNT; e++)
+        evbuffer_add_printf(b, "xpyd_kv_events_skipped_total{role=\"%s\",cause=\"%s\"} %" PRIu64 "\n", roles[role],
+                            kvi_skip_names[e], U64(K.skipped[role][e]));
+    header(b, "xpyd_kv_events_lag_seconds", "gauge", "The last batch: its arrival minus its timestamp.");
+    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_lag_seconds{role=\"%s\"} %.6f\n", roles[role],
+                                  (double)U64(K.lag_us[role]) / 1e6);
+    header(b, "xpyd_kv_index_blocks", "gauge", "(rank, block) pairs the KV-event index holds.");
+    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_index_blocks{role=\"%s\"} %zu\n", roles[role], blocks[role]);
+    header(b, "xpyd_kv_index_bytes", "gauge", "Memory of the KV-event index.");
+    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_index_bytes{role=\"%s\"} %zu\n", roles[role], kvi_bytes(K.idx[role]));
+    header(b, "xpyd_kv_events_sources", "gauge",
+           "Ranks with a KV-event endpoint, by state: precise (placement uses their events) or stale (sent a "
+           "prompt, published nothing for --kv-events-stale-ms: approximate placement for them).");
+    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_sources{role=\"%s\",state=\"precise\"} %ld\n"
+                                     "xpyd_kv_events_sources{role=\"%s\",state=\"stale\"} %ld\n",
+                                  roles[role], precise[role], roles[role], stale_n[role]);
+    header(b, "xpyd_kv_placements_total", "counter",
+           "Picks whose chosen rank's cached prefix came from its events (precise) or from the router's own "
+           "guess (approximate).");
+    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_placements_total{role=\"%s\",mode=\"precise\"} %" PRIu64 "\n"
+                                     "xpyd_kv_placements_total{role=\"%s\",mode=\"approximate\"} %" PRIu64 "\n",
+                                  roles[role], U64(K.picks[role][1]), roles[role], U64(K.picks[role][0]));
+}

@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kv_sub.h - the engines' KV events, consumed (issue 40): one thread subscribes with libzmq to every rank that
+ * has a KV-event endpoint (the topology's "kv_events", --prefill/decode-kv-events-port), decodes each batch
+ * (kv_events.h) and keeps per pool what each rank reports holding (kv_index.h). Sequence numbers per rank: a
+ * gap asks the rank's replay endpoint (--kv-events-replay-offset) or forgets the rank's blocks; a number going
+ * back (the engine restarted) and AllBlocksCleared forget them too. A rank that was sent a prompt of a block or
+ * more and published nothing for --kv-events-stale-ms is not trusted until it publishes again. The registry is
+ * followed (reloads, the admin API, etcd): a rank whose endpoint changes or that is removed starts afresh. */
+#ifndef XPYD_KV_SUB_H
+#define XPYD_KV_SUB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct router;
+struct evbuffer;
+struct xb_query;
+
+/* Starts the consumer when a pool has KV-event endpoints (0, or -1 with a message). */
+int rt_kv_setup(struct router *rt);
+void rt_kv_stop(void);
+
+/* A pick's prompt blocks into q (blocks of --prefix-block-tokens) and, for pool role, per instance (every slot)
+ * the leading blocks of them the rank reports holding, or -1 where its events are not trusted (none, stale) and
+ * placement stays approximate (q->precise NULL when none is trusted). Valid until the thread's next call. */
+void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n, const char *model);
+/* After a pick with that query: a rank sent a prompt of a block or more should publish (the staleness clock),
+ * and the pick is counted precise or approximate. */
+void rt_kv_picked(int role, int idx, const struct xb_query *q);
+/* The xpyd_kv_* series of /metrics. */
+void rt_kv_metrics(struct evbuffer *b);
+
+#endif

@@ -1,0 +1,298 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Precise cache-aware placement from the engines' KV events (issue 40), end to end: publishers written here with
+pyzmq and msgpack (Debian's python3-zmq, python3-msgpack: independent of the router's code), framed as vLLM frames
+them (topic, 8-byte big-endian sequence number, a msgpack KVEventBatch), batches built by hand in both encodings.
+ - placement follows what ranks report: a prompt goes to the rank whose events say it holds the prompt's leading
+   blocks, and leaves it when the rank reports them evicted (where the router's own guess would still send it);
+ - an engine restart (sequence numbers going back) and AllBlocksCleared forget a rank's blocks;
+ - a gap asks the replay endpoint (a ROUTER socket here) for what was missed, or without one forgets the rank;
+ - hostile messages (bad framing, garbage, random bytes) are refused by cause and change nothing;
+ - a rank sent a prompt that publishes nothing is stale (approximate placement for it) until it publishes;
+ - two routers on the same events place alike; the index's metrics."""
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+try:
+    import msgpack
+    import zmq
+except ImportError:  # Debian's modules: re-run under Debian's interpreter when another one started us
+    if sys.executable != "/usr/bin/python3" and os.path.exists("/usr/bin/python3"):
+        os.execv("/usr/bin/python3", ["/usr/bin/python3"] + sys.argv)
+    raise
+
+import xpyd_testlib as t
+
+B = 16  # tokens per block: the router's --prefix-block-tokens default, vLLM's default block size
+
+
+def prompt(k, n=160):
+    return [1000 * k + i for i in range(n)]
+
+
+def stored_map(hashes, tokens, parent=None, lora=None):
+    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": tokens,
+            "block_size": B, "lora_id": None, "medium": "GPU", "lora_name": lora, "extra_keys": None,
+            "group_idx": 0, "kv_cache_spec_kind": "full_attention", "a_field_from_the_future": [1, 2]}
+
+
+def stored_array(hashes, tokens, parent=None):
+    # vLLM before mid-2026: positional, tagged by the class name, trailing defaults omitted
+    return ["BlockStored", hashes, parent, tokens, B, None, "GPU"]
+
+
+def batch_map(events, dp=0):
+    return msgpack.packb({"ts": time.time(), "events": events, "data_parallel_rank": dp})
+
+
+def batch_array(events):
+    return msgpack.packb([time.time(), events])
+
+
+class Pub:
+    """A rank's KV-event publisher: a PUB socket as vLLM's ZmqEventPublisher binds it, and optionally its replay
+    ROUTER socket (answers a start sequence number with (seq, payload) pairs, then seq -1 and an empty frame)."""
+
+    def __init__(self, ctx, replay=False):
+        self.s = ctx.socket(zmq.PUB)
+        self.s.setsockopt(zmq.LINGER, 0)
+        self.s.bind("tcp://127.0.0.1:0")
+        self.ep = self.s.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.port = int(self.ep.rsplit(":", 1)[1])
+        self.seq = 0
+        self.sent = {}  # seq -> payload, what a replay can give
+        self.replay_offset = None
+        if replay:
+            self.r = ctx.socket(zmq.ROUTER)
+            self.r.setsockopt(zmq.LINGER, 0)
+            for off in range(1000, 1100):  # the router reaches it at the event port + a fixed offset
+                try:
+                    self.r.bind("tcp://127.0.0.1:%d" % (self.port + off))
+                    self.replay_offset = off
+                    break
+                except zmq.ZMQError:
+                    continue
+            assert self.replay_offset, "no free port for the replay socket"
+            self.asked = []
+            self.stop = False
+            self.th = threading.Thread(target=self._serve, daemon=True)
+            self.th.start()
+
+    def _serve(self):
+        while not self.stop:
+            if not self.r.poll(50):
+                continue
+            ident, start = self.r.recv_multipart()
+            first = int.from_bytes(start, "big")
+            self.asked.append(first)
+            for seq in sorted(s for s in self.sent if s >= first):
+                self.r.send_multipart([ident, seq.to_bytes(8, "big"), self.sent[seq]])
+            self.r.send_multipart([ident, (-1).to_bytes(8, "big", signed=True), b""])
+
+    def send(self, payload, seq=None, publish=True):
+        seq = self.seq if seq is None else seq
+        self.sent[seq] = payload
+        if publish:
+            self.s.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+        self.seq = seq + 1
+
+    def close(self):
+        if self.replay_offset:
+            self.stop = True
+            self.th.join()
+            self.r.close()
+        self.s.close()
+
+
+def kv(port, name, role="prefill", **labels):
+    lab = ",".join(['role="%s"' % role] + ['%s="%s"' % kv for kv in labels.items()])
+    return t.metric(port, "%s{%s}" % (name, lab), default=0)
+
+
+def completion(port, ids):
+    st, _, out = t.post_json(port, "/v1/completions", {"prompt": ids, "max_tokens": 1})
+    assert st == 200, out
+    return out
+
+
+def selected(port, sim):
+    return t.metric(port, 'xpyd_instance_selected_total{role="prefill",engine="127.0.0.1:%d",dp_rank="0"}'
+                    % sim.port, default=0)
+
+
+class KvEvents(t.TestCase):
+    def setUp(self):
+        super().setUp()
+        self.ctx = zmq.Context()
+        self.addCleanup(self.ctx.destroy, linger=0)
+
+    def cluster(self, n=2, replay=False, args=(), routers=1, sim_args=()):
+        ps = [self.start(t.sim("--role", "prefill", *sim_args)) for _ in range(n)]
+        d = self.start(t.sim("--role", "decode", *sim_args))
+        pubs = [Pub(self.ctx, replay) for _ in ps]
+        for p in pubs:
+            self.addCleanup(p.close)
+        topo = {"prefill": {"hosts": [{"host": "127.0.0.1", "port": s.port, "kv_events": p.ep}
+                                      for s, p in zip(ps, pubs)]},
+                "decode": {"hosts": ["127.0.0.1:%d" % d.port]}}
+        path = os.path.join(t.tmpdir(prefix="xpyd-kv-"), "topology.json")
+        with open(path, "w") as f:
+            json.dump(topo, f)
+        extra = ["--kv-events-replay-offset", str(pubs[0].replay_offset)] if replay else []
+        rs = [self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--threads", "2", "--config",
+                                                path, "--prefill-policy", "cache"] + extra + list(args)))
+              for _ in range(routers)]
+        for p in pubs:
+            self.handshake(rs, p)
+        return ps, pubs, rs
+
+    def handshake(self, rs, pub):
+        # a SUB socket hears nothing sent before it connected: empty batches until every router counts one
+        def heard():
+            before = [kv(r.port, "xpyd_kv_events_batches_total") for r in rs]
+            pub.send(batch_map([]))
+            time.sleep(0.02)
+            return all(kv(r.port, "xpyd_kv_events_batches_total") > b for r, b in zip(rs, before))
+        t.wait_until(heard, what="the router subscribed")
+
+    def wait_blocks(self, r, n):
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_index_blocks") == n, what="%d blocks in the index" % n)
+
+    def test_placement_follows_what_ranks_report(self):
+        ps, pubs, (r,) = self.cluster()
+        p1, p2 = prompt(1), prompt(2)
+        pubs[1].send(batch_map([stored_map([101, 102, 103, 104], p1[:64]),
+                                stored_map([105, 106, 107, 108], p1[64:128], parent=104)]))
+        pubs[0].send(batch_map([stored_map([201, 202, 203, 204, 205, 206, 207, 208], p2[:128])]))
+        self.wait_blocks(r, 16)
+        for k in range(4):
+            completion(r.port, p1)
+            completion(r.port, p2)
+        self.assertEqual((selected(r.port, ps[0]), selected(r.port, ps[1])), (4, 4))
+        self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 8)
+        # rank 1 evicts p1's first block and rank 0 stores its first four: p1 goes to rank 0, though rank 1 was
+        # sent p1 four times (the router's own guess would keep sending it there)
+        pubs[1].send(batch_map([{"type": "BlockRemoved", "block_hashes": [101], "medium": "GPU"}]))
+        pubs[0].send(batch_map([stored_map([301, 302, 303, 304], p1[:64])]))
+        self.wait_blocks(r, 19)
+        predicted = kv(r.port, "xpyd_prefix_predicted_tokens_total")
+        completion(r.port, p1)
+        self.assertEqual(selected(r.port, ps[0]), 5)
+        self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - predicted, 64)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_total", type="stored"), 4)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_total", type="removed"), 1)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_sources", state="precise"), 2)
+        self.assertGreater(kv(r.port, "xpyd_kv_index_bytes"), 0)
+        t.wait_until(lambda: t.router_idle(r.port), what="load back to zero")
+        if shutil.which("promtool"):  # the exposition a real Prometheus reads (each family in one group)
+            _, _, text = t.request(r.port, "GET", "/metrics")
+            p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+
+    def test_restart_clear_and_the_array_encoding(self):
+        ps, pubs, (r,) = self.cluster()
+        p3 = prompt(3)
+        pubs[0].send(batch_array([stored_array([1, 2, 3, 4], p3[:64])]))
+        self.wait_blocks(r, 4)
+        completion(r.port, p3)
+        self.assertEqual(selected(r.port, ps[0]), 1)
+        # rank 0's engine restarts: its sequence numbers start again at 0, its cache is empty
+        pubs[0].send(batch_map([]), seq=0)
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_resets_total") == 1, what="the reset")
+        self.wait_blocks(r, 0)
+        pubs[1].send(batch_array([stored_array([7, 8], p3[:32])]))
+        self.wait_blocks(r, 2)
+        completion(r.port, p3)
+        self.assertEqual(selected(r.port, ps[1]), 1)  # not rank 0, where the router sent p3 before
+        pubs[1].send(batch_array([["AllBlocksCleared"]]))
+        self.wait_blocks(r, 0)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_total", type="cleared"), 1)
+
+    def test_a_gap_is_replayed(self):
+        ps, pubs, (r,) = self.cluster(replay=True)
+        p4 = prompt(4)
+        pubs[0].send(batch_map([stored_map([41, 42], p4[:32])]))
+        pubs[0].send(batch_map([stored_map([43, 44], p4[32:64], parent=42)]), publish=False)  # lost
+        pubs[0].send(batch_map([stored_map([45], p4[64:80], parent=44)]))
+        self.wait_blocks(r, 5)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_gaps_total"), 1)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_replays_total", result="ok"), 1)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_skipped_total", cause="orphan"), 0)
+        completion(r.port, p4)
+        self.assertEqual(selected(r.port, ps[0]), 1)
+        self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total"), 80)
+
+    def test_a_gap_without_replay_forgets_the_rank(self):
+        ps, pubs, (r,) = self.cluster()
+        p5 = prompt(5)
+        pubs[0].send(batch_map([stored_map([51, 52, 53], p5[:48])]))
+        self.wait_blocks(r, 3)
+        pubs[0].send(batch_map([{"type": "BlockRemoved", "block_hashes": [51]}]), publish=False)  # lost
+        pubs[0].send(batch_map([stored_map([61], prompt(6)[:16])]))
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_gaps_total") == 1, what="the gap")
+        self.wait_blocks(r, 1)  # what it held before the gap may be stale: gone; what came after, kept
+
+    def test_hostile_messages_change_nothing(self):
+        ps, pubs, (r,) = self.cluster()
+        pubs[0].send(batch_map([stored_map([71, 72], prompt(7)[:32])]))
+        self.wait_blocks(r, 2)
+        s = pubs[0].s
+        s.send_multipart([b"", b"\x00\x00\x00\x00\x00\x00\x00\x0a"])  # two frames
+        s.send_multipart([b"", b"\x01\x02", b"\x90"])  # a 2-byte sequence number
+        pubs[0].send(b"\xc1 not msgpack")
+        pubs[0].send(msgpack.packb({"ts": 1, "events": [{"type": "BlockStored", "block_hashes": "x"}]}))
+        pubs[0].send(msgpack.packb([1, [["NoSuchEvent", 1]]]))
+        rnd = random.Random(40)
+        for _ in range(200):
+            pubs[0].send(bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 64))))
+        pubs[0].send(batch_map([stored_map([73], prompt(7)[32:48], parent=72)]))
+        self.wait_blocks(r, 3)
+        errors = sum(kv(r.port, "xpyd_kv_events_decode_errors_total", cause=c)
+                     for c in ("msgpack", "shape", "type", "hash", "limit", "nomem"))
+        self.assertGreaterEqual(errors, 5)
+        self.assertGreaterEqual(kv(r.port, "xpyd_kv_events_decode_errors_total", cause="shape"), 2)
+        completion(r.port, prompt(7))
+        self.assertEqual(selected(r.port, ps[0]), 1)
+
+    def test_a_silent_rank_goes_stale_until_it_publishes(self):
+        ps, pubs, (r,) = self.cluster(n=1, args=("--kv-events-stale-ms", "300"))
+        completion(r.port, prompt(8))  # sent a prompt of 10 blocks; the "engine" publishes nothing
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="stale") == 1, what="stale")
+        completion(r.port, prompt(8))
+        self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="approximate"), 1)
+        pubs[0].send(batch_map([stored_map([81], prompt(8)[:16])]))
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="precise") == 1, what="precise again")
+        completion(r.port, prompt(8))
+        self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 2)
+
+    def test_two_routers_on_the_same_events(self):
+        ps, pubs, rs = self.cluster(routers=2)
+        p9 = prompt(9)
+        pubs[1].send(batch_map([stored_map([91, 92, 93], p9[:48])]))
+        for r in rs:
+            self.wait_blocks(r, 3)
+            completion(r.port, p9)
+            self.assertEqual((selected(r.port, ps[0]), selected(r.port, ps[1])), (0, 1))
+
+    def test_lora_blocks_are_not_the_base_models(self):
+        # the sims answer to the adapter's name (a vLLM with --lora-modules answers to both; the sims to one, and a
+        # request naming no model is served)
+        ps, pubs, (r,) = self.cluster(sim_args=("--model", "sql-adapter"))
+        p = prompt(10)
+        pubs[1].send(batch_map([stored_map([11, 12, 13], p[:48], lora="sql-adapter")]))
+        pubs[0].send(batch_map([stored_map([21], p[:16])]))
+        self.wait_blocks(r, 4)
+        completion(r.port, p)  # the base model: rank 0 holds one block of it, rank 1 none
+        self.assertEqual(selected(r.port, ps[0]), 1)
+        st, _, out = t.post_json(r.port, "/v1/completions", {"model": "sql-adapter", "prompt": p, "max_tokens": 1})
+        self.assertEqual(st, 200, out)
+        self.assertEqual(selected(r.port, ps[1]), 1)
+
+
+if __name__ == "__main__":
+    t.main()
