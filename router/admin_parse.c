@@ -4,13 +4,14 @@
  * occurrence (Python's json, what clients' bodies get), an unknown field refused by name. */
 #include "admin_parse.h"
 
+#include "config.h"
 #include "json_view.h"
 
 #include <stdio.h>
 #include <string.h>
 
 static const char *const fields[] = {"role",          "host",          "port",           "tls", "dp", "tp", "weight",
-                                     "max_inflight",  "max_model_len", "bootstrap_port", NULL};
+                                     "max_inflight",  "max_model_len", "bootstrap_port", "kv_events", NULL};
 
 static int json_long(struct jv o, const char *k, long lo, long hi, long def, long *out, char *err, size_t cap)
 {
@@ -116,5 +117,16 @@ int rt_admin_parse_instance(const char *json, size_t len, const struct rt_admin_
     }
     out->tls = jv_type(jt) == JV_TRUE;
     out->role = role;
+    struct jv kv = jv_get(o, "kv_events"); /* its rank 0's KV-event publisher, rank r on its port + r */
+    out->kv_events[0] = 0;
+    if (kv.p) {
+        size_t kl = jv_type(kv) == JV_STRING ? jv_str_len(kv) : 0;
+        if (kl && kl < sizeof out->kv_events)
+            jv_str_decode(kv, out->kv_events);
+        if (!kl || kl >= sizeof out->kv_events || (out->kv_events[kl] = 0, rt_kv_endpoint_check(out->kv_events))) {
+            snprintf(err, cap, "'kv_events' must be \"tcp://HOST:PORT\" (the engine's KV-event publisher)");
+            return -1;
+        }
+    }
     return 0;
 }

@@ -19,6 +19,7 @@ struct rt_admin_instance {
     char host[256];
     long port, dp, tp, weight, max_inflight, max_model_len, bootstrap_port;
     int tls; /* "tls": true: the engine speaks https */
+    char kv_events[300]; /* "kv_events": "tcp://HOST:PORT" of its rank 0's KV events (rank r on PORT + r), "" */
 };
 
 /* {"role","host","port"[,"tls","dp","tp","weight","max_inflight","max_model_len","bootstrap_port"]}: 0 and *out

@@ -13,7 +13,7 @@
 
 /* what an instance's value may say (the key says who it is: role, host and port) */
 static const char *const value_fields[] = {"dp",           "tp",           "weight", "max_inflight",
-                                           "max_model_len", "bootstrap_port", "tls",   NULL};
+                                           "max_model_len", "bootstrap_port", "tls",   "kv_events", NULL};
 static const char *const load_fields[] = {"prefill", "decode", NULL};
 
 int esync_instance_key(const char *rest, int *role, char *host, size_t hcap, long *port)

@@ -296,11 +296,6 @@ static int apply_rank(int role, const char *host, int port, const struct rt_rank
     int ep = endpoint_for(host, port, want->tls, err, errcap);
     if (ep < 0)
         return ep;
-    struct rt_rank with_kv = *want; /* added at run time: its KV events where the flags say (DP rank r: + r) */
-    if (!with_kv.kv_events[0] && g_rt->cfg.kv_events_port[role] > 0)
-        rt_kv_endpoint_make(host, (int)g_rt->cfg.kv_events_port[role] + (want->dp_rank > 0 ? want->dp_rank : 0),
-                            with_kv.kv_events, sizeof with_kv.kv_events);
-    want = &with_kv;
     struct xb_instance_cfg ic = inst_cfg(want, host, port);
     for (size_t i = 0; i < c->n_ranks[role]; i++) {
         struct rt_live_rank *cur = &c->ranks[role][i];
@@ -609,6 +604,8 @@ static cJSON *rank_json(int role, int idx)
     cJSON_AddBoolToObject(o, "ready", st.ready);
     if (r->engine_id[0])
         cJSON_AddStringToObject(o, "engine_id", r->engine_id);
+    if (r->kv_events[0])
+        cJSON_AddStringToObject(o, "kv_events", r->kv_events);
     static const char *const sources[] = {"config", "admin", "etcd"};
     cJSON_AddStringToObject(o, "source", sources[r->source]);
     cJSON_AddNumberToObject(o, "inflight", (double)st.inflight);
@@ -642,7 +639,7 @@ static int parse_role(const char *s)
 }
 
 /* POST /admin/instances {"role","host","port"[,"dp","tp","weight","max_inflight","max_model_len",
- * "bootstrap_port"]}: every rank of that host, expanded as the configuration does. */
+ * "bootstrap_port","kv_events"]}: every rank of that host, expanded as the configuration does. */
 int rt_registry_add(const struct rt_admin_instance *in, int source, cJSON *report, int *changed, char *err,
                     size_t cap)
 {
@@ -672,6 +669,11 @@ int rt_registry_add(const struct rt_admin_instance *in, int source, cJSON *repor
                                                                             (int)in->port) + (by_header ? 0 : (int)i)
                                                  : 0; /* external DP: each rank's own, as in config.c */
         want.tls = in->tls;
+        if (in->kv_events[0]) /* rank i's KV events: its rank 0's port + i, or the flag's port + i */
+            rt_kv_endpoint_rank(in->kv_events, (int)i, want.kv_events, sizeof want.kv_events);
+        else if (g_rt->cfg.kv_events_port[role] > 0)
+            rt_kv_endpoint_make(in->host, (int)(g_rt->cfg.kv_events_port[role] + i), want.kv_events,
+                                sizeof want.kv_events);
         int idx = -1;
         int res = apply_rank(role, in->host, (int)(by_header ? in->port : in->port + i), &want, &idx, err, cap);
         if (res < 0) {

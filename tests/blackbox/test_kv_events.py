@@ -293,6 +293,36 @@ class KvEvents(t.TestCase):
         self.assertEqual(st, 200, out)
         self.assertEqual(selected(r.port, ps[1]), 1)
 
+    def test_ranks_added_and_removed_at_run_time(self):
+        ps, pubs, (r,) = self.cluster(n=1, args=("--admin-key", "adm"))
+        extra = self.start(t.sim("--role", "prefill"))
+        pub = Pub(self.ctx)
+        self.addCleanup(pub.close)
+        adm = {"Authorization": "Bearer adm", "Content-Type": "application/json"}
+
+        def admin(method, path, body=None):
+            st, _, raw = t.request(r.port, method, path, body=json.dumps(body).encode() if body else None,
+                                   headers=adm)
+            return st, json.loads(raw)
+        st, out = admin("POST", "/admin/instances", {"role": "prefill", "host": "127.0.0.1", "port": extra.port,
+                                                      "kv_events": "udp://nowhere"})
+        self.assertOpenAIError(st, out, 400, "kv_events")
+        st, out = admin("POST", "/admin/instances", {"role": "prefill", "host": "127.0.0.1", "port": extra.port,
+                                                      "kv_events": pub.ep})
+        self.assertEqual(st, 201, out)
+        self.assertEqual(out["instances"][0]["kv_events"], pub.ep)
+        self.handshake([r], pub)
+        p11 = prompt(11)
+        pub.send(batch_map([stored_map([111, 112], p11[:32])]))
+        self.wait_blocks(r, 2)
+        completion(r.port, p11)
+        self.assertEqual(selected(r.port, extra), 1)
+        # removed: its blocks are forgotten, its source closed
+        st, out = admin("DELETE", "/admin/instances/prefill/127.0.0.1:%d" % extra.port)
+        self.assertEqual(st, 200, out)
+        self.wait_blocks(r, 0)
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="precise") == 1, what="one source left")
+
 
 if __name__ == "__main__":
     t.main()
