@@ -35,6 +35,11 @@ struct sim_config {
     int prefix_caching;       /* 1: per-rank prefix cache (LRU of chained block hashes) */
     int prefill_serial;       /* 1: a rank computes one prompt at a time (--prefill-compute serial) */
     long block_size, num_gpu_blocks;
+    char kv_events[256];        /* --kv-events ENDPOINT ("" off): KV-event publisher, rank r on its port + r */
+    int kv_events_format;       /* 0 map, 1 array */
+    char kv_events_replay[256]; /* --kv-events-replay ENDPOINT ("" none) */
+    char kv_events_topic[128];
+    long kv_events_buffer;      /* batches kept per rank for replays */
     int handoff;
     char store_dir[512];
     long store_wait_ms;

@@ -12,7 +12,8 @@
 #include "sim_tokens.h"
 #include "xpyd_http_client.h"
 #include "xpyd_transfer.h"
-#include "xb_prefix.h"
+#include "sim_blocks.h"
+#include "sim_kvpub.h"
 #include "xpyd_tls.h"
 
 #include <cjson/cJSON.h>
@@ -44,6 +45,8 @@ struct sim_rank {
     uint64_t prompt_tokens_total, generation_tokens_total, requests_total, success_total, aborted_total;
     uint64_t prefix_queries, prefix_hits; /* tokens looked up in / found in the prefix cache */
     uint64_t prefill_free_at;             /* --prefill-compute serial: when the rank's compute is next free (µs) */
+    struct sim_pool *pool;                /* --prefix-caching on: its block pool (sim_blocks.h), else NULL */
+    struct sim_kvrank *kv;                /* --kv-events: its publisher (sim_kvpub.c), else NULL */
 };
 
 struct xreg;
@@ -55,8 +58,7 @@ struct sim {
     struct sim_rank *ranks;
     int nranks;
     struct sim_lease_table leases;
-    struct xb_prefix *pcache;
-    SSL_CTX *tls_server, *tls_client; /* --tls-cert / --upstream-ca (NULL: plain) */ /* --prefix-caching on: every rank's cache (the index's rank = rank idx) */
+    SSL_CTX *tls_server, *tls_client; /* --tls-cert / --upstream-ca (NULL: plain) */
     LIST_HEAD(, sreq) all;
     struct event *sweep_ev;
     struct event *sig_int, *sig_term;

@@ -21,6 +21,7 @@ static const char *const dp_modes[] = {"external", "internal", NULL};
 static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
 static const char *const on_off[] = {"off", "on", NULL};
 static const char *const prefill_computes[] = {"parallel", "serial", NULL};
+static const char *const kv_formats[] = {"map", "array", NULL};
 static const char *const tls_versions[] = {"1.2", "1.3", NULL};
 
 #define F(m) XPYD_FIELD(struct sim_config, m)
@@ -60,6 +61,21 @@ static const struct xpyd_setting settings[] = {
     {"block-size", XS_LONG, F(block_size), 1, 4096, "16", NULL, "tokens per KV block (prefix caching)"},
     {"num-gpu-blocks", XS_LONG, F(num_gpu_blocks), 1, 1L << 30, "4096", NULL,
      "KV blocks per rank the prefix cache may hold (shown in `vllm:cache_config_info`)"},
+    {"kv-events", XS_STR, F(kv_events), 0, 0, "", NULL,
+     "with `--prefix-caching on`: publish KV events as vLLM's `--kv-events-config` publisher does (ZeroMQ PUB, "
+     "e.g. `tcp://*:5557`; an endpoint with `*` binds, any other connects; DP rank r on its port + r): three "
+     "frames per batch (topic, 8-byte big-endian sequence number from 0, msgpack KVEventBatch), BlockStored "
+     "with token ids and 32-byte SHA-256 block hashes chained on the parent's (a stand-in for vLLM's "
+     "sha256_cbor), BlockRemoved on eviction, AllBlocksCleared on `POST /reset_prefix_cache`; \"\" = off"},
+    {"kv-events-format", XS_ENUM, F(kv_events_format), 0, 0, "map", kv_formats,
+     "`map`: events as maps with a \"type\" key (current vLLM and SGLang); `array`: positional arrays led by the "
+     "class name, trailing defaults omitted (vLLM before mid-2026)"},
+    {"kv-events-replay", XS_STR, F(kv_events_replay), 0, 0, "", NULL,
+     "vLLM's `replay_endpoint` (a ROUTER socket, rank r on its port + r): an 8-byte start sequence number is "
+     "answered with the buffered (seq, payload) pairs from it, then seq -1 and an empty payload"},
+    {"kv-events-topic", XS_STR, F(kv_events_topic), 0, 0, "", NULL, "the topic frame of every message"},
+    {"kv-events-buffer", XS_LONG, F(kv_events_buffer), 1, 1000000, "10000", NULL,
+     "batches each rank keeps for replays (vLLM's `buffer_steps`)"},
     {"handoff", XS_ENUM, F(handoff), 0, 0, "kv-params", sim_handoff_names,
      "PD handoff this engine speaks (xpyd: kv-params with the KV moved by libxpyd_transfer; mooncake: vLLM's "
      "MooncakeConnector, `/query` served on the bootstrap port)"},

@@ -115,37 +115,18 @@ int sim_register_transfer(struct sreq *r)
     return sim_register_key(r, key);
 }
 
-/* ---------- the prefix cache (--prefix-caching) ---------- */
-
-/* The chained block hashes of r's prompt (full blocks only); malloc'd, NULL when none. */
-static size_t sim_prompt_blocks(const struct sreq *r, uint64_t **out)
-{
-    size_t bs = (size_t)r->sim->cfg.block_size, n = r->p.prompt.n;
-    *out = NULL;
-    if (!r->sim->pcache || n < bs)
-        return 0;
-    int64_t *ids = XPYD_XALLOC(malloc(n * sizeof *ids));
-    for (size_t i = 0; i < n; i++)
-        ids[i] = r->p.prompt.ids[i];
-    *out = XPYD_XALLOC(malloc(n / bs * sizeof **out));
-    size_t nb = xb_hash_tokens(ids, n, bs, *out, n / bs);
-    free(ids);
-    return nb;
-}
+/* ---------- the prefix cache (--prefix-caching): the rank's block pool, sim_blocks.c ---------- */
 
 /* Tokens of r's prompt this rank computes from its cache, counted as vLLM does (queries and hits in tokens);
  * at least one token is always computed, so a fully cached prompt reuses all but its last block. */
 long sim_prefix_lookup(struct sreq *r)
 {
-    uint64_t *h;
-    size_t nb = sim_prompt_blocks(r, &h);
-    if (!r->sim->pcache)
+    if (!r->rank->pool)
         return 0;
     size_t n = r->p.prompt.n, bs = (size_t)r->sim->cfg.block_size;
-    size_t hit = xb_prefix_match(r->sim->pcache, r->rank->idx, h, nb, 0);
+    size_t hit = sim_pool_lookup(r->rank->pool, r->p.prompt.ids, n);
     if (hit * bs >= n)
-        hit = (n - 1) / bs;
-    free(h);
+        hit = n ? (n - 1) / bs : 0;
     r->rank->prefix_queries += n;
     r->rank->prefix_hits += hit * bs;
     return (long)(hit * bs);
@@ -154,9 +135,6 @@ long sim_prefix_lookup(struct sreq *r)
 /* The rank now holds r's prompt blocks (computed here, or received from a prefill). */
 void sim_prefix_store(struct sreq *r)
 {
-    uint64_t *h;
-    size_t nb = sim_prompt_blocks(r, &h);
-    if (nb)
-        xb_prefix_insert(r->sim->pcache, r->rank->idx, h, nb, 0);
-    free(h);
+    if (r->rank->pool)
+        sim_pool_store(r->rank->pool, r->rank, r->p.prompt.ids, r->p.prompt.n);
 }

@@ -280,6 +280,20 @@ static void kv_take(evhtp_request_t *req, struct sim_rank *rk, int release)
     sim_lease_drop(s, l);
 }
 
+/* POST /reset_prefix_cache (vLLM's): the rank's cached blocks forgotten (internal DP: every rank's, the one
+ * server's), AllBlocksCleared published */
+static void on_reset_prefix_cache(evhtp_request_t *req, void *arg)
+{
+    if (!xpyd_method_allowed(req, "POST"))
+        return;
+    struct sim_rank *rk = sim_rank_of(arg);
+    struct sim *s = rk->sim;
+    for (int r = 0; r < s->nranks; r++)
+        if (s->ranks[r].pool && (s->cfg.dp_internal || &s->ranks[r] == rk))
+            sim_pool_clear(s->ranks[r].pool, &s->ranks[r]);
+    xpyd_reply_buffer(req, 200, "application/json", NULL);
+}
+
 static void on_abort(evhtp_request_t *req, void *arg)
 {
     struct sim *s = sim_rank_of(arg)->sim;
@@ -430,6 +444,7 @@ static evhtp_t *make_server(struct sim *s, struct sim_rank *rk, int port, enum s
         evhtp_set_cb(h, "/metrics", sim_on_metrics, rk);
         evhtp_set_cb(h, "/tokenize", on_tokenize, rk);
         evhtp_set_cb(h, "/abort_request", on_abort, rk);
+        evhtp_set_cb(h, "/reset_prefix_cache", on_reset_prefix_cache, rk);
     }
     evhtp_set_gencb(h, on_not_found, rk);
     char addr[300];
@@ -517,11 +532,12 @@ int sim_run(const struct sim_config *cfg)
     }
     s->nranks = cfg->dp_size;
     s->ranks = XPYD_XALLOC(calloc((size_t)s->nranks, sizeof *s->ranks));
-    if (cfg->prefix_caching) /* bounded by blocks per rank; the byte bound only has to be above that */
-        s->pcache = XPYD_XALLOC(xb_prefix_new(cfg->num_gpu_blocks,
-                                              (size_t)(cfg->num_gpu_blocks + 1024) * (size_t)s->nranks *
-                                                  xb_prefix_entry_bytes() * 2,
-                                              0));
+    for (int r = 0; cfg->prefix_caching && r < s->nranks; r++)
+        s->ranks[r].pool = XPYD_XALLOC(sim_pool_new((size_t)cfg->num_gpu_blocks, (size_t)cfg->block_size));
+    if (sim_kvpub_start(s) != 0) {
+        rc = 2;
+        goto out;
+    }
     uint64_t nonce = xpyd_mix64(xpyd_now_us() ^ (uint64_t)getpid());
     /* The bootstrap server (SGLang's, vLLM MooncakeConnector's /query) is a listener of its own, as in the real
      * engines: by default in the modes that have one, on a free port (the port file's second line); the HTTP
@@ -642,8 +658,10 @@ out:
     free(s->peers);
     XLOG_INFO("msg=\"xpyd_sim stopped\" port=%d", s->cfg.port);
     /* Connections still open are reclaimed by the OS at exit; evhtp has no safe bulk close for them. */
+    sim_kvpub_stop(s);
+    for (int r = 0; s->ranks && r < s->nranks; r++)
+        sim_pool_free(s->ranks[r].pool);
     free(s->ranks);
-    xb_prefix_free(s->pcache);
     /* A start that failed (a port in use, a bad certificate) had no connection yet: its base goes too. After a
      * run, connections still open hang on the base (evhtp has no safe bulk close), so it stays with the process,
      * which exits next, and they stay reachable through it. */

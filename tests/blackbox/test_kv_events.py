@@ -114,8 +114,8 @@ def kv(port, name, role="prefill", **labels):
     return t.metric(port, "%s{%s}" % (name, lab), default=0)
 
 
-def completion(port, ids):
-    st, _, out = t.post_json(port, "/v1/completions", {"prompt": ids, "max_tokens": 1})
+def completion(port, ids, headers=None):
+    st, _, out = t.post_json(port, "/v1/completions", {"prompt": ids, "max_tokens": 1}, headers=headers)
     assert st == 200, out
     return out
 
@@ -322,6 +322,188 @@ class KvEvents(t.TestCase):
         self.assertEqual(st, 200, out)
         self.wait_blocks(r, 0)
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="precise") == 1, what="one source left")
+
+
+
+class Sub:
+    """A subscriber of a sim's events (vLLM's example subscriber, in short): frames, sequence numbers, batches."""
+
+    def __init__(self, ctx, ep):
+        self.s = ctx.socket(zmq.SUB)
+        self.s.setsockopt(zmq.LINGER, 0)
+        self.s.setsockopt(zmq.SUBSCRIBE, b"")
+        self.s.connect(ep)
+
+    def until(self, pred, timeout=10):
+        """Batches received until pred(batch) holds: [(seq, batch), ...]."""
+        got, deadline = [], time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.s.poll(50):
+                continue
+            topic, seq, payload = self.s.recv_multipart()
+            got.append((int.from_bytes(seq, "big"), msgpack.unpackb(payload)))
+            if pred(got[-1][1]):
+                return got
+        raise AssertionError("no such batch; got %r" % got)
+
+
+def events_of(batch):
+    return batch["events"] if isinstance(batch, dict) else batch[1]
+
+
+def typ(e):
+    return e["type"] if isinstance(e, dict) else e[0]
+
+
+class SimPublisher(t.TestCase):
+    """xpyd_sim --kv-events: what it publishes, checked here by decoding it (not by the router)."""
+
+    def setUp(self):
+        super().setUp()
+        self.ctx = zmq.Context()
+        self.addCleanup(self.ctx.destroy, linger=0)
+
+    def sim(self, *args, dp=1):
+        kvp = t.free_port_range(2 * dp)
+        sim = self.start(t.sim("--role", "both", "--prefix-caching", "on", "--kv-events", "tcp://*:%d" % kvp,
+                               "--dp-size", str(dp), *args))
+        subs = [Sub(self.ctx, "tcp://127.0.0.1:%d" % (kvp + r)) for r in range(dp)]
+        for sub in subs:
+            self.addCleanup(sub.s.close)
+        return sim, subs, kvp
+
+    def connected(self, port, sub, ids, headers=None):
+        # a SUB socket hears nothing sent before it connected: requests until one is heard (each a new block: a
+        # cached one publishes nothing)
+        n = [0]
+
+        def heard():
+            n[0] += 1
+            completion(port, ids[:-1] + [100000 + n[0]], headers)
+            return sub.s.poll(100)
+        t.wait_until(heard, what="the subscriber connected")
+        sub.until(lambda b: True)
+        return n[0]  # blocks stored meanwhile
+
+    def test_stored_removed_and_the_chain(self):
+        sim, (sub,), _ = self.sim("--num-gpu-blocks", "14")
+        h = self.connected(sim.port, sub, [7] * 16)
+        self.assertLessEqual(h, 2, "the test's arithmetic below assumes at most 2 handshake blocks")
+        a, b = prompt(1, 165), prompt(2, 165)  # 10 full blocks each, and a tail
+        completion(sim.port, a)
+        (seq, batch), = sub.until(lambda b: True)
+        self.assertIsInstance(batch, dict)
+        self.assertEqual(batch["data_parallel_rank"], 0)
+        ev, = events_of(batch)
+        self.assertEqual((ev["type"], ev["block_size"], ev["parent_block_hash"], ev["medium"]),
+                         ("BlockStored", 16, None, "GPU"))
+        self.assertEqual(ev["token_ids"], a[:160])
+        self.assertEqual(len(ev["block_hashes"]), 10)
+        self.assertTrue(all(isinstance(h, bytes) and len(h) == 32 for h in ev["block_hashes"]))
+        chain = ev["block_hashes"]
+        # the same prefix and more: only the new blocks, chained on the last cached one
+        completion(sim.port, a[:160] + prompt(3, 40))
+        (seq2, batch), = sub.until(lambda b: True)
+        self.assertEqual(seq2, seq + 1)
+        ev, = events_of(batch)
+        self.assertEqual((ev["parent_block_hash"], ev["token_ids"]), (chain[-1], prompt(3, 32)))
+        # 14 blocks, h + 12 cached (the handshake's, a's 10, the 2 new): b's 10 take the free ones, then evict the
+        # least recently used: the handshake's, the 2 new, then a's from its end (a request's blocks are freed in
+        # reverse, so its last block is evicted first)
+        completion(sim.port, b)
+        (_, batch), = sub.until(lambda b: True)
+        removed = [e["block_hashes"][0] for e in events_of(batch) if typ(e) == "BlockRemoved"]
+        self.assertEqual(len(removed), 8 + h)
+        self.assertEqual(set(removed) & set(chain), set(chain[4:]))
+        self.assertEqual(typ(events_of(batch)[-1]), "BlockStored")
+        # usage agrees: a's first 4 blocks are still there
+        out = completion(sim.port, a)
+        self.assertEqual(out["usage"]["prompt_tokens_details"]["cached_tokens"], 64)
+        st, _, _ = t.request(sim.port, "POST", "/reset_prefix_cache")
+        self.assertEqual(st, 200)
+        sub.until(lambda b: any(typ(e) == "AllBlocksCleared" for e in events_of(b)))
+        self.assertEqual(completion(sim.port, a)["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+
+    def test_array_format_dp_ranks_and_replay(self):
+        rp = t.free_port_range(2)
+        sim, subs, _ = self.sim("--kv-events-format", "array", "--kv-events-replay", "tcp://*:%d" % rp,
+                                "--kv-events-topic", "kv", "--dp-mode", "internal", dp=2)
+        for r, sub in enumerate(subs):
+            rank = {"X-data-parallel-rank": str(r)}  # internal DP: one server, ranks by header
+            self.connected(sim.port, sub, [9 + r] * 16, rank)
+            completion(sim.port, prompt(20 + r, 40), rank)
+            (_, batch), = sub.until(lambda b: True)
+            self.assertIsInstance(batch, list)
+            self.assertEqual(batch[2], r)  # data_parallel_rank
+            ev, = batch[1]
+            self.assertEqual(ev[:2], ["BlockStored", ev[1]])
+            self.assertEqual((ev[3], ev[4], ev[5], ev[6]), (prompt(20 + r, 32), 16, None, "GPU"))
+        # replay: everything rank 1 sent from 0, then seq -1 and an empty payload
+        d = self.ctx.socket(zmq.DEALER)
+        d.setsockopt(zmq.LINGER, 0)
+        d.connect("tcp://127.0.0.1:%d" % (rp + 1))
+        d.send((0).to_bytes(8, "big"))
+        seqs = []
+        while True:
+            self.assertTrue(d.poll(5000))
+            seq, payload = d.recv_multipart()
+            if not payload:
+                self.assertEqual(int.from_bytes(seq, "big", signed=True), -1)
+                break
+            seqs.append(int.from_bytes(seq, "big"))
+            msgpack.unpackb(payload)
+        self.assertEqual(seqs, list(range(len(seqs))))
+        self.assertGreaterEqual(len(seqs), 2)
+        d.close()
+
+
+class PreciseEndToEnd(t.TestCase):
+    """The router's prediction against the sims' own caches (sim_blocks.c, not the router's code): with events,
+    the cached tokens the router predicts for the rank it picks are the ones the engine then reports, evictions
+    included; the router's own guess drifts from them."""
+
+    def run_workload(self, events):
+        ctx = zmq.Context()
+        self.addCleanup(ctx.destroy, linger=0)
+        kvp = [t.free_port_range(1) for _ in range(2)]
+        ps = [self.start(t.sim("--role", "prefill", "--prefix-caching", "on", "--num-gpu-blocks", "40",
+                               *(("--kv-events", "tcp://*:%d" % k) if events else ()))) for k in kvp]
+        d = self.start(t.sim("--role", "decode"))
+        hosts = [dict({"host": "127.0.0.1", "port": s.port}, **({"kv_events": "tcp://127.0.0.1:%d" % k}
+                                                                  if events else {})) for s, k in zip(ps, kvp)]
+        path = os.path.join(t.tmpdir(prefix="xpyd-kv-"), "topology.json")
+        with open(path, "w") as f:
+            json.dump({"prefill": {"hosts": hosts}, "decode": {"hosts": ["127.0.0.1:%d" % d.port]}}, f)
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--config", path,
+                                              "--prefill-policy", "cache"]))
+        rnd = random.Random(7)
+        tenants = [prompt(40 + k, 240) for k in range(6)]  # 15 blocks each; 6 tenants over 2 x 40 blocks: evictions
+        if events:  # warm the subscriptions: requests until both ranks' batches arrive
+            t.wait_until(lambda: (completion(r.port, prompt(99, 20)) and
+                                  kv(r.port, "xpyd_kv_events_batches_total") >= 1), what="events flowing")
+            for k in range(2):
+                completion(r.port, prompt(90 + k, 37))
+        wrong = 0
+        for i in range(40):
+            ten = rnd.randrange(len(tenants))
+            # a tenant's context, then a block of its own (every request stores one: a batch to wait for)
+            ids = tenants[ten][:rnd.choice([160, 200, 240])] + [5000 + 20 * i + k for k in range(21)]
+            before = (kv(r.port, "xpyd_prefix_predicted_tokens_total"), kv(r.port, "xpyd_prefix_cached_tokens_total"))
+            batches = kv(r.port, "xpyd_kv_events_batches_total") if events else 0
+            completion(r.port, ids)
+            if events:  # the engine's events of this request reach the router before the next one is placed
+                t.wait_until(lambda: kv(r.port, "xpyd_kv_events_batches_total") > batches, what="its events")
+            after = (kv(r.port, "xpyd_prefix_predicted_tokens_total"), kv(r.port, "xpyd_prefix_cached_tokens_total"))
+            wrong += (after[0] - before[0]) != (after[1] - before[1])
+        return wrong, r
+
+    def test_predicted_is_what_engines_report(self):
+        wrong, r = self.run_workload(events=True)
+        self.assertEqual(wrong, 0)
+        self.assertGreater(kv(r.port, "xpyd_kv_events_total", type="removed"), 0)  # evictions happened
+        self.assertGreater(kv(r.port, "xpyd_prefix_cached_tokens_total"), 0)
+        guess_wrong, _ = self.run_workload(events=False)
+        self.assertGreater(guess_wrong, 0)  # the guess misses what evictions did
 
 
 if __name__ == "__main__":
