@@ -50,8 +50,9 @@ static const struct xpyd_setting settings[] = {
     {"decode-ns-per-kv-token", XS_LONG, F(decode_ns_per_kv_token), 0, 1000000, "0", NULL,
      "each decode step takes this much longer per KV token the rank holds"},
     {"prefix-caching", XS_ENUM, F(prefix_caching), 0, 0, "off", on_off,
-     "automatic prefix caching per rank, as vLLM's: an LRU over chained block hashes of the prompt's token ids "
-     "(`--block-size`, `--num-gpu-blocks` blocks); a prefill computes only the uncached tokens (at most all "
+     "automatic prefix caching per rank, a model of vLLM's block pool: `--num-gpu-blocks` blocks of "
+     "`--block-size` tokens named by chained hashes of the prompt's token ids, the least recently used free block "
+     "evicted first (docs/SIMULATOR.md); a prefill computes only the uncached tokens (at most all "
      "but one block's worth are reused), usage reports `prompt_tokens_details.cached_tokens`, KV a decode "
      "receives becomes cached there; `vllm:prefix_cache_queries_total` / `_hits_total` count tokens"},
     {"prefill-compute", XS_ENUM, F(prefill_serial), 0, 0, "parallel", prefill_computes,
