@@ -4,8 +4,8 @@
  * occurrence (Python's json, what clients' bodies get), an unknown field refused by name. */
 #include "admin_parse.h"
 
-#include "config.h"
 #include "json_view.h"
+#include "kv_endpoint.h"
 
 #include <stdio.h>
 #include <string.h>

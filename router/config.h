@@ -151,10 +151,5 @@ int rt_config_ranks_by_header(const struct rt_config *c, int role);
 /* Index of host:port in c->endpoints, appended when new (the configuration's own arrays, before start). */
 int rt_config_endpoint_index(struct rt_config *c, const char *host, int port);
 
-/* KV-event endpoints (config_topology.c): "tcp://HOST:PORT" checked (0 or -1), made from a host and port, and
- * rank r's from its rank 0's (PORT + r). */
-int rt_kv_endpoint_check(const char *ep);
-void rt_kv_endpoint_make(const char *host, int port, char *out, size_t cap);
-void rt_kv_endpoint_rank(const char *base, int rank, char *out, size_t cap);
 
 #endif

@@ -2,6 +2,7 @@
 /* config_file.c - xpyd_router's JSON configuration file (--config; conf/ has examples) and the pools' host
  * lists, which the command line fills too. */
 #include "config.h"
+#include "kv_endpoint.h"
 #include "config_internal.h"
 
 #include "json_view.h"

@@ -2,6 +2,7 @@
 /* config_topology.c - the pools' host lists expanded into DP ranks and endpoints, as each handoff mode places
  * them, and the checks of a topology that would route wrongly (a rank twice, an engine in both pools). */
 #include "config.h"
+#include "kv_endpoint.h"
 #include "config_internal.h"
 
 #include "handoff_traits.h"
@@ -93,29 +94,6 @@ static int expand_pool(struct rt_config *c, int role)
         }
     }
     return 0;
-}
-
-int rt_kv_endpoint_check(const char *ep)
-{
-    const char *colon = strrchr(ep, ':');
-    char *end;
-    long port = colon ? strtol(colon + 1, &end, 10) : 0;
-    return strncmp(ep, "tcp://", 6) || !colon || colon - ep <= 6 || *end || port < 1 || port > 65535 ? -1 : 0;
-}
-
-void rt_kv_endpoint_make(const char *host, int port, char *out, size_t cap)
-{
-    if (strchr(host, ':')) /* an IPv6 address */
-        snprintf(out, cap, "tcp://[%s]:%d", host, port);
-    else
-        snprintf(out, cap, "tcp://%s:%d", host, port);
-}
-
-void rt_kv_endpoint_rank(const char *base, int rank, char *out, size_t cap)
-{
-    const char *colon = strrchr(base, ':');
-    long port = strtol(colon + 1, NULL, 10) + rank;
-    snprintf(out, cap, "%.*s:%ld", (int)(colon - base), base, port > 65535 ? 65535 : port);
 }
 
 int rt_config_expand(struct rt_config *c)

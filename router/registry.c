@@ -13,6 +13,7 @@
  * fill the pools. Mutations are serialized by one mutex; readers that
  * hold no charge on a rank (metrics, /status, the admin list) read identities under it. */
 #include "handoff.h"
+#include "kv_endpoint.h"
 #include "router.h"
 #include "xpyd_reply.h"
 #include "admin_parse.h"

@@ -35,7 +35,7 @@ sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.
   json_view) echo "$R/json_view.c $C/xpyd_util.c -lm" ;;
   http_req) echo "$R/http_req.c" ;;
   relay) echo "$R/relay.c $R/rewrite.c $R/json_view.c -lm $C/xpyd_sse.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
-  admin) echo "$R/admin_parse.c $R/json_view.c $C/xpyd_util.c -lm" ;;
+  admin) echo "$R/admin_parse.c $R/kv_endpoint.c $R/json_view.c $C/xpyd_util.c -lm" ;;
   metadata) echo "$R/metadata_store.c $C/xpyd_util.c" ;;
   feedback) echo "$R/feedback_parse.c -lm" ;;
   desc) echo "$ROOT/transfer/xt_desc.c -I$ROOT/transfer" ;;
@@ -46,8 +46,9 @@ sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.
     "$(pkg-config --cflags --libs libpcre2-8 libutf8proc)" ;;
   template) echo "$ROOT/tokenizer/tok_chat.c $ROOT/tokenizer/tpl_*.c -I$ROOT/tokenizer -lm" \
     "$(pkg-config --cflags --libs libutf8proc)" ;;
-  kv_events) echo "$R/kv_events.c $(pkg-config --cflags --libs msgpack)" ;;
-  etcd) echo "$C/xpyd_etcd.c $R/etcd_parse.c $R/admin_parse.c $R/json_view.c $C/xpyd_util.c ${HTTP[*]}" ;;
+  kv_events) echo "$R/kv_events.c $R/kv_index.c $ROOT/balancer/xb_prefix.c -I$ROOT/balancer" \
+    "$(pkg-config --cflags --libs msgpack libxxhash)" ;;
+  etcd) echo "$C/xpyd_etcd.c $R/etcd_parse.c $R/admin_parse.c $R/kv_endpoint.c $R/json_view.c $C/xpyd_util.c ${HTTP[*]}" ;;
   *) echo "unknown harness '$1' (known: ${ALL[*]})" >&2; return 1 ;;
   esac
 }
