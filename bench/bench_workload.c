@@ -96,7 +96,11 @@ void bench_prefix_init(void)
     pr_prefixes = XPYD_XALLOC(calloc((size_t)O.pr_num_prefixes, sizeof *pr_prefixes));
     for (int i = 0; i < O.pr_num_prefixes; i++) {
         struct evbuffer *p = evbuffer_new();
-        add_words(p, O.pr_prefix_len, 0);
+        if (O.token_ids) /* --tokenizer-free: the prefix as ids, "a,b,c" */
+            for (int k = 0; k < O.pr_prefix_len; k++)
+                evbuffer_add_printf(p, "%s%d", k ? "," : "", 1000 + (int)(bench_urand() * 29000));
+        else
+            add_words(p, O.pr_prefix_len, 0);
         size_t n = evbuffer_get_length(p);
         pr_prefixes[i] = XPYD_XALLOC(malloc(n + 1));
         evbuffer_remove(p, pr_prefixes[i], n);
@@ -116,7 +120,12 @@ void bench_prefix_init(void)
 void bench_make_prompt(struct req *r)
 {
     struct evbuffer *p = evbuffer_new();
-    if (O.prefix_rep) {
+    if (O.prefix_rep && O.token_ids) {
+        evbuffer_add_printf(p, "[%s", pr_prefixes[pr_order[r->i]]);
+        for (int k = 0; k < O.pr_suffix_len; k++)
+            evbuffer_add_printf(p, "%s%d", k || O.pr_prefix_len > 0 ? "," : "", 1000 + (int)(bench_urand() * 29000));
+        evbuffer_add(p, "]", 1);
+    } else if (O.prefix_rep) {
         evbuffer_add_printf(p, "%s", pr_prefixes[pr_order[r->i]]);
         add_words(p, O.pr_suffix_len, O.pr_prefix_len > 0);
     } else if (O.token_ids) { /* --tokenizer-free: token ids, exactly in_len tokens on any engine */

@@ -271,7 +271,8 @@ static void usage(FILE *f)
           "  --save-result --result-filename F --disable-tqdm --timeout-ms N (600000, per request)\n"
           "  --length-dist uniform|pareto (uniform: range ratio; pareto: heavy tail, shape 1.5, same mean, cap 10x)\n"
           "  --tokenizer-free             prompts as token-id arrays (exactly --random-input-len tokens on any\n"
-          "                               engine; completions backends only). Default: words that are one token\n"
+          "                               engine, or prefix-repetition's prefix + suffix lengths; completions\n"
+          "                               backends only). Default: words that are one token\n"
           "                               each in cl100k/o200k-family vocabularies (and on xpyd_sim)\n"
           "  --goodput KEY:MS ...         SLOs (ttft, tpot, e2el in ms) for request_goodput, as benchmark_serving\n"
           "  --dataset-name random|prefix-repetition   prefix-repetition (vLLM's): --prefix-repetition-prefix-len N\n"
@@ -420,9 +421,13 @@ static int parse(int argc, char **argv)
             return -1;
         }
     }
-    if ((O.prefix_rep || O.multi_turn) && (O.token_ids || O.direct_prefill[0])) {
-        fprintf(stderr, "xpyd_bench: prefix-repetition and --multi-turn send text prompts through one endpoint (not "
-                        "with --tokenizer-free or --direct-prefill)\n");
+    if ((O.prefix_rep || O.multi_turn) && O.direct_prefill[0]) {
+        fprintf(stderr, "xpyd_bench: prefix-repetition and --multi-turn send their prompts through one endpoint (not "
+                        "with --direct-prefill)\n");
+        return -1;
+    }
+    if (O.multi_turn && O.token_ids) {
+        fprintf(stderr, "xpyd_bench: --multi-turn sends text conversations (not with --tokenizer-free)\n");
         return -1;
     }
     if (O.prefix_rep && O.multi_turn) {

@@ -85,6 +85,15 @@ class Accounting(t.TestCase):
                                "--random-output-len", "3")
         self.assertEqual(rc, 0, out)
         self.assertEqual(r["input_lens"], [37] * 4)
+        # prefix-repetition in ids: shared prefixes an engine caches by its token ids
+        c = self.start(t.sim("--decode-us-per-token", "100", "--prefix-caching", "on"))
+        rc, out, r = run_bench(c.port, "--tokenizer-free", "--dataset-name", "prefix-repetition",
+                               "--prefix-repetition-prefix-len", "64", "--prefix-repetition-suffix-len", "7",
+                               "--prefix-repetition-num-prefixes", "2", "--prefix-repetition-output-len", "2",
+                               "--num-prompts", "6", "--max-concurrency", "1")
+        self.assertEqual(rc, 0, out)
+        self.assertEqual(r["input_lens"], [71] * 6)
+        self.assertEqual(t.metric(c.port, 'vllm:prefix_cache_hits_total{engine="0",model_name="sim-model"}'), 4 * 64)
         p = subprocess.run([os.path.join(t.BIN, "xpyd_bench"), "--tokenizer-free", "--backend", "openai-chat"],
                            capture_output=True, text=True)
         self.assertEqual(p.returncode, 2)
