@@ -41,6 +41,7 @@ struct opts {
     char direct_prefill[300]; /* HOST:PORT: do the kv-params P->D sequence from the client (baseline) */
     int prefix_rep;           /* --dataset-name prefix-repetition */
     int pr_prefix_len, pr_suffix_len, pr_num_prefixes, pr_output_len;
+    uint64_t pr_prefix_seed; /* 0: the prefixes come from --seed's stream */
     int multi_turn;           /* --multi-turn N: conversations of N turns, each re-sending its history */
     int tls;                  /* --base-url https://...: TLS to the server */
     char tls_ca[512];         /* --tls-ca FILE: the CA the server's certificate is checked against ("" system) */

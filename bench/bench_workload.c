@@ -94,6 +94,9 @@ static int *pr_order;
 void bench_prefix_init(void)
 {
     pr_prefixes = XPYD_XALLOC(calloc((size_t)O.pr_num_prefixes, sizeof *pr_prefixes));
+    uint64_t saved = rng;
+    if (O.pr_prefix_seed)
+        rng = xpyd_mix64(O.pr_prefix_seed);
     for (int i = 0; i < O.pr_num_prefixes; i++) {
         struct evbuffer *p = evbuffer_new();
         if (O.token_ids) /* --tokenizer-free: the prefix as ids, "a,b,c" */
@@ -107,6 +110,8 @@ void bench_prefix_init(void)
         pr_prefixes[i][n] = 0;
         evbuffer_free(p);
     }
+    if (O.pr_prefix_seed)
+        rng = saved; /* the order and the suffixes from --seed */
     pr_order = XPYD_XALLOC(calloc((size_t)O.num_prompts, sizeof *pr_order));
     for (int i = 0; i < O.num_prompts; i++)
         pr_order[i] = i % O.pr_num_prefixes;

@@ -278,7 +278,9 @@ static void usage(FILE *f)
           "  --dataset-name random|prefix-repetition   prefix-repetition (vLLM's): --prefix-repetition-prefix-len N\n"
           "                               (256) --prefix-repetition-suffix-len N (256) --prefix-repetition-num-prefixes\n"
           "                               N (10) --prefix-repetition-output-len N (128); each request is one of the\n"
-          "                               shared prefixes (each used equally often, shuffled) + a random suffix\n"
+          "                               shared prefixes (each used equally often, shuffled) + a random suffix;\n"
+          "                               --prefix-repetition-prefix-seed N: the prefixes from their own seed (two\n"
+          "                               clients with other --seed values then share tenants, not their order)\n"
           "  --multi-turn N               conversations of N turns: turn t re-sends the conversation's earlier\n"
           "                               prompts and the answers received (chat: as messages), and goes once turn\n"
           "                               t-1 finished; --num-prompts counts turns. Both report the prefix-cache\n"
@@ -342,6 +344,7 @@ static int parse(int argc, char **argv)
         {"tokenizer-free", 0, 0, 25}, {"goodput", 1, 0, 26}, {"prefix-repetition-prefix-len", 1, 0, 27},
         {"prefix-repetition-suffix-len", 1, 0, 28}, {"prefix-repetition-num-prefixes", 1, 0, 29},
         {"prefix-repetition-output-len", 1, 0, 30}, {"multi-turn", 1, 0, 31}, {"tls-ca", 1, 0, 32},
+        {"prefix-repetition-prefix-seed", 1, 0, 33},
         {"help", 0, 0, 'h'}, {"version", 0, 0, 'V'}, {0, 0, 0, 0}};
     int o;
     long v;
@@ -396,6 +399,7 @@ static int parse(int argc, char **argv)
         case 30: bad = xpyd_parse_long(a, 1, 1000000, &v); O.pr_output_len = (int)v; break;
         case 31: bad = xpyd_parse_long(a, 1, 10000, &v); O.multi_turn = (int)v; break;
         case 32: snprintf(O.tls_ca, sizeof O.tls_ca, "%s", a); break;
+        case 33: bad = xpyd_parse_long(a, 1, 0x7fffffffffffffffL, &v); O.pr_prefix_seed = (uint64_t)v; break;
         case 23:
             snprintf(O.direct_prefill, sizeof O.direct_prefill, "%s", a);
             bad = xpyd_parse_hostport(a, O.dp_host, sizeof O.dp_host, &O.dp_port) != 0 || !O.dp_port;
