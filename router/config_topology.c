@@ -87,10 +87,7 @@ static int expand_pool(struct rt_config *c, int role)
             r->tls = rh->tls;
             c->endpoints[r->endpoint].tls |= rh->tls;
             /* KV events: rank i of a host publishes on its base port + i, as vLLM offsets a DP rank's endpoint */
-            if (rh->kv_events[0])
-                rt_kv_endpoint_rank(rh->kv_events, i, r->kv_events, sizeof r->kv_events);
-            else if (c->kv_events_port[role] > 0)
-                rt_kv_endpoint_make(rh->host, (int)c->kv_events_port[role] + i, r->kv_events, sizeof r->kv_events);
+            rt_kv_endpoint_for(rh->kv_events, rh->host, c->kv_events_port[role], i, r->kv_events, sizeof r->kv_events);
         }
     }
     return 0;

@@ -28,3 +28,12 @@ void rt_kv_endpoint_rank(const char *base, int rank, char *out, size_t cap)
     long port = strtol(colon + 1, NULL, 10) + rank;
     snprintf(out, cap, "%.*s:%ld", (int)(colon - base), base, port > 65535 ? 65535 : port);
 }
+
+void rt_kv_endpoint_for(const char *given, const char *host, long port, int rank, char *out, size_t cap)
+{
+    out[0] = 0;
+    if (given[0])
+        rt_kv_endpoint_rank(given, rank, out, cap);
+    else if (port > 0)
+        rt_kv_endpoint_make(host, (int)port + rank, out, cap);
+}

@@ -9,5 +9,7 @@
 int rt_kv_endpoint_check(const char *ep);
 void rt_kv_endpoint_make(const char *host, int port, char *out, size_t cap);
 void rt_kv_endpoint_rank(const char *base, int rank, char *out, size_t cap);
+/* Rank r's: from its host's own endpoint (given, "" none), else the flag's port (0 none) on host. */
+void rt_kv_endpoint_for(const char *given, const char *host, long port, int rank, char *out, size_t cap);
 
 #endif

@@ -1,17 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* registry.c - the live pools, their one owner (g_rt->reg): it starts from the configuration's plan and
- * the configuration is not changed afterwards. Endpoints and ranks live in arrays of fixed capacity
- * (--max-instances ranks per pool, twice that in endpoints) made at start, so they never move: worker threads
- * read them without a lock while the admin API, etcd or a SIGHUP reload appends (an entry is written
- * completely, then the count is published with a release store) or marks an entry removed. A removed rank
- * keeps its slot and index while requests in flight on it finish and release exactly what they charged;
- * adding the same host:port:rank again revives that slot. When a pool has no never-used slot left, the next
- * engine that joins takes the slot of a removed rank with nothing this router charged on it in flight (its
- * balancer state starts afresh, its per-rank counters from zero); likewise an endpoint no rank refers to any
- * more goes to the next new address once the endpoint table is full (up_endpoint.gen tells the connection
- * pools and TLS sessions of the old address apart). So engines that come and go under new addresses never
- * fill the pools. Mutations are serialized by one mutex; readers that
- * hold no charge on a rank (metrics, /status, the admin list) read identities under it. */
+/* registry.c - the live pools, their one owner (g_rt->reg): it starts from the configuration's plan and the
+ * configuration is not changed afterwards. Endpoints and ranks live in arrays of fixed capacity (--max-instances
+ * ranks per pool, twice that in endpoints) made at start, so they never move: worker threads read them without a
+ * lock while the admin API, etcd or a SIGHUP reload appends (an entry is written completely, then the count is
+ * published with a release store) or marks an entry removed. A removed rank keeps its slot and index while requests
+ * in flight on it finish and release exactly what they charged; adding the same host:port:rank again revives that
+ * slot. When a pool has no never-used slot left, the next engine that joins takes the slot of a removed rank with
+ * nothing this router charged on it in flight (its balancer state starts afresh, its per-rank counters from zero);
+ * likewise an endpoint no rank refers to any more goes to the next new address once the endpoint table is full
+ * (up_endpoint.gen tells the connection pools and TLS sessions of the old address apart). So engines that come and
+ * go under new addresses never fill the pools. Mutations are serialized by one mutex; readers that hold no charge on
+ * a rank (metrics, /status, the admin list) read identities under it. */
 #include "handoff.h"
 #include "kv_endpoint.h"
 #include "router.h"
@@ -84,26 +83,6 @@ void rt_registry_slots(int role, long *active, long *draining, long *unused)
     *unused = g_rt->cfg.max_instances - a - d;
 }
 
-static int endpoint_unreferenced(void);
-void rt_registry_endpoint_slots(long *used, long *unused)
-{
-    pthread_mutex_lock(&reg_mu);
-    long n = (long)g_rt->reg.n_endpoints, u = n;
-    if (endpoint_unreferenced() >= 0) { /* count them: a scrape is rare, the table small */
-        char *seen = XPYD_XALLOC(calloc((size_t)n, 1));
-        for (int role = 0; role < 2; role++)
-            for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++)
-                seen[g_rt->reg.ranks[role][i].endpoint] = 1;
-        u = 0;
-        for (long i = 0; i < n; i++)
-            u += seen[i];
-        free(seen);
-    }
-    pthread_mutex_unlock(&reg_mu);
-    *used = u;
-    *unused = (long)g_rt->ep_cap - u;
-}
-
 /* The query endpoint (host:bootstrap port) of a prefill rank, if it has one in the table. Under reg_mu. */
 static int query_endpoint_of(const struct rt_live_rank *r)
 {
@@ -137,6 +116,25 @@ static int endpoint_unreferenced(void)
             free_idx = (int)i;
     free(used);
     return free_idx;
+}
+
+void rt_registry_endpoint_slots(long *used, long *unused)
+{
+    pthread_mutex_lock(&reg_mu);
+    long n = (long)g_rt->reg.n_endpoints, u = n;
+    if (endpoint_unreferenced() >= 0) { /* count them: a scrape is rare, the table small */
+        char *seen = XPYD_XALLOC(calloc((size_t)n, 1));
+        for (int role = 0; role < 2; role++)
+            for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++)
+                seen[g_rt->reg.ranks[role][i].endpoint] = 1;
+        u = 0;
+        for (long i = 0; i < n; i++)
+            u += seen[i];
+        free(seen);
+    }
+    pthread_mutex_unlock(&reg_mu);
+    *used = u;
+    *unused = (long)g_rt->ep_cap - u;
 }
 
 enum { APPLY_UPDATED = 0, APPLY_ADDED, APPLY_REVIVED, APPLY_UNCHANGED };
@@ -670,11 +668,8 @@ int rt_registry_add(const struct rt_admin_instance *in, int source, cJSON *repor
                                                                             (int)in->port) + (by_header ? 0 : (int)i)
                                                  : 0; /* external DP: each rank's own, as in config.c */
         want.tls = in->tls;
-        if (in->kv_events[0]) /* rank i's KV events: its rank 0's port + i, or the flag's port + i */
-            rt_kv_endpoint_rank(in->kv_events, (int)i, want.kv_events, sizeof want.kv_events);
-        else if (g_rt->cfg.kv_events_port[role] > 0)
-            rt_kv_endpoint_make(in->host, (int)(g_rt->cfg.kv_events_port[role] + i), want.kv_events,
-                                sizeof want.kv_events);
+        rt_kv_endpoint_for(in->kv_events, in->host, g_rt->cfg.kv_events_port[role], (int)i, want.kv_events,
+                           sizeof want.kv_events);
         int idx = -1;
         int res = apply_rank(role, in->host, (int)(by_header ? in->port : in->port + i), &want, &idx, err, cap);
         if (res < 0) {
