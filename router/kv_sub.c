@@ -24,10 +24,11 @@
 
 struct src {
     char ep[300];  /* the endpoint subscribed to ("" none); the consumer thread's alone */
-    void *sub;
+    void *sub, *mon; /* the SUB socket, and the PAIR its connection events come on (zmq_socket_monitor) */
     int have_seq;
     uint64_t seq;
-    atomic_int on;                    /* subscribed (placement may trust it) */
+    atomic_int on;                    /* subscribed */
+    atomic_int up;                    /* connected to the publisher now (placement may trust it) */
     atomic_uint_fast64_t first_sent;  /* µs of the first prompt sent since its last message; 0: none */
 };
 
@@ -46,6 +47,7 @@ static struct {
     atomic_uint_fast64_t batches[2], events[2][3], gaps[2], replays_ok[2], replays_failed[2], resets[2];
     atomic_uint_fast64_t decode_errors[2][KVE_ECOUNT], skipped[2][KVI_COUNT], picks[2][2];
     atomic_uint_fast64_t lag_us[2]; /* the last batch: its arrival minus its ts */
+    atomic_uint_fast64_t disconnects[2];
 } K;
 
 static uint64_t be64(const unsigned char *p)
@@ -182,12 +184,41 @@ static void on_message(int role, int rank, struct src *s, zmq_msg_t *f, int nf)
     atomic_store(&s->first_sent, 0);
 }
 
+/* The publisher connected or went away. Gone (an engine stopping, restarting, or the network): what the rank
+ * held is unknown from here (a restarted engine numbers from 0 again, and messages were lost meanwhile), so its
+ * blocks are forgotten and it is not trusted until it is back. */
+static void on_monitor(int role, int rank, struct src *s)
+{
+    zmq_msg_t f[3];
+    int nf;
+    while (recv_msg(s->mon, f, &nf)) {
+        uint16_t ev = 0;
+        if (nf >= 1 && zmq_msg_size(&f[0]) >= 2)
+            memcpy(&ev, zmq_msg_data(&f[0]), sizeof ev); /* native byte order, as libzmq writes it */
+        close_frames(f, nf);
+        if (ev == ZMQ_EVENT_CONNECTED) {
+            atomic_store(&s->first_sent, 0);
+            atomic_store(&s->up, 1);
+        } else if (ev == ZMQ_EVENT_DISCONNECTED) {
+            atomic_store(&s->up, 0);
+            atomic_fetch_add(&K.disconnects[role], 1);
+            s->have_seq = 0;
+            kvi_drop_rank(K.idx[role], rank);
+        }
+    }
+}
+
 static void unsubscribe(int role, int rank, struct src *s)
 {
     atomic_store(&s->on, 0);
-    if (s->sub)
+    atomic_store(&s->up, 0);
+    if (s->sub) {
+        zmq_socket_monitor(s->sub, NULL, 0);
         zmq_close(s->sub);
-    s->sub = NULL;
+    }
+    if (s->mon)
+        zmq_close(s->mon);
+    s->sub = s->mon = NULL;
     s->ep[0] = 0;
     s->have_seq = 0;
     kvi_drop_rank(K.idx[role], rank);
@@ -228,8 +259,22 @@ static void sync_sources(void)
                 zmq_close(sub);
                 continue;
             }
+            static unsigned gen; /* a monitor address per subscription */
+            char mon[64];
+            snprintf(mon, sizeof mon, "inproc://kv-monitor-%u", gen++);
+            void *pair = zmq_socket(K.ctx, ZMQ_PAIR);
+            if (!pair || zmq_socket_monitor(sub, mon, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
+                zmq_connect(pair, mon) != 0) {
+                XLOG_WARN("msg=\"cannot watch the KV-event connection\" role=%s rank=%zu err=\"%s\"", roles[role], i,
+                          zmq_strerror(zmq_errno()));
+                if (pair)
+                    zmq_close(pair);
+                zmq_close(sub);
+                continue;
+            }
             snprintf(s->ep, sizeof s->ep, "%s", ep);
             s->sub = sub;
+            s->mon = pair;
             atomic_store(&s->first_sent, 0);
             atomic_store(&s->on, 1);
             XLOG_INFO("msg=\"subscribed to KV events\" role=%s rank=%zu endpoint=\"%s\"", roles[role], i, ep);
@@ -240,7 +285,7 @@ static void sync_sources(void)
 static void *consumer(void *arg)
 {
     (void)arg;
-    size_t max = 2 * K.cap;
+    size_t max = 4 * K.cap; /* both pools, a SUB and its monitor each */
     zmq_pollitem_t *items = calloc(max, sizeof *items);
     int *who = calloc(max, sizeof *who);
     uint64_t next_sync = 0;
@@ -256,14 +301,20 @@ static void *consumer(void *arg)
                 if (K.src[role][i].sub) {
                     items[n] = (zmq_pollitem_t){K.src[role][i].sub, 0, ZMQ_POLLIN, 0};
                     who[n++] = role * (int)K.cap + (int)i;
+                    items[n] = (zmq_pollitem_t){K.src[role][i].mon, 0, ZMQ_POLLIN, 0};
+                    who[n++] = -1 - (role * (int)K.cap + (int)i); /* its monitor */
                 }
         if (zmq_poll(items, n, 100) <= 0)
             continue;
         for (int k = 0; k < n; k++) {
             if (!(items[k].revents & ZMQ_POLLIN))
                 continue;
-            int role = who[k] / (int)K.cap, rank = who[k] % (int)K.cap;
+            int w = who[k] < 0 ? -1 - who[k] : who[k], role = w / (int)K.cap, rank = w % (int)K.cap;
             struct src *s = &K.src[role][rank];
+            if (who[k] < 0) {
+                on_monitor(role, rank, s);
+                continue;
+            }
             for (int m = 0; m < DRAIN_MAX; m++) {
                 zmq_msg_t f[3];
                 int nf;
@@ -279,7 +330,7 @@ static void *consumer(void *arg)
     for (int role = 0; role < 2; role++)
         for (size_t i = 0; K.on[role] && i < K.cap; i++)
             if (K.src[role][i].sub)
-                zmq_close(K.src[role][i].sub);
+                unsubscribe(role, (int)i, &K.src[role][i]);
     return NULL;
 }
 
@@ -358,7 +409,7 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
     for (size_t i = 0; i < K.cap; i++) {
         const struct src *s = &K.src[role][i];
         uint64_t sent = atomic_load(&s->first_sent);
-        int ok = atomic_load(&s->on) && !(sent && now - sent > stale);
+        int ok = atomic_load(&s->up) && !(sent && now - sent > stale);
         out[i] = ok ? (int64_t)held[i] : -1;
         trusted += ok;
     }
@@ -392,7 +443,7 @@ void rt_kv_metrics(struct evbuffer *b)
         return;
     static const char *const types[3] = {"stored", "removed", "cleared"};
     size_t blocks[2] = {0, 0};
-    long precise[2] = {0, 0}, stale_n[2] = {0, 0};
+    long precise[2] = {0, 0}, stale_n[2] = {0, 0}, down[2] = {0, 0};
     uint64_t now = xpyd_now_us(), stale = (uint64_t)g_rt->cfg.kv_events_stale_ms * 1000u;
     EACH_ROLE {
         size_t n = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE);
@@ -402,7 +453,9 @@ void rt_kv_metrics(struct evbuffer *b)
             if (!atomic_load(&s->on))
                 continue;
             uint64_t sent = atomic_load(&s->first_sent);
-            if (sent && now - sent > stale)
+            if (!atomic_load(&s->up))
+                down[role]++;
+            else if (sent && now - sent > stale)
                 stale_n[role]++;
             else
                 precise[role]++;
@@ -445,11 +498,17 @@ void rt_kv_metrics(struct evbuffer *b)
     header(b, "xpyd_kv_index_bytes", "gauge", "Memory of the KV-event index.");
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_index_bytes{role=\"%s\"} %zu\n", roles[role], kvi_bytes(K.idx[role]));
     header(b, "xpyd_kv_events_sources", "gauge",
-           "Ranks with a KV-event endpoint, by state: precise (placement uses their events) or stale (sent a "
-           "prompt, published nothing for --kv-events-stale-ms: approximate placement for them).");
+           "Ranks with a KV-event endpoint, by state: precise (placement uses their events), stale (sent a "
+           "prompt, published nothing for --kv-events-stale-ms) or down (not connected to its publisher); "
+           "placement is approximate for the last two.");
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_sources{role=\"%s\",state=\"precise\"} %ld\n"
-                                     "xpyd_kv_events_sources{role=\"%s\",state=\"stale\"} %ld\n",
-                                  roles[role], precise[role], roles[role], stale_n[role]);
+                                     "xpyd_kv_events_sources{role=\"%s\",state=\"stale\"} %ld\n"
+                                     "xpyd_kv_events_sources{role=\"%s\",state=\"down\"} %ld\n",
+                                  roles[role], precise[role], roles[role], stale_n[role], roles[role], down[role]);
+    header(b, "xpyd_kv_events_disconnects_total", "counter",
+           "Connections to a rank's publisher lost (its blocks are then forgotten: it may have restarted).");
+    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_disconnects_total{role=\"%s\"} %" PRIu64 "\n", roles[role],
+                                  U64(K.disconnects[role]));
     header(b, "xpyd_kv_placements_total", "counter",
            "Picks whose chosen rank's cached prefix came from its events (precise) or from the router's own "
            "guess (approximate).");

@@ -3,8 +3,9 @@
  * has a KV-event endpoint (the topology's "kv_events", --prefill/decode-kv-events-port), decodes each batch
  * (kv_events.h) and keeps per pool what each rank reports holding (kv_index.h). Sequence numbers per rank: a
  * gap asks the rank's replay endpoint (--kv-events-replay-offset) or forgets the rank's blocks; a number going
- * back (the engine restarted) and AllBlocksCleared forget them too. A rank that was sent a prompt of a block or
- * more and published nothing for --kv-events-stale-ms is not trusted until it publishes again. The registry is
+ * back (the engine restarted), AllBlocksCleared and a lost connection forget them too. A rank that is not connected,
+ * or that was sent a prompt of a block or more and published nothing for --kv-events-stale-ms, is not trusted until
+ * it publishes again. The registry is
  * followed (reloads, the admin API, etcd): a rank whose endpoint changes or that is removed starts afresh. */
 #ifndef XPYD_KV_SUB_H
 #define XPYD_KV_SUB_H

@@ -270,6 +270,31 @@ class KvEvents(t.TestCase):
         completion(r.port, prompt(8))
         self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 2)
 
+    def test_a_publisher_that_vanishes_and_comes_back(self):
+        ps, pubs, (r,) = self.cluster(n=1)
+        p12 = prompt(12)
+        pubs[0].send(batch_map([stored_map([121, 122], p12[:32])]))
+        self.wait_blocks(r, 2)
+        port = pubs[0].port
+        pubs[0].close()  # the engine's publisher is gone (a restart, a crash): what it held is unknown
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="down") == 1, what="down")
+        self.wait_blocks(r, 0)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_disconnects_total"), 1)
+        before = kv(r.port, "xpyd_kv_placements_total", mode="approximate")
+        completion(r.port, p12)  # placed by the router's own guess meanwhile
+        self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="approximate"), before + 1)
+        # back on the same port (the router reconnects by itself), numbering from 0 with an empty cache
+        back = Pub.__new__(Pub)
+        back.s = self.ctx.socket(zmq.PUB)
+        back.s.setsockopt(zmq.LINGER, 0)
+        back.s.bind("tcp://127.0.0.1:%d" % port)
+        back.seq, back.sent, back.replay_offset = 0, {}, None
+        self.addCleanup(back.close)
+        self.handshake([r], back)
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="precise") == 1, what="precise again")
+        back.send(batch_map([stored_map([131], p12[:16])]))
+        self.wait_blocks(r, 1)
+
     def test_two_routers_on_the_same_events(self):
         ps, pubs, rs = self.cluster(routers=2)
         p9 = prompt(9)
