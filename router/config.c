@@ -171,7 +171,7 @@ static const struct xpyd_setting settings[] = {
      "estimate (`xpyd_tokenizer_fallbacks_total{reason=\"busy\"}`), so a burst never waits on the tokenizer "
      "longer than this bound"},
     {"prefill-kv-events-port", XS_LONG, OFF(kv_events_port[0]), 0, 65535, "0", NULL,
-     "precise cache-aware placement: every prefill publishes vLLM's KV events (ZeroMQ PUB, `--kv-events-config` "
+     "precise cache-aware placement: every prefill publishes vLLM's KV events (ZeroMQ PUB, its KV-events config's "
      "endpoint `tcp://*:PORT`) on this port of its host, DP rank r on PORT + r; the router subscribes, keeps what "
      "each rank reports holding (docs/CONFIGURATION.md \"Precise prefix-cache routing\") and `cache` placement "
      "uses it for that rank (a host's own `kv_events` in the topology wins); 0 = none"},

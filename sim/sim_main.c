@@ -63,7 +63,7 @@ static const struct xpyd_setting settings[] = {
     {"num-gpu-blocks", XS_LONG, F(num_gpu_blocks), 1, 1L << 30, "4096", NULL,
      "KV blocks per rank the prefix cache may hold (shown in `vllm:cache_config_info`)"},
     {"kv-events", XS_STR, F(kv_events), 0, 0, "", NULL,
-     "with `--prefix-caching on`: publish KV events as vLLM's `--kv-events-config` publisher does (ZeroMQ PUB, "
+     "with `--prefix-caching on`: publish KV events as vLLM's ZMQ KV-event publisher does (ZeroMQ PUB, "
      "e.g. `tcp://*:5557`; an endpoint with `*` binds, any other connects; DP rank r on its port + r): three "
      "frames per batch (topic, 8-byte big-endian sequence number from 0, msgpack KVEventBatch), BlockStored "
      "with token ids and 32-byte SHA-256 block hashes chained on the parent's (a stand-in for vLLM's "

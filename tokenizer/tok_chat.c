@@ -71,12 +71,6 @@ int xtpl_render(const struct xtpl *x, const cJSON *vars, const struct xtpl_limit
     for (const cJSON *it = vars ? vars->child : NULL; it; it = it->next)
         if (it->string)
             td_set(&c, &root->vars, tv_str(&c, it->string, strlen(it->string)), tv_from_json(&c, it));
-    /* the output sized once for what the request holds (and a header's worth): a long conversation is not
-     * copied again each time the output doubles */
-    c.outcap = c.json_bytes + 4096 < c.outmax ? c.json_bytes + 4096 : c.outmax;
-    c.out = malloc(c.outcap + 1);
-    if (!c.out)
-        tpl_fail(&c, "out of memory");
     tpl_exec(&c, root, x->t->body, x->t->nbody);
     tpl_emit(&c, "", 0);
     char *o = c.out ? c.out : malloc(1);

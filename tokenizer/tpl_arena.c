@@ -144,7 +144,9 @@ void tpl_emit(struct tctx *c, const char *p, size_t n)
     if (c->outn + n > c->outmax)
         tpl_fail(c, "the rendered prompt exceeds its limit (%zu bytes)", c->outmax);
     if (c->outn + n > c->outcap) {
-        size_t cap = c->outcap ? c->outcap : 4096;
+        /* first sized for what the request holds (and a header's worth): a long conversation is not copied
+         * again each time the output doubles */
+        size_t cap = c->outcap ? c->outcap : c->json_bytes + 4096 < c->outmax ? c->json_bytes + 4096 : c->outmax;
         while (cap < c->outn + n)
             cap *= 2;
         char *o = realloc(c->out, cap + 1);
