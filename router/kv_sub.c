@@ -48,6 +48,7 @@ static struct {
     atomic_uint_fast64_t decode_errors[2][KVE_ECOUNT], skipped[2][KVI_COUNT], picks[2][2];
     atomic_uint_fast64_t lag_us[2]; /* the last batch: its arrival minus its ts */
     atomic_uint_fast64_t disconnects[2];
+    atomic_int subscribed[2]; /* sources with an endpoint: none, and a query costs nothing */
 } K;
 
 static uint64_t be64(const unsigned char *p)
@@ -210,7 +211,8 @@ static void on_monitor(int role, int rank, struct src *s)
 
 static void unsubscribe(int role, int rank, struct src *s)
 {
-    atomic_store(&s->on, 0);
+    if (atomic_exchange(&s->on, 0))
+        atomic_fetch_sub(&K.subscribed[role], 1);
     atomic_store(&s->up, 0);
     if (s->sub) {
         zmq_socket_monitor(s->sub, NULL, 0);
@@ -277,6 +279,7 @@ static void sync_sources(void)
             s->mon = pair;
             atomic_store(&s->first_sent, 0);
             atomic_store(&s->on, 1);
+            atomic_fetch_add(&K.subscribed[role], 1);
             XLOG_INFO("msg=\"subscribed to KV events\" role=%s rank=%zu endpoint=\"%s\"", roles[role], i, ep);
         }
     }
@@ -339,12 +342,14 @@ int rt_kv_setup(struct router *rt)
     const struct rt_config *c = &rt->cfg;
     K.cap = (size_t)c->max_instances;
     for (int role = 0; role < 2; role++) {
-        K.on[role] = c->kv_events_port[role] > 0;
+        /* on where placement can use events (ranks that name a publisher may come later: admin API, etcd) or
+         * where the configuration names publishers */
+        K.on[role] = c->kv_events_port[role] > 0 || rt->prefix_on[role];
         for (size_t i = 0; i < c->n_ranks[role]; i++)
             K.on[role] |= c->ranks[role][i].kv_events[0] != 0;
         if (!K.on[role])
             continue;
-        if (!rt->prefix_on[role])
+        if (!rt->prefix_on[role]) /* (named, so on) */
             XLOG_WARN("msg=\"KV events of the %s pool are read but its placement does not use them (policy cache, "
                       "or --local-prefill-max-tokens for decodes)\"", roles[role]);
         K.idx[role] = kvi_new((int)K.cap, (size_t)c->kv_index_max_blocks);
@@ -399,7 +404,8 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
     q->nblocks = n;
     q->block_tokens = g_rt->cfg.prefix_block_tokens;
     q->precise = NULL;
-    int64_t *out = K.on[role] && n ? scratch() : NULL; /* every slot of the pool: a rank added meanwhile reads -1 */
+    int64_t *out = K.on[role] && n && atomic_load(&K.subscribed[role]) ? scratch() : NULL; /* every slot of the
+                                                                                  * pool: one added meanwhile reads -1 */
     if (!out)
         return;
     uint32_t *held = (uint32_t *)(out + K.cap);

@@ -290,8 +290,17 @@ class EtcdSingle(TestCase):
         key = "%s/instances/decode/127.0.0.1:%d" % (prefix, base)
         self.etcd.put(key, '{"dp": 2}')
         wait_until(lambda: active(r) == ["127.0.0.1:%d" % base, "127.0.0.1:%d" % (base + 1)], what="2 ranks")
+        # the value names its rank 0's KV-event publisher: rank r subscribes at that port + r
+        self.etcd.put(key, '{"dp": 2, "kv_events": "tcp://127.0.0.1:%d"}' % (base + 100))
+
+        def kv_of():
+            st, _, body = request(r.port, "GET", "/admin/instances", headers=AUTH)
+            return sorted(i.get("kv_events", "") for i in json.loads(body)["decode"] if not i["removed"])
+        wait_until(lambda: kv_of() == ["tcp://127.0.0.1:%d" % (base + 100), "tcp://127.0.0.1:%d" % (base + 101)],
+                   what="kv_events per rank")
         self.etcd.put(key, '{"dp": 1}')
         wait_until(lambda: active(r) == ["127.0.0.1:%d" % base], what="back to 1 rank")
+        self.assertEqual(kv_of(), [""])  # the value no longer names one
         self.assertEqual(ok(r, 4), (200, None))
 
     def test_pool_full_adds_nothing(self):
