@@ -28,7 +28,7 @@ HTTP=("$C/xpyd_http_client.c" "$C/xpyd_http_response.c" "$C/xpyd_http_request.c"
 sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.c)
   case $1 in
   sse) echo "$C/xpyd_sse.c" ;;
-  config) echo "$R/config.c $R/config_load.c $R/config_file.c $R/config_topology.c $R/handoff_traits.c $R/json_view.c -lm $C/xpyd_util.c $C/xpyd_settings.c $C/xpyd_version.c -DXPYD_VERSION=\"fuzz\"" \
+  config) echo "$R/config.c $R/config_load.c $R/config_file.c $R/config_topology.c $R/kv_endpoint.c $R/handoff_traits.c $R/json_view.c -lm $C/xpyd_util.c $C/xpyd_settings.c $C/xpyd_version.c -DXPYD_VERSION=\"fuzz\"" \
     "$ROOT/balancer/xb*.c $C/xpyd_etcd.c ${HTTP[*]}" ;;
   sim_request) echo "$ROOT/sim/sim_request.c $ROOT/sim/sim_tokens.c $C/xpyd_util.c" ;;
   rewrite) echo "$R/rewrite.c $R/body_src.c $R/prompt.c $R/json_view.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
