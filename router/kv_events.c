@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 const char *const kve_error_names[KVE_ECOUNT] = {"none", "msgpack", "shape", "type", "hash", "limit", "memory"};
 
@@ -123,6 +124,34 @@ static int tokens_of(struct dec *d, const msgpack_object *o, struct kv_event *e)
     return 0;
 }
 
+/* extra_keys: one entry per block (None, or what else names the block's content: multimodal hashes, a cache salt,
+ * a LoRA name); each non-null entry kept as a hash of its msgpack bytes, 0 for none. The whole field nil: NULL. */
+static int extra_of(struct dec *d, const msgpack_object *o, struct kv_event *e)
+{
+    if (is_nil(o))
+        return 0;
+    if (o->type != MSGPACK_OBJECT_ARRAY)
+        return fail(d, KVE_ESHAPE, "extra_keys is not an array");
+    if (o->via.array.size > d->lim->max_hashes)
+        return fail(d, KVE_ELIMIT, "%u extra keys in one event (limit %zu)", o->via.array.size, d->lim->max_hashes);
+    e->extra = calloc(e->nhashes + 1, sizeof *e->extra);
+    if (!e->extra)
+        return fail(d, KVE_ENOMEM, "out of memory");
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    for (uint32_t i = 0; i < o->via.array.size && i < e->nhashes; i++) {
+        if (is_nil(&o->via.array.ptr[i]))
+            continue;
+        msgpack_sbuffer_clear(&sb);
+        msgpack_pack_object(&pk, o->via.array.ptr[i]);
+        e->extra[i] = XXH3_64bits(sb.data, sb.size) | 1; /* never 0: "none" */
+    }
+    msgpack_sbuffer_destroy(&sb);
+    return 0;
+}
+
 /* The fields of one event, whichever encoding: f[k] is the k-th field of its class, NULL when absent. */
 enum { F_HASHES, F_PARENT, F_TOKENS, F_BLOCK_SIZE, F_LORA_ID, F_MEDIUM, F_LORA_NAME, F_EXTRA, F_GROUP, F_KIND, NF };
 static const char *const STORED[NF] = {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
@@ -149,7 +178,7 @@ static int fill(struct dec *d, struct kv_event *e, const msgpack_object **f)
             return rc;
         e->has_parent = 1;
     }
-    if ((rc = tokens_of(d, f[F_TOKENS], e)))
+    if ((rc = tokens_of(d, f[F_TOKENS], e)) || (rc = extra_of(d, f[F_EXTRA], e)))
         return rc;
     if (f[F_BLOCK_SIZE] && int_of(f[F_BLOCK_SIZE], &v) && v > 0)
         e->block_size = (long)v;
@@ -341,6 +370,7 @@ void kve_batch_free(struct kv_batch *b)
     for (size_t i = 0; b->ev && i < b->n; i++) {
         free(b->ev[i].hashes);
         free(b->ev[i].tokens);
+        free(b->ev[i].extra);
     }
     free(b->ev);
     b->ev = NULL;

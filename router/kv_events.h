@@ -24,6 +24,7 @@ struct kv_event {
     uint64_t parent;      /* parent_block_hash */
     uint32_t *tokens;     /* BlockStored: token_ids of the blocks, ntokens (nhashes × block_size when whole) */
     size_t ntokens;
+    uint64_t *extra;      /* BlockStored: per block, a hash of its extra_keys entry (0: none); NULL: none at all */
     long block_size;      /* 0: not given */
     int64_t lora_id;      /* -1: none */
     char lora_name[64];   /* "": none */

@@ -2,7 +2,9 @@
 /* kv_index.h - what each rank of a pool reports holding in its prefix cache (issue 40): the blocks of the KV
  * events it published (kv_events.h), keyed by their token content as the router hashes a prompt's blocks
  * (xb_hash_block_ids, chained from the parent block), never by the engine's own hash (vLLM's is pickle-based);
- * the engine's hash is kept per rank only to find a block again on removal and as the next block's parent.
+ * the engine's hash is kept per rank only to find a block again on removal and as the next block's parent. A block
+ * with extra keys (multimodal hashes, a cache salt) is mixed with them, so it and the blocks after it never match a
+ * prompt of the same token ids alone.
  *
  * Two tables: content key -> which ranks hold it (a bitmap), and (rank, engine hash) -> content key, the
  * entries of one content key linked so a removal recomputes that rank's bit from the others. A block under a

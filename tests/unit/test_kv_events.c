@@ -40,7 +40,7 @@ static void map_encoding(void **state)
     msgpack_pack_true(&pk);
     str(&pk, "events");
     msgpack_pack_array(&pk, 3);
-    msgpack_pack_map(&pk, 10);
+    msgpack_pack_map(&pk, 11);
     str(&pk, "type");
     str(&pk, "BlockStored");
     str(&pk, "block_hashes");
@@ -65,6 +65,12 @@ static void map_encoding(void **state)
     str(&pk, "full_attention");
     str(&pk, "something_new");
     msgpack_pack_array(&pk, 0);
+    str(&pk, "extra_keys"); /* per block: none, then an image's hash and offset */
+    msgpack_pack_array(&pk, 2);
+    msgpack_pack_nil(&pk);
+    msgpack_pack_array(&pk, 2);
+    str(&pk, "mm-hash-0");
+    msgpack_pack_int(&pk, 3);
     msgpack_pack_map(&pk, 3);
     str(&pk, "type");
     str(&pk, "BlockRemoved");
@@ -95,6 +101,8 @@ static void map_encoding(void **state)
     assert_string_equal(b.ev[0].lora_name, "adapter-a");
     assert_string_equal(b.ev[0].medium, "GPU");
     assert_true(b.ev[0].full_attention);
+    assert_non_null(b.ev[0].extra);
+    assert_true(b.ev[0].extra[0] == 0 && b.ev[0].extra[1] != 0);
     assert_int_equal(b.ev[1].type, KVE_REMOVED);
     assert_true(b.ev[1].nhashes == 1 && b.ev[1].hashes[0] == 42);
     assert_int_equal(b.ev[1].group_idx, 1);

@@ -205,6 +205,25 @@ static void many_ranks(void **state)
     kvi_free(x);
 }
 
+static void extra_keys_are_not_text(void **state)
+{
+    (void)state;
+    setup_prompt();
+    struct kvi *x = kvi_new(2, 100);
+    uint64_t h[3] = {1, 2, 3}, h2[3] = {4, 5, 6}, k[8], extra[3] = {0, 77, 0}, none[3] = {0, 0, 0};
+    struct kv_event img = stored(h, 3, prompt, 0, 0), plain = stored(h2, 3, prompt, 0, 0);
+    img.extra = extra; /* block 1 carries an image's hash: it and block 2 are not the text's */
+    plain.extra = none; /* entries all None: as if there were none */
+    kvi_apply(x, 0, &img, B);
+    kvi_apply(x, 1, &plain, B);
+    uint32_t out[2];
+    size_t n = keys_of(prompt, 12, k);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 1);
+    assert_int_equal(out[1], 3);
+    kvi_free(x);
+}
+
 /* A plain model: per rank, engine hash -> content key; a rank holds a key when any of its hashes maps to it. */
 #define R 6
 #define H 40
@@ -285,6 +304,7 @@ int main(void)
         cmocka_unit_test(refusals),
         cmocka_unit_test(media_duplicates_and_lora),
         cmocka_unit_test(many_ranks),
+        cmocka_unit_test(extra_keys_are_not_text),
         cmocka_unit_test(random_against_a_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
