@@ -113,8 +113,9 @@ static void close_frames(zmq_msg_t *f, int nf)
         zmq_msg_close(&f[i]);
 }
 
-/* Asks rank's replay endpoint for batches [from, upto) and applies them; 0 when all came in order. */
-static int replay(int role, int rank, struct src *s, uint64_t from, uint64_t upto)
+/* Asks rank's replay endpoint for batches [from, upto) and applies them; 0 when all came in order. strict 0 (a
+ * late joiner asking from 0): the buffer may start later, and what it has is taken from its first batch on. */
+static int replay(int role, int rank, struct src *s, uint64_t from, uint64_t upto, int strict)
 {
     const char *colon = strrchr(s->ep, ':');
     char ep[320];
@@ -144,13 +145,16 @@ static int replay(int role, int rank, struct src *s, uint64_t from, uint64_t upt
                 uint64_t seq = be64(zmq_msg_data(&f[0]));
                 if (!zmq_msg_size(&f[1])) { /* the end: everything asked for came, or the buffer had less */
                     ok = next >= upto ? 0 : 1;
-                } else if (seq == next && seq < upto) {
-                    apply(role, rank, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]));
-                    next++;
-                    if (next >= upto)
-                        ok = 0;
-                } else if (seq > next) { /* older ones no longer buffered */
-                    ok = 1;
+                } else {
+                    if (!strict && next == from && seq > from && seq < upto) /* its oldest kept batch */
+                        next = seq;
+                    if (seq == next && seq < upto) {
+                        apply(role, rank, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]));
+                        if (++next >= upto)
+                            ok = 0;
+                    } else if (seq > next) { /* older ones no longer buffered */
+                        ok = 1;
+                    }
                 }
             }
             close_frames(f, nf);
@@ -174,10 +178,10 @@ static void on_message(int role, int rank, struct src *s, zmq_msg_t *f, int nf)
         kvi_drop_rank(K.idx[role], rank);
     } else if (s->have_seq && seq > s->seq + 1) {
         atomic_fetch_add(&K.gaps[role], 1);
-        if (!replayable || replay(role, rank, s, s->seq + 1, seq) != 0)
+        if (!replayable || replay(role, rank, s, s->seq + 1, seq, 1) != 0)
             kvi_drop_rank(K.idx[role], rank); /* what was missed may have removed blocks: start afresh */
     } else if (!s->have_seq && seq > 0 && replayable) {
-        replay(role, rank, s, 0, seq); /* joined late: what the rank stored before, as far as it is buffered */
+        replay(role, rank, s, 0, seq, 0); /* joined late: what the rank stored before, as far as it is buffered */
     }
     s->have_seq = 1;
     s->seq = seq;

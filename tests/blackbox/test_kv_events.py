@@ -131,7 +131,7 @@ class KvEvents(t.TestCase):
         self.ctx = zmq.Context()
         self.addCleanup(self.ctx.destroy, linger=0)
 
-    def cluster(self, n=2, replay=False, args=(), routers=1, sim_args=()):
+    def cluster(self, n=2, replay=False, args=(), routers=1, sim_args=(), before=None):
         ps = [self.start(t.sim("--role", "prefill", *sim_args)) for _ in range(n)]
         d = self.start(t.sim("--role", "decode", *sim_args))
         pubs = [Pub(self.ctx, replay) for _ in ps]
@@ -143,6 +143,8 @@ class KvEvents(t.TestCase):
         path = os.path.join(t.tmpdir(prefix="xpyd-kv-"), "topology.json")
         with open(path, "w") as f:
             json.dump(topo, f)
+        if before:  # what the engines published before any router listened
+            before(pubs)
         extra = ["--kv-events-replay-offset", str(pubs[0].replay_offset)] if replay else []
         rs = [self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--threads", "2", "--config",
                                                 path, "--prefill-policy", "cache"] + extra + list(args)))
@@ -226,6 +228,21 @@ class KvEvents(t.TestCase):
         completion(r.port, p4)
         self.assertEqual(selected(r.port, ps[0]), 1)
         self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total"), 80)
+
+    def test_a_router_that_starts_late_replays_what_it_missed(self):
+        p13 = prompt(13)
+
+        def before(pubs):
+            pubs[0].send(batch_map([stored_map([1301, 1302], p13[:32])]))  # seq 0: lost with the buffer below
+            pubs[0].send(batch_map([stored_map([1303, 1304], p13[32:64], parent=1302)]))
+            pubs[0].send(batch_map([stored_map([1401], prompt(14)[:16])]))
+            del pubs[0].sent[0]  # the engine's buffer keeps only the last batches
+        ps, pubs, (r,) = self.cluster(n=1, replay=True, before=before)
+        # the first message heard starts a replay from 0: the buffer answers from 1 on, and that is kept
+        self.wait_blocks(r, 1)  # seq 1 chains on a block never seen (an orphan); seq 2 stands alone
+        self.assertEqual(kv(r.port, "xpyd_kv_events_skipped_total", cause="orphan"), 1)
+        self.assertGreaterEqual(kv(r.port, "xpyd_kv_events_replays_total", result="ok"), 1)
+        self.assertIn(0, pubs[0].asked)
 
     def test_a_gap_without_replay_forgets_the_rank(self):
         ps, pubs, (r,) = self.cluster()
