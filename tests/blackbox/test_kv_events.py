@@ -146,8 +146,11 @@ class KvEvents(t.TestCase):
         if before:  # what the engines published before any router listened
             before(pubs)
         extra = ["--kv-events-replay-offset", str(pubs[0].replay_offset)] if replay else []
+        # these publishers answer no request with events: a long stale time unless a test sets its own (a flag
+        # given twice: the last wins), so a slow machine does not turn a rank approximate mid-test
         rs = [self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--threads", "2", "--config",
-                                                path, "--prefill-policy", "cache"] + extra + list(args)))
+                                                path, "--prefill-policy", "cache", "--kv-events-stale-ms", "600000"]
+                                + extra + list(args)))
               for _ in range(routers)]
         for p in pubs:
             self.handshake(rs, p)
