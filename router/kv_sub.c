@@ -187,6 +187,7 @@ static void on_message(int role, int rank, struct src *s, zmq_msg_t *f, int nf)
     s->seq = seq;
     apply(role, rank, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
     atomic_store(&s->first_sent, 0);
+    atomic_store(&s->up, 1); /* a message proves the connection, whatever the monitor said (or has yet to say) */
 }
 
 /* The publisher connected or went away. Gone (an engine stopping, restarting, or the network): what the rank
@@ -259,13 +260,8 @@ static void sync_sources(void)
             zmq_setsockopt(sub, ZMQ_RECONNECT_IVL, &ivl, sizeof ivl);
             zmq_setsockopt(sub, ZMQ_RECONNECT_IVL_MAX, &ivl_max, sizeof ivl_max);
             zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0); /* every topic */
-            if (zmq_connect(sub, ep) != 0) {
-                XLOG_WARN("msg=\"cannot subscribe to KV events\" role=%s rank=%zu endpoint=\"%s\" err=\"%s\"",
-                          roles[role], i, ep, zmq_strerror(zmq_errno()));
-                zmq_close(sub);
-                continue;
-            }
-            static unsigned gen; /* a monitor address per subscription */
+            static unsigned gen; /* a monitor address per subscription, watched before connecting (a loopback
+                                  * connection can be up before the next call: its event would be lost) */
             char mon[64];
             snprintf(mon, sizeof mon, "inproc://kv-monitor-%u", gen++);
             void *pair = zmq_socket(K.ctx, ZMQ_PAIR);
@@ -275,6 +271,14 @@ static void sync_sources(void)
                           zmq_strerror(zmq_errno()));
                 if (pair)
                     zmq_close(pair);
+                zmq_close(sub);
+                continue;
+            }
+            if (zmq_connect(sub, ep) != 0) {
+                XLOG_WARN("msg=\"cannot subscribe to KV events\" role=%s rank=%zu endpoint=\"%s\" err=\"%s\"",
+                          roles[role], i, ep, zmq_strerror(zmq_errno()));
+                zmq_socket_monitor(sub, NULL, 0);
+                zmq_close(pair);
                 zmq_close(sub);
                 continue;
             }
