@@ -19,7 +19,9 @@
 #  *-noevict the same without evictions (CACHE_BLOCKS large): precise must be no worse than approx
 #   bench/kv_events.sh [prompts=600] [rate=24]    KV_ROWS="precise approx" runs only those rows;
 #   KV_CONCURRENCY=64: saturation (that many requests in flight over all clients) instead of the rate (the
-#   restart still comes after prompts / rate / 2 seconds); CACHE_BLOCKS, TENANTS as above
+#   restart still comes after prompts / rate / 2 seconds); CACHE_BLOCKS, TENANTS as above;
+#   KV_ROUTER_CAPACITY=default: the router's guess is not told the engines' cache size (--prefix-cache-blocks
+#   left at its default, as when engines are not scraped); by default it is told exactly
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -80,7 +82,8 @@ run() {
   for ((i = 0; i < routers; i++)); do
     # shellcheck disable=SC2086
     $B/xpyd_router --port 0 --port-file "$WORK/router$i.port" --config "$WORK/topo.json" --prefill-policy "$pol" \
-      --threads 1 --prefix-cache-blocks "$blocks" $rflags >"$WORK/router$i.log" 2>&1 &
+      --threads 1 $([ "${KV_ROUTER_CAPACITY:-engines}" = default ] || echo "--prefix-cache-blocks $blocks") \
+      $rflags >"$WORK/router$i.log" 2>&1 &
     PIDS+=($!)
     xpyd_wait_file "$WORK/router$i.port" 10
     RPS+=("$(cat "$WORK/router$i.port")")

@@ -30,6 +30,7 @@ struct src {
     atomic_int on;                    /* subscribed */
     atomic_int up;                    /* connected to the publisher now (placement may trust it) */
     atomic_uint_fast64_t first_sent;  /* µs of the first prompt sent since its last message; 0: none */
+    atomic_uint_fast64_t events;      /* events received from it (all kinds) */
 };
 
 static pthread_key_t scratch_key; /* rt_kv_query's per-thread memory */
@@ -79,6 +80,7 @@ static void apply(int role, int rank, const void *buf, size_t len)
     atomic_store(&K.lag_us[role], lag > 0 && lag < 1e6 ? (uint64_t)(lag * 1e6) : 0);
     for (size_t i = 0; i < b.n; i++) {
         atomic_fetch_add(&K.events[role][b.ev[i].type - 1], 1);
+        atomic_fetch_add(&K.src[role][rank].events, 1);
         int r = kvi_apply(K.idx[role], rank, &b.ev[i], g_rt->cfg.prefix_block_tokens);
         if (r != KVI_OK)
             atomic_fetch_add(&K.skipped[role][r], 1);
@@ -285,6 +287,7 @@ static void sync_sources(void)
             snprintf(s->ep, sizeof s->ep, "%s", ep);
             s->sub = sub;
             s->mon = pair;
+            atomic_store(&s->events, 0); /* a new source (its labels too) */
             atomic_store(&s->first_sent, 0);
             atomic_store(&s->on, 1);
             atomic_fetch_add(&K.subscribed[role], 1);
@@ -523,6 +526,24 @@ void rt_kv_metrics(struct evbuffer *b)
            "Connections to a rank's publisher lost (its blocks are then forgotten: it may have restarted).");
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_disconnects_total{role=\"%s\"} %" PRIu64 "\n", roles[role],
                                   U64(K.disconnects[role]));
+    header(b, "xpyd_kv_source_events_total", "counter", "KV events received from each rank with an endpoint.");
+    EACH_ROLE for (size_t i = 0; i < K.cap && i < __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE); i++) {
+        if (!atomic_load(&K.src[role][i].on))
+            continue;
+        char hp[300];
+        int dp = rt_rank_identity(role, (int)i, hp, sizeof hp);
+        evbuffer_add_printf(b, "xpyd_kv_source_events_total{role=\"%s\",engine=\"%s\",dp_rank=\"%d\"} %" PRIu64 "\n",
+                            roles[role], hp, dp < 0 ? 0 : dp, U64(K.src[role][i].events));
+    }
+    header(b, "xpyd_kv_source_blocks", "gauge", "Blocks each rank reports holding (what the index keeps of them).");
+    EACH_ROLE for (size_t i = 0; i < K.cap && i < __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE); i++) {
+        if (!atomic_load(&K.src[role][i].on))
+            continue;
+        char hp[300];
+        int dp = rt_rank_identity(role, (int)i, hp, sizeof hp);
+        evbuffer_add_printf(b, "xpyd_kv_source_blocks{role=\"%s\",engine=\"%s\",dp_rank=\"%d\"} %zu\n", roles[role],
+                            hp, dp < 0 ? 0 : dp, kvi_blocks(K.idx[role], (int)i));
+    }
     header(b, "xpyd_kv_placements_total", "counter",
            "Picks whose chosen rank's cached prefix came from its events (precise) or from the router's own "
            "guess (approximate).");

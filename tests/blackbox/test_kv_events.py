@@ -175,6 +175,9 @@ class KvEvents(t.TestCase):
                                 stored_map([105, 106, 107, 108], p1[64:128], parent=104)]))
         pubs[0].send(batch_map([stored_map([201, 202, 203, 204, 205, 206, 207, 208], p2[:128])]))
         self.wait_blocks(r, 16)
+        src = lambda name, sim: t.metric(r.port, '%s{role="prefill",engine="127.0.0.1:%d",dp_rank="0"}' % (name, sim.port))
+        self.assertEqual((src("xpyd_kv_source_blocks", ps[0]), src("xpyd_kv_source_blocks", ps[1])), (8, 8))
+        self.assertEqual(src("xpyd_kv_source_events_total", ps[1]), 2)  # its two BlockStored
         for k in range(4):
             completion(r.port, p1)
             completion(r.port, p2)
