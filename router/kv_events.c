@@ -85,20 +85,27 @@ static void copy_str(const msgpack_object *o, char *out, size_t cap)
     }
 }
 
-static int hashes_of(struct dec *d, const msgpack_object *o, struct kv_event *e)
+/* An event's array field (field names it in errors): an array of at most limit elements, or the reason why not. */
+static int array_field(struct dec *d, const msgpack_object *o, const char *field, size_t limit)
 {
     if (!o || o->type != MSGPACK_OBJECT_ARRAY)
-        return fail(d, KVE_ESHAPE, "block_hashes is not an array");
-    if (o->via.array.size > d->lim->max_hashes)
-        return fail(d, KVE_ELIMIT, "%u block hashes in one event (limit %zu)", o->via.array.size, d->lim->max_hashes);
+        return fail(d, KVE_ESHAPE, "%s is not an array", field);
+    if (o->via.array.size > limit)
+        return fail(d, KVE_ELIMIT, "%u elements of %s in one event (limit %zu)", o->via.array.size, field, limit);
+    return 0;
+}
+
+static int hashes_of(struct dec *d, const msgpack_object *o, struct kv_event *e)
+{
+    int rc = array_field(d, o, "block_hashes", d->lim->max_hashes);
+    if (rc)
+        return rc;
     e->hashes = malloc((o->via.array.size + 1) * sizeof *e->hashes);
     if (!e->hashes)
         return fail(d, KVE_ENOMEM, "out of memory");
-    for (uint32_t i = 0; i < o->via.array.size; i++) {
-        int rc = hash_of(d, &o->via.array.ptr[i], &e->hashes[i]);
-        if (rc)
+    for (uint32_t i = 0; i < o->via.array.size; i++)
+        if ((rc = hash_of(d, &o->via.array.ptr[i], &e->hashes[i])))
             return rc;
-    }
     e->nhashes = o->via.array.size;
     return 0;
 }
@@ -107,10 +114,9 @@ static int tokens_of(struct dec *d, const msgpack_object *o, struct kv_event *e)
 {
     if (is_nil(o))
         return 0;
-    if (o->type != MSGPACK_OBJECT_ARRAY)
-        return fail(d, KVE_ESHAPE, "token_ids is not an array");
-    if (o->via.array.size > d->lim->max_tokens)
-        return fail(d, KVE_ELIMIT, "%u token ids in one event (limit %zu)", o->via.array.size, d->lim->max_tokens);
+    int rc = array_field(d, o, "token_ids", d->lim->max_tokens);
+    if (rc)
+        return rc;
     e->tokens = malloc((o->via.array.size + 1) * sizeof *e->tokens);
     if (!e->tokens)
         return fail(d, KVE_ENOMEM, "out of memory");
@@ -130,10 +136,9 @@ static int extra_of(struct dec *d, const msgpack_object *o, struct kv_event *e)
 {
     if (is_nil(o))
         return 0;
-    if (o->type != MSGPACK_OBJECT_ARRAY)
-        return fail(d, KVE_ESHAPE, "extra_keys is not an array");
-    if (o->via.array.size > d->lim->max_hashes)
-        return fail(d, KVE_ELIMIT, "%u extra keys in one event (limit %zu)", o->via.array.size, d->lim->max_hashes);
+    int rc = array_field(d, o, "extra_keys", d->lim->max_hashes);
+    if (rc)
+        return rc;
     e->extra = calloc(e->nhashes + 1, sizeof *e->extra);
     if (!e->extra)
         return fail(d, KVE_ENOMEM, "out of memory");

@@ -5,6 +5,7 @@
 #include "kv_sub.h"
 
 #include "kv_events.h"
+#include "kv_endpoint.h"
 #include "kv_index.h"
 #include "router.h"
 #include "xb.h"
@@ -119,10 +120,8 @@ static void close_frames(zmq_msg_t *f, int nf)
  * late joiner asking from 0): the buffer may start later, and what it has is taken from its first batch on. */
 static int replay(int role, int rank, struct src *s, uint64_t from, uint64_t upto, int strict)
 {
-    const char *colon = strrchr(s->ep, ':');
     char ep[320];
-    snprintf(ep, sizeof ep, "%.*s:%ld", (int)(colon - s->ep), s->ep,
-             strtol(colon + 1, NULL, 10) + g_rt->cfg.kv_events_replay_offset);
+    rt_kv_endpoint_rank(s->ep, (int)g_rt->cfg.kv_events_replay_offset, ep, sizeof ep); /* its event port + N */
     void *d = zmq_socket(K.ctx, ZMQ_DEALER);
     int zero = 0, ok = -1;
     int64_t max = g_rt->cfg.kv_events_max_bytes;
@@ -401,8 +400,12 @@ void rt_kv_stop(void)
 
 static void *scratch(void)
 {
-    void *p = pthread_getspecific(scratch_key);
-    if (!p && (p = malloc(K.cap * (sizeof(int64_t) + sizeof(uint32_t)))) && pthread_setspecific(scratch_key, p)) {
+    int64_t *p = pthread_getspecific(scratch_key);
+    if (p || !(p = malloc(K.cap * (2 * sizeof(int64_t) + sizeof(uint32_t)))))
+        return p;
+    for (size_t i = 0; i < 2 * K.cap; i++) /* each pool's answer; a slot no rank has taken yet reads "not known" */
+        p[i] = -1;
+    if (pthread_setspecific(scratch_key, p)) {
         free(p);
         p = NULL;
     }
@@ -415,15 +418,17 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
     q->nblocks = n;
     q->block_tokens = g_rt->cfg.prefix_block_tokens;
     q->precise = NULL;
-    int64_t *out = K.on[role] && n && atomic_load(&K.subscribed[role]) ? scratch() : NULL; /* every slot of the
-                                                                                  * pool: one added meanwhile reads -1 */
-    if (!out)
+    int64_t *base = K.on[role] && n && atomic_load(&K.subscribed[role]) ? scratch() : NULL;
+    if (!base)
         return;
-    uint32_t *held = (uint32_t *)(out + K.cap);
+    int64_t *out = base + (size_t)role * K.cap;
+    uint32_t *held = (uint32_t *)(base + 2 * K.cap);
     kvi_match(K.idx[role], blocks, n, kvi_space_for(K.idx[role], model), held);
     uint64_t now = xpyd_now_us(), stale = (uint64_t)g_rt->cfg.kv_events_stale_ms * 1000u;
     int trusted = 0;
-    for (size_t i = 0; i < K.cap; i++) {
+    size_t n_ranks = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE); /* it only grows: the slots above
+                                                                                    * it still read -1 */
+    for (size_t i = 0; i < n_ranks && i < K.cap; i++) {
         const struct src *s = &K.src[role][i];
         uint64_t sent = atomic_load(&s->first_sent);
         int ok = atomic_load(&s->up) && !(sent && now - sent > stale);
@@ -451,6 +456,20 @@ void rt_kv_picked(int role, int idx, const struct xb_query *q)
 static void header(struct evbuffer *b, const char *name, const char *type, const char *help)
 {
     evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* One series per subscribed rank, labelled as the instance series are: its events (0) or its blocks (1). */
+static void source_series(struct evbuffer *b, const char *name, int blocks)
+{
+    EACH_ROLE for (size_t i = 0; i < K.cap && i < __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE); i++) {
+        if (!atomic_load(&K.src[role][i].on))
+            continue;
+        char hp[300];
+        int dp = rt_rank_identity(role, (int)i, hp, sizeof hp);
+        evbuffer_add_printf(b, "%s{role=\"%s\",engine=\"%s\",dp_rank=\"%d\"} %" PRIu64 "\n", name, roles[role], hp,
+                            dp < 0 ? 0 : dp,
+                            blocks ? (uint64_t)kvi_blocks(K.idx[role], (int)i) : U64(K.src[role][i].events));
+    }
 }
 
 /* Each family in one group (its HELP and TYPE, then its series for both pools), as the text format wants. */
@@ -527,23 +546,9 @@ void rt_kv_metrics(struct evbuffer *b)
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_disconnects_total{role=\"%s\"} %" PRIu64 "\n", roles[role],
                                   U64(K.disconnects[role]));
     header(b, "xpyd_kv_source_events_total", "counter", "KV events received from each rank with an endpoint.");
-    EACH_ROLE for (size_t i = 0; i < K.cap && i < __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE); i++) {
-        if (!atomic_load(&K.src[role][i].on))
-            continue;
-        char hp[300];
-        int dp = rt_rank_identity(role, (int)i, hp, sizeof hp);
-        evbuffer_add_printf(b, "xpyd_kv_source_events_total{role=\"%s\",engine=\"%s\",dp_rank=\"%d\"} %" PRIu64 "\n",
-                            roles[role], hp, dp < 0 ? 0 : dp, U64(K.src[role][i].events));
-    }
+    source_series(b, "xpyd_kv_source_events_total", 0);
     header(b, "xpyd_kv_source_blocks", "gauge", "Blocks each rank reports holding (what the index keeps of them).");
-    EACH_ROLE for (size_t i = 0; i < K.cap && i < __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE); i++) {
-        if (!atomic_load(&K.src[role][i].on))
-            continue;
-        char hp[300];
-        int dp = rt_rank_identity(role, (int)i, hp, sizeof hp);
-        evbuffer_add_printf(b, "xpyd_kv_source_blocks{role=\"%s\",engine=\"%s\",dp_rank=\"%d\"} %zu\n", roles[role],
-                            hp, dp < 0 ? 0 : dp, kvi_blocks(K.idx[role], (int)i));
-    }
+    source_series(b, "xpyd_kv_source_blocks", 1);
     header(b, "xpyd_kv_placements_total", "counter",
            "Picks whose chosen rank's cached prefix came from its events (precise) or from the router's own "
            "guess (approximate).");

@@ -23,6 +23,8 @@ struct sim_pool {
     uint32_t head, tail;  /* free queue: head evicted first */
     uint32_t *map;        /* open addressing over hash prefixes: block index or NIL */
     size_t mapcap;
+    EVP_MD_CTX *md;       /* SHA-256, reused block after block */
+    unsigned char *le;    /* a block's token ids as little-endian bytes */
 };
 
 static uint64_t key_of(const unsigned char *h)
@@ -107,7 +109,9 @@ struct sim_pool *sim_pool_new(size_t nblocks, size_t block_size)
         p->mapcap *= 2;
     p->b = calloc(nblocks, sizeof *p->b);
     p->map = malloc(p->mapcap * sizeof *p->map);
-    if (!p->b || !p->map) {
+    p->md = EVP_MD_CTX_new();
+    p->le = malloc(4 * block_size);
+    if (!p->b || !p->map || !p->md || !p->le) {
         sim_pool_free(p);
         return NULL;
     }
@@ -126,53 +130,41 @@ void sim_pool_free(struct sim_pool *p)
         return;
     free(p->b);
     free(p->map);
+    EVP_MD_CTX_free(p->md);
+    free(p->le);
     free(p);
 }
 
-/* hash of block k of ids, chained on parent (NULL: the first block) */
-static void block_hash(const unsigned char *parent, const uint32_t *ids, size_t bs, unsigned char out[32])
+/* the hash of a block of ids, chained on parent's (NULL: the first block) */
+static void block_hash(struct sim_pool *p, const unsigned char *parent, const uint32_t *ids, unsigned char out[32])
 {
     static const unsigned char none[32];
-    EVP_MD_CTX *c = EVP_MD_CTX_new();
-    unsigned char le[4];
     unsigned len = 32;
-    EVP_DigestInit_ex(c, EVP_sha256(), NULL);
-    EVP_DigestUpdate(c, parent ? parent : none, 32);
-    for (size_t i = 0; i < bs; i++) {
+    for (size_t i = 0; i < p->bs; i++)
         for (int s = 0; s < 4; s++)
-            le[s] = (unsigned char)(ids[i] >> (8 * s));
-        EVP_DigestUpdate(c, le, 4);
-    }
-    EVP_DigestFinal_ex(c, out, &len);
-    EVP_MD_CTX_free(c);
+            p->le[4 * i + (size_t)s] = (unsigned char)(ids[i] >> (8 * s));
+    EVP_DigestInit_ex(p->md, EVP_sha256(), NULL);
+    EVP_DigestUpdate(p->md, parent ? parent : none, 32);
+    EVP_DigestUpdate(p->md, p->le, 4 * p->bs);
+    EVP_DigestFinal_ex(p->md, out, &len);
 }
 
-size_t sim_pool_lookup(struct sim_pool *p, const uint32_t *ids, size_t n)
+size_t sim_pool_store(struct sim_pool *p, struct sim_rank *rk, const uint32_t *ids, size_t n, size_t *held)
 {
-    unsigned char h[32], prev[32];
-    size_t k = 0;
-    for (; (k + 1) * p->bs <= n; k++) {
-        block_hash(k ? prev : NULL, ids + k * p->bs, p->bs, h);
-        if (map_find(p, h) < 0)
-            break;
-        memcpy(prev, h, 32);
-    }
-    return k;
-}
-
-size_t sim_pool_store(struct sim_pool *p, struct sim_rank *rk, const uint32_t *ids, size_t n)
-{
-    size_t nb = n / p->bs, k = 0, run = 0;
+    size_t nb = n / p->bs, k = 0, run = 0, lead = 0;
     uint32_t *mine = malloc((nb ? nb : 1) * sizeof *mine);
     unsigned char (*stored)[32] = malloc((nb ? nb : 1) * 32), parent[32], h[32];
+    if (held)
+        *held = 0;
     if (!mine || !stored) {
         free(mine);
         free(stored);
         return 0;
     }
     for (; k < nb; k++) {
-        block_hash(k ? parent : NULL, ids + k * p->bs, p->bs, h);
+        block_hash(p, k ? parent : NULL, ids + k * p->bs, h);
         long s = map_find(p, h);
+        lead += s >= 0 && lead == k; /* the run it held from the start, before this prompt's blocks went in */
         uint32_t i;
         if (s >= 0) { /* held: taken out of the free queue while in use (a hit touches it) */
             i = p->map[s];
@@ -214,6 +206,8 @@ size_t sim_pool_store(struct sim_pool *p, struct sim_rank *rk, const uint32_t *i
     sim_kvpub_flush(rk);
     free(mine);
     free(stored);
+    if (held)
+        *held = lead;
     return k;
 }
 

@@ -19,11 +19,10 @@ struct sim_pool;
 struct sim_pool *sim_pool_new(size_t nblocks, size_t block_size);
 void sim_pool_free(struct sim_pool *p);
 
-/* Leading full blocks of ids[0..n) the pool holds. */
-size_t sim_pool_lookup(struct sim_pool *p, const uint32_t *ids, size_t n);
 /* The prompt's full blocks are now cached (held ones touched, the others stored, evicting the least recently
- * used); events go to rank rk's publisher. Returns how many blocks are cached (fewer when the pool is smaller). */
-size_t sim_pool_store(struct sim_pool *p, struct sim_rank *rk, const uint32_t *ids, size_t n);
+ * used); events go to rank rk's publisher. *held (may be NULL): how many leading blocks the pool held before.
+ * Returns how many blocks are cached (fewer when the pool is smaller). */
+size_t sim_pool_store(struct sim_pool *p, struct sim_rank *rk, const uint32_t *ids, size_t n, size_t *held);
 /* Everything forgotten (POST /reset_prefix_cache): AllBlocksCleared. */
 void sim_pool_clear(struct sim_pool *p, struct sim_rank *rk);
 size_t sim_pool_cached(const struct sim_pool *p);

@@ -228,9 +228,8 @@ void sim_sreq_cut(struct sreq *r)
 /* Local prefill: computes what the cache does not hold. */
 static void prefill_locally(struct sreq *r)
 {
-    long cached = sim_prefix_lookup(r);
+    long cached = sim_prefix_store(r, 1);
     r->cached_tokens = cached;
-    sim_prefix_store(r);
     r->state = SREQ_PREFILL;
     uint64_t cost = (uint64_t)r->sim->cfg.prefill_us_per_token * (r->p.prompt.n - (size_t)cached);
     if (r->sim->cfg.prefill_serial) { /* queued behind the prompts the rank is already computing */
@@ -246,7 +245,7 @@ static void handoff_finished(struct sreq *r, int result)
     r->sim->handoffs[r->ho_mode][result]++;
     if (result == HO_DONE) {
         r->cached_tokens = (long)r->p.prompt.n; /* the whole prompt came from the remote KV */
-        sim_prefix_store(r);                         /* and is now in this rank's prefix cache */
+        sim_prefix_store(r, 0);                      /* and is now in this rank's prefix cache */
         r->state = SREQ_DECODE;
         sim_sreq_schedule(r, (uint64_t)r->sim->cfg.decode_us_per_token);
     } else {

@@ -172,8 +172,7 @@ int sim_register_key(struct sreq *r, const char *key);
 int sim_register_room(struct sreq *r);
 int sim_register_transfer(struct sreq *r);
 /* The prefix cache: tokens of r's prompt this rank has cached (counted as vLLM does), and r's blocks stored. */
-long sim_prefix_lookup(struct sreq *r);
-void sim_prefix_store(struct sreq *r);
+long sim_prefix_store(struct sreq *r, int count);
 void sim_xt_on_event(evutil_socket_t fd, short ev, void *arg);
 void sim_sreq_cut(struct sreq *r);
 void sim_pump_waiting(struct sim_rank *rk);

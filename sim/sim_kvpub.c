@@ -47,11 +47,6 @@ static void hash(msgpack_packer *pk, const unsigned char *h)
     msgpack_pack_bin_body(pk, h, 32);
 }
 
-static int map_format(const struct sim_rank *rk)
-{
-    return rk->sim->cfg.kv_events_format == 0;
-}
-
 /* endpoint with port + off; "*" kept (bind) or not (connect) by the caller */
 static void offset_endpoint(const char *ep, int off, char *out, size_t cap)
 {
@@ -181,95 +176,79 @@ void sim_kvpub_stop(struct sim *s)
     P.ctx = NULL;
 }
 
+/* One event into rank rk's pending batch: its class, then fields (named in the map format, by position in the
+ * array format, where trailing defaults are left out: the map has `map_fields`, the array `array_fields`). */
+struct ev {
+    msgpack_packer pk;
+    int map;
+};
+
+static int event_begin(struct sim_rank *rk, struct ev *e, const char *cls, uint32_t map_fields, uint32_t array_fields)
+{
+    struct sim_kvrank *k = rk->kv;
+    if (!k)
+        return 0;
+    msgpack_packer_init(&e->pk, &k->ev, msgpack_sbuffer_write);
+    e->map = rk->sim->cfg.kv_events_format == 0;
+    if (e->map) {
+        msgpack_pack_map(&e->pk, map_fields + 1);
+        str(&e->pk, "type");
+    } else {
+        msgpack_pack_array(&e->pk, array_fields + 1);
+    }
+    str(&e->pk, cls);
+    k->nev++;
+    return 1;
+}
+
+static msgpack_packer *field(struct ev *e, const char *name)
+{
+    if (e->map)
+        str(&e->pk, name);
+    return &e->pk;
+}
+
+static void hash_list(struct ev *e, const unsigned char (*hashes)[32], size_t n)
+{
+    msgpack_pack_array(field(e, "block_hashes"), n);
+    for (size_t i = 0; i < n; i++)
+        hash(&e->pk, hashes[i]);
+}
+
 void sim_kvpub_stored(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n, const unsigned char *parent,
                       const uint32_t *tokens, size_t ntokens, size_t block_size)
 {
-    struct sim_kvrank *k = rk->kv;
-    if (!k || !n)
+    struct ev e;
+    if (!n || !event_begin(rk, &e, "BlockStored", 7, 6))
         return;
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &k->ev, msgpack_sbuffer_write);
-    int m = map_format(rk);
-    if (m) {
-        msgpack_pack_map(&pk, 8);
-        str(&pk, "type");
-    } else {
-        msgpack_pack_array(&pk, 7);
-    }
-    str(&pk, "BlockStored");
-    if (m)
-        str(&pk, "block_hashes");
-    msgpack_pack_array(&pk, n);
-    for (size_t i = 0; i < n; i++)
-        hash(&pk, hashes[i]);
-    if (m)
-        str(&pk, "parent_block_hash");
+    hash_list(&e, hashes, n);
     if (parent)
-        hash(&pk, parent);
+        hash(field(&e, "parent_block_hash"), parent);
     else
-        msgpack_pack_nil(&pk);
-    if (m)
-        str(&pk, "token_ids");
-    msgpack_pack_array(&pk, ntokens);
+        msgpack_pack_nil(field(&e, "parent_block_hash"));
+    msgpack_pack_array(field(&e, "token_ids"), ntokens);
     for (size_t i = 0; i < ntokens; i++)
-        msgpack_pack_uint32(&pk, tokens[i]);
-    if (m)
-        str(&pk, "block_size");
-    msgpack_pack_uint64(&pk, block_size);
-    if (m)
-        str(&pk, "lora_id");
-    msgpack_pack_nil(&pk);
-    if (m)
-        str(&pk, "medium");
-    str(&pk, "GPU");
-    if (m) {
-        str(&pk, "lora_name");
-        msgpack_pack_nil(&pk);
-    }
-    k->nev++;
+        msgpack_pack_uint32(&e.pk, tokens[i]);
+    msgpack_pack_uint64(field(&e, "block_size"), block_size);
+    msgpack_pack_nil(field(&e, "lora_id"));
+    str(field(&e, "medium"), "GPU");
+    if (e.map) /* positional: a trailing default, left out */
+        msgpack_pack_nil(field(&e, "lora_name"));
 }
 
 void sim_kvpub_removed(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n)
 {
-    struct sim_kvrank *k = rk->kv;
-    if (!k || !n)
+    struct ev e;
+    if (!n || !event_begin(rk, &e, "BlockRemoved", 2, 2))
         return;
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &k->ev, msgpack_sbuffer_write);
-    int m = map_format(rk);
-    if (m) {
-        msgpack_pack_map(&pk, 3);
-        str(&pk, "type");
-    } else {
-        msgpack_pack_array(&pk, 3);
-    }
-    str(&pk, "BlockRemoved");
-    if (m)
-        str(&pk, "block_hashes");
-    msgpack_pack_array(&pk, n);
-    for (size_t i = 0; i < n; i++)
-        hash(&pk, hashes[i]);
-    if (m)
-        str(&pk, "medium");
-    str(&pk, "GPU");
-    k->nev++;
+    hash_list(&e, hashes, n);
+    str(field(&e, "medium"), "GPU");
 }
 
 void sim_kvpub_cleared(struct sim_rank *rk)
 {
-    struct sim_kvrank *k = rk->kv;
-    if (!k)
-        return;
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, &k->ev, msgpack_sbuffer_write);
-    if (map_format(rk)) {
-        msgpack_pack_map(&pk, 1);
-        str(&pk, "type");
-    } else {
-        msgpack_pack_array(&pk, 1);
-    }
-    str(&pk, "AllBlocksCleared");
-    k->nev++;
+    struct ev e;
+    event_begin(rk, &e, "AllBlocksCleared", 0, 0);
 }
 
 void sim_kvpub_flush(struct sim_rank *rk)
@@ -283,7 +262,7 @@ void sim_kvpub_flush(struct sim_rank *rk)
     msgpack_packer_init(&pk, &b, msgpack_sbuffer_write);
     struct timeval tv;
     gettimeofday(&tv, NULL);
-    int m = map_format(rk);
+    int m = rk->sim->cfg.kv_events_format == 0;
     if (m) {
         msgpack_pack_map(&pk, 3);
         str(&pk, "ts");

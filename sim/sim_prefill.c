@@ -117,24 +117,20 @@ int sim_register_transfer(struct sreq *r)
 
 /* ---------- the prefix cache (--prefix-caching): the rank's block pool, sim_blocks.c ---------- */
 
-/* Tokens of r's prompt this rank computes from its cache, counted as vLLM does (queries and hits in tokens);
- * at least one token is always computed, so a fully cached prompt reuses all but its last block. */
-long sim_prefix_lookup(struct sreq *r)
+/* r's prompt is now in its rank's cache (computed here, or received from a prefill); count: the tokens of it the
+ * rank already held are counted as vLLM counts them (queries and hits in tokens) and returned: at least one token
+ * is always computed, so a fully cached prompt reuses all but its last block. */
+long sim_prefix_store(struct sreq *r, int count)
 {
+    size_t n = r->p.prompt.n, bs = (size_t)r->sim->cfg.block_size, hit = 0;
     if (!r->rank->pool)
         return 0;
-    size_t n = r->p.prompt.n, bs = (size_t)r->sim->cfg.block_size;
-    size_t hit = sim_pool_lookup(r->rank->pool, r->p.prompt.ids, n);
+    sim_pool_store(r->rank->pool, r->rank, r->p.prompt.ids, n, &hit);
+    if (!count)
+        return 0;
     if (hit * bs >= n)
         hit = n ? (n - 1) / bs : 0;
     r->rank->prefix_queries += n;
     r->rank->prefix_hits += hit * bs;
     return (long)(hit * bs);
-}
-
-/* The rank now holds r's prompt blocks (computed here, or received from a prefill). */
-void sim_prefix_store(struct sreq *r)
-{
-    if (r->rank->pool)
-        sim_pool_store(r->rank->pool, r->rank, r->p.prompt.ids, r->p.prompt.n);
 }
