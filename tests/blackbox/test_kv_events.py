@@ -327,6 +327,31 @@ class KvEvents(t.TestCase):
             completion(r.port, p9)
             self.assertEqual((selected(r.port, ps[0]), selected(r.port, ps[1])), (0, 1))
 
+    def test_local_prefill_decides_by_what_the_decode_reports(self):
+        # conditional disaggregation asks the decode pool what it holds: a decode reporting 9 of a 10-block
+        # prompt's blocks computes it itself (16 tokens to compute, under --local-prefill-max-tokens 64); the same
+        # prompt without that report goes through a prefill (the router's own guess of a fresh decode is empty)
+        p = self.start(t.sim("--role", "prefill"))
+        d = self.start(t.sim("--role", "decode"))
+        pub = Pub(self.ctx)
+        self.addCleanup(pub.close)
+        topo = {"prefill": {"hosts": ["127.0.0.1:%d" % p.port]},
+                "decode": {"hosts": [{"host": "127.0.0.1", "port": d.port, "kv_events": pub.ep}]}}
+        path = os.path.join(t.tmpdir(prefix="xpyd-kv-"), "topology.json")
+        with open(path, "w") as f:
+            json.dump(topo, f)
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--config", path,
+                                              "--local-prefill-max-tokens", "64", "--kv-events-stale-ms", "600000"]))
+        t.wait_until(lambda: (pub.send(batch_map([])) or True) and kv(r.port, "xpyd_kv_events_batches_total",
+                                                                      role="decode") > 0, what="subscribed")
+        decision = lambda k: t.metric(r.port, 'xpyd_pd_decisions_total{decision="%s"}' % k)
+        completion(r.port, prompt(15))
+        self.assertEqual((decision("local_prefill"), decision("remote_prefill")), (0, 1))
+        pub.send(batch_map([stored_map(list(range(1501, 1510)), prompt(16)[:144])]))
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_index_blocks", role="decode") == 9, what="9 blocks")
+        completion(r.port, prompt(16))
+        self.assertEqual((decision("local_prefill"), decision("remote_prefill")), (1, 1))
+
     def test_lora_blocks_are_not_the_base_models(self):
         # the sims answer to the adapter's name (a vLLM with --lora-modules answers to both; the sims to one, and a
         # request naming no model is served)
