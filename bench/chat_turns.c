@@ -7,8 +7,8 @@
  * conversation without a cache. Each repetition starts from a fresh cache that has seen the previous turn's
  * request (filled outside the timing). CPU time of this thread, the best of REPS repetitions per measurement.
  *   xpyd_chat_turns MODEL_DIR [turns=20] [growth=2000] [reps=5]
- * Prints one JSON line per turn and a summary line: the worst turn's ratio cached / new text alone, with the render
- * and without it (the encoding alone, through the cache). */
+ * Prints one JSON line per turn and a summary line: the worst and the median turn's ratio cached / new text alone,
+ * with the render and without it (the encoding alone, through the cache). Linked with the router's allocator. */
 #include "xpyd_tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -24,6 +24,18 @@ static unsigned rnd(unsigned n)
     rng ^= rng >> 7;
     rng ^= rng << 17;
     return (unsigned)(rng % n);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
 }
 
 static double cpu_s(void)
@@ -82,6 +94,8 @@ int main(int argc, char **argv)
     cJSON_AddItemToArray(msgs, sys);
     char *prev_answer = NULL;
     double worst = 0, worst_enc = 0; /* with the render, and the encoding alone */
+    double *ratios = calloc((size_t)turns, sizeof *ratios), *encs = calloc((size_t)turns, sizeof *encs);
+    int nr = 0;
     for (int turn = 1; turn <= turns; turn++) {
         char *user = text_of(t, (size_t)growth / 2), *answer = text_of(t, (size_t)growth / 2);
         cJSON *u = cJSON_CreateObject();
@@ -146,6 +160,10 @@ int main(int argc, char **argv)
             worst = ratio;
         if (turn > 1 && enc > worst_enc)
             worst_enc = enc;
+        if (turn > 1) {
+            ratios[nr] = ratio;
+            encs[nr++] = enc;
+        }
         printf("{\"turn\":%d,\"prompt_tokens\":%zu,\"prompt_bytes\":%zu,\"new_text_us\":%.1f,\"cached_us\":%.1f,"
                "\"render_us\":%.1f,\"uncached_us\":%.1f,\"cached_over_new\":%.3f,\"encode_over_new\":%.3f}\n",
                turn, ntok, prompt_bytes, best_new * 1e6, best_cached * 1e6, best_render * 1e6, best_full * 1e6, ratio,
@@ -161,8 +179,10 @@ int main(int argc, char **argv)
         free(added);
     }
     printf("{\"summary\":true,\"turns\":%d,\"worst_cached_over_new\":%.3f,\"worst_encode_over_new\":%.3f,"
-           "\"piece_hits\":%zu,\"piece_misses\":%zu}\n",
-           turns, worst, worst_enc, hits, misses);
+           "\"median_cached_over_new\":%.3f,\"median_encode_over_new\":%.3f,\"piece_hits\":%zu,\"piece_misses\":%zu}\n",
+           turns, worst, worst_enc, median(ratios, nr), median(encs, nr), hits, misses);
+    free(ratios);
+    free(encs);
     free(prev_prompt);
     free(prev_answer);
     cJSON_Delete(req);

@@ -161,8 +161,8 @@ static const struct xpyd_setting settings[] = {
      "directory's `chat_template.jinja` or `tokenizer_config.json`'s; one that does not compile stops the router "
      "(the model directory's own only makes chat requests keep the estimate, logged with its line)"},
     {"tokenizer-cache-bytes", XS_LONG, OFF(tokenizer_cache_bytes), 0, 1L << 40, "67108864", NULL,
-     "with `--tokenizer`: memory of the tokenization cache, the ids of text pieces between special tokens (a "
-     "conversation's earlier turns), least recently used out first (`xpyd_tokenizer_cache_bytes`, "
+     "with `--tokenizer`: memory of the tokenization cache, the text and ids of pieces between special tokens "
+     "(a conversation's earlier turns), least recently used out first (`xpyd_tokenizer_cache_bytes`, "
      "`xpyd_tokenizer_cache_hit_bytes_total`); pieces under 64 bytes are not kept; 0 = off"},
     {"tokenizer-threads", XS_LONG, OFF(tokenizer_threads), 1, 256, "2", NULL,
      "threads that tokenize prompts for `--tokenizer` (each one encodes a prompt at a time)"},

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* tok_cache.c - the tokenization cache (xpyd_tokenizer.h): the ids of text pieces between added tokens, keyed by
- * the piece's XXH3-128 (the piece's text is not kept), least recently used first out when the cache passes its
- * byte bound. A piece between added tokens is encoded on its own by Hugging Face's pipeline (the added tokens
- * split the text before normalization and pre-tokenization), so its ids do not depend on what surrounds it:
- * a conversation's earlier turns, delimited by the template's special tokens, are pieces seen before. One mutex;
- * lookups and inserts are O(1). */
+/* tok_cache.c - the tokenization cache (xpyd_tokenizer.h): the ids of text pieces between added tokens, found by
+ * a hash of the piece's length and its first and last 32 bytes and verified by comparing the whole piece with the
+ * text kept beside its ids (exact: no hash decides a hit; memcmp reads a long piece about 4x faster than XXH3
+ * hashes it), least recently used first out when the cache passes its byte bound. A piece between added tokens
+ * is encoded on its own by Hugging Face's pipeline (the added tokens split the text before normalization and
+ * pre-tokenization), so its ids do not depend on what surrounds it: a conversation's earlier turns, delimited by
+ * the template's special tokens, are pieces seen before. One mutex; lookups and inserts are O(1). */
 #include "tok_internal.h"
 #include "xpyd_tokenizer.h"
 
@@ -14,8 +15,9 @@
 #include <xxhash.h>
 
 struct centry {
-    XXH128_hash_t key;
-    size_t len;                 /* the piece's length (a second check besides the hash) */
+    uint64_t key; /* piece_key() */
+    size_t len;
+    char *text; /* the piece: a hit is a piece with these bytes */
     uint32_t *ids;
     size_t n;
     struct centry *hnext;       /* hash chain */
@@ -32,7 +34,15 @@ struct xtok_cache {
 
 static size_t entry_bytes(const struct centry *e)
 {
-    return sizeof *e + e->n * sizeof(uint32_t);
+    return sizeof *e + e->n * sizeof(uint32_t) + e->len;
+}
+
+/* where a piece is looked for: its length, first and last 32 bytes (a conversation's pieces differ there; two that
+ * do not share a chain and are told apart by their text) */
+static uint64_t piece_key(const char *text, size_t len)
+{
+    size_t k = len < 32 ? len : 32;
+    return XXH3_64bits_withSeed(text, k, len) ^ XXH3_64bits_withSeed(text + len - k, k, ~(uint64_t)len);
 }
 
 struct xtok_cache *xtok_cache_new(size_t max_bytes, size_t min_piece)
@@ -61,6 +71,7 @@ void xtok_cache_free(struct xtok_cache *c)
     for (struct centry *e = c->head, *n; e; e = n) {
         n = e->next;
         free(e->ids);
+        free(e->text);
         free(e);
     }
     free(c->buckets);
@@ -104,9 +115,14 @@ static void push_front(struct xtok_cache *c, struct centry *e)
         c->tail = e;
 }
 
-static struct centry **slot(struct xtok_cache *c, XXH128_hash_t k)
+static struct centry **slot(struct xtok_cache *c, uint64_t k)
 {
-    return &c->buckets[k.low64 & (c->nbuckets - 1)];
+    return &c->buckets[k & (c->nbuckets - 1)];
+}
+
+static int same_piece(const struct centry *e, uint64_t k, const char *text, size_t len)
+{
+    return e->key == k && e->len == len && !memcmp(e->text, text, len);
 }
 
 static void evict_one(struct xtok_cache *c)
@@ -121,6 +137,7 @@ static void evict_one(struct xtok_cache *c)
     c->bytes -= entry_bytes(e);
     c->entries--;
     free(e->ids);
+    free(e->text);
     free(e);
 }
 
@@ -128,11 +145,11 @@ int tok_cache_get(struct xtok_cache *c, const char *text, size_t len, uint32_t *
 {
     if (!c || len < c->min_piece)
         return 0;
-    XXH128_hash_t k = XXH3_128bits(text, len);
+    uint64_t k = piece_key(text, len);
     int rc = 0;
     pthread_mutex_lock(&c->mu);
     for (struct centry *e = *slot(c, k); e; e = e->hnext)
-        if (XXH128_isEqual(e->key, k) && e->len == len) {
+        if (same_piece(e, k, text, len)) {
             if (*n + e->n > *cap) { /* appended to the caller's growing array */
                 size_t nc = *cap ? *cap : 64;
                 while (nc < *n + e->n)
@@ -169,25 +186,29 @@ void tok_cache_put(struct xtok_cache *c, const char *text, size_t len, const uin
     struct centry *e = calloc(1, sizeof *e);
     if (!e)
         return;
+    e->n = n;
+    e->len = len;
+    if (entry_bytes(e) > c->max_bytes) {
+        free(e);
+        return;
+    }
     e->ids = malloc((n ? n : 1) * sizeof *ids);
-    if (!e->ids) {
+    e->text = malloc(len);
+    if (!e->ids || !e->text) {
+        free(e->ids);
+        free(e->text);
         free(e);
         return;
     }
     memcpy(e->ids, ids, n * sizeof *ids);
-    e->n = n;
-    e->len = len;
-    e->key = XXH3_128bits(text, len);
-    if (entry_bytes(e) > c->max_bytes) {
-        free(e->ids);
-        free(e);
-        return;
-    }
+    memcpy(e->text, text, len);
+    e->key = piece_key(text, len);
     pthread_mutex_lock(&c->mu);
     for (struct centry *x = *slot(c, e->key); x; x = x->hnext)
-        if (XXH128_isEqual(x->key, e->key) && x->len == len) { /* another thread put it first */
+        if (same_piece(x, e->key, text, len)) { /* another thread put it first */
             pthread_mutex_unlock(&c->mu);
             free(e->ids);
+            free(e->text);
             free(e);
             return;
         }

@@ -329,8 +329,29 @@ static int is_space(unsigned char c)
 
 /* The leftmost, then longest, added token of the given kind (normalized or not) in text; its extent with
  * lstrip/rstrip's whitespace in *ms..*me. */
+#define ADDED_MRU 4
+
+/* The tokens an encode matched last: a template repeats a few (`<|eot_id|>`, `<|start_header_id|>`), and one that no
+ * other token extends is the longest match wherever it matches - a memcmp instead of a walk down the trie. */
+static const struct tok_added *recent_match(const struct tok_added *const *mru, const char *p, size_t left)
+{
+    for (int k = 0; k < ADDED_MRU && mru[k]; k++)
+        if (mru[k]->maximal && mru[k]->len <= left && !memcmp(mru[k]->content, p, mru[k]->len))
+            return mru[k];
+    return NULL;
+}
+
+static void remember_match(const struct tok_added **mru, const struct tok_added *a)
+{
+    int k = 0;
+    while (k < ADDED_MRU - 1 && mru[k] && mru[k] != a)
+        k++;
+    memmove(mru + 1, mru, (size_t)k * sizeof *mru);
+    mru[0] = a;
+}
+
 static const struct tok_added *find_added(const struct xtok *t, int normalized, const char *text, size_t len,
-                                          size_t *ms, size_t *me)
+                                          const struct tok_added **mru, size_t *ms, size_t *me)
 {
     int only = t->added_only[normalized];
     if (only == -2)
@@ -344,9 +365,10 @@ static const struct tok_added *find_added(const struct xtok *t, int normalized, 
         } else if (!t->added_first[normalized][(unsigned char)text[i]]) {
             continue;
         }
-        const struct tok_added *best = NULL; /* the longest token starting at i: one walk down the trie */
+        /* the longest token starting at i: one seen lately, else one walk down the trie */
+        const struct tok_added *best = recent_match(mru, text + i, len - i);
         const struct tok_tnode *nd = t->trie[normalized];
-        for (size_t j = i, cur = 0; j < len; j++) {
+        for (size_t j = i, cur = 0, walk = !best; walk && j < len; j++) {
             uint32_t ch = nd[cur].child;
             while (ch && nd[ch].byte != (unsigned char)text[j])
                 ch = nd[ch].sibling;
@@ -357,6 +379,7 @@ static const struct tok_added *find_added(const struct xtok *t, int normalized, 
                 best = &t->added[nd[cur].added];
         }
         if (best) {
+            remember_match(mru, best);
             size_t s = i, e = i + best->len;
             if (best->lstrip)
                 while (s > 0 && is_space((unsigned char)text[s - 1]))
@@ -426,9 +449,10 @@ static int encode_raw_piece(const struct xtok *t, const char *text, size_t len, 
         len = olen;
     }
     int rc = 0;
+    const struct tok_added *mru[ADDED_MRU] = {0};
     while (len && !rc) { /* the tokens matched in the normalized text */
         size_t ms, me;
-        const struct tok_added *a = find_added(t, 1, s, len, &ms, &me);
+        const struct tok_added *a = find_added(t, 1, s, len, mru, &ms, &me);
         if (!a) {
             rc = encode_normalized(t, s, len, md, out);
             break;
@@ -448,7 +472,7 @@ static int encode_piece(const struct xtok *t, struct xtok_cache *c, const char *
 {
     size_t start = out->n;
     int rc = tok_cache_get(c, text, len, &out->v, &out->n, &out->cap);
-    if (rc) /* a piece with these bytes (XXH3-128 and length) was valid UTF-8 when it was kept */
+    if (rc) /* a piece with these bytes was valid UTF-8 when it was kept */
         return rc < 0 ? XTOK_ENOMEM : 0;
     if (!valid_utf8((const unsigned char *)text, len))
         return XTOK_EINVAL;
@@ -483,9 +507,10 @@ int xtok_encode_cached(const struct xtok *t, struct xtok_cache *cache, const cha
     if (add_special)
         for (size_t i = 0; i < t->nprefix && !rc; i++)
             rc = push(&out, t->prefix[i]);
+    const struct tok_added *mru[ADDED_MRU] = {0};
     while (len && !rc) { /* the tokens matched in the raw text */
         size_t ms, me;
-        const struct tok_added *a = find_added(t, 0, text, len, &ms, &me);
+        const struct tok_added *a = find_added(t, 0, text, len, mru, &ms, &me);
         if (!a) {
             rc = encode_piece(t, cache, text, len, md, &out);
             break;

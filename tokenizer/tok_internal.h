@@ -63,6 +63,7 @@ struct tok_added {
     size_t len;
     uint32_t id;
     int special, normalized, lstrip, rstrip;
+    int maximal; /* no other added token of its kind starts with it: where it matches, it is the longest match */
 };
 
 /* A byte trie of the added tokens of one kind: the longest one starting at a position is one walk down it */

@@ -376,6 +376,11 @@ static int load_added(struct xtok *t, const cJSON *added, char *err, size_t errl
         }
         if (nd[cur].added < 0)
             nd[cur].added = (int32_t)i;
+        a->maximal = (int)cur; /* its node, for the pass below */
+    }
+    for (size_t i = 0; i < t->nadded; i++) { /* a node with children: a longer token goes on from it */
+        struct tok_added *a = &t->added[i];
+        a->maximal = t->trie[a->normalized][a->maximal].child == 0;
     }
     for (int k = 0; k < 2; k++) { /* one first byte for all (e.g. '<'): encode finds candidates with memchr */
         int distinct = 0;

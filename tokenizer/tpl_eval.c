@@ -192,7 +192,7 @@ static int contains(struct tctx *c, const struct tv *hay, const struct tv *needl
         if (needle->t != TV_STR)
             tpl_fail(c, "'in <string>' requires string as left operand, not %s", tv_type_name(needle));
         return !needle->u.s.n || (hay->u.s.n >= needle->u.s.n &&
-                                  memmem(hay->u.s.p, hay->u.s.n, needle->u.s.p, needle->u.s.n) != NULL);
+                                  ts_memmem(hay->u.s.p, hay->u.s.n, needle->u.s.p, needle->u.s.n) != NULL);
     case TV_LIST:
         for (size_t i = 0; i < hay->u.l->n; i++)
             if (tv_equal(&hay->u.l->v[i], needle))

@@ -364,7 +364,7 @@ int tpl_test(struct tctx *c, const char *name, const struct tv *v, struct tv *ar
     }
     if (!strcmp(name, "in")) {
         if (a.t == TV_STR && v->t == TV_STR)
-            return v->u.s.n <= a.u.s.n && (!v->u.s.n || memmem(a.u.s.p, a.u.s.n, v->u.s.p, v->u.s.n));
+            return v->u.s.n <= a.u.s.n && (!v->u.s.n || ts_memmem(a.u.s.p, a.u.s.n, v->u.s.p, v->u.s.n));
         if (a.t == TV_LIST) {
             for (size_t i = 0; i < a.u.l->n; i++)
                 if (tv_equal(&a.u.l->v[i], v))
@@ -473,7 +473,7 @@ struct tv tpl_method(struct tctx *c, const struct tbound *m, struct tv *args, si
         int64_t k = 0;
         if (!a0.u.s.n)
             return tv_int((int64_t)u8_count(self.u.s.p, self.u.s.n) + 1);
-        for (const char *p = self.u.s.p, *e = p + self.u.s.n; (p = memmem(p, (size_t)(e - p), a0.u.s.p, a0.u.s.n));
+        for (const char *p = self.u.s.p, *e = p + self.u.s.n; (p = ts_memmem(p, (size_t)(e - p), a0.u.s.p, a0.u.s.n));
              p += a0.u.s.n)
             k++;
         return tv_int(k);

@@ -10,8 +10,27 @@
 #include <string.h>
 #include <utf8proc.h>
 
-
-
+/* memmem for a template's `in`, split, replace, count: the needle's first byte by memchr, then a compare (a long
+ * message without '<' is passed over at memchr's speed, several times glibc's memmem for `'</think>' in content`);
+ * after 16 false candidates the rest goes to memmem, so a hostile haystack of first bytes stays linear */
+const char *ts_memmem(const char *h, size_t hn, const char *nd, size_t nn)
+{
+    if (!nn)
+        return h;
+    if (nn > hn)
+        return NULL;
+    const char *p = h, *last = h + hn - nn;
+    for (int misses = 0; p <= last; p++) {
+        p = memchr(p, nd[0], (size_t)(last - p) + 1);
+        if (!p)
+            return NULL;
+        if (!memcmp(p + 1, nd + 1, nn - 1))
+            return p;
+        if (++misses > 16)
+            return memmem(p + 1, (size_t)(h + hn - p - 1), nd, nn);
+    }
+    return NULL;
+}
 
 struct tv ts_map_case(struct tctx *c, struct tv s, case_fn f)
 {
@@ -159,7 +178,7 @@ struct tv ts_split(struct tctx *c, struct tv s, struct tv sep, int64_t maxsplit,
         tpl_fail(c, "empty separator");
     size_t cuts[4096], nc = 0;
     for (size_t i = 0; i + sep.u.s.n <= n;) {
-        const char *m = memmem(p + i, n - i, sep.u.s.p, sep.u.s.n);
+        const char *m = ts_memmem(p + i, n - i, sep.u.s.p, sep.u.s.n);
         if (!m)
             break;
         if (nc == 4096)
@@ -204,7 +223,7 @@ struct tv ts_replace(struct tctx *c, struct tv s, struct tv old, struct tv new, 
         return tv_buf_str(&b);
     }
     while (count < 0 || done < count) {
-        const char *m = i <= s.u.s.n ? memmem(s.u.s.p + i, s.u.s.n - i, old.u.s.p, old.u.s.n) : NULL;
+        const char *m = i <= s.u.s.n ? ts_memmem(s.u.s.p + i, s.u.s.n - i, old.u.s.p, old.u.s.n) : NULL;
         if (!m)
             break;
         tb_put(c, &b, s.u.s.p + i, (size_t)(m - s.u.s.p) - i);

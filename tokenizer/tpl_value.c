@@ -56,51 +56,12 @@ int u8_is_space(const char *p, size_t n, size_t *len)
 
 /* ---------------- constructors ---------------- */
 
-struct tv tv_strref(const char *p, size_t n)
-{
-    struct tv v = {.t = TV_STR};
-    v.u.s.p = p;
-    v.u.s.n = n;
-    return v;
-}
-
 struct tv tv_str(struct tctx *c, const char *p, size_t n)
 {
     char *o = tpl_alloc_raw(c, n + 1);
     if (n)
         memcpy(o, p, n);
     return tv_strref(o, n);
-}
-
-struct tv tv_int(int64_t i)
-{
-    struct tv v = {.t = TV_INT};
-    v.u.i = i;
-    return v;
-}
-
-struct tv tv_float(double f)
-{
-    struct tv v = {.t = TV_FLOAT};
-    v.u.f = f;
-    return v;
-}
-
-struct tv tv_bool(int b)
-{
-    struct tv v = {.t = TV_BOOL};
-    v.u.b = !!b;
-    return v;
-}
-
-struct tv tv_none(void)
-{
-    return (struct tv){.t = TV_NONE};
-}
-
-struct tv tv_undef(const char *name)
-{
-    return (struct tv){.t = TV_UNDEF, .undef_name = name};
 }
 
 struct tlist *tl_new(struct tctx *c, size_t cap)

@@ -91,6 +91,9 @@ LANGUAGE = [
      {"s": "héllo✓", "xs": [1, 2, 3, 4, 5]}),
     ("{{ s.split() }}{{ s.split(' ', 1) }}{{ s.rsplit(' ', 1) }}{{ s.split('x') }}{{ s.strip() }}|"
      "{{ s.strip(' ab') }}|{{ s.lstrip() }}|{{ s.rstrip() }}|", {"s": "  a b  c x d  "}),
+    # many false candidates for the needle's first byte: the search goes on past them (ts_memmem's fallback)
+    ("{{ '</think>' in s }}|{{ s.split('</think>') }}|{{ s.count('<a') }}|{{ s.replace('<<a', '#') }}|"
+     "{{ '<b' in s }}|{{ s.split('<')|length }}", {"s": "<" * 40 + "</think>x" + "<a" * 30 + "<<a" * 3 + "<"}),
     ("{{ s.startswith('ab') }}{{ s.endswith(('x', 'cd')) }}{{ s.find('c') }}{{ s.rfind('z') }}{{ s.count('b') }}"
      "{{ s.replace('b', 'B') }}{{ s.upper() }}{{ s.lower() }}{{ s.title() }}{{ s.capitalize() }}",
      {"s": "abcd bcd ÉCOLE"}),

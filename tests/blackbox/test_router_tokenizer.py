@@ -289,9 +289,16 @@ class RouterChat(t.TestCase):
             st, out = self.chat(r.port, {"messages": msgs})
             self.assertEqual(st, 200, out)
             msgs.append({"role": "assistant", "content": "By their tokens, turn %d. " % turn * 12})
-        # a system prompt of the same length in bytes but other tokens: found by its hash, not its length
-        st, out = self.chat(r.port, {"messages": [{"role": "system", "content": "x y " * 72}] + msgs[1:3]})
-        self.assertEqual(st, 200, out)
+        # system prompts of the same length in bytes but other tokens: one unlike it throughout, one alike in its
+        # first and last 100 bytes (where the cache looks a piece up) and digits between: the cache compares the
+        # whole piece, so both are encoded, and the sims' counts agree (a wrong hit shows as a mismatch below)
+        sysp = msgs[0]["content"]
+        twin = sysp[:100] + ("0123456789" * 40)[:len(sysp) - 200] + sysp[len(sysp) - 100:]
+        self.assertEqual(len(twin), len(sysp))
+        for other in ("x y " * 72, twin):
+            st, out = self.chat(r.port, {"messages": [{"role": "system", "content": other}] + msgs[1:3]})
+            self.assertEqual(st, 200, out)
+            t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
         hit = t.metric(r.port, "xpyd_tokenizer_cache_hit_bytes_total")
         miss = t.metric(r.port, "xpyd_tokenizer_cache_miss_bytes_total")
         self.assertGreater(hit, miss)  # from the second turn on, the history is not encoded again

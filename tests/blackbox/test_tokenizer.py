@@ -141,7 +141,8 @@ class Tokenizer(t.TestCase):
         with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
             json.dump(d, f, ensure_ascii=False)
         texts = ["<think> a", "<thinker> b <think", "x<thinker><think>y", "a  [MASK]  b", "[MASK]", " \t[MASK]\n",
-                 "cafe\u0301! and caf\u00e9!", "<sp>  z", "<sp><think><sp>", "<thi nk>"]
+                 "cafe\u0301! and caf\u00e9!", "<sp>  z", "<sp><think><sp>", "<thi nk>",
+                 "<think <thinker><think>"]  # a token just matched that a longer one extends is not taken again
         args = ["--tokenizer", tmp, "--jsonl"]
         inp = "".join(json.dumps(s) + "\n" for s in texts)
         p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize")] + args, input=inp, capture_output=True,

@@ -6,7 +6,10 @@
  *         and ByteLevel, merges, ignore_merges, added tokens plain, lstrip/rstrip and normalized, a template):
  *         invalid UTF-8 is refused; valid text gives ids below the vocabulary size, the template's ids first and
  *         last with add_special, and the same ids in between as without;
- *   3:    the same with a small SentencePiece-style model (Prepend, Replace, NFC, byte_fallback, fuse_unk). */
+ *   3:    the same with a small SentencePiece-style model (Prepend, Replace, NFC, byte_fallback, fuse_unk).
+ *   Text also goes through a tokenization cache shared by every input (small, pieces of any length, so it
+ *   evicts): twice, the same ids as without it (a piece found by its length and ends is another's only if its
+ *   bytes are). */
 #include "xpyd_tokenizer.h"
 
 #include <assert.h>
@@ -15,6 +18,7 @@
 #include <string.h>
 
 static struct xtok *model, *sp_model;
+static struct xtok_cache *cache, *sp_cache; /* a cache serves one tokenizer */
 
 static void byte_level(int b, char *out) /* GPT-2's byte-level character of byte b, as UTF-8 */
 {
@@ -104,6 +108,8 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     if (!model) {
         build_model();
         build_sp_model();
+        cache = xtok_cache_new(1u << 16, 1);
+        sp_cache = xtok_cache_new(1u << 16, 1);
     }
     if (size < 1)
         return 0;
@@ -137,7 +143,12 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         assert(ids[i] < xtok_vocab_size(m));
     assert(xtok_encode(m, rest, len, 1, &ids2, &n2) == 0);
     assert(n2 == n + 2 && ids2[0] == bos && ids2[n + 1] == eos && !memcmp(ids2 + 1, ids, n * sizeof *ids));
-    free(ids);
     free(ids2);
+    for (int k = 0; k < 2; k++) {
+        assert(xtok_encode_cached(m, m == model ? cache : sp_cache, rest, len, 0, &ids2, &n2) == 0);
+        assert(n2 == n && !memcmp(ids2, ids, n * sizeof *ids));
+        free(ids2);
+    }
+    free(ids);
     return 0;
 }
