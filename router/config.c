@@ -177,6 +177,15 @@ static const struct xpyd_setting settings[] = {
      "uses it for that rank (a host's own `kv_events` in the topology wins); 0 = none"},
     {"decode-kv-events-port", XS_LONG, OFF(kv_events_port[1]), 0, 65535, "0", NULL,
      "the same for decodes (their caches count where a decode computes a prompt: `--local-prefill-max-tokens`)"},
+    {"kv-events-bind", XS_STR, OFF(kv_events_bind), 0, 0, "", NULL,
+     "precise cache-aware placement where engines connect to the router instead (vLLM's KV-events `endpoint` "
+     "`tcp://ROUTER:PORT`, without `*`, connects): the router binds `tcp://ADDR:PORT` (and the next ports, "
+     "`--kv-events-bind-ranks`), and each message's topic names its engine as the router lists it (vLLM's "
+     "`topic`: `HOST:PORT` of the engine's HTTP address; a DP rank is the bound port's offset where ranks share "
+     "an address). Anyone who can reach it can publish: bind a private address; empty = off"},
+    {"kv-events-bind-ranks", XS_LONG, OFF(kv_events_bind_ranks), 1, 256, "1", NULL,
+     "ports bound from `--kv-events-bind`'s: DP rank r of an engine publishes to PORT + r (vLLM offsets a "
+     "connecting endpoint too), so the largest data-parallel size of the engines that connect"},
     {"kv-events-replay-offset", XS_LONG, OFF(kv_events_replay_offset), 0, 65535, "0", NULL,
      "vLLM's `replay_endpoint`: a rank's replay port is its event port + N (both offset by the DP rank, as vLLM "
      "does); a gap in a rank's sequence numbers (or a first message after the start) asks it for the missed "

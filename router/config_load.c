@@ -3,6 +3,7 @@
  * command line over it (with the Python proxies' aliases), the environment's keys, the checks across settings,
  * and the pools expanded and checked (config_topology.c). The settings themselves are config.c's table. */
 #include "config.h"
+#include "kv_endpoint.h"
 #include "config_internal.h"
 
 #include "xb.h"
@@ -239,6 +240,11 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
             fprintf(stderr, "xpyd_router: --discovery %s\n", why);
             return -1;
         }
+    }
+    if (c->kv_events_bind[0] && rt_kv_endpoint_check(c->kv_events_bind) != 0) {
+        fprintf(stderr, "xpyd_router: --kv-events-bind needs tcp://ADDR:PORT (e.g. tcp://10.0.0.9:5557), got '%s'\n",
+                c->kv_events_bind);
+        return -1;
     }
     if (c->pools[RT_DECODE].n == 0 && !c->discovery[0]) { /* each handoff mode's other needs: router/handoffs.c */
         fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required "

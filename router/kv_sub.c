@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* kv_sub.c - the KV-event consumer (kv_sub.h): one thread, one ZeroMQ SUB socket per rank with an endpoint,
+/* kv_sub.c - the KV-event consumer (kv_sub.h): one thread, one ZeroMQ SUB socket per rank with an endpoint
+ * (connect mode) and the sockets bound for engines that connect (--kv-events-bind: the topic names the engine),
  * polled together; batches decoded and applied to the pool's index as they come. Replays are synchronous on
  * this thread (bounded by --kv-events-replay-timeout-ms); placement reads the index from the event loops. */
 #include "kv_sub.h"
@@ -22,9 +23,13 @@
 #include <zmq.h>
 
 #define DRAIN_MAX 256 /* messages taken from one socket before the others get their turn */
+#define BIND_MAX 256  /* --kv-events-bind-ranks' bound */
 
 struct src {
     char ep[300];  /* the endpoint subscribed to ("" none); the consumer thread's alone */
+    char bound[300]; /* bind mode: the engine (HOST:PORT) whose messages on the bound port + bound_r are this
+                      * rank's ("" none); the consumer thread's alone */
+    int bound_r;
     void *sub, *mon; /* the SUB socket, and the PAIR its connection events come on (zmq_socket_monitor) */
     int have_seq;
     uint64_t seq;
@@ -51,6 +56,9 @@ static struct {
     atomic_uint_fast64_t lag_us[2]; /* the last batch: its arrival minus its ts */
     atomic_uint_fast64_t disconnects[2];
     atomic_int subscribed[2]; /* sources with an endpoint: none, and a query costs nothing */
+    void *bsub[BIND_MAX]; /* bind mode: SUB sockets bound on PORT + r */
+    int nbound;
+    atomic_uint_fast64_t unmatched; /* bind mode: messages whose topic names no rank */
 } K;
 
 static uint64_t be64(const unsigned char *p)
@@ -89,7 +97,8 @@ static void apply(int role, int rank, const void *buf, size_t len)
     kve_batch_free(&b);
 }
 
-/* Receives one multipart message without waiting: 1 with *nf frames (the first 3 kept), 0 when none waits. */
+/* Receives one multipart message without waiting: 1 with *nf its number of frames (the first 3 kept in f: a
+ * message of more is refused by its count, not read as its first three), 0 when none waits. */
 static int recv_msg(void *sock, zmq_msg_t *f, int *nf)
 {
     *nf = 0;
@@ -102,9 +111,11 @@ static int recv_msg(void *sock, zmq_msg_t *f, int *nf)
         }
         int more = zmq_msg_more(&m);
         if (*nf < 3)
-            f[(*nf)++] = m;
+            f[*nf] = m;
         else
             zmq_msg_close(&m);
+        if (*nf < 1000000)
+            (*nf)++;
         if (!more)
             return 1;
     }
@@ -112,7 +123,7 @@ static int recv_msg(void *sock, zmq_msg_t *f, int *nf)
 
 static void close_frames(zmq_msg_t *f, int nf)
 {
-    for (int i = 0; i < nf; i++)
+    for (int i = 0; i < nf && i < 3; i++)
         zmq_msg_close(&f[i]);
 }
 
@@ -173,7 +184,7 @@ static void on_message(int role, int rank, struct src *s, zmq_msg_t *f, int nf)
         return;
     }
     uint64_t seq = be64(zmq_msg_data(&f[1]));
-    int replayable = g_rt->cfg.kv_events_replay_offset > 0;
+    int replayable = g_rt->cfg.kv_events_replay_offset > 0 && s->ep[0]; /* bind mode: no replay endpoint known */
     if (s->have_seq && seq <= s->seq) { /* numbered afresh: the engine restarted, its cache empty */
         atomic_fetch_add(&K.resets[role], 1);
         kvi_drop_rank(K.idx[role], rank);
@@ -228,8 +239,73 @@ static void unsubscribe(int role, int rank, struct src *s)
         zmq_close(s->mon);
     s->sub = s->mon = NULL;
     s->ep[0] = 0;
+    s->bound[0] = 0;
     s->have_seq = 0;
     kvi_drop_rank(K.idx[role], rank);
+}
+
+/* Bind mode. An engine that connects names itself by the topic: HOST:PORT as the registry lists it. Where
+ * several ranks share that address (DP ranks pinned by header), the bound port's offset r is the DP rank (vLLM
+ * offsets a connecting endpoint by its DP rank too). */
+static int bound_match(int role, int i, const char *engine, int r)
+{
+    char hp[300];
+    if (rt_rank_removed(role, i))
+        return 0;
+    int dp = rt_rank_identity(role, i, hp, sizeof hp);
+    return !strcmp(hp, engine) && (dp < 0 || dp == r);
+}
+
+static int bound_still(int role, int i, const struct src *s)
+{
+    return bound_match(role, i, s->bound, s->bound_r);
+}
+
+/* The rank of pool role a message on bound port + r with this topic is for, or -1. */
+static int bound_rank(int role, const char *engine, int r)
+{
+    size_t n = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE);
+    for (size_t i = 0; i < n && i < K.cap; i++) /* a source matched before: no registry lookups */
+        if (K.src[role][i].bound[0] && K.src[role][i].bound_r == r && !strcmp(K.src[role][i].bound, engine))
+            return (int)i;
+    for (size_t i = 0; i < n && i < K.cap; i++) {
+        struct src *s = &K.src[role][i];
+        if (s->ep[0] || s->bound[0] || !bound_match(role, (int)i, engine, r))
+            continue;
+        snprintf(s->bound, sizeof s->bound, "%s", engine);
+        s->bound_r = r;
+        s->have_seq = 0;
+        atomic_store(&s->events, 0);
+        atomic_store(&s->first_sent, 0);
+        atomic_store(&s->on, 1);
+        atomic_fetch_add(&K.subscribed[role], 1);
+        XLOG_INFO("msg=\"KV events from a connected engine\" role=%s rank=%zu engine=\"%s\" port_offset=%d", roles[role],
+                  i, engine, r);
+        return (int)i;
+    }
+    return -1;
+}
+
+/* A message on bound port + r: for the rank its topic names in each pool that reads events (an engine listed in
+ * both pools is both), else counted unmatched. */
+static void on_bound_message(int r, zmq_msg_t *f, int nf)
+{
+    char engine[300];
+    size_t tn = nf >= 1 ? zmq_msg_size(&f[0]) : 0;
+    int hit = 0;
+    if (tn > 0 && tn < sizeof engine) {
+        memcpy(engine, zmq_msg_data(&f[0]), tn);
+        engine[tn] = 0;
+        for (int role = 0; role < 2; role++) {
+            int rank = K.on[role] && !memchr(engine, 0, tn) ? bound_rank(role, engine, r) : -1;
+            if (rank >= 0) {
+                on_message(role, rank, &K.src[role][rank], f, nf);
+                hit = 1;
+            }
+        }
+    }
+    if (!hit)
+        atomic_fetch_add(&K.unmatched, 1);
 }
 
 /* Follows the registry: a rank's endpoint new, changed or gone. */
@@ -244,9 +320,11 @@ static void sync_sources(void)
             char ep[300];
             if (!rt_rank_kv_events(role, (int)i, ep, sizeof ep))
                 ep[0] = 0;
+            if (s->bound[0] && !bound_still(role, (int)i, s)) /* removed, or its slot another engine's now */
+                unsubscribe(role, (int)i, s);
             if (!strcmp(ep, s->ep))
                 continue;
-            if (s->ep[0])
+            if (s->ep[0] || s->bound[0]) /* (a rank's own endpoint wins over what the bound port hears) */
                 unsubscribe(role, (int)i, s);
             if (!ep[0])
                 continue;
@@ -298,7 +376,7 @@ static void sync_sources(void)
 static void *consumer(void *arg)
 {
     (void)arg;
-    size_t max = 4 * K.cap; /* both pools, a SUB and its monitor each */
+    size_t max = 4 * K.cap + (size_t)K.nbound; /* both pools, a SUB and its monitor each; the bound sockets */
     zmq_pollitem_t *items = calloc(max, sizeof *items);
     int *who = calloc(max, sizeof *who);
     uint64_t next_sync = 0;
@@ -317,11 +395,26 @@ static void *consumer(void *arg)
                     items[n] = (zmq_pollitem_t){K.src[role][i].mon, 0, ZMQ_POLLIN, 0};
                     who[n++] = -1 - (role * (int)K.cap + (int)i); /* its monitor */
                 }
+        for (int r = 0; r < K.nbound; r++) {
+            items[n] = (zmq_pollitem_t){K.bsub[r], 0, ZMQ_POLLIN, 0};
+            who[n++] = 2 * (int)K.cap + r;
+        }
         if (zmq_poll(items, n, 100) <= 0)
             continue;
         for (int k = 0; k < n; k++) {
             if (!(items[k].revents & ZMQ_POLLIN))
                 continue;
+            if (who[k] >= 2 * (int)K.cap) { /* a bound socket: its port's offset */
+                for (int m = 0; m < DRAIN_MAX; m++) {
+                    zmq_msg_t f[3];
+                    int nf;
+                    if (!recv_msg(K.bsub[who[k] - 2 * (int)K.cap], f, &nf))
+                        break;
+                    on_bound_message(who[k] - 2 * (int)K.cap, f, nf);
+                    close_frames(f, nf);
+                }
+                continue;
+            }
             int w = who[k] < 0 ? -1 - who[k] : who[k], role = w / (int)K.cap, rank = w % (int)K.cap;
             struct src *s = &K.src[role][rank];
             if (who[k] < 0) {
@@ -344,7 +437,34 @@ static void *consumer(void *arg)
         for (size_t i = 0; K.on[role] && i < K.cap; i++)
             if (K.src[role][i].sub)
                 unsubscribe(role, (int)i, &K.src[role][i]);
+    for (int r = 0; r < K.nbound; r++)
+        zmq_close(K.bsub[r]);
+    K.nbound = 0;
     return NULL;
+}
+
+/* --kv-events-bind: SUB sockets bound on PORT .. PORT + N - 1 before the consumer starts (an address in use stops
+ * the router with its reason). */
+static int bind_ports(const struct rt_config *c)
+{
+    int zero = 0, hwm = (int)c->kv_events_hwm;
+    int64_t max = c->kv_events_max_bytes;
+    for (int r = 0; r < (int)c->kv_events_bind_ranks && r < BIND_MAX; r++) {
+        char ep[320];
+        rt_kv_endpoint_rank(c->kv_events_bind, r, ep, sizeof ep);
+        void *sub = zmq_socket(K.ctx, ZMQ_SUB);
+        if (!sub || zmq_setsockopt(sub, ZMQ_LINGER, &zero, sizeof zero) ||
+            zmq_setsockopt(sub, ZMQ_RCVHWM, &hwm, sizeof hwm) || zmq_setsockopt(sub, ZMQ_MAXMSGSIZE, &max, sizeof max) ||
+            zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0) || zmq_bind(sub, ep) != 0) {
+            fprintf(stderr, "xpyd_router: --kv-events-bind: cannot bind %s: %s\n", ep, zmq_strerror(zmq_errno()));
+            if (sub)
+                zmq_close(sub);
+            return -1;
+        }
+        K.bsub[K.nbound++] = sub;
+        XLOG_INFO("msg=\"KV events: engines may connect\" endpoint=\"%s\" dp_rank=%d", ep, r);
+    }
+    return 0;
 }
 
 int rt_kv_setup(struct router *rt)
@@ -369,10 +489,19 @@ int rt_kv_setup(struct router *rt)
             return -1;
         }
     }
-    if (!K.on[0] && !K.on[1])
+    if (!K.on[0] && !K.on[1]) {
+        if (c->kv_events_bind[0])
+            XLOG_WARN("msg=\"--kv-events-bind is not bound: no pool's placement uses KV events (policy cache, or "
+                      "--local-prefill-max-tokens for decodes)\"");
         return 0;
-    if (pthread_key_create(&scratch_key, free) || !(K.ctx = zmq_ctx_new()) ||
-        pthread_create(&K.th, NULL, consumer, NULL) != 0) {
+    }
+    if (pthread_key_create(&scratch_key, free) || !(K.ctx = zmq_ctx_new())) {
+        fprintf(stderr, "xpyd_router: cannot start the KV-event consumer\n");
+        return -1;
+    }
+    if (c->kv_events_bind[0] && bind_ports(c) != 0)
+        return -1;
+    if (pthread_create(&K.th, NULL, consumer, NULL) != 0) { /* (the bound sockets are its from here) */
         fprintf(stderr, "xpyd_router: cannot start the KV-event consumer\n");
         return -1;
     }
@@ -534,9 +663,9 @@ void rt_kv_metrics(struct evbuffer *b)
     header(b, "xpyd_kv_index_bytes", "gauge", "Memory of the KV-event index.");
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_index_bytes{role=\"%s\"} %zu\n", roles[role], kvi_bytes(K.idx[role]));
     header(b, "xpyd_kv_events_sources", "gauge",
-           "Ranks with a KV-event endpoint, by state: precise (placement uses their events), stale (sent a "
-           "prompt, published nothing for --kv-events-stale-ms) or down (not connected to its publisher); "
-           "placement is approximate for the last two.");
+           "Ranks with a KV-event source (an endpoint, or an engine heard on --kv-events-bind), by state: precise "
+           "(placement uses their events), stale (sent a prompt, published nothing for --kv-events-stale-ms) or "
+           "down (not connected to its publisher); placement is approximate for the last two.");
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_sources{role=\"%s\",state=\"precise\"} %ld\n"
                                      "xpyd_kv_events_sources{role=\"%s\",state=\"stale\"} %ld\n"
                                      "xpyd_kv_events_sources{role=\"%s\",state=\"down\"} %ld\n",
@@ -545,7 +674,12 @@ void rt_kv_metrics(struct evbuffer *b)
            "Connections to a rank's publisher lost (its blocks are then forgotten: it may have restarted).");
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_disconnects_total{role=\"%s\"} %" PRIu64 "\n", roles[role],
                                   U64(K.disconnects[role]));
-    header(b, "xpyd_kv_source_events_total", "counter", "KV events received from each rank with an endpoint.");
+    if (K.nbound) {
+        header(b, "xpyd_kv_events_unmatched_total", "counter",
+               "Messages on --kv-events-bind whose topic names no rank (HOST:PORT as the router lists engines).");
+        evbuffer_add_printf(b, "xpyd_kv_events_unmatched_total %" PRIu64 "\n", U64(K.unmatched));
+    }
+    header(b, "xpyd_kv_source_events_total", "counter", "KV events received from each rank with a source.");
     source_series(b, "xpyd_kv_source_events_total", 0);
     header(b, "xpyd_kv_source_blocks", "gauge", "Blocks each rank reports holding (what the index keeps of them).");
     source_series(b, "xpyd_kv_source_blocks", 1);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kv_sub.h - the engines' KV events, consumed (issue 40): one thread subscribes with libzmq to every rank that
- * has a KV-event endpoint (the topology's "kv_events", --prefill/decode-kv-events-port), decodes each batch
+ * has a KV-event endpoint (the topology's "kv_events", --prefill/decode-kv-events-port) and hears engines that
+ * connect to --kv-events-bind (the topic names the engine, the port's offset its DP rank), decodes each batch
  * (kv_events.h) and keeps per pool what each rank reports holding (kv_index.h). Sequence numbers per rank: a
  * gap asks the rank's replay endpoint (--kv-events-replay-offset) or forgets the rank's blocks; a number going
  * back (the engine restarted), AllBlocksCleared and a lost connection forget them too. A rank that is not connected,

@@ -530,6 +530,108 @@ class SimPublisher(t.TestCase):
         d.close()
 
 
+class BindMode(t.TestCase):
+    """--kv-events-bind: engines connect to the router (the sims as vLLM with a connecting endpoint, DP rank r to
+    the bound port + r) and name themselves by the topic (HOST:PORT as the router lists them). Prompts the router
+    never sent - each engine's own traffic - then draw requests to the rank that holds them."""
+
+    def setUp(self):
+        super().setUp()
+        self.ctx = zmq.Context()
+        self.addCleanup(self.ctx.destroy, linger=0)
+
+    def test_engines_that_connect_name_themselves(self):
+        bind = t.free_port_range(2)
+        ep = "tcp://127.0.0.1:%d" % bind
+        hp = [t.free_port_range(1) for _ in range(2)]  # the sims' HTTP ports: their topics name them
+        ps = [self.start(t.sim("--role", "prefill", "--prefix-caching", "on", "--port", str(hp[0]), "--kv-events", ep,
+                               "--kv-events-topic", "127.0.0.1:%d" % hp[0])),
+              self.start(t.sim("--role", "prefill", "--prefix-caching", "on", "--port", str(hp[1]), "--kv-events", ep,
+                               "--kv-events-topic", "127.0.0.1:%d" % hp[1], "--dp-mode", "internal", "--dp-size", "2"))]
+        d = self.start(t.sim("--role", "decode"))
+        topo = {"dp-mode": "internal",
+                "prefill": {"hosts": [{"host": "127.0.0.1", "port": hp[0]}, {"host": "127.0.0.1", "port": hp[1], "dp": 2}]},
+                "decode": {"hosts": ["127.0.0.1:%d" % d.port]}}
+        path = os.path.join(t.tmpdir(prefix="xpyd-kv-"), "topology.json")
+        with open(path, "w") as f:
+            json.dump(topo, f)
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--config", path, "--prefill-policy",
+                                              "cache", "--kv-events-bind", ep, "--kv-events-bind-ranks", "2",
+                                              "--kv-events-stale-ms", "600000"]))
+        ranks = [(ps[0], None), (ps[1], 0), (ps[1], 1)]
+
+        def source(sim, dp):
+            return t.metric(r.port, 'xpyd_kv_source_events_total{role="prefill",engine="127.0.0.1:%d",dp_rank="%d"}'
+                            % (sim.port, dp or 0), default=0)
+        n = [0]
+        for sim, dp in ranks[::-1]:  # each rank's own requests (a new block each) until the router hears it (DP
+            # rank 1 first: heard first, it is still not taken for rank 0 of its engine)
+            hdr = {"X-data-parallel-rank": str(dp)} if dp is not None else None
+
+            def heard():
+                n[0] += 1
+                completion(sim.port, [7, 7, n[0]] + [0] * 13, hdr)
+                return source(sim, dp) > 0
+            t.wait_until(heard, what="the router hearing 127.0.0.1:%d rank %s" % (sim.port, dp))
+        # each rank computes a prompt of its own, sent to it directly (the router never saw it)
+        for k, (sim, dp) in enumerate(ranks):
+            hdr = {"X-data-parallel-rank": str(dp)} if dp is not None else None
+            before = kv(r.port, "xpyd_kv_index_blocks")
+            completion(sim.port, prompt(60 + k, 64), hdr)
+            t.wait_until(lambda: kv(r.port, "xpyd_kv_index_blocks") >= before + 4, what="its 4 blocks")
+        self.assertEqual(kv(r.port, "xpyd_kv_events_sources", state="precise"), 3)
+        for k in (2, 1, 0, 2, 1, 0):  # through the router: each goes to the rank that holds it (not in rank order)
+            sim, dp = ranks[k]
+            sel = 'xpyd_instance_selected_total{role="prefill",engine="127.0.0.1:%d",dp_rank="%d"}' % (sim.port, dp or 0)
+            was = t.metric(r.port, sel, default=0)
+            completion(r.port, prompt(60 + k, 64))
+            self.assertEqual(t.metric(r.port, sel, default=0), was + 1, "prompt %d to 127.0.0.1:%d rank %s"
+                             % (k, sim.port, dp))
+        self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 6)
+        # a publisher that names no engine the router lists: counted, nothing changes
+        blocks = kv(r.port, "xpyd_kv_index_blocks")
+        pub = self.ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.LINGER, 0)
+        pub.connect(ep)
+        self.addCleanup(pub.close)
+        seq = [0]
+
+        def unmatched():
+            pub.send_multipart([b"10.9.9.9:1", seq[0].to_bytes(8, "big"),
+                                batch_map([stored_map([1, 2], prompt(70, 32))])])
+            seq[0] += 1
+            return t.metric(r.port, "xpyd_kv_events_unmatched_total", default=0) > 0
+        t.wait_until(unmatched, what="an unknown topic counted")
+        # a known engine's name on messages of the wrong shape (frames missing, a short sequence number, a fourth
+        # frame; random bytes): refused by cause, the rank's blocks kept
+        rnd = random.Random(11)
+        name = b"127.0.0.1:%d" % ps[0].port
+        shape = kv(r.port, "xpyd_kv_events_decode_errors_total", cause="shape")
+        for k in range(60):
+            junk = bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 40)))
+            pub.send_multipart([[name], [name, junk], [name, b"\x00" * 7, junk], [name, b"\x00" * 8, junk, junk]][k % 4])
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_decode_errors_total", cause="shape") >= shape + 60,
+                     what="60 messages refused")
+        self.assertEqual(kv(r.port, "xpyd_kv_index_blocks"), blocks)
+        t.wait_until(lambda: t.router_idle(r.port), what="load back to zero")
+
+    def test_a_bind_address_in_use_stops_the_router(self):
+        s = self.ctx.socket(zmq.PUB)
+        s.setsockopt(zmq.LINGER, 0)
+        s.bind("tcp://127.0.0.1:0")
+        self.addCleanup(s.close)
+        ep = s.getsockopt_string(zmq.LAST_ENDPOINT)
+        p = subprocess.run([os.path.join(t.BIN, "xpyd_router"), "-p", "127.0.0.1:1", "-d", "127.0.0.1:2",
+                            "--prefill-policy", "cache", "--kv-events-bind", ep], capture_output=True, text=True,
+                           timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--kv-events-bind: cannot bind %s" % ep, p.stderr)
+        p = subprocess.run([os.path.join(t.BIN, "xpyd_router"), "-p", "127.0.0.1:1", "-d", "127.0.0.1:2",
+                            "--kv-events-bind", "udp://x"], capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--kv-events-bind needs tcp://ADDR:PORT", p.stderr)
+
+
 class PreciseEndToEnd(t.TestCase):
     """The router's prediction against the sims' own caches (sim_blocks.c, not the router's code): with events,
     the cached tokens the router predicts for the rank it picks are the ones the engine then reports, evictions
