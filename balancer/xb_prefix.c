@@ -107,6 +107,7 @@ struct xb_hasher {
     XXH3_state_t *st;    /* XXH3_createState: it needs a 64-byte alignment malloc does not give */
     size_t block, fill;  /* block size, bytes of the current block so far */
     uint64_t prev;
+    uint64_t extra[2]; /* xb_hasher_extra: the first block's, the others' (0: none) */
     uint64_t *out;
     size_t n, cap;
 };
@@ -141,7 +142,7 @@ void xb_hasher_feed(struct xb_hasher *h, const void *data, size_t len)
         p += k;
         len -= k;
         if (h->fill == h->block) {
-            h->prev = XXH3_64bits_digest(h->st);
+            h->prev = xb_chain_extra(XXH3_64bits_digest(h->st), h->extra[h->n > 0]);
             if (h->n == h->cap) {
                 h->cap = h->cap ? 2 * h->cap : 64;
                 h->out = hasher_alloc(h->out, h->cap * sizeof *h->out);
@@ -159,6 +160,17 @@ void xb_hasher_feed_id(struct xb_hasher *h, int64_t id)
     for (int s = 0; s < 8; s++)
         b[s] = (unsigned char)((uint64_t)id >> (8 * s));
     xb_hasher_feed(h, b, sizeof b);
+}
+
+uint64_t xb_chain_extra(uint64_t chain, uint64_t extra)
+{
+    return extra ? XXH3_64bits_withSeed(&extra, sizeof extra, chain) : chain;
+}
+
+void xb_hasher_extra(struct xb_hasher *h, const uint64_t extra[2])
+{
+    h->extra[0] = extra ? extra[0] : 0;
+    h->extra[1] = extra ? extra[1] : 0;
 }
 
 size_t xb_hasher_finish(struct xb_hasher *h, uint64_t **out)

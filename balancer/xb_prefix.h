@@ -35,6 +35,11 @@ struct xb_hasher *xb_hasher_new(size_t block_bytes);
 void xb_hasher_feed(struct xb_hasher *h, const void *data, size_t len);
 /* Ids as little-endian 64-bit values, as xb_hash_tokens hashes them (block_bytes = 8 x block tokens). */
 void xb_hasher_feed_id(struct xb_hasher *h, int64_t id);
+/* What else names each block besides its bytes (an engine's extra keys: vLLM's cache_salt on the first block):
+ * extra[0] for the first block, extra[1] for the others (0 or NULL: none), mixed into the chain by xb_chain_extra
+ * so the block and every one after it differ. Set before feeding. */
+void xb_hasher_extra(struct xb_hasher *h, const uint64_t extra[2]);
+uint64_t xb_chain_extra(uint64_t chain, uint64_t extra);
 /* Frees h; *out gets the hashes (malloc'd, NULL when there are none); returns how many. */
 size_t xb_hasher_finish(struct xb_hasher *h, uint64_t **out);
 

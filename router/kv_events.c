@@ -130,9 +130,17 @@ static int tokens_of(struct dec *d, const msgpack_object *o, struct kv_event *e)
     return 0;
 }
 
-/* extra_keys: one entry per block (None, or what else names the block's content: multimodal hashes, a cache salt,
- * a LoRA name); each non-null entry kept as a hash of its msgpack bytes, 0 for none. The whole field nil: NULL. */
-static int extra_of(struct dec *d, const msgpack_object *o, struct kv_event *e)
+static int same_str(const msgpack_object *a, const msgpack_object *b)
+{
+    return a && b && a->type == MSGPACK_OBJECT_STR && b->type == MSGPACK_OBJECT_STR &&
+           a->via.str.size == b->via.str.size && !memcmp(a->via.str.ptr, b->via.str.ptr, a->via.str.size);
+}
+
+/* extra_keys: one entry per block (None, or what else names the block's content, in vLLM's order: the LoRA name,
+ * multimodal hashes, the cache salt on the first block); each non-null entry kept as a hash of its msgpack bytes
+ * (kve_extra_hash), 0 for none. A leading LoRA name equal to the event's lora_name is left out: the adapter is the
+ * index's key space already, and SGLang and older vLLM leave it out of extra_keys. The whole field nil: NULL. */
+static int extra_of(struct dec *d, const msgpack_object *o, const msgpack_object *lora, struct kv_event *e)
 {
     if (is_nil(o))
         return 0;
@@ -147,10 +155,19 @@ static int extra_of(struct dec *d, const msgpack_object *o, struct kv_event *e)
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     for (uint32_t i = 0; i < o->via.array.size && i < e->nhashes; i++) {
-        if (is_nil(&o->via.array.ptr[i]))
+        const msgpack_object *x = &o->via.array.ptr[i];
+        if (is_nil(x))
             continue;
         msgpack_sbuffer_clear(&sb);
-        msgpack_pack_object(&pk, o->via.array.ptr[i]);
+        if (x->type == MSGPACK_OBJECT_ARRAY && x->via.array.size >= 1 && same_str(&x->via.array.ptr[0], lora)) {
+            if (x->via.array.size == 1)
+                continue; /* the adapter's name alone: nothing else names the block */
+            msgpack_pack_array(&pk, x->via.array.size - 1);
+            for (uint32_t k = 1; k < x->via.array.size; k++)
+                msgpack_pack_object(&pk, x->via.array.ptr[k]);
+        } else {
+            msgpack_pack_object(&pk, *x);
+        }
         e->extra[i] = XXH3_64bits(sb.data, sb.size) | 1; /* never 0: "none" */
     }
     msgpack_sbuffer_destroy(&sb);
@@ -183,7 +200,7 @@ static int fill(struct dec *d, struct kv_event *e, const msgpack_object **f)
             return rc;
         e->has_parent = 1;
     }
-    if ((rc = tokens_of(d, f[F_TOKENS], e)) || (rc = extra_of(d, f[F_EXTRA], e)))
+    if ((rc = tokens_of(d, f[F_TOKENS], e)) || (rc = extra_of(d, f[F_EXTRA], f[F_LORA_NAME], e)))
         return rc;
     if (f[F_BLOCK_SIZE] && int_of(f[F_BLOCK_SIZE], &v) && v > 0)
         e->block_size = (long)v;
@@ -380,4 +397,22 @@ void kve_batch_free(struct kv_batch *b)
     free(b->ev);
     b->ev = NULL;
     b->n = 0;
+}
+
+uint64_t kve_extra_hash(const char *const *strs, const size_t *lens, int n)
+{
+    if (n <= 0)
+        return 0;
+    msgpack_sbuffer sb;
+    msgpack_sbuffer_init(&sb);
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
+    msgpack_pack_array(&pk, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        msgpack_pack_str(&pk, lens[i]);
+        msgpack_pack_str_body(&pk, strs[i], lens[i]);
+    }
+    uint64_t h = sb.data ? XXH3_64bits(sb.data, sb.size) | 1 : 0;
+    msgpack_sbuffer_destroy(&sb);
+    return h;
 }

@@ -54,5 +54,8 @@ extern const char *const kve_error_names[KVE_ECOUNT];
 int kve_decode(const void *buf, size_t len, const struct kve_limits *lim, struct kv_batch *out, char *err,
                size_t errlen);
 void kve_batch_free(struct kv_batch *b);
+/* The hash a block's extra_keys entry of n strings is kept by (what a request adds to its blocks: vLLM's
+ * cache_salt on the first block is the entry [salt]); 0 when n is 0. */
+uint64_t kve_extra_hash(const char *const *strs, const size_t *lens, int n);
 
 #endif

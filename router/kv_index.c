@@ -374,8 +374,8 @@ int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tok
     }
     for (size_t i = 0; !rc && i < ev->nhashes; i++) {
         uint64_t chain = xb_hash_block_ids(prev, ev->tokens + i * (size_t)b, (size_t)b);
-        if (ev->extra && ev->extra[i]) /* an image, a cache salt: the block (and all after it) is not the text's */
-            chain = XXH3_64bits_withSeed(&ev->extra[i], sizeof ev->extra[i], chain);
+        if (ev->extra) /* an image, a cache salt: the block (and all after it) is not the text's */
+            chain = xb_chain_extra(chain, ev->extra[i]);
         rc = add_pair(x, rank, ev->hashes[i], chain, space, media_of(ev->medium));
         prev = chain;
     }

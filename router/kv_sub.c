@@ -8,6 +8,7 @@
 #include "kv_events.h"
 #include "kv_endpoint.h"
 #include "kv_index.h"
+#include "prompt.h"
 #include "router.h"
 #include "xb.h"
 #include "xpyd_util.h"
@@ -566,6 +567,17 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
     }
     if (trusted)
         q->precise = out;
+}
+
+int rt_kv_extras(const struct rw_src *body, uint64_t extra[2])
+{
+    char *salt = rw_string_member(body, "cache_salt");
+    size_t n = salt ? strlen(salt) : 0;
+    const char *s = salt;
+    extra[0] = n ? kve_extra_hash(&s, &n, 1) : 0; /* vLLM: [cache_salt] on the first block, if not empty */
+    extra[1] = 0;
+    free(salt);
+    return extra[0] != 0;
 }
 
 void rt_kv_picked(int role, int idx, const struct xb_query *q)

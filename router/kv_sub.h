@@ -29,6 +29,11 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
 /* After a pick with that query: a rank sent a prompt of a block or more should publish (the staleness clock),
  * and the pick is counted precise or approximate. */
 void rt_kv_picked(int role, int idx, const struct xb_query *q);
+/* What else names a request's prompt blocks as the engines key them (their extra_keys; a LoRA adapter is the
+ * index's key space instead): vLLM's cache_salt on the first block. 1 when any, into extra[2] for
+ * rw_prefix_blocks / rw_id_blocks. */
+struct rw_src;
+int rt_kv_extras(const struct rw_src *body, uint64_t extra[2]);
 /* The xpyd_kv_* series of /metrics. */
 void rt_kv_metrics(struct evbuffer *b);
 

@@ -170,7 +170,8 @@ static int64_t token_id(struct jv v)
     return bits;
 }
 
-size_t rw_prefix_blocks(const struct rw_src *body, int chat, size_t block_tokens, double bpt, uint64_t **out)
+size_t rw_prefix_blocks(const struct rw_src *body, int chat, size_t block_tokens, double bpt, const uint64_t *extra,
+                        uint64_t **out)
 {
     *out = NULL;
     if (block_tokens == 0)
@@ -180,6 +181,7 @@ size_t rw_prefix_blocks(const struct rw_src *body, int chat, size_t block_tokens
         block_bytes = 1;
     if (chat) {
         struct xb_hasher *h = xb_hasher_new(block_bytes);
+        xb_hasher_extra(h, extra);
         chat_serialize(body, h);
         return xb_hasher_finish(h, out);
     }
@@ -194,24 +196,27 @@ size_t rw_prefix_blocks(const struct rw_src *body, int chat, size_t block_tokens
     }
     if (jv_type(p) == JV_STRING) {
         struct xb_hasher *h = xb_hasher_new(block_bytes);
+        xb_hasher_extra(h, extra);
         jv_str_each(p, feed, h);
         return xb_hasher_finish(h, out);
     }
     if (jv_type(p) != JV_ARRAY)
         return 0;
     struct xb_hasher *h = xb_hasher_new(block_tokens * sizeof(int64_t));
+    xb_hasher_extra(h, extra);
     jv_iter_init(&it, p);
     while (jv_next(&it, NULL, &v) && jv_type(v) == JV_NUMBER) /* ids up to the first non-number */
         xb_hasher_feed_id(h, token_id(v));
     return xb_hasher_finish(h, out);
 }
 
-size_t rw_id_blocks(const uint32_t *ids, size_t n, size_t block_tokens, uint64_t **out)
+size_t rw_id_blocks(const uint32_t *ids, size_t n, size_t block_tokens, const uint64_t *extra, uint64_t **out)
 {
     *out = NULL;
     if (block_tokens == 0)
         return 0;
     struct xb_hasher *h = xb_hasher_new(block_tokens * sizeof(int64_t)); /* as a token-id prompt is hashed */
+    xb_hasher_extra(h, extra);
     for (size_t i = 0; i < n; i++)
         xb_hasher_feed_id(h, (int64_t)ids[i]);
     return xb_hasher_finish(h, out);

@@ -23,12 +23,13 @@ int64_t rw_estimate_prompt(const struct rw_src *body, int chat, double bytes_per
  * token-id prompts by ids, block_tokens per block; text prompts by their decoded bytes, block_tokens ×
  * bytes_per_token per block; chat requests over a canonical serialization of the messages in order (role,
  * name, content text, other content parts and tool calls as their JSON bytes, tool_call_id), so an earlier
- * turn is a prefix of the next. Returns the number of blocks. */
+ * turn is a prefix of the next. extra (NULL: none): what else names the first block and the others, as
+ * xb_hasher_extra (rt_kv_extras: the request's cache_salt). Returns the number of blocks. */
 size_t rw_prefix_blocks(const struct rw_src *body, int chat, size_t block_tokens, double bytes_per_token,
-                        uint64_t **out);
+                        const uint64_t *extra, uint64_t **out);
 /* The chained block hashes of a prompt's token ids, block_tokens per block, exactly as rw_prefix_blocks hashes the
  * same ids sent as a token-id prompt (so a text prompt the router tokenized and its ids share their blocks). */
-size_t rw_id_blocks(const uint32_t *ids, size_t n, size_t block_tokens, uint64_t **out);
+size_t rw_id_blocks(const uint32_t *ids, size_t n, size_t block_tokens, const uint64_t *extra, uint64_t **out);
 /* 1 when a completion prompt is token ids (an array of numbers, or of arrays): counted exactly as it is. */
 int rw_prompt_is_ids(const struct rw_src *body);
 /* A completion prompt that is text (a string, or an array of up to max strings): its decoded bytes, one after

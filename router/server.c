@@ -6,6 +6,7 @@
 #include "body_src.h"
 #include "handoff.h"
 #include "loopguard.h"
+#include "kv_sub.h"
 #include "prompt.h"
 #include "request.h"
 #include "admission.h"
@@ -202,9 +203,11 @@ static void handle_generate(evhtp_request_t *req, int kind)
     r->t_start = xpyd_now_us();
     r->prompt_tokens = rw_estimate_prompt(src, kind == RT_EP_CHAT, g_rt->cfg.bytes_per_token);
     r->prompt_src = kind == RT_EP_COMPLETIONS && rw_prompt_is_ids(src) ? RT_PS_IDS : RT_PS_ESTIMATE;
-    if ((g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE]) && !rt_tok_wants(r)) /* else: its ids' */
+    if ((g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE]) && !rt_tok_wants(r)) { /* else: its ids' */
+        uint64_t ex[2];
         r->nblocks = rw_prefix_blocks(src, kind == RT_EP_CHAT, (size_t)g_rt->cfg.prefix_block_tokens,
-                                      g_rt->cfg.bytes_per_token, &r->blocks);
+                                      g_rt->cfg.bytes_per_token, rt_kv_extras(src, ex) ? ex : NULL, &r->blocks);
+    }
     r->session = session_of(req, src);
     if (!client_request_id(req, r->xid, sizeof r->xid)) /* vLLM uses the client's id too */
         new_request_id(r->xid, sizeof r->xid);

@@ -6,6 +6,7 @@
 #include "chat_prompt.h"
 #include "prompt.h"
 #include "request_state.h"
+#include "kv_sub.h"
 #include "router.h"
 #include "xpyd_tokenizer.h"
 
@@ -34,6 +35,8 @@ struct rt_tok_job {
     rt_tok_go go;        /* how the request goes on (request.c) */
     int add_special;
     size_t block_tokens; /* 0: no prefix blocks wanted */
+    uint64_t extra[2];   /* what else names its blocks (rt_kv_extras: the cache salt); has_extra 0: none */
+    int has_extra;
     /* the result, written by the worker */
     int rc;
     int fallback;        /* rc != 0: the enum rt_tok_fallback reason */
@@ -66,8 +69,11 @@ static struct {
 static void text_blocks(struct request *r)
 {
     if (g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE])
+    {
+        uint64_t ex[2];
         r->nblocks = rw_prefix_blocks(r->src, r->kind == RT_EP_CHAT, (size_t)g_rt->cfg.prefix_block_tokens,
-                                      g_rt->cfg.bytes_per_token, &r->blocks);
+                                      g_rt->cfg.bytes_per_token, rt_kv_extras(r->src, ex) ? ex : NULL, &r->blocks);
+    }
 }
 
 static void job_free(struct rt_tok_job *j)
@@ -116,7 +122,7 @@ static void encode_chat(struct rt_tok_job *j)
     if (j->rc == 0) {
         j->tokens = (int64_t)nids;
         if (j->block_tokens)
-            j->nblocks = rw_id_blocks(ids, nids, j->block_tokens, &j->blocks);
+            j->nblocks = rw_id_blocks(ids, nids, j->block_tokens, j->has_extra ? j->extra : NULL, &j->blocks);
     } else {
         j->fallback = RT_TF_INVALID;
     }
@@ -140,7 +146,7 @@ static void encode(struct rt_tok_job *j)
         if (j->rc == 0) {
             j->tokens += (int64_t)nids;
             if (j->n == 1 && j->block_tokens) /* blocks of the one prompt (a batch's are not placed by prefix) */
-                j->nblocks = rw_id_blocks(ids, nids, j->block_tokens, &j->blocks);
+                j->nblocks = rw_id_blocks(ids, nids, j->block_tokens, j->has_extra ? j->extra : NULL, &j->blocks);
         } else {
             j->fallback = RT_TF_INVALID;
         }
@@ -375,8 +381,10 @@ int rt_tok_start(struct request *r, rt_tok_go go)
     j->go = go;
     enum jv_type as = jv_type(rw_src_get(r->src, "add_special_tokens"));
     j->add_special = j->chat ? as == JV_TRUE : as != JV_FALSE; /* vLLM: false for chat, true for completions */
-    if (g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE])
+    if (g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE]) {
         j->block_tokens = (size_t)g_rt->cfg.prefix_block_tokens;
+        j->has_extra = rt_kv_extras(r->src, j->extra);
+    }
     for (size_t i = 0; i < n; i++)
         j->held += (int64_t)lens[i];
     rt_body_memory_add(j->held); /* the decoded copy is request-body memory too, until the job is freed */

@@ -366,6 +366,40 @@ class KvEvents(t.TestCase):
         self.assertEqual(st, 200, out)
         self.assertEqual(selected(r.port, ps[1]), 1)
 
+    def test_extra_keys_as_vllm_sends_them(self):
+        # vLLM's BlockStored carries each block's extra keys: the adapter's name on every block of a LoRA request,
+        # the request's cache_salt on its first block (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys)
+        ps, pubs, (r,) = self.cluster(sim_args=("--model", "ad1"))
+        p, q = prompt(12), prompt(13)
+
+        def stored(hashes, toks, extra, lora=None):
+            e = stored_map(hashes, toks, lora=lora)
+            e["extra_keys"] = extra
+            return e
+        pubs[0].send(batch_map([stored([31, 32, 33, 34], p[:64], [["ad1"]] * 4, lora="ad1"),
+                                stored([41, 42, 43, 44], q[:64], None)]))
+        pubs[1].send(batch_map([stored([51, 52, 53, 54], p[:64], [["s1"], None, None, None]),
+                                stored([61, 62, 63, 64], q[:64], [["ad1", "s2"], ["ad1"], ["ad1"], ["ad1"]],
+                                       lora="ad1")]))
+        self.wait_blocks(r, 16)
+
+        def placed(body, sim, tokens):
+            before = (selected(r.port, sim), kv(r.port, "xpyd_prefix_predicted_tokens_total"))
+            st, _, out = t.post_json(r.port, "/v1/completions", dict(body, max_tokens=1))
+            self.assertEqual(st, 200, out)
+            self.assertEqual((selected(r.port, sim) - before[0],
+                              kv(r.port, "xpyd_prefix_predicted_tokens_total") - before[1]), (1, tokens), body)
+        placed({"model": "ad1", "prompt": p}, ps[0], 64)  # the adapter's blocks: its name left out of the key
+        placed({"prompt": p, "cache_salt": "s1"}, ps[1], 64)  # salted as it was stored
+        placed({"model": "ad1", "prompt": q, "cache_salt": "s2"}, ps[1], 64)  # both
+        placed({"prompt": q}, ps[0], 64)
+        for body in ({"prompt": p}, {"prompt": p, "cache_salt": "s9"}, {"prompt": q, "cache_salt": "s2"}):
+            before = kv(r.port, "xpyd_prefix_predicted_tokens_total")
+            st, _, out = t.post_json(r.port, "/v1/completions", dict(body, max_tokens=1))
+            self.assertEqual(st, 200, out)
+            # unsalted p, another salt, q's salt without its adapter: no rank holds these blocks
+            self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - before, 0, body)
+
     def test_ranks_added_and_removed_at_run_time(self):
         ps, pubs, (r,) = self.cluster(n=1, args=("--admin-key", "adm"))
         extra = self.start(t.sim("--role", "prefill"))

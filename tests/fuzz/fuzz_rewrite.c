@@ -243,7 +243,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* prefix blocks of whatever the client sent: bounded by its size, the same twice (deterministic), and
          * for a completions prompt the reference's */
         uint64_t *b1, *b2;
-        size_t n1 = rw_prefix_blocks(src, chat, 4, 1.0, &b1), n2 = rw_prefix_blocks(src, chat, 4, 1.0, &b2);
+        size_t n1 = rw_prefix_blocks(src, chat, 4, 1.0, NULL, &b1), n2 = rw_prefix_blocks(src, chat, 4, 1.0, NULL, &b2);
         if (n1 != n2 || (n1 && memcmp(b1, b2, n1 * sizeof *b1) != 0) || n1 > n + 16) /* 4-byte blocks */
             abort();
         if (tree && !chat) {
