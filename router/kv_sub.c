@@ -1,20 +1,20 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* kv_sub.c - the KV-event consumer (kv_sub.h): one thread, one ZeroMQ SUB socket per rank with an endpoint
  * (connect mode) and the sockets bound for engines that connect (--kv-events-bind: the topic names the engine),
- * polled together; batches decoded and applied to the pool's index as they come. Replays are synchronous on
- * this thread (bounded by --kv-events-replay-timeout-ms); placement reads the index from the event loops. */
+ * polled together; batches decoded and applied to the pool's index as they come. A replay is one more socket in
+ * the same poll (its rank's messages wait, the others' do not; bounded by --kv-events-replay-timeout-ms);
+ * placement reads the index from the event loops. Its /metrics series: kv_metrics.c. */
 #include "kv_sub.h"
 
 #include "kv_events.h"
 #include "kv_endpoint.h"
 #include "kv_index.h"
+#include "kv_sub_internal.h"
 #include "prompt.h"
 #include "router.h"
 #include "xb.h"
 #include "xpyd_util.h"
 
-#include <event2/buffer.h>
-#include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -24,43 +24,12 @@
 #include <zmq.h>
 
 #define DRAIN_MAX 256 /* messages taken from one socket before the others get their turn */
-#define BIND_MAX 256  /* --kv-events-bind-ranks' bound */
+#define K kv_K
+#define roles kv_roles
 
-struct src {
-    char ep[300];  /* the endpoint subscribed to ("" none); the consumer thread's alone */
-    char bound[300]; /* bind mode: the engine (HOST:PORT) whose messages on the bound port + bound_r are this
-                      * rank's ("" none); the consumer thread's alone */
-    int bound_r;
-    void *sub, *mon; /* the SUB socket, and the PAIR its connection events come on (zmq_socket_monitor) */
-    int have_seq;
-    uint64_t seq;
-    atomic_int on;                    /* subscribed */
-    atomic_int up;                    /* connected to the publisher now (placement may trust it) */
-    atomic_uint_fast64_t first_sent;  /* µs of the first prompt sent since its last message; 0: none */
-    atomic_uint_fast64_t events;      /* events received from it (all kinds) */
-};
-
+struct kv_consumer kv_K;
+const char *const kv_roles[2] = {"prefill", "decode"};
 static pthread_key_t scratch_key; /* rt_kv_query's per-thread memory */
-static const char *const roles[2] = {"prefill", "decode"};
-
-static struct {
-    int on[2];
-    struct kvi *idx[2];
-    struct src *src[2];
-    size_t cap;
-    void *ctx;
-    pthread_t th;
-    int started;
-    atomic_int stop;
-    atomic_uint_fast64_t batches[2], events[2][3], gaps[2], replays_ok[2], replays_failed[2], resets[2];
-    atomic_uint_fast64_t decode_errors[2][KVE_ECOUNT], skipped[2][KVI_COUNT], picks[2][2];
-    atomic_uint_fast64_t lag_us[2]; /* the last batch: its arrival minus its ts */
-    atomic_uint_fast64_t disconnects[2];
-    atomic_int subscribed[2]; /* sources with an endpoint: none, and a query costs nothing */
-    void *bsub[BIND_MAX]; /* bind mode: SUB sockets bound on PORT + r */
-    int nbound;
-    atomic_uint_fast64_t unmatched; /* bind mode: messages whose topic names no rank */
-} K;
 
 static uint64_t be64(const unsigned char *p)
 {
@@ -128,57 +97,104 @@ static void close_frames(zmq_msg_t *f, int nf)
         zmq_msg_close(&f[i]);
 }
 
-/* Asks rank's replay endpoint for batches [from, upto) and applies them; 0 when all came in order. strict 0 (a
+/* A message taken in order: the rank's number moves on, its batch is applied, the rank is heard. */
+static void take_in_order(int role, int rank, struct kv_src *s, uint64_t seq, const void *buf, size_t len)
+{
+    s->have_seq = 1;
+    s->seq = seq;
+    apply(role, rank, buf, len);
+    atomic_store(&s->first_sent, 0);
+    atomic_store(&s->up, 1); /* a message proves the connection, whatever the monitor said (or has yet to say) */
+}
+
+static void replay_close(struct kv_src *s)
+{
+    if (s->rep)
+        zmq_close(s->rep);
+    free(s->held);
+    s->rep = s->held = NULL;
+}
+
+/* The replay ended: ok 0 when everything asked for came in order. A gap's replay that failed forgets the rank
+ * (what was missed may have removed blocks); then the message that showed the gap is applied. */
+static void replay_end(int role, int rank, struct kv_src *s, int ok)
+{
+    atomic_fetch_add(ok == 0 ? &K.replays_ok[role] : &K.replays_failed[role], 1);
+    if (ok != 0 && s->rep_strict)
+        kvi_drop_rank(K.idx[role], rank);
+    void *held = s->held;
+    s->held = NULL;
+    replay_close(s);
+    take_in_order(role, rank, s, s->held_seq, held, s->held_len);
+    free(held);
+}
+
+/* Asks rank's replay endpoint for batches [from, upto), the message f (numbered upto) held until they came: the
+ * DEALER is then read by the consumer's poll beside the other ranks' sockets (a slow replay holds up only its own
+ * rank), within --kv-events-replay-timeout-ms. 0 when asked; -1 when it could not be (nothing held). strict 0 (a
  * late joiner asking from 0): the buffer may start later, and what it has is taken from its first batch on. */
-static int replay(int role, int rank, struct src *s, uint64_t from, uint64_t upto, int strict)
+static int replay_start(struct kv_src *s, uint64_t from, uint64_t upto, int strict, zmq_msg_t *f)
 {
     char ep[320];
     rt_kv_endpoint_rank(s->ep, (int)g_rt->cfg.kv_events_replay_offset, ep, sizeof ep); /* its event port + N */
     void *d = zmq_socket(K.ctx, ZMQ_DEALER);
-    int zero = 0, ok = -1;
+    int zero = 0;
     int64_t max = g_rt->cfg.kv_events_max_bytes;
-    if (!d)
-        return -1;
-    zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(d, ZMQ_MAXMSGSIZE, &max, sizeof max);
     unsigned char req[8];
     for (int i = 0; i < 8; i++)
         req[i] = (unsigned char)(from >> (56 - 8 * i));
-    uint64_t deadline = xpyd_now_us() + (uint64_t)g_rt->cfg.kv_events_replay_timeout_ms * 1000u, next = from;
-    if (zmq_connect(d, ep) == 0 && zmq_send(d, req, sizeof req, 0) == sizeof req) {
-        for (uint64_t now; ok < 0 && (now = xpyd_now_us()) < deadline;) {
-            zmq_pollitem_t it = {d, 0, ZMQ_POLLIN, 0};
-            if (zmq_poll(&it, 1, (long)((deadline - now + 999) / 1000)) <= 0)
-                break;
-            zmq_msg_t f[3];
-            int nf;
-            if (!recv_msg(d, f, &nf))
-                continue;
-            if (nf == 2 && zmq_msg_size(&f[0]) == 8) {
-                uint64_t seq = be64(zmq_msg_data(&f[0]));
-                if (!zmq_msg_size(&f[1])) { /* the end: everything asked for came, or the buffer had less */
-                    ok = next >= upto ? 0 : 1;
-                } else {
-                    if (!strict && next == from && seq > from && seq < upto) /* its oldest kept batch */
-                        next = seq;
-                    if (seq == next && seq < upto) {
-                        apply(role, rank, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]));
-                        if (++next >= upto)
-                            ok = 0;
-                    } else if (seq > next) { /* older ones no longer buffered */
-                        ok = 1;
-                    }
-                }
-            }
-            close_frames(f, nf);
-        }
+    size_t len = zmq_msg_size(&f[2]);
+    void *held = malloc(len ? len : 1);
+    if (!d || !held || zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero) ||
+        zmq_setsockopt(d, ZMQ_MAXMSGSIZE, &max, sizeof max) || zmq_connect(d, ep) != 0 ||
+        zmq_send(d, req, sizeof req, 0) != sizeof req) {
+        if (d)
+            zmq_close(d);
+        free(held);
+        return -1;
     }
-    zmq_close(d);
-    atomic_fetch_add(ok == 0 ? &K.replays_ok[role] : &K.replays_failed[role], 1);
-    return ok == 0 ? 0 : -1;
+    memcpy(held, zmq_msg_data(&f[2]), len);
+    s->rep = d;
+    s->held = held;
+    s->held_len = len;
+    s->held_seq = upto;
+    s->rep_from = s->rep_next = from;
+    s->rep_upto = upto;
+    s->rep_strict = strict;
+    s->rep_deadline = xpyd_now_us() + (uint64_t)g_rt->cfg.kv_events_replay_timeout_ms * 1000u;
+    return 0;
 }
 
-static void on_message(int role, int rank, struct src *s, zmq_msg_t *f, int nf)
+/* The replay's answers so far: (seq, payload) pairs, then seq -1 and an empty payload. */
+static void replay_input(int role, int rank, struct kv_src *s)
+{
+    zmq_msg_t f[3];
+    int nf;
+    while (s->rep && recv_msg(s->rep, f, &nf)) {
+        int ok = -1;
+        if (nf == 2 && zmq_msg_size(&f[0]) == 8) {
+            uint64_t seq = be64(zmq_msg_data(&f[0]));
+            if (!zmq_msg_size(&f[1])) { /* the end: everything asked for came, or the buffer had less */
+                ok = s->rep_next >= s->rep_upto ? 0 : 1;
+            } else {
+                if (!s->rep_strict && s->rep_next == s->rep_from && seq > s->rep_from && seq < s->rep_upto)
+                    s->rep_next = seq; /* its oldest kept batch */
+                if (seq == s->rep_next && seq < s->rep_upto) {
+                    apply(role, rank, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]));
+                    if (++s->rep_next >= s->rep_upto)
+                        ok = 0;
+                } else if (seq > s->rep_next) { /* older ones no longer buffered */
+                    ok = 1;
+                }
+            }
+        }
+        close_frames(f, nf);
+        if (ok >= 0)
+            replay_end(role, rank, s, ok);
+    }
+}
+
+static void on_message(int role, int rank, struct kv_src *s, zmq_msg_t *f, int nf)
 {
     if (nf != 3 || zmq_msg_size(&f[1]) != 8) {
         atomic_fetch_add(&K.decode_errors[role][KVE_ESHAPE], 1);
@@ -191,22 +207,23 @@ static void on_message(int role, int rank, struct src *s, zmq_msg_t *f, int nf)
         kvi_drop_rank(K.idx[role], rank);
     } else if (s->have_seq && seq > s->seq + 1) {
         atomic_fetch_add(&K.gaps[role], 1);
-        if (!replayable || replay(role, rank, s, s->seq + 1, seq, 1) != 0)
-            kvi_drop_rank(K.idx[role], rank); /* what was missed may have removed blocks: start afresh */
+        if (replayable && replay_start(s, s->seq + 1, seq, 1, f) == 0)
+            return; /* this message waits for the replay */
+        if (replayable)
+            atomic_fetch_add(&K.replays_failed[role], 1);
+        kvi_drop_rank(K.idx[role], rank); /* what was missed may have removed blocks: start afresh */
     } else if (!s->have_seq && seq > 0 && replayable) {
-        replay(role, rank, s, 0, seq, 0); /* joined late: what the rank stored before, as far as it is buffered */
+        if (replay_start(s, 0, seq, 0, f) == 0) /* joined late: what the rank stored before, as far as it is */
+            return;                             /* buffered */
+        atomic_fetch_add(&K.replays_failed[role], 1);
     }
-    s->have_seq = 1;
-    s->seq = seq;
-    apply(role, rank, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
-    atomic_store(&s->first_sent, 0);
-    atomic_store(&s->up, 1); /* a message proves the connection, whatever the monitor said (or has yet to say) */
+    take_in_order(role, rank, s, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
 }
 
 /* The publisher connected or went away. Gone (an engine stopping, restarting, or the network): what the rank
  * held is unknown from here (a restarted engine numbers from 0 again, and messages were lost meanwhile), so its
  * blocks are forgotten and it is not trusted until it is back. */
-static void on_monitor(int role, int rank, struct src *s)
+static void on_monitor(int role, int rank, struct kv_src *s)
 {
     zmq_msg_t f[3];
     int nf;
@@ -219,6 +236,10 @@ static void on_monitor(int role, int rank, struct src *s)
             atomic_store(&s->first_sent, 0);
             atomic_store(&s->up, 1);
         } else if (ev == ZMQ_EVENT_DISCONNECTED) {
+            if (s->rep) { /* what it would have answered no longer matters: the rank starts afresh */
+                atomic_fetch_add(&K.replays_failed[role], 1);
+                replay_close(s);
+            }
             atomic_store(&s->up, 0);
             atomic_fetch_add(&K.disconnects[role], 1);
             s->have_seq = 0;
@@ -227,7 +248,7 @@ static void on_monitor(int role, int rank, struct src *s)
     }
 }
 
-static void unsubscribe(int role, int rank, struct src *s)
+static void unsubscribe(int role, int rank, struct kv_src *s)
 {
     if (atomic_exchange(&s->on, 0))
         atomic_fetch_sub(&K.subscribed[role], 1);
@@ -239,6 +260,7 @@ static void unsubscribe(int role, int rank, struct src *s)
     if (s->mon)
         zmq_close(s->mon);
     s->sub = s->mon = NULL;
+    replay_close(s);
     s->ep[0] = 0;
     s->bound[0] = 0;
     s->have_seq = 0;
@@ -257,7 +279,7 @@ static int bound_match(int role, int i, const char *engine, int r)
     return !strcmp(hp, engine) && (dp < 0 || dp == r);
 }
 
-static int bound_still(int role, int i, const struct src *s)
+static int bound_still(int role, int i, const struct kv_src *s)
 {
     return bound_match(role, i, s->bound, s->bound_r);
 }
@@ -270,7 +292,7 @@ static int bound_rank(int role, const char *engine, int r)
         if (K.src[role][i].bound[0] && K.src[role][i].bound_r == r && !strcmp(K.src[role][i].bound, engine))
             return (int)i;
     for (size_t i = 0; i < n && i < K.cap; i++) {
-        struct src *s = &K.src[role][i];
+        struct kv_src *s = &K.src[role][i];
         if (s->ep[0] || s->bound[0] || !bound_match(role, (int)i, engine, r))
             continue;
         snprintf(s->bound, sizeof s->bound, "%s", engine);
@@ -317,7 +339,7 @@ static void sync_sources(void)
             continue;
         size_t n = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE);
         for (size_t i = 0; i < n && i < K.cap; i++) {
-            struct src *s = &K.src[role][i];
+            struct kv_src *s = &K.src[role][i];
             char ep[300];
             if (!rt_rank_kv_events(role, (int)i, ep, sizeof ep))
                 ep[0] = 0;
@@ -388,10 +410,17 @@ static void *consumer(void *arg)
             next_sync = now + 500000;
         }
         int n = 0;
+        long wait_ms = 100;
         for (int role = 0; role < 2; role++)
             for (size_t i = 0; K.on[role] && i < K.cap; i++)
                 if (K.src[role][i].sub) {
-                    items[n] = (zmq_pollitem_t){K.src[role][i].sub, 0, ZMQ_POLLIN, 0};
+                    struct kv_src *s = &K.src[role][i];
+                    if (s->rep && now >= s->rep_deadline) /* out of time: ended as failed */
+                        replay_end(role, (int)i, s, 1);
+                    if (s->rep && (long)((s->rep_deadline - now + 999) / 1000) < wait_ms)
+                        wait_ms = (long)((s->rep_deadline - now + 999) / 1000);
+                    /* a replay under way is read instead of the rank's SUB (whose messages wait their turn) */
+                    items[n] = (zmq_pollitem_t){s->rep ? s->rep : s->sub, 0, ZMQ_POLLIN, 0};
                     who[n++] = role * (int)K.cap + (int)i;
                     items[n] = (zmq_pollitem_t){K.src[role][i].mon, 0, ZMQ_POLLIN, 0};
                     who[n++] = -1 - (role * (int)K.cap + (int)i); /* its monitor */
@@ -400,7 +429,7 @@ static void *consumer(void *arg)
             items[n] = (zmq_pollitem_t){K.bsub[r], 0, ZMQ_POLLIN, 0};
             who[n++] = 2 * (int)K.cap + r;
         }
-        if (zmq_poll(items, n, 100) <= 0)
+        if (zmq_poll(items, n, wait_ms) <= 0)
             continue;
         for (int k = 0; k < n; k++) {
             if (!(items[k].revents & ZMQ_POLLIN))
@@ -417,12 +446,16 @@ static void *consumer(void *arg)
                 continue;
             }
             int w = who[k] < 0 ? -1 - who[k] : who[k], role = w / (int)K.cap, rank = w % (int)K.cap;
-            struct src *s = &K.src[role][rank];
+            struct kv_src *s = &K.src[role][rank];
             if (who[k] < 0) {
                 on_monitor(role, rank, s);
                 continue;
             }
-            for (int m = 0; m < DRAIN_MAX; m++) {
+            if (s->rep) {
+                replay_input(role, rank, s);
+                continue;
+            }
+            for (int m = 0; m < DRAIN_MAX && !s->rep; m++) { /* (a gap found here starts a replay: stop) */
                 zmq_msg_t f[3];
                 int nf;
                 if (!recv_msg(s->sub, f, &nf))
@@ -559,7 +592,7 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
     size_t n_ranks = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE); /* it only grows: the slots above
                                                                                     * it still read -1 */
     for (size_t i = 0; i < n_ranks && i < K.cap; i++) {
-        const struct src *s = &K.src[role][i];
+        const struct kv_src *s = &K.src[role][i];
         uint64_t sent = atomic_load(&s->first_sent);
         int ok = atomic_load(&s->up) && !(sent && now - sent > stale);
         out[i] = ok ? (int64_t)held[i] : -1;
@@ -589,116 +622,4 @@ void rt_kv_picked(int role, int idx, const struct xb_query *q)
         atomic_compare_exchange_strong(&K.src[role][idx].first_sent, &none, xpyd_now_us());
     }
     atomic_fetch_add(&K.picks[role][q->precise && q->precise[idx] >= 0], 1);
-}
-
-#define EACH_ROLE for (int role = 0; role < 2; role++) if (K.on[role])
-#define U64(x) ((uint64_t)atomic_load(&(x)))
-
-static void header(struct evbuffer *b, const char *name, const char *type, const char *help)
-{
-    evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
-}
-
-/* One series per subscribed rank, labelled as the instance series are: its events (0) or its blocks (1). */
-static void source_series(struct evbuffer *b, const char *name, int blocks)
-{
-    EACH_ROLE for (size_t i = 0; i < K.cap && i < __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE); i++) {
-        if (!atomic_load(&K.src[role][i].on))
-            continue;
-        char hp[300];
-        int dp = rt_rank_identity(role, (int)i, hp, sizeof hp);
-        evbuffer_add_printf(b, "%s{role=\"%s\",engine=\"%s\",dp_rank=\"%d\"} %" PRIu64 "\n", name, roles[role], hp,
-                            dp < 0 ? 0 : dp,
-                            blocks ? (uint64_t)kvi_blocks(K.idx[role], (int)i) : U64(K.src[role][i].events));
-    }
-}
-
-/* Each family in one group (its HELP and TYPE, then its series for both pools), as the text format wants. */
-void rt_kv_metrics(struct evbuffer *b)
-{
-    if (!K.on[0] && !K.on[1])
-        return;
-    static const char *const types[3] = {"stored", "removed", "cleared"};
-    size_t blocks[2] = {0, 0};
-    long precise[2] = {0, 0}, stale_n[2] = {0, 0}, down[2] = {0, 0};
-    uint64_t now = xpyd_now_us(), stale = (uint64_t)g_rt->cfg.kv_events_stale_ms * 1000u;
-    EACH_ROLE {
-        size_t n = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE);
-        for (size_t i = 0; i < n && i < K.cap; i++) {
-            const struct src *s = &K.src[role][i];
-            blocks[role] += kvi_blocks(K.idx[role], (int)i);
-            if (!atomic_load(&s->on))
-                continue;
-            uint64_t sent = atomic_load(&s->first_sent);
-            if (!atomic_load(&s->up))
-                down[role]++;
-            else if (sent && now - sent > stale)
-                stale_n[role]++;
-            else
-                precise[role]++;
-        }
-    }
-    header(b, "xpyd_kv_events_batches_total", "counter", "KV-event batches applied, per pool.");
-    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_batches_total{role=\"%s\"} %" PRIu64 "\n", roles[role],
-                                  U64(K.batches[role]));
-    header(b, "xpyd_kv_events_total", "counter", "KV events received, per pool and type.");
-    EACH_ROLE for (int t = 0; t < 3; t++)
-        evbuffer_add_printf(b, "xpyd_kv_events_total{role=\"%s\",type=\"%s\"} %" PRIu64 "\n", roles[role], types[t],
-                            U64(K.events[role][t]));
-    header(b, "xpyd_kv_events_gaps_total", "counter",
-           "Gaps in a rank's sequence numbers (messages lost: replayed, or the rank's blocks forgotten).");
-    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_gaps_total{role=\"%s\"} %" PRIu64 "\n", roles[role],
-                                  U64(K.gaps[role]));
-    header(b, "xpyd_kv_events_replays_total", "counter", "Replays asked for (a gap, or joining late), by result.");
-    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_replays_total{role=\"%s\",result=\"ok\"} %" PRIu64 "\n"
-                                     "xpyd_kv_events_replays_total{role=\"%s\",result=\"failed\"} %" PRIu64 "\n",
-                                  roles[role], U64(K.replays_ok[role]), roles[role], U64(K.replays_failed[role]));
-    header(b, "xpyd_kv_events_resets_total", "counter",
-           "Sequence numbers that went back (an engine restarted): the rank's blocks forgotten.");
-    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_resets_total{role=\"%s\"} %" PRIu64 "\n", roles[role],
-                                  U64(K.resets[role]));
-    header(b, "xpyd_kv_events_decode_errors_total", "counter", "KV-event messages refused, by cause.");
-    EACH_ROLE for (int e = 1; e < KVE_ECOUNT; e++)
-        evbuffer_add_printf(b, "xpyd_kv_events_decode_errors_total{role=\"%s\",cause=\"%s\"} %" PRIu64 "\n",
-                            roles[role], kve_error_names[e], U64(K.decode_errors[role][e]));
-    header(b, "xpyd_kv_events_skipped_total", "counter",
-           "KV events not (wholly) applied to the index, by cause (orphan: parent unknown; block_size: unlike "
-           "--prefix-block-tokens; not_full_attention; shape; full: --kv-index-max-blocks).");
-    EACH_ROLE for (int e = 1; e < KVI_COUNT; e++)
-        evbuffer_add_printf(b, "xpyd_kv_events_skipped_total{role=\"%s\",cause=\"%s\"} %" PRIu64 "\n", roles[role],
-                            kvi_skip_names[e], U64(K.skipped[role][e]));
-    header(b, "xpyd_kv_events_lag_seconds", "gauge", "The last batch: its arrival minus its timestamp.");
-    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_lag_seconds{role=\"%s\"} %.6f\n", roles[role],
-                                  (double)U64(K.lag_us[role]) / 1e6);
-    header(b, "xpyd_kv_index_blocks", "gauge", "(rank, block) pairs the KV-event index holds.");
-    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_index_blocks{role=\"%s\"} %zu\n", roles[role], blocks[role]);
-    header(b, "xpyd_kv_index_bytes", "gauge", "Memory of the KV-event index.");
-    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_index_bytes{role=\"%s\"} %zu\n", roles[role], kvi_bytes(K.idx[role]));
-    header(b, "xpyd_kv_events_sources", "gauge",
-           "Ranks with a KV-event source (an endpoint, or an engine heard on --kv-events-bind), by state: precise "
-           "(placement uses their events), stale (sent a prompt, published nothing for --kv-events-stale-ms) or "
-           "down (not connected to its publisher); placement is approximate for the last two.");
-    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_sources{role=\"%s\",state=\"precise\"} %ld\n"
-                                     "xpyd_kv_events_sources{role=\"%s\",state=\"stale\"} %ld\n"
-                                     "xpyd_kv_events_sources{role=\"%s\",state=\"down\"} %ld\n",
-                                  roles[role], precise[role], roles[role], stale_n[role], roles[role], down[role]);
-    header(b, "xpyd_kv_events_disconnects_total", "counter",
-           "Connections to a rank's publisher lost (its blocks are then forgotten: it may have restarted).");
-    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_disconnects_total{role=\"%s\"} %" PRIu64 "\n", roles[role],
-                                  U64(K.disconnects[role]));
-    if (K.nbound) {
-        header(b, "xpyd_kv_events_unmatched_total", "counter",
-               "Messages on --kv-events-bind whose topic names no rank (HOST:PORT as the router lists engines).");
-        evbuffer_add_printf(b, "xpyd_kv_events_unmatched_total %" PRIu64 "\n", U64(K.unmatched));
-    }
-    header(b, "xpyd_kv_source_events_total", "counter", "KV events received from each rank with a source.");
-    source_series(b, "xpyd_kv_source_events_total", 0);
-    header(b, "xpyd_kv_source_blocks", "gauge", "Blocks each rank reports holding (what the index keeps of them).");
-    source_series(b, "xpyd_kv_source_blocks", 1);
-    header(b, "xpyd_kv_placements_total", "counter",
-           "Picks whose chosen rank's cached prefix came from its events (precise) or from the router's own "
-           "guess (approximate).");
-    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_placements_total{role=\"%s\",mode=\"precise\"} %" PRIu64 "\n"
-                                     "xpyd_kv_placements_total{role=\"%s\",mode=\"approximate\"} %" PRIu64 "\n",
-                                  roles[role], U64(K.picks[role][1]), roles[role], U64(K.picks[role][0]));
 }

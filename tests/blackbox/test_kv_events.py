@@ -80,6 +80,7 @@ class Pub:
             assert self.replay_offset, "no free port for the replay socket"
             self.asked = []
             self.stop = False
+            self.mute = False  # asked, and never answers
             self.th = threading.Thread(target=self._serve, daemon=True)
             self.th.start()
 
@@ -90,6 +91,8 @@ class Pub:
             ident, start = self.r.recv_multipart()
             first = int.from_bytes(start, "big")
             self.asked.append(first)
+            if self.mute:
+                continue
             for seq in sorted(s for s in self.sent if s >= first):
                 self.r.send_multipart([ident, seq.to_bytes(8, "big"), self.sent[seq]])
             self.r.send_multipart([ident, (-1).to_bytes(8, "big", signed=True), b""])
@@ -234,6 +237,28 @@ class KvEvents(t.TestCase):
         completion(r.port, p4)
         self.assertEqual(selected(r.port, ps[0]), 1)
         self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total"), 80)
+
+    def test_a_slow_replay_holds_up_only_its_rank(self):
+        ps, pubs, (r,) = self.cluster(replay=True, args=("--kv-events-replay-timeout-ms", "4000"))
+        p0, p1 = prompt(30), prompt(31)
+        pubs[0].send(batch_map([stored_map([71, 72], p0[:32])]))
+        self.wait_blocks(r, 2)
+        pubs[0].mute = True
+        pubs[0].send(batch_map([stored_map([73], p0[32:48], parent=72)]), publish=False)  # lost: a gap
+        pubs[0].send(batch_map([stored_map([74], p0[48:64], parent=73)]))  # shows the gap: a replay nobody answers
+        t.wait_until(lambda: pubs[0].asked, what="the replay asked for")
+        pubs[1].send(batch_map([stored_map([81, 82, 83, 84], p1[:64])]))  # meanwhile the other rank is heard
+        self.wait_blocks(r, 6)
+        self.assertEqual((kv(r.port, "xpyd_kv_events_replays_total", result="ok"),
+                          kv(r.port, "xpyd_kv_events_replays_total", result="failed")), (0, 0))  # still under way
+        orphans = kv(r.port, "xpyd_kv_events_skipped_total", cause="orphan")
+        # out of time: rank 0 forgotten, then the message that showed the gap (its parent, 73, never came)
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_replays_total", result="failed") == 1, timeout=30,
+                     what="the replay out of time")
+        self.wait_blocks(r, 4)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_skipped_total", cause="orphan"), orphans + 1)
+        pubs[0].send(batch_map([stored_map([91], p0[:16])]))  # and rank 0 goes on from there
+        self.wait_blocks(r, 5)
 
     def test_a_router_that_starts_late_replays_what_it_missed(self):
         p13 = prompt(13)

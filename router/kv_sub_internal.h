@@ -1,0 +1,59 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* kv_sub_internal.h - the KV-event consumer's state, shared by its thread (kv_sub.c) and its /metrics page
+ * (kv_metrics.c). Not for other modules: they use kv_sub.h. */
+#ifndef XPYD_KV_SUB_INTERNAL_H
+#define XPYD_KV_SUB_INTERNAL_H
+
+#include "kv_events.h"
+#include "kv_index.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define BIND_MAX 256  /* --kv-events-bind-ranks' bound */
+
+struct kv_src {
+    char ep[300];  /* the endpoint subscribed to ("" none); the consumer thread's alone */
+    char bound[300]; /* bind mode: the engine (HOST:PORT) whose messages on the bound port + bound_r are this
+                      * rank's ("" none); the consumer thread's alone */
+    int bound_r;
+    void *sub, *mon; /* the SUB socket, and the PAIR its connection events come on (zmq_socket_monitor) */
+    int have_seq;
+    uint64_t seq;
+    void *rep;       /* a replay under way: its DEALER, read instead of the SUB until it ends (the consumer's) */
+    uint64_t rep_from, rep_next, rep_upto, rep_deadline;
+    int rep_strict;
+    void *held;      /* the message whose number started the replay: applied after it */
+    size_t held_len;
+    uint64_t held_seq;
+    atomic_int on;                    /* subscribed */
+    atomic_int up;                    /* connected to the publisher now (placement may trust it) */
+    atomic_uint_fast64_t first_sent;  /* µs of the first prompt sent since its last message; 0: none */
+    atomic_uint_fast64_t events;      /* events received from it (all kinds) */
+};
+
+struct kv_consumer {
+    int on[2];
+    struct kvi *idx[2];
+    struct kv_src *src[2];
+    size_t cap;
+    void *ctx;
+    pthread_t th;
+    int started;
+    atomic_int stop;
+    atomic_uint_fast64_t batches[2], events[2][3], gaps[2], replays_ok[2], replays_failed[2], resets[2];
+    atomic_uint_fast64_t decode_errors[2][KVE_ECOUNT], skipped[2][KVI_COUNT], picks[2][2];
+    atomic_uint_fast64_t lag_us[2]; /* the last batch: its arrival minus its ts */
+    atomic_uint_fast64_t disconnects[2];
+    atomic_int subscribed[2]; /* sources with an endpoint: none, and a query costs nothing */
+    void *bsub[BIND_MAX]; /* bind mode: SUB sockets bound on PORT + r */
+    int nbound;
+    atomic_uint_fast64_t unmatched; /* bind mode: messages whose topic names no rank */
+};
+
+extern struct kv_consumer kv_K;
+extern const char *const kv_roles[2];
+
+#endif
