@@ -135,8 +135,9 @@ void sim_pool_free(struct sim_pool *p)
     free(p);
 }
 
-/* the hash of a block of ids, chained on parent's (NULL: the first block) */
-static void block_hash(struct sim_pool *p, const unsigned char *parent, const uint32_t *ids, unsigned char out[32])
+/* the hash of a block of ids, chained on parent's (NULL: the first block), and a salt (NULL: none) */
+static void block_hash(struct sim_pool *p, const unsigned char *parent, const uint32_t *ids, const char *salt,
+                       unsigned char out[32])
 {
     static const unsigned char none[32];
     unsigned len = 32;
@@ -146,10 +147,16 @@ static void block_hash(struct sim_pool *p, const unsigned char *parent, const ui
     EVP_DigestInit_ex(p->md, EVP_sha256(), NULL);
     EVP_DigestUpdate(p->md, parent ? parent : none, 32);
     EVP_DigestUpdate(p->md, p->le, 4 * p->bs);
+    if (salt) { /* after the ids, with its length first: no ids and salt can make another's bytes */
+        uint64_t n = strlen(salt);
+        EVP_DigestUpdate(p->md, &n, sizeof n);
+        EVP_DigestUpdate(p->md, salt, n);
+    }
     EVP_DigestFinal_ex(p->md, out, &len);
 }
 
-size_t sim_pool_store(struct sim_pool *p, struct sim_rank *rk, const uint32_t *ids, size_t n, size_t *held)
+size_t sim_pool_store(struct sim_pool *p, struct sim_rank *rk, const uint32_t *ids, size_t n, const char *salt,
+                      size_t *held)
 {
     size_t nb = n / p->bs, k = 0, run = 0, lead = 0;
     uint32_t *mine = malloc((nb ? nb : 1) * sizeof *mine);
@@ -162,7 +169,7 @@ size_t sim_pool_store(struct sim_pool *p, struct sim_rank *rk, const uint32_t *i
         return 0;
     }
     for (; k < nb; k++) {
-        block_hash(p, k ? parent : NULL, ids + k * p->bs, h);
+        block_hash(p, k ? parent : NULL, ids + k * p->bs, k ? NULL : salt, h);
         long s = map_find(p, h);
         lead += s >= 0 && lead == k; /* the run it held from the start, before this prompt's blocks went in */
         uint32_t i;
@@ -191,14 +198,14 @@ size_t sim_pool_store(struct sim_pool *p, struct sim_rank *rk, const uint32_t *i
         } else if (run) {
             sim_kvpub_stored(rk, (const unsigned char (*)[32])stored, run,
                              k - run ? p->b[mine[k - run - 1]].hash : NULL, ids + (k - run) * p->bs, run * p->bs,
-                             p->bs);
+                             p->bs, k - run ? NULL : salt);
             run = 0;
         }
         memcpy(parent, h, 32);
     }
     if (run)
         sim_kvpub_stored(rk, (const unsigned char (*)[32])stored, run, k - run ? p->b[mine[k - run - 1]].hash : NULL,
-                         ids + (k - run) * p->bs, run * p->bs, p->bs);
+                         ids + (k - run) * p->bs, run * p->bs, p->bs, k - run ? NULL : salt);
     for (size_t j = k; j-- > 0;) { /* freed in reverse: the prompt's last block is evicted first */
         p->b[mine[j]].in_use = 0;
         q_append(p, mine[j]);

@@ -20,9 +20,11 @@ struct sim_pool *sim_pool_new(size_t nblocks, size_t block_size);
 void sim_pool_free(struct sim_pool *p);
 
 /* The prompt's full blocks are now cached (held ones touched, the others stored, evicting the least recently
- * used); events go to rank rk's publisher. *held (may be NULL): how many leading blocks the pool held before.
+ * used); events go to rank rk's publisher. salt (NULL none): the request's cache_salt, part of its first block's
+ * hash as in vLLM (so its blocks and every one after them are its own). *held (may be NULL): how many leading blocks the pool held before.
  * Returns how many blocks are cached (fewer when the pool is smaller). */
-size_t sim_pool_store(struct sim_pool *p, struct sim_rank *rk, const uint32_t *ids, size_t n, size_t *held);
+size_t sim_pool_store(struct sim_pool *p, struct sim_rank *rk, const uint32_t *ids, size_t n, const char *salt,
+                      size_t *held);
 /* Everything forgotten (POST /reset_prefix_cache): AllBlocksCleared. */
 void sim_pool_clear(struct sim_pool *p, struct sim_rank *rk);
 size_t sim_pool_cached(const struct sim_pool *p);

@@ -216,10 +216,10 @@ static void hash_list(struct ev *e, const unsigned char (*hashes)[32], size_t n)
 }
 
 void sim_kvpub_stored(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n, const unsigned char *parent,
-                      const uint32_t *tokens, size_t ntokens, size_t block_size)
+                      const uint32_t *tokens, size_t ntokens, size_t block_size, const char *salt)
 {
     struct ev e;
-    if (!n || !event_begin(rk, &e, "BlockStored", 7, 6))
+    if (!n || !event_begin(rk, &e, "BlockStored", salt ? 8 : 7, salt ? 8 : 6))
         return;
     hash_list(&e, hashes, n);
     if (parent)
@@ -232,8 +232,15 @@ void sim_kvpub_stored(struct sim_rank *rk, const unsigned char (*hashes)[32], si
     msgpack_pack_uint64(field(&e, "block_size"), block_size);
     msgpack_pack_nil(field(&e, "lora_id"));
     str(field(&e, "medium"), "GPU");
-    if (e.map) /* positional: a trailing default, left out */
+    if (e.map || salt) /* positional: a trailing default, left out */
         msgpack_pack_nil(field(&e, "lora_name"));
+    if (salt) {
+        msgpack_pack_array(field(&e, "extra_keys"), n);
+        msgpack_pack_array(&e.pk, 1);
+        str(&e.pk, salt);
+        for (size_t i = 1; i < n; i++)
+            msgpack_pack_nil(&e.pk);
+    }
 }
 
 void sim_kvpub_removed(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n)

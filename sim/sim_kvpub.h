@@ -19,8 +19,9 @@ struct sim_rank;
 int sim_kvpub_start(struct sim *s); /* 0, or -1 logged */
 void sim_kvpub_stop(struct sim *s);
 
+/* salt (NULL none): the first block's extra key, as vLLM sends a cache_salt: extra_keys [[salt], None, ...] */
 void sim_kvpub_stored(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n, const unsigned char *parent,
-                      const uint32_t *tokens, size_t ntokens, size_t block_size);
+                      const uint32_t *tokens, size_t ntokens, size_t block_size, const char *salt);
 void sim_kvpub_removed(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n);
 void sim_kvpub_cleared(struct sim_rank *rk);
 void sim_kvpub_flush(struct sim_rank *rk);

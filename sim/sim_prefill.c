@@ -125,7 +125,7 @@ long sim_prefix_store(struct sreq *r, int count)
     size_t n = r->p.prompt.n, bs = (size_t)r->sim->cfg.block_size, hit = 0;
     if (!r->rank->pool)
         return 0;
-    sim_pool_store(r->rank->pool, r->rank, r->p.prompt.ids, n, &hit);
+    sim_pool_store(r->rank->pool, r->rank, r->p.prompt.ids, n, r->p.cache_salt, &hit);
     if (!count)
         return 0;
     if (hit * bs >= n)

@@ -362,6 +362,12 @@ static int parse_fields(const cJSON *root, int chat, const struct sim_limits *li
     out->min_tokens = min_tokens;
     out->chat = chat;
     out->rid = dup_str(cJSON_GetObjectItemCaseSensitive(root, "rid"));
+    const cJSON *salt = cJSON_GetObjectItemCaseSensitive(root, "cache_salt");
+    if (salt && !cJSON_IsNull(salt)) {
+        if (!cJSON_IsString(salt) || !salt->valuestring[0])
+            return fail(err, 400, "Parameter 'cache_salt' must be a non-empty string if provided.");
+        out->cache_salt = dup_str(salt);
+    }
     if ((rc = parse_kv_params(cJSON_GetObjectItemCaseSensitive(root, "kv_transfer_params"), &out->h, err)))
         return rc;
     return parse_bootstrap(root, &out->h, err);
@@ -422,6 +428,7 @@ void sim_params_free(struct sim_params *p)
     free(p->h.xpyd_segment);
     free(p->h.xpyd_key);
     free(p->rid);
+    free(p->cache_salt);
     memset(p, 0, sizeof *p);
     p->h.dp_rank = -1;
 }

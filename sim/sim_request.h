@@ -48,6 +48,7 @@ struct sim_params {
     struct sim_prompt prompt;
     struct sim_handoff_in h;
     char *rid; /* body "rid" (SGLang), owned, may be NULL */
+    char *cache_salt; /* vLLM's cache_salt: in the first block's hash (and its KV event's extra_keys); NULL none */
 };
 
 /* Parses body (len bytes) as a completions (chat=0) or chat completions (chat=1) request.

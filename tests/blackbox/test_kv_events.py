@@ -556,6 +556,27 @@ class SimPublisher(t.TestCase):
         sub.until(lambda b: any(typ(e) == "AllBlocksCleared" for e in events_of(b)))
         self.assertEqual(completion(sim.port, a)["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
 
+    def test_cache_salt(self):
+        # vLLM: the salt is part of the first block's hash, and its BlockStored says so in extra_keys
+        sim, (sub,), _ = self.sim()
+        self.connected(sim.port, sub, [7] * 16)
+        a = prompt(4, 48)
+
+        def salted(salt):
+            st, _, out = t.post_json(sim.port, "/v1/completions", {"prompt": a, "max_tokens": 1, "cache_salt": salt})
+            self.assertEqual(st, 200, out)
+            return out["usage"]["prompt_tokens_details"]["cached_tokens"]
+        self.assertEqual(salted("t1"), 0)
+        (_, batch), = sub.until(lambda b: True)
+        ev, = events_of(batch)
+        self.assertEqual((ev["extra_keys"], ev["token_ids"]), ([["t1"], None, None], a))
+        self.assertEqual(salted("t1"), 32)  # its own blocks again (all but the last, as vLLM counts)
+        self.assertEqual(salted("t2"), 0)  # another tenant's salt: none of them
+        self.assertEqual(completion(sim.port, a)["usage"]["prompt_tokens_details"]["cached_tokens"], 0)
+        st, _, out = t.post_json(sim.port, "/v1/completions", {"prompt": a, "max_tokens": 1, "cache_salt": ""})
+        self.assertEqual(st, 400, out)
+        self.assertIn("cache_salt", out["error"]["message"])
+
     def test_array_format_dp_ranks_and_replay(self):
         rp = t.free_port_range(2)
         sim, subs, _ = self.sim("--kv-events-format", "array", "--kv-events-replay", "tcp://*:%d" % rp,
@@ -730,6 +751,46 @@ class PreciseEndToEnd(t.TestCase):
             after = (kv(r.port, "xpyd_prefix_predicted_tokens_total"), kv(r.port, "xpyd_prefix_cached_tokens_total"))
             wrong += (after[0] - before[0]) != (after[1] - before[1])
         return wrong, r
+
+    def test_salted_tenants_are_predicted_apart(self):
+        # the same prompt under three tenants' cache_salt and none, over two prefills publishing events (the sims'
+        # block pools, not the router's code): what the router predicts for its pick is what the engine reports
+        ctx = zmq.Context()
+        self.addCleanup(ctx.destroy, linger=0)
+        kvp = [t.free_port_range(1) for _ in range(2)]
+        ps = [self.start(t.sim("--role", "prefill", "--prefix-caching", "on", "--kv-events", "tcp://*:%d" % k))
+              for k in kvp]
+        d = self.start(t.sim("--role", "decode"))
+        path = os.path.join(t.tmpdir(prefix="xpyd-kv-"), "topology.json")
+        with open(path, "w") as f:
+            json.dump({"prefill": {"hosts": [{"host": "127.0.0.1", "port": s.port, "kv_events": "tcp://127.0.0.1:%d" % k}
+                                             for s, k in zip(ps, kvp)]},
+                       "decode": {"hosts": ["127.0.0.1:%d" % d.port]}}, f)
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--config", path,
+                                              "--prefill-policy", "cache"]))
+        n = [0]
+        for sim in ps:  # each rank's own requests (a new block each) until the router hears it
+            def heard():
+                n[0] += 1
+                completion(sim.port, [5, 5, n[0]] + [0] * 13)
+                return t.metric(r.port, 'xpyd_kv_source_events_total{role="prefill",engine="127.0.0.1:%d",'
+                                        'dp_rank="0"}' % sim.port, default=0) > 0
+            t.wait_until(heard, what="the router hearing 127.0.0.1:%d" % sim.port)
+        a, cached = prompt(80, 100), 0
+        for i, salt in enumerate(["t1", "t2", None, "t1", "t3", "t2", None, "t1"]):
+            body = {"prompt": a + [9000 + i] * 20, "max_tokens": 1}  # a block of its own: a batch to wait for
+            if salt:
+                body["cache_salt"] = salt
+            before = (kv(r.port, "xpyd_prefix_predicted_tokens_total"), kv(r.port, "xpyd_prefix_cached_tokens_total"),
+                      kv(r.port, "xpyd_kv_events_batches_total"))
+            st, _, out = t.post_json(r.port, "/v1/completions", body)
+            self.assertEqual(st, 200, out)
+            t.wait_until(lambda: kv(r.port, "xpyd_kv_events_batches_total") > before[2], what="its events")
+            got = (kv(r.port, "xpyd_prefix_predicted_tokens_total") - before[0],
+                   kv(r.port, "xpyd_prefix_cached_tokens_total") - before[1])
+            self.assertEqual(got[0], got[1], "request %d (salt %s)" % (i, salt))
+            cached += got[1]
+        self.assertEqual(cached, 4 * 96)  # the second t1, t2, unsalted and third t1: a's 6 blocks each
 
     def test_predicted_is_what_engines_report(self):
         wrong, r = self.run_workload(events=True)
