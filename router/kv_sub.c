@@ -284,17 +284,71 @@ static int bound_still(int role, int i, const struct kv_src *s)
     return bound_match(role, i, s->bound, s->bound_r);
 }
 
+/* Bind mode's directory: every live rank by (HOST:PORT, DP rank or -1, pool), sorted, rebuilt from the registry
+ * at each sync (every 500 ms): a message is matched by two binary searches, and a topic naming no rank (a
+ * flood of them, too) costs no registry lookups. The consumer thread's alone. */
+struct dir_entry {
+    char hp[300];
+    int dp, role, rank;
+};
+static struct dir_entry *dir;
+static size_t ndir, dircap;
+
+static int dir_cmp(const void *a, const void *b)
+{
+    const struct dir_entry *x = a, *y = b;
+    int c = strcmp(x->hp, y->hp);
+    return c ? c : x->dp != y->dp ? (x->dp < y->dp ? -1 : 1) : x->role - y->role;
+}
+
+static void dir_build(void)
+{
+    ndir = 0;
+    for (int role = 0; role < 2; role++) {
+        size_t n = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE);
+        for (size_t i = 0; K.on[role] && i < n && i < K.cap; i++) {
+            if (rt_rank_removed(role, (int)i))
+                continue;
+            if (ndir == dircap) {
+                size_t nc = dircap ? 2 * dircap : 64;
+                struct dir_entry *nd = realloc(dir, nc * sizeof *nd);
+                if (!nd)
+                    break; /* the ranks left out stay unmatched until the next sync */
+                dir = nd;
+                dircap = nc;
+            }
+            struct dir_entry *e = &dir[ndir++];
+            e->dp = rt_rank_identity(role, (int)i, e->hp, sizeof e->hp);
+            e->role = role;
+            e->rank = (int)i;
+        }
+    }
+    qsort(dir, ndir, sizeof *dir, dir_cmp);
+}
+
+static int dir_find(const char *engine, int r, int role)
+{
+    static struct dir_entry key; /* (the consumer thread's) */
+    snprintf(key.hp, sizeof key.hp, "%s", engine);
+    key.role = role;
+    key.dp = r; /* DP ranks pinned by header at one address: the port's offset is the rank */
+    const struct dir_entry *e = ndir ? bsearch(&key, dir, ndir, sizeof *dir, dir_cmp) : NULL;
+    key.dp = -1; /* else an address of its own */
+    if (!e && ndir)
+        e = bsearch(&key, dir, ndir, sizeof *dir, dir_cmp);
+    return e ? e->rank : -1;
+}
+
 /* The rank of pool role a message on bound port + r with this topic is for, or -1. */
 static int bound_rank(int role, const char *engine, int r)
 {
-    size_t n = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE);
-    for (size_t i = 0; i < n && i < K.cap; i++) /* a source matched before: no registry lookups */
-        if (K.src[role][i].bound[0] && K.src[role][i].bound_r == r && !strcmp(K.src[role][i].bound, engine))
-            return (int)i;
-    for (size_t i = 0; i < n && i < K.cap; i++) {
+    int i = dir_find(engine, r, role);
+    if (i >= 0) {
         struct kv_src *s = &K.src[role][i];
-        if (s->ep[0] || s->bound[0] || !bound_match(role, (int)i, engine, r))
-            continue;
+        if (s->bound[0]) /* matched before: the sync keeps it honest */
+            return s->bound_r == r && !strcmp(s->bound, engine) ? i : -1;
+        if (s->ep[0]) /* its own endpoint wins */
+            return -1;
         snprintf(s->bound, sizeof s->bound, "%s", engine);
         s->bound_r = r;
         s->have_seq = 0;
@@ -302,9 +356,9 @@ static int bound_rank(int role, const char *engine, int r)
         atomic_store(&s->first_sent, 0);
         atomic_store(&s->on, 1);
         atomic_fetch_add(&K.subscribed[role], 1);
-        XLOG_INFO("msg=\"KV events from a connected engine\" role=%s rank=%zu engine=\"%s\" port_offset=%d", roles[role],
+        XLOG_INFO("msg=\"KV events from a connected engine\" role=%s rank=%d engine=\"%s\" port_offset=%d", roles[role],
                   i, engine, r);
-        return (int)i;
+        return i;
     }
     return -1;
 }
@@ -334,6 +388,8 @@ static void on_bound_message(int r, zmq_msg_t *f, int nf)
 /* Follows the registry: a rank's endpoint new, changed or gone. */
 static void sync_sources(void)
 {
+    if (K.nbound)
+        dir_build();
     for (int role = 0; role < 2; role++) {
         if (!K.on[role])
             continue;
