@@ -67,8 +67,10 @@ static void apply(int role, int rank, const void *buf, size_t len)
     kve_batch_free(&b);
 }
 
-/* Receives one multipart message without waiting: 1 with *nf its number of frames (the first 3 kept in f: a
- * message of more is refused by its count, not read as its first three), 0 when none waits. */
+#define FRAMES 4 /* frames kept of a message: an event message has 3, a replay answer up to 4 */
+
+/* Receives one multipart message without waiting: 1 with *nf its number of frames (the first FRAMES kept in f: a
+ * message of more is refused by its count, not read as its first ones), 0 when none waits. */
 static int recv_msg(void *sock, zmq_msg_t *f, int *nf)
 {
     *nf = 0;
@@ -80,7 +82,7 @@ static int recv_msg(void *sock, zmq_msg_t *f, int *nf)
             return *nf > 0;
         }
         int more = zmq_msg_more(&m);
-        if (*nf < 3)
+        if (*nf < FRAMES)
             f[*nf] = m;
         else
             zmq_msg_close(&m);
@@ -93,7 +95,7 @@ static int recv_msg(void *sock, zmq_msg_t *f, int *nf)
 
 static void close_frames(zmq_msg_t *f, int nf)
 {
-    for (int i = 0; i < nf && i < 3; i++)
+    for (int i = 0; i < nf && i < FRAMES; i++)
         zmq_msg_close(&f[i]);
 }
 
@@ -143,11 +145,13 @@ static int replay_start(struct kv_src *s, uint64_t from, uint64_t upto, int stri
     unsigned char req[8];
     for (int i = 0; i < 8; i++)
         req[i] = (unsigned char)(from >> (56 - 8 * i));
+    /* as vLLM's example subscriber asks with a REQ socket: an empty delimiter, then the number (vLLM's ROUTER
+     * takes exactly [identity, "", start] and answers [identity, "", seq, payload]) */
     size_t len = zmq_msg_size(&f[2]);
     void *held = malloc(len ? len : 1);
     if (!d || !held || zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero) ||
         zmq_setsockopt(d, ZMQ_MAXMSGSIZE, &max, sizeof max) || zmq_connect(d, ep) != 0 ||
-        zmq_send(d, req, sizeof req, 0) != sizeof req) {
+        zmq_send(d, "", 0, ZMQ_SNDMORE) != 0 || zmq_send(d, req, sizeof req, 0) != sizeof req) {
         if (d)
             zmq_close(d);
         free(held);
@@ -165,22 +169,25 @@ static int replay_start(struct kv_src *s, uint64_t from, uint64_t upto, int stri
     return 0;
 }
 
-/* The replay's answers so far: (seq, payload) pairs, then seq -1 and an empty payload. */
+/* The replay's answers so far: ["", seq, payload] (vLLM; newer ones put the topic before seq), then seq -1 and an
+ * empty payload; an answer without the delimiter is taken too. */
 static void replay_input(int role, int rank, struct kv_src *s)
 {
-    zmq_msg_t f[3];
+    zmq_msg_t f[FRAMES];
     int nf;
     while (s->rep && recv_msg(s->rep, f, &nf)) {
-        int ok = -1;
-        if (nf == 2 && zmq_msg_size(&f[0]) == 8) {
-            uint64_t seq = be64(zmq_msg_data(&f[0]));
-            if (!zmq_msg_size(&f[1])) { /* the end: everything asked for came, or the buffer had less */
+        int ok = -1, k = nf >= 3 && nf <= FRAMES && !zmq_msg_size(&f[0]); /* past the delimiter */
+        k += nf - k == 3; /* [topic, seq, payload] */
+        if (nf - k == 2 && zmq_msg_size(&f[k]) == 8) {
+            zmq_msg_t *fs = &f[k];
+            uint64_t seq = be64(zmq_msg_data(&fs[0]));
+            if (!zmq_msg_size(&fs[1])) { /* the end: everything asked for came, or the buffer had less */
                 ok = s->rep_next >= s->rep_upto ? 0 : 1;
             } else {
                 if (!s->rep_strict && s->rep_next == s->rep_from && seq > s->rep_from && seq < s->rep_upto)
                     s->rep_next = seq; /* its oldest kept batch */
                 if (seq == s->rep_next && seq < s->rep_upto) {
-                    apply(role, rank, zmq_msg_data(&f[1]), zmq_msg_size(&f[1]));
+                    apply(role, rank, zmq_msg_data(&fs[1]), zmq_msg_size(&fs[1]));
                     if (++s->rep_next >= s->rep_upto)
                         ok = 0;
                 } else if (seq > s->rep_next) { /* older ones no longer buffered */
@@ -225,7 +232,7 @@ static void on_message(int role, int rank, struct kv_src *s, zmq_msg_t *f, int n
  * blocks are forgotten and it is not trusted until it is back. */
 static void on_monitor(int role, int rank, struct kv_src *s)
 {
-    zmq_msg_t f[3];
+    zmq_msg_t f[FRAMES];
     int nf;
     while (recv_msg(s->mon, f, &nf)) {
         uint16_t ev = 0;
@@ -492,7 +499,7 @@ static void *consumer(void *arg)
                 continue;
             if (who[k] >= 2 * (int)K.cap) { /* a bound socket: its port's offset */
                 for (int m = 0; m < DRAIN_MAX; m++) {
-                    zmq_msg_t f[3];
+                    zmq_msg_t f[FRAMES];
                     int nf;
                     if (!recv_msg(K.bsub[who[k] - 2 * (int)K.cap], f, &nf))
                         break;
@@ -512,7 +519,7 @@ static void *consumer(void *arg)
                 continue;
             }
             for (int m = 0; m < DRAIN_MAX && !s->rep; m++) { /* (a gap found here starts a replay: stop) */
-                zmq_msg_t f[3];
+                zmq_msg_t f[FRAMES];
                 int nf;
                 if (!recv_msg(s->sub, f, &nf))
                     break;

@@ -85,15 +85,31 @@ static void *replay_thread(void *arg)
             if (!(it[r].revents & ZMQ_POLLIN))
                 continue;
             struct sim_kvrank *k = s->ranks[r].kv;
-            zmq_msg_t id, req;
-            zmq_msg_init(&id);
-            zmq_msg_init(&req);
-            if (zmq_msg_recv(&id, k->replay, 0) < 0 || !zmq_msg_more(&id) || zmq_msg_recv(&req, k->replay, 0) < 0 ||
-                zmq_msg_size(&req) != 8) {
-                zmq_msg_close(&id);
-                zmq_msg_close(&req);
+            /* vLLM's ROUTER takes exactly [identity, "", start] (what a REQ socket sends), else logs the request
+             * as invalid; it answers [identity, "", seq, payload] ... and [identity, "", -1, ""] */
+            zmq_msg_t m[3];
+            int nm = 0, more = 1;
+            while (more) {
+                zmq_msg_t x;
+                zmq_msg_init(&x);
+                if (zmq_msg_recv(&x, k->replay, 0) < 0) {
+                    zmq_msg_close(&x);
+                    break;
+                }
+                more = zmq_msg_more(&x);
+                if (nm < 3)
+                    m[nm] = x;
+                else
+                    zmq_msg_close(&x);
+                nm++;
+            }
+            if (nm != 3 || zmq_msg_size(&m[1]) != 0 || zmq_msg_size(&m[2]) != 8) {
+                for (int i = 0; i < nm && i < 3; i++)
+                    zmq_msg_close(&m[i]);
                 continue;
             }
+            zmq_msg_t id = m[0], req = m[2];
+            zmq_msg_close(&m[1]);
             uint64_t from = 0;
             const unsigned char *b = zmq_msg_data(&req);
             for (int i = 0; i < 8; i++)
@@ -105,12 +121,14 @@ static void *replay_thread(void *arg)
                 for (int i = 0; i < 8; i++)
                     sb[i] = (unsigned char)(q >> (56 - 8 * i));
                 zmq_send(k->replay, zmq_msg_data(&id), zmq_msg_size(&id), ZMQ_SNDMORE);
+                zmq_send(k->replay, "", 0, ZMQ_SNDMORE);
                 zmq_send(k->replay, sb, 8, ZMQ_SNDMORE);
                 zmq_send(k->replay, k->sent[q % cap], k->sent_len[q % cap], 0);
             }
             pthread_mutex_unlock(&k->mu);
             static const unsigned char end[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
             zmq_send(k->replay, zmq_msg_data(&id), zmq_msg_size(&id), ZMQ_SNDMORE);
+            zmq_send(k->replay, "", 0, ZMQ_SNDMORE);
             zmq_send(k->replay, end, 8, ZMQ_SNDMORE);
             zmq_send(k->replay, "", 0, 0);
             zmq_msg_close(&id);

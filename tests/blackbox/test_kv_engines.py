@@ -161,11 +161,12 @@ class SimPublisher(t.TestCase):
         d = self.ctx.socket(zmq.DEALER)
         d.setsockopt(zmq.LINGER, 0)
         d.connect("tcp://127.0.0.1:%d" % (rp + 1))
-        d.send((0).to_bytes(8, "big"))
+        d.send_multipart([b"", (0).to_bytes(8, "big")])  # REQ's envelope, as vLLM's example subscriber sends it
         seqs = []
         while True:
             self.assertTrue(d.poll(5000))
-            seq, payload = d.recv_multipart()
+            delim, seq, payload = d.recv_multipart()
+            self.assertEqual(delim, b"")
             if not payload:
                 self.assertEqual(int.from_bytes(seq, "big", signed=True), -1)
                 break

@@ -80,8 +80,10 @@ class Pub:
                     continue
             assert self.replay_offset, "no free port for the replay socket"
             self.asked = []
+            self.invalid = []
             self.stop = False
             self.mute = False  # asked, and never answers
+            self.topic = []  # [b"topic"]: answers as newer vLLM sends them (the topic before the number)
             self.th = threading.Thread(target=self._serve, daemon=True)
             self.th.start()
 
@@ -89,14 +91,18 @@ class Pub:
         while not self.stop:
             if not self.r.poll(50):
                 continue
-            ident, start = self.r.recv_multipart()
+            frame = self.r.recv_multipart()
+            if len(frame) != 3:  # as vLLM's ZmqEventPublisher._service_replay: "Invalid replay request"
+                self.invalid.append(frame)
+                continue
+            ident, _, start = frame  # what a REQ socket sends: identity, an empty delimiter, the number
             first = int.from_bytes(start, "big")
             self.asked.append(first)
             if self.mute:
                 continue
             for seq in sorted(s for s in self.sent if s >= first):
-                self.r.send_multipart([ident, seq.to_bytes(8, "big"), self.sent[seq]])
-            self.r.send_multipart([ident, (-1).to_bytes(8, "big", signed=True), b""])
+                self.r.send_multipart([ident, b""] + self.topic + [seq.to_bytes(8, "big"), self.sent[seq]])
+            self.r.send_multipart([ident, b""] + self.topic + [(-1).to_bytes(8, "big", signed=True), b""])
 
     def send(self, payload, seq=None, publish=True):
         seq = self.seq if seq is None else seq
@@ -238,6 +244,15 @@ class KvEvents(t.TestCase):
         completion(r.port, p4)
         self.assertEqual(selected(r.port, ps[0]), 1)
         self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total"), 80)
+        # the router asked as vLLM's publisher accepts it (identity, empty delimiter, number: vLLM drops anything
+        # else as an invalid replay request)
+        self.assertEqual((len(pubs[0].asked), pubs[0].invalid), (1, []))
+        # newer vLLM answers with the topic before each number: taken the same
+        pubs[0].topic = [b""]
+        pubs[0].send(batch_map([stored_map([46], p4[80:96], parent=45)]), publish=False)  # lost
+        pubs[0].send(batch_map([stored_map([47], p4[96:112], parent=46)]))
+        self.wait_blocks(r, 7)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_replays_total", result="ok"), 2)
 
     def test_a_slow_replay_holds_up_only_its_rank(self):
         ps, pubs, (r,) = self.cluster(replay=True, args=("--kv-events-replay-timeout-ms", "4000"))
