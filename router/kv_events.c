@@ -174,10 +174,31 @@ static int extra_of(struct dec *d, const msgpack_object *o, const msgpack_object
     return 0;
 }
 
+/* A salted run that starts a prompt (no parent) is keyed as vLLM keys one: [salt] in its first block's extra keys;
+ * a run with a parent inherits the salt through its parent's key. */
+static int salt_of(struct dec *d, const msgpack_object *meta, struct kv_event *e)
+{
+    for (uint32_t i = 0; i < meta->via.map.size; i++) {
+        const msgpack_object *v = &meta->via.map.ptr[i].val;
+        if (!str_is(&meta->via.map.ptr[i].key, "cache_salt") || v->type != MSGPACK_OBJECT_STR || !v->via.str.size ||
+            e->has_parent || !e->nhashes)
+            continue;
+        if (!e->extra && !(e->extra = calloc(e->nhashes + 1, sizeof *e->extra)))
+            return fail(d, KVE_ENOMEM, "out of memory");
+        if (!e->extra[0]) {
+            const char *p = v->via.str.ptr;
+            size_t n = v->via.str.size;
+            e->extra[0] = kve_extra_hash(&p, &n, 1);
+        }
+    }
+    return 0;
+}
+
 /* The fields of one event, whichever encoding: f[k] is the k-th field of its class, NULL when absent. */
-enum { F_HASHES, F_PARENT, F_TOKENS, F_BLOCK_SIZE, F_LORA_ID, F_MEDIUM, F_LORA_NAME, F_EXTRA, F_GROUP, F_KIND, NF };
+enum { F_HASHES, F_PARENT, F_TOKENS, F_BLOCK_SIZE, F_LORA_ID, F_MEDIUM, F_LORA_NAME, F_EXTRA, F_GROUP, F_KIND, F_META, NF };
 static const char *const STORED[NF] = {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                                       "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"};
+                                       "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+                                       "metadata"};
 
 static int fill(struct dec *d, struct kv_event *e, const msgpack_object **f)
 {
@@ -209,7 +230,12 @@ static int fill(struct dec *d, struct kv_event *e, const msgpack_object **f)
     copy_str(f[F_LORA_NAME], e->lora_name, sizeof e->lora_name);
     if (!is_nil(f[F_KIND]) && !str_is(f[F_KIND], "full_attention"))
         e->full_attention = 0;
-    return 0;
+    /* SGLang's BlockStoredWithMetadata: {"cache_salt": S} as "metadata" (maps), or after medium (arrays, where vLLM
+     * has lora_name: a string there, never a map) */
+    const msgpack_object *meta = f[F_META] && f[F_META]->type == MSGPACK_OBJECT_MAP ? f[F_META]
+                                 : f[F_LORA_NAME] && f[F_LORA_NAME]->type == MSGPACK_OBJECT_MAP ? f[F_LORA_NAME]
+                                                                                                   : NULL;
+    return meta ? salt_of(d, meta, e) : 0;
 }
 
 static int event_of(struct dec *d, const msgpack_object *o, struct kv_event *e)

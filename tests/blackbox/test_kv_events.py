@@ -441,6 +441,28 @@ class KvEvents(t.TestCase):
             # unsalted p, another salt, q's salt without its adapter: no rank holds these blocks
             self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - before, 0, body)
 
+    def test_sglang_salted_blocks(self):
+        # SGLang's BlockStoredWithMetadata: {"cache_salt": ...} after medium (arrays) or as "metadata" (maps); a run
+        # with a parent carries the salt through it
+        ps, pubs, (r,) = self.cluster()
+        p = prompt(14)
+        pubs[0].send(batch_array([["BlockStored", [71, 72], None, p[:32], B, None, "GPU", {"cache_salt": "s5"}],
+                                  ["BlockStored", [73, 74], 72, p[32:64], B, None, "GPU", {"cache_salt": "s5"}]]))
+        m = stored_map([81, 82, 83, 84], p[:64])
+        m["metadata"] = {"cache_salt": "s6"}
+        pubs[1].send(batch_map([m]))
+        self.wait_blocks(r, 8)
+        for body, sim, tokens in (({"prompt": p, "cache_salt": "s5"}, ps[0], 64),
+                                  ({"prompt": p, "cache_salt": "s6"}, ps[1], 64)):
+            before = (selected(r.port, sim), kv(r.port, "xpyd_prefix_predicted_tokens_total"))
+            st, _, out = t.post_json(r.port, "/v1/completions", dict(body, max_tokens=1))
+            self.assertEqual(st, 200, out)
+            self.assertEqual((selected(r.port, sim) - before[0],
+                              kv(r.port, "xpyd_prefix_predicted_tokens_total") - before[1]), (1, tokens), body)
+        before = kv(r.port, "xpyd_prefix_predicted_tokens_total")
+        completion(r.port, p)  # unsalted: neither rank holds it
+        self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - before, 0)
+
     def test_ranks_added_and_removed_at_run_time(self):
         ps, pubs, (r,) = self.cluster(n=1, args=("--admin-key", "adm"))
         extra = self.start(t.sim("--role", "prefill"))
