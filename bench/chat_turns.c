@@ -9,6 +9,7 @@
  *   xpyd_chat_turns MODEL_DIR [turns=20] [growth=2000] [reps=5]
  * Prints one JSON line per turn and a summary line: the worst and the median turn's ratio cached / new text alone,
  * with the render and without it (the encoding alone, through the cache). Linked with the router's allocator. */
+#include "micro.h"
 #include "xpyd_tokenizer.h"
 
 #include <cjson/cJSON.h>
@@ -17,13 +18,9 @@
 #include <string.h>
 #include <time.h>
 
-static unsigned long long rng = 88172645463325252ULL;
 static unsigned rnd(unsigned n)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (unsigned)(rng % n);
+    return (unsigned)(micro_rnd() % n);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -38,12 +35,6 @@ static double median(double *v, int n)
     return n ? (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2) : 0;
 }
 
-static double cpu_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* about `tokens` tokens of text: words, digits, punctuation, now and then a Chinese clause */
 static char *text_of(const struct xtok *t, size_t tokens)
@@ -78,6 +69,7 @@ int main(int argc, char **argv)
     }
     int turns = argc > 2 ? atoi(argv[2]) : 20, growth = argc > 3 ? atoi(argv[3]) : 2000;
     int reps = argc > 4 ? atoi(argv[4]) : 5;
+    micro_rng = 88172645463325252ULL; /* the conversation's text, as before micro.h */
     char err[1024];
     struct xtok *t = xtok_load(argv[1], err, sizeof err);
     struct xtok_chat *chat = t ? xtok_chat_load(argv[1], NULL, err, sizeof err) : NULL;
@@ -119,24 +111,24 @@ int main(int argc, char **argv)
                 xtok_encode_cached(t, cache, prev_prompt, prev_len, 0, &ids, &n);
                 free(ids);
             }
-            double t0 = cpu_s();
+            double t0 = micro_cpu_s();
             xtok_encode(t, added, strlen(added), 0, &ids, &n); /* the baseline: the new text alone */
-            double t1 = cpu_s();
+            double t1 = micro_cpu_s();
             free(ids);
             if (xtok_chat_render(chat, req, NULL, &p, &pl, err, sizeof err) != 0) {
                 fprintf(stderr, "xpyd_chat_turns: %s\n", err);
                 return 1;
             }
-            double tr = cpu_s();
+            double tr = micro_cpu_s();
             xtok_encode_cached(t, cache, p, pl, 0, &ids, &n); /* what the router does: render, then encode */
-            double t2 = cpu_s();
+            double t2 = micro_cpu_s();
             best_render = tr - t1 < best_render ? tr - t1 : best_render;
             best_enc = t2 - tr < best_enc ? t2 - tr : best_enc;
             free(ids);
             free(p);
             xtok_chat_render(chat, req, NULL, &p, &pl, err, sizeof err);
             xtok_encode(t, p, pl, 0, &ids, &ntok); /* the same without a cache */
-            double t3 = cpu_s();
+            double t3 = micro_cpu_s();
             free(ids);
             prompt_bytes = pl;
             if (r == reps - 1) {
@@ -187,19 +179,19 @@ int main(int argc, char **argv)
     xtok_encode_cached(t, cache, prev_prompt, prev_len, 0, &ids, &n);
     free(ids);
     for (int b = 0; b < 10; b++) {
-        double t0 = cpu_s();
+        double t0 = micro_cpu_s();
         for (int i = 0; i < 100; i++) {
             char *p;
             size_t pl;
             xtok_chat_render(chat, req, NULL, &p, &pl, err, sizeof err);
             free(p);
         }
-        double t1 = cpu_s();
+        double t1 = micro_cpu_s();
         for (int i = 0; i < 100; i++) {
             xtok_encode_cached(t, cache, prev_prompt, prev_len, 0, &ids, &n);
             free(ids);
         }
-        double t2 = cpu_s();
+        double t2 = micro_cpu_s();
         hot_render = (t1 - t0) / 100 < hot_render ? (t1 - t0) / 100 : hot_render;
         hot_enc = (t2 - t1) / 100 < hot_enc ? (t2 - t1) / 100 : hot_enc;
     }

@@ -7,6 +7,7 @@
  *   xpyd_kv_lookup [iterations=20000]
  * Prints the mean time per lookup in microseconds (CLOCK_MONOTONIC around the whole loop). */
 #include "kv_index.h"
+#include "micro.h"
 #include "xb_prefix.h"
 
 #include <stdio.h>
@@ -20,20 +21,9 @@
 #define NB (TOKENS / BLOCK)
 #define OTHER 16000
 
-static uint64_t rng = 0x9e3779b97f4a7c15ULL;
-static uint32_t rnd(void)
+static uint32_t rnd(void) /* a token id */
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng % 128000);
-}
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+    return (uint32_t)(micro_rnd() % 128000);
 }
 
 /* one BlockStored of n blocks of tokens, engine hashes from *eh on, parent or none */
@@ -84,17 +74,17 @@ int main(int argc, char **argv)
     }
     uint32_t out[RANKS];
     size_t sink = 0;
-    double t = now_us();
+    double t = micro_now_us();
     for (long k = 0; k < iters; k++) {
         kvi_match(x, keys, n, 0, out);
         sink += out[RANKS - 1];
     }
-    double precise = (now_us() - t) / (double)iters;
-    t = now_us();
+    double precise = (micro_now_us() - t) / (double)iters;
+    t = micro_now_us();
     for (long k = 0; k < iters; k++)
         for (int r = 0; r < RANKS; r++)
             sink += xb_prefix_match(guess, r, keys, n, 0);
-    double approx = (now_us() - t) / (double)iters;
+    double approx = (micro_now_us() - t) / (double)iters;
     if (out[1] != 8 || out[RANKS - 1] != 8 * (RANKS - 1) || out[0] != 0) {
         fprintf(stderr, "xpyd_kv_lookup: wrong answer (%u %u %u)\n", out[0], out[1], out[RANKS - 1]);
         return 1;

@@ -4,6 +4,7 @@
  * prompts' blocks (and, for some ranks, of this prompt's prefix, so the binary searches go deep).
  *   xpyd_prefix_lookup [iterations=20000]
  * Prints the mean time per operation in microseconds (CLOCK_MONOTONIC around the whole loop). */
+#include "micro.h"
 #include "xb.h"
 #include "xb_prefix.h"
 
@@ -15,21 +16,6 @@
 #define TOKENS 8192
 #define BLOCK 16
 
-static uint64_t rng = 0x9e3779b97f4a7c15ULL;
-static uint64_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
 
 int main(int argc, char **argv)
 {
@@ -39,20 +25,20 @@ int main(int argc, char **argv)
     static int64_t ids[TOKENS];
     static char text[TOKENS * 4];
     for (int i = 0; i < TOKENS; i++)
-        ids[i] = (int64_t)(rnd() % 128000);
+        ids[i] = (int64_t)(micro_rnd() % 128000);
     for (size_t i = 0; i < sizeof text; i++)
-        text[i] = (char)('a' + rnd() % 26);
+        text[i] = (char)('a' + micro_rnd() % 26);
     uint64_t h[TOKENS / BLOCK];
     size_t nb = 0;
 
-    double t = now_us();
+    double t = micro_now_us();
     for (long k = 0; k < iters; k++)
         nb += xb_hash_tokens(ids, TOKENS, BLOCK, h, TOKENS / BLOCK);
-    double hash_ids = (now_us() - t) / (double)iters;
-    t = now_us();
+    double hash_ids = (micro_now_us() - t) / (double)iters;
+    t = micro_now_us();
     for (long k = 0; k < iters; k++)
         nb += xb_hash_bytes(text, sizeof text, BLOCK * 4, h, TOKENS / BLOCK);
-    double hash_text = (now_us() - t) / (double)iters;
+    double hash_text = (micro_now_us() - t) / (double)iters;
 
     struct xb_pool *p = xb_pool_new(XB_POLICY_CACHE, 1);
     for (int i = 0; i < RANKS; i++) {
@@ -66,7 +52,7 @@ int main(int argc, char **argv)
     for (int r = 0; r < RANKS; r++) {
         for (int k = 0; k < 16; k++) {
             for (int j = 0; j < 512; j++)
-                other[j] = rnd();
+                other[j] = micro_rnd();
             struct xb_query q = {.tokens = TOKENS, .blocks = other, .nblocks = 512, .block_tokens = BLOCK};
             int idx;
             int excl[RANKS], ne = 0;
@@ -91,14 +77,14 @@ int main(int argc, char **argv)
         xb_release(p, idx, q.charged);
     }
     int64_t cached = 0;
-    t = now_us();
+    t = micro_now_us();
     for (long k = 0; k < iters; k++) {
         struct xb_query q = {.tokens = TOKENS, .blocks = h, .nblocks = TOKENS / BLOCK, .block_tokens = BLOCK,
                              .peek = 1};
         xb_pick_q(p, &q);
         cached += q.cached;
     }
-    double pick = (now_us() - t) / (double)iters;
+    double pick = (micro_now_us() - t) / (double)iters;
     printf("prompt %d tokens (%d blocks of %d), %d ranks, index %.1f MiB\n", TOKENS, TOKENS / BLOCK, BLOCK, RANKS,
            (double)xb_prefix_memory(p) / 1048576.0);
     printf("hash token ids: %.2f us   hash text (%zu bytes): %.2f us   cache pick (64 ranks): %.2f us   "

@@ -130,6 +130,20 @@ static int tokens_of(struct dec *d, const msgpack_object *o, struct kv_event *e)
     return 0;
 }
 
+/* the key an extra_keys entry is kept by: its msgpack bytes (as msgpack-c packs them), hashed; never 0 ("none") */
+static uint64_t packed_hash(const msgpack_sbuffer *sb)
+{
+    return XXH3_64bits(sb->data, sb->size) | 1;
+}
+
+/* the event's per-block extra keys, all "none" at first (allocated once) */
+static int extras_alloc(struct dec *d, struct kv_event *e)
+{
+    if (!e->extra && !(e->extra = calloc(e->nhashes + 1, sizeof *e->extra)))
+        return fail(d, KVE_ENOMEM, "out of memory");
+    return 0;
+}
+
 static int same_str(const msgpack_object *a, const msgpack_object *b)
 {
     return a && b && a->type == MSGPACK_OBJECT_STR && b->type == MSGPACK_OBJECT_STR &&
@@ -145,11 +159,8 @@ static int extra_of(struct dec *d, const msgpack_object *o, const msgpack_object
     if (is_nil(o))
         return 0;
     int rc = array_field(d, o, "extra_keys", d->lim->max_hashes);
-    if (rc)
+    if (rc || (rc = extras_alloc(d, e)))
         return rc;
-    e->extra = calloc(e->nhashes + 1, sizeof *e->extra);
-    if (!e->extra)
-        return fail(d, KVE_ENOMEM, "out of memory");
     msgpack_sbuffer sb;
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
@@ -168,7 +179,7 @@ static int extra_of(struct dec *d, const msgpack_object *o, const msgpack_object
         } else {
             msgpack_pack_object(&pk, *x);
         }
-        e->extra[i] = XXH3_64bits(sb.data, sb.size) | 1; /* never 0: "none" */
+        e->extra[i] = packed_hash(&sb);
     }
     msgpack_sbuffer_destroy(&sb);
     return 0;
@@ -183,8 +194,9 @@ static int salt_of(struct dec *d, const msgpack_object *meta, struct kv_event *e
         if (!str_is(&meta->via.map.ptr[i].key, "cache_salt") || v->type != MSGPACK_OBJECT_STR || !v->via.str.size ||
             e->has_parent || !e->nhashes)
             continue;
-        if (!e->extra && !(e->extra = calloc(e->nhashes + 1, sizeof *e->extra)))
-            return fail(d, KVE_ENOMEM, "out of memory");
+        int rc = extras_alloc(d, e);
+        if (rc)
+            return rc;
         if (!e->extra[0]) {
             const char *p = v->via.str.ptr;
             size_t n = v->via.str.size;
@@ -438,7 +450,7 @@ uint64_t kve_extra_hash(const char *const *strs, const size_t *lens, int n)
         msgpack_pack_str(&pk, lens[i]);
         msgpack_pack_str_body(&pk, strs[i], lens[i]);
     }
-    uint64_t h = sb.data ? XXH3_64bits(sb.data, sb.size) | 1 : 0;
+    uint64_t h = sb.data ? packed_hash(&sb) : 0;
     msgpack_sbuffer_destroy(&sb);
     return h;
 }

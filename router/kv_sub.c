@@ -276,22 +276,8 @@ static void unsubscribe(int role, int rank, struct kv_src *s)
 
 /* Bind mode. An engine that connects names itself by the topic: HOST:PORT as the registry lists it. Where
  * several ranks share that address (DP ranks pinned by header), the bound port's offset r is the DP rank (vLLM
- * offsets a connecting endpoint by its DP rank too). */
-static int bound_match(int role, int i, const char *engine, int r)
-{
-    char hp[300];
-    if (rt_rank_removed(role, i))
-        return 0;
-    int dp = rt_rank_identity(role, i, hp, sizeof hp);
-    return !strcmp(hp, engine) && (dp < 0 || dp == r);
-}
-
-static int bound_still(int role, int i, const struct kv_src *s)
-{
-    return bound_match(role, i, s->bound, s->bound_r);
-}
-
-/* Bind mode's directory: every live rank by (HOST:PORT, DP rank or -1, pool), sorted, rebuilt from the registry
+ * offsets a connecting endpoint by its DP rank too).
+ * Its directory: every live rank by (HOST:PORT, DP rank or -1, pool), sorted, rebuilt from the registry
  * at each sync (every 500 ms): a message is matched by two binary searches, and a topic naming no rank (a
  * flood of them, too) costs no registry lookups. The consumer thread's alone. */
 struct dir_entry {
@@ -344,6 +330,12 @@ static int dir_find(const char *engine, int r, int role)
     if (!e && ndir)
         e = bsearch(&key, dir, ndir, sizeof *dir, dir_cmp);
     return e ? e->rank : -1;
+}
+
+/* a bound source still names its rank (not removed, its slot not another engine's): the directory just rebuilt */
+static int bound_still(int role, int i, const struct kv_src *s)
+{
+    return dir_find(s->bound, s->bound_r, role) == i;
 }
 
 /* The rank of pool role a message on bound port + r with this topic is for, or -1. */
@@ -537,6 +529,9 @@ static void *consumer(void *arg)
     for (int r = 0; r < K.nbound; r++)
         zmq_close(K.bsub[r]);
     K.nbound = 0;
+    free(dir);
+    dir = NULL;
+    ndir = dircap = 0;
     return NULL;
 }
 
