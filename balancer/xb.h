@@ -106,6 +106,10 @@ struct xb_query {
     int64_t block_tokens;      /* tokens one block stands for */
     const int64_t *precise;    /* per instance: leading blocks of them it reports holding (engines' KV events), or
                                 * -1 where that is not known (the prefix index's guess then); NULL: none */
+    const uint64_t *pending_since; /* with precise: per instance, blocks the pool's index recorded sending it at or
+                                    * after this time (µs, CLOCK_MONOTONIC; 0: none) count as held though its
+                                    * events have not told them yet — where it reports at least precise_max */
+    int64_t precise_max;       /* the most leading blocks any instance reports holding */
     uint64_t session;          /* hash of its session key; 0: no session */
     const int *exclude;
     int nexclude;

@@ -383,23 +383,36 @@ static int fresh(const struct xb_prefix *x, uint32_t i, uint64_t now_us)
     return i != NIL && (!x->ttl_us || now_us < x->e[i].t_us || now_us - x->e[i].t_us <= x->ttl_us);
 }
 
-size_t xb_prefix_match(const struct xb_prefix *x, int rank, const uint64_t *h, size_t n, uint64_t now_us)
+static int held_since(const struct xb_prefix *x, uint32_t i, uint64_t now_us, uint64_t since_us)
+{
+    return fresh(x, i, now_us) && x->e[i].t_us >= since_us;
+}
+
+size_t xb_prefix_match_since(const struct xb_prefix *x, int rank, const uint64_t *h, size_t n, uint64_t now_us,
+                             uint64_t since_us)
 {
     if (rank < 0 || (size_t)rank >= x->nranks || !x->ranks[rank].n || !n)
         return 0;
     uint32_t rk = (uint32_t)rank;
-    if (!fresh(x, lookup(x, h[0], rk), now_us))
+#define HELD(k) held_since(x, lookup(x, h[k], rk), now_us, since_us)
+    if (!HELD(0))
         return 0;
     /* invariant: blocks [0, lo) held, block hi not (hi == n: past the end) */
     size_t lo = 1, hi = n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (fresh(x, lookup(x, h[mid], rk), now_us))
+        if (HELD(mid))
             lo = mid + 1;
         else
             hi = mid;
     }
+#undef HELD
     return lo;
+}
+
+size_t xb_prefix_match(const struct xb_prefix *x, int rank, const uint64_t *h, size_t n, uint64_t now_us)
+{
+    return xb_prefix_match_since(x, rank, h, n, now_us, 0);
 }
 
 int xb_prefix_insert(struct xb_prefix *x, int rank, const uint64_t *h, size_t n, uint64_t now_us)

@@ -53,6 +53,9 @@ void xb_prefix_free(struct xb_prefix *x);
 void xb_prefix_set_capacity(struct xb_prefix *x, int rank, long blocks);
 /* Number of leading blocks of h[0..n) that rank holds (not older than the TTL at now_us). */
 size_t xb_prefix_match(const struct xb_prefix *x, int rank, const uint64_t *h, size_t n, uint64_t now_us);
+/* The same counting only blocks recorded (sent to the rank) at or after since_us. */
+size_t xb_prefix_match_since(const struct xb_prefix *x, int rank, const uint64_t *h, size_t n, uint64_t now_us,
+                             uint64_t since_us);
 /* Records h[0..n) as held by rank, most recently used; evicts what the bounds require. 0 or -ENOMEM (then
  * the index is unchanged for the blocks not recorded). */
 int xb_prefix_insert(struct xb_prefix *x, int rank, const uint64_t *h, size_t n, uint64_t now_us);

@@ -12,7 +12,7 @@
 # Rows (each a fresh cluster, the same seeded workload):
 #  precise   `cache` with every prefill publishing KV events (--kv-events)
 #  greedy    the same, placing by cache alone (--cache-max-imbalance 1000): what knowing every cache buys
-#  approx    `cache` from the router's own guess (no events)
+#  approx    `cache` from the router's own guess (the engines publish events, the router is not told where)
 #  lot       least outstanding tokens, no cache awareness
 #  *-2routers two routers in front of the same engines, each with half the clients (the same tenants): each
 #            router's own guess sees half of what the engines cache and evict; their events show all of it
@@ -63,11 +63,10 @@ run() {
   read -r -a KVP <<<"$(kv_ports)"
   PPID_OF=() P_PORT=()
   for ((i = 0; i < 4; i++)); do
-    kvp=0
-    [ "$events" = 1 ] && kvp=${KVP[$i]}
+    kvp=${KVP[$i]} # every row's engines publish (the same CPU on this small machine); only precise rows listen
     prefill_up "$i" "$blocks" "$kvp"
     P_PORT[$i]=$(cat "$WORK/p$i.port")
-    hosts+="${hosts:+,}{\"host\":\"127.0.0.1\",\"port\":${P_PORT[$i]}$([ "$kvp" = 0 ] || echo ",\"kv_events\":\"tcp://127.0.0.1:$kvp\"")}"
+    hosts+="${hosts:+,}{\"host\":\"127.0.0.1\",\"port\":${P_PORT[$i]}$([ "$events" = 0 ] || echo ",\"kv_events\":\"tcp://127.0.0.1:$kvp\"")}"
   done
   local dh=""
   for ((i = 0; i < 4; i++)); do
@@ -93,8 +92,7 @@ run() {
   # halfway (by time: N / RATE / 2 s), prefill 0's engine restarts with an empty cache on its old ports
   ( sleep "$(python3 -c "print($N / $RATE / 2)")"
     kill -9 "${PPID_OF[0]}" 2>/dev/null; sleep 0.3
-    kvp=0; [ "$events" = 1 ] && kvp=${KVP[0]}
-    prefill_up 0 "$blocks" "$kvp" "${P_PORT[0]}"; sleep 3600 ) &
+    prefill_up 0 "$blocks" "${KVP[0]}" "${P_PORT[0]}"; sleep 3600 ) &
   local restarter=$!
   # each router its own clients: the same tenants (--prefix-repetition-prefix-seed), their own order and questions
   local bp=()

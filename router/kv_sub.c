@@ -30,6 +30,7 @@
 struct kv_consumer kv_K;
 const char *const kv_roles[2] = {"prefill", "decode"};
 static pthread_key_t scratch_key; /* rt_kv_query's per-thread memory */
+static pthread_key_t mix_key;     /* and its request's blocks in an adapter's key space */
 
 static uint64_t be64(const unsigned char *p)
 {
@@ -61,6 +62,8 @@ static void apply(int role, int rank, const void *buf, size_t len)
         atomic_fetch_add(&K.events[role][b.ev[i].type - 1], 1);
         atomic_fetch_add(&K.src[role][rank].events, 1);
         int r = kvi_apply(K.idx[role], rank, &b.ev[i], g_rt->cfg.prefix_block_tokens);
+        if (b.ev[i].type == KVE_CLEARED)
+            atomic_store(&K.src[role][rank].dropped_at, xpyd_now_us());
         if (r != KVI_OK)
             atomic_fetch_add(&K.skipped[role][r], 1);
     }
@@ -117,13 +120,20 @@ static void replay_close(struct kv_src *s)
     s->rep = s->held = NULL;
 }
 
+/* Forgets what rank reports holding, and what the router sent it before now (no longer pending there) */
+static void forget(int role, int rank)
+{
+    kvi_drop_rank(K.idx[role], rank);
+    atomic_store(&K.src[role][rank].dropped_at, xpyd_now_us());
+}
+
 /* The replay ended: ok 0 when everything asked for came in order. A gap's replay that failed forgets the rank
  * (what was missed may have removed blocks); then the message that showed the gap is applied. */
 static void replay_end(int role, int rank, struct kv_src *s, int ok)
 {
     atomic_fetch_add(ok == 0 ? &K.replays_ok[role] : &K.replays_failed[role], 1);
     if (ok != 0 && s->rep_strict)
-        kvi_drop_rank(K.idx[role], rank);
+        forget(role, rank);
     void *held = s->held;
     s->held = NULL;
     replay_close(s);
@@ -211,14 +221,14 @@ static void on_message(int role, int rank, struct kv_src *s, zmq_msg_t *f, int n
     int replayable = g_rt->cfg.kv_events_replay_offset > 0 && s->ep[0]; /* bind mode: no replay endpoint known */
     if (s->have_seq && seq <= s->seq) { /* numbered afresh: the engine restarted, its cache empty */
         atomic_fetch_add(&K.resets[role], 1);
-        kvi_drop_rank(K.idx[role], rank);
+        forget(role, rank);
     } else if (s->have_seq && seq > s->seq + 1) {
         atomic_fetch_add(&K.gaps[role], 1);
         if (replayable && replay_start(s, s->seq + 1, seq, 1, f) == 0)
             return; /* this message waits for the replay */
         if (replayable)
             atomic_fetch_add(&K.replays_failed[role], 1);
-        kvi_drop_rank(K.idx[role], rank); /* what was missed may have removed blocks: start afresh */
+        forget(role, rank); /* what was missed may have removed blocks: start afresh */
     } else if (!s->have_seq && seq > 0 && replayable) {
         if (replay_start(s, 0, seq, 0, f) == 0) /* joined late: what the rank stored before, as far as it is */
             return;                             /* buffered */
@@ -250,7 +260,7 @@ static void on_monitor(int role, int rank, struct kv_src *s)
             atomic_store(&s->up, 0);
             atomic_fetch_add(&K.disconnects[role], 1);
             s->have_seq = 0;
-            kvi_drop_rank(K.idx[role], rank);
+            forget(role, rank);
         }
     }
 }
@@ -271,7 +281,7 @@ static void unsubscribe(int role, int rank, struct kv_src *s)
     s->ep[0] = 0;
     s->bound[0] = 0;
     s->have_seq = 0;
-    kvi_drop_rank(K.idx[role], rank);
+    forget(role, rank);
 }
 
 /* Bind mode. An engine that connects names itself by the topic: HOST:PORT as the registry lists it. Where
@@ -587,7 +597,7 @@ int rt_kv_setup(struct router *rt)
                       "--local-prefill-max-tokens for decodes)\"");
         return 0;
     }
-    if (pthread_key_create(&scratch_key, free) || !(K.ctx = zmq_ctx_new())) {
+    if (pthread_key_create(&scratch_key, free) || pthread_key_create(&mix_key, free) || !(K.ctx = zmq_ctx_new())) {
         fprintf(stderr, "xpyd_router: cannot start the KV-event consumer\n");
         return -1;
     }
@@ -622,15 +632,67 @@ void rt_kv_stop(void)
 static void *scratch(void)
 {
     int64_t *p = pthread_getspecific(scratch_key);
-    if (p || !(p = malloc(K.cap * (2 * sizeof(int64_t) + sizeof(uint32_t)))))
+    if (p || !(p = malloc(K.cap * (4 * sizeof(int64_t) + sizeof(uint32_t)))))
         return p;
     for (size_t i = 0; i < 2 * K.cap; i++) /* each pool's answer; a slot no rank has taken yet reads "not known" */
         p[i] = -1;
+    memset(p + 2 * K.cap, 0, 2 * K.cap * sizeof(int64_t)); /* and nothing pending */
     if (pthread_setspecific(scratch_key, p)) {
         free(p);
         p = NULL;
     }
     return p;
+}
+
+/* Requests in flight on a rank, counted by the period they were sent in: PEND_SLOTS periods make up
+ * --kv-events-pending-ms (a request in flight longer is forgotten as its slot is reused) */
+static uint64_t period_us(void)
+{
+    uint64_t w = (uint64_t)g_rt->cfg.kv_events_pending_ms * 1000u / PEND_SLOTS;
+    return w ? w : 1;
+}
+
+static uint64_t period(uint64_t now)
+{
+    return now / period_us() + 1; /* 0: none */
+}
+
+/* When the oldest request the rank is still computing (as far as the router knows) was sent, to the period; 0
+ * when none: blocks sent to it since then are pending there, its events not yet told */
+static uint64_t pending_from(const struct kv_src *s, uint64_t now)
+{
+    uint64_t cur = period(now), oldest = 0;
+    if (!g_rt->cfg.kv_events_pending_ms)
+        return 0;
+    for (int k = 0; k < PEND_SLOTS; k++) {
+        uint64_t v = atomic_load(&s->pend[k]), e = v >> 24;
+        if ((v & 0xffffff) && e <= cur && e + PEND_SLOTS > cur && (!oldest || e < oldest))
+            oldest = e;
+    }
+    return oldest ? (oldest - 1) * period_us() : 0;
+}
+
+/* blocks in key space `space` (kv_index.h: a block's key XOR its space), in this thread's memory; NULL: none */
+static const uint64_t *in_space(const uint64_t *blocks, size_t n, uint64_t space)
+{
+    struct mixbuf {
+        size_t cap;
+        uint64_t v[];
+    } *m = pthread_getspecific(mix_key);
+    if (!m || m->cap < n) {
+        free(m);
+        pthread_setspecific(mix_key, NULL);
+        if (!(m = malloc(sizeof *m + n * sizeof(uint64_t))))
+            return NULL;
+        m->cap = n;
+        if (pthread_setspecific(mix_key, m)) {
+            free(m);
+            return NULL;
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        m->v[i] = blocks[i] ^ space;
+    return m->v;
 }
 
 void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n, const char *model)
@@ -643,10 +705,19 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
     if (!base)
         return;
     int64_t *out = base + (size_t)role * K.cap;
-    uint32_t *held = (uint32_t *)(base + 2 * K.cap);
-    kvi_match(K.idx[role], blocks, n, kvi_space_for(K.idx[role], model), held);
+    uint64_t *since = (uint64_t *)(base + (2 + (size_t)role) * K.cap);
+    uint32_t *held = (uint32_t *)(base + 4 * K.cap);
+    uint64_t space = kvi_space_for(K.idx[role], model);
+    if (space) { /* an adapter's request: its blocks in its key space for the router's own index too (the blocks
+                  * sent under an adapter are not the base model's, nor what is pending there) */
+        if (!(blocks = in_space(blocks, n, space)))
+            return;
+        q->blocks = blocks;
+    }
+    kvi_match(K.idx[role], blocks, n, 0, held);
     uint64_t now = xpyd_now_us(), stale = (uint64_t)g_rt->cfg.kv_events_stale_ms * 1000u;
     int trusted = 0;
+    q->precise_max = 0;
     size_t n_ranks = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE); /* it only grows: the slots above
                                                                                     * it still read -1 */
     for (size_t i = 0; i < n_ranks && i < K.cap; i++) {
@@ -655,9 +726,15 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
         int ok = atomic_load(&s->up) && !(sent && now - sent > stale);
         out[i] = ok ? (int64_t)held[i] : -1;
         trusted += ok;
+        if (ok && out[i] > q->precise_max)
+            q->precise_max = out[i];
+        uint64_t from = ok ? pending_from(s, now) : 0, dropped = atomic_load(&s->dropped_at);
+        since[i] = from && dropped >= from ? dropped + 1 : from;
     }
-    if (trusted)
+    if (trusted) {
         q->precise = out;
+        q->pending_since = since;
+    }
 }
 
 int rt_kv_extras(const struct rw_src *body, uint64_t extra[2])
@@ -671,13 +748,31 @@ int rt_kv_extras(const struct rw_src *body, uint64_t extra[2])
     return extra[0] != 0;
 }
 
-void rt_kv_picked(int role, int idx, const struct xb_query *q)
+uint64_t rt_kv_picked(int role, int idx, const struct xb_query *q)
 {
     if (!K.on[role] || !q->nblocks || idx < 0 || (size_t)idx >= K.cap)
-        return;
-    if (!q->peek) {
-        uint_fast64_t none = 0;
-        atomic_compare_exchange_strong(&K.src[role][idx].first_sent, &none, xpyd_now_us());
-    }
+        return 0;
     atomic_fetch_add(&K.picks[role][q->precise && q->precise[idx] >= 0], 1);
+    if (q->peek)
+        return 0;
+    struct kv_src *s = &K.src[role][idx];
+    uint64_t now = xpyd_now_us(), none = 0, e = period(now), v;
+    atomic_compare_exchange_strong(&s->first_sent, &none, now);
+    if (!g_rt->cfg.kv_events_pending_ms)
+        return 0;
+    _Atomic uint_fast64_t *slot = &s->pend[e % PEND_SLOTS];
+    do
+        v = atomic_load(slot);
+    while (!atomic_compare_exchange_weak(slot, &v, v >> 24 == e ? v + 1 : e << 24 | 1));
+    return e;
+}
+
+void rt_kv_released(int role, int idx, uint64_t e)
+{
+    if (!e || !K.on[role] || idx < 0 || (size_t)idx >= K.cap)
+        return;
+    _Atomic uint_fast64_t *slot = &K.src[role][idx].pend[e % PEND_SLOTS];
+    uint64_t v = atomic_load(slot);
+    while (v >> 24 == e && (v & 0xffffff) && !atomic_compare_exchange_weak(slot, &v, v - 1))
+        ; /* a period gone round the ring: forgotten already */
 }

@@ -27,8 +27,10 @@ void rt_kv_stop(void);
  * placement stays approximate (q->precise NULL when none is trusted). Valid until the thread's next call. */
 void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n, const char *model);
 /* After a pick with that query: a rank sent a prompt of a block or more should publish (the staleness clock),
- * and the pick is counted precise or approximate. */
-void rt_kv_picked(int role, int idx, const struct xb_query *q);
+ * and the pick is counted precise or approximate. Returns what rt_kv_released takes when the request leaves the
+ * rank (until then its blocks are pending there, --kv-events-pending-ms), 0 when nothing. */
+uint64_t rt_kv_picked(int role, int idx, const struct xb_query *q);
+void rt_kv_released(int role, int idx, uint64_t pending);
 /* What else names a request's prompt blocks as the engines key them (their extra_keys; a LoRA adapter is the
  * index's key space instead): vLLM's cache_salt on the first block. 1 when any, into extra[2] for
  * rw_prefix_blocks / rw_id_blocks. */

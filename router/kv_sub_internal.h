@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #define BIND_MAX 256  /* --kv-events-bind-ranks' bound */
+#define PEND_SLOTS 16 /* a rank's requests in flight, by the period they were sent in (--kv-events-pending-ms / 16) */
 
 struct kv_src {
     char ep[300];  /* the endpoint subscribed to ("" none); the consumer thread's alone */
@@ -32,6 +33,8 @@ struct kv_src {
     atomic_int up;                    /* connected to the publisher now (placement may trust it) */
     atomic_uint_fast64_t first_sent;  /* µs of the first prompt sent since its last message; 0: none */
     atomic_uint_fast64_t events;      /* events received from it (all kinds) */
+    atomic_uint_fast64_t dropped_at;  /* µs its blocks were last forgotten (restart, clear, gap, lost connection) */
+    atomic_uint_fast64_t pend[PEND_SLOTS]; /* period << 24 | requests sent to it then and still in flight */
 };
 
 struct kv_consumer {

@@ -69,6 +69,7 @@ void req_release(struct request *r, int role)
     struct leg *l = &r->legs[role];
     if (l->idx >= 0) {
         xb_release(g_rt->pools[role], l->idx, l->charge);
+        rt_kv_released(role, l->idx, l->kv_pending);
         admission_wake(role);
         l->idx = -1;
         l->charge = 0;
@@ -261,7 +262,7 @@ int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct r
     if (g_rt->prefix_on[role] && !r->migrations) /* a continuation's prompt is not the one hashed */
         rt_kv_query(&q, role, r->blocks, r->nblocks, r->model);
     int idx = xb_pick_q(g_rt->pools[role], &q);
-    rt_kv_picked(role, idx, &q);
+    l->kv_pending = rt_kv_picked(role, idx, &q);
     if (idx == -EBUSY) {
         if (admission_wait(r, role, again, on_queue_expired) == ADMISSION_QUEUED) {
             req_set_state(r, REQ_QUEUED);

@@ -60,6 +60,7 @@ struct leg {
     int last_idx;               /* the last instance picked (access log), -1 none */
     char who[96];               /* with --access-log: who it was when picked ("host:port#dp") */
     uint64_t t_sent;            /* when the current attempt was sent */
+    uint64_t kv_pending;        /* its prompt pending on the rank until released (rt_kv_picked), 0 none */
     void (*on_done)(struct up_leg *up, int err, void *leg); /* the current attempt's completion */
 };
 

@@ -4,6 +4,7 @@ pyzmq and msgpack (Debian's python3-zmq, python3-msgpack: independent of the rou
 them (topic, 8-byte big-endian sequence number, a msgpack KVEventBatch), batches built by hand in both encodings.
  - placement follows what ranks report: a prompt goes to the rank whose events say it holds the prompt's leading
    blocks, and leaves it when the rank reports them evicted (where the router's own guess would still send it);
+   a prompt a rank is still computing (not reported yet) draws its next requests there;
  - an engine restart (sequence numbers going back) and AllBlocksCleared forget a rank's blocks;
  - a gap asks the replay endpoint (a ROUTER socket here) for what was missed, or without one forgets the rank;
  - hostile messages (bad framing, garbage, random bytes) are refused by cause and change nothing;
@@ -230,6 +231,51 @@ class KvEvents(t.TestCase):
         pubs[1].send(batch_array([["AllBlocksCleared"]]))
         self.wait_blocks(r, 0)
         self.assertEqual(kv(r.port, "xpyd_kv_events_total", type="cleared"), 1)
+
+    def test_a_prompt_still_computing_draws_its_next_requests(self):
+        # a rank publishes a prompt's blocks once it has computed them: until then what the router sent it counts
+        # as held (--kv-events-pending-ms), so a second request for a context still computing follows the first
+        # instead of computing it again on the idle rank (where least outstanding tokens alone would send it)
+        ps, pubs, (r,) = self.cluster(sim_args=("--prefill-us-per-token", "4000", "--model", "ad1"))  # 0.64 s
+        p, picks = prompt(17), lambda: selected(r.port, ps[0]) + selected(r.port, ps[1])
+
+        def in_flight(ids, body=None):  # a request being computed: placed, not answered
+            before = selected(r.port, ps[0]), picks()
+            th = threading.Thread(target=t.post_json, args=(r.port, "/v1/completions",
+                                                            dict(body or {}, prompt=ids, max_tokens=1)))
+            th.start()
+            self.addCleanup(th.join)
+            t.wait_until(lambda: picks() > before[1], what="the request placed")
+            return th, 0 if selected(r.port, ps[0]) > before[0] else 1
+
+        def second(ids, predicted_tokens):
+            predicted = kv(r.port, "xpyd_prefix_predicted_tokens_total")
+            self.assertTrue(first.is_alive(), "the first request ended before the second was sent: too slow a machine")
+            completion(r.port, ids)
+            self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - predicted, predicted_tokens)
+            first.join()
+        first, on = in_flight(p)
+        second(p, 160)
+        self.assertEqual(selected(r.port, ps[on]), 2)
+        self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 2)
+        # an engine restarts (its numbers go back) while it computes a prompt: that prompt is gone with its cache
+        q = prompt(18)
+        first, on = in_flight(q)
+        pubs[on].send(batch_map([]), seq=0)
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_resets_total") == 1, what="the reset")
+        other = selected(r.port, ps[1 - on])
+        second(q, 0)
+        self.assertEqual(selected(r.port, ps[1 - on]), other + 1)  # the idle rank, as without a pending prompt
+        # a prompt computing under a LoRA adapter (one the ranks publish blocks under) is not pending for the base
+        # model: the router keeps an adapter's blocks apart in its own index too
+        pubs[0].send(batch_map([stored_map([71, 72], prompt(19)[:32], lora="ad1")]))
+        self.wait_blocks(r, 2)
+        z = prompt(20)
+        first, on = in_flight(z, {"model": "ad1"})
+        other = selected(r.port, ps[1 - on])
+        second(z, 0)
+        self.assertEqual(selected(r.port, ps[1 - on]), other + 1)
+        t.wait_until(lambda: t.router_idle(r.port), what="load back to zero")
 
     def test_a_gap_is_replayed(self):
         ps, pubs, (r,) = self.cluster(replay=True)

@@ -175,6 +175,22 @@ static void test_ttl(void **st)
     xb_prefix_free(x);
 }
 
+/* Counting only what was recorded since a time (the blocks a rank is still computing): a chain sent again later
+ * counts from then, an older one not at all */
+static void test_match_since(void **st)
+{
+    struct xb_prefix *x = xb_prefix_new(100, 1 << 16, 0);
+    uint64_t h[4] = {1, 2, 3, 4}, g[2] = {7, 8};
+    xb_prefix_insert(x, 0, h, 4, 1000);
+    xb_prefix_insert(x, 0, g, 2, 1000);
+    xb_prefix_insert(x, 0, h, 2, 3000); /* its first two blocks sent again */
+    assert_int_equal(xb_prefix_match_since(x, 0, h, 4, 3500, 0), 4);
+    assert_int_equal(xb_prefix_match_since(x, 0, h, 4, 3500, 2000), 2);
+    assert_int_equal(xb_prefix_match_since(x, 0, g, 2, 3500, 2000), 0);
+    assert_int_equal(xb_prefix_match_since(x, 0, h, 4, 3500, 3001), 0);
+    xb_prefix_free(x);
+}
+
 static struct xb_pool *pool(int policy, int n)
 {
     struct xb_pool *p = xb_pool_new(policy, 7);
@@ -468,7 +484,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_hashing),       cmocka_unit_test(test_index_matches_model),
         cmocka_unit_test(test_byte_bound),          cmocka_unit_test(test_ttl),
-        cmocka_unit_test(test_cache_affinity),      cmocka_unit_test(test_guard_property),
+        cmocka_unit_test(test_match_since),         cmocka_unit_test(test_cache_affinity),      cmocka_unit_test(test_guard_property),
         cmocka_unit_test(test_cache_without_prefixes_is_lot), cmocka_unit_test(test_session_affinity),
         cmocka_unit_test(test_peek_keeps_rotation),    cmocka_unit_test(test_guard_denies_overloaded_holder),
         cmocka_unit_test(test_guard_uses_capacity),    cmocka_unit_test(test_session_ring_by_identity),
