@@ -108,14 +108,15 @@ run() {
   for p in "${bp[@]}"; do wait "$p" || true; done
   kill "$restarter" 2>/dev/null || true
   wait "$restarter" 2>/dev/null || true
-  local hits=0 queries=0 p m
+  local hits=0 queries=0 p m h q comp=""
   for ((i = 0; i < 4; i++)); do
     m=$(curl -fs "http://127.0.0.1:${P_PORT[$i]}/metrics" || true)
-    hits=$((hits + $(echo "$m" | awk '/^vllm:prefix_cache_hits_total/ {h=$2} END {printf "%d", h}')))
-    queries=$((queries + $(echo "$m" | awk '/^vllm:prefix_cache_queries_total/ {q=$2} END {printf "%d", q}')))
+    h=$(echo "$m" | awk '/^vllm:prefix_cache_hits_total/ {h=$2} END {printf "%d", h}')
+    q=$(echo "$m" | awk '/^vllm:prefix_cache_queries_total/ {q=$2} END {printf "%d", q}')
+    hits=$((hits + h)) queries=$((queries + q)) comp+="$((q - h)) " # tokens each rank computed (rank 0: since its restart)
   done
   rm=$(curl -fs "http://127.0.0.1:${RPS[0]}/metrics" | grep -E '^xpyd_(kv_events_(resets|batches)_total|kv_placements_total|prefix_(predicted|cached)_tokens_total)' | tr '\n' ';' || true)
-  python3 - "$WORK" "$name" "$hits" "$queries" "$rm" "$routers" >>"$WORK/rows" <<'PY'
+  python3 - "$WORK" "$name" "$hits" "$queries" "$rm" "$routers" "$comp" >>"$WORK/rows" <<'PY'
 import json, sys
 rs = [json.load(open("%s/%s.%d.json" % (sys.argv[1], sys.argv[2], i))) for i in range(int(sys.argv[6]))]
 h, q = int(sys.argv[3]), int(sys.argv[4])
@@ -125,7 +126,8 @@ done = sum(r["completed"] for r in rs)
 dur = max(r["duration"] for r in rs)
 print(json.dumps({"name": sys.argv[2], "completed": done, "failed": sum(r["failed"] for r in rs),
                   "hit": h / q if q else 0, "ttft50": pct(50), "ttft90": pct(90), "thr": done / dur,
-                  "tok": sum(r["total_output_tokens"] for r in rs) / dur, "router": sys.argv[5]}))
+                  "tok": sum(r["total_output_tokens"] for r in rs) / dur, "router": sys.argv[5],
+                  "computed": [int(x) for x in sys.argv[7].split()]}))
 PY
   xpyd_cluster_down
   # the restarted sim is not a child of this shell's PIDS list when it was started by the subshell
@@ -146,11 +148,13 @@ run approx-noevict cache 0 "$BIG" 1 ""
 python3 - "$WORK/rows" <<'PY'
 import json, sys
 rows = {r["name"]: r for r in map(json.loads, open(sys.argv[1]))}
-print("\n| row | completed | engine hit rate | TTFT p50 (ms) | TTFT p90 (ms) | req/s | output tok/s |")
-print("|---|---|---|---|---|---|---|")
+print("\n| row | completed | engine hit rate | TTFT p50 (ms) | TTFT p90 (ms) | req/s | output tok/s | computed max/mean |")
+print("|---|---|---|---|---|---|---|---|")
 for r in rows.values():
-    print("| %s | %d/%d | %.3f | %.1f | %.1f | %.2f | %.1f |" % (r["name"], r["completed"], r["completed"] + r["failed"],
-          r["hit"], r["ttft50"], r["ttft90"], r["thr"], r["tok"]))
+    c = r["computed"][1:]  # rank 0 restarted: its counts start again
+    print("| %s | %d/%d | %.3f | %.1f | %.1f | %.2f | %.1f | %.2f |" % (r["name"], r["completed"],
+          r["completed"] + r["failed"], r["hit"], r["ttft50"], r["ttft90"], r["thr"], r["tok"],
+          max(c) / max(sum(c) / len(c), 1) if c else 0))
 for r in rows.values():
     print("router %s: %s" % (r["name"], r["router"]))
 g = lambda n, k: rows[n][k]
