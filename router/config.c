@@ -186,6 +186,10 @@ static const struct xpyd_setting settings[] = {
     {"kv-events-bind-ranks", XS_LONG, OFF(kv_events_bind_ranks), 1, 256, "1", NULL,
      "ports bound from `--kv-events-bind`'s: DP rank r of an engine publishes to PORT + r (vLLM offsets a "
      "connecting endpoint too), so the largest data-parallel size of the engines that connect"},
+    {"kv-events-bind-replay-port", XS_LONG, OFF(kv_events_bind_replay_port), 0, 65535, "0", NULL,
+     "with `--kv-events-bind`: engines' replay endpoints (vLLM's `replay_endpoint`, which the engine binds) are on "
+     "their own host (the topic's) at this port + the DP rank (the bound port's offset it connected to); a gap "
+     "asks it for the missed batches as in connect mode; 0 = none (a gap forgets the rank's blocks)"},
     {"kv-events-replay-offset", XS_LONG, OFF(kv_events_replay_offset), 0, 65535, "0", NULL,
      "vLLM's `replay_endpoint`: a rank's replay port is its event port + N (both offset by the DP rank, as vLLM "
      "does); a gap in a rank's sequence numbers (or a first message after the start) asks it for the missed "

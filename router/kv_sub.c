@@ -145,10 +145,27 @@ static void replay_end(int role, int rank, struct kv_src *s, int ok)
  * DEALER is then read by the consumer's poll beside the other ranks' sockets (a slow replay holds up only its own
  * rank), within --kv-events-replay-timeout-ms. 0 when asked; -1 when it could not be (nothing held). strict 0 (a
  * late joiner asking from 0): the buffer may start later, and what it has is taken from its first batch on. */
+/* Where a rank's engine answers replays: its event port + --kv-events-replay-offset; in bind mode its host (the
+ * topic's) at --kv-events-bind-replay-port + the port offset it connected to (vLLM offsets both by the DP rank).
+ * 0 when it has none. */
+static int replay_endpoint(const struct kv_src *s, char *ep, size_t cap)
+{
+    const char *colon = strrchr(s->bound, ':');
+    if (s->ep[0] && g_rt->cfg.kv_events_replay_offset > 0)
+        rt_kv_endpoint_rank(s->ep, (int)g_rt->cfg.kv_events_replay_offset, ep, cap);
+    else if (!s->ep[0] && colon && g_rt->cfg.kv_events_bind_replay_port > 0)
+        snprintf(ep, cap, "tcp://%.*s:%ld", (int)(colon - s->bound), s->bound,
+                 g_rt->cfg.kv_events_bind_replay_port + s->bound_r);
+    else
+        return 0;
+    return 1;
+}
+
 static int replay_start(struct kv_src *s, uint64_t from, uint64_t upto, int strict, zmq_msg_t *f)
 {
     char ep[320];
-    rt_kv_endpoint_rank(s->ep, (int)g_rt->cfg.kv_events_replay_offset, ep, sizeof ep); /* its event port + N */
+    if (!replay_endpoint(s, ep, sizeof ep))
+        return -1;
     void *d = zmq_socket(K.ctx, ZMQ_DEALER);
     int zero = 0;
     int64_t max = g_rt->cfg.kv_events_max_bytes;
@@ -218,7 +235,8 @@ static void on_message(int role, int rank, struct kv_src *s, zmq_msg_t *f, int n
         return;
     }
     uint64_t seq = be64(zmq_msg_data(&f[1]));
-    int replayable = g_rt->cfg.kv_events_replay_offset > 0 && s->ep[0]; /* bind mode: no replay endpoint known */
+    char rep[320];
+    int replayable = replay_endpoint(s, rep, sizeof rep);
     if (s->have_seq && seq <= s->seq) { /* numbered afresh: the engine restarted, its cache empty */
         atomic_fetch_add(&K.resets[role], 1);
         forget(role, rank);
@@ -384,10 +402,9 @@ static void on_bound_message(int r, zmq_msg_t *f, int nf)
         engine[tn] = 0;
         for (int role = 0; role < 2; role++) {
             int rank = K.on[role] && !memchr(engine, 0, tn) ? bound_rank(role, engine, r) : -1;
-            if (rank >= 0) {
+            if (rank >= 0 && !K.src[role][rank].rep) /* during its replay: left for the next one to fetch */
                 on_message(role, rank, &K.src[role][rank], f, nf);
-                hit = 1;
-            }
+            hit |= rank >= 0;
         }
     }
     if (!hit)
@@ -489,6 +506,16 @@ static void *consumer(void *arg)
                     who[n++] = role * (int)K.cap + (int)i;
                     items[n] = (zmq_pollitem_t){K.src[role][i].mon, 0, ZMQ_POLLIN, 0};
                     who[n++] = -1 - (role * (int)K.cap + (int)i); /* its monitor */
+                } else if (K.src[role][i].rep) { /* a connected engine's (bind mode) */
+                    struct kv_src *s = &K.src[role][i];
+                    if (now >= s->rep_deadline)
+                        replay_end(role, (int)i, s, 1);
+                    else if ((long)((s->rep_deadline - now + 999) / 1000) < wait_ms)
+                        wait_ms = (long)((s->rep_deadline - now + 999) / 1000);
+                    if (s->rep) {
+                        items[n] = (zmq_pollitem_t){s->rep, 0, ZMQ_POLLIN, 0};
+                        who[n++] = role * (int)K.cap + (int)i;
+                    }
                 }
         for (int r = 0; r < K.nbound; r++) {
             items[n] = (zmq_pollitem_t){K.bsub[r], 0, ZMQ_POLLIN, 0};
@@ -536,6 +563,8 @@ static void *consumer(void *arg)
         for (size_t i = 0; K.on[role] && i < K.cap; i++)
             if (K.src[role][i].sub)
                 unsubscribe(role, (int)i, &K.src[role][i]);
+            else
+                replay_close(&K.src[role][i]); /* a connected engine's replay under way */
     for (int r = 0; r < K.nbound; r++)
         zmq_close(K.bsub[r]);
     K.nbound = 0;

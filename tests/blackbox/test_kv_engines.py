@@ -20,7 +20,7 @@ except ImportError:  # Debian's modules: re-run under Debian's interpreter when 
     raise
 
 import xpyd_testlib as t
-from test_kv_events import batch_map, completion, kv, prompt, stored_map
+from test_kv_events import Pub, batch_map, completion, kv, prompt, stored_map
 
 
 class Sub:
@@ -261,6 +261,40 @@ class BindMode(t.TestCase):
                      what="60 messages refused")
         self.assertEqual(kv(r.port, "xpyd_kv_index_blocks"), blocks)
         t.wait_until(lambda: t.router_idle(r.port), what="load back to zero")
+
+    def test_a_gap_is_replayed_from_the_engines_host(self):
+        # an engine that connects still binds its replay socket (vLLM's replay_endpoint "tcp://*:P"): the router
+        # asks the engine's host (the topic's) at --kv-events-bind-replay-port + its DP rank for what it missed
+        ep, rp = "tcp://127.0.0.1:%d" % t.free_port_range(1), t.free_port_range(1)
+        p, d = self.start(t.sim("--role", "prefill")), self.start(t.sim("--role", "decode"))
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "-p", "127.0.0.1:%d" % p.port,
+                                              "-d", "127.0.0.1:%d" % d.port, "--prefill-policy", "cache",
+                                              "--kv-events-bind", ep, "--kv-events-bind-replay-port", str(rp),
+                                              "--kv-events-stale-ms", "600000"]))
+        pub = Pub(self.ctx, replay=True, connect=ep, topic=b"127.0.0.1:%d" % p.port, replay_port=rp)
+        self.addCleanup(pub.close)
+        t.wait_until(lambda: (pub.send(batch_map([])) or True) and kv(r.port, "xpyd_kv_events_batches_total") > 0,
+                     what="the router hearing the engine")
+        # (the first messages may have been missed as the connection came up: then it asked for them already)
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_replays_total", result="ok") == len(pub.asked),
+                     what="any first replay done")
+        asked, a = len(pub.asked), prompt(75, 48)
+        pub.send(batch_map([stored_map([1, 2], a[:32])]))
+        pub.send(batch_map([stored_map([3], a[32:48], parent=2)]), publish=False)  # lost on the way
+        pub.send(batch_map([stored_map([4, 5], prompt(76, 32))]))
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_replays_total", result="ok") == asked + 1, what="the replay")
+        # the missed block too (a forgotten rank would hold only the last message's 2)
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_index_blocks") == 5, what="5 blocks")
+        self.assertEqual((len(pub.asked), pub.invalid, kv(r.port, "xpyd_kv_events_gaps_total")), (asked + 1, [], 1))
+        self.assertEqual(kv(r.port, "xpyd_kv_events_replays_total", result="failed"), 0)
+        before = kv(r.port, "xpyd_prefix_predicted_tokens_total")
+        completion(r.port, a)
+        self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - before, 48)
+        # an engine that stops answering: its replay is under way as the router stops (which must end cleanly)
+        pub.mute = True
+        pub.send(batch_map([]), publish=False)
+        pub.send(batch_map([]))
+        t.wait_until(lambda: len(pub.asked) == asked + 2, what="the second replay asked")
 
     def test_a_bind_address_in_use_stops_the_router(self):
         s = self.ctx.socket(zmq.PUB)

@@ -60,19 +60,26 @@ class Pub:
     """A rank's KV-event publisher: a PUB socket as vLLM's ZmqEventPublisher binds it, and optionally its replay
     ROUTER socket (answers a start sequence number with (seq, payload) pairs, then seq -1 and an empty frame)."""
 
-    def __init__(self, ctx, replay=False):
+    def __init__(self, ctx, replay=False, connect=None, topic=b"", replay_port=None):
+        # connect: the router's bound endpoint (bind mode; the topic names the engine, the replay socket binds
+        # replay_port), else the PUB socket binds (and the replay socket its port + an offset)
         self.s = ctx.socket(zmq.PUB)
         self.s.setsockopt(zmq.LINGER, 0)
-        self.s.bind("tcp://127.0.0.1:0")
-        self.ep = self.s.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.port = int(self.ep.rsplit(":", 1)[1])
+        self.topic_name = topic
+        if connect:
+            self.s.connect(connect)
+            self.ep, self.port = connect, replay_port - 1000
+        else:
+            self.s.bind("tcp://127.0.0.1:0")
+            self.ep = self.s.getsockopt_string(zmq.LAST_ENDPOINT)
+            self.port = int(self.ep.rsplit(":", 1)[1])
         self.seq = 0
         self.sent = {}  # seq -> payload, what a replay can give
         self.replay_offset = None
         if replay:
             self.r = ctx.socket(zmq.ROUTER)
             self.r.setsockopt(zmq.LINGER, 0)
-            for off in range(1000, 1100):  # the router reaches it at the event port + a fixed offset
+            for off in range(1000, 1001 if connect else 1100):  # at the event port + a fixed offset
                 try:
                     self.r.bind("tcp://127.0.0.1:%d" % (self.port + off))
                     self.replay_offset = off
@@ -109,7 +116,7 @@ class Pub:
         seq = self.seq if seq is None else seq
         self.sent[seq] = payload
         if publish:
-            self.s.send_multipart([b"", seq.to_bytes(8, "big"), payload])
+            self.s.send_multipart([self.topic_name, seq.to_bytes(8, "big"), payload])
         self.seq = seq + 1
 
     def close(self):
@@ -398,7 +405,7 @@ class KvEvents(t.TestCase):
         back.s = self.ctx.socket(zmq.PUB)
         back.s.setsockopt(zmq.LINGER, 0)
         back.s.bind("tcp://127.0.0.1:%d" % port)
-        back.seq, back.sent, back.replay_offset = 0, {}, None
+        back.seq, back.sent, back.replay_offset, back.topic_name = 0, {}, None, b""
         self.addCleanup(back.close)
         self.handshake([r], back)
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="precise") == 1, what="precise again")
