@@ -57,6 +57,7 @@ struct kv_consumer {
 };
 
 extern struct kv_consumer kv_K;
+int kv_query_init(void); /* kv_query.c: its per-thread memory (0, or -1) */
 extern const char *const kv_roles[2];
 
 #endif
