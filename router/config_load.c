@@ -246,6 +246,11 @@ int rt_config_load(struct rt_config *c, int argc, char **argv)
                 c->kv_events_bind);
         return -1;
     }
+    if (c->kv_events_bind_replay_port > 0 && c->kv_events_bind_replay_port + c->kv_events_bind_ranks - 1 > 65535) {
+        fprintf(stderr, "xpyd_router: --kv-events-bind-replay-port %ld + --kv-events-bind-ranks %ld passes port 65535\n",
+                c->kv_events_bind_replay_port, c->kv_events_bind_ranks);
+        return -1;
+    }
     if (c->pools[RT_DECODE].n == 0 && !c->discovery[0]) { /* each handoff mode's other needs: router/handoffs.c */
         fprintf(stderr, "xpyd_router: at least one prefill (-p) and one decode (-d) instance are required "
                         "(--handoff none needs only -d)\n");

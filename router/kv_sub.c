@@ -151,11 +151,14 @@ static int replay_endpoint(const struct kv_src *s, char *ep, size_t cap)
     const char *colon = strrchr(s->bound, ':');
     if (s->ep[0] && g_rt->cfg.kv_events_replay_offset > 0)
         rt_kv_endpoint_rank(s->ep, (int)g_rt->cfg.kv_events_replay_offset, ep, cap);
-    else if (!s->ep[0] && colon && g_rt->cfg.kv_events_bind_replay_port > 0)
-        snprintf(ep, cap, "tcp://%.*s:%ld", (int)(colon - s->bound), s->bound,
-                 g_rt->cfg.kv_events_bind_replay_port + s->bound_r);
-    else
+    else if (!s->ep[0] && colon && g_rt->cfg.kv_events_bind_replay_port > 0) {
+        char host[300]; /* as the router lists it: an IPv6 address in brackets */
+        int br = s->bound[0] == '[' && colon > s->bound && colon[-1] == ']';
+        snprintf(host, sizeof host, "%.*s", (int)(colon - s->bound) - 2 * br, s->bound + br);
+        rt_kv_endpoint_make(host, (int)(g_rt->cfg.kv_events_bind_replay_port + s->bound_r), ep, cap);
+    } else {
         return 0;
+    }
     return 1;
 }
 

@@ -311,6 +311,11 @@ class BindMode(t.TestCase):
                             "--kv-events-bind", "udp://x"], capture_output=True, text=True, timeout=60)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("--kv-events-bind needs tcp://ADDR:PORT", p.stderr)
+        p = subprocess.run([os.path.join(t.BIN, "xpyd_router"), "-p", "127.0.0.1:1", "-d", "127.0.0.1:2",
+                            "--kv-events-bind-replay-port", "65535", "--kv-events-bind-ranks", "2"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("--kv-events-bind-replay-port 65535 + --kv-events-bind-ranks 2 passes port 65535", p.stderr)
 
 
 class PreciseEndToEnd(t.TestCase):
