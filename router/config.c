@@ -200,9 +200,9 @@ static const struct xpyd_setting settings[] = {
      "again"},
     {"kv-events-pending-ms", XS_LONG, OFF(kv_events_pending_ms), 0, 1L << 30, "2000", NULL,
      "a prompt sent to a rank that publishes events counts as held there while its request is in flight (queued "
-     "or computing, not yet in its events), at most this long: its next requests follow it instead of computing "
-     "it again elsewhere; not where another rank reports more of it or the rank's blocks were forgotten since; "
-     "0 = off"},
+     "or computing, not yet in its events), at most this long (16 ms at least): its next requests follow it instead "
+     "of computing it again elsewhere; not where another rank reports more of it or the rank's blocks were "
+     "forgotten since; 0 = off"},
     {"kv-events-max-bytes", XS_LONG, OFF(kv_events_max_bytes), 1024, 1L << 30, "1048576", NULL,
      "largest KV-event message accepted (ZeroMQ drops the connection of a publisher sending more); with "
      "`--kv-events-hwm` it bounds what one source may queue"},

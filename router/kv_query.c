@@ -49,7 +49,7 @@ static void *scratch(void)
 static uint64_t period_us(void)
 {
     uint64_t w = (uint64_t)g_rt->cfg.kv_events_pending_ms * 1000u / PEND_SLOTS;
-    return w ? w : 1;
+    return w > 1000 ? w : 1000; /* a period of 1 ms at least: its number << 24 fits 64 bits for 35 years of uptime */
 }
 
 static uint64_t period(uint64_t now)
