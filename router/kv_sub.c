@@ -145,10 +145,12 @@ static void replay_end(int role, int rank, struct kv_src *s, int ok)
  * late joiner asking from 0): the buffer may start later, and what it has is taken from its first batch on. */
 /* Where a rank's engine answers replays: its event port + --kv-events-replay-offset; in bind mode its host (the
  * topic's) at --kv-events-bind-replay-port + the port offset it connected to (vLLM offsets both by the DP rank).
- * 0 when it has none. */
+ * 0 when it has none (ep NULL: only whether it has one). */
 static int replay_endpoint(const struct kv_src *s, char *ep, size_t cap)
 {
     const char *colon = strrchr(s->bound, ':');
+    if (!ep) /* only whether it has one */
+        return s->ep[0] ? g_rt->cfg.kv_events_replay_offset > 0 : colon && g_rt->cfg.kv_events_bind_replay_port > 0;
     if (s->ep[0] && g_rt->cfg.kv_events_replay_offset > 0)
         rt_kv_endpoint_rank(s->ep, (int)g_rt->cfg.kv_events_replay_offset, ep, cap);
     else if (!s->ep[0] && colon && g_rt->cfg.kv_events_bind_replay_port > 0) {
@@ -236,8 +238,7 @@ static void on_message(int role, int rank, struct kv_src *s, zmq_msg_t *f, int n
         return;
     }
     uint64_t seq = be64(zmq_msg_data(&f[1]));
-    char rep[320];
-    int replayable = replay_endpoint(s, rep, sizeof rep);
+    int replayable = replay_endpoint(s, NULL, 0);
     if (s->have_seq && seq <= s->seq) { /* numbered afresh: the engine restarted, its cache empty */
         atomic_fetch_add(&K.resets[role], 1);
         forget(role, rank);
