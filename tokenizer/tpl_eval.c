@@ -18,14 +18,35 @@ static void step(struct tctx *c, const struct tnode *n)
         tpl_fail(c, "the render takes more than its step limit (%llu)", (unsigned long long)c->maxsteps);
 }
 
-static struct tv lookup(struct tscope *s, const char *name)
+static struct tv *lookup_slot(struct tscope *s, const char *name)
 {
-    for (; s; s = s->parent) {
-        struct tv *v = td_gets(&s->vars, name, strlen(name));
+    for (size_t n = strlen(name); s; s = s->parent) {
+        struct tv *v = td_gets(&s->vars, name, n);
         if (v)
-            return *v;
+            return v;
     }
-    return tv_undef(name);
+    return NULL;
+}
+
+/* a variable's value; one kept as parts (TV_ROPE) is joined now, once, in its slot */
+static struct tv lookup(struct tctx *c, struct tscope *s, const char *name)
+{
+    struct tv *v = lookup_slot(s, name);
+    if (!v)
+        return tv_undef(name);
+    if (v->t == TV_ROPE) {
+        const struct trope *r = v->u.rope;
+        size_t total = 0;
+        for (size_t i = 0; i < r->k; i++)
+            total += r->seg[i].n;
+        char *o = tpl_alloc_raw(c, total + 1), *w = o;
+        for (size_t i = 0; i < r->k; i++) {
+            memcpy(w, r->seg[i].p, r->seg[i].n);
+            w += r->seg[i].n;
+        }
+        *v = tv_strref(o, total);
+    }
+    return *v;
 }
 
 static void assign(struct tctx *c, struct tscope *s, const char *name, struct tv v)
@@ -438,8 +459,10 @@ struct tv tpl_call(struct tctx *c, struct tscope *s, const struct tv *f, struct 
 #define CHAIN_MAX 32
 
 /* a + b + c ... (or a ~ b ~ c ...): the operands evaluated left to right; strings joined with one copy each
- * (emit: written straight to the output, no string built: `{{ '<|im_start|>' + m.role + '\n' + m.content }}`),
+ * (emit: written straight to the output, no string built: `{{ '<|im_start|>' + m.role + '\n' + m.content }}`;
+ * CHAIN_KEEP: not joined at all, its parts kept for a `set`: `{% set content = ... %}{{ content }}`, Llama 3's),
  * else folded pairwise as Python adds them. A long conversation's text is copied once, not once per `+`. */
+#define CHAIN_KEEP 2
 static struct tv chain(struct tctx *c, struct tscope *s, const struct tnode *e, int emit)
 {
     const struct tnode *spine[CHAIN_MAX];
@@ -470,12 +493,23 @@ static struct tv chain(struct tctx *c, struct tscope *s, const struct tnode *e, 
             c->line = spine[n - i]->line;
             acc = binop(c, e->op, acc, v[i]);
         }
-        if (emit) {
+        if (emit == 1) {
             struct tbuf b = {0};
             tv_str_into(c, &b, &acc);
             tpl_emit(c, b.p, b.n);
         }
         return acc;
+    }
+    if (emit == CHAIN_KEEP) {
+        struct trope *r = tpl_alloc(c, sizeof *r + (size_t)k * sizeof r->seg[0]);
+        for (int i = 0; i < k; i++) {
+            r->seg[i].p = v[i].u.s.p;
+            r->seg[i].n = v[i].u.s.n;
+        }
+        r->k = (size_t)k;
+        struct tv rv = {.t = TV_ROPE};
+        rv.u.rope = r;
+        return rv;
     }
     size_t total = 0;
     for (int i = 0; i < k; i++) {
@@ -501,7 +535,7 @@ struct tv tpl_eval(struct tctx *c, struct tscope *s, const struct tnode *e)
     case E_CONST:
         return e->val;
     case E_NAME:
-        return lookup(s, e->name);
+        return lookup(c, s, e->name);
     case E_LIST:
     case E_TUPLE:
         r.t = TV_LIST;
@@ -628,7 +662,7 @@ static void exec_for(struct tctx *c, struct tscope *s, const struct tnode *n)
                 tl_push(c, items, all->v[i]);
         }
     }
-    struct tv outer = lookup(s, "loop");
+    struct tv outer = lookup(c, s, "loop");
     struct tloop *l = tpl_alloc(c, sizeof *l);
     l->items = items;
     l->depth = outer.t == TV_LOOP ? outer.u.loop->depth + 1 : 1;
@@ -667,7 +701,18 @@ void tpl_exec(struct tctx *c, struct tscope *s, struct tnode **body, size_t nbod
                 chain(c, s, n->a, 1); /* written as it is evaluated */
                 break;
             }
-            v = tpl_eval(c, s, n->a);
+            if (n->a->kind == E_NAME) { /* a variable: one kept as parts is written part by part */
+                step(c, n->a);
+                struct tv *slot = lookup_slot(s, n->a->name);
+                if (slot && slot->t == TV_ROPE) {
+                    for (size_t k = 0; k < slot->u.rope->k; k++)
+                        tpl_emit(c, slot->u.rope->seg[k].p, slot->u.rope->seg[k].n);
+                    break;
+                }
+                v = slot ? *slot : tv_undef(n->a->name);
+            } else {
+                v = tpl_eval(c, s, n->a);
+            }
             c->line = n->line;
             if (v.t == TV_STR) {
                 tpl_emit(c, v.u.s.p, v.u.s.n);
@@ -692,7 +737,12 @@ void tpl_exec(struct tctx *c, struct tscope *s, struct tnode **body, size_t nbod
             c->depth--;
             break;
         case N_SET:
-            v = tpl_eval(c, s, n->a);
+            if (!n->c && n->nnames == 1 && n->a->kind == E_BIN && (n->a->op == OP_ADD || n->a->op == OP_CONCAT)) {
+                step(c, n->a);
+                v = chain(c, s, n->a, CHAIN_KEEP); /* strings: kept as parts until read */
+            } else {
+                v = tpl_eval(c, s, n->a);
+            }
             c->line = n->line;
             if (n->c) {
                 struct tv ns = tpl_eval(c, s, n->c);

@@ -27,7 +27,13 @@ void *tarena_alloc(struct tarena *a, size_t n); /* NULL past the limit */
 
 /* ---- values ---- */
 enum tv_type { TV_UNDEF = 0, TV_NONE, TV_BOOL, TV_INT, TV_FLOAT, TV_STR, TV_LIST, TV_DICT, TV_NS, TV_FUNC,
-               TV_METHOD, TV_MACRO, TV_LOOP };
+               TV_METHOD, TV_MACRO, TV_LOOP,
+               TV_ROPE /* tpl_eval.c's alone: `set x = a + b + ...` of strings kept as its parts in x's slot, written
+                        * by `{{ x }}` part by part, joined where anything else reads x (never seen outside) */ };
+struct trope {
+    size_t k;
+    struct { const char *p; size_t n; } seg[];
+};
 struct tlist {
     size_t n, cap;
     struct tv *v;
@@ -50,6 +56,7 @@ struct tv {
         struct tbound *m;  /* TV_METHOD */
         struct tnode *mac; /* TV_MACRO */
         struct tloop *loop;
+        struct trope *rope;
     } u;
     const char *undef_name; /* TV_UNDEF: what was missing, for messages */
 };

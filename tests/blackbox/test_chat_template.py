@@ -82,6 +82,12 @@ LANGUAGE = [
     ("{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}{{ d.keys() | list }}{{ d.values() | list }}"
      "{{ d.get('a') }}{{ d.get('z', 'dflt') }}{{ d.get('z') }}", {"d": {"a": 1, "b": [1, 2]}}),
     ("{% set x = 1 %}{% for i in [1,2] %}{% set x = x + i %}{{ x }}{% endfor %}{{ x }}", {}),
+    # `set` of a string sum (kept as its parts until read): written, filtered, tested, summed again, in a loop
+    ("{% set c = 'a' + s + 'b' %}{{ c }}|{{ c | upper }}|{{ c | length }}|{% if c %}t{% endif %}|{{ c[1] }}"
+     "{% set c = '<' + c %}{{ c }}{% set d = c ~ 1 ~ none %}{{ d }}{{ c }}", {"s": "x"}),
+    ("{% set c = 'a' + s %}{% for i in [1, 2] %}{% set c = c + i | string %}{{ c }};{% endfor %}{{ c }}"
+     "{% set ns = namespace(v='') %}{% set ns.v = c %}{% set ns.w = s + 'z' %}{{ ns.v }}{{ ns.w }}{{ c == 'ax' }}",
+     {"s": "x"}),
     ("{% set ns = namespace(n=0, s='') %}{% for i in range(5) %}{% set ns.n = ns.n + i %}"
      "{% set ns.s = ns.s ~ i %}{% endfor %}{{ ns.n }} {{ ns.s }}", {}),
     ("{% macro greet(name, greeting='Hello', punct='!') %}{{ greeting }}, {{ name }}{{ punct }}{% endmacro %}"
