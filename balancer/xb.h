@@ -108,8 +108,7 @@ struct xb_query {
                                 * -1 where that is not known (the prefix index's guess then); NULL: none */
     const uint64_t *pending_since; /* with precise: per instance, blocks the pool's index recorded sending it at or
                                     * after this time (µs, CLOCK_MONOTONIC; 0: none) count as held though its
-                                    * events have not told them yet — where it reports at least precise_max */
-    int64_t precise_max;       /* the most leading blocks any instance reports holding */
+                                    * events have not told them yet */
     uint64_t session;          /* hash of its session key; 0: no session */
     const int *exclude;
     int nexclude;

@@ -39,9 +39,9 @@ int64_t xb_cached_tokens(struct xb_pool *p, size_t i, const struct xb_query *q, 
             return 0;
     }
     size_t held = precise ? (size_t)q->precise[i] : xb_prefix_match(p->prefix, (int)i, q->blocks, q->nblocks, p->now);
-    if (precise && p->prefix && q->pending_since && q->pending_since[i] && q->precise[i] >= q->precise_max) {
+    if (precise && p->prefix && q->pending_since && q->pending_since[i]) {
         /* blocks sent to it that its events have not caught up with (a prompt still queued or computing there):
-         * held soon, unless another rank reports more of the prompt (then it evicted some, or never had them) */
+         * held soon (rt_kv_query gives none where another rank reports more: it evicted some, or never had them) */
         size_t sent = xb_prefix_match_since(p->prefix, (int)i, q->blocks, q->nblocks, p->now, q->pending_since[i]);
         held = sent > held ? sent : held;
     }

@@ -117,7 +117,7 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
     kvi_match(K.idx[role], blocks, n, 0, held);
     uint64_t now = xpyd_now_us(), stale = (uint64_t)g_rt->cfg.kv_events_stale_ms * 1000u;
     int trusted = 0;
-    q->precise_max = 0;
+    int64_t most = 0; /* the most leading blocks any trusted rank reports */
     size_t n_ranks = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE); /* it only grows: the slots above
                                                                                     * it still read -1 */
     for (size_t i = 0; i < n_ranks && i < K.cap; i++) {
@@ -126,9 +126,13 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
         int ok = atomic_load(&s->up) && !(sent && now - sent > stale);
         out[i] = ok ? (int64_t)held[i] : -1;
         trusted += ok;
-        if (ok && out[i] > q->precise_max)
-            q->precise_max = out[i];
-        uint64_t from = ok ? pending_from(s, now) : 0, dropped = atomic_load(&s->dropped_at);
+        if (ok && out[i] > most)
+            most = out[i];
+    }
+    for (size_t i = 0; i < n_ranks && i < K.cap; i++) { /* pending counts only where no rank reports more */
+        const struct kv_src *s = &K.src[role][i];
+        uint64_t from = out[i] >= 0 && out[i] >= most ? pending_from(s, now) : 0;
+        uint64_t dropped = from ? atomic_load(&s->dropped_at) : 0;
         since[i] = from && dropped >= from ? dropped + 1 : from;
     }
     if (trusted) {

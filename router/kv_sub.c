@@ -149,17 +149,17 @@ static void replay_end(int role, int rank, struct kv_src *s, int ok)
 static int replay_endpoint(const struct kv_src *s, char *ep, size_t cap)
 {
     const char *colon = strrchr(s->bound, ':');
-    if (!ep) /* only whether it has one */
-        return s->ep[0] ? g_rt->cfg.kv_events_replay_offset > 0 : colon && g_rt->cfg.kv_events_bind_replay_port > 0;
-    if (s->ep[0] && g_rt->cfg.kv_events_replay_offset > 0)
+    int by_port = s->ep[0] && g_rt->cfg.kv_events_replay_offset > 0,
+        by_host = !s->ep[0] && colon && g_rt->cfg.kv_events_bind_replay_port > 0;
+    if (!ep || !(by_port || by_host)) /* only whether it has one */
+        return by_port || by_host;
+    if (by_port) {
         rt_kv_endpoint_rank(s->ep, (int)g_rt->cfg.kv_events_replay_offset, ep, cap);
-    else if (!s->ep[0] && colon && g_rt->cfg.kv_events_bind_replay_port > 0) {
+    } else {
         char host[300]; /* as the router lists it: an IPv6 address in brackets */
         int br = s->bound[0] == '[' && colon > s->bound && colon[-1] == ']';
         snprintf(host, sizeof host, "%.*s", (int)(colon - s->bound) - 2 * br, s->bound + br);
         rt_kv_endpoint_make(host, (int)(g_rt->cfg.kv_events_bind_replay_port + s->bound_r), ep, cap);
-    } else {
-        return 0;
     }
     return 1;
 }

@@ -28,24 +28,34 @@ static struct tv *lookup_slot(struct tscope *s, const char *name)
     return NULL;
 }
 
+/* strings given as parts: written to the output one by one, or joined (one copy each) */
+static void emit_parts(struct tctx *c, const struct tseg *seg, size_t k)
+{
+    for (size_t i = 0; i < k; i++)
+        tpl_emit(c, seg[i].p, seg[i].n);
+}
+
+static struct tv join_parts(struct tctx *c, const struct tseg *seg, size_t k)
+{
+    size_t total = 0;
+    for (size_t i = 0; i < k; i++)
+        total += seg[i].n;
+    char *o = tpl_alloc_raw(c, total + 1), *w = o;
+    for (size_t i = 0; i < k; i++) {
+        memcpy(w, seg[i].p, seg[i].n);
+        w += seg[i].n;
+    }
+    return tv_strref(o, total);
+}
+
 /* a variable's value; one kept as parts (TV_ROPE) is joined now, once, in its slot */
 static struct tv lookup(struct tctx *c, struct tscope *s, const char *name)
 {
     struct tv *v = lookup_slot(s, name);
     if (!v)
         return tv_undef(name);
-    if (v->t == TV_ROPE) {
-        const struct trope *r = v->u.rope;
-        size_t total = 0;
-        for (size_t i = 0; i < r->k; i++)
-            total += r->seg[i].n;
-        char *o = tpl_alloc_raw(c, total + 1), *w = o;
-        for (size_t i = 0; i < r->k; i++) {
-            memcpy(w, r->seg[i].p, r->seg[i].n);
-            w += r->seg[i].n;
-        }
-        *v = tv_strref(o, total);
-    }
+    if (v->t == TV_ROPE)
+        *v = join_parts(c, v->u.rope->seg, v->u.rope->k);
     return *v;
 }
 
@@ -500,31 +510,22 @@ static struct tv chain(struct tctx *c, struct tscope *s, const struct tnode *e, 
         }
         return acc;
     }
+    struct tseg seg[CHAIN_MAX];
+    for (int i = 0; i < k; i++)
+        seg[i] = (struct tseg){v[i].u.s.p, v[i].u.s.n};
     if (emit == CHAIN_KEEP) {
         struct trope *r = tpl_alloc(c, sizeof *r + (size_t)k * sizeof r->seg[0]);
-        for (int i = 0; i < k; i++) {
-            r->seg[i].p = v[i].u.s.p;
-            r->seg[i].n = v[i].u.s.n;
-        }
+        memcpy(r->seg, seg, (size_t)k * sizeof *seg);
         r->k = (size_t)k;
         struct tv rv = {.t = TV_ROPE};
         rv.u.rope = r;
         return rv;
     }
-    size_t total = 0;
-    for (int i = 0; i < k; i++) {
-        if (emit)
-            tpl_emit(c, v[i].u.s.p, v[i].u.s.n);
-        total += v[i].u.s.n;
-    }
-    if (emit)
+    if (emit) {
+        emit_parts(c, seg, (size_t)k);
         return tv_none();
-    char *o = tpl_alloc_raw(c, total + 1), *w = o;
-    for (int i = 0; i < k; i++) {
-        memcpy(w, v[i].u.s.p, v[i].u.s.n);
-        w += v[i].u.s.n;
     }
-    return tv_strref(o, total);
+    return join_parts(c, seg, (size_t)k);
 }
 
 struct tv tpl_eval(struct tctx *c, struct tscope *s, const struct tnode *e)
@@ -705,8 +706,7 @@ void tpl_exec(struct tctx *c, struct tscope *s, struct tnode **body, size_t nbod
                 step(c, n->a);
                 struct tv *slot = lookup_slot(s, n->a->name);
                 if (slot && slot->t == TV_ROPE) {
-                    for (size_t k = 0; k < slot->u.rope->k; k++)
-                        tpl_emit(c, slot->u.rope->seg[k].p, slot->u.rope->seg[k].n);
+                    emit_parts(c, slot->u.rope->seg, slot->u.rope->k);
                     break;
                 }
                 v = slot ? *slot : tv_undef(n->a->name);

@@ -30,9 +30,13 @@ enum tv_type { TV_UNDEF = 0, TV_NONE, TV_BOOL, TV_INT, TV_FLOAT, TV_STR, TV_LIST
                TV_METHOD, TV_MACRO, TV_LOOP,
                TV_ROPE /* tpl_eval.c's alone: `set x = a + b + ...` of strings kept as its parts in x's slot, written
                         * by `{{ x }}` part by part, joined where anything else reads x (never seen outside) */ };
+struct tseg {
+    const char *p;
+    size_t n;
+};
 struct trope {
     size_t k;
-    struct { const char *p; size_t n; } seg[];
+    struct tseg seg[];
 };
 struct tlist {
     size_t n, cap;

@@ -68,7 +68,7 @@ class Pub:
         self.topic_name = topic
         if connect:
             self.s.connect(connect)
-            self.ep, self.port = connect, replay_port - 1000
+            self.ep, self.port = connect, None
         else:
             self.s.bind("tcp://127.0.0.1:0")
             self.ep = self.s.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -79,7 +79,10 @@ class Pub:
         if replay:
             self.r = ctx.socket(zmq.ROUTER)
             self.r.setsockopt(zmq.LINGER, 0)
-            for off in range(1000, 1001 if connect else 1100):  # at the event port + a fixed offset
+            if connect:  # where the router was told engines' replay sockets are
+                self.r.bind("tcp://127.0.0.1:%d" % replay_port)
+                self.replay_offset = replay_port  # (the port itself: no event port to offset from)
+            for off in () if connect else range(1000, 1100):  # at the event port + a fixed offset
                 try:
                     self.r.bind("tcp://127.0.0.1:%d" % (self.port + off))
                     self.replay_offset = off
@@ -281,6 +284,16 @@ class KvEvents(t.TestCase):
         first, on = in_flight(z, {"model": "ad1"})
         other = selected(r.port, ps[1 - on])
         second(z, 0)
+        self.assertEqual(selected(r.port, ps[1 - on]), other + 1)
+        # while a rank computes a prompt, another reports holding its first 4 blocks: that report wins (the
+        # computing rank's events show none of it: no credit for what it is computing)
+        w = prompt(21)
+        first, on = in_flight(w)
+        blocks = kv(r.port, "xpyd_kv_index_blocks")
+        pubs[1 - on].send(batch_map([stored_map([91, 92, 93, 94], w[:64])]))
+        self.wait_blocks(r, blocks + 4)
+        other = selected(r.port, ps[1 - on])
+        second(w, 64)
         self.assertEqual(selected(r.port, ps[1 - on]), other + 1)
         t.wait_until(lambda: t.router_idle(r.port), what="load back to zero")
 
