@@ -17,6 +17,8 @@
 #  *-2routers two routers in front of the same engines, each with half the clients (the same tenants): each
 #            router's own guess sees half of what the engines cache and evict; their events show all of it
 #  *-noevict the same without evictions (CACHE_BLOCKS large): precise must be no worse than approx
+# CPU ms/req: the machine's busy CPU time while the clients ran (every process: sims, routers, load generator) and
+# the routers' own, per completed request (this machine has 2 cores: rows near saturation trade CPU for throughput).
 #   bench/kv_events.sh [prompts=600] [rate=24]    KV_ROWS="precise approx" runs only those rows;
 #   KV_CONCURRENCY=64: saturation (that many requests in flight over all clients) instead of the rate (the
 #   restart still comes after prompts / rate / 2 seconds); CACHE_BLOCKS, TENANTS as above;
@@ -36,6 +38,10 @@ WL="--tokenizer-free --dataset-name prefix-repetition --prefix-repetition-prefix
     --prefix-repetition-suffix-len 100 --prefix-repetition-num-prefixes $TENANTS --prefix-repetition-output-len 16"
 
 # free loopback ports for the sims' publishers
+# CPU time in clock ticks: the whole machine's busy time (/proc/stat), and one process's (utime + stime)
+cpu_busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
+proc_cpu() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
 kv_ports() { python3 -c 'import socket
 s = [socket.socket() for _ in range(4)]
 [x.bind(("127.0.0.1", 0)) for x in s]
@@ -77,13 +83,13 @@ run() {
     dh+="${dh:+,}\"127.0.0.1:$(cat "$WORK/d$i.port")\""
   done
   echo "{\"prefill\":{\"hosts\":[$hosts]},\"decode\":{\"hosts\":[$dh]}}" >"$WORK/topo.json"
-  RPS=()
+  RPS=() RPIDS=()
   for ((i = 0; i < routers; i++)); do
     # shellcheck disable=SC2086
     $B/xpyd_router --port 0 --port-file "$WORK/router$i.port" --config "$WORK/topo.json" --prefill-policy "$pol" \
       --threads 1 $([ "${KV_ROUTER_CAPACITY:-engines}" = default ] || echo "--prefix-cache-blocks $blocks") \
       $rflags >"$WORK/router$i.log" 2>&1 &
-    PIDS+=($!)
+    PIDS+=($!) RPIDS+=($!)
     xpyd_wait_file "$WORK/router$i.port" 10
     RPS+=("$(cat "$WORK/router$i.port")")
     xpyd_wait_http "http://127.0.0.1:${RPS[$i]}/health" 10 ||
@@ -95,7 +101,9 @@ run() {
     prefill_up 0 "$blocks" "${KVP[0]}" "${P_PORT[0]}"; sleep 3600 ) &
   local restarter=$!
   # each router its own clients: the same tenants (--prefix-repetition-prefix-seed), their own order and questions
-  local bp=()
+  local bp=() busy0 rcpu0=0 busy1 rcpu1=0 r
+  busy0=$(cpu_busy)
+  for r in "${RPIDS[@]}"; do rcpu0=$((rcpu0 + $(proc_cpu "$r"))); done
   for ((i = 0; i < routers; i++)); do
     # shellcheck disable=SC2086
     $B/xpyd_bench --port "${RPS[$i]}" --seed $((11 + i)) --prefix-repetition-prefix-seed 5 --disable-tqdm \
@@ -106,6 +114,8 @@ run() {
     bp+=($!)
   done
   for p in "${bp[@]}"; do wait "$p" || true; done
+  busy1=$(cpu_busy)
+  for r in "${RPIDS[@]}"; do rcpu1=$((rcpu1 + $(proc_cpu "$r"))); done
   kill "$restarter" 2>/dev/null || true
   wait "$restarter" 2>/dev/null || true
   local hits=0 queries=0 p m h q comp=""
@@ -116,7 +126,8 @@ run() {
     hits=$((hits + h)) queries=$((queries + q)) comp+="$((q - h)) " # tokens each rank computed (rank 0: since its restart)
   done
   rm=$(curl -fs "http://127.0.0.1:${RPS[0]}/metrics" | grep -E '^xpyd_(kv_events_(resets|batches)_total|kv_placements_total|prefix_(predicted|cached)_tokens_total)' | tr '\n' ';' || true)
-  python3 - "$WORK" "$name" "$hits" "$queries" "$rm" "$routers" "$comp" >>"$WORK/rows" <<'PY'
+  python3 - "$WORK" "$name" "$hits" "$queries" "$rm" "$routers" "$comp" \
+    "$(((busy1 - busy0) * 1000 / $(getconf CLK_TCK)))" "$(((rcpu1 - rcpu0) * 1000 / $(getconf CLK_TCK)))" >>"$WORK/rows" <<'PY'
 import json, sys
 rs = [json.load(open("%s/%s.%d.json" % (sys.argv[1], sys.argv[2], i))) for i in range(int(sys.argv[6]))]
 h, q = int(sys.argv[3]), int(sys.argv[4])
@@ -127,7 +138,8 @@ dur = max(r["duration"] for r in rs)
 print(json.dumps({"name": sys.argv[2], "completed": done, "failed": sum(r["failed"] for r in rs),
                   "hit": h / q if q else 0, "ttft50": pct(50), "ttft90": pct(90), "thr": done / dur,
                   "tok": sum(r["total_output_tokens"] for r in rs) / dur, "router": sys.argv[5],
-                  "computed": [int(x) for x in sys.argv[7].split()]}))
+                  "computed": [int(x) for x in sys.argv[7].split()],
+                  "cpu_ms": int(sys.argv[8]) / max(done, 1), "router_cpu_ms": int(sys.argv[9]) / max(done, 1)}))
 PY
   xpyd_cluster_down
   # the restarted sim is not a child of this shell's PIDS list when it was started by the subshell
@@ -148,13 +160,14 @@ run approx-noevict cache 0 "$BIG" 1 ""
 python3 - "$WORK/rows" <<'PY'
 import json, sys
 rows = {r["name"]: r for r in map(json.loads, open(sys.argv[1]))}
-print("\n| row | completed | engine hit rate | TTFT p50 (ms) | TTFT p90 (ms) | req/s | output tok/s | computed max/mean |")
-print("|---|---|---|---|---|---|---|---|")
+print("\n| row | completed | engine hit rate | TTFT p50 (ms) | TTFT p90 (ms) | req/s | output tok/s | computed max/mean "
+      "| CPU ms/req: machine, routers |")
+print("|---|---|---|---|---|---|---|---|---|")
 for r in rows.values():
     c = r["computed"][1:]  # rank 0 restarted: its counts start again
-    print("| %s | %d/%d | %.3f | %.1f | %.1f | %.2f | %.1f | %.2f |" % (r["name"], r["completed"],
+    print("| %s | %d/%d | %.3f | %.1f | %.1f | %.2f | %.1f | %.2f | %.2f, %.2f |" % (r["name"], r["completed"],
           r["completed"] + r["failed"], r["hit"], r["ttft50"], r["ttft90"], r["thr"], r["tok"],
-          max(c) / max(sum(c) / len(c), 1) if c else 0))
+          max(c) / max(sum(c) / len(c), 1) if c else 0, r["cpu_ms"], r["router_cpu_ms"]))
 for r in rows.values():
     print("router %s: %s" % (r["name"], r["router"]))
 g = lambda n, k: rows[n][k]
