@@ -21,6 +21,8 @@ struct handoff_traits {
                            * prefill's DP ranks share its port, pinned by the rank header */
     int bootstrap_server; /* the engines meet through the prefill's bootstrap server (its port per host, or
                            * --prefill-bootstrap-port) */
+    int kv_on_prefill;    /* the KV stays on the prefill that computed it until the decode pulls it: lost with
+                           * that prefill (not so in store mode: the store holds it) */
 };
 
 extern const struct handoff_traits rt_handoff_traits[RT_HO_COUNT];

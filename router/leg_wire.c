@@ -91,3 +91,9 @@ void req_inst_short(int role, int idx, char *out, size_t cap)
     if (dp >= 0)
         snprintf(out + strlen(out), cap - strlen(out), "#%d", dp);
 }
+
+int req_inst_gone(int role, int idx)
+{
+    struct xb_instance_stats st;
+    return idx >= 0 && xb_stats(g_rt->pools[role], idx, &st) == 0 && (!st.healthy || st.ejected || st.removed);
+}

@@ -23,5 +23,7 @@ const char *req_role_name(int role);
 /* A rank for errors and logs: "decode 10.0.0.2:8200 (dp rank 1)"; for the access log: "10.0.0.2:8200#1". */
 void req_inst_desc(int role, int idx, char *out, size_t cap);
 void req_inst_short(int role, int idx, char *out, size_t cap);
+/* 1: the rank is out of service right now (health checks took it down, ejected after failures, or removed) */
+int req_inst_gone(int role, int idx);
 
 #endif

@@ -149,12 +149,6 @@ void req_leg_fail(struct request *r, int fail, int role, int idx, const char *de
     req_fail(r, fail, rt_fail_table[fail].status, msg);
 }
 
-static void body_memory_release(struct request *r)
-{
-    rt_body_memory_release(r->body_bytes);
-    r->body_bytes = 0;
-}
-
 /* libevhtp is freeing the client request (answer sent, or the connection is gone): the single safe point. */
 static void req_free_cb(void *arg)
 {
@@ -165,7 +159,7 @@ static void req_free_cb(void *arg)
         req_end(r, RF_CLIENT_DISCONNECT);
     }
     rw_src_free(r->src);
-    body_memory_release(r);
+    rt_body_memory_release(r->body_bytes);
     free(r->model);
     free(r->kv_params);
     free(r->fwd_headers);
@@ -563,9 +557,16 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         req_release(r, role);
         xpyd_sse_reset(&r->sse);
         r->preempted = 0; /* a new attempt's stream is its own */
-        if (role == RT_DECODE && l->accepted && r->kv_params && r->ho->t->local_prefill) {
-            /* the failed decode answered 200: it took the prefill's KV, which is gone; the next one
-             * computes the prompt itself */
+        int gone = role == RT_DECODE && !l->accepted && r->kv_params && r->ho->t->kv_on_prefill &&
+                   g_rt->cfg.prefill_fallback && req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx);
+        if (role == RT_DECODE && (l->accepted || gone) && r->kv_params && r->ho->t->local_prefill) {
+            /* the failed decode answered 200 (it took the prefill's KV), or the prefill holding the KV is out of
+             * service since it answered (no decode can pull it): the next one computes the prompt itself */
+            if (gone) {
+                atomic_fetch_add(&g_rt->ctr.prefill_fallbacks, 1);
+                XLOG_INFO("msg=\"the prefill holding the KV is out of service: the next decode computes the "
+                          "prompt\" request_id=%s", r->xid);
+            }
             free(r->kv_params);
             r->kv_params = NULL;
             r->local_prefill = 1;

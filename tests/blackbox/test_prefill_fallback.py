@@ -98,6 +98,47 @@ class PrefillFallback(t.TestCase):
         lines = [json.loads(l) for l in r.output().splitlines() if l.startswith("{")]
         self.assertIn("fallback", [l["pd"] for l in lines])
 
+    def test_prefill_gone_before_the_decode_pulled(self):
+        # the prefill answers, then dies before the decode pulls its KV: a decode handed those kv_transfer_params
+        # fails with 500 (it cannot reach the prefill), and so would every retry with them. Once the router sees
+        # that prefill out of service (here its health checks), the next decode attempt computes the prompt itself
+        # (the retry goes to the other decode) and the client gets its whole answer instead of the 500 (seen in
+        # bench/kv_events.sh's restart).
+        p = self.start(t.sim("--role", "prefill"))
+        real = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
+        bodies = []
+
+        def pull_after_the_prefill_died(method, path, body):
+            if path == "/health":
+                return 200, "application/json", b"{}"
+            bodies.append(json.loads(body))
+            if len(bodies) == 1:
+                p.stop()
+                t.wait_until(lambda: not t.status(r.port)["pools"]["prefill"]["instances"][0]["healthy"],
+                             what="the prefill out of service")
+            st, _, out = t.request(real.port, method, path, body)
+            return st, "application/json", out
+
+        fakes = [t.FakeEngine(pull_after_the_prefill_died) for _ in range(2)]  # decodes in front of `real`
+        for f in fakes:
+            self.addCleanup(f.stop)
+        r = self.start(t.router([p.port], [f.port for f in fakes], "--retry-backoff-ms", "0",
+                                "--health-interval-ms", "50", "--health-fall", "1", "--access-log", "json"))
+        st, _, out = t.post_json(r.port, "/v1/completions", BODY)
+        self.assertEqual(st, 200, out)
+        self.assertEqual(out["usage"]["completion_tokens"], 5)
+        ref = t.post_json(real.port, "/v1/completions", BODY)[2]
+        self.assertEqual(out["choices"][0]["text"], ref["choices"][0]["text"])
+        self.assertEqual(len(bodies), 2)
+        self.assertIn("kv_transfer_params", bodies[0])  # the first attempt was to pull the prefill's KV
+        self.assertNotIn("kv_transfer_params", bodies[1])  # the second computed the prompt
+        self.assertEqual(t.metric(r.port, "xpyd_prefill_fallbacks_total"), 1)
+        self.assertEqual(t.metric(r.port, "xpyd_kv_handoff_failures_total"), 1)
+        self.idle(r)
+        r.stop()
+        lines = [json.loads(l) for l in r.output().splitlines() if l.startswith("{")]
+        self.assertEqual([(l["status"], l["pd"]) for l in lines], [(200, "fallback")])
+
     def test_not_for_a_4xx_nor_bootstrap_nor_when_off(self):
         p400 = self.start(t.sim("--role", "prefill", "--status-code", "400"))
         d = self.start(t.sim("--role", "decode"))
