@@ -558,14 +558,15 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         xpyd_sse_reset(&r->sse);
         r->preempted = 0; /* a new attempt's stream is its own */
         int gone = role == RT_DECODE && !l->accepted && r->kv_params && r->ho->t->kv_on_prefill &&
-                   g_rt->cfg.prefill_fallback && req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx);
+                   g_rt->cfg.prefill_fallback &&
+                   (l->attempts > 1 || req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx));
         if (role == RT_DECODE && (l->accepted || gone) && r->kv_params && r->ho->t->local_prefill) {
-            /* the failed decode answered 200 (it took the prefill's KV), or the prefill holding the KV is out of
-             * service since it answered (no decode can pull it): the next one computes the prompt itself */
+            /* the failed decode answered 200 (it took the prefill's KV); or the prefill holding the KV is out of
+             * service since it answered, or two decodes failed with it: the next one computes the prompt itself */
             if (gone) {
                 atomic_fetch_add(&g_rt->ctr.prefill_fallbacks, 1);
-                XLOG_INFO("msg=\"the prefill holding the KV is out of service: the next decode computes the "
-                          "prompt\" request_id=%s", r->xid);
+                XLOG_INFO("msg=\"the prefill's KV could not be used (its prefill out of service, or decodes failed "
+                          "twice with it): the next decode computes the prompt\" request_id=%s", r->xid);
             }
             free(r->kv_params);
             r->kv_params = NULL;
