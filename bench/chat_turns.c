@@ -5,8 +5,11 @@
  * through a tokenization cache that has seen the earlier turns (xtok_encode_cached). Against it, in the same
  * run: tokenizing only the text the turn added (no template, no cache) - the issue's baseline - and the whole
  * conversation without a cache. Each repetition starts from a fresh cache that has seen the previous turn's
- * request (filled outside the timing). CPU time of this thread, the best of REPS repetitions per measurement.
- *   xpyd_chat_turns MODEL_DIR [turns=20] [growth=2000] [reps=5]
+ * request (filled outside the timing): `warm` fills it just before (its entries still in this core's L2), `cold`
+ * fills all the repetitions' caches first and as many again after them (each a conversation's worth, so a
+ * repetition's entries have left L2, as a conversation's have in a router serving others between its turns).
+ * CPU time of this thread, the best of REPS repetitions per measurement.
+ *   xpyd_chat_turns MODEL_DIR [turns=20] [growth=2000] [reps=5] [warm|cold]
  * Prints one JSON line per turn and a summary line: the worst and the median turn's ratio cached / new text alone,
  * with the render and without it (the encoding alone, through the cache). Linked with the router's allocator. */
 #include "micro.h"
@@ -61,14 +64,25 @@ static char *text_of(const struct xtok *t, size_t tokens)
     }
 }
 
+/* a new cache that has seen text (the previous turn's request; none at the first turn) */
+static struct xtok_cache *filled(const struct xtok *t, const char *text, size_t len)
+{
+    struct xtok_cache *c = xtok_cache_new(64u << 20, 64);
+    uint32_t *ids;
+    size_t n;
+    if (text && xtok_encode_cached(t, c, text, len, 0, &ids, &n) == 0)
+        free(ids);
+    return c;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fprintf(stderr, "usage: xpyd_chat_turns MODEL_DIR [turns=20] [growth=2000] [reps=5]\n");
+        fprintf(stderr, "usage: xpyd_chat_turns MODEL_DIR [turns=20] [growth=2000] [reps=5] [warm|cold]\n");
         return 2;
     }
     int turns = argc > 2 ? atoi(argv[2]) : 20, growth = argc > 3 ? atoi(argv[3]) : 2000;
-    int reps = argc > 4 ? atoi(argv[4]) : 5;
+    int reps = argc > 4 ? atoi(argv[4]) : 5, cold = argc > 5 && strcmp(argv[5], "cold") == 0;
     micro_rng = 88172645463325252ULL; /* the conversation's text, as before micro.h */
     char err[1024];
     struct xtok *t = xtok_load(argv[1], err, sizeof err);
@@ -100,17 +114,17 @@ int main(int argc, char **argv)
         snprintf(added, nl + 2, "%s%s", prev_answer ? prev_answer : "", user);
         double best_new = 1e9, best_cached = 1e9, best_full = 1e9, best_render = 1e9, best_enc = 1e9;
         size_t ntok = 0, prompt_bytes = 0;
+        /* caches that have seen the conversation up to the previous turn (set up outside the timing); cold: all
+         * of them first, the first `reps` used */
+        struct xtok_cache **caches = calloc((size_t)(2 * reps), sizeof *caches);
+        for (int r = 0; r < (cold ? 2 * reps : 0); r++)
+            caches[r] = filled(t, prev_prompt, prev_len);
         for (int r = 0; r < reps; r++) {
             uint32_t *ids;
             size_t n;
             char *p;
             size_t pl;
-            /* a cache that has seen the conversation up to the previous turn (set up outside the timing) */
-            struct xtok_cache *cache = xtok_cache_new(64u << 20, 64);
-            if (prev_prompt) {
-                xtok_encode_cached(t, cache, prev_prompt, prev_len, 0, &ids, &n);
-                free(ids);
-            }
+            struct xtok_cache *cache = cold ? caches[r] : filled(t, prev_prompt, prev_len);
             double t0 = micro_cpu_s();
             xtok_encode(t, added, strlen(added), 0, &ids, &n); /* the baseline: the new text alone */
             double t1 = micro_cpu_s();
@@ -142,11 +156,15 @@ int main(int argc, char **argv)
             } else {
                 free(p);
             }
-            xtok_cache_free(cache);
+            if (!cold)
+                xtok_cache_free(cache);
             best_new = t1 - t0 < best_new ? t1 - t0 : best_new;
             best_cached = t2 - t1 < best_cached ? t2 - t1 : best_cached;
             best_full = t3 - t2 < best_full ? t3 - t2 : best_full;
         }
+        for (int r = 0; r < 2 * reps; r++)
+            xtok_cache_free(caches[r]);
+        free(caches);
         double ratio = best_cached / best_new, enc = best_enc / best_new;
         if (turn > 1 && ratio > worst)
             worst = ratio;
@@ -196,10 +214,10 @@ int main(int argc, char **argv)
         hot_enc = (t2 - t1) / 100 < hot_enc ? (t2 - t1) / 100 : hot_enc;
     }
     xtok_cache_free(cache);
-    printf("{\"summary\":true,\"turns\":%d,\"worst_cached_over_new\":%.3f,\"worst_encode_over_new\":%.3f,"
+    printf("{\"summary\":true,\"caches\":\"%s\",\"turns\":%d,\"worst_cached_over_new\":%.3f,\"worst_encode_over_new\":%.3f,"
            "\"median_cached_over_new\":%.3f,\"median_encode_over_new\":%.3f,\"piece_hits\":%zu,\"piece_misses\":%zu,"
            "\"last_render_warm_us\":%.1f,\"last_cached_encode_warm_us\":%.1f}\n",
-           turns, worst, worst_enc, median(ratios, nr), median(encs, nr), hits, misses, hot_render * 1e6,
+           cold ? "cold" : "warm", turns, worst, worst_enc, median(ratios, nr), median(encs, nr), hits, misses, hot_render * 1e6,
            hot_enc * 1e6);
     free(ratios);
     free(encs);
