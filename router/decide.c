@@ -93,3 +93,15 @@ int rd_local_prefill(int64_t prompt_tokens, int64_t cached, long max_tokens, lon
         return 1;
     return uncached < when_busy_tokens && prefills_full;
 }
+
+enum rd_kv_fate rd_kv_after_decode_failure(int mode_local_prefill, int kv_on_prefill, int fallback_on, int accepted,
+                                           int attempts, int prefill_out_of_service)
+{
+    if (!mode_local_prefill)
+        return RD_KV_KEEP;
+    if (accepted)
+        return RD_KV_TAKEN;
+    if (!kv_on_prefill || !fallback_on)
+        return RD_KV_KEEP;
+    return prefill_out_of_service ? RD_KV_UNREACHABLE : attempts > 1 ? RD_KV_SUSPECT : RD_KV_KEEP;
+}

@@ -76,14 +76,6 @@ void req_release(struct request *r, int role)
     }
 }
 
-static void free_event(struct event **ev)
-{
-    if (*ev) {
-        event_free(*ev);
-        *ev = NULL;
-    }
-}
-
 void req_end(struct request *r, int fail)
 {
     if (r->state == REQ_DONE)
@@ -110,7 +102,10 @@ void req_end(struct request *r, int fail)
         r->ho->abandon(r, decode_in_flight);
     req_release(r, RT_PREFILL);
     req_release(r, RT_DECODE);
-    free_event(&r->retry_timer);
+    if (r->retry_timer) {
+        event_free(r->retry_timer);
+        r->retry_timer = NULL;
+    }
     if (r->retrying) {
         r->retrying = 0;
         atomic_fetch_sub(&g_rt->ctr.retries_active, 1);
@@ -557,16 +552,17 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         req_release(r, role);
         xpyd_sse_reset(&r->sse);
         r->preempted = 0; /* a new attempt's stream is its own */
-        int gone = role == RT_DECODE && !l->accepted && r->kv_params && r->ho->t->kv_on_prefill &&
-                   g_rt->cfg.prefill_fallback &&
-                   (l->attempts > 1 || req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx));
-        if (role == RT_DECODE && (l->accepted || gone) && r->kv_params && r->ho->t->local_prefill) {
-            /* the failed decode answered 200 (it took the prefill's KV); or the prefill holding the KV is out of
-             * service since it answered, or two decodes failed with it: the next one computes the prompt itself */
-            if (gone) {
+        int out = role == RT_DECODE && r->kv_params && req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx);
+        enum rd_kv_fate kv = role != RT_DECODE || !r->kv_params ? RD_KV_KEEP
+            : rd_kv_after_decode_failure(r->ho->t->local_prefill, r->ho->t->kv_on_prefill, g_rt->cfg.prefill_fallback,
+                                         l->accepted, l->attempts, out);
+        if (kv != RD_KV_KEEP) { /* decide.h: the next decode computes the prompt itself */
+            if (kv == RD_KV_SUSPECT && r->ho->abandon)
+                r->ho->abandon(r, 0); /* the prefill may still hold the KV: freed now, not at its lease's end */
+            if (kv != RD_KV_TAKEN) {
                 atomic_fetch_add(&g_rt->ctr.prefill_fallbacks, 1);
-                XLOG_INFO("msg=\"the prefill's KV could not be used (its prefill out of service, or decodes failed "
-                          "twice with it): the next decode computes the prompt\" request_id=%s", r->xid);
+                XLOG_INFO("msg=\"the prefill's KV could not be used: the next decode computes the prompt\" "
+                          "request_id=%s why=%s", r->xid, kv == RD_KV_SUSPECT ? "decodes_failed" : "prefill_gone");
             }
             free(r->kv_params);
             r->kv_params = NULL;

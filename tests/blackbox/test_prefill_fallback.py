@@ -120,14 +120,19 @@ class PrefillFallback(t.TestCase):
             self.addCleanup(f.stop)
         return real, bodies, [f.port for f in fakes]
 
-    def check_recomputed(self, r, real, bodies, attempts):
+    def check_recomputed(self, r, real, bodies, attempts, releases):
         st, _, out = t.post_json(r.port, "/v1/completions", BODY)
         self.assertEqual(st, 200, out)
         self.assertEqual(out["usage"]["completion_tokens"], 5)
         ref = t.post_json(real.port, "/v1/completions", BODY)[2]
         self.assertEqual(out["choices"][0]["text"], ref["choices"][0]["text"])
-        # every attempt but the last was to pull the prefill's KV; the last computed the prompt
-        self.assertEqual(["kv_transfer_params" in b for b in bodies], [True] * (attempts - 1) + [False])
+        # every attempt but the last was to pull the prefill's KV; the last computed the prompt (a release dispatch,
+        # max_tokens 1, is no attempt)
+        t.wait_until(lambda: len([b for b in bodies if b.get("max_tokens") == 1]) == releases, timeout=5,
+                     what="the release dispatch at a decode")  # sent before the retry, but on its own connection
+        tries = [b for b in bodies if b.get("max_tokens") != 1]
+        self.assertEqual(["kv_transfer_params" in b for b in tries], [True] * (attempts - 1) + [False])
+        self.assertEqual(t.metric(r.port, "xpyd_kv_release_dispatches_total"), releases)
         self.assertEqual(t.metric(r.port, "xpyd_prefill_fallbacks_total"), 1)
         self.assertEqual(t.metric(r.port, "xpyd_kv_handoff_failures_total"), attempts - 1)
         self.idle(r)
@@ -146,16 +151,50 @@ class PrefillFallback(t.TestCase):
             p, 2, lambda: not t.status(r.port)["pools"]["prefill"]["instances"][0]["healthy"])
         r = self.start(t.router([p.port], ports, "--retry-backoff-ms", "0", "--health-interval-ms", "50",
                                 "--health-fall", "1", "--access-log", "json"))
-        self.check_recomputed(r, real, bodies, 2)
+        self.check_recomputed(r, real, bodies, 2, 0)
 
     def test_two_decodes_failed_with_the_same_kv(self):
         # the same, but the router is not told the prefill died (no health check in time, no other request to
-        # it): after two decodes failed with that KV, the third computes the prompt
+        # it): after two decodes failed with that KV, the third computes the prompt (and the KV is released as if
+        # the prefill still held it: the dispatch fails at the dead prefill, harmlessly)
         p = self.start(t.sim("--role", "prefill"))
         real, bodies, ports = self.decodes_after_the_prefill_died(p, 3)
         r = self.start(t.router([p.port], ports, "--retry-backoff-ms", "0", "--health-interval-ms", "60000",
                                 "--access-log", "json"))
-        self.check_recomputed(r, real, bodies, 3)
+        self.check_recomputed(r, real, bodies, 3, 1)
+
+    def test_two_decodes_failed_the_prefill_alive(self):
+        # decodes failing for their own reasons (500 before pulling anything) while the prefill is alive: after two
+        # failed with the KV the third computes the prompt, and the KV the prefill still holds is freed now (the
+        # release dispatch: a decode pulls it and is cancelled), not when its lease ends (--kv-lease-ms 30 s)
+        p = self.start(t.sim("--role", "prefill"))
+        real = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
+        bodies = []
+
+        def fail_with_the_kv(method, path, body):
+            if path == "/health":
+                return 200, "application/json", b"{}"
+            b = json.loads(body)
+            bodies.append(b)
+            if "kv_transfer_params" in b and b.get("max_tokens") != 1:
+                return 500, "application/json", b'{"error":{"message":"decode out of memory","code":500}}'
+            st, _, out = t.request(real.port, method, path, body)  # the release dispatch, or the prompt computed
+            return st, "application/json", out
+
+        fakes = [t.FakeEngine(fail_with_the_kv) for _ in range(3)]
+        for f in fakes:
+            self.addCleanup(f.stop)
+        r = self.start(t.router([p.port], [f.port for f in fakes], "--retry-backoff-ms", "0",
+                                "--health-interval-ms", "60000"))
+        st, _, out = t.post_json(r.port, "/v1/completions", BODY)
+        self.assertEqual(st, 200, out)
+        self.assertEqual(out["usage"]["completion_tokens"], 5)
+        t.wait_until(lambda: t.metric(p.port, "xpyd_sim:kv_leases_active") == 0, timeout=5, what="the KV freed")
+        self.assertEqual(t.metric(r.port, "xpyd_kv_release_dispatches_total"), 1)
+        self.assertEqual(t.metric(r.port, "xpyd_prefill_fallbacks_total"), 1)
+        with_kv = [("kv_transfer_params" in b, b.get("max_tokens")) for b in bodies]
+        self.assertEqual(sorted(with_kv), sorted([(True, 5), (True, 5), (True, 1), (False, 5)]))
+        self.idle(r)
 
     def test_not_for_a_4xx_nor_bootstrap_nor_when_off(self):
         p400 = self.start(t.sim("--role", "prefill", "--status-code", "400"))

@@ -117,6 +117,21 @@ static void test_fallback_and_local_prefill(void **state)
     assert_false(rd_local_prefill(1000, 0, 0, 0, 1)); /* both off */
 }
 
+static void test_kv_after_a_failed_decode(void **state)
+{
+    (void)state;
+    /* mode_local kv_on_prefill fallback_on accepted attempts prefill_out_of_service */
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 1, 0), RD_KV_KEEP); /* one failure: maybe the decode's */
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 2, 0), RD_KV_SUSPECT);
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 1, 1), RD_KV_UNREACHABLE);
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 3, 1), RD_KV_UNREACHABLE);
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 1, 1, 0), RD_KV_TAKEN);
+    assert_int_equal(rd_kv_after_decode_failure(1, 0, 0, 1, 1, 0), RD_KV_TAKEN); /* store, fallback off: taken */
+    assert_int_equal(rd_kv_after_decode_failure(1, 0, 1, 0, 2, 1), RD_KV_KEEP);  /* store: the store holds it */
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 0, 0, 2, 1), RD_KV_KEEP);  /* --prefill-fallback off */
+    assert_int_equal(rd_kv_after_decode_failure(0, 1, 1, 1, 2, 1), RD_KV_KEEP);  /* bootstrap: no decode alone */
+}
+
 static void test_failure_kinds(void **state)
 {
     (void)state;
@@ -139,6 +154,7 @@ int main(void)
         cmocka_unit_test(test_retry_rules),     cmocka_unit_test(test_retry_budget),
         cmocka_unit_test(test_backoff),         cmocka_unit_test(test_migration),
         cmocka_unit_test(test_fallback_and_local_prefill), cmocka_unit_test(test_failure_kinds),
+        cmocka_unit_test(test_kv_after_a_failed_decode),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
