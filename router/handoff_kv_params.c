@@ -39,8 +39,7 @@ static void kv_abandon(struct request *r, int decode_in_flight)
     const struct leg *d = &r->legs[RT_DECODE];
     int idx = -1;
     for (size_t i = 0; i < g_rt->reg.n_ranks[RT_DECODE]; i++) {
-        struct xb_instance_stats st;
-        if (xb_stats(g_rt->pools[RT_DECODE], (int)i, &st) != 0 || !st.healthy || st.ejected || st.removed)
+        if (req_inst_gone(RT_DECODE, (int)i))
             continue;
         int tried = 0;
         for (int k = 0; k < d->ntried; k++)

@@ -95,5 +95,7 @@ void req_inst_short(int role, int idx, char *out, size_t cap)
 int req_inst_gone(int role, int idx)
 {
     struct xb_instance_stats st;
-    return idx >= 0 && xb_stats(g_rt->pools[role], idx, &st) == 0 && (!st.healthy || st.ejected || st.removed);
+    if (idx < 0)
+        return 0;
+    return xb_stats(g_rt->pools[role], idx, &st) != 0 || !st.healthy || st.ejected || st.removed;
 }

@@ -23,7 +23,8 @@ const char *req_role_name(int role);
 /* A rank for errors and logs: "decode 10.0.0.2:8200 (dp rank 1)"; for the access log: "10.0.0.2:8200#1". */
 void req_inst_desc(int role, int idx, char *out, size_t cap);
 void req_inst_short(int role, int idx, char *out, size_t cap);
-/* 1: the rank is out of service right now (health checks took it down, ejected after failures, or removed) */
+/* 1: the rank is out of service right now (health checks took it down, ejected after failures, removed, or not
+ * known); 0 for idx < 0 (no rank) */
 int req_inst_gone(int role, int idx);
 
 #endif
