@@ -545,6 +545,12 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
      * (kv-params, xpyd), or with the prefill running alongside (bootstrap, mooncake) */
     if (role == RT_DECODE && l->status != 200 && r->legs[RT_PREFILL].attempts > 0 && !r->local_prefill)
         atomic_fetch_add(&g_rt->ctr.kv_handoff_failures, 1);
+    int out = role == RT_DECODE && r->kv_params && req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx);
+    enum rd_kv_fate kv = role != RT_DECODE || !r->kv_params ? RD_KV_KEEP
+        : rd_kv_after_decode_failure(r->ho->t->local_prefill, r->ho->t->kv_on_prefill, g_rt->cfg.prefill_fallback,
+                                     l->accepted, l->attempts, out);
+    if (kv == RD_KV_UNREACHABLE && (err || status >= 500))
+        l->ntried = 0; /* the decodes failed for want of the KV, not of themselves: any may compute the prompt */
     if ((err || status >= 500) && may_retry(r, role, status)) {
         XLOG_INFO("msg=\"retrying %s elsewhere\" request_id=%s err=%s status=%d", req_role_name(role), r->xid,
                   err ? rd_err_text(err, buf, sizeof buf) : "-", status);
@@ -552,10 +558,6 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         req_release(r, role);
         xpyd_sse_reset(&r->sse);
         r->preempted = 0; /* a new attempt's stream is its own */
-        int out = role == RT_DECODE && r->kv_params && req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx);
-        enum rd_kv_fate kv = role != RT_DECODE || !r->kv_params ? RD_KV_KEEP
-            : rd_kv_after_decode_failure(r->ho->t->local_prefill, r->ho->t->kv_on_prefill, g_rt->cfg.prefill_fallback,
-                                         l->accepted, l->attempts, out);
         if (kv != RD_KV_KEEP) { /* decide.h: the next decode computes the prompt itself */
             if (kv == RD_KV_SUSPECT && r->ho->abandon)
                 r->ho->abandon(r, 0); /* the prefill may still hold the KV: freed now, not at its lease's end */

@@ -153,6 +153,16 @@ class PrefillFallback(t.TestCase):
                                 "--health-fall", "1", "--access-log", "json"))
         self.check_recomputed(r, real, bodies, 2, 0)
 
+    def test_prefill_gone_one_decode(self):
+        # the same with a single decode: it failed for want of the KV, not of itself, so it is tried again (though
+        # a retry goes to an instance not tried yet) and computes the prompt
+        p = self.start(t.sim("--role", "prefill"))
+        real, bodies, ports = self.decodes_after_the_prefill_died(
+            p, 1, lambda: not t.status(r.port)["pools"]["prefill"]["instances"][0]["healthy"])
+        r = self.start(t.router([p.port], ports, "--retry-backoff-ms", "0", "--health-interval-ms", "50",
+                                "--health-fall", "1", "--access-log", "json"))
+        self.check_recomputed(r, real, bodies, 2, 0)
+
     def test_two_decodes_failed_with_the_same_kv(self):
         # the same, but the router is not told the prefill died (no health check in time, no other request to
         # it): after two decodes failed with that KV, the third computes the prompt (and the KV is released as if
