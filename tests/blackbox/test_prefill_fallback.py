@@ -60,7 +60,6 @@ class PrefillFallback(t.TestCase):
         self.idle(r)
 
     def test_store_mode_falls_back_too(self):
-        import tempfile
         store = t.tmpdir(prefix="xpyd-store-")
         d = self.start(t.sim("--role", "decode", "--handoff", "store", "--store-dir", store, "--store-wait-ms", "10"))
         r = self.start(t.router([t.free_port()], [d.port], "--handoff", "store"))
