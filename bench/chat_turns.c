@@ -214,11 +214,12 @@ int main(int argc, char **argv)
         hot_enc = (t2 - t1) / 100 < hot_enc ? (t2 - t1) / 100 : hot_enc;
     }
     xtok_cache_free(cache);
-    printf("{\"summary\":true,\"caches\":\"%s\",\"turns\":%d,\"worst_cached_over_new\":%.3f,\"worst_encode_over_new\":%.3f,"
-           "\"median_cached_over_new\":%.3f,\"median_encode_over_new\":%.3f,\"piece_hits\":%zu,\"piece_misses\":%zu,"
-           "\"last_render_warm_us\":%.1f,\"last_cached_encode_warm_us\":%.1f}\n",
-           cold ? "cold" : "warm", turns, worst, worst_enc, median(ratios, nr), median(encs, nr), hits, misses, hot_render * 1e6,
-           hot_enc * 1e6);
+    printf("{\"summary\":true,\"caches\":\"%s\",\"turns\":%d,\"worst_cached_over_new\":%.3f,"
+           "\"worst_encode_over_new\":%.3f,\"median_cached_over_new\":%.3f,\"median_encode_over_new\":%.3f,"
+           "\"piece_hits\":%zu,\"piece_misses\":%zu,\"last_render_warm_us\":%.1f,"
+           "\"last_cached_encode_warm_us\":%.1f}\n",
+           cold ? "cold" : "warm", turns, worst, worst_enc, median(ratios, nr), median(encs, nr), hits, misses,
+           hot_render * 1e6, hot_enc * 1e6);
     free(ratios);
     free(encs);
     free(prev_prompt);

@@ -37,11 +37,11 @@ trap 'xpyd_cluster_down; rm -rf "$WORK"' EXIT INT TERM
 WL="--tokenizer-free --dataset-name prefix-repetition --prefix-repetition-prefix-len 4000
     --prefix-repetition-suffix-len 100 --prefix-repetition-num-prefixes $TENANTS --prefix-repetition-output-len 16"
 
-# free loopback ports for the sims' publishers
 # CPU time in clock ticks: the whole machine's busy time (/proc/stat), and one process's (utime + stime)
 cpu_busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9}' /proc/stat; }
 proc_cpu() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 
+# free loopback ports for the sims' publishers
 kv_ports() { python3 -c 'import socket
 s = [socket.socket() for _ in range(4)]
 [x.bind(("127.0.0.1", 0)) for x in s]

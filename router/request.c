@@ -548,23 +548,26 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
     int out = role == RT_DECODE && r->kv_params && req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx);
     enum rd_kv_fate kv = role != RT_DECODE || !r->kv_params ? RD_KV_KEEP
         : rd_kv_after_decode_failure(r->ho->t->local_prefill, r->ho->t->kv_on_prefill, g_rt->cfg.prefill_fallback,
-                                     l->accepted, l->attempts, out);
-    if (kv == RD_KV_UNREACHABLE && (err || status >= 500))
+                                     l->accepted, l->attempts, err ? 0 : status, out);
+    if (kv == RD_KV_UNREACHABLE)
         l->ntried = 0; /* the decodes failed for want of the KV, not of themselves: any may compute the prompt */
-    if ((err || status >= 500) && may_retry(r, role, status)) {
+    int refused = kv == RD_KV_REFUSED; /* a 4xx, retried as the KV's fault, not the request's */
+    if ((err || status >= 500 || refused) && may_retry(r, role, refused ? 0 : status)) {
         XLOG_INFO("msg=\"retrying %s elsewhere\" request_id=%s err=%s status=%d", req_role_name(role), r->xid,
                   err ? rd_err_text(err, buf, sizeof buf) : "-", status);
-        rt_count_instance_error(role, l->idx, kind);
+        if (!refused)
+            rt_count_instance_error(role, l->idx, kind);
         req_release(r, role);
         xpyd_sse_reset(&r->sse);
         r->preempted = 0; /* a new attempt's stream is its own */
         if (kv != RD_KV_KEEP) { /* decide.h: the next decode computes the prompt itself */
+            static const char *const why[] = {"", "", "refused", "prefill_gone", "decodes_failed"};
             if (kv == RD_KV_SUSPECT && r->ho->abandon)
                 r->ho->abandon(r, 0); /* the prefill may still hold the KV: freed now, not at its lease's end */
             if (kv != RD_KV_TAKEN) {
                 atomic_fetch_add(&g_rt->ctr.prefill_fallbacks, 1);
                 XLOG_INFO("msg=\"the prefill's KV could not be used: the next decode computes the prompt\" "
-                          "request_id=%s why=%s", r->xid, kv == RD_KV_SUSPECT ? "decodes_failed" : "prefill_gone");
+                          "request_id=%s why=%s", r->xid, why[kv]);
             }
             free(r->kv_params);
             r->kv_params = NULL;
@@ -587,23 +590,6 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
     }
     if (err) {
         req_leg_fail(r, kind, role, l->idx, rd_err_text(err, buf, sizeof buf));
-        return;
-    }
-    if (role == RT_DECODE && status >= 400 && status < 500 && l->attempts > 1 && r->kv_params &&
-        g_rt->cfg.prefill_fallback && r->ho->t->local_prefill && !r->local_prefill && may_retry(r, role, 0)) {
-        /* An earlier decode attempt failed after it may have pulled the prefill's KV (it died mid-pull, or
-         * right after): a decode handed the same kv_transfer_params now is refused, as the prefill no longer
-         * holds that KV (vLLM's connectors answer 4xx). The next decode computes the prompt itself. A request
-         * that is bad in itself gets the same 4xx again from that attempt, which then goes to the client. */
-        XLOG_INFO("msg=\"decode refused the KV of an earlier attempt: the next decode computes the prompt\" "
-                  "request_id=%s status=%d",
-                  r->xid, status);
-        req_release(r, role);
-        xpyd_sse_reset(&r->sse);
-        free(r->kv_params);
-        r->kv_params = NULL;
-        r->local_prefill = 1;
-        req_retry_later(r, role, next);
         return;
     }
     pass_through_error(r, role, status);

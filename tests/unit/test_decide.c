@@ -120,16 +120,23 @@ static void test_fallback_and_local_prefill(void **state)
 static void test_kv_after_a_failed_decode(void **state)
 {
     (void)state;
-    /* mode_local kv_on_prefill fallback_on accepted attempts prefill_out_of_service */
-    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 1, 0), RD_KV_KEEP); /* one failure: maybe the decode's */
-    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 2, 0), RD_KV_SUSPECT);
-    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 1, 1), RD_KV_UNREACHABLE);
-    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 3, 1), RD_KV_UNREACHABLE);
-    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 1, 1, 0), RD_KV_TAKEN);
-    assert_int_equal(rd_kv_after_decode_failure(1, 0, 0, 1, 1, 0), RD_KV_TAKEN); /* store, fallback off: taken */
-    assert_int_equal(rd_kv_after_decode_failure(1, 0, 1, 0, 2, 1), RD_KV_KEEP);  /* store: the store holds it */
-    assert_int_equal(rd_kv_after_decode_failure(1, 1, 0, 0, 2, 1), RD_KV_KEEP);  /* --prefill-fallback off */
-    assert_int_equal(rd_kv_after_decode_failure(0, 1, 1, 1, 2, 1), RD_KV_KEEP);  /* bootstrap: no decode alone */
+    /* mode_local kv_on_prefill fallback_on accepted attempts status prefill_out_of_service */
+    /* one failure: maybe the decode's own */
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 1, 500, 0), RD_KV_KEEP);
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 2, 500, 0), RD_KV_SUSPECT);
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 1, 500, 1), RD_KV_UNREACHABLE);
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 3, 500, 1), RD_KV_UNREACHABLE);
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 1, 1, 500, 0), RD_KV_TAKEN);
+    assert_int_equal(rd_kv_after_decode_failure(1, 0, 0, 1, 1, 500, 0), RD_KV_TAKEN); /* store, fallback off: taken */
+    assert_int_equal(rd_kv_after_decode_failure(1, 0, 1, 0, 2, 500, 1), RD_KV_KEEP);  /* store: the store holds it */
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 0, 0, 2, 500, 1), RD_KV_KEEP);  /* --prefill-fallback off */
+    assert_int_equal(rd_kv_after_decode_failure(0, 1, 1, 1, 2, 500, 1), RD_KV_KEEP);  /* bootstrap: no decode alone */
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 2, 0, 0), RD_KV_SUSPECT); /* no answer at all */
+    /* a 4xx: the request's own fault on the first attempt; after another, the KV's (store mode too) */
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 1, 400, 0), RD_KV_KEEP);
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 2, 400, 0), RD_KV_REFUSED);
+    assert_int_equal(rd_kv_after_decode_failure(1, 0, 1, 0, 2, 404, 1), RD_KV_REFUSED);
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 0, 0, 2, 400, 0), RD_KV_KEEP); /* --prefill-fallback off */
 }
 
 static void test_failure_kinds(void **state)
