@@ -6,6 +6,8 @@
 # together, in ROUNDS rounds. Prints both CPU times per request and B/A per round, and the median ratio.
 # Rounds run one after the other move by several per cent with this machine's speed; two builds run at once see
 # the same machine, so a change of half a per cent shows (A against A: ratios 0.99-1.00).
+# CPU_AB_PROMPT=ids: each request a prompt of 4,100 token ids instead (prefix-repetition, 48 prefixes of 4,000,
+# as bench/kv_events.sh sends), placed with --decode-policy cache: reading the ids and hashing their blocks.
 #   bench/cpu_ab.sh BUILD_DIR_A BUILD_DIR_B [requests=20000] [rounds=5] [tls|plain=tls]
 #   e.g. git worktree add /tmp/base HEAD~1 && (cd /tmp/base && ./scripts/build.sh) && bench/cpu_ab.sh /tmp/base/build build
 set -euo pipefail
@@ -24,13 +26,19 @@ taskset -c 0 $B/xpyd_sim --role both --port 0 --port-file "$WORK/d.port" --decod
 PIDS+=($!)
 xpyd_wait_file "$WORK/d.port" 10
 D=$(cat "$WORK/d.port")
+POLICY=()
+if [ "${CPU_AB_PROMPT:-}" = ids ]; then
+  POLICY=(--decode-policy cache)
+  export BENCH_AT_ONCE_WORKLOAD="--tokenizer-free --dataset-name prefix-repetition --prefix-repetition-prefix-len 4000
+    --prefix-repetition-suffix-len 100 --prefix-repetition-num-prefixes 48 --prefix-repetition-output-len 16"
+fi
 TLSARGS=()
 [ "$MODE" = tls ] && TLSARGS=(--tls-cert "$WORK/srv.pem" --tls-key "$WORK/srv.key")
 start() { # bin-dir log -> "port pid"
   local port
   port=$(xpyd_free_port)
   taskset -c 1 "$1/xpyd_router" --port "$port" --log-level error --threads 1 --handoff none -d "127.0.0.1:$D" \
-    "${TLSARGS[@]}" >"$2" 2>&1 &
+    "${TLSARGS[@]}" "${POLICY[@]}" >"$2" 2>&1 &
   echo "$port $!"
 }
 read -r PA RA <<<"$(start "$A" "$WORK/a.log")"
@@ -43,7 +51,7 @@ for p in $PA $PB; do
   for _ in $(seq 100); do curl -fs --cacert "$WORK/ca.pem" "$(url $p)/health" >/dev/null && { ok=1; break; }; sleep 0.1; done
   [ $ok = 1 ] || { echo "a router did not come up" >&2; cat "$WORK"/a.log "$WORK"/b.log >&2; exit 1; }
 done
-echo "# CPU per request, A = $1, B = $2 ($MODE, $N streamed 16-token requests each, both at once) — $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "# CPU per request, A = $1, B = $2 ($MODE, $N streamed 16-token requests each${CPU_AB_PROMPT:+, prompts of $CPU_AB_PROMPT}, both at once) — $(date -u +%Y-%m-%dT%H:%MZ)"
 echo
 echo "| round | A CPU µs per request | B CPU µs per request | B / A |"
 echo "|---|---|---|---|"

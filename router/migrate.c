@@ -8,6 +8,7 @@
 #include "body_src.h"
 #include "decide.h"
 #include "handoff.h"
+#include "prompt.h"
 #include "request.h"
 
 #include "xpyd_util.h"
@@ -66,6 +67,7 @@ static void migrate_send(struct request *r)
             r->src = src;
             r->prompt_tokens = cont_prompt;
             r->max_tokens = left > 1 ? left : 1;
+            r->room_tokens = rw_room_tokens(src, r->kind == RT_EP_CHAT, r->max_tokens);
             r->base_tokens = r->tokens_out; /* the body's prompt now holds everything delivered */
             evbuffer_drain(r->gen_text, evbuffer_get_length(r->gen_text));
             free(r->kv_params);

@@ -184,7 +184,8 @@ static int on_client_gone(void *arg)
     return 1;
 }
 
-/* --tokenizer counted the prompt (tokenize.c): the handoff starts, or the exact count fits no rank (400) */
+/* --tokenizer counted the prompt (tokenize.c), or it is token ids: the handoff starts, or the exact count fits no
+ * rank (400) */
 static void tokenized(struct request *r, const char *refusal)
 {
     refusal ? req_fail(r, RF_CONTEXT_TOO_LONG, 400, refusal) : r->ho->start(r);
@@ -209,7 +210,10 @@ void req_begin(struct request *r)
     rt_client_set_owner(req, req_free_cb, r);
     /* the client's bytes are written by stream.c (write-through); the connection is read meanwhile */
     rt_client_pause_reading_on(req, on_client_gone);
-    if (!rt_tok_start(r, tokenized)) /* else it starts when its prompt's tokens are counted */
+    char refusal[400];
+    if (r->prompt_src == RT_PS_IDS && rt_tok_too_long(r, refusal, sizeof refusal)) /* exact: refused at once */
+        tokenized(r, refusal);
+    else if (!rt_tok_start(r, tokenized)) /* else it starts when its prompt's tokens are counted */
         r->ho->start(r);
 }
 
@@ -246,7 +250,7 @@ static void fall_back_to_local_prefill(struct request *r, const char *why)
 int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct request *r))
 {
     struct leg *l = &r->legs[role];
-    struct xb_query q = {.need_len = (uint64_t)(r->prompt_tokens + r->max_tokens), .tokens = charge,
+    struct xb_query q = {.need_len = (uint64_t)(r->prompt_tokens + r->room_tokens), .tokens = charge,
                          .session = r->session, .exclude = l->tried, .nexclude = l->ntried};
     if (g_rt->prefix_on[role] && !r->migrations) /* a continuation's prompt is not the one hashed */
         rt_kv_query(&q, role, r->blocks, r->nblocks, r->model);
@@ -272,8 +276,8 @@ int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct r
         char msg[300];
         snprintf(msg, sizeof msg,
                  "no %s instance can hold this request: about %" PRId64 " prompt tokens + %" PRId64
-                 " max tokens exceed every instance's max_model_len",
-                 req_role_name(role), r->prompt_tokens, r->max_tokens);
+                 " output tokens exceed every instance's max_model_len",
+                 req_role_name(role), r->prompt_tokens, r->room_tokens);
         req_fail(r, RF_CONTEXT_TOO_LONG, 503, msg);
         return -1;
     }
@@ -682,7 +686,7 @@ static int choose_local_prefill(struct request *r)
         return 0;
     int64_t charge;
     req_decode_charge(r, &charge);
-    struct xb_query q = {.need_len = (uint64_t)(r->prompt_tokens + r->max_tokens), .tokens = charge,
+    struct xb_query q = {.need_len = (uint64_t)(r->prompt_tokens + r->room_tokens), .tokens = charge,
                          .session = r->session, .peek = 1};
     rt_kv_query(&q, RT_DECODE, r->blocks, r->nblocks, r->model);
     if (xb_pick_q(g_rt->pools[RT_DECODE], &q) < 0)

@@ -200,6 +200,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
     rt_body_memory_add((int64_t)len); /* the guard admitted these bytes under the budget */
     r->stream = stream;
     r->max_tokens = max_tokens;
+    r->room_tokens = rw_room_tokens(src, kind == RT_EP_CHAT, max_tokens);
     r->t_start = xpyd_now_us();
     r->prompt_tokens = rw_estimate_prompt(src, kind == RT_EP_CHAT, g_rt->cfg.bytes_per_token);
     r->prompt_src = kind == RT_EP_COMPLETIONS && rw_prompt_is_ids(src) ? RT_PS_IDS : RT_PS_ESTIMATE;

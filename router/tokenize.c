@@ -235,6 +235,28 @@ void rt_tok_stop(void)
 }
 
 /* A finished job on its request's thread: the request goes on (or it had ended: the job is dropped). */
+int rt_tok_too_long(const struct request *r, char *msg, size_t size)
+{
+    int64_t need = r->prompt_tokens + r->room_tokens;
+    for (int role = 0; role < 2; role++) {
+        long mml = xb_max_model_len(g_rt->pools[role]);
+        if (mml <= 0 || need <= mml)
+            continue;
+        if (r->prompt_tokens >= mml)
+            snprintf(msg, size,
+                     "This model's maximum context length is %ld tokens. However, your request has %" PRId64
+                     " input tokens. Please reduce the length of the input.", mml, r->prompt_tokens);
+        else
+            snprintf(msg, size,
+                     "'max_tokens' or 'max_completion_tokens' is too large: %" PRId64 ". This model's maximum "
+                     "context length is %ld tokens and your request has %" PRId64 " input tokens (%" PRId64
+                     " > %ld - %" PRId64 ").", r->max_tokens, mml, r->prompt_tokens, r->max_tokens, mml,
+                     r->prompt_tokens);
+        return 1;
+    }
+    return 0;
+}
+
 static void finish(struct rt_tok_job *j)
 {
     struct request *r = j->r;
@@ -263,27 +285,8 @@ static void finish(struct rt_tok_job *j)
     j->blocks = NULL;
     rt_tok_go go = j->go;
     job_free(j);
-    /* exact: a prompt no rank can hold is the client's error, said before any engine is touched */
-    int64_t need = r->prompt_tokens + r->max_tokens;
-    for (int role = 0; role < 2; role++) {
-        long mml = xb_max_model_len(g_rt->pools[role]);
-        if (mml <= 0 || need <= mml)
-            continue;
-        char msg[400];
-        if (r->prompt_tokens >= mml)
-            snprintf(msg, sizeof msg,
-                     "This model's maximum context length is %ld tokens. However, your request has %" PRId64
-                     " input tokens. Please reduce the length of the input.", mml, r->prompt_tokens);
-        else
-            snprintf(msg, sizeof msg,
-                     "'max_tokens' or 'max_completion_tokens' is too large: %" PRId64 ". This model's maximum "
-                     "context length is %ld tokens and your request has %" PRId64 " input tokens (%" PRId64
-                     " > %ld - %" PRId64 ").", r->max_tokens, mml, r->prompt_tokens, r->max_tokens, mml,
-                     r->prompt_tokens);
-        go(r, msg);
-        return;
-    }
-    go(r, NULL);
+    char msg[400];
+    go(r, rt_tok_too_long(r, msg, sizeof msg) ? msg : NULL);
 }
 
 static void on_inbox(evutil_socket_t fd, short what, void *arg)

@@ -6,6 +6,7 @@
 #ifndef XPYD_TOKENIZE_H
 #define XPYD_TOKENIZE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct router;
@@ -38,6 +39,9 @@ typedef void (*rt_tok_go)(struct request *r, const char *refusal);
 /* At a request's start (req_begin): 1 when its prompt went to be tokenized (it goes on by itself, through go,
  * when its ids are back); 0 when it goes on now with the byte estimate. */
 int rt_tok_start(struct request *r, rt_tok_go go);
+/* An exact count (the tokenizer's, or a prompt of token ids) that no rank can hold with the output tokens it
+ * must leave room for (rw_room_tokens): 1, with vLLM's words for the client's 400 in msg. */
+int rt_tok_too_long(const struct request *r, char *msg, size_t size);
 /* The request ended while its prompt was being tokenized: the ids will be dropped. */
 void rt_tok_detach(struct request *r);
 /* The prefill reported prompt_tokens for r: counted as a mismatch when the router's own count differs. */

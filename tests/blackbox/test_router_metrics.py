@@ -193,8 +193,14 @@ class Reasons(t.TestCase):
         r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "error", "--config",
                                               self.cfg(p.port, d.port, 50)]))
         st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 100})
-        self.assertOpenAIError(st, out, 503, "max_model_len")
+        self.assertOpenAIError(st, out, 503, "max_model_len")  # an estimate: the engines are the judges
         self.assertEqual(reason(r.port, "context_too_long"), 1)
+        # token ids are an exact count: the client's error, in vLLM's words, before any engine
+        st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": list(range(40)), "max_tokens": 20})
+        self.assertOpenAIError(st, out, 400, "'max_tokens' or 'max_completion_tokens' is too large: 20. This model's "
+                               "maximum context length is 50 tokens and your request has 40 input tokens")
+        self.assertEqual(reason(r.port, "context_too_long"), 2)
+        self.assertEqual(t.metric(d.port, "xpyd_sim:requests_total"), 0)
         st, _, _ = t.request(r.port, "POST", "/v1/completions", "x" * 100)
         self.assertEqual(reason(r.port, "bad_request"), 1)
 
@@ -206,7 +212,6 @@ class Reasons(t.TestCase):
         return path
 
     def _tmp(self):
-        import tempfile
         d = t.tmpdir(prefix="xpyd-cfg-")
         self.addCleanup(shutil.rmtree, d, True)
         return d

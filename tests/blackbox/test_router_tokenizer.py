@@ -31,6 +31,16 @@ def completion(port, body, headers=None):
     return st, json.loads(out)
 
 
+def llama_router_of_60(case, p, d):
+    """A router with Llama 3.1's tokenizer whose topology gives prefill p and decode d a max_model_len of 60."""
+    topo = os.path.join(t.tmpdir(), "topology.json")
+    with open(topo, "w") as f:
+        json.dump({role: {"hosts": [{"host": "127.0.0.1", "port": e.port, "max_model_len": 60}]}
+                   for role, e in (("prefill", p), ("decode", d))}, f)
+    return case.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--config", topo,
+                                             "--tokenizer", model_dir("llama3_1")]))
+
+
 class RouterTokenizer(t.TestCase):
     def engines(self, name, *flags):
         p = self.start(t.sim("--role", "prefill", "--tokenizer", model_dir(name), *flags))
@@ -65,14 +75,15 @@ class RouterTokenizer(t.TestCase):
         self.assertEqual(st, 200, out)
         t.wait_until(lambda: len(access_lines(r)) == 3, what="three access lines")
         self.assertEqual(access_lines(r)[2]["prompt_tokens"], len(want[1]) - 1)
-        # token ids are counted as they are; chat keeps the estimate, counted
-        st, out = completion(r.port, {"prompt": [1, 2, 3, 4]})
+        # token ids are counted as they are (40: past the sixteen bytes counted at a time); chat: its template
+        st, out = completion(r.port, {"prompt": list(range(1000, 1040))})
         self.assertEqual(st, 200, out)
         st, _, body = t.request(r.port, "POST", "/v1/chat/completions",
                                 {"model": "sim-model", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
         self.assertEqual(st, 200, body)
         t.wait_until(lambda: len(access_lines(r)) == 5, what="five access lines")
-        self.assertEqual([l["prompt_src"] for l in access_lines(r)[3:]], ["ids", "tokenizer"])  # chat: its template
+        self.assertEqual([l["prompt_src"] for l in access_lines(r)[3:]], ["ids", "tokenizer"])
+        self.assertEqual(access_lines(r)[3]["prompt_tokens"], 40)
         self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="template"}'), 0)
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 4)
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)  # the sim honours it too
@@ -89,12 +100,7 @@ class RouterTokenizer(t.TestCase):
 
     def test_over_max_model_len_is_400_before_any_engine(self):
         p, d = self.engines("llama3_1")
-        topo = os.path.join(t.tmpdir(), "topology.json")
-        with open(topo, "w") as f:
-            json.dump({role: {"hosts": [{"host": "127.0.0.1", "port": e.port, "max_model_len": 60}]}
-                       for role, e in (("prefill", p), ("decode", d))}, f)
-        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--config", topo,
-                                              "--tokenizer", model_dir("llama3_1")]))
+        r = llama_router_of_60(self, p, d)
         text = "你好世界，这是一个测试。" * 6
         n = len(oracle("llama3_1", [text], special=True)[0])
         self.assertGreater(n, 30)  # ~1 token per 2 characters: 66 characters, 198 bytes; the byte estimate: 50
@@ -120,10 +126,17 @@ class RouterTokenizer(t.TestCase):
                    b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
             self.assertEqual(c.response()[0], want)
         c.close()
-        # no engine saw a refused request: the sims served the two that fit, nothing else
+        # token ids count as they are: 40 of them (past the sixteen bytes counted at a time) + 21 is over, + 20 fits
+        st, out = completion(r.port, {"prompt": list(range(1000, 1040)), "max_tokens": 21})
+        self.assertEqual(st, 400, out)
+        self.assertIn("'max_tokens' or 'max_completion_tokens' is too large: 21", out["error"]["message"])
+        self.assertIn("your request has 40 input tokens", out["error"]["message"])
+        st, out = completion(r.port, {"prompt": list(range(1000, 1040)), "max_tokens": 20})
+        self.assertEqual(st, 200, out)
+        # no engine saw a refused request: the sims served the three that fit, nothing else
         for e in (p, d):
-            self.assertEqual(t.metric(e.port, 'vllm:request_success_total{engine="0",model_name="sim-model"}'), 2)
-        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="context_too_long"}'), 4)
+            self.assertEqual(t.metric(e.port, 'vllm:request_success_total{engine="0",model_name="sim-model"}'), 3)
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="context_too_long"}'), 5)
         t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
 
     def test_prefix_blocks_are_the_engines_blocks(self):
@@ -304,6 +317,29 @@ class RouterChat(t.TestCase):
         self.assertGreater(hit, miss)  # from the second turn on, the history is not encoded again
         self.assertGreater(t.metric(r.port, "xpyd_tokenizer_cache_bytes"), 0)
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)  # and the counts stay exact
+
+    def test_a_chat_without_max_tokens_has_the_rest_of_the_context(self):
+        # vLLM gives a chat without max_tokens what max_model_len leaves after its prompt: only a prompt of
+        # max_model_len tokens or more is refused (a completion's default is 16, and counts)
+        p, d = (self.start(t.sim("--role", role, "--tokenizer", model_dir("llama3_1"), "--max-model-len", "60"))
+                for role in ("prefill", "decode"))
+        r = llama_router_of_60(self, p, d)
+        reqs = [{"messages": [{"role": "user", "content": "word " * k}]} for k in range(30, 70)]
+        texts = theirs(template_of("llama3_1"), specials("llama3_1"), [vllm_conversation(q, False) for q in reqs])
+        counts = [len(ids) for ids in oracle("llama3_1", texts, special=False)]
+        near = next(q for q, n in zip(reqs, counts) if 50 <= n < 60)  # fits, but not with 16 more
+        n = counts[reqs.index(near)]
+        over = next((q, c) for q, c in zip(reqs, counts) if c >= 60)
+        for body, want, needle in ((near, 200, None),
+                                   (dict(near, max_tokens=61 - n), 400, "is too large: %d" % (61 - n)),
+                                   (dict(near, max_tokens=60 - n), 200, None),
+                                   (over[0], 400, "your request has %d input tokens" % over[1])):
+            st, _, out = t.request(r.port, "POST", "/v1/chat/completions", dict(body, model="sim-model"), timeout=30)
+            self.assertEqual(st, want, out)
+            if needle:
+                self.assertIn(needle, json.loads(out)["error"]["message"])
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="context_too_long"}'), 2)
+        t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
 
     def test_a_model_without_a_template_keeps_the_estimate_for_chat(self):
         p, d = (self.start(t.sim("--role", role, "--tokenizer", model_dir("llama2"))) for role in ("prefill", "decode"))

@@ -5,9 +5,9 @@
  * crash, no UB, no leak" it checks the promises: every body it writes is a strict JSON object, a body with
  * nothing to change reaches the engine byte for byte, the prefill body asks for one unstreamed token, the
  * bootstrap body carries the room exactly, no duplicate key survives, a continuation holds the prompt and the
- * text; and what the in-place reading finds (the checks, the token estimate, the model, a text or token-id
- * prompt's blocks) equals what a reference reading of an independent parser's tree (cJSON, a repeated key
- * reading as its last value, as Python's json) finds. */
+ * text; and what the in-place reading finds (the checks, the token estimate, the model, whether a prompt is
+ * token ids, a text or token-id prompt's blocks) equals what a reference reading of an independent parser's tree
+ * (cJSON, a repeated key reading as its last value, as Python's json) finds. */
 #include "body_src.h"
 #include "prompt.h"
 #include "rewrite.h"
@@ -108,6 +108,20 @@ static int64_t ref_estimate(const cJSON *b, int chat)
                 n += ref_text(get(part, "text"));
     }
     return n;
+}
+
+/* A completions prompt of token ids: a non-empty array of numbers or arrays. */
+static int ref_is_ids(const cJSON *b)
+{
+    const cJSON *p = get(b, "prompt"), *it;
+    if (!cJSON_IsArray(p) || !p->child)
+        return 0;
+    cJSON_ArrayForEach(it, p)
+    {
+        if (!cJSON_IsNumber(it) && !cJSON_IsArray(it))
+            return 0;
+    }
+    return 1;
 }
 
 /* A completions prompt's blocks (text or token ids), 4 tokens of 1 byte per block; -1: not such a prompt. */
@@ -246,6 +260,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (max_tokens < 1 || rw_estimate_prompt(src, chat, 4.0) < 0)
             abort();
         if (tree && rw_estimate_prompt(src, chat, 4.0) != ref_estimate(tree, chat))
+            abort();
+        if (tree && !chat && rw_prompt_is_ids(src) != ref_is_ids(tree))
             abort();
         char *model = rw_string_member(src, "model");
         const cJSON *rm = tree ? get(tree, "model") : NULL;
