@@ -76,12 +76,21 @@ static void same(struct jv v, const cJSON *c, int depth)
         struct jv_iter it;
         struct jv key, val;
         const cJSON *k = c->child;
+        /* cJSON keeps a key only up to a NUL ("a\u0000b" reads as "a"): with such a key in the object, its keys
+         * cannot be looked up in cJSON's tree (another key "a" would find the wrong member) */
+        int nul_keys = 0;
+        jv_iter_init(&it, v);
+        while (jv_next(&it, &key, NULL)) {
+            char *ks = jv_str_dup(key);
+            nul_keys |= strlen(ks) != jv_str_len(key);
+            free(ks);
+        }
         jv_iter_init(&it, v);
         while (jv_next(&it, &key, &val)) {
             char *ks = jv_str_dup(key);
             if (strcmp(ks, k->string) != 0) /* members in order */
                 abort();
-            if (!strchr(ks, '\0') || strlen(ks) == jv_str_len(key)) { /* a key without NUL: looked up */
+            if (!nul_keys) { /* looked up */
                 const cJSON *last = NULL;
                 for (const cJSON *x = c->child; x; x = x->next)
                     if (!strcmp(x->string, ks))
