@@ -162,6 +162,28 @@ static int jnumber(struct jv_scan *j)
     return 0;
 }
 
+/* Inside an array, a run of plain integers each followed by a comma ("1, 22,333," of a token-id prompt, most of
+ * such a body), checked in one tight loop: '0' or [1-9][0-9]*, whitespace, ','. It stops at the first element
+ * that is anything else (a sign, a fraction, an exponent, a leading zero, the last element, another value),
+ * leaving j->p at that element's first byte for the generic reading, so what is accepted does not change. */
+static void int_run(struct jv_scan *j)
+{
+    const char *p = j->p, *e = j->e;
+    while (p < e && *p >= '0' && *p <= '9') {
+        const char *q = p + 1;
+        if (*p != '0')
+            while (q < e && *q >= '0' && *q <= '9')
+                q++;
+        while (q < e && is_ws(*q))
+            q++;
+        if (q >= e || *q != ',')
+            break;
+        for (q++; q < e && is_ws(*q); q++)
+            ;
+        p = j->p = q;
+    }
+}
+
 static int jcontainer(struct jv_scan *j, int depth)
 {
     char close = *j->p == '{' ? '}' : ']';
@@ -185,6 +207,8 @@ static int jcontainer(struct jv_scan *j, int depth)
             if (j->p >= j->e || *j->p != ':')
                 return jfail(j, "expected ':'");
             j->p++;
+        } else {
+            int_run(j);
         }
         if (jv_scan_value(j, depth + 1))
             return -1;

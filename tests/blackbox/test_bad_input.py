@@ -64,6 +64,37 @@ class BadInput(t.TestCase):
         self.idle(r)
         self.assertEqual(t.metric(p.port, "xpyd_sim:kv_leases_active"), 1)  # min_tokens case: prefill ran
 
+    def test_number_arrays_read_as_python_reads_them(self):
+        # the router reads arrays of plain integers (token ids) in a fast loop: what it accepts must stay what
+        # Python's json (the engines' parser) accepts, element by element, on fresh and keep-alive connections
+        p, d = self.start(t.sim("--role", "prefill")), self.start(t.sim("--role", "decode"))
+        r = self.start(t.router([p.port], [d.port]))
+        arrays = ["[0]", "[01]", "[00]", "[0,1]", "[0 ,1]", "[1\t,\n2 ]", "[1,]", "[,1]", "[1 2]", "[1,,2]",
+                  "[-0]", "[-1, 2]", "[0.5]", "[1.]", "[.5]", "[1e5]", "[1E+5, 2]", "[1e]", "[+1]", "[0x1]",
+                  "[1, 2, \"a\"]", "[1, 2, [3]]", "[[1, 2], [03]]", "[99999999999999999999999]", "[1, 2",
+                  "[1, 2]]", "[ ]", "[1, -]", "[1,\u00a02]", "[01, 2]", "[1, 007, 2]", "[0.5, 1]", "[1 2, 3]",
+                  "[1,\t\r\n 2]", "[" + "7, " * 300 + "7]", "[" + "7, " * 300 + "07, 7]"]
+        c = t.RawConn(r.port)
+        for a in arrays:
+            raw = '{"prompt": %s, "max_tokens": 1}' % a
+            try:
+                json.loads(raw)
+                python_accepts = True
+            except ValueError:
+                python_accepts = False
+            for keep_alive in (False, True):
+                if keep_alive:
+                    body = raw.encode()
+                    c.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                    st, _, _, out = c.response()
+                else:
+                    st, _, out = t.request(r.port, "POST", "/v1/completions", raw)
+                with self.subTest(array=a[:40], keep_alive=keep_alive):
+                    self.assertEqual(st == 400 and b"malformed JSON" in out, not python_accepts, out)
+        c.close()
+        self.idle(r)
+
 
 if __name__ == "__main__":
     t.main()
