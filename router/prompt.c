@@ -63,12 +63,14 @@ const char *rw_validate(const struct rw_src *body, int chat, int *stream, int64_
 int64_t rw_room_tokens(const struct rw_src *body, int chat, int64_t max_tokens)
 {
     static const char *const names[] = {"max_completion_tokens", "max_tokens"};
+    int null = 0;
     for (int i = 0; i < 2; i++) {
         enum jv_type t = jv_type(rw_src_get(body, names[i]));
-        if (t != JV_NONE && t != JV_NULL)
+        if (t == JV_NUMBER) /* (rw_validate checked it) */
             return max_tokens;
+        null |= t == JV_NULL;
     }
-    return chat ? 1 : max_tokens;
+    return chat || null ? 1 : max_tokens;
 }
 
 static int64_t estimate_text(struct jv s, double bpt)

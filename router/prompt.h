@@ -17,9 +17,9 @@
  * the client gave no limit), else the message for a 400. */
 const char *rw_validate(const struct rw_src *body, int chat, int *stream, int64_t *max_tokens);
 /* The output tokens a rank's max_model_len must leave room for beyond the prompt, as vLLM checks a request:
- * max_tokens (max_completion_tokens) as the client set it; unset, a completion's 16 (vLLM's default) and a chat's
- * 1 (vLLM gives a chat what the context has left: only a prompt of max_model_len tokens or more is refused).
- * max_tokens: what rw_validate found. */
+ * max_tokens (max_completion_tokens) as the client set it; absent, a completion's 16 (vLLM's default); a chat's
+ * absent or null, or a completion's explicit null: 1 (vLLM then gives the request what the context has left,
+ * and refuses only a prompt of max_model_len tokens or more). max_tokens: what rw_validate found. */
 int64_t rw_room_tokens(const struct rw_src *body, int chat, int64_t max_tokens);
 /* Prompt size in tokens: token-id arrays exactly, text (decoded bytes) by bytes_per_token, chat messages + 4
  * each. */

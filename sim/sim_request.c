@@ -345,8 +345,10 @@ static int parse_fields(const cJSON *root, int chat, const struct sim_limits *li
     long plen = (long)out->prompt.n;
     if (has_mt && max_tokens < 1)
         return fail(err, 400, "max_tokens must be at least 1, got %ld.", max_tokens);
-    if (!has_mt)
-        max_tokens = chat ? lim->max_model_len - plen : 16;
+    if (!has_mt) /* vLLM: a completion's default is 16; a chat's, or an explicit null, is what the context leaves */
+        max_tokens = chat || cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(root, "max_tokens"))
+                         ? lim->max_model_len - plen
+                         : 16;
     if (plen + (max_tokens > 0 ? max_tokens : 0) > lim->max_model_len || max_tokens < 1)
         return fail(err, 400,
                     "This model's maximum context length is %ld tokens. However, you requested %ld tokens (%ld "

@@ -320,7 +320,7 @@ class RouterChat(t.TestCase):
 
     def test_a_chat_without_max_tokens_has_the_rest_of_the_context(self):
         # vLLM gives a chat without max_tokens what max_model_len leaves after its prompt: only a prompt of
-        # max_model_len tokens or more is refused (a completion's default is 16, and counts)
+        # max_model_len tokens or more is refused (a completion's default is 16, and counts, unless set to null)
         p, d = (self.start(t.sim("--role", role, "--tokenizer", model_dir("llama3_1"), "--max-model-len", "60"))
                 for role in ("prefill", "decode"))
         r = llama_router_of_60(self, p, d)
@@ -338,7 +338,14 @@ class RouterChat(t.TestCase):
             self.assertEqual(st, want, out)
             if needle:
                 self.assertIn(needle, json.loads(out)["error"]["message"])
-        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="context_too_long"}'), 2)
+        # a completion: 16 unless the client says null (vLLM reads that as "what is left")
+        ids = {"model": "sim-model", "prompt": list(range(1000, 1050))}
+        st, _, out = t.request(r.port, "POST", "/v1/completions", ids, timeout=30)
+        self.assertEqual(st, 400, out)
+        self.assertIn("is too large: 16", json.loads(out)["error"]["message"])
+        st, _, out = t.request(r.port, "POST", "/v1/completions", dict(ids, max_tokens=None), timeout=30)
+        self.assertEqual(st, 200, out)
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="context_too_long"}'), 3)
         t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
 
     def test_a_model_without_a_template_keeps_the_estimate_for_chat(self):

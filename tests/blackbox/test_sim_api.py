@@ -89,6 +89,19 @@ class SimApi(t.TestCase):
         self.assertEqual(chat["choices"][0]["message"]["role"], "assistant")
         self.assertEqual(len(chat["choices"][0]["message"]["content"].split()), 2)
 
+    def test_default_max_tokens_as_vllm(self):
+        # unset: a completion generates 16 (vLLM's default); a chat, or a completion whose max_tokens is null,
+        # what the context leaves (--max-model-len 64)
+        for path, body, want in (("/v1/completions", {"prompt": "x y z"}, 16),
+                                 ("/v1/completions", {"prompt": "x y z", "max_tokens": None}, 61),
+                                 ("/v1/chat/completions", {"messages": [{"role": "user", "content": "q"}]}, None)):
+            st, _, out = t.post_json(self.s.port, path, dict(body, ignore_eos=True))
+            self.assertEqual(st, 200, out)
+            u = out["usage"]
+            self.assertEqual(u["completion_tokens"], want if want else 64 - u["prompt_tokens"])
+        st, _, out = t.post_json(self.s.port, "/v1/completions", {"prompt": "w " * 64, "max_tokens": None})
+        self.assertOpenAIError(st, out, 400, "maximum context length is 64 tokens")
+
     def test_validation_errors(self):
         cases = [
             ({"prompt": "a", "stream": False, "stream_options": {"include_usage": True}}, 400,
