@@ -13,8 +13,9 @@ mutants.txt lists them, one block each (blank-line separated, '#' comments):
              unit:NAME (a cmocka binary), or fuzz:NAME:SECONDS (not used in CI)
     why:     what the bug would do to a user
 For every mutant the runner copies the source tree once (build/mutation/src), applies the mutant to the copy,
-rebuilds only its targets (build/mutation/build), runs its tests against the mutated binaries and restores
-the file. A mutant is killed when one of its tests fails. The run fails (exit 1) when any mutant survives,
+rebuilds its targets (build/mutation/build; with those earlier mutants left built from their change, in the same
+build: a restored file is recompiled with the next mutant's), runs its tests against the mutated binaries and
+restores the file. A mutant is killed when one of its tests fails. The run fails (exit 1) when any mutant survives,
 no longer applies (its 'find' text is gone or ambiguous: the suite must be kept current with the code), or
 does not compile; it prints which. Before the mutants, every test named in the file is run once against the
 unmutated build: a test that fails there would "kill" every mutant, so it fails the run too.
@@ -162,6 +163,10 @@ def main():
     print("mutation: baseline of %d tests passed in %.0fs" % (len(tests), time.monotonic() - t0))
 
     results = {"killed": [], "survived": [], "stale": [], "no_build": []}
+    # Targets built from a tree with a mutant in it. A restored file is not rebuilt at once: the next mutant's one
+    # build takes these targets too, and make recompiles the restored file beside the new mutant's (one build per
+    # mutant, not two). A target never built with a mutant in the tree is the clean build's.
+    dirty = set()
     for m in mutants:
         path = os.path.join(src, m["file"])
         orig = open(path, encoding="utf-8").read()
@@ -174,7 +179,8 @@ def main():
         try:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(orig.replace(m["find"], m["replace"]))
-            ok, out = build(bld, m["target"].split())
+            dirty |= set(m["target"].split())
+            ok, out = build(bld, sorted(dirty))
             if not ok:
                 results["no_build"].append(m["id"])
                 print("NOBUILD %-40s\n%s" % (m["id"], out[-2000:]))
@@ -195,7 +201,8 @@ def main():
             if not a.keep:
                 with open(path, "w", encoding="utf-8") as f:
                     f.write(orig)
-                build(bld, m["target"].split())
+    if dirty and not a.keep:
+        build(bld, sorted(dirty))  # the binaries back to the code as it is
     bad = results["survived"] + results["stale"] + results["no_build"]
     print("mutation: %d killed, %d survived, %d stale, %d not building, in %.0fs" % (
         len(results["killed"]), len(results["survived"]), len(results["stale"]), len(results["no_build"]),
