@@ -66,6 +66,7 @@ static void migrate_send(struct request *r)
             rw_src_free(r->src);
             r->src = src;
             r->prompt_tokens = cont_prompt;
+            r->prompt_longest = r->prompt_longest ? cont_prompt : 0; /* one prompt (continued): counted as before */
             r->max_tokens = left > 1 ? left : 1;
             r->room_tokens = rw_room_tokens(src, r->kind == RT_EP_CHAT, r->max_tokens);
             r->base_tokens = r->tokens_out; /* the body's prompt now holds everything delivered */

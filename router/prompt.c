@@ -348,6 +348,23 @@ int rw_prompt_is_ids(const struct rw_src *body)
     return n > 0;
 }
 
+int64_t rw_longest_ids_prompt(const struct rw_src *body)
+{
+    struct jv p = rw_src_get(body, "prompt"), v;
+    struct jv_iter it;
+    long n = plain_count(p);
+    if (n >= 0)
+        return n;
+    int64_t longest = 0, flat = 0;
+    jv_iter_init(&it, p);
+    while (jv_next(&it, NULL, &v))
+        if (jv_type(v) == JV_ARRAY)
+            longest = (int64_t)jv_count(v) > longest ? (int64_t)jv_count(v) : longest;
+        else
+            flat++;
+    return flat > longest ? flat : longest;
+}
+
 size_t rw_prompt_texts(const struct rw_src *body, char **text, size_t *lens, size_t max)
 {
     struct jv p = rw_src_get(body, "prompt"), v;

@@ -219,6 +219,12 @@ void req_begin(struct request *r)
 
 /* ---------- picking ---------- */
 
+/* What a rank's max_model_len must hold: the (longest, when counted exactly) prompt and the room after it. */
+static uint64_t need_len(const struct request *r)
+{
+    return (uint64_t)((r->prompt_longest > 0 ? r->prompt_longest : r->prompt_tokens) + r->room_tokens);
+}
+
 static void on_queue_expired(struct request *r, int role)
 {
     char msg[300];
@@ -250,7 +256,7 @@ static void fall_back_to_local_prefill(struct request *r, const char *why)
 int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct request *r))
 {
     struct leg *l = &r->legs[role];
-    struct xb_query q = {.need_len = (uint64_t)(r->prompt_tokens + r->room_tokens), .tokens = charge,
+    struct xb_query q = {.need_len = need_len(r), .tokens = charge,
                          .session = r->session, .exclude = l->tried, .nexclude = l->ntried};
     if (g_rt->prefix_on[role] && !r->migrations) /* a continuation's prompt is not the one hashed */
         rt_kv_query(&q, role, r->blocks, r->nblocks, r->model);
@@ -686,7 +692,7 @@ static int choose_local_prefill(struct request *r)
         return 0;
     int64_t charge;
     req_decode_charge(r, &charge);
-    struct xb_query q = {.need_len = (uint64_t)(r->prompt_tokens + r->room_tokens), .tokens = charge,
+    struct xb_query q = {.need_len = need_len(r), .tokens = charge,
                          .session = r->session, .peek = 1};
     rt_kv_query(&q, RT_DECODE, r->blocks, r->nblocks, r->model);
     if (xb_pick_q(g_rt->pools[RT_DECODE], &q) < 0)

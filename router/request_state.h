@@ -84,7 +84,8 @@ struct request {
     int prompt_src;             /* where prompt_tokens came from: enum rt_prompt_src (tokenize.h) */
     struct rt_tok_job *tok_job; /* --tokenizer: the prompt's job while it is tokenized (tokenize.c), else NULL */
     int64_t max_tokens;
-    int64_t room_tokens; /* what max_model_len must hold beyond the prompt (rw_room_tokens: vLLM's check) */
+    int64_t room_tokens;    /* what max_model_len must hold beyond the prompt (rw_room_tokens: vLLM's check) */
+    int64_t prompt_longest; /* exact counts: the longest prompt's tokens (a batch's prompts are checked alone) */
     uint64_t t_start, t_first, t_last_tok;
     struct leg legs[2];
     char retry_after[64];       /* the failing engine's Retry-After, passed through with its 429/503 */

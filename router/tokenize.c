@@ -40,7 +40,7 @@ struct rt_tok_job {
     /* the result, written by the worker */
     int rc;
     int fallback;        /* rc != 0: the enum rt_tok_fallback reason */
-    int64_t tokens;
+    int64_t tokens, longest; /* all prompts' tokens; the longest prompt's (a batch is checked prompt by prompt) */
     uint64_t *blocks;
     size_t nblocks;
     int64_t held;        /* bytes counted in the router's body memory while the job lives */
@@ -120,7 +120,7 @@ static void encode_chat(struct rt_tok_job *j)
     j->rc = xtok_encode_cached(T.tok, T.cache, text, n, j->add_special, &ids, &nids);
     free(text);
     if (j->rc == 0) {
-        j->tokens = (int64_t)nids;
+        j->tokens = j->longest = (int64_t)nids;
         if (j->block_tokens)
             j->nblocks = rw_id_blocks(ids, nids, j->block_tokens, j->has_extra ? j->extra : NULL, &j->blocks);
     } else {
@@ -133,7 +133,7 @@ static void encode(struct rt_tok_job *j)
 {
     double t0 = thread_cpu_s();
     const char *p = j->text;
-    j->tokens = 0;
+    j->tokens = j->longest = 0;
     if (j->chat) {
         encode_chat(j);
         rt_hist_observe(&g_rt->ctr.tokenizer_time, thread_cpu_s() - t0);
@@ -145,6 +145,7 @@ static void encode(struct rt_tok_job *j)
         j->rc = xtok_encode_cached(T.tok, T.cache, p, j->lens[i], j->add_special, &ids, &nids);
         if (j->rc == 0) {
             j->tokens += (int64_t)nids;
+            j->longest = (int64_t)nids > j->longest ? (int64_t)nids : j->longest;
             if (j->n == 1 && j->block_tokens) /* blocks of the one prompt (a batch's are not placed by prefix) */
                 j->nblocks = rw_id_blocks(ids, nids, j->block_tokens, j->has_extra ? j->extra : NULL, &j->blocks);
         } else {
@@ -237,21 +238,20 @@ void rt_tok_stop(void)
 /* A finished job on its request's thread: the request goes on (or it had ended: the job is dropped). */
 int rt_tok_too_long(const struct request *r, char *msg, size_t size)
 {
-    int64_t need = r->prompt_tokens + r->room_tokens;
+    int64_t prompt = r->prompt_longest, need = prompt + r->room_tokens; /* vLLM checks each prompt of a batch */
     for (int role = 0; role < 2; role++) {
         long mml = xb_max_model_len(g_rt->pools[role]);
         if (mml <= 0 || need <= mml)
             continue;
-        if (r->prompt_tokens >= mml)
+        if (prompt >= mml)
             snprintf(msg, size,
                      "This model's maximum context length is %ld tokens. However, your request has %" PRId64
-                     " input tokens. Please reduce the length of the input.", mml, r->prompt_tokens);
+                     " input tokens. Please reduce the length of the input.", mml, prompt);
         else
             snprintf(msg, size,
                      "'max_tokens' or 'max_completion_tokens' is too large: %" PRId64 ". This model's maximum "
                      "context length is %ld tokens and your request has %" PRId64 " input tokens (%" PRId64
-                     " > %ld - %" PRId64 ").", r->max_tokens, mml, r->prompt_tokens, r->max_tokens, mml,
-                     r->prompt_tokens);
+                     " > %ld - %" PRId64 ").", r->max_tokens, mml, prompt, r->max_tokens, mml, prompt);
         return 1;
     }
     return 0;
@@ -279,6 +279,7 @@ static void finish(struct rt_tok_job *j)
     }
     atomic_fetch_add(&g_rt->ctr.tokenizer_prompts, 1);
     r->prompt_tokens = j->tokens;
+    r->prompt_longest = j->longest;
     r->prompt_src = RT_PS_TOKENIZER;
     r->blocks = j->blocks;
     r->nblocks = j->nblocks;

@@ -201,8 +201,17 @@ class Reasons(t.TestCase):
                                "maximum context length is 50 tokens and your request has 40 input tokens")
         self.assertEqual(reason(r.port, "context_too_long"), 2)
         self.assertEqual(t.metric(d.port, "xpyd_sim:requests_total"), 0)
+        # a batch is checked prompt by prompt, as vLLM checks it: two prompts of 40 ids fit with 5 more each (the
+        # sim then refuses a batch itself); one of 48 does not
+        st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": [list(range(40))] * 2, "max_tokens": 5})
+        self.assertOpenAIError(st, out, 400, "batched prompts (arrays of several prompts) are not supported")
+        st, _, out = t.post_json(r.port, "/v1/completions",
+                                 {"prompt": [list(range(40)), list(range(48))], "max_tokens": 5})
+        self.assertOpenAIError(st, out, 400, "is too large: 5. This model's maximum context length is 50 tokens "
+                               "and your request has 48 input tokens")
+        self.assertEqual(reason(r.port, "context_too_long"), 3)
         st, _, _ = t.request(r.port, "POST", "/v1/completions", "x" * 100)
-        self.assertEqual(reason(r.port, "bad_request"), 1)
+        self.assertEqual(reason(r.port, "bad_request"), 2)  # and the engine's 400 for the batch
 
     def cfg(self, pp, dp, mml):
         path = os.path.join(self._tmp(), "c.json")

@@ -6,8 +6,8 @@
  * nothing to change reaches the engine byte for byte, the prefill body asks for one unstreamed token, the
  * bootstrap body carries the room exactly, no duplicate key survives, a continuation holds the prompt and the
  * text; and what the in-place reading finds (the checks, the token estimate, the model, whether a prompt is
- * token ids, a text or token-id prompt's blocks) equals what a reference reading of an independent parser's tree
- * (cJSON, a repeated key reading as its last value, as Python's json) finds. */
+ * token ids and its longest prompt, a text or token-id prompt's blocks) equals what a reference reading of an
+ * independent parser's tree (cJSON, a repeated key reading as its last value, as Python's json) finds. */
 #include "body_src.h"
 #include "prompt.h"
 #include "rewrite.h"
@@ -108,6 +108,21 @@ static int64_t ref_estimate(const cJSON *b, int chat)
                 n += ref_text(get(part, "text"));
     }
     return n;
+}
+
+/* Such a prompt's longest prompt: its numbers, or a batch's longest array. */
+static int64_t ref_longest(const cJSON *b)
+{
+    const cJSON *it;
+    int64_t flat = 0, longest = 0;
+    cJSON_ArrayForEach(it, get(b, "prompt"))
+    {
+        if (cJSON_IsArray(it))
+            longest = cJSON_GetArraySize(it) > longest ? cJSON_GetArraySize(it) : longest;
+        else
+            flat++;
+    }
+    return flat > longest ? flat : longest;
 }
 
 /* A completions prompt of token ids: a non-empty array of numbers or arrays. */
@@ -262,6 +277,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (tree && rw_estimate_prompt(src, chat, 4.0) != ref_estimate(tree, chat))
             abort();
         if (tree && !chat && rw_prompt_is_ids(src) != ref_is_ids(tree))
+            abort();
+        if (tree && !chat && ref_is_ids(tree) && rw_longest_ids_prompt(src) != ref_longest(tree))
             abort();
         char *model = rw_string_member(src, "model");
         const cJSON *rm = tree ? get(tree, "model") : NULL;
