@@ -87,7 +87,7 @@ bench_cpu_ticks() { local t=0 p; for p in "$@"; do t=$((t + $(awk '{print $14 + 
 # BENCH_AT_ONCE_WORKLOAD: xpyd_bench's workload flags instead of the random 16-token prompts.
 bench_at_once() {
   local n=$1 ca=$2 ua=$3 pa=$4 ub=$5 pb=$6 a0 b0 a1 b1 w1 w2 wl
-  read -r -a wl <<<"${BENCH_AT_ONCE_WORKLOAD:---random-input-len 16 --random-output-len 16 --ignore-eos}"
+  read -r -d '' -a wl <<<"${BENCH_AT_ONCE_WORKLOAD:---random-input-len 16 --random-output-len 16 --ignore-eos}" || true
   local args=(--tls-ca "$ca" --num-prompts "$n" --max-concurrency 32 "${wl[@]}" --disable-tqdm)
   a0=$(bench_cpu_ticks $pa) b0=$(bench_cpu_ticks $pb)
   taskset -c 0 "$B/xpyd_bench" --base-url "$ua" "${args[@]}" >/dev/null &
