@@ -19,14 +19,9 @@ static int jfail(struct jv_scan *j, const char *why)
     return -1;
 }
 
-static int is_ws(char c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
 void jv_ws(struct jv_scan *j)
 {
-    while (j->p < j->e && is_ws(*j->p))
+    while (j->p < j->e && jv_is_ws(*j->p))
         j->p++;
 }
 
@@ -174,11 +169,11 @@ static void int_run(struct jv_scan *j)
         if (*p != '0')
             while (q < e && *q >= '0' && *q <= '9')
                 q++;
-        while (q < e && is_ws(*q))
+        while (q < e && jv_is_ws(*q))
             q++;
         if (q >= e || *q != ',')
             break;
-        for (q++; q < e && is_ws(*q); q++)
+        for (q++; q < e && jv_is_ws(*q); q++)
             ;
         p = j->p = q;
     }
@@ -270,7 +265,7 @@ int jv_check(const char *data, size_t len, const char **err, size_t *err_at)
 
 static const char *skip_ws(const char *p, const char *e)
 {
-    while (p < e && is_ws(*p))
+    while (p < e && jv_is_ws(*p))
         p++;
     return p;
 }
@@ -310,7 +305,7 @@ static const char *skip_value(const char *p, const char *e)
         }
         return e;
     }
-    while (p < e && *p != ',' && *p != ']' && *p != '}' && !is_ws(*p)) /* a number or a literal */
+    while (p < e && *p != ',' && *p != ']' && *p != '}' && !jv_is_ws(*p)) /* a number or a literal */
         p++;
     return p;
 }

@@ -15,6 +15,12 @@
 
 #define JV_MAX_DEPTH 512
 
+/* JSON's whitespace */
+static inline int jv_is_ws(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
 /* ---- the scanner ---- */
 struct jv_scan {
     const char *p, *s, *e; /* position, start, end */

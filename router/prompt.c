@@ -78,11 +78,6 @@ static int64_t estimate_text(struct jv s, double bpt)
     return (int64_t)((double)jv_str_len(s) / bpt) + 1;
 }
 
-static int is_ws(char c)
-{
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
 /* A completion prompt of token ids as clients send them, "[1, 2,3]": a flat array of non-negative integers
  * (the bytes were checked as strict JSON on arrival, so an array of only digits, commas and whitespace is
  * that). Such a prompt is read three times per request (its size, its kind, its blocks), and the generic
@@ -119,7 +114,7 @@ static long plain_count(struct jv arr)
             digits = 1;
         else if (*p == ',')
             commas++;
-        else if (!is_ws(*p))
+        else if (!jv_is_ws(*p))
             return -1;
     }
     return digits ? commas + 1 : 0;
@@ -134,7 +129,7 @@ static long plain_ids(struct jv arr, struct xb_hasher *h)
         return -1;
     const char *p = arr.p + 1, *e = arr.p + arr.n - 1; /* between the brackets */
     long n = 0;
-    while (p < e && is_ws(*p))
+    while (p < e && jv_is_ws(*p))
         p++;
     while (p < e) {
         const char *d = p;
@@ -146,14 +141,14 @@ static long plain_ids(struct jv arr, struct xb_hasher *h)
         }
         if (p == d)
             return -1;
-        while (p < e && is_ws(*p))
+        while (p < e && jv_is_ws(*p))
             p++;
         if (p < e && *p != ',')
             return -1; /* a fraction or an exponent */
         xb_hasher_feed_id(h, x);
         n++;
         if (p < e) /* past the comma: another element follows (strict JSON) */
-            for (p++; p < e && is_ws(*p); p++)
+            for (p++; p < e && jv_is_ws(*p); p++)
                 ;
     }
     return n;
@@ -329,40 +324,33 @@ size_t rw_id_blocks(const uint32_t *ids, size_t n, size_t block_tokens, const ui
     return xb_hasher_finish(h, out);
 }
 
-int rw_prompt_is_ids(const struct rw_src *body)
+int rw_prompt_is_ids(const struct rw_src *body, int64_t *longest)
 {
     struct jv p = rw_src_get(body, "prompt"), v;
     struct jv_iter it;
-    size_t n = 0;
+    int64_t flat = 0, inner = 0, n = 0;
+    *longest = 0;
     if (jv_type(p) != JV_ARRAY)
         return 0;
     long ids = plain_count(p);
-    if (ids >= 0)
+    if (ids >= 0) {
+        *longest = ids;
         return ids > 0;
+    }
     jv_iter_init(&it, p);
     while (jv_next(&it, NULL, &v)) {
-        if (jv_type(v) != JV_NUMBER && jv_type(v) != JV_ARRAY)
+        if (jv_type(v) == JV_NUMBER) {
+            flat++;
+        } else if (jv_type(v) == JV_ARRAY) {
+            int64_t k = (int64_t)jv_count(v);
+            inner = k > inner ? k : inner;
+        } else {
             return 0;
+        }
         n++;
     }
+    *longest = flat > inner ? flat : inner;
     return n > 0;
-}
-
-int64_t rw_longest_ids_prompt(const struct rw_src *body)
-{
-    struct jv p = rw_src_get(body, "prompt"), v;
-    struct jv_iter it;
-    long n = plain_count(p);
-    if (n >= 0)
-        return n;
-    int64_t longest = 0, flat = 0;
-    jv_iter_init(&it, p);
-    while (jv_next(&it, NULL, &v))
-        if (jv_type(v) == JV_ARRAY)
-            longest = (int64_t)jv_count(v) > longest ? (int64_t)jv_count(v) : longest;
-        else
-            flat++;
-    return flat > longest ? flat : longest;
 }
 
 size_t rw_prompt_texts(const struct rw_src *body, char **text, size_t *lens, size_t max)

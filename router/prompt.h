@@ -35,10 +35,9 @@ size_t rw_prefix_blocks(const struct rw_src *body, int chat, size_t block_tokens
 /* The chained block hashes of a prompt's token ids, block_tokens per block, exactly as rw_prefix_blocks hashes the
  * same ids sent as a token-id prompt (so a text prompt the router tokenized and its ids share their blocks). */
 size_t rw_id_blocks(const uint32_t *ids, size_t n, size_t block_tokens, const uint64_t *extra, uint64_t **out);
-/* 1 when a completion prompt is token ids (an array of numbers, or of arrays): counted exactly as it is. */
-int rw_prompt_is_ids(const struct rw_src *body);
-/* Such a prompt's longest prompt: its ids, or a batch's longest array of them. */
-int64_t rw_longest_ids_prompt(const struct rw_src *body);
+/* 1 when a completion prompt is token ids (an array of numbers, or of arrays): counted exactly as it is; then
+ * *longest is its longest prompt (its ids, or a batch's longest array of them), else 0. */
+int rw_prompt_is_ids(const struct rw_src *body, int64_t *longest);
 /* A completion prompt that is text (a string, or an array of up to max strings): its decoded bytes, one after
  * another, in *text (malloc'd), each one's length in lens[]; returns how many. 0 (nothing allocated) for any
  * other shape (token ids, mixed arrays, more than max strings). */

@@ -203,9 +203,8 @@ static void handle_generate(evhtp_request_t *req, int kind)
     r->room_tokens = rw_room_tokens(src, kind == RT_EP_CHAT, max_tokens);
     r->t_start = xpyd_now_us();
     r->prompt_tokens = rw_estimate_prompt(src, kind == RT_EP_CHAT, g_rt->cfg.bytes_per_token);
-    r->prompt_src = kind == RT_EP_COMPLETIONS && rw_prompt_is_ids(src) ? RT_PS_IDS : RT_PS_ESTIMATE;
-    if (r->prompt_src == RT_PS_IDS)
-        r->prompt_longest = rw_longest_ids_prompt(src);
+    r->prompt_src = kind == RT_EP_COMPLETIONS && rw_prompt_is_ids(src, &r->prompt_longest) ? RT_PS_IDS
+                                                                                             : RT_PS_ESTIMATE;
     if ((g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE]) && !rt_tok_wants(r)) { /* else: its ids' */
         uint64_t ex[2];
         r->nblocks = rw_prefix_blocks(src, kind == RT_EP_CHAT, (size_t)g_rt->cfg.prefix_block_tokens,

@@ -235,7 +235,6 @@ void rt_tok_stop(void)
     T.nth = 0;
 }
 
-/* A finished job on its request's thread: the request goes on (or it had ended: the job is dropped). */
 int rt_tok_too_long(const struct request *r, char *msg, size_t size)
 {
     int64_t prompt = r->prompt_longest, need = prompt + r->room_tokens; /* vLLM checks each prompt of a batch */
@@ -257,6 +256,7 @@ int rt_tok_too_long(const struct request *r, char *msg, size_t size)
     return 0;
 }
 
+/* A finished job on its request's thread: the request goes on (or it had ended: the job is dropped). */
 static void finish(struct rt_tok_job *j)
 {
     struct request *r = j->r;
