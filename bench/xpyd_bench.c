@@ -151,8 +151,9 @@ static void send_leg(struct req *r, int ep, const char *body, const struct up_le
     struct evbuffer *b = evbuffer_new();
     up_request_line(b, &endpoints[ep], "POST", O.endpoint);
     evbuffer_add_printf(b, "Content-Type: application/json\r\nAuthorization: Bearer xpyd-bench\r\n"
-                           "X-Request-Id: bench-%d-%llu\r\nContent-Length: %zu\r\n\r\n%s",
-                        r->i, (unsigned long long)t0, strlen(body), body);
+                           "X-Request-Id: bench-%d-%llu\r\nContent-Length: %zu\r\n\r\n",
+                        r->i, (unsigned long long)t0, strlen(body));
+    evbuffer_add(b, body, strlen(body)); /* not through printf's "%s": a byte at a time, most of our CPU */
     struct up_timeouts to = {O.timeout_ms, O.timeout_ms, O.timeout_ms};
     r->leg = up_leg_start(up, ep, b, &to, cbs, r);
     evbuffer_free(b);
