@@ -85,14 +85,6 @@ uint64_t xpyd_fnv64(uint64_t h, const void *data, size_t len)
     return h;
 }
 
-uint64_t xpyd_mix64(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
 int xpyd_parse_hostport(const char *s, char *host, size_t hostcap, int *port)
 {
     const char *hs = s, *he, *colon = NULL;

@@ -40,8 +40,15 @@ int xpyd_log_level_parse(const char *s);
 /* FNV-1a 64-bit over bytes, chained from h (start with XPYD_FNV_INIT). */
 #define XPYD_FNV_INIT 14695981039346656037ULL
 uint64_t xpyd_fnv64(uint64_t h, const void *data, size_t len);
-/* SplitMix64 step: a good 64-bit mixer for deterministic pseudo-random streams. */
-uint64_t xpyd_mix64(uint64_t x);
+/* SplitMix64 step: a good 64-bit mixer for deterministic pseudo-random streams (inline: the simulator's KV
+ * bytes call it once per 8 bytes). */
+static inline uint64_t xpyd_mix64(uint64_t x)
+{
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
 
 /* Parses "host:port", "[v6]:port" or "host" (port left as is) into host (NUL-terminated, without
  * brackets, at most hostcap-1 bytes) and *port. Returns 0, or -EINVAL on a malformed string. */
