@@ -125,7 +125,7 @@ run() {
     q=$(echo "$m" | awk '/^vllm:prefix_cache_queries_total/ {q=$2} END {printf "%d", q}')
     hits=$((hits + h)) queries=$((queries + q)) comp+="$((q - h)) " # tokens each rank computed (rank 0: since its restart)
   done
-  rm=$(curl -fs "http://127.0.0.1:${RPS[0]}/metrics" | grep -E '^xpyd_(kv_events_(resets|batches)_total|kv_placements_total|prefix_(predicted|cached)_tokens_total)' | tr '\n' ';' || true)
+  rm=$(curl -fs "http://127.0.0.1:${RPS[0]}/metrics" | grep -E '^xpyd_(kv_events_(resets|batches)_total|kv_placements_total|prefix_(predicted|cached)_tokens_total|retries_denied_total)' | tr '\n' ';' || true)
   python3 - "$WORK" "$name" "$hits" "$queries" "$rm" "$routers" "$comp" \
     "$(((busy1 - busy0) * 1000 / $(getconf CLK_TCK)))" "$(((rcpu1 - rcpu0) * 1000 / $(getconf CLK_TCK)))" >>"$WORK/rows" <<'PY'
 import json, sys
