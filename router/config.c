@@ -106,7 +106,9 @@ static const struct xpyd_setting settings[] = {
      "wait before a retry: this × 2^(attempt−1), capped at 1 s, × a random 0.5–1.5 (jitter); 0 = at once"},
     {"retry-budget-percent", XS_LONG, OFF(retry_budget_percent), 0, 100, "20", NULL,
      "requests that may be retrying at once, as a share of the requests in progress (but always at least "
-     "`--retry-budget-min`); beyond it the real error goes to the client (`xpyd_retries_denied_total`)"},
+     "`--retry-budget-min`); beyond it the real error goes to the client (`xpyd_retries_denied_total`). "
+     "Not counted: a prefill fallback, including a decode computing the prompt because the prefill holding its "
+     "KV is out of service (a prefill's crash fails every request whose KV it held at once)"},
     {"retry-budget-min", XS_LONG, OFF(retry_budget_min), 0, 100000, "3", NULL,
      "retrying requests always allowed at once, whatever the share"},
     {"max-connections", XS_LONG, OFF(max_connections), 1, 1000000, "10000", NULL,
@@ -279,7 +281,8 @@ static const struct xpyd_setting settings[] = {
      "failed checks in a row that take an endpoint down"},
     {"eject-after-failures", XS_LONG, OFF(eject_after), 0, 1000, "3", NULL,
      "passive ejection: consecutive failed attempts on a rank (connect error, timeout, 5xx, unusable "
-     "answer; never a 4xx) that take it out of rotation; 0 = off"},
+     "answer; never a 4xx, nor a decode's 5xx while the prefill holding its KV is out of service: the "
+     "prefill's failure, not the decode's) that take it out of rotation; 0 = off"},
     {"eject-base-ms", XS_LONG, OFF(eject_base_ms), 1, 3600000, "1000", NULL,
      "first ejection's length, doubling per repeat (reset by a success) up to `--eject-max-ms`; at most "
      "half of a pool is ejected at once"},

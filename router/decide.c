@@ -43,7 +43,7 @@ enum rd_retry_answer rd_may_retry(const struct rd_retry *f)
         return RD_NO; /* the engine judged the request itself: another one would too */
     if (f->attempts > f->max_retries || f->tried >= f->max_tried || (size_t)f->tried >= f->ranks)
         return RD_NO; /* out of attempts, or every instance was tried: the real error goes to the client */
-    if (!f->retrying) {
+    if (!f->retrying && !f->fallback) {
         /* the retry budget: in an outage, retries must not multiply the load on what is left */
         int64_t allowed = f->active * f->budget_percent / 100;
         if (allowed < f->budget_min)

@@ -25,6 +25,8 @@ struct rd_retry {
     size_t ranks;          /* ranks in the leg's pool */
     int max_tried;         /* how many tried instances a request remembers */
     int retrying;          /* the request already holds a retry slot of the budget */
+    int fallback;          /* a decode failed for want of a gone prefill's KV: the next computes the prompt (a
+                            * prefill fallback, outside the budget as --prefill-fallback is) */
     int64_t active, retries_active; /* requests in progress; requests retrying now */
     long budget_percent, budget_min; /* --retry-budget-percent, --retry-budget-min */
 };

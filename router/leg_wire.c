@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* leg_wire.c - what a leg puts on the wire and how its engine is named: the request head every engine request
  * carries (X-Request-Id, the DP rank header, the client's forwarded headers), the path, the timeouts, and a
- * rank named for errors, logs and the access log (see request.h). */
+ * rank named for errors, logs and the access log (see request.h); whether a rank is out of service, and what a
+ * failed decode attempt leaves of the prefill's KV. */
 #include "leg_wire.h"
+
+#include "handoff.h"
 
 #include "xpyd_util.h"
 
@@ -98,4 +101,13 @@ int req_inst_gone(int role, int idx)
     if (idx < 0)
         return 0;
     return xb_stats(g_rt->pools[role], idx, &st) != 0 || !st.healthy || st.ejected || st.removed;
+}
+
+enum rd_kv_fate req_decode_kv_fate(const struct request *r, int err, int status)
+{
+    const struct leg *l = &r->legs[RT_DECODE];
+    return !r->kv_params ? RD_KV_KEEP
+        : rd_kv_after_decode_failure(r->ho->t->local_prefill, r->ho->t->kv_on_prefill, g_rt->cfg.prefill_fallback,
+                                     l->accepted, l->attempts, err ? 0 : status,
+                                     req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx));
 }

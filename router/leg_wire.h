@@ -3,6 +3,7 @@
 #ifndef XPYD_LEG_WIRE_H
 #define XPYD_LEG_WIRE_H
 
+#include "decide.h"
 #include "request_state.h"
 
 #include <stddef.h>
@@ -26,5 +27,8 @@ void req_inst_short(int role, int idx, char *out, size_t cap);
 /* 1: the rank is out of service right now (health checks took it down, ejected after failures, removed, or not
  * known); 0 for idx < 0 (no rank) */
 int req_inst_gone(int role, int idx);
+/* What a failed decode attempt (err, or its status) leaves of the prefill's KV for the next one: decide.h's rule
+ * with the request's mode, --prefill-fallback and whether its prefill is out of service now. */
+enum rd_kv_fate req_decode_kv_fate(const struct request *r, int err, int status);
 
 #endif

@@ -57,6 +57,8 @@
     X(prompt_tokens, "xpyd_prompt_tokens_total", counter, NONE, "Prompt tokens of finished requests.")         \
     X(generation_tokens, "xpyd_generation_tokens_total", counter, NONE, "Tokens relayed to clients.")          \
     X(retries_denied, "xpyd_retries_denied_total", counter, NONE, "Retries refused by the retry budget.")      \
+    X(retries_active, "xpyd_retries_active", gauge, NONE,                                                       \
+      "Requests retrying now: the retry budget's use (a prefill fallback is outside it).")                       \
     X(migrations, "xpyd_migrations_total", counter, REASON,                                                      \
       "Streams whose failed decode leg went on at another decode (--migration-limit), by what failed.")          \
     X(prefill_fallbacks, "xpyd_prefill_fallbacks_total", counter, NONE,                                         \

@@ -455,13 +455,14 @@ void req_report(int role, int idx, int ok)
 }
 
 /* Another attempt on a different instance, while nothing reached the client and budget remains. */
-static int may_retry(struct request *r, int role, int status)
+static int may_retry(struct request *r, int role, int status, int fallback)
 {
     const struct leg *l = &r->legs[role];
     const struct rt_config *c = &g_rt->cfg;
     struct rd_retry f = {.client_has_bytes = r->client != CLIENT_NOTHING, .ended = r->state == REQ_DONE || !r->ereq,
                          .status = status, .attempts = l->attempts, .tried = l->ntried, .max_retries = c->max_retries,
                          .ranks = g_rt->reg.n_ranks[role], .max_tried = MAX_TRIED, .retrying = r->retrying,
+                         .fallback = fallback,
                          .active = (int64_t)atomic_load(&g_rt->ctr.active_requests),
                          .retries_active = (int64_t)atomic_load(&g_rt->ctr.retries_active),
                          .budget_percent = c->retry_budget_percent, .budget_min = c->retry_budget_min};
@@ -470,9 +471,9 @@ static int may_retry(struct request *r, int role, int status)
         atomic_fetch_add(&g_rt->ctr.retries_denied, 1);
     if (a != RD_RETRY)
         return 0;
-    if (!r->retrying) {
-        r->retrying = 1;
-        atomic_fetch_add(&g_rt->ctr.retries_active, 1);
+    if (!r->retrying == !fallback) { /* a fallback leaves the budget (its place is another's); others join it */
+        r->retrying = !fallback;
+        atomic_fetch_add(&g_rt->ctr.retries_active, fallback ? -1 : 1);
     }
     atomic_fetch_add(&g_rt->ctr.retries[role], 1);
     return 1;
@@ -555,17 +556,15 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
      * (kv-params, xpyd), or with the prefill running alongside (bootstrap, mooncake) */
     if (role == RT_DECODE && l->status != 200 && r->legs[RT_PREFILL].attempts > 0 && !r->local_prefill)
         atomic_fetch_add(&g_rt->ctr.kv_handoff_failures, 1);
-    int out = role == RT_DECODE && r->kv_params && req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx);
-    enum rd_kv_fate kv = role != RT_DECODE || !r->kv_params ? RD_KV_KEEP
-        : rd_kv_after_decode_failure(r->ho->t->local_prefill, r->ho->t->kv_on_prefill, g_rt->cfg.prefill_fallback,
-                                     l->accepted, l->attempts, err ? 0 : status, out);
+    enum rd_kv_fate kv = role == RT_DECODE ? req_decode_kv_fate(r, err, status) : RD_KV_KEEP;
     if (kv == RD_KV_UNREACHABLE)
         l->ntried = 0; /* the decodes failed for want of the KV, not of themselves: any may compute the prompt */
     int refused = kv == RD_KV_REFUSED; /* a 4xx, retried as the KV's fault, not the request's */
-    if ((err || status >= 500 || refused) && may_retry(r, role, refused ? 0 : status)) {
+    int lacked = !err && kv == RD_KV_UNREACHABLE; /* the decode answered: only the KV's source failed */
+    if ((err || status >= 500 || refused) && may_retry(r, role, refused ? 0 : status, lacked)) {
         XLOG_INFO("msg=\"retrying %s elsewhere\" request_id=%s err=%s status=%d", req_role_name(role), r->xid,
                   err ? rd_err_text(err, buf, sizeof buf) : "-", status);
-        if (!refused)
+        if (!refused && !lacked)
             rt_count_instance_error(role, l->idx, kind);
         req_release(r, role);
         xpyd_sse_reset(&r->sse);
@@ -749,7 +748,8 @@ void req_decode_done(struct up_leg *up, int err, void *arg)
         r->preempted = 1; /* the engine gave the request up: its partial answer is not the client's */
         broken = 1;
     }
-    if (err || status >= 500 || broken)
+    /* a decode that answered 5xx as the prefill holding its KV is gone did not fail: not ejected for it */
+    if (err || broken || (status >= 500 && req_decode_kv_fate(r, 0, status) != RD_KV_UNREACHABLE))
         req_report(RT_DECODE, d->idx, 0);
     else if (status == 200)
         req_report(RT_DECODE, d->idx, 1);

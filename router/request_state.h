@@ -122,7 +122,7 @@ struct request {
     int preempted;              /* the decode gave the request up (stop_reason "recomputed") */
     unsigned attempt_seq;       /* attempts that sent both legs at once (mooncake: a new transfer_id each) */
     /* retries and waiting */
-    int retrying;               /* counted in retries_active until the request ends */
+    int retrying;               /* counted in retries_active until the request ends or falls back */
     struct event *retry_timer;  /* backoff before the next attempt (owned) */
     void (*next)(struct request *r); /* what runs after the backoff or the queue */
     void (*expired)(struct request *r, int role); /* admission.c: the queue deadline passed */

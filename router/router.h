@@ -124,7 +124,6 @@ void rt_hist_observe(struct rt_hist *h, double seconds);
 struct rt_counters {
     RT_METRICS(RT_METRIC_FIELD)
     /* used by the router itself, not exported as such */
-    atomic_int_fast64_t retries_active;          /* requests currently in a retry (the retry budget) */
     atomic_int_fast64_t instance_errors[2][4096][RT_CAUSE_COUNT]; /* shown per rank as xpyd_instance_errors_total */
     atomic_int_fast64_t discovery_synced;        /* etcd_sync.c: range answered and watch open (xpyd_discovery_up
                                                   * is this while etcd answered within a lease TTL) */

@@ -28,6 +28,7 @@ class RetryBudget(t.TestCase):
         self.assertGreaterEqual(t.metric(r.port, 'xpyd_retries_total{role="decode"}'), 2)
         self.assertEqual(t.metric(r.port, "xpyd_retries_denied_total"), 0)
         t.wait_until(lambda: t.router_idle(r.port), what="idle")
+        self.assertEqual(t.metric(r.port, "xpyd_retries_active"), 0)  # every place in the budget given back
 
 
 if __name__ == "__main__":

@@ -64,6 +64,10 @@ static void test_retry_budget(void **state)
     assert_int_equal(rd_may_retry(&f), RD_RETRY);
     f.retries_active = 3;
     assert_int_equal(rd_may_retry(&f), RD_BUDGET_SPENT);
+    f.fallback = 1; /* a decode that lacked a gone prefill's KV: the next computes the prompt, outside the budget */
+    assert_int_equal(rd_may_retry(&f), RD_RETRY);
+    f.attempts = (int)f.max_retries + 1; /* but not beyond --max-retries */
+    assert_int_equal(rd_may_retry(&f), RD_NO);
 }
 
 static void test_backoff(void **state)
