@@ -356,6 +356,7 @@ long xb_report(struct xb_pool *p, int idx, int ok)
     pthread_mutex_lock(&p->mu);
     struct xb_inst *in = &p->inst[idx];
     uint64_t now = mono_us();
+    in->last_failed = !ok;
     if (ok) {
         in->failures = 0;
         if (in->ejected_until <= now)
@@ -435,6 +436,7 @@ int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out)
     out->ejected = in->ejected_until > mono_us();
     out->ejections = in->ejections_total;
     out->removed = in->removed;
+    out->failing = in->last_failed;
     out->ready = !in->unready;
     out->prefix_blocks = p->prefix ? (int64_t)xb_prefix_blocks(p->prefix, idx) : 0;
     out->prefix_capacity = p->prefix ? xb_prefix_capacity_of(p->prefix, idx) : 0;

@@ -33,6 +33,7 @@ struct xb_instance_stats {
     int ejected;              /* passively ejected right now (consecutive failures) */
     uint64_t ejections;       /* times it was ejected */
     int removed;              /* taken out at runtime; in-flight requests on it finish */
+    int failing;              /* its last attempt reported to xb_report failed */
     int ready;                /* usable as far as its description goes (xb_set_ready) */
     int64_t prefix_blocks;    /* prefix index: blocks recorded on it, and its capacity (0, 0: index off) */
     int64_t prefix_capacity;

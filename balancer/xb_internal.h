@@ -16,6 +16,7 @@ struct xb_inst {
     int64_t remote, remote_inflight; /* atomic: what other routers report charging it (xb_set_remote) */
     uint64_t selected;
     int failures;            /* consecutive failed attempts */
+    int last_failed;         /* the last reported attempt failed (counted even with ejection off) */
     uint64_t ejected_until;  /* monotonic µs; skipped until then */
     uint64_t ejections;      /* ejections so far; the next one lasts longer; reset by a success */
     uint64_t ejections_total;

@@ -67,7 +67,8 @@ static const struct xpyd_setting settings[] = {
      "`on`: when no prefill can serve a request (every attempt failed with a retryable error, or none is "
      "usable), a decode retry is refused because an earlier decode attempt took the prefill's KV, or a decode "
      "attempt failed while the prefill holding the request's KV is out of service (down, ejected or removed "
-     "since it answered: no decode can pull that KV) or after another had failed with that KV (kv-params, "
+     "since it answered: no decode can pull that KV) or its last attempt failed (a crash shows first as refused "
+     "connections) or after another had failed with that KV (kv-params, "
      "xpyd), the decode computes the prompt itself "
      "instead of the client getting 502/503 (or that 4xx) "
      "(`xpyd_prefill_fallbacks_total`); only the modes whose decode can run alone (kv-params, xpyd, store)"},
@@ -281,7 +282,7 @@ static const struct xpyd_setting settings[] = {
      "failed checks in a row that take an endpoint down"},
     {"eject-after-failures", XS_LONG, OFF(eject_after), 0, 1000, "3", NULL,
      "passive ejection: consecutive failed attempts on a rank (connect error, timeout, 5xx, unusable "
-     "answer; never a 4xx, nor a decode's 5xx while the prefill holding its KV is out of service: the "
+     "answer; never a 4xx, nor a decode's 5xx while the prefill holding its KV is out of service or failing: the "
      "prefill's failure, not the decode's) that take it out of rotation; 0 = off"},
     {"eject-base-ms", XS_LONG, OFF(eject_base_ms), 1, 3600000, "1000", NULL,
      "first ejection's length, doubling per repeat (reset by a success) up to `--eject-max-ms`; at most "

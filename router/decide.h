@@ -59,8 +59,9 @@ int rd_may_fall_back(int fallback_on, int mode_local_prefill, int client_has_byt
  * the KV, gone with it). REFUSED: a decode answered 4xx after an earlier attempt, which may have pulled the KV (it
  * died mid-pull or right after): the prefill no longer holds it (vLLM's connectors answer 4xx); a request bad in
  * itself gets the same 4xx again from the next attempt. UNREACHABLE: the prefill holding it is out of service
- * (down, ejected, removed): no decode can pull it. SUSPECT: an earlier decode already failed with it (the router may
- * not know yet that its prefill is gone; if the prefill still holds it, the mode's release frees it now). In all
+ * (down, ejected, removed) or its last attempt failed: no decode can pull it. SUSPECT: an earlier decode already
+ * failed with it (the router may not know yet that its prefill is gone; if the prefill still holds it, the mode's
+ * release frees it now). In all
  * but KEEP the next decode computes the prompt itself; TAKEN needs a mode whose decode can run alone, REFUSED
  * --prefill-fallback too, the last two also a mode whose KV stays on the prefill until pulled (not store). */
 enum rd_kv_fate { RD_KV_KEEP = 0, RD_KV_TAKEN, RD_KV_REFUSED, RD_KV_UNREACHABLE, RD_KV_SUSPECT };

@@ -103,11 +103,19 @@ int req_inst_gone(int role, int idx)
     return xb_stats(g_rt->pools[role], idx, &st) != 0 || !st.healthy || st.ejected || st.removed;
 }
 
+/* its last attempt failed: a crash shows first as connections refused or cut, before health checks or ejection */
+static int prefill_failing(int idx)
+{
+    struct xb_instance_stats st;
+    return idx >= 0 && xb_stats(g_rt->pools[RT_PREFILL], idx, &st) == 0 && st.failing;
+}
+
 enum rd_kv_fate req_decode_kv_fate(const struct request *r, int err, int status)
 {
     const struct leg *l = &r->legs[RT_DECODE];
     return !r->kv_params ? RD_KV_KEEP
         : rd_kv_after_decode_failure(r->ho->t->local_prefill, r->ho->t->kv_on_prefill, g_rt->cfg.prefill_fallback,
                                      l->accepted, l->attempts, err ? 0 : status,
-                                     req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx));
+                                     req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx) ||
+                                         prefill_failing(r->legs[RT_PREFILL].last_idx));
 }

@@ -28,7 +28,8 @@ void req_inst_short(int role, int idx, char *out, size_t cap);
  * known); 0 for idx < 0 (no rank) */
 int req_inst_gone(int role, int idx);
 /* What a failed decode attempt (err, or its status) leaves of the prefill's KV for the next one: decide.h's rule
- * with the request's mode, --prefill-fallback and whether its prefill is out of service now. */
+ * with the request's mode, --prefill-fallback and whether its prefill is out of service now or its last attempt
+ * failed (either way, the KV is taken as unreachable). */
 enum rd_kv_fate req_decode_kv_fate(const struct request *r, int err, int status);
 
 #endif

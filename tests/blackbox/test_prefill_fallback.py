@@ -177,6 +177,34 @@ class PrefillFallback(t.TestCase):
                              [False, False])
         self.check_recomputed(r, real, bodies, 2, 0, not_counted)
 
+    def test_prefill_failing_before_it_is_known_gone(self):
+        # the prefill dies after answering A; before A's decode fails, B's prefill attempt is refused: the prefill
+        # is neither down (health checks every minute) nor ejected (one failure of three), but its last attempt
+        # failed. A's KV is taken as unreachable (in a crash the decodes' 500s and the prefill's refused
+        # connections arrive together): A's next decode computes the prompt, outside the retry budget (here none)
+        p = self.start(t.sim("--role", "prefill"))
+        b_answer = []
+
+        def send_b():
+            b_answer.append(t.post_json(r.port, "/v1/completions", dict(BODY, prompt="another prompt")))
+            return True
+        real, bodies, ports = self.decodes_after_the_prefill_died(p, 2, send_b)
+        r = self.start(t.router([p.port], ports, "--retry-backoff-ms", "0", "--health-interval-ms", "60000",
+                                "--retry-budget-percent", "0", "--retry-budget-min", "0"))
+        st, _, out = t.post_json(r.port, "/v1/completions", BODY)
+        self.assertEqual(st, 200, out)
+        self.assertEqual(out["usage"]["completion_tokens"], 5)
+        self.assertEqual(b_answer[0][0], 200, b_answer)
+        tries = [("kv_transfer_params" in b, b["prompt"]) for b in bodies if b.get("max_tokens") != 1]
+        # A with its KV; B computed by its decode (its prefill refused); A computed by its decode
+        self.assertEqual(tries, [(True, BODY["prompt"]), (False, "another prompt"), (False, BODY["prompt"])])
+        self.assertEqual(t.metric(r.port, "xpyd_prefill_fallbacks_total"), 2)
+        self.assertEqual(t.metric(r.port, "xpyd_kv_release_dispatches_total"), 0)
+        self.assertEqual(t.metric(r.port, "xpyd_retries_denied_total"), 0)
+        self.assertEqual(t.metric_sum(r.port, 'xpyd_instance_errors_total{role="decode"}'), 0)
+        self.idle(r)
+        self.assertEqual(t.metric(r.port, "xpyd_retries_active"), 0)
+
     def test_prefill_gone_after_a_retry_with_its_kv(self):
         # the first decode fails before the router knows the prefill is gone: the retry (within the budget, here
         # one place) carries the KV again and fails; by then the health checks took the prefill down (the backoff

@@ -237,6 +237,26 @@ static void test_max_inflight_soft_cap(void **st)
     xb_pool_free(p);
 }
 
+/* "failing": the last reported attempt failed, with passive ejection off too (a decode failing with a prefill's KV
+ * takes it as unreachable when that prefill's last attempt failed) */
+static void test_failing(void **st)
+{
+    struct xb_pool *p = pool_of(XB_POLICY_RR, 2, NULL, NULL, NULL);
+    xb_set_ejection(p, 0, 50, 200);
+    struct xb_instance_stats s;
+    xb_stats(p, 0, &s);
+    assert_false(s.failing);
+    xb_report(p, 0, 0);
+    xb_stats(p, 0, &s);
+    assert_true(s.failing && !s.ejected);
+    xb_stats(p, 1, &s);
+    assert_false(s.failing);
+    xb_report(p, 0, 1);
+    xb_stats(p, 0, &s);
+    assert_false(s.failing);
+    xb_pool_free(p);
+}
+
 /* Passive ejection: out after N consecutive failures, at most half the pool, back after the ejection time. */
 static void test_passive_ejection(void **st)
 {
@@ -368,7 +388,7 @@ int main(void)
         cmocka_unit_test(test_least_loaded_wins),     cmocka_unit_test(test_max_model_len_and_health),
         cmocka_unit_test(test_other_policies_release_to_zero), cmocka_unit_test(test_thread_safety),
         cmocka_unit_test(test_unready_never_picked), cmocka_unit_test(test_remote_load),
-        cmocka_unit_test(test_max_inflight_soft_cap), cmocka_unit_test(test_passive_ejection),
+        cmocka_unit_test(test_max_inflight_soft_cap), cmocka_unit_test(test_passive_ejection), cmocka_unit_test(test_failing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
