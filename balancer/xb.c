@@ -359,6 +359,7 @@ long xb_report(struct xb_pool *p, int idx, int ok)
     in->last_failed = !ok;
     if (ok) {
         in->failures = 0;
+        in->kv_lost_by = 0;
         if (in->ejected_until <= now)
             in->ejections = 0; /* back and working: the next ejection starts short again */
     } else if (p->eject_after > 0 && ++in->failures >= p->eject_after && in->ejected_until <= now) {
@@ -379,6 +380,21 @@ long xb_report(struct xb_pool *p, int idx, int ok)
     }
     pthread_mutex_unlock(&p->mu);
     return ms;
+}
+
+int xb_report_kv_lost(struct xb_pool *p, int idx, int by)
+{
+    if (idx < 0 || (size_t)idx >= p->n || by < 0)
+        return 0;
+    pthread_mutex_lock(&p->mu);
+    struct xb_inst *in = &p->inst[idx];
+    if (!in->kv_lost_by)
+        in->kv_lost_by = by + 1;
+    else if (in->kv_lost_by != by + 1)
+        in->last_failed = 1; /* a second decode: the instance holding the KV, not a decode, is failing */
+    int failing = in->last_failed;
+    pthread_mutex_unlock(&p->mu);
+    return failing;
 }
 
 void xb_set_feedback(struct xb_pool *p, int idx, int64_t tokens)

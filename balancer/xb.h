@@ -33,7 +33,7 @@ struct xb_instance_stats {
     int ejected;              /* passively ejected right now (consecutive failures) */
     uint64_t ejections;       /* times it was ejected */
     int removed;              /* taken out at runtime; in-flight requests on it finish */
-    int failing;              /* its last attempt reported to xb_report failed */
+    int failing;              /* its last attempt reported to xb_report failed, or two decodes lost its KV since */
     int ready;                /* usable as far as its description goes (xb_set_ready) */
     int64_t prefix_blocks;    /* prefix index: blocks recorded on it, and its capacity (0, 0: index off) */
     int64_t prefix_capacity;
@@ -95,6 +95,10 @@ void xb_set_ejection(struct xb_pool *p, int after, long base_ms, long max_ms);
 /* Reports the outcome of one attempt on idx (failure: connect error, timeout, 5xx; never a 4xx). Returns the
  * ejection time in ms when this report ejected the instance, else 0. Thread-safe. */
 long xb_report(struct xb_pool *p, int idx, int ok);
+/* Instance idx (a prefill) held KV that a decode (by, an index in the decode pool) failed to use. Once two
+ * different decodes have since idx's last success, idx counts as failing (xb_instance_stats.failing) until its
+ * next success: one broken decode never blames it. Returns failing. Thread-safe. */
+int xb_report_kv_lost(struct xb_pool *p, int idx, int by);
 
 /* ---------- cache-aware placement and session affinity ---------- */
 

@@ -17,6 +17,7 @@ struct xb_inst {
     uint64_t selected;
     int failures;            /* consecutive failed attempts */
     int last_failed;         /* the last reported attempt failed (counted even with ejection off) */
+    int kv_lost_by;          /* 1 + the first decode that failed with its KV since its last success; 0: none */
     uint64_t ejected_until;  /* monotonic µs; skipped until then */
     uint64_t ejections;      /* ejections so far; the next one lasts longer; reset by a success */
     uint64_t ejections_total;

@@ -67,8 +67,8 @@ static const struct xpyd_setting settings[] = {
      "`on`: when no prefill can serve a request (every attempt failed with a retryable error, or none is "
      "usable), a decode retry is refused because an earlier decode attempt took the prefill's KV, or a decode "
      "attempt failed while the prefill holding the request's KV is out of service (down, ejected or removed "
-     "since it answered: no decode can pull that KV) or its last attempt failed (a crash shows first as refused "
-     "connections) or after another had failed with that KV (kv-params, "
+     "since it answered: no decode can pull that KV) or failing (its last attempt failed, or two decodes "
+     "answered 5xx with its KV since its last success: a crash shows first so) or after another had failed with that KV (kv-params, "
      "xpyd), the decode computes the prompt itself "
      "instead of the client getting 502/503 (or that 4xx) "
      "(`xpyd_prefill_fallbacks_total`); only the modes whose decode can run alone (kv-params, xpyd, store)"},

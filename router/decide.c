@@ -95,7 +95,7 @@ int rd_local_prefill(int64_t prompt_tokens, int64_t cached, long max_tokens, lon
 }
 
 enum rd_kv_fate rd_kv_after_decode_failure(int mode_local_prefill, int kv_on_prefill, int fallback_on, int accepted,
-                                           int attempts, int status, int prefill_out_of_service)
+                                           int attempts, int status, int prefill_state)
 {
     if (!mode_local_prefill)
         return RD_KV_KEEP;
@@ -107,5 +107,7 @@ enum rd_kv_fate rd_kv_after_decode_failure(int mode_local_prefill, int kv_on_pre
         return attempts > 1 ? RD_KV_REFUSED : RD_KV_KEEP;
     if (!kv_on_prefill)
         return RD_KV_KEEP;
-    return prefill_out_of_service ? RD_KV_UNREACHABLE : attempts > 1 ? RD_KV_SUSPECT : RD_KV_KEEP;
+    if (prefill_state)
+        return prefill_state == 1 ? RD_KV_UNREACHABLE : RD_KV_FAILING;
+    return attempts > 1 ? RD_KV_SUSPECT : RD_KV_KEEP;
 }

@@ -59,14 +59,16 @@ int rd_may_fall_back(int fallback_on, int mode_local_prefill, int client_has_byt
  * the KV, gone with it). REFUSED: a decode answered 4xx after an earlier attempt, which may have pulled the KV (it
  * died mid-pull or right after): the prefill no longer holds it (vLLM's connectors answer 4xx); a request bad in
  * itself gets the same 4xx again from the next attempt. UNREACHABLE: the prefill holding it is out of service
- * (down, ejected, removed) or its last attempt failed: no decode can pull it. SUSPECT: an earlier decode already
- * failed with it (the router may not know yet that its prefill is gone; if the prefill still holds it, the mode's
- * release frees it now). In all
- * but KEEP the next decode computes the prompt itself; TAKEN needs a mode whose decode can run alone, REFUSED
- * --prefill-fallback too, the last two also a mode whose KV stays on the prefill until pulled (not store). */
-enum rd_kv_fate { RD_KV_KEEP = 0, RD_KV_TAKEN, RD_KV_REFUSED, RD_KV_UNREACHABLE, RD_KV_SUSPECT };
+ * (prefill_state 1: down, ejected, removed): no decode can pull it. SUSPECT: an earlier decode already failed with
+ * it (the router may not know yet that its prefill is gone; if the prefill still holds it, the mode's release
+ * frees it now). FAILING: the prefill is failing (prefill_state 2: its last attempt failed, or two decodes failed
+ * with its KV since its last success; in a crash these come before any ejection): as SUSPECT, from the first
+ * attempt. In all but KEEP the next decode computes the prompt itself; TAKEN needs a mode whose decode can run
+ * alone, REFUSED --prefill-fallback too, the last three also a mode whose KV stays on the prefill until pulled
+ * (not store). */
+enum rd_kv_fate { RD_KV_KEEP = 0, RD_KV_TAKEN, RD_KV_REFUSED, RD_KV_UNREACHABLE, RD_KV_SUSPECT, RD_KV_FAILING };
 enum rd_kv_fate rd_kv_after_decode_failure(int mode_local_prefill, int kv_on_prefill, int fallback_on, int accepted,
-                                           int attempts, int status, int prefill_out_of_service);
+                                           int attempts, int status, int prefill_state);
 
 /* Conditional disaggregation at a request's first placement: the decode computes the prompt when the tokens
  * its chosen rank does not hold cached are fewer than --local-prefill-max-tokens, or fewer than

@@ -103,7 +103,15 @@ int req_inst_gone(int role, int idx)
     return xb_stats(g_rt->pools[role], idx, &st) != 0 || !st.healthy || st.ejected || st.removed;
 }
 
-/* its last attempt failed: a crash shows first as connections refused or cut, before health checks or ejection */
+void req_decode_lost_kv(const struct request *r, int status)
+{
+    const struct leg *d = &r->legs[RT_DECODE];
+    if (status >= 500 && r->kv_params && !d->accepted && r->ho->t->kv_on_prefill && d->idx >= 0)
+        xb_report_kv_lost(g_rt->pools[RT_PREFILL], r->legs[RT_PREFILL].last_idx, d->idx);
+}
+
+/* its last attempt failed (a crash shows first as connections refused or cut, before health checks or ejection),
+ * or two decodes failed with its KV since its last success (xb_report_kv_lost) */
 static int prefill_failing(int idx)
 {
     struct xb_instance_stats st;
@@ -116,6 +124,7 @@ enum rd_kv_fate req_decode_kv_fate(const struct request *r, int err, int status)
     return !r->kv_params ? RD_KV_KEEP
         : rd_kv_after_decode_failure(r->ho->t->local_prefill, r->ho->t->kv_on_prefill, g_rt->cfg.prefill_fallback,
                                      l->accepted, l->attempts, err ? 0 : status,
-                                     req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx) ||
-                                         prefill_failing(r->legs[RT_PREFILL].last_idx));
+                                     req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx)       ? 1
+                                     : prefill_failing(r->legs[RT_PREFILL].last_idx) ? 2
+                                                                                     : 0);
 }

@@ -28,8 +28,10 @@ void req_inst_short(int role, int idx, char *out, size_t cap);
  * known); 0 for idx < 0 (no rank) */
 int req_inst_gone(int role, int idx);
 /* What a failed decode attempt (err, or its status) leaves of the prefill's KV for the next one: decide.h's rule
- * with the request's mode, --prefill-fallback and whether its prefill is out of service now or its last attempt
- * failed (either way, the KV is taken as unreachable). */
+ * with the request's mode, --prefill-fallback and whether its prefill is out of service now or failing. */
 enum rd_kv_fate req_decode_kv_fate(const struct request *r, int err, int status);
+/* A decode answered status: a 5xx before taking the prefill's KV (where it stays on the prefill until pulled) is
+ * reported against that prefill (xb_report_kv_lost: a second decode doing so marks it failing). */
+void req_decode_lost_kv(const struct request *r, int status);
 
 #endif

@@ -557,10 +557,11 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
     if (role == RT_DECODE && l->status != 200 && r->legs[RT_PREFILL].attempts > 0 && !r->local_prefill)
         atomic_fetch_add(&g_rt->ctr.kv_handoff_failures, 1);
     enum rd_kv_fate kv = role == RT_DECODE ? req_decode_kv_fate(r, err, status) : RD_KV_KEEP;
-    if (kv == RD_KV_UNREACHABLE)
+    int lacked = kv == RD_KV_UNREACHABLE || kv == RD_KV_FAILING; /* its source failed (the decode itself, if err) */
+    if (lacked)
         l->ntried = 0; /* the decodes failed for want of the KV, not of themselves: any may compute the prompt */
     int refused = kv == RD_KV_REFUSED; /* a 4xx, retried as the KV's fault, not the request's */
-    int lacked = !err && kv == RD_KV_UNREACHABLE; /* the decode answered: only the KV's source failed */
+    lacked = lacked && !err;
     if ((err || status >= 500 || refused) && may_retry(r, role, refused ? 0 : status, lacked)) {
         XLOG_INFO("msg=\"retrying %s elsewhere\" request_id=%s err=%s status=%d", req_role_name(role), r->xid,
                   err ? rd_err_text(err, buf, sizeof buf) : "-", status);
@@ -570,8 +571,8 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
         xpyd_sse_reset(&r->sse);
         r->preempted = 0; /* a new attempt's stream is its own */
         if (kv != RD_KV_KEEP) { /* decide.h: the next decode computes the prompt itself */
-            static const char *const why[] = {"", "", "refused", "prefill_gone", "decodes_failed"};
-            if (kv == RD_KV_SUSPECT && r->ho->abandon)
+            static const char *const why[] = {"", "", "refused", "prefill_gone", "decodes_failed", "prefill_failing"};
+            if ((kv == RD_KV_SUSPECT || kv == RD_KV_FAILING) && r->ho->abandon)
                 r->ho->abandon(r, 0); /* the prefill may still hold the KV: freed now, not at its lease's end */
             if (kv != RD_KV_TAKEN) {
                 atomic_fetch_add(&g_rt->ctr.prefill_fallbacks, 1);
@@ -748,8 +749,11 @@ void req_decode_done(struct up_leg *up, int err, void *arg)
         r->preempted = 1; /* the engine gave the request up: its partial answer is not the client's */
         broken = 1;
     }
+    if (!err && !broken)
+        req_decode_lost_kv(r, status);
     /* a decode that answered 5xx as the prefill holding its KV is gone did not fail: not ejected for it */
-    if (err || broken || (status >= 500 && req_decode_kv_fate(r, 0, status) != RD_KV_UNREACHABLE))
+    enum rd_kv_fate kv = status >= 500 && !err && !broken ? req_decode_kv_fate(r, 0, status) : RD_KV_KEEP;
+    if (err || broken || (status >= 500 && kv != RD_KV_UNREACHABLE && kv != RD_KV_FAILING))
         req_report(RT_DECODE, d->idx, 0);
     else if (status == 200)
         req_report(RT_DECODE, d->idx, 1);

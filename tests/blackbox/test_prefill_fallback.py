@@ -180,8 +180,9 @@ class PrefillFallback(t.TestCase):
     def test_prefill_failing_before_it_is_known_gone(self):
         # the prefill dies after answering A; before A's decode fails, B's prefill attempt is refused: the prefill
         # is neither down (health checks every minute) nor ejected (one failure of three), but its last attempt
-        # failed. A's KV is taken as unreachable (in a crash the decodes' 500s and the prefill's refused
-        # connections arrive together): A's next decode computes the prompt, outside the retry budget (here none)
+        # failed. A's KV is taken as lost (in a crash the decodes' 500s and the prefill's refused connections
+        # arrive together): A's next decode computes the prompt, outside the retry budget (here none), and as the
+        # prefill may still hold the KV the release is dispatched (to a decode, which fails to pull it: harmless)
         p = self.start(t.sim("--role", "prefill"))
         b_answer = []
 
@@ -199,11 +200,60 @@ class PrefillFallback(t.TestCase):
         # A with its KV; B computed by its decode (its prefill refused); A computed by its decode
         self.assertEqual(tries, [(True, BODY["prompt"]), (False, "another prompt"), (False, BODY["prompt"])])
         self.assertEqual(t.metric(r.port, "xpyd_prefill_fallbacks_total"), 2)
-        self.assertEqual(t.metric(r.port, "xpyd_kv_release_dispatches_total"), 0)
+        self.assertEqual(t.metric(r.port, "xpyd_kv_release_dispatches_total"), 1)
         self.assertEqual(t.metric(r.port, "xpyd_retries_denied_total"), 0)
         self.assertEqual(t.metric_sum(r.port, 'xpyd_instance_errors_total{role="decode"}'), 0)
         self.idle(r)
         self.assertEqual(t.metric(r.port, "xpyd_retries_active"), 0)
+
+    def test_two_decodes_lost_one_prefills_kv(self):
+        # a crash where the decodes' 500s are the first sign: A and B were answered by the prefill, which then
+        # dies; their decodes (two) both fail to pull. The first failure is retried with the KV (the budget's one
+        # place); the second, from another decode with the same prefill's KV, marks the prefill failing: B
+        # computes its prompt outside the budget (it was refused before: 500), and so does A's next attempt
+        import threading
+        p = self.start(t.sim("--role", "prefill"))
+        real = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
+        both = threading.Barrier(2, timeout=10)
+        once = threading.Lock()
+        bodies = []
+
+        def fail_together(method, path, body):
+            if path == "/health":
+                return 200, "application/json", b"{}"
+            b = json.loads(body)
+            bodies.append(b)
+            if "kv_transfer_params" in b and len([x for x in bodies if "kv_transfer_params" in x]) <= 2:
+                both.wait()  # A and B both answered by the prefill and handed to a decode
+                with once:
+                    p.stop()
+            st, _, out = t.request(real.port, method, path, body)
+            return st, "application/json", out
+
+        fakes = [t.FakeEngine(fail_together) for _ in range(2)]
+        for f in fakes:
+            self.addCleanup(f.stop)
+        r = self.start(t.router([p.port], [f.port for f in fakes], "--decode-policy", "rr", "--retry-backoff-ms",
+                                "0", "--health-interval-ms", "60000", "--retry-budget-percent", "0",
+                                "--retry-budget-min", "1", "--access-log", "json"))
+        out = [None, None]
+
+        def ask(i):
+            out[i] = t.post_json(r.port, "/v1/completions", dict(BODY, prompt="prompt %d" % i))
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(30)
+        self.assertEqual([o[0] for o in out], [200, 200], out)
+        self.assertEqual([o[2]["usage"]["completion_tokens"] for o in out], [5, 5])
+        self.assertEqual(t.metric(r.port, "xpyd_retries_denied_total"), 0)
+        self.assertEqual(t.metric(r.port, "xpyd_prefill_fallbacks_total"), 2)
+        self.idle(r)
+        self.assertEqual(t.metric(r.port, "xpyd_retries_active"), 0)
+        r.stop()
+        lines = [json.loads(l) for l in r.output().splitlines() if l.startswith("{")]
+        self.assertEqual(sorted((l["status"], l["pd"]) for l in lines), [(200, "fallback")] * 2)
 
     def test_prefill_gone_after_a_retry_with_its_kv(self):
         # the first decode fails before the router knows the prefill is gone: the retry (within the budget, here
@@ -228,9 +278,16 @@ class PrefillFallback(t.TestCase):
         self.check_recomputed(r, real, bodies, 3, 1)
 
     def test_two_decodes_failed_the_prefill_alive(self):
-        # decodes failing for their own reasons (500 before pulling anything) while the prefill is alive: after two
-        # failed with the KV the third computes the prompt, and the KV the prefill still holds is freed now (the
-        # release dispatch: a decode pulls it and is cancelled), not when its lease ends (--kv-lease-ms 30 s)
+        # decodes failing for their own reasons (500 before pulling anything, or the connection cut without an
+        # answer) while the prefill is alive: after two failed with the KV the third computes the prompt, and the
+        # KV the prefill still holds is freed now (the release dispatch: a decode pulls it and is cancelled), not
+        # when its lease ends (--kv-lease-ms 30 s). With 500s the second decode's marks the prefill failing (two
+        # decodes lost its KV); cut, the request's own two failures make the KV suspect.
+        for how in ("500", "cut"):
+            with self.subTest(how=how):
+                self.check_failed_decodes_release(how)
+
+    def check_failed_decodes_release(self, how):
         p = self.start(t.sim("--role", "prefill"))
         real = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
         bodies = []
@@ -241,6 +298,8 @@ class PrefillFallback(t.TestCase):
             b = json.loads(body)
             bodies.append(b)
             if "kv_transfer_params" in b and b.get("max_tokens") != 1:
+                if how == "cut":
+                    raise ConnectionResetError  # FakeEngine closes the connection, unanswered
                 return 500, "application/json", b'{"error":{"message":"decode out of memory","code":500}}'
             st, _, out = t.request(real.port, method, path, body)  # the release dispatch, or the prompt computed
             return st, "application/json", out
@@ -249,7 +308,7 @@ class PrefillFallback(t.TestCase):
         for f in fakes:
             self.addCleanup(f.stop)
         r = self.start(t.router([p.port], [f.port for f in fakes], "--retry-backoff-ms", "0",
-                                "--health-interval-ms", "60000"))
+                                "--health-interval-ms", "60000", "--log-level", "info"))
         st, _, out = t.post_json(r.port, "/v1/completions", BODY)
         self.assertEqual(st, 200, out)
         self.assertEqual(out["usage"]["completion_tokens"], 5)
@@ -259,6 +318,10 @@ class PrefillFallback(t.TestCase):
         with_kv = [("kv_transfer_params" in b, b.get("max_tokens")) for b in bodies]
         self.assertEqual(sorted(with_kv), sorted([(True, 5), (True, 5), (True, 1), (False, 5)]))
         self.idle(r)
+        r.stop()
+        why = [l for l in r.output().splitlines() if "could not be used" in l]
+        self.assertEqual(len(why), 1, r.output())
+        self.assertIn("why=prefill_failing" if how == "500" else "why=decodes_failed", why[0])
 
     def test_not_for_a_4xx_nor_bootstrap_nor_when_off(self):
         p400 = self.start(t.sim("--role", "prefill", "--status-code", "400"))

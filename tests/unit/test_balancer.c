@@ -254,6 +254,20 @@ static void test_failing(void **st)
     xb_report(p, 0, 1);
     xb_stats(p, 0, &s);
     assert_false(s.failing);
+    /* decodes that failed with its KV: one decode, however often, does not make it failing; a second one does */
+    assert_false(xb_report_kv_lost(p, 0, 3));
+    assert_false(xb_report_kv_lost(p, 0, 3));
+    xb_stats(p, 0, &s);
+    assert_false(s.failing);
+    assert_true(xb_report_kv_lost(p, 0, 5));
+    xb_stats(p, 0, &s);
+    assert_true(s.failing && !s.ejected);
+    xb_report(p, 0, 1); /* its next success: both forgotten */
+    assert_false(xb_report_kv_lost(p, 0, 5));
+    xb_stats(p, 0, &s);
+    assert_false(s.failing);
+    assert_false(xb_report_kv_lost(p, 0, -1)); /* no decode: nothing */
+    assert_false(xb_report_kv_lost(p, 7, 1));  /* no such instance */
     xb_pool_free(p);
 }
 

@@ -130,6 +130,10 @@ static void test_kv_after_a_failed_decode(void **state)
     assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 2, 500, 0), RD_KV_SUSPECT);
     assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 1, 500, 1), RD_KV_UNREACHABLE);
     assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 3, 500, 1), RD_KV_UNREACHABLE);
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 1, 500, 2), RD_KV_FAILING); /* failing, not known gone */
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 0, 2, 0, 2), RD_KV_FAILING);
+    assert_int_equal(rd_kv_after_decode_failure(1, 0, 1, 0, 2, 500, 2), RD_KV_KEEP); /* store: the store holds it */
+    assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 1, 1, 500, 2), RD_KV_TAKEN);
     assert_int_equal(rd_kv_after_decode_failure(1, 1, 1, 1, 1, 500, 0), RD_KV_TAKEN);
     assert_int_equal(rd_kv_after_decode_failure(1, 0, 0, 1, 1, 500, 0), RD_KV_TAKEN); /* store, fallback off: taken */
     assert_int_equal(rd_kv_after_decode_failure(1, 0, 1, 0, 2, 500, 1), RD_KV_KEEP);  /* store: the store holds it */
