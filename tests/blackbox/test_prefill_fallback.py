@@ -97,27 +97,38 @@ class PrefillFallback(t.TestCase):
         lines = [json.loads(l) for l in r.output().splitlines() if l.startswith("{")]
         self.assertIn("fallback", [l["pd"] for l in lines])
 
-    def decodes_after_the_prefill_died(self, p, n, wait_for=None):
-        """n decodes in front of a real one (outside the pool): the first request any of them gets kills the
-        prefill p before it is passed on (after wait_for() holds, if given), so the decode cannot pull the KV."""
+    def fake_decodes(self, n, act):
+        """n scripted decodes in front of a real one (outside the pool) and the bodies they were sent: each request
+        but /health is recorded, act(body) runs, and unless it returned an answer the request goes on to the real
+        decode."""
         real = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
         bodies = []
 
-        def pull_after_the_prefill_died(method, path, body):
+        def handle(method, path, body):
             if path == "/health":
                 return 200, "application/json", b"{}"
             bodies.append(json.loads(body))
+            answer = act(bodies[-1])
+            if answer:
+                return answer
+            st, _, out = t.request(real.port, method, path, body)
+            return st, "application/json", out
+
+        fakes = [t.FakeEngine(handle) for _ in range(n)]
+        for f in fakes:
+            self.addCleanup(f.stop)
+        return real, bodies, [f.port for f in fakes]
+
+    def decodes_after_the_prefill_died(self, p, n, wait_for=None):
+        """n decodes in front of a real one (outside the pool): the first request any of them gets kills the
+        prefill p before it is passed on (after wait_for() holds, if given), so the decode cannot pull the KV."""
+        def kill_first(b):
             if len(bodies) == 1:
                 p.stop()
                 if wait_for:
                     t.wait_until(wait_for, what="the prefill out of service")
-            st, _, out = t.request(real.port, method, path, body)
-            return st, "application/json", out
-
-        fakes = [t.FakeEngine(pull_after_the_prefill_died) for _ in range(n)]
-        for f in fakes:
-            self.addCleanup(f.stop)
-        return real, bodies, [f.port for f in fakes]
+        real, bodies, ports = self.fake_decodes(n, kill_first)
+        return real, bodies, ports
 
     def check_recomputed(self, r, real, bodies, attempts, releases, also=lambda: None):
         st, _, out = t.post_json(r.port, "/v1/completions", BODY)
@@ -213,27 +224,16 @@ class PrefillFallback(t.TestCase):
         # computes its prompt outside the budget (it was refused before: 500), and so does A's next attempt
         import threading
         p = self.start(t.sim("--role", "prefill"))
-        real = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
         both = threading.Barrier(2, timeout=10)
         once = threading.Lock()
-        bodies = []
 
-        def fail_together(method, path, body):
-            if path == "/health":
-                return 200, "application/json", b"{}"
-            b = json.loads(body)
-            bodies.append(b)
+        def fail_together(b):
             if "kv_transfer_params" in b and len([x for x in bodies if "kv_transfer_params" in x]) <= 2:
                 both.wait()  # A and B both answered by the prefill and handed to a decode
                 with once:
                     p.stop()
-            st, _, out = t.request(real.port, method, path, body)
-            return st, "application/json", out
-
-        fakes = [t.FakeEngine(fail_together) for _ in range(2)]
-        for f in fakes:
-            self.addCleanup(f.stop)
-        r = self.start(t.router([p.port], [f.port for f in fakes], "--decode-policy", "rr", "--retry-backoff-ms",
+        real, bodies, ports = self.fake_decodes(2, fail_together)
+        r = self.start(t.router([p.port], ports, "--decode-policy", "rr", "--retry-backoff-ms",
                                 "0", "--health-interval-ms", "60000", "--retry-budget-percent", "0",
                                 "--retry-budget-min", "1", "--access-log", "json"))
         out = [None, None]
@@ -289,25 +289,14 @@ class PrefillFallback(t.TestCase):
 
     def check_failed_decodes_release(self, how):
         p = self.start(t.sim("--role", "prefill"))
-        real = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
-        bodies = []
 
-        def fail_with_the_kv(method, path, body):
-            if path == "/health":
-                return 200, "application/json", b"{}"
-            b = json.loads(body)
-            bodies.append(b)
+        def fail_with_the_kv(b):  # the release dispatch (max_tokens 1) and the prompt computed go on
             if "kv_transfer_params" in b and b.get("max_tokens") != 1:
                 if how == "cut":
                     raise ConnectionResetError  # FakeEngine closes the connection, unanswered
                 return 500, "application/json", b'{"error":{"message":"decode out of memory","code":500}}'
-            st, _, out = t.request(real.port, method, path, body)  # the release dispatch, or the prompt computed
-            return st, "application/json", out
-
-        fakes = [t.FakeEngine(fail_with_the_kv) for _ in range(3)]
-        for f in fakes:
-            self.addCleanup(f.stop)
-        r = self.start(t.router([p.port], [f.port for f in fakes], "--retry-backoff-ms", "0",
+        real, bodies, ports = self.fake_decodes(3, fail_with_the_kv)
+        r = self.start(t.router([p.port], ports, "--retry-backoff-ms", "0",
                                 "--health-interval-ms", "60000", "--log-level", "info"))
         st, _, out = t.post_json(r.port, "/v1/completions", BODY)
         self.assertEqual(st, 200, out)
