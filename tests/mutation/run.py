@@ -98,7 +98,9 @@ def run_test(spec, src, bld, timeout=240):
         raise SystemExit("fuzz tests are not run by the mutation suite in CI")
     else:
         parts = spec.split(".")
-        cmd = [sys.executable, os.path.join(src, "tests", "blackbox", parts[0] + ".py")]
+        # -f (unittest's failfast): the first failing test kills the mutant; the file's other tests would only
+        # add their own timeouts
+        cmd = [sys.executable, os.path.join(src, "tests", "blackbox", parts[0] + ".py"), "-f"]
         if len(parts) > 1:
             cmd.append(".".join(parts[1:]))
     try:
