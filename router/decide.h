@@ -67,6 +67,11 @@ int rd_may_fall_back(int fallback_on, int mode_local_prefill, int client_has_byt
  * alone, REFUSED --prefill-fallback too, the last three also a mode whose KV stays on the prefill until pulled
  * (not store). */
 enum rd_kv_fate { RD_KV_KEEP = 0, RD_KV_TAKEN, RD_KV_REFUSED, RD_KV_UNREACHABLE, RD_KV_SUSPECT, RD_KV_FAILING };
+/* The KV was lost where it was held (its prefill gone or failing), not by the decode. */
+static inline int rd_kv_lost_at_source(enum rd_kv_fate kv)
+{
+    return kv == RD_KV_UNREACHABLE || kv == RD_KV_FAILING;
+}
 enum rd_kv_fate rd_kv_after_decode_failure(int mode_local_prefill, int kv_on_prefill, int fallback_on, int accepted,
                                            int attempts, int status, int prefill_state);
 

@@ -95,12 +95,22 @@ void req_inst_short(int role, int idx, char *out, size_t cap)
         snprintf(out + strlen(out), cap - strlen(out), "#%d", dp);
 }
 
-int req_inst_gone(int role, int idx)
+/* 1: out of service (health checks took it down, ejected, removed, or not known); 2: failing — its last attempt
+ * failed (a crash shows first as connections refused or cut, before health checks or ejection) or two decodes
+ * failed with its KV since its last success (xb_report_kv_lost); 0: neither, or no rank (idx < 0) */
+static int inst_state(int role, int idx)
 {
     struct xb_instance_stats st;
     if (idx < 0)
         return 0;
-    return xb_stats(g_rt->pools[role], idx, &st) != 0 || !st.healthy || st.ejected || st.removed;
+    if (xb_stats(g_rt->pools[role], idx, &st) != 0 || !st.healthy || st.ejected || st.removed)
+        return 1;
+    return st.failing ? 2 : 0;
+}
+
+int req_inst_gone(int role, int idx)
+{
+    return inst_state(role, idx) == 1;
 }
 
 void req_decode_lost_kv(const struct request *r, int status)
@@ -110,21 +120,11 @@ void req_decode_lost_kv(const struct request *r, int status)
         xb_report_kv_lost(g_rt->pools[RT_PREFILL], r->legs[RT_PREFILL].last_idx, d->idx);
 }
 
-/* its last attempt failed (a crash shows first as connections refused or cut, before health checks or ejection),
- * or two decodes failed with its KV since its last success (xb_report_kv_lost) */
-static int prefill_failing(int idx)
-{
-    struct xb_instance_stats st;
-    return idx >= 0 && xb_stats(g_rt->pools[RT_PREFILL], idx, &st) == 0 && st.failing;
-}
-
 enum rd_kv_fate req_decode_kv_fate(const struct request *r, int err, int status)
 {
     const struct leg *l = &r->legs[RT_DECODE];
     return !r->kv_params ? RD_KV_KEEP
         : rd_kv_after_decode_failure(r->ho->t->local_prefill, r->ho->t->kv_on_prefill, g_rt->cfg.prefill_fallback,
                                      l->accepted, l->attempts, err ? 0 : status,
-                                     req_inst_gone(RT_PREFILL, r->legs[RT_PREFILL].last_idx)       ? 1
-                                     : prefill_failing(r->legs[RT_PREFILL].last_idx) ? 2
-                                                                                     : 0);
+                                     inst_state(RT_PREFILL, r->legs[RT_PREFILL].last_idx));
 }

@@ -557,11 +557,10 @@ static void leg_failed(struct request *r, int role, int err, int status, void (*
     if (role == RT_DECODE && l->status != 200 && r->legs[RT_PREFILL].attempts > 0 && !r->local_prefill)
         atomic_fetch_add(&g_rt->ctr.kv_handoff_failures, 1);
     enum rd_kv_fate kv = role == RT_DECODE ? req_decode_kv_fate(r, err, status) : RD_KV_KEEP;
-    int lacked = kv == RD_KV_UNREACHABLE || kv == RD_KV_FAILING; /* its source failed (the decode itself, if err) */
-    if (lacked)
+    if (rd_kv_lost_at_source(kv))
         l->ntried = 0; /* the decodes failed for want of the KV, not of themselves: any may compute the prompt */
     int refused = kv == RD_KV_REFUSED; /* a 4xx, retried as the KV's fault, not the request's */
-    lacked = lacked && !err;
+    int lacked = !err && rd_kv_lost_at_source(kv); /* the decode answered: only the KV's source failed */
     if ((err || status >= 500 || refused) && may_retry(r, role, refused ? 0 : status, lacked)) {
         XLOG_INFO("msg=\"retrying %s elsewhere\" request_id=%s err=%s status=%d", req_role_name(role), r->xid,
                   err ? rd_err_text(err, buf, sizeof buf) : "-", status);
@@ -749,11 +748,14 @@ void req_decode_done(struct up_leg *up, int err, void *arg)
         r->preempted = 1; /* the engine gave the request up: its partial answer is not the client's */
         broken = 1;
     }
-    if (!err && !broken)
+    /* a 5xx: the KV's loss told to its prefill; a decode that answered so as that prefill is gone or failing did
+     * not fail itself: not ejected for it */
+    int lost = 0;
+    if (!err && status >= 500) {
         req_decode_lost_kv(r, status);
-    /* a decode that answered 5xx as the prefill holding its KV is gone did not fail: not ejected for it */
-    enum rd_kv_fate kv = status >= 500 && !err && !broken ? req_decode_kv_fate(r, 0, status) : RD_KV_KEEP;
-    if (err || broken || (status >= 500 && kv != RD_KV_UNREACHABLE && kv != RD_KV_FAILING))
+        lost = rd_kv_lost_at_source(req_decode_kv_fate(r, 0, status));
+    }
+    if (err || broken || (status >= 500 && !lost))
         req_report(RT_DECODE, d->idx, 0);
     else if (status == 200)
         req_report(RT_DECODE, d->idx, 1);
