@@ -68,14 +68,14 @@ struct tlist *tl_new(struct tctx *c, size_t cap)
 {
     struct tlist *l = tpl_alloc(c, sizeof *l);
     l->cap = cap ? cap : 4;
-    l->v = tpl_alloc(c, l->cap * sizeof *l->v);
+    l->v = tpl_alloc_raw(c, l->cap * sizeof *l->v); /* slots past n are never read */
     return l;
 }
 
 void tl_push(struct tctx *c, struct tlist *l, struct tv v)
 {
     if (l->n == l->cap) {
-        struct tv *nv = tpl_alloc(c, l->cap * 2 * sizeof *nv);
+        struct tv *nv = tpl_alloc_raw(c, l->cap * 2 * sizeof *nv);
         memcpy(nv, l->v, l->n * sizeof *nv);
         l->v = nv;
         l->cap *= 2;
@@ -114,8 +114,8 @@ void td_set(struct tctx *c, struct tdict *d, struct tv k, struct tv v)
         return;
     }
     if (d->n == d->cap) {
-        size_t cap = d->cap ? d->cap * 2 : 8;
-        struct tv *nk = tpl_alloc(c, cap * sizeof *nk), *nv = tpl_alloc(c, cap * sizeof *nv);
+        size_t cap = d->cap ? d->cap * 2 : 4; /* a scope or a message: a few names */
+        struct tv *nk = tpl_alloc_raw(c, cap * sizeof *nk), *nv = tpl_alloc_raw(c, cap * sizeof *nv);
         if (d->n) {
             memcpy(nk, d->k, d->n * sizeof *nk);
             memcpy(nv, d->v, d->n * sizeof *nv);
@@ -658,6 +658,14 @@ struct tv tv_from_json(struct tctx *c, const cJSON *j)
     }
     v.t = TV_DICT;
     v.u.d = td_new(c);
+    size_t keys = 0;
+    for (const cJSON *it = j->child; it; it = it->next)
+        keys++;
+    if (keys) { /* sized once (a message: role, content, perhaps a few more) */
+        v.u.d->cap = keys;
+        v.u.d->k = tpl_alloc_raw(c, keys * sizeof *v.u.d->k);
+        v.u.d->v = tpl_alloc_raw(c, keys * sizeof *v.u.d->v);
+    }
     for (const cJSON *it = j->child; it; it = it->next)
         td_set(c, v.u.d, tv_strref(it->string, strlen(it->string)), tv_from_json(c, it));
     return v;
