@@ -23,7 +23,8 @@
 #   KV_CONCURRENCY=64: saturation (that many requests in flight over all clients) instead of the rate (the
 #   restart still comes after prompts / rate / 2 seconds); CACHE_BLOCKS, TENANTS as above;
 #   KV_ROUTER_CAPACITY=default: the router's guess is not told the engines' cache size (--prefix-cache-blocks
-#   left at its default, as when engines are not scraped); by default it is told exactly
+#   left at its default, as when engines are not scraped); by default it is told exactly;
+#   KV_ROUTER_FLAGS: more flags for every row's routers (e.g. engine feedback: --scrape-interval-ms 100)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -88,7 +89,7 @@ run() {
     # shellcheck disable=SC2086
     $B/xpyd_router --port 0 --port-file "$WORK/router$i.port" --config "$WORK/topo.json" --prefill-policy "$pol" \
       --threads 1 $([ "${KV_ROUTER_CAPACITY:-engines}" = default ] || echo "--prefix-cache-blocks $blocks") \
-      $rflags >"$WORK/router$i.log" 2>&1 &
+      $rflags ${KV_ROUTER_FLAGS:-} >"$WORK/router$i.log" 2>&1 &
     PIDS+=($!) RPIDS+=($!)
     xpyd_wait_file "$WORK/router$i.port" 10
     RPS+=("$(cat "$WORK/router$i.port")")
