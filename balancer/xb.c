@@ -350,6 +350,11 @@ void xb_set_ejection(struct xb_pool *p, int after, long base_ms, long max_ms)
 
 long xb_report(struct xb_pool *p, int idx, int ok)
 {
+    return xb_report_from(p, idx, ok, -1, 0);
+}
+
+long xb_report_from(struct xb_pool *p, int idx, int ok, int src, uint64_t src_uses)
+{
     if (idx < 0 || (size_t)idx >= p->n)
         return 0;
     long ms = 0;
@@ -357,12 +362,17 @@ long xb_report(struct xb_pool *p, int idx, int ok)
     struct xb_inst *in = &p->inst[idx];
     uint64_t now = mono_us();
     in->last_failed = !ok;
+    /* a failure for want of the same source as the streak's last one, which no one has used since, adds nothing
+     * to the streak */
+    int repeat = !ok && src >= 0 && in->failures > 0 && in->fail_src == src + 1 && in->fail_src_uses == src_uses;
+    in->fail_src = ok || src < 0 ? 0 : src + 1;
+    in->fail_src_uses = src_uses;
     if (ok) {
         in->failures = 0;
         in->kv_lost_by = 0;
         if (in->ejected_until <= now)
             in->ejections = 0; /* back and working: the next ejection starts short again */
-    } else if (p->eject_after > 0 && ++in->failures >= p->eject_after && in->ejected_until <= now) {
+    } else if (!repeat && p->eject_after > 0 && ++in->failures >= p->eject_after && in->ejected_until <= now) {
         size_t ejected = 0;
         for (size_t i = 0; i < p->n; i++)
             ejected += p->inst[i].ejected_until > now;
@@ -380,6 +390,17 @@ long xb_report(struct xb_pool *p, int idx, int ok)
     }
     pthread_mutex_unlock(&p->mu);
     return ms;
+}
+
+void xb_report_used(struct xb_pool *p, int idx)
+{
+    if (idx >= 0 && (size_t)idx < p->n)
+        __atomic_fetch_add(&p->inst[idx].used, 1, __ATOMIC_RELAXED);
+}
+
+uint64_t xb_uses(struct xb_pool *p, int idx)
+{
+    return idx >= 0 && (size_t)idx < p->n ? __atomic_load_n(&p->inst[idx].used, __ATOMIC_RELAXED) : 0;
 }
 
 int xb_report_kv_lost(struct xb_pool *p, int idx, int by)

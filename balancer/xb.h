@@ -95,6 +95,15 @@ void xb_set_ejection(struct xb_pool *p, int after, long base_ms, long max_ms);
 /* Reports the outcome of one attempt on idx (failure: connect error, timeout, 5xx; never a 4xx). Returns the
  * ejection time in ms when this report ejected the instance, else 0. Thread-safe. */
 long xb_report(struct xb_pool *p, int idx, int ok);
+/* The same, for a failure for want of what another instance, src (in its own pool), should have provided: a
+ * decode's 5xx before taking the KV a prefill held (-1: none). src_uses is xb_uses(src) now. Consecutive failures
+ * lacking the same src, which no one used successfully in between (src_uses unchanged), count once toward
+ * ejection: a prefill's crash does not eject the decodes that were about to pull its KV, while a decode that
+ * cannot use a prefill the others use is ejected as before. */
+long xb_report_from(struct xb_pool *p, int idx, int ok, int src, uint64_t src_uses);
+/* Instance idx's output was used (a decode answered with the KV a prefill held); xb_uses counts them. */
+void xb_report_used(struct xb_pool *p, int idx);
+uint64_t xb_uses(struct xb_pool *p, int idx);
 /* Instance idx (a prefill) held KV that a decode (by, an index in the decode pool) failed to use. Once two
  * different decodes have since idx's last success, idx counts as failing (xb_instance_stats.failing) until its
  * next success: one broken decode never blames it. Returns failing. Thread-safe. */

@@ -18,6 +18,9 @@ struct xb_inst {
     int failures;            /* consecutive failed attempts */
     int last_failed;         /* the last reported attempt failed (counted even with ejection off) */
     int kv_lost_by;          /* 1 + the first decode that failed with its KV since its last success; 0: none */
+    int fail_src;            /* 1 + the source its last failure lacked (xb_report_from), 0: none or another cause */
+    uint64_t fail_src_uses;  /* that source's uses (xb_uses) then */
+    uint64_t used;           /* atomic: its output used by another instance (xb_report_used) */
     uint64_t ejected_until;  /* monotonic µs; skipped until then */
     uint64_t ejections;      /* ejections so far; the next one lasts longer; reset by a success */
     uint64_t ejections_total;

@@ -283,7 +283,8 @@ static const struct xpyd_setting settings[] = {
     {"eject-after-failures", XS_LONG, OFF(eject_after), 0, 1000, "3", NULL,
      "passive ejection: consecutive failed attempts on a rank (connect error, timeout, 5xx, unusable "
      "answer; never a 4xx, nor a decode's 5xx while the prefill holding its KV is out of service or failing: the "
-     "prefill's failure, not the decode's) that take it out of rotation; 0 = off"},
+     "prefill's failure, not the decode's; a decode's 5xx in a row for want of the same prefill's KV count once "
+     "unless another decode used that prefill's KV in between) that take it out of rotation; 0 = off"},
     {"eject-base-ms", XS_LONG, OFF(eject_base_ms), 1, 3600000, "1000", NULL,
      "first ejection's length, doubling per repeat (reset by a success) up to `--eject-max-ms`; at most "
      "half of a pool is ejected at once"},

@@ -113,11 +113,20 @@ int req_inst_gone(int role, int idx)
     return inst_state(role, idx) == 1;
 }
 
-void req_decode_lost_kv(const struct request *r, int status)
+int req_decode_kv_outcome(const struct request *r, int status, uint64_t *uses)
 {
     const struct leg *d = &r->legs[RT_DECODE];
-    if (status >= 500 && r->kv_params && !d->accepted && r->ho->t->kv_on_prefill && d->idx >= 0)
-        xb_report_kv_lost(g_rt->pools[RT_PREFILL], r->legs[RT_PREFILL].last_idx, d->idx);
+    int src = r->legs[RT_PREFILL].last_idx;
+    *uses = 0;
+    if (!r->kv_params || !r->ho->t->kv_on_prefill || src < 0 || d->idx < 0)
+        return -1;
+    if (status == 200)
+        xb_report_used(g_rt->pools[RT_PREFILL], src);
+    if (status < 500 || d->accepted)
+        return -1;
+    xb_report_kv_lost(g_rt->pools[RT_PREFILL], src, d->idx);
+    *uses = xb_uses(g_rt->pools[RT_PREFILL], src);
+    return src;
 }
 
 enum rd_kv_fate req_decode_kv_fate(const struct request *r, int err, int status)

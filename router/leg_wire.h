@@ -30,8 +30,10 @@ int req_inst_gone(int role, int idx);
 /* What a failed decode attempt (err, or its status) leaves of the prefill's KV for the next one: decide.h's rule
  * with the request's mode, --prefill-fallback and whether its prefill is out of service now or failing. */
 enum rd_kv_fate req_decode_kv_fate(const struct request *r, int err, int status);
-/* A decode answered status: a 5xx before taking the prefill's KV (where it stays on the prefill until pulled) is
- * reported against that prefill (xb_report_kv_lost: a second decode doing so marks it failing). */
-void req_decode_lost_kv(const struct request *r, int status);
+/* A decode answered status with KV that stays on its prefill until pulled: a 200 counts as a use of that
+ * prefill's KV (xb_report_used); a 5xx before taking it is reported against the prefill (xb_report_kv_lost: a
+ * second decode doing so marks it failing) and returns the prefill's rank, *uses its uses so far (the source the
+ * decode lacked, for req_report). Else -1. */
+int req_decode_kv_outcome(const struct request *r, int status, uint64_t *uses);
 
 #endif

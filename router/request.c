@@ -444,9 +444,9 @@ void req_send(struct request *r, int role, char *body, size_t len, void (*on_don
 /* ---------- retries ---------- */
 
 /* Counts one attempt's outcome against the instance (failures: connect, timeout, 5xx, unusable answer). */
-void req_report(int role, int idx, int ok)
+void req_report(int role, int idx, int ok, int src, uint64_t src_uses)
 {
-    long ms = xb_report(g_rt->pools[role], idx, ok);
+    long ms = xb_report_from(g_rt->pools[role], idx, ok, src, src_uses);
     if (ms > 0) {
         char where[400];
         req_inst_desc(role, idx, where, sizeof where);
@@ -652,7 +652,7 @@ struct request *req_prefill_finished(struct leg *p, int err, int *ok)
         return NULL;
     *ok = !err && p->status == 200;
     if (*ok || err || p->status >= 500) /* a 4xx judged the request, not the instance */
-        req_report(RT_PREFILL, p->idx, *ok);
+        req_report(RT_PREFILL, p->idx, *ok, -1, 0);
     return r;
 }
 
@@ -750,15 +750,13 @@ void req_decode_done(struct up_leg *up, int err, void *arg)
     }
     /* a 5xx: the KV's loss told to its prefill; a decode that answered so as that prefill is gone or failing did
      * not fail itself: not ejected for it */
-    int lost = 0;
-    if (!err && status >= 500) {
-        req_decode_lost_kv(r, status);
-        lost = rd_kv_lost_at_source(req_decode_kv_fate(r, 0, status));
-    }
+    uint64_t uses = 0; /* src: the prefill whose KV it lacked (repeats count once toward its ejection) */
+    int src = err ? -1 : req_decode_kv_outcome(r, status, &uses);
+    int lost = !err && status >= 500 && rd_kv_lost_at_source(req_decode_kv_fate(r, 0, status));
     if (err || broken || (status >= 500 && !lost))
-        req_report(RT_DECODE, d->idx, 0);
+        req_report(RT_DECODE, d->idx, 0, src, uses);
     else if (status == 200)
-        req_report(RT_DECODE, d->idx, 1);
+        req_report(RT_DECODE, d->idx, 1, -1, 0);
     if (!err && status == 200 && !broken) {
         if (!r->stream) {
             if (client_finish_json(r) != 0) {

@@ -44,8 +44,9 @@ void req_release(struct request *r, int role);
 /* Reads the prefill's JSON answer (legs[RT_PREFILL].buf): exact prompt tokens, cached tokens, the response id,
  * its token, kv_transfer_params. 0, or -1 when it is not a usable completion. */
 int req_absorb_prefill(struct request *r);
-/* One attempt's outcome against its instance (passive ejection; an ejection is logged). */
-void req_report(int role, int idx, int ok);
+/* One attempt's outcome against its instance (passive ejection; an ejection is logged); src: the prefill whose KV
+ * a failed decode lacked and src_uses its uses then (xb_report_from), else -1 and 0. */
+void req_report(int role, int idx, int ok, int src, uint64_t src_uses);
 /* A pick given back, as if it had not been made (bootstrap waiting for its decode returns its prefill; in the
  * modes that send both legs at once, the leg whose partner failed may be picked again for the retry). */
 void req_unpick(struct request *r, int role);

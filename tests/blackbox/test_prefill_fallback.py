@@ -5,6 +5,7 @@ the decode computes the prompt itself: the client gets its answer instead of a 5
 xpyd_prefill_fallbacks_total and shown as prefill=local in the access log. A prefill's 4xx still judges the
 request; modes whose decode cannot run alone (bootstrap) still fail; off restores the error."""
 import json
+import threading
 
 import xpyd_testlib as t
 
@@ -311,6 +312,91 @@ class PrefillFallback(t.TestCase):
         why = [l for l in r.output().splitlines() if "could not be used" in l]
         self.assertEqual(len(why), 1, r.output())
         self.assertIn("why=prefill_failing" if how == "500" else "why=decodes_failed", why[0])
+
+    def session_decodes(self, act):
+        """Two scripted decodes in front of a real one, for requests of one session (--session-key, one decode
+        for all of them): act(port, body) answers, or the request goes on to the real decode; the bodies each
+        got, by port."""
+        real = self.start(t.sim("--role", "decode", "--decode-us-per-token", "100"))
+        got = {"order": []}  # and every request in the order they came
+
+        def handler(port):
+            def handle(method, path, body):
+                if path == "/health":
+                    return 200, "application/json", b"{}"
+                b = json.loads(body)
+                got.setdefault(port(), []).append(b)
+                got["order"].append((port(), b))
+                answer = act(port(), b)
+                if answer:
+                    return answer
+                st, _, out = t.request(real.port, method, path, body)
+                return st, "application/json", out
+            return handle
+        fakes = []
+        for _ in range(2):
+            fakes.append(t.FakeEngine(handler(lambda k=len(fakes): fakes[k].port)))
+            self.addCleanup(fakes[-1].stop)
+        return got, [f.port for f in fakes]
+
+    def session_router(self, p, ports):
+        return self.start(t.router([p.port], ports, "--session-key", "header:X-Session-Id", "--session-epsilon",
+                                   "100", "--eject-after-failures", "2", "--retry-backoff-ms", "200",
+                                   "--retry-budget-min", "10", "--health-interval-ms", "60000"))
+
+    def test_a_crash_does_not_eject_the_decodes(self):
+        # a prefill's crash (here: its KV cannot be pulled, by any decode) fails every decode that was about to
+        # pull its KV: with two requests at one decode, both fail with 500 before anything tells the router the
+        # prefill is failing. They lacked the same prefill's KV and nobody used its KV in between: they count once
+        # toward that decode's ejection (here after two failures), so it is not ejected (seen in
+        # bench/kv_events.sh at the restart: a healthy decode out for a second); both requests still get 200, the
+        # last attempt computing the prompt
+        p = self.start(t.sim("--role", "prefill"))
+        both = threading.Barrier(2, timeout=10)
+
+        def no_kv(port, b):  # both first attempts answer together; every KV pull fails
+            if "kv_transfer_params" not in b:
+                return None
+            if len(got["order"]) <= 2:
+                both.wait()
+            return 500, "application/json", b'{"error":{"message":"KV transfer failed","code":500}}'
+        got, ports = self.session_decodes(no_kv)
+        r = self.session_router(p, ports)
+        out = []
+        ask = lambda: out.append(t.post_json(r.port, "/v1/completions", BODY, headers={"X-Session-Id": "s1"}))
+        ts = [threading.Thread(target=ask) for _ in range(2)]
+        for x in ts:
+            x.start()
+        for x in ts:
+            x.join(30)
+        self.assertEqual([o[0] for o in out], [200, 200], out)
+        # one decode had both first attempts: the first two requests any decode got, with the two KVs
+        order = got["order"]
+        self.assertEqual(order[0][0], order[1][0], got)
+        self.assertNotEqual(order[0][1]["kv_transfer_params"], order[1][1]["kv_transfer_params"])
+        self.assertEqual([i["ejected"] for i in t.status(r.port)["pools"]["decode"]["instances"]], [False, False])
+        self.idle(r)
+
+    def test_a_decode_that_cannot_use_a_working_prefill_is_ejected(self):
+        # the other side: one decode fails to pull a prefill's KV that the other decode pulls: its failures count
+        # (another decode used that prefill's KV in between), and two eject it
+        p = self.start(t.sim("--role", "prefill"))
+        bad = []
+
+        def bad_decode(port, b):
+            if "kv_transfer_params" in b and (not bad or bad[0] == port):
+                bad[:] = [port]
+                return 500, "application/json", b'{"error":{"message":"KV transfer failed","code":500}}'
+            return None
+        got, ports = self.session_decodes(bad_decode)
+        r = self.session_router(p, ports)
+        for _ in range(2):
+            st, _, out = t.post_json(r.port, "/v1/completions", BODY, headers={"X-Session-Id": "s1"})
+            self.assertEqual(st, 200, out)
+        ej = {i["endpoint"] if "endpoint" in i else i.get("port"): i["ejected"]
+              for i in t.status(r.port)["pools"]["decode"]["instances"]}
+        self.assertEqual(sorted(ej.values()), [False, True], ej)
+        self.idle(r)
 
     def test_not_for_a_4xx_nor_bootstrap_nor_when_off(self):
         p400 = self.start(t.sim("--role", "prefill", "--status-code", "400"))

@@ -271,6 +271,43 @@ static void test_failing(void **st)
     xb_pool_free(p);
 }
 
+/* Failures for want of another instance's output (a decode lacking a prefill's KV): consecutive ones lacking the
+ * same source, which nobody used in between, count once toward ejection (the source's crash); a use in between
+ * (another decode took its KV: the decode, not the source, fails), another source or a failure of its own counts. */
+static void test_ejection_by_source(void **st)
+{
+    struct xb_pool *p = pool_of(XB_POLICY_RR, 4, NULL, NULL, NULL), *src = pool_of(XB_POLICY_RR, 4, NULL, NULL, NULL);
+    xb_set_ejection(p, 3, 50, 200);
+    for (int i = 0; i < 5; i++) /* a prefill's crash: however many of its KV pulls fail, the decode stays */
+        assert_int_equal(xb_report_from(p, 0, 0, 2, xb_uses(src, 2)), 0);
+    struct xb_instance_stats s;
+    xb_stats(p, 0, &s);
+    assert_true(s.failing && !s.ejected);
+    assert_int_equal(xb_report_from(p, 0, 0, 1, xb_uses(src, 1)), 0);  /* a second source: two */
+    assert_int_equal(xb_report_from(p, 0, 0, -1, 0), 50);               /* its own failure: three, out */
+    xb_stats(p, 0, &s);
+    assert_true(s.ejected && s.ejections == 1);
+    /* the source works for others: each failure with it counts */
+    assert_int_equal(xb_uses(src, 0), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(xb_report_from(p, 1, 0, 0, xb_uses(src, 0)), 0);
+        xb_report_used(src, 0); /* another decode used prefill 0's KV */
+    }
+    assert_int_equal(xb_uses(src, 0), 2);
+    assert_int_equal(xb_report_from(p, 1, 0, 0, xb_uses(src, 0)), 50);
+    /* a success ends the streak and its source: the same source counts again after it */
+    assert_int_equal(xb_report_from(p, 2, 0, 3, 0), 0);
+    xb_report_from(p, 2, 1, -1, 0);
+    assert_int_equal(xb_report_from(p, 2, 0, 3, 0), 0);
+    assert_int_equal(xb_report_from(p, 2, 0, 3, 0), 0);
+    xb_stats(p, 2, &s);
+    assert_false(s.ejected);
+    xb_report_used(src, 9); /* no such instance: nothing */
+    assert_int_equal(xb_uses(src, 9), 0);
+    xb_pool_free(p);
+    xb_pool_free(src);
+}
+
 /* Passive ejection: out after N consecutive failures, at most half the pool, back after the ejection time. */
 static void test_passive_ejection(void **st)
 {
@@ -403,6 +440,7 @@ int main(void)
         cmocka_unit_test(test_other_policies_release_to_zero), cmocka_unit_test(test_thread_safety),
         cmocka_unit_test(test_unready_never_picked), cmocka_unit_test(test_remote_load),
         cmocka_unit_test(test_max_inflight_soft_cap), cmocka_unit_test(test_passive_ejection), cmocka_unit_test(test_failing),
+        cmocka_unit_test(test_ejection_by_source),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
