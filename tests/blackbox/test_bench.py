@@ -42,13 +42,15 @@ class Timing(t.TestCase):
             self.assertIn(line, out)
 
     def test_chat_backend(self):
-        s = self.start(t.sim("--decode-us-per-token", "20000"))
+        s = self.start(t.sim("--decode-us-per-token", "100000"))
         rc, out, r = run_bench(s.port, "--backend", "openai-chat", "--num-prompts", "5", "--random-output-len", "7",
                                "--ignore-eos")
         self.assertEqual((rc, r["completed"], r["total_output_tokens"]), (0, 5, 35))
         # the role chunk carries choices: it sets TTFT and one ITL gap more than content chunks alone
         self.assertEqual(len(r["itls"][0]), 7)
-        self.assertLess(r["mean_ttft_ms"], 15)  # the prefill yields the first token: no 20 ms step in TTFT
+        # the prefill yields the first token: no 100 ms decode step in TTFT (half a step of margin: a loaded CI
+        # machine under ASan once took 15.2 ms against a 20 ms step and a 15 ms bound)
+        self.assertLess(r["mean_ttft_ms"], 50)
 
 
 NPM_DIR = t.NPM_DIR
