@@ -79,33 +79,39 @@ static struct tv bound(struct tctx *c, struct tv self, const char *name)
     return v;
 }
 
+/* name == lit (a loop attribute's name): the first byte compared inline, most differ there */
+static inline int is(const char *name, const char *lit)
+{
+    return name[0] == lit[0] && !strcmp(name, lit);
+}
+
 static struct tv loop_attr(struct tctx *c, struct tv lv, const char *name)
 {
     const struct tloop *l = lv.u.loop;
     size_t n = l->items->n;
-    if (!strcmp(name, "index"))
+    if (is(name, "index"))
         return tv_int((int64_t)l->i + 1);
-    if (!strcmp(name, "index0"))
+    if (is(name, "index0"))
         return tv_int((int64_t)l->i);
-    if (!strcmp(name, "revindex"))
+    if (is(name, "revindex"))
         return tv_int((int64_t)(n - l->i));
-    if (!strcmp(name, "revindex0"))
+    if (is(name, "revindex0"))
         return tv_int((int64_t)(n - l->i - 1));
-    if (!strcmp(name, "first"))
+    if (is(name, "first"))
         return tv_bool(l->i == 0);
-    if (!strcmp(name, "last"))
+    if (is(name, "last"))
         return tv_bool(l->i + 1 == n);
-    if (!strcmp(name, "length"))
+    if (is(name, "length"))
         return tv_int((int64_t)n);
-    if (!strcmp(name, "depth"))
+    if (is(name, "depth"))
         return tv_int(l->depth);
-    if (!strcmp(name, "depth0"))
+    if (is(name, "depth0"))
         return tv_int(l->depth - 1);
-    if (!strcmp(name, "previtem"))
+    if (is(name, "previtem"))
         return l->i ? l->items->v[l->i - 1] : tv_undef("previtem");
-    if (!strcmp(name, "nextitem"))
+    if (is(name, "nextitem"))
         return l->i + 1 < n ? l->items->v[l->i + 1] : tv_undef("nextitem");
-    if (!strcmp(name, "cycle"))
+    if (is(name, "cycle"))
         return bound(c, lv, "cycle");
     return tv_undef(name);
 }
