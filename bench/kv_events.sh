@@ -24,7 +24,9 @@
 #   restart still comes after prompts / rate / 2 seconds); CACHE_BLOCKS, TENANTS as above;
 #   KV_ROUTER_CAPACITY=default: the router's guess is not told the engines' cache size (--prefix-cache-blocks
 #   left at its default, as when engines are not scraped); by default it is told exactly;
-#   KV_ROUTER_FLAGS: more flags for every row's routers (e.g. engine feedback: --scrape-interval-ms 100)
+#   KV_ROUTER_FLAGS: more flags for every row's routers (e.g. engine feedback: --scrape-interval-ms 100);
+#   KV_RESTART=0: no restart (then one router reaches the ideal partition in either mode, hit 0.937: what the
+#   restart costs is the rest of the difference)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -98,6 +100,7 @@ run() {
   done
   # halfway (by time: N / RATE / 2 s), prefill 0's engine restarts with an empty cache on its old ports
   ( sleep "$(python3 -c "print($N / $RATE / 2)")"
+    [ "${KV_RESTART:-1}" = 1 ] || exec sleep 3600 # (exec: killed with this subshell, no child left holding stdout)
     kill -9 "${PPID_OF[0]}" 2>/dev/null; sleep 0.3
     prefill_up 0 "$blocks" "${KVP[0]}" "${P_PORT[0]}"; sleep 3600 ) &
   local restarter=$!
@@ -148,7 +151,7 @@ PY
 }
 
 BIG=$((TENANTS * 4100 / 16 + 1000))
-echo "# precise prefix-cache routing — $(date -u +%Y-%m-%dT%H:%MZ), 4P+4D sims, $TENANTS tenants x 4000 tokens, $CACHE_BLOCKS blocks x 16 tokens per prefill, $N prompts at $RATE req/s, prefill 0 restarted halfway"
+echo "# precise prefix-cache routing — $(date -u +%Y-%m-%dT%H:%MZ), 4P+4D sims, $TENANTS tenants x 4000 tokens, $CACHE_BLOCKS blocks x 16 tokens per prefill, $N prompts at $RATE req/s, prefill 0 $([ "${KV_RESTART:-1}" = 1 ] && echo restarted halfway || echo not restarted)"
 run precise cache 1 "$CACHE_BLOCKS" 1 ""
 run greedy cache 1 "$CACHE_BLOCKS" 1 "--cache-max-imbalance 1000"
 run approx cache 0 "$CACHE_BLOCKS" 1 ""
