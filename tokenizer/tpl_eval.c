@@ -79,39 +79,33 @@ static struct tv bound(struct tctx *c, struct tv self, const char *name)
     return v;
 }
 
-/* name == lit (a loop attribute's name): the first byte compared inline, most differ there */
-static inline int is(const char *name, const char *lit)
-{
-    return name[0] == lit[0] && !strcmp(name, lit);
-}
-
 static struct tv loop_attr(struct tctx *c, struct tv lv, const char *name)
 {
     const struct tloop *l = lv.u.loop;
     size_t n = l->items->n;
-    if (is(name, "index"))
+    if (tpl_name_is(name, "index"))
         return tv_int((int64_t)l->i + 1);
-    if (is(name, "index0"))
+    if (tpl_name_is(name, "index0"))
         return tv_int((int64_t)l->i);
-    if (is(name, "revindex"))
+    if (tpl_name_is(name, "revindex"))
         return tv_int((int64_t)(n - l->i));
-    if (is(name, "revindex0"))
+    if (tpl_name_is(name, "revindex0"))
         return tv_int((int64_t)(n - l->i - 1));
-    if (is(name, "first"))
+    if (tpl_name_is(name, "first"))
         return tv_bool(l->i == 0);
-    if (is(name, "last"))
+    if (tpl_name_is(name, "last"))
         return tv_bool(l->i + 1 == n);
-    if (is(name, "length"))
+    if (tpl_name_is(name, "length"))
         return tv_int((int64_t)n);
-    if (is(name, "depth"))
+    if (tpl_name_is(name, "depth"))
         return tv_int(l->depth);
-    if (is(name, "depth0"))
+    if (tpl_name_is(name, "depth0"))
         return tv_int(l->depth - 1);
-    if (is(name, "previtem"))
+    if (tpl_name_is(name, "previtem"))
         return l->i ? l->items->v[l->i - 1] : tv_undef("previtem");
-    if (is(name, "nextitem"))
+    if (tpl_name_is(name, "nextitem"))
         return l->i + 1 < n ? l->items->v[l->i + 1] : tv_undef("nextitem");
-    if (is(name, "cycle"))
+    if (tpl_name_is(name, "cycle"))
         return bound(c, lv, "cycle");
     return tv_undef(name);
 }

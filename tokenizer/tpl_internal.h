@@ -13,6 +13,7 @@
 #include <setjmp.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* ---- arena: bump allocation in chunks, bounded; freed at once ---- */
 struct tarena {
@@ -198,6 +199,11 @@ struct tlist *tv_iter(struct tctx *c, const struct tv *v);   /* the items iterat
 size_t u8_count(const char *p, size_t n);                    /* code points */
 size_t u8_offset(const char *p, size_t n, size_t k);         /* byte offset of code point k (n when past) */
 int u8_is_space(const char *p, size_t n, size_t *len);       /* Python's str.isspace for one character */
+/* a name (attribute, method, filter) equals lit: the first byte compared inline, as most names differ there */
+static inline int tpl_name_is(const char *name, const char *lit)
+{
+    return name[0] == lit[0] && !strcmp(name, lit);
+}
 
 /* tpl_eval.c */
 struct tv tpl_eval(struct tctx *c, struct tscope *s, const struct tnode *e);

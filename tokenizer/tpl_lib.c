@@ -29,7 +29,7 @@ static const char *const LIST_METHODS[] = {"index", "count", NULL};
 static int listed(const char *const *l, const char *name)
 {
     for (; *l; l++)
-        if ((*l)[0] == name[0] && !strcmp(*l, name)) /* the first byte first: most names differ there */
+        if (tpl_name_is(name, *l))
             return 1;
     return 0;
 }
