@@ -392,6 +392,21 @@ long xb_report_from(struct xb_pool *p, int idx, int ok, int src, uint64_t src_us
     return ms;
 }
 
+int xb_unejected(struct xb_pool *p, int idx)
+{
+    if (idx < 0 || (size_t)idx >= p->n)
+        return 0;
+    pthread_mutex_lock(&p->mu);
+    struct xb_inst *in = &p->inst[idx];
+    int was = in->ejected_until > mono_us();
+    in->ejected_until = 0;
+    in->ejections = 0;
+    in->failures = 0;
+    in->fail_src = 0;
+    pthread_mutex_unlock(&p->mu);
+    return was;
+}
+
 void xb_report_used(struct xb_pool *p, int idx)
 {
     if (idx >= 0 && (size_t)idx < p->n)

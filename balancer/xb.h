@@ -95,6 +95,9 @@ void xb_set_ejection(struct xb_pool *p, int after, long base_ms, long max_ms);
 /* Reports the outcome of one attempt on idx (failure: connect error, timeout, 5xx; never a 4xx). Returns the
  * ejection time in ms when this report ejected the instance, else 0. Thread-safe. */
 long xb_report(struct xb_pool *p, int idx, int ok);
+/* Ends idx's ejection and its failure streak (an engine seen starting again: its failures were the old
+ * process's); the next ejection starts at base_ms. 1 when it was ejected. Thread-safe. */
+int xb_unejected(struct xb_pool *p, int idx);
 /* The same, for a failure for want of what another instance, src (in its own pool), should have provided: a
  * decode's 5xx before taking the KV a prefill held (-1: none). src_uses is xb_uses(src) now. Consecutive failures
  * lacking the same src, which no one used successfully in between (src_uses unchanged), count once toward

@@ -217,6 +217,13 @@ static const struct xpyd_setting settings[] = {
      "KV-event messages ZeroMQ queues per source before dropping (a gap the sequence numbers then show)"},
     {"kv-events-replay-timeout-ms", XS_LONG, OFF(kv_events_replay_timeout_ms), 1, 600000, "1000", NULL,
      "how long a replay may take before the rank's blocks are forgotten instead"},
+    {"kv-events-recheck-ms", XS_LONG, OFF(kv_events_recheck_ms), 0, 600000, "100", NULL,
+     "a rank's KV-event connection (connect mode) as a hint for the health checks: when it drops (an engine "
+     "stopping or crashing drops it at once), the engine is checked at once and, failing, taken down without "
+     "waiting for `--health-fall` (two signals); when it connects again, the engine is checked at once and then "
+     "every N ms until it passes (for `--health-interval-ms` at most; those failures not counted), and passing "
+     "after it had failed brings it up at once and ends its ranks' passive ejections (`event=unejected`: the "
+     "engine started again). 0 = off; nothing without health checks (`--health-interval-ms 0`)"},
     {"kv-index-max-blocks", XS_LONG, OFF(kv_index_max_blocks), 1, 1L << 30, "1048576", NULL,
      "(rank, block) pairs the KV-event index of a pool keeps (up to 130 bytes each: 1 M pairs measured 134 MB); "
      "stored blocks beyond it are "

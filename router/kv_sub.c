@@ -27,7 +27,7 @@
 #define K kv_K
 #define roles kv_roles
 
-struct kv_consumer kv_K;
+struct kv_consumer kv_K = {.wake_mu = PTHREAD_MUTEX_INITIALIZER};
 const char *const kv_roles[2] = {"prefill", "decode"};
 
 static uint64_t be64(const unsigned char *p)
@@ -257,9 +257,33 @@ static void on_message(int role, int rank, struct kv_src *s, zmq_msg_t *f, int n
     take_in_order(role, rank, s, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
 }
 
+/* A connection hint for the health checks (rt_kv_take_hint), and their wake-up. */
+static void hint(struct kv_src *s, int h)
+{
+    atomic_store(&s->hint, h);
+    pthread_mutex_lock(&K.wake_mu);
+    if (K.wake)
+        K.wake(K.wake_arg);
+    pthread_mutex_unlock(&K.wake_mu);
+}
+
+int rt_kv_take_hint(int role, int idx)
+{
+    return K.src[role] && idx >= 0 && (size_t)idx < K.cap ? atomic_exchange(&K.src[role][idx].hint, KV_HINT_NONE)
+                                                          : KV_HINT_NONE;
+}
+
+void rt_kv_on_hint(void (*wake)(void *), void *arg)
+{
+    pthread_mutex_lock(&K.wake_mu);
+    K.wake = wake;
+    K.wake_arg = arg;
+    pthread_mutex_unlock(&K.wake_mu);
+}
+
 /* The publisher connected or went away. Gone (an engine stopping, restarting, or the network): what the rank
  * held is unknown from here (a restarted engine numbers from 0 again, and messages were lost meanwhile), so its
- * blocks are forgotten and it is not trusted until it is back. */
+ * blocks are forgotten and it is not trusted until it is back. Either way the health checks hear of it. */
 static void on_monitor(int role, int rank, struct kv_src *s)
 {
     zmq_msg_t f[FRAMES];
@@ -272,6 +296,7 @@ static void on_monitor(int role, int rank, struct kv_src *s)
         if (ev == ZMQ_EVENT_CONNECTED) {
             atomic_store(&s->first_sent, 0);
             atomic_store(&s->up, 1);
+            hint(s, KV_HINT_BACK);
         } else if (ev == ZMQ_EVENT_DISCONNECTED) {
             if (s->rep) { /* what it would have answered no longer matters: the rank starts afresh */
                 atomic_fetch_add(&K.replays_failed[role], 1);
@@ -281,6 +306,7 @@ static void on_monitor(int role, int rank, struct kv_src *s)
             atomic_fetch_add(&K.disconnects[role], 1);
             s->have_seq = 0;
             forget(role, rank);
+            hint(s, KV_HINT_GONE);
         }
     }
 }

@@ -36,6 +36,14 @@ void rt_kv_released(int role, int idx, uint64_t pending);
  * rw_prefix_blocks / rw_id_blocks. */
 struct rw_src;
 int rt_kv_extras(const struct rw_src *body, uint64_t extra[2]);
+/* The publishers' connections as hints for the health checks (probe.c): KV_HINT_GONE when rank idx's publisher
+ * went away (an engine stopping or crashing drops it at once), KV_HINT_BACK when it connected (an engine started
+ * again), the latest since the last call; 0 none. Connect mode only (a bound port serves many engines). */
+enum { KV_HINT_NONE, KV_HINT_GONE, KV_HINT_BACK };
+int rt_kv_take_hint(int role, int idx);
+/* wake(arg) is called, from the consumer's thread, after a hint is left (NULL: none). Returns once no call of the
+ * previous one is under way. */
+void rt_kv_on_hint(void (*wake)(void *), void *arg);
 /* The xpyd_kv_* series of /metrics. */
 void rt_kv_metrics(struct evbuffer *b);
 

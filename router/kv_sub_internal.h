@@ -35,6 +35,7 @@ struct kv_src {
     atomic_uint_fast64_t events;      /* events received from it (all kinds) */
     atomic_uint_fast64_t dropped_at;  /* µs its blocks were last forgotten (restart, clear, gap, lost connection) */
     atomic_uint_fast64_t pend[PEND_SLOTS]; /* period << 24 | requests sent to it then and still in flight */
+    atomic_int hint; /* for the health checks: KV_HINT_GONE / KV_HINT_BACK since rt_kv_take_hint last took it */
 };
 
 struct kv_consumer {
@@ -54,6 +55,9 @@ struct kv_consumer {
     void *bsub[BIND_MAX]; /* bind mode: SUB sockets bound on PORT + r */
     int nbound;
     atomic_uint_fast64_t unmatched; /* bind mode: messages whose topic names no rank */
+    pthread_mutex_t wake_mu; /* held while wake is called or changed (rt_kv_on_hint) */
+    void (*wake)(void *);
+    void *wake_arg;
 };
 
 extern struct kv_consumer kv_K;

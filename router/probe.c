@@ -3,6 +3,7 @@
 #include "probe.h"
 
 #include "feedback_parse.h"
+#include "kv_sub.h"
 #include "router.h"
 #include "xpyd_util.h"
 
@@ -22,6 +23,12 @@ struct ep_state {
     int sstatus;
     struct evbuffer *sbody;
     unsigned gen;         /* the endpoint slot's generation this state is of (up_endpoint.gen) */
+    /* its KV-event publisher's connection as a hint (--kv-events-recheck-ms) */
+    int hint;             /* what the check in flight answers: KV_HINT_GONE / KV_HINT_BACK; 0 a round's */
+    int pending;          /* a hint waiting for the check in flight to end */
+    int gone, gone_failed; /* the publisher went away (no KV_HINT_BACK since); a check failed since */
+    uint64_t recheck_until; /* after KV_HINT_BACK: checked again until it passes or then (µs) */
+    struct event *recheck_ev; /* the next of those checks (made on first use) */
 };
 
 struct probe {
@@ -29,7 +36,7 @@ struct probe {
     struct up_thread *up;
     struct ep_state *eps;
     size_t n;
-    struct event *health_ev, *scrape_ev;
+    struct event *health_ev, *scrape_ev, *hint_ev;
 };
 
 static void ep_desc(int idx, char *out, size_t cap)
@@ -64,6 +71,9 @@ static int ep_in_use(struct probe *p, size_t i)
         s->healthy = 1;
         s->streak = 0;
         s->gen = gen;
+        s->hint = s->pending = s->gone = s->gone_failed = 0;
+        if (s->recheck_ev)
+            event_del(s->recheck_ev);
         evbuffer_drain(s->sbody, evbuffer_get_length(s->sbody));
     }
     for (int role = 0; role < 2; role++)
@@ -78,25 +88,75 @@ static size_t n_endpoints(void)
     return __atomic_load_n(&g_rt->n_endpoints, __ATOMIC_ACQUIRE);
 }
 
-/* One check result through the hysteresis counter. */
-static void health_result(struct ep_state *s, int ok, const char *why)
+/* The endpoint's verdict is ok from now. */
+static void verdict(struct ep_state *s, int ok, const char *why)
 {
-    if (ok == s->healthy) {
-        s->streak = 0;
-        apply_health(s); /* a rank revived at runtime takes its endpoint's verdict */
-        return;
-    }
-    s->streak++;
-    long need = s->healthy ? g_rt->cfg.health_fall : g_rt->cfg.health_rise;
-    if (s->streak < need)
-        return;
+    int changed = ok != s->healthy;
     s->healthy = ok;
     s->streak = 0;
-    apply_health(s);
+    apply_health(s); /* (unchanged too: a rank revived at runtime takes its endpoint's verdict) */
+    if (!changed)
+        return;
     atomic_fetch_add(&g_rt->ctr.health_transitions, 1);
     char d[300];
     ep_desc(s->idx, d, sizeof d);
     xpyd_log_event(ok ? XPYD_LOG_INFO : XPYD_LOG_WARN, "event=health_transition endpoint=%s state=%s reason=\"%s\"", d, ok ? "up" : "down", why);
+}
+
+/* One check result through the hysteresis counter. */
+static void health_result(struct ep_state *s, int ok, const char *why)
+{
+    if (ok != s->healthy && ++s->streak < (s->healthy ? g_rt->cfg.health_fall : g_rt->cfg.health_rise))
+        return;
+    verdict(s, ok, why);
+}
+
+/* An engine seen starting again (its publisher connected after it had failed): its ranks' passive ejections
+ * end, their failures were the old process's. */
+static void unejected(struct ep_state *s)
+{
+    char d[300];
+    ep_desc(s->idx, d, sizeof d);
+    for (int role = 0; role < 2; role++)
+        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++)
+            if (g_rt->reg.ranks[role][i].endpoint == s->idx && xb_unejected(g_rt->pools[role], (int)i))
+                xpyd_log_event(XPYD_LOG_INFO, "event=unejected instance=%s role=%s rank=%zu reason=kv_events_back", d,
+                               role ? "decode" : "prefill", i);
+}
+
+static void on_recheck(evutil_socket_t fd, short ev, void *arg);
+
+/* A hinted check's result (--kv-events-recheck-ms). The publisher gone and the engine failing: down at once (two
+ * signals; no --health-fall wait). The publisher back and the engine passing after it had failed: up at once,
+ * ejection ended. The publisher back and the engine not answering yet: checked again shortly, not counted. */
+static void hinted_result(struct ep_state *s, int hint, int ok, const char *why)
+{
+    char w[200];
+    if (!ok && s->gone)
+        s->gone_failed = 1;
+    if (hint == KV_HINT_GONE && !ok) {
+        snprintf(w, sizeof w, "KV events stopped; %s", why);
+        verdict(s, 0, w);
+    } else if (hint == KV_HINT_BACK && ok) {
+        int restarted = s->gone_failed || !s->healthy;
+        s->gone = s->gone_failed = 0;
+        if (!restarted) {
+            health_result(s, ok, why);
+            return;
+        }
+        snprintf(w, sizeof w, "KV events back; %s", why);
+        verdict(s, 1, w);
+        unejected(s);
+    } else if (hint == KV_HINT_BACK) {
+        if (xpyd_now_us() < s->recheck_until) {
+            struct timeval tv = {g_rt->cfg.kv_events_recheck_ms / 1000, (g_rt->cfg.kv_events_recheck_ms % 1000) * 1000};
+            if (!s->recheck_ev)
+                s->recheck_ev = XPYD_XALLOC(event_new(s->p->base, -1, 0, on_recheck, s));
+            event_add(s->recheck_ev, &tv);
+        }
+    } else {
+        health_result(s, ok, why);
+    }
 }
 
 static void h_head(struct up_leg *leg, int status, void *arg)
@@ -113,7 +173,11 @@ static void h_done(struct up_leg *leg, int err, void *arg)
         snprintf(why, sizeof why, "GET /health: %s", err == -ETIME || err == -ETIMEDOUT ? "timed out" : strerror(-err));
     else
         snprintf(why, sizeof why, "GET /health answered %d", s->hstatus);
-    health_result(s, !err && s->hstatus == 200, why);
+    int hint = s->hint, ok = !err && s->hstatus == 200;
+    s->hint = 0;
+    hinted_result(s, hint, ok, why);
+    if (s->pending) /* a hint came while it ran */
+        event_active(s->p->hint_ev, EV_TIMEOUT, 0);
 }
 
 static struct evbuffer *get_request(int idx, const char *path)
@@ -131,19 +195,67 @@ static const struct up_timeouts *probe_timeouts(void)
     return &to;
 }
 
+static void check(struct probe *p, size_t i, int hint)
+{
+    static const struct up_leg_cbs cbs = {h_head, NULL, h_done, NULL, NULL, NULL};
+    struct ep_state *s = &p->eps[i];
+    s->hstatus = 0;
+    s->hint = hint;
+    struct evbuffer *req = get_request((int)i, "/health");
+    s->hleg = up_leg_start(p->up, (int)i, req, probe_timeouts(), &cbs, s);
+    evbuffer_free(req);
+}
+
 static void on_health_tick(evutil_socket_t fd, short ev, void *arg)
 {
     struct probe *p = arg;
-    static const struct up_leg_cbs cbs = {h_head, NULL, h_done, NULL, NULL, NULL};
-    for (size_t i = 0; i < n_endpoints(); i++) {
+    for (size_t i = 0; i < n_endpoints(); i++)
+        if (ep_in_use(p, i) && !p->eps[i].hleg) /* used, and the previous check is not still running */
+            check(p, i, 0);
+}
+
+/* The KV-event consumer's hints (kv_sub.h), and the checks they ask for. */
+static void on_hint(evutil_socket_t fd, short ev, void *arg)
+{
+    struct probe *p = arg;
+    size_t n = n_endpoints();
+    for (int role = 0; role < 2; role++)
+        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
+            int h = rt_kv_take_hint(role, (int)i), e = g_rt->reg.ranks[role][i].endpoint;
+            if (!h || e < 0 || (size_t)e >= n || !ep_in_use(p, (size_t)e))
+                continue;
+            struct ep_state *s = &p->eps[e];
+            s->pending = h;
+            if (h == KV_HINT_GONE) {
+                s->gone = 1;
+                s->gone_failed = 0;
+                if (s->recheck_ev)
+                    event_del(s->recheck_ev);
+            } else {
+                s->recheck_until = xpyd_now_us() + (uint64_t)g_rt->cfg.health_interval_ms * 1000u;
+            }
+        }
+    for (size_t i = 0; i < n; i++) {
         struct ep_state *s = &p->eps[i];
-        if (!ep_in_use(p, i) || s->hleg)
-            continue; /* unused, or the previous check is still running */
-        s->hstatus = 0;
-        struct evbuffer *req = get_request((int)i, "/health");
-        s->hleg = up_leg_start(p->up, (int)i, req, probe_timeouts(), &cbs, s);
-        evbuffer_free(req);
+        if (s->pending && !s->hleg && s->sbody) {
+            check(p, i, s->pending);
+            s->pending = 0;
+        }
     }
+}
+
+static void on_recheck(evutil_socket_t fd, short ev, void *arg)
+{
+    struct ep_state *s = arg;
+    if (s->hleg) /* (after it) */
+        s->pending = s->pending ? s->pending : KV_HINT_BACK;
+    else
+        check(s->p, (size_t)s->idx, KV_HINT_BACK);
+}
+
+static void wake(void *arg)
+{
+    event_active(((struct probe *)arg)->hint_ev, EV_TIMEOUT, 0);
 }
 
 static void s_head(struct up_leg *leg, int status, void *arg)
@@ -224,6 +336,10 @@ struct probe *probe_start(struct event_base *base)
     p->eps = XPYD_XALLOC(calloc(p->n ? p->n : 1, sizeof *p->eps));
     if (g_rt->cfg.health_interval_ms > 0)
         p->health_ev = every(p, g_rt->cfg.health_interval_ms, on_health_tick);
+    if (g_rt->cfg.health_interval_ms > 0 && g_rt->cfg.kv_events_recheck_ms > 0) {
+        p->hint_ev = XPYD_XALLOC(event_new(base, -1, 0, on_hint, p));
+        rt_kv_on_hint(wake, p);
+    }
     if (g_rt->cfg.scrape_interval_ms > 0)
         p->scrape_ev = every(p, g_rt->cfg.scrape_interval_ms, on_scrape_tick);
     return p;
@@ -235,9 +351,15 @@ void probe_stop(struct probe *p)
         return;
     if (p->health_ev)
         event_free(p->health_ev);
+    if (p->hint_ev) {
+        rt_kv_on_hint(NULL, NULL); /* (returns once no wake-up is under way) */
+        event_free(p->hint_ev);
+    }
     if (p->scrape_ev)
         event_free(p->scrape_ev);
     for (size_t i = 0; i < p->n; i++) {
+        if (p->eps[i].recheck_ev)
+            event_free(p->eps[i].recheck_ev);
         up_leg_cancel(p->eps[i].hleg);
         up_leg_cancel(p->eps[i].sleg);
         if (p->eps[i].sbody)

@@ -105,7 +105,7 @@ static const struct xpyd_setting settings[] = {
      "decode/both: give each request up after N tokens as a preempted engine does: the last chunk has "
      "`finish_reason: abort, stop_reason: recomputed` (-1: off)"},
     {"stall-ms", XS_LONG, F(stall_ms), 0, 3600000, "0", NULL, "hold each generate request N ms before doing anything"},
-    {"startup-delay-ms", XS_LONG, F(startup_delay_ms), 0, 600000, "0", NULL, "wait N ms before listening"},
+    {"startup-delay-ms", XS_LONG, F(startup_delay_ms), 0, 600000, "0", NULL, "wait N ms before listening for HTTP (the KV-event publisher, like vLLM's engine core, is up before it)"},
     {"eos-prob", XS_DOUBLE, F(eos_prob), 0, 1, "0", NULL, "chance per token of an early EOS unless `ignore_eos` (0: never)"},
     {"max-body-bytes", XS_LONG, F(max_body_bytes), 1024, 1L << 30, "16777216", NULL, "largest request body accepted"},
     {"log-level", XS_ENUM, F(log_level), 0, 0, "info", log_levels, "none, error, warn, info, debug"},

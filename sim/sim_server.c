@@ -491,8 +491,6 @@ int sim_run(const struct sim_config *cfg)
     sim_json_escape_into(cfg->model, s->model_json, sizeof s->model_json);
     signal(SIGPIPE, SIG_IGN);
     xpyd_raise_nofile();
-    if (cfg->startup_delay_ms > 0)
-        usleep((useconds_t)cfg->startup_delay_ms * 1000u);
     if (cfg->handoff == SIM_HANDOFF_STORE && mkdir(cfg->store_dir, 0755) != 0 && errno != EEXIST) {
         XLOG_ERR("msg=\"cannot create store dir\" dir=%s errno=%d", cfg->store_dir, errno);
         free(s);
@@ -538,6 +536,8 @@ int sim_run(const struct sim_config *cfg)
         rc = 2;
         goto out;
     }
+    if (cfg->startup_delay_ms > 0) /* (vLLM's engine core, its KV-event publisher with it, is up before its API) */
+        usleep((useconds_t)cfg->startup_delay_ms * 1000u);
     uint64_t nonce = xpyd_mix64(xpyd_now_us() ^ (uint64_t)getpid());
     /* The bootstrap server (SGLang's, vLLM MooncakeConnector's /query) is a listener of its own, as in the real
      * engines: by default in the modes that have one, on a free port (the port file's second line); the HTTP

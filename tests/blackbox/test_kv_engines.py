@@ -407,5 +407,67 @@ class PreciseEndToEnd(t.TestCase):
         self.assertGreater(guess_wrong, 0)  # the guess misses what evictions did
 
 
+class EngineRestart(t.TestCase):
+    """A rank's KV-event connection as a hint for the health checks (--kv-events-recheck-ms): an engine that
+    crashes is taken down at once, one that starts again is back at once with its passive ejection ended, where
+    the checks alone (one every ten minutes, --health-fall 100) and the ejection (ten minutes) would not."""
+
+    def test_a_crash_and_a_restart_seen_by_the_events(self):
+        kvp = [t.free_port_range(1) for _ in range(2)]
+        port0 = t.free_port()
+
+        def prefill0(*extra):  # on the same ports each time, as an engine restarted by its supervisor
+            p = self.start(t.Proc("xpyd_sim", ["--role", "prefill", "--port", str(port0), "--log-level", "warn",
+                                               "--prefix-caching", "on", "--kv-events", "tcp://*:%d" % kvp[0]]
+                                  + list(extra), port_flag=False))
+            t.wait_until(lambda: t.request(port0, "GET", "/health")[0] == 200, what="prefill 0 up")
+            return p
+        p0 = prefill0("--fail-rate", "1")  # every generate request answered 500
+        p1 = self.start(t.sim("--role", "prefill", "--prefix-caching", "on", "--kv-events", "tcp://*:%d" % kvp[1]))
+        d = self.start(t.sim("--role", "decode"))
+        path = os.path.join(t.tmpdir(prefix="xpyd-kv-"), "topology.json")
+        with open(path, "w") as f:
+            json.dump({"prefill": {"hosts": [{"host": "127.0.0.1", "port": port, "kv_events": "tcp://127.0.0.1:%d" % k}
+                                             for port, k in zip((port0, p1.port), kvp)]},
+                       "decode": {"hosts": ["127.0.0.1:%d" % d.port]}}, f)
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "info", "--config", path,
+                                              "--prefill-policy", "cache", "--eject-after-failures", "1",
+                                              "--eject-base-ms", "600000", "--health-interval-ms", "600000",
+                                              "--health-fall", "100", "--health-rise", "100"]))
+        engine0 = 'role="prefill",engine="127.0.0.1:%d",dp_rank="0"' % port0
+        healthy = lambda: t.metric(r.port, "xpyd_instance_healthy{%s}" % engine0)
+        transitions = lambda: t.metric(r.port, "xpyd_health_transitions_total")
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="down") == 0, what="both subscribed")
+        n = [0]
+
+        def complete():
+            n[0] += 1
+            st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": prompt(n[0], 20), "max_tokens": 1})
+            self.assertEqual(st, 200, out)
+        # requests until one was tried on prefill 0 (500, retried on prefill 1): ejected for ten minutes
+        t.wait_until(lambda: complete() or t.metric(r.port, "xpyd_instance_ejections_total{%s}" % engine0) == 1,
+                     what="prefill 0 ejected")
+        self.assertEqual((healthy(), transitions()), (0, 0))
+        p0.p.kill()  # a crash: its publisher's connection drops with it
+        p0.stop(check=False)
+        t.wait_until(lambda: transitions() == 1, what="prefill 0 down")
+        # started again: its events come up half a second before its HTTP server (checked again until it answers)
+        p0 = prefill0("--startup-delay-ms", "500")
+        t.wait_until(lambda: healthy() == 1, what="prefill 0 back")
+        self.assertEqual(transitions(), 2)
+        picked = lambda: t.metric(r.port, "xpyd_instance_selected_total{%s}" % engine0, default=0)
+        before, retries = picked(), t.metric(r.port, 'xpyd_retries_total{role="prefill"}', default=0)
+        t.wait_until(lambda: complete() or picked() > before, what="prefill 0 picked again")
+        self.assertEqual(t.metric(r.port, 'xpyd_retries_total{role="prefill"}', default=0), retries)  # and answering
+        r.stop()
+        lines = [l for l in r.output().splitlines() if "event=health_transition" in l or "event=unejected" in l]
+        self.assertEqual(len(lines), 3, lines)
+        self.assertIn('endpoint=127.0.0.1:%d state=down reason="KV events stopped; GET /health:' % port0, lines[0])
+        self.assertIn('endpoint=127.0.0.1:%d state=up reason="KV events back; GET /health answered 200"' % port0,
+                      lines[1])
+        self.assertIn("event=unejected instance=127.0.0.1:%d role=prefill rank=0 reason=kv_events_back" % port0,
+                      lines[2])
+
+
 if __name__ == "__main__":
     t.main()

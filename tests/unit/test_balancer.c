@@ -309,6 +309,18 @@ static void test_ejection_by_source(void **st)
 }
 
 /* Passive ejection: out after N consecutive failures, at most half the pool, back after the ejection time. */
+/* 1 when instance want is picked within n picks (each released at once) */
+static int picked_within(struct xb_pool *p, int want, int n)
+{
+    int seen = 0;
+    for (int i = 0; i < n; i++) {
+        int idx = xb_pick(p, 0, 1, NULL, 0);
+        seen |= idx == want;
+        xb_release(p, idx, 1);
+    }
+    return seen;
+}
+
 static void test_passive_ejection(void **st)
 {
     struct xb_pool *p = pool_of(XB_POLICY_RR, 4, NULL, NULL, NULL);
@@ -333,17 +345,36 @@ static void test_passive_ejection(void **st)
     assert_true(s.ejected && s.ejections == 1);
     struct timespec ts = {0, 60 * 1000000};
     nanosleep(&ts, NULL); /* the ejection expires (50 ms) */
-    int seen0 = 0;
-    for (int i = 0; i < 8; i++) {
-        int idx = xb_pick(p, 0, 1, NULL, 0);
-        seen0 |= idx == 0;
-        xb_release(p, idx, 1);
-    }
-    assert_true(seen0);
+    assert_true(picked_within(p, 0, 8));
     for (int i = 0; i < 3; i++)
         xb_report(p, 0, 0);
     xb_stats(p, 0, &s);
     assert_true(s.ejected && s.ejections == 2); /* failed again without a success: the next one lasts 100 ms */
+    xb_pool_free(p);
+}
+
+/* An engine seen starting again (xb_unejected): out of its ejection at once, its streak and backoff forgotten. */
+static void test_unejected(void **st)
+{
+    struct xb_pool *p = pool_of(XB_POLICY_RR, 4, NULL, NULL, NULL);
+    xb_set_ejection(p, 2, 60000, 600000);
+    assert_int_equal(xb_unejected(p, 0), 0); /* not ejected: nothing to end */
+    xb_report(p, 0, 0);
+    assert_int_equal(xb_report(p, 0, 0), 60000);
+    struct xb_instance_stats s;
+    xb_stats(p, 0, &s);
+    assert_true(s.ejected);
+    assert_int_equal(xb_unejected(p, 0), 1);
+    xb_stats(p, 0, &s);
+    assert_false(s.ejected);
+    assert_int_equal(s.ejections, 1); /* (the total stays) */
+    assert_true(picked_within(p, 0, 8));
+    xb_report(p, 1, 0); /* a streak ended too: one more failure does not eject */
+    assert_int_equal(xb_unejected(p, 1), 0);
+    assert_int_equal(xb_report(p, 1, 0), 0);
+    assert_int_equal(xb_report(p, 0, 0), 0);
+    assert_int_equal(xb_report(p, 0, 0), 60000); /* and the next ejection is the first length again, not doubled */
+    assert_int_equal(xb_unejected(p, -1) + xb_unejected(p, 4), 0);
     xb_pool_free(p);
 }
 
@@ -440,6 +471,7 @@ int main(void)
         cmocka_unit_test(test_other_policies_release_to_zero), cmocka_unit_test(test_thread_safety),
         cmocka_unit_test(test_unready_never_picked), cmocka_unit_test(test_remote_load),
         cmocka_unit_test(test_max_inflight_soft_cap), cmocka_unit_test(test_passive_ejection), cmocka_unit_test(test_failing),
+        cmocka_unit_test(test_unejected),
         cmocka_unit_test(test_ejection_by_source),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
