@@ -21,7 +21,7 @@
 # the routers' own, per completed request (this machine has 2 cores: rows near saturation trade CPU for throughput).
 #   bench/kv_events.sh [prompts=600] [rate=24]    KV_ROWS="precise approx" runs only those rows;
 #   KV_CONCURRENCY=64: saturation (that many requests in flight over all clients) instead of the rate (the
-#   restart still comes after prompts / rate / 2 seconds); CACHE_BLOCKS, TENANTS as above;
+#   restart then comes once half the prompts are answered); CACHE_BLOCKS, TENANTS as above;
 #   KV_ROUTER_CAPACITY=default: the router's guess is not told the engines' cache size (--prefix-cache-blocks
 #   left at its default, as when engines are not scraped); by default it is told exactly;
 #   KV_ROUTER_FLAGS: more flags for every row's routers (e.g. engine feedback: --scrape-interval-ms 100);
@@ -98,9 +98,16 @@ run() {
     xpyd_wait_http "http://127.0.0.1:${RPS[$i]}/health" 10 ||
       { for f in "$WORK"/router*.log "$WORK"/p*.log; do echo "== $f"; tail -n 5 "$f"; done; exit 1; }
   done
-  # halfway (by time: N / RATE / 2 s), prefill 0's engine restarts with an empty cache on its old ports
-  ( sleep "$(python3 -c "print($N / $RATE / 2)")"
-    [ "${KV_RESTART:-1}" = 1 ] || exec sleep 3600 # (exec: killed with this subshell, no child left holding stdout)
+  # halfway, prefill 0's engine restarts with an empty cache on its old ports: at a rate, after N / RATE / 2 s; at
+  # saturation, once the routers have answered N / 2 requests (by time, a row running faster met the restart
+  # later or not at all: it was timing, not placement, that decided such a row)
+  ( [ "${KV_RESTART:-1}" = 1 ] || exec sleep 3600 # (exec: killed with this subshell, no child left holding stdout)
+    if [ -n "${KV_CONCURRENCY:-}" ]; then
+      until [ "$(for p in "${RPS[@]}"; do curl -fs "http://127.0.0.1:$p/metrics"; done |
+                 awk '/^xpyd_requests_total/ {s += $2} END {printf "%d", s}')" -ge $((N / 2)) ]; do sleep 0.02; done
+    else
+      sleep "$(python3 -c "print($N / $RATE / 2)")"
+    fi
     kill -9 "${PPID_OF[0]}" 2>/dev/null; sleep 0.3
     prefill_up 0 "$blocks" "${KVP[0]}" "${P_PORT[0]}"; sleep 3600 ) &
   local restarter=$!
