@@ -468,6 +468,61 @@ class EngineRestart(t.TestCase):
         self.assertIn("event=unejected instance=127.0.0.1:%d role=prefill rank=0 reason=kv_events_back" % port0,
                       lines[2])
 
+    def test_a_publisher_back_alone_ends_no_ejection(self):
+        # the connection drops and returns while the engine keeps answering its checks (the network, a publisher
+        # restarted alone): checked both times, and nothing changes - the ejection its failures earned stands
+        ctx = zmq.Context()
+        self.addCleanup(ctx.destroy, linger=0)
+        eng = t.FakeEngine(lambda m, path, b: (200, "application/json", b"{}") if path == "/health" else
+                           (500, "application/json", b'{"error":{"message":"boom","type":"server_error","code":500}}'))
+        self.addCleanup(eng.stop)
+        good = self.start(t.sim("--role", "prefill"))
+        d = self.start(t.sim("--role", "decode"))
+        pub = Pub(ctx)
+        path = os.path.join(t.tmpdir(prefix="xpyd-kv-"), "topology.json")
+        with open(path, "w") as f:
+            json.dump({"prefill": {"hosts": [{"host": "127.0.0.1", "port": eng.port, "kv_events": pub.ep},
+                                             "127.0.0.1:%d" % good.port]},
+                       "decode": {"hosts": ["127.0.0.1:%d" % d.port]}}, f)
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--config", path,
+                                              "--prefill-policy", "cache", "--eject-after-failures", "1",
+                                              "--eject-base-ms", "600000", "--health-interval-ms", "600000"]))
+        engine = 'role="prefill",engine="127.0.0.1:%d",dp_rank="0"' % eng.port
+        ejections = lambda: t.metric(r.port, "xpyd_instance_ejections_total{%s}" % engine)
+        checks = lambda: sum(1 for _, p, _ in eng.requests if p == "/health")
+        generates = lambda: sum(1 for _, p, _ in eng.requests if p != "/health")
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="down") == 0, what="subscribed")
+        n = [0]
+
+        def complete():
+            n[0] += 1
+            st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": prompt(n[0], 20), "max_tokens": 1})
+            self.assertEqual(st, 200, out)
+        t.wait_until(lambda: complete() or ejections() == 1, what="ejected")
+        port, before = pub.port, checks()
+        pub.close()
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="down") == 1 and checks() > before,
+                     what="checked at the drop")
+        back = Pub.__new__(Pub)
+        back.s = ctx.socket(zmq.PUB)
+        back.s.setsockopt(zmq.LINGER, 0)
+        back.replay_offset = None
+        self.addCleanup(back.close)
+
+        def bound():  # (libzmq closes the old socket in its own thread: the port may still be held a moment)
+            try:
+                back.s.bind("tcp://127.0.0.1:%d" % port)
+                return True
+            except zmq.ZMQError:
+                return False
+        t.wait_until(bound, what="the publisher bound again")
+        t.wait_until(lambda: checks() >= before + 2, what="a check at the drop and one at the return")
+        tried = generates()
+        for _ in range(10):
+            complete()
+        self.assertEqual((ejections(), generates(), t.metric(r.port, "xpyd_health_transitions_total")), (1, tried, 0))
+        self.assertEqual(t.metric(r.port, "xpyd_instance_healthy{%s}" % engine), 0)
+
 
 if __name__ == "__main__":
     t.main()
