@@ -412,6 +412,12 @@ class EngineRestart(t.TestCase):
     crashes is taken down at once, one that starts again is back at once with its passive ejection ended, where
     the checks alone (one every ten minutes, --health-fall 100) and the ejection (ten minutes) would not."""
 
+    def complete(self, r):
+        """A completion of a new prompt through router r (200 asserted: a failure there was retried elsewhere)."""
+        self.n = getattr(self, "n", 0) + 1
+        st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": prompt(self.n, 20), "max_tokens": 1})
+        self.assertEqual(st, 200, out)
+
     def test_a_crash_and_a_restart_seen_by_the_events(self):
         kvp = [t.free_port_range(1) for _ in range(2)]
         port0 = t.free_port()
@@ -438,12 +444,7 @@ class EngineRestart(t.TestCase):
         healthy = lambda: t.metric(r.port, "xpyd_instance_healthy{%s}" % engine0)
         transitions = lambda: t.metric(r.port, "xpyd_health_transitions_total")
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="down") == 0, what="both subscribed")
-        n = [0]
-
-        def complete():
-            n[0] += 1
-            st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": prompt(n[0], 20), "max_tokens": 1})
-            self.assertEqual(st, 200, out)
+        complete = lambda: self.complete(r)
         # requests until one was tried on prefill 0 (500, retried on prefill 1): ejected for ten minutes
         t.wait_until(lambda: complete() or t.metric(r.port, "xpyd_instance_ejections_total{%s}" % engine0) == 1,
                      what="prefill 0 ejected")
@@ -492,12 +493,7 @@ class EngineRestart(t.TestCase):
         checks = lambda: sum(1 for _, p, _ in eng.requests if p == "/health")
         generates = lambda: sum(1 for _, p, _ in eng.requests if p != "/health")
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="down") == 0, what="subscribed")
-        n = [0]
-
-        def complete():
-            n[0] += 1
-            st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": prompt(n[0], 20), "max_tokens": 1})
-            self.assertEqual(st, 200, out)
+        complete = lambda: self.complete(r)
         t.wait_until(lambda: complete() or ejections() == 1, what="ejected")
         port, before = pub.port, checks()
         pub.close()
