@@ -4,7 +4,8 @@
  * connect to --kv-events-bind (the topic names the engine, the port's offset its DP rank), decodes each batch
  * (kv_events.h) and keeps per pool what each rank reports holding (kv_index.h). Sequence numbers per rank: a
  * gap asks the rank's replay endpoint (--kv-events-replay-offset) or forgets the rank's blocks; a number going
- * back (the engine restarted), AllBlocksCleared and a lost connection forget them too. A rank that is not connected,
+ * back (the engine restarted), AllBlocksCleared and a lost connection forget them too (the connection's loss and
+ * return are also hints for the health checks: rt_kv_take_hint). A rank that is not connected,
  * or that was sent a prompt of a block or more and published nothing for --kv-events-stale-ms, is not trusted until
  * it publishes again. The registry is
  * followed (reloads, the admin API, etcd): a rank whose endpoint changes or that is removed starts afresh. */
