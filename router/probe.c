@@ -44,12 +44,22 @@ static void ep_desc(int idx, char *out, size_t cap)
     xpyd_hostport(g_rt->endpoints[idx].host, g_rt->endpoints[idx].port, out, cap);
 }
 
-static void apply_health(struct ep_state *s)
+/* The endpoint's verdict to every rank on it; uneject: their passive ejections end too (an engine seen starting
+ * again: their failures were the old process's) */
+static void apply_health(struct ep_state *s, int uneject)
 {
     for (int role = 0; role < 2; role++)
-        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++)
-            if (g_rt->reg.ranks[role][i].endpoint == s->idx)
-                xb_set_healthy(g_rt->pools[role], (int)i, s->healthy);
+        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
+            if (g_rt->reg.ranks[role][i].endpoint != s->idx)
+                continue;
+            xb_set_healthy(g_rt->pools[role], (int)i, s->healthy);
+            if (uneject && xb_unejected(g_rt->pools[role], (int)i)) {
+                char d[300];
+                ep_desc(s->idx, d, sizeof d);
+                xpyd_log_event(XPYD_LOG_INFO, "event=unejected instance=%s role=%s rank=%zu reason=kv_events_back", d,
+                               role ? "decode" : "prefill", i);
+            }
+        }
 }
 
 /* Endpoints added at runtime (admin API, reload) join the rounds; one no active rank uses is skipped. A slot
@@ -88,19 +98,18 @@ static size_t n_endpoints(void)
     return __atomic_load_n(&g_rt->n_endpoints, __ATOMIC_ACQUIRE);
 }
 
-/* The endpoint's verdict is ok from now. */
-static void verdict(struct ep_state *s, int ok, const char *why)
+/* The endpoint's verdict is ok from now (uneject: apply_health's). */
+static void verdict(struct ep_state *s, int ok, const char *why, int uneject)
 {
-    int changed = ok != s->healthy;
+    if (ok != s->healthy) {
+        atomic_fetch_add(&g_rt->ctr.health_transitions, 1);
+        char d[300];
+        ep_desc(s->idx, d, sizeof d);
+        xpyd_log_event(ok ? XPYD_LOG_INFO : XPYD_LOG_WARN, "event=health_transition endpoint=%s state=%s reason=\"%s\"", d, ok ? "up" : "down", why);
+    }
     s->healthy = ok;
     s->streak = 0;
-    apply_health(s); /* (unchanged too: a rank revived at runtime takes its endpoint's verdict) */
-    if (!changed)
-        return;
-    atomic_fetch_add(&g_rt->ctr.health_transitions, 1);
-    char d[300];
-    ep_desc(s->idx, d, sizeof d);
-    xpyd_log_event(ok ? XPYD_LOG_INFO : XPYD_LOG_WARN, "event=health_transition endpoint=%s state=%s reason=\"%s\"", d, ok ? "up" : "down", why);
+    apply_health(s, uneject); /* (unchanged too: a rank revived at runtime takes its endpoint's verdict) */
 }
 
 /* One check result through the hysteresis counter. */
@@ -108,20 +117,7 @@ static void health_result(struct ep_state *s, int ok, const char *why)
 {
     if (ok != s->healthy && ++s->streak < (s->healthy ? g_rt->cfg.health_fall : g_rt->cfg.health_rise))
         return;
-    verdict(s, ok, why);
-}
-
-/* An engine seen starting again (its publisher connected after it had failed): its ranks' passive ejections
- * end, their failures were the old process's. */
-static void unejected(struct ep_state *s)
-{
-    char d[300];
-    ep_desc(s->idx, d, sizeof d);
-    for (int role = 0; role < 2; role++)
-        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++)
-            if (g_rt->reg.ranks[role][i].endpoint == s->idx && xb_unejected(g_rt->pools[role], (int)i))
-                xpyd_log_event(XPYD_LOG_INFO, "event=unejected instance=%s role=%s rank=%zu reason=kv_events_back", d,
-                               role ? "decode" : "prefill", i);
+    verdict(s, ok, why, 0);
 }
 
 static void on_recheck(evutil_socket_t fd, short ev, void *arg);
@@ -136,7 +132,7 @@ static void hinted_result(struct ep_state *s, int hint, int ok, const char *why)
         s->gone_failed = 1;
     if (hint == KV_HINT_GONE && !ok) {
         snprintf(w, sizeof w, "KV events stopped; %s", why);
-        verdict(s, 0, w);
+        verdict(s, 0, w, 0);
     } else if (hint == KV_HINT_BACK && ok) {
         int restarted = s->gone_failed || !s->healthy;
         s->gone = s->gone_failed = 0;
@@ -145,8 +141,7 @@ static void hinted_result(struct ep_state *s, int hint, int ok, const char *why)
             return;
         }
         snprintf(w, sizeof w, "KV events back; %s", why);
-        verdict(s, 1, w);
-        unejected(s);
+        verdict(s, 1, w, 1);
     } else if (hint == KV_HINT_BACK) {
         if (xpyd_now_us() < s->recheck_until) {
             struct timeval tv = {g_rt->cfg.kv_events_recheck_ms / 1000, (g_rt->cfg.kv_events_recheck_ms % 1000) * 1000};
@@ -247,10 +242,8 @@ static void on_hint(evutil_socket_t fd, short ev, void *arg)
 static void on_recheck(evutil_socket_t fd, short ev, void *arg)
 {
     struct ep_state *s = arg;
-    if (s->hleg) /* (after it) */
-        s->pending = s->pending ? s->pending : KV_HINT_BACK;
-    else
-        check(s->p, (size_t)s->idx, KV_HINT_BACK);
+    s->pending = s->pending ? s->pending : KV_HINT_BACK; /* started by on_hint (after a check in flight ends) */
+    event_active(s->p->hint_ev, EV_TIMEOUT, 0);
 }
 
 static void wake(void *arg)
