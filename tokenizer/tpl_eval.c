@@ -663,10 +663,9 @@ static void exec_for(struct tctx *c, struct tscope *s, const struct tnode *n)
                 tl_push(c, items, all->v[i]);
         }
     }
-    struct tv outer = lookup(c, s, "loop");
     struct tloop *l = tpl_alloc(c, sizeof *l);
     l->items = items;
-    l->depth = outer.t == TV_LOOP ? outer.u.loop->depth + 1 : 1;
+    l->depth = 1; /* jinja counts only a recursive loop's levels (refused at load); a nested loop is depth 1 too */
     struct tv lv = {.t = TV_LOOP};
     lv.u.loop = l;
     for (l->i = 0; l->i < items->n; l->i++) {

@@ -62,6 +62,9 @@ CONVERSATIONS = [
                                                {"type": "text", "text": "two"}]}]},
     {"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},  # Gemma refuses
     {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": True, "continue_final_message": True},
+    # the final message's text appears earlier too: the cut is at its last appearance (transformers' rindex)
+    {"messages": [{"role": "user", "content": "Start with: Roses are"}, {"role": "assistant", "content": "Roses are"}],
+     "continue_final_message": True, "add_generation_prompt": False},
     {"messages": [{"role": "user", "content": "tab\there\r\nCRLF \\ back\"slash' quote"}]},
 ]
 
@@ -127,6 +130,17 @@ LANGUAGE = [
      "{{ d is iterable }}{{ x is iterable }}{{ 3 is odd }}{{ 4 is even }}{{ 9 is divisibleby 3 }}"
      "{{ x is sequence }}{{ 'A' is upper }}{{ 'a' is lower }}{{ 2 is in [1, 2] }}{{ x is not none }}"
      "{{ false is false }}{{ 0 is false }}{{ 3 is gt 2 }}{{ 3 is le 2 }}", {"x": "s", "n": None, "d": {}}),
+    # each of these was a planted bug that the corpus above let through (tests/mutation/mutants.txt)
+    ("{{ ys | map(attribute='n', default='none') | list }}", {"ys": [{"n": 1}, {}, {"n": None}]}),
+    ("{{ '3x' | int }}|{{ '3x' | int(7) }}|{{ '2.5x' | float }}|{{ ' 4 ' | int }}", {}),
+    ("{{ [s] }}{{ [t] }}{{ (1,) }}{{ (1, 2) }}{{ () }}", {"s": "it's \"q\"", "t": "it's"}),
+    ("{{ 'abcb' | replace('b', 'B', 1) }}|{{ s.replace('b', 'B', 1) }}|{{ s.replace('b', 'B', 0) }}", {"s": "abcb"}),
+    ("{{ s.endswith('LE') }}{{ s.endswith(('x', 'LE')) }}{{ s.startswith(('q', 'ab')) }}", {"s": "abcd ÉCOLE"}),
+    ("{{ -7.5 % 2 }}|{{ 7.5 % -2 }}|{{ 2 ** -1 }}|{{ 'ab' * -1 }}|{{ [1] * -2 }}|{{ 1e16 }}|{{ 1e-5 }}|"
+     "{{ 123456789012345.6 }}|{{ 0.0001 }}|{{ 1e15 }}", {}),
+    ("  {% if true %}x{% endif %}\n  {% if true %}y{% endif %}", {}),
+    ("{% for x in xs %}{{ loop.depth }}{{ loop.depth0 }}{% for y in xs %}{{ loop.depth }}{% endfor %};{% endfor %}",
+     {"xs": [1, 2]}),
     ("{{ '%s' }}{{ 'a\\tb\\nc\\u00e9\\x41\\'' }}{{ \"q\\\"\" }}{{ 'con' 'cat' }}", {}),
     ("{{ ns }}", {"ns": {"a": 1}}),
     ("{{ xs | items | list }}{{ d | items | list }}", {"xs": {}, "d": {"a": 1}}),
