@@ -137,12 +137,17 @@ class Tokenizer(t.TestCase):
             return e
         d["added_tokens"] += [tok(0, "<think"), tok(1, "<thinker>"), tok(2, "[MASK]", lstrip=True, rstrip=True),
                               tok(3, "caf\u00e9!", normalized=True), tok(4, "<sp>", special=True, rstrip=True)]
-        tmp = t.tmpdir(prefix="xpyd-tok-")
-        with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
-            json.dump(d, f, ensure_ascii=False)
         texts = ["<think> a", "<thinker> b <think", "x<thinker><think>y", "a  [MASK]  b", "[MASK]", " \t[MASK]\n",
                  "cafe\u0301! and caf\u00e9!", "<sp>  z", "<sp><think><sp>", "<thi nk>",
                  "<think <thinker><think>"]  # a token just matched that a longer one extends is not taken again
+        mine = self.assertSameOnDerived(d, texts)
+        self.assertIn(base + 1, mine[1])  # <thinker>, not <think> + "er>"
+
+    def assertSameOnDerived(self, d, texts):
+        """tokenizer.json d written to a temporary directory, loaded by both tokenizers: the same ids for texts."""
+        tmp = t.tmpdir(prefix="xpyd-tok-")
+        with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(d, f, ensure_ascii=False)
         args = ["--tokenizer", tmp, "--jsonl"]
         inp = "".join(json.dumps(s) + "\n" for s in texts)
         p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize")] + args, input=inp, capture_output=True,
@@ -156,7 +161,32 @@ class Tokenizer(t.TestCase):
         mine, theirs = [json.loads(l) for l in p.stdout.splitlines()], [json.loads(l) for l in q.stdout.splitlines()]
         self.assertEqual(len(mine), len(texts))
         self.assertEqual(list(zip(texts, mine)), list(zip(texts, theirs)))
-        self.assertIn(base + 1, mine[1])  # <thinker>, not <think> + "er>"
+        return mine
+
+    def test_split_and_replace_variants_on_a_derived_model(self):
+        # Gemma 3 replaces spaces before its Split on " " (MergedWithPrevious), so its split never cuts: these
+        # variants of a SentencePiece-style model (Llama 2's files: smaller to load) make a Split cut (String and
+        # Regex patterns, both behaviours) and a Replace match a pattern of two bytes in runs that overlap
+        with open(os.path.join(model_dir("llama2"), "tokenizer.json"), encoding="utf-8") as f:
+            base = json.load(f)
+        texts = ["this is his list", "hello world  and   more", " lead", "trail ", "a1b22c333 d", "x  y", "   ", "", "tab\there",
+                 "你好 世界", "😀 😀"] + CORPUS[:20]
+        space = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+        variants = [
+            # "this is" cut at each "s": "this", "\u2581is" merged (whole words of the vocabulary) against "thi", "s",
+            # "\u2581i", "s" isolated
+            (space, {"type": "Split", "pattern": {"String": "s"}, "behavior": "MergedWithPrevious", "invert": False}),
+            (space, {"type": "Split", "pattern": {"String": "s"}, "behavior": "Isolated", "invert": False}),
+            (space, {"type": "Split", "pattern": {"Regex": "\\d+"}, "behavior": "MergedWithPrevious",
+                     "invert": False}),
+            (space, {"type": "Split", "pattern": {"Regex": "\\d+"}, "behavior": "Isolated", "invert": False}),
+            ({"type": "Sequence", "normalizers": [{"type": "Replace", "pattern": {"String": "  "},
+                                                    "content": "\u2581"}, space]}, base["pre_tokenizer"]),
+        ]
+        for norm, pre in variants:
+            with self.subTest(normalizer=norm, pre_tokenizer=pre):
+                d = dict(base, normalizer=norm, pre_tokenizer=pre)
+                self.assertSameOnDerived(d, texts)
 
     def test_bos_and_eos_follow_the_config_as_transformers_loads_it(self):
         # Llama/Gemma fast tokenizers rebuild the post-processor from add_bos_token/add_eos_token (DeepSeek V3,
