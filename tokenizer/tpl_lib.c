@@ -15,14 +15,16 @@
 static const char *const FILTERS[] = {"trim", "tojson", "length", "count", "string", "lower", "upper", "title",
                                       "capitalize", "default", "d", "join", "first", "last", "list", "items",
                                       "selectattr", "rejectattr", "map", "select", "reject", "reverse", "replace",
-                                      "int", "float", "abs", "safe", "indent", "sum", "escape", "e", NULL};
+                                      "int", "float", "abs", "safe", "indent", "sum", "escape", "e", "sort",
+                                      "dictsort", "min", "max", "unique", NULL};
 static const char *const TESTS[] = {"defined", "undefined", "none", "string", "number", "integer", "float",
                                     "boolean", "true", "false", "mapping", "iterable", "sequence", "callable", "odd",
                                     "even", "divisibleby", "eq", "equalto", "ne", "lt", "gt", "le", "ge", "in",
                                     "sameas", "lower", "upper", NULL};
 static const char *const STR_METHODS[] = {"startswith", "endswith", "split", "rsplit", "strip", "lstrip", "rstrip",
                                           "upper", "lower", "title", "capitalize", "replace", "find", "rfind",
-                                          "count", "join", "splitlines", "isdigit", "isalpha", "isspace", NULL};
+                                          "count", "join", "splitlines", "isdigit", "isalpha", "isspace", "isalnum",
+                                          "islower", "isupper", NULL};
 static const char *const DICT_METHODS[] = {"items", "keys", "values", "get", NULL};
 static const char *const LIST_METHODS[] = {"index", "count", NULL};
 
@@ -82,6 +84,119 @@ static struct tv attr_path(struct tctx *c, struct tv v, struct tv attr)
         p = dot + 1;
     }
     return v;
+}
+
+/* jinja's sort keys: an item's attribute (dotted; for sort also a comma-separated list of them, compared in turn),
+ * or the item; a string lower-cased unless case_sensitive (jinja's ignore_case) */
+static struct tv sort_key(struct tctx *c, struct tv item, struct tv attr, int multi, int case_sensitive)
+{
+    struct tv k = item;
+    if (attr.t == TV_STR && multi && memchr(attr.u.s.p, ',', attr.u.s.n)) {
+        struct tlist *parts = tl_new(c, 4);
+        const char *p = attr.u.s.p, *end = p + attr.u.s.n;
+        for (;;) {
+            const char *comma = memchr(p, ',', (size_t)(end - p));
+            struct tv one = tv_strref(p, comma ? (size_t)(comma - p) : (size_t)(end - p));
+            tl_push(c, parts, sort_key(c, item, one, 0, case_sensitive));
+            if (!comma)
+                break;
+            p = comma + 1;
+        }
+        return tv_list_of(c, parts);
+    }
+    if (attr.t != TV_NONE && attr.t != TV_UNDEF)
+        k = attr_path(c, item, attr);
+    return !case_sensitive && k.t == TV_STR ? ts_map_case(c, k, utf8proc_tolower) : k;
+}
+
+/* a stable merge sort of items by keys (Python's sorted: equal keys keep their order; reverse too) */
+static void sort_by(struct tctx *c, struct tv *items, struct tv *keys, size_t n, int reverse)
+{
+    if (n < 2)
+        return;
+    size_t h = n / 2;
+    sort_by(c, items, keys, h, reverse);
+    sort_by(c, items + h, keys + h, n - h, reverse);
+    struct tv *ti = tpl_alloc_raw(c, n * sizeof *ti), *tk = tpl_alloc_raw(c, n * sizeof *tk);
+    size_t i = 0, j = h, o = 0;
+    while (i < h || j < n) {
+        int right = i >= h ? 1 : j >= n ? 0 : reverse ? tv_compare(c, &keys[i], &keys[j]) < 0
+                                                      : tv_compare(c, &keys[j], &keys[i]) < 0;
+        size_t k = right ? j++ : i++;
+        ti[o] = items[k];
+        tk[o++] = keys[k];
+    }
+    memcpy(items, ti, n * sizeof *ti);
+    memcpy(keys, tk, n * sizeof *tk);
+}
+
+/* sort, dictsort, min, max, unique */
+static struct tv ordering_filter(struct tctx *c, const char *name, struct tv v, struct tv *args, size_t nargs,
+                                 const char **kwn, struct tv *kwv, size_t nkw)
+{
+    struct tv none = tv_none();
+    int dict = name[0] == 'd', sort = name[0] == 's', uniq = name[0] == 'u';
+    struct tv cs = kwarg(kwn, kwv, nkw, "case_sensitive", args, nargs, dict || !sort ? 0 : 1, tv_bool(0));
+    struct tv rev = kwarg(kwn, kwv, nkw, "reverse", args, nargs, dict ? 2 : 0, tv_bool(0));
+    struct tv attr = dict ? none : kwarg(kwn, kwv, nkw, "attribute", args, nargs, sort ? 2 : 1, none);
+    struct tv by = dict ? kwarg(kwn, kwv, nkw, "by", args, nargs, 1, tv_strref("key", 3)) : none;
+    int by_value = 0;
+    if (dict) {
+        if (v.t != TV_DICT)
+            tpl_fail(c, "dictsort: expected a mapping, got %s", tv_type_name(&v));
+        by = tv_need_str(c, by, "dictsort");
+        if (by.u.s.n == 5 && !memcmp(by.u.s.p, "value", 5))
+            by_value = 1;
+        else if (!(by.u.s.n == 3 && !memcmp(by.u.s.p, "key", 3)))
+            tpl_fail(c, "You can only sort by either \"key\" or \"value\"");
+    }
+    if (!sort && !dict)
+        rev = tv_bool(0);
+    struct tlist *in = dict ? tl_new(c, v.u.d->n + 1) : tv_iter(c, &v);
+    if (dict)
+        for (size_t i = 0; i < v.u.d->n; i++) {
+            struct tlist *pair = tl_new(c, 2);
+            pair->tuple = 1;
+            tl_push(c, pair, v.u.d->k[i]);
+            tl_push(c, pair, v.u.d->v[i]);
+            tl_push(c, in, tv_list_of(c, pair));
+        }
+    size_t n = in->n;
+    struct tv *items = tpl_alloc_raw(c, (n + 1) * sizeof *items), *keys = tpl_alloc_raw(c, (n + 1) * sizeof *keys);
+    for (size_t i = 0; i < n; i++) {
+        if (++c->steps > c->maxsteps)
+            tpl_fail(c, "the render takes more than its step limit");
+        items[i] = in->v[i];
+        keys[i] = sort_key(c, dict ? in->v[i].u.l->v[by_value] : in->v[i], attr, sort, tv_truth(&cs));
+    }
+    struct tlist *out = tl_new(c, n + 1);
+    if (sort || dict) {
+        sort_by(c, items, keys, n, tv_truth(&rev));
+        for (size_t i = 0; i < n; i++)
+            tl_push(c, out, items[i]);
+        return tv_list_of(c, out);
+    }
+    if (uniq) { /* the first item of each key, in order */
+        for (size_t i = 0; i < n; i++) {
+            if (keys[i].t == TV_LIST || keys[i].t == TV_DICT)
+                tpl_fail(c, "unhashable type: '%s'", tv_type_name(&keys[i]));
+            size_t j = 0;
+            while (j < i && !tv_equal(&keys[j], &keys[i]))
+                j++;
+            if (j == i)
+                tl_push(c, out, items[i]);
+        }
+        return tv_list_of(c, out);
+    }
+    if (!n) /* min, max of nothing: undefined (printed as nothing) */
+        return tv_undef("No aggregated item, sequence was empty.");
+    size_t best = 0; /* Python's min/max: the first of the least / greatest */
+    for (size_t i = 1; i < n; i++) {
+        int r = tv_compare(c, &keys[i], &keys[best]);
+        if (name[1] == 'i' ? r < 0 : r > 0)
+            best = i;
+    }
+    return items[best];
 }
 
 /* ---- filters ---- */
@@ -308,6 +423,9 @@ struct tv tpl_filter(struct tctx *c, struct tscope *s, const char *name, struct 
         }
         return tv_buf_str(&b);
     }
+    if (!strcmp(name, "sort") || !strcmp(name, "dictsort") || !strcmp(name, "min") || !strcmp(name, "max") ||
+        !strcmp(name, "unique"))
+        return ordering_filter(c, name, v, args, nargs, kwn, kwv, nkw);
     tpl_fail(c, "filter '%s' is not supported", name);
 }
 
@@ -490,7 +608,9 @@ struct tv tpl_method(struct tctx *c, const struct tbound *m, struct tv *args, si
     }
     if (!strcmp(n, "splitlines"))
         return tv_list_of(c, ts_splitlines(c, self));
-    if (!strcmp(n, "isdigit") || !strcmp(n, "isalpha") || !strcmp(n, "isspace")) {
+    if (!strcmp(n, "islower") || !strcmp(n, "isupper")) /* jinja's tests `lower` and `upper` are these */
+        return tv_bool(tpl_test(c, n + 2, &self, NULL, 0));
+    if (!strcmp(n, "isdigit") || !strcmp(n, "isalpha") || !strcmp(n, "isspace") || !strcmp(n, "isalnum")) {
         if (!self.u.s.n)
             return tv_bool(0);
         for (size_t i = 0; i < self.u.s.n;) {
@@ -498,8 +618,10 @@ struct tv tpl_method(struct tctx *c, const struct tbound *m, struct tv *args, si
             utf8proc_ssize_t l = utf8proc_iterate((const utf8proc_uint8_t *)self.u.s.p + i, (utf8proc_ssize_t)(self.u.s.n - i), &cp);
             size_t sl;
             utf8proc_category_t k = utf8proc_category(cp);
+            int letter = k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO;
             int ok = n[2] == 'd' ? k == UTF8PROC_CATEGORY_ND
-                   : n[2] == 'a' ? (k >= UTF8PROC_CATEGORY_LU && k <= UTF8PROC_CATEGORY_LO)
+                   : n[4] == 'n' ? letter || (k >= UTF8PROC_CATEGORY_ND && k <= UTF8PROC_CATEGORY_NO) /* isalnum */
+                   : n[2] == 'a' ? letter
                                  : u8_is_space(self.u.s.p + i, self.u.s.n - i, &sl);
             if (!ok)
                 return tv_bool(0);

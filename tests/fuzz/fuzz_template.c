@@ -25,7 +25,8 @@ static const char FIXED[] =
     "  {%- if m.tool_calls %}{% for c in m.tool_calls %}{{ c.function | tojson(indent=1) }}{{ loop.index }}"
     "{% endfor %}{% endif %}\n"
     "{% endfor %}{% if tools %}{{ tools | tojson }}{{ tools | map(attribute='function') | list | length }}{% endif %}"
-    "{{ ns.n }}{{ ns.last }}{{ messages[::-1][0].role | default('?') }}{% if add_generation_prompt %}<gen>{% endif %}";
+    "{{ ns.n }}{{ ns.last }}{{ messages[::-1][0].role | default('?') }}{% if add_generation_prompt %}<gen>{% endif %}"
+    "{{ messages | map(attribute='role') | unique | list | sort | join(',') }}{{ messages | max(attribute='role') }}";
 
 static struct xtpl *fixed;
 static const struct xtpl_limits LIM = {1u << 20, 16u << 20, 200000};
