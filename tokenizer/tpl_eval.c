@@ -136,6 +136,8 @@ static struct tv get_item(struct tctx *c, struct tv v, struct tv k)
 {
     if (v.t == TV_UNDEF)
         undefined_use(c, &v);
+    if (v.t == TV_LIST && (v.u.l->lazy || v.u.l->view)) /* a generator or a dict's view has no items to index */
+        return tv_undef("item");
     if ((v.t == TV_LIST || v.t == TV_STR) && (k.t == TV_INT || k.t == TV_BOOL)) {
         int64_t i = k.t == TV_INT ? k.u.i : k.u.b;
         int64_t n = v.t == TV_LIST ? (int64_t)v.u.l->n : (int64_t)u8_count(v.u.s.p, v.u.s.n);
@@ -195,8 +197,10 @@ static struct tv get_slice(struct tctx *c, struct tv v, struct tv *p)
 {
     if (v.t == TV_UNDEF)
         undefined_use(c, &v);
-    if (v.t != TV_LIST && v.t != TV_STR)
-        tpl_fail(c, "'%s' object is not subscriptable", tv_type_name(&v));
+    if (v.t == TV_DICT || v.t == TV_NS)
+        tpl_fail(c, "unhashable type: 'slice'");
+    if ((v.t != TV_LIST && v.t != TV_STR) || (v.t == TV_LIST && (v.u.l->lazy || v.u.l->view)))
+        return tv_undef("item"); /* jinja's getitem: what cannot be sliced gives undefined */
     struct tlist *items = tv_iter(c, &v);
     int64_t a, b, st;
     slice_bounds(c, p, (int64_t)items->n, &a, &b, &st);
@@ -224,13 +228,17 @@ static int contains(struct tctx *c, const struct tv *hay, const struct tv *needl
             tpl_fail(c, "'in <string>' requires string as left operand, not %s", tv_type_name(needle));
         return !needle->u.s.n || (hay->u.s.n >= needle->u.s.n &&
                                   ts_memmem(hay->u.s.p, hay->u.s.n, needle->u.s.p, needle->u.s.n) != NULL);
-    case TV_LIST:
-        for (size_t i = 0; i < hay->u.l->n; i++)
-            if (tv_equal(&hay->u.l->v[i], needle))
+    case TV_LIST: {
+        const struct tlist *l = tv_iter(c, hay); /* (a generator that fails when iterated fails here) */
+        for (size_t i = 0; i < l->n; i++)
+            if (tv_equal(&l->v[i], needle))
                 return 1;
         return 0;
+    }
     case TV_DICT:
     case TV_NS:
+        if ((needle->t == TV_LIST && !needle->u.l->tuple) || needle->t == TV_DICT || needle->t == TV_NS)
+            tpl_fail(c, "unhashable type: '%s'", tv_type_name(needle));
         return td_get(hay->u.d, *needle) != NULL;
     default:
         tpl_fail(c, "argument of type '%s' is not iterable", tv_type_name(hay));
@@ -254,6 +262,8 @@ static int64_t inum(const struct tv *v)
 
 static struct tv repeat(struct tctx *c, struct tv seq, int64_t k)
 {
+    if (seq.t == TV_LIST && (seq.u.l->lazy || seq.u.l->view))
+        tpl_fail(c, "unsupported operand type(s) for *: '%s' and 'int'", tv_type_name(&seq));
     if (k < 0)
         k = 0;
     size_t unit = seq.t == TV_STR ? seq.u.s.n : seq.u.l->n;
@@ -267,6 +277,7 @@ static struct tv repeat(struct tctx *c, struct tv seq, int64_t k)
     }
     struct tv r = {.t = TV_LIST};
     r.u.l = tl_new(c, unit * (size_t)k + 1);
+    r.u.l->tuple = seq.u.l->tuple;
     for (int64_t i = 0; i < k; i++)
         for (size_t j = 0; j < unit; j++)
             tl_push(c, r.u.l, seq.u.l->v[j]);
@@ -294,8 +305,11 @@ static struct tv binop(struct tctx *c, int op, struct tv a, struct tv b)
         return tv_strref(o, x.u.s.n + y.u.s.n);
     }
     if (op == OP_ADD && a.t == TV_LIST && b.t == TV_LIST) {
+        if (a.u.l->tuple != b.u.l->tuple || a.u.l->lazy || b.u.l->lazy || a.u.l->view || b.u.l->view)
+            tpl_fail(c, "can only concatenate %s to %s", a.u.l->tuple ? "tuple" : "list", a.u.l->tuple ? "tuple" : "list");
         struct tv l = {.t = TV_LIST};
         l.u.l = tl_new(c, a.u.l->n + b.u.l->n + 1);
+        l.u.l->tuple = a.u.l->tuple;
         for (size_t i = 0; i < a.u.l->n; i++)
             tl_push(c, l.u.l, a.u.l->v[i]);
         for (size_t i = 0; i < b.u.l->n; i++)
@@ -360,6 +374,8 @@ static struct tv binop(struct tctx *c, int op, struct tv a, struct tv b)
                     tpl_fail(c, "an integer beyond 64 bits");
             return tv_int(p);
         }
+        if (fx == 0 && fy < 0)
+            tpl_fail(c, "0.0 cannot be raised to a negative power");
         return tv_float(pow(fx, fy));
     }
 }

@@ -43,6 +43,10 @@ struct tlist {
     size_t n, cap;
     struct tv *v;
     int tuple; /* printed as Python prints a tuple: (a, b) */
+    int lazy;  /* what jinja gives as a generator or iterator (map, select*, reject*, unique, reverse, items): true
+                * even when empty, without len(), last or indexing (undefined); `| list` makes it a list */
+    const char *poison; /* a generator over what cannot be iterated: it fails with this when iterated, as jinja's */
+    const char *view;   /* dict.items()/keys()/values(): printed as Python's dict_items([...]), not indexable */
 };
 struct tdict { /* insertion-ordered, as Python's */
     size_t n, cap;

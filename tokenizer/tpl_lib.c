@@ -86,13 +86,18 @@ static struct tv attr_path(struct tctx *c, struct tv v, struct tv attr)
     return v;
 }
 
-/* jinja's sort keys: an item's attribute (dotted; for sort also a comma-separated list of them, compared in turn),
- * or the item; a string lower-cased unless case_sensitive (jinja's ignore_case) */
+/* jinja's sort keys: an item's attribute (dotted; for sort a list of them, comma-separated, compared as Python
+ * compares lists: equal items first, so two missing attributes are equal), or the item; a string lower-cased unless
+ * case_sensitive (jinja's ignore_case) */
 static struct tv sort_key(struct tctx *c, struct tv item, struct tv attr, int multi, int case_sensitive)
 {
     struct tv k = item;
-    if (attr.t == TV_STR && multi && memchr(attr.u.s.p, ',', attr.u.s.n)) {
+    if (multi && attr.t != TV_NONE && attr.t != TV_UNDEF) {
         struct tlist *parts = tl_new(c, 4);
+        if (attr.t != TV_STR) {
+            tl_push(c, parts, sort_key(c, item, attr, 0, case_sensitive));
+            return tv_list_of(c, parts);
+        }
         const char *p = attr.u.s.p, *end = p + attr.u.s.n;
         for (;;) {
             const char *comma = memchr(p, ',', (size_t)(end - p));
@@ -186,6 +191,7 @@ static struct tv ordering_filter(struct tctx *c, const char *name, struct tv v, 
             if (j == i)
                 tl_push(c, out, items[i]);
         }
+        out->lazy = 1;
         return tv_list_of(c, out);
     }
     if (!n) /* min, max of nothing: undefined (printed as nothing) */
@@ -201,8 +207,8 @@ static struct tv ordering_filter(struct tctx *c, const char *name, struct tv v, 
 
 /* ---- filters ---- */
 
-struct tv tpl_filter(struct tctx *c, struct tscope *s, const char *name, struct tv v, struct tv *args, size_t nargs,
-                     const char **kwn, struct tv *kwv, size_t nkw)
+static struct tv filter_now(struct tctx *c, struct tscope *s, const char *name, struct tv v, struct tv *args,
+                            size_t nargs, const char **kwn, struct tv *kwv, size_t nkw)
 {
     struct tv none = tv_none();
     if (!strcmp(name, "trim")) {
@@ -260,18 +266,28 @@ struct tv tpl_filter(struct tctx *c, struct tscope *s, const char *name, struct 
     }
     if (!strcmp(name, "first") || !strcmp(name, "last")) {
         items = tv_iter(c, &v);
+        if (items->lazy && name[0] == 'l')
+            tpl_fail(c, "'generator' object is not reversible");
         if (!items->n)
             return tv_undef(name);
         return items->v[name[0] == 'f' ? 0 : items->n - 1];
     }
-    if (!strcmp(name, "list"))
-        return tv_list_of(c, tv_iter(c, &v));
+    if (!strcmp(name, "list")) { /* a list: the items of a tuple, a generator or a view become one */
+        items = tv_iter(c, &v);
+        if (v.t != TV_LIST || (!items->tuple && !items->lazy && !items->view))
+            return tv_list_of(c, items);
+        struct tlist *out = tl_new(c, items->n + 1);
+        for (size_t i = 0; i < items->n; i++)
+            tl_push(c, out, items->v[i]);
+        return tv_list_of(c, out);
+    }
     if (!strcmp(name, "items")) {
         struct tlist *out = tl_new(c, 8);
+        out->lazy = 1; /* a generator, even for undefined (it yields nothing) */
         if (v.t == TV_UNDEF)
             return tv_list_of(c, out);
         if (v.t != TV_DICT)
-            tpl_fail(c, "items: expected a mapping, got %s", tv_type_name(&v));
+            tpl_fail(c, "Can only get item pairs from a mapping.");
         for (size_t i = 0; i < v.u.d->n; i++) {
             struct tlist *pair = tl_new(c, 2);
             pair->tuple = 1;
@@ -287,7 +303,7 @@ struct tv tpl_filter(struct tctx *c, struct tscope *s, const char *name, struct 
         size_t base = by_attr ? 1 : 0;
         if (by_attr && nargs < 1)
             tpl_fail(c, "%s: an attribute is required", name);
-        items = tv_iter(c, &v);
+        items = tv_truth(&v) ? tv_iter(c, &v) : tl_new(c, 1); /* jinja: `if value:` before iterating */
         struct tlist *out = tl_new(c, items->n + 1);
         for (size_t i = 0; i < items->n; i++) {
             struct tv x = by_attr ? attr_path(c, items->v[i], args[0]) : items->v[i];
@@ -305,10 +321,11 @@ struct tv tpl_filter(struct tctx *c, struct tscope *s, const char *name, struct 
             if (ok == keep_if)
                 tl_push(c, out, items->v[i]);
         }
+        out->lazy = 1;
         return tv_list_of(c, out);
     }
     if (!strcmp(name, "map")) {
-        items = tv_iter(c, &v);
+        items = tv_truth(&v) ? tv_iter(c, &v) : tl_new(c, 1); /* jinja: `if value:` before iterating */
         struct tlist *out = tl_new(c, items->n + 1);
         struct tv attr = kwarg(kwn, kwv, nkw, "attribute", NULL, 0, 0, none);
         struct tv def = kwarg(kwn, kwv, nkw, "default", NULL, 0, 0, tv_undef("default"));
@@ -327,6 +344,7 @@ struct tv tpl_filter(struct tctx *c, struct tscope *s, const char *name, struct 
                 tl_push(c, out, tpl_filter(c, s, fn, items->v[i], args + 1, nargs - 1, kwn, kwv, nkw));
             }
         }
+        out->lazy = 1;
         return tv_list_of(c, out);
     }
     if (!strcmp(name, "reverse")) {
@@ -334,6 +352,7 @@ struct tv tpl_filter(struct tctx *c, struct tscope *s, const char *name, struct 
         struct tlist *out = tl_new(c, items->n + 1);
         for (size_t i = items->n; i-- > 0;)
             tl_push(c, out, items->v[i]);
+        out->lazy = 1; /* reversed(): an iterator */
         if (v.t != TV_STR)
             return tv_list_of(c, out);
         struct tbuf b = {0};
@@ -350,6 +369,8 @@ struct tv tpl_filter(struct tctx *c, struct tscope *s, const char *name, struct 
     if (!strcmp(name, "int") || !strcmp(name, "float")) {
         struct tv def = kwarg(kwn, kwv, nkw, "default", args, nargs, 0, name[0] == 'i' ? tv_int(0) : tv_float(0));
         double d;
+        if (v.t == TV_UNDEF) /* int(undefined) raises in jinja */
+            tpl_fail(c, "'%s' is undefined", v.undef_name ? v.undef_name : "value");
         if (v.t == TV_INT || v.t == TV_BOOL)
             d = (double)(v.t == TV_INT ? v.u.i : v.u.b);
         else if (v.t == TV_FLOAT)
@@ -405,7 +426,7 @@ struct tv tpl_filter(struct tctx *c, struct tscope *s, const char *name, struct 
         else
             for (int64_t i = 0; w.t == TV_INT && i < w.u.i && i < 1024; i++)
                 tb_put(c, &ind, " ", 1);
-        struct tv str = tv_to_str(c, &v);
+        struct tv str = tv_need_str(c, v, "indent"); /* jinja appends "\n" to it: a str's operation */
         struct tbuf sx = {0};
         tb_put(c, &sx, str.u.s.p, str.u.s.n);
         tb_put(c, &sx, "\n", 1);
@@ -429,7 +450,62 @@ struct tv tpl_filter(struct tctx *c, struct tscope *s, const char *name, struct 
     tpl_fail(c, "filter '%s' is not supported", name);
 }
 
+/* A filter that is a generator in jinja (map, select, reject, selectattr, rejectattr, unique, items) runs here at
+ * once, but an error in it is kept in what it gives, raised only when that is iterated, as jinja raises it (a
+ * render limit passed meanwhile is passed again at the next step or allocation). */
+struct tv tpl_filter(struct tctx *c, struct tscope *s, const char *name, struct tv v, struct tv *args, size_t nargs,
+                     const char **kwn, struct tv *kwv, size_t nkw)
+{
+    static const char *const GENERATORS[] = {"map", "select", "reject", "selectattr", "rejectattr", "unique", "items",
+                                             NULL};
+    if (!listed(GENERATORS, name))
+        return filter_now(c, s, name, v, args, nargs, kwn, kwv, nkw);
+    jmp_buf outer;
+    memcpy(outer, c->jb, sizeof outer);
+    if (setjmp(c->jb)) {
+        memcpy(c->jb, outer, sizeof outer);
+        const char *msg = c->err, *after = strstr(msg, ": "); /* the message without "chat template line N: " */
+        if (!strncmp(msg, "chat template line ", 19) && after)
+            msg = after + 2;
+        size_t n = strlen(msg);
+        char *why = tpl_alloc_raw(c, n + 1);
+        memcpy(why, msg, n + 1);
+        struct tlist *l = tl_new(c, 1);
+        l->lazy = 1;
+        l->poison = why;
+        return tv_list_of(c, l);
+    }
+    struct tv r = filter_now(c, s, name, v, args, nargs, kwn, kwv, nkw);
+    memcpy(c->jb, outer, sizeof outer);
+    return r;
+}
+
 /* ---- tests ---- */
+
+/* jinja's odd, even, divisibleby: Python's `value % d == want`, floats included (2.5 is neither odd nor even) */
+static int mod_is(struct tctx *c, const char *name, const struct tv *v, struct tv d, int want)
+{
+    int vi = v->t == TV_INT || v->t == TV_BOOL, di = d.t == TV_INT || d.t == TV_BOOL;
+    if (!(vi || v->t == TV_FLOAT) || !(di || d.t == TV_FLOAT))
+        tpl_fail(c, "%s: unsupported operand type(s) for %%: '%s' and '%s'", name, tv_type_name(v), tv_type_name(&d));
+    if (vi && di) {
+        int64_t x = v->t == TV_INT ? v->u.i : v->u.b, y = d.t == TV_INT ? d.u.i : d.u.b;
+        if (!y)
+            tpl_fail(c, "%s: integer division or modulo by zero", name);
+        int64_t m = y == -1 ? 0 : x % y;
+        if (m && ((m < 0) != (y < 0)))
+            m += y;
+        return m == want;
+    }
+    double x = v->t == TV_FLOAT ? v->u.f : (double)(v->t == TV_INT ? v->u.i : v->u.b);
+    double y = d.t == TV_FLOAT ? d.u.f : (double)(d.t == TV_INT ? d.u.i : d.u.b);
+    if (y == 0)
+        tpl_fail(c, "%s: float modulo", name);
+    double m = fmod(x, y);
+    if (m && ((m < 0) != (y < 0)))
+        m += y;
+    return m == (double)want;
+}
 
 int tpl_test(struct tctx *c, const char *name, const struct tv *v, struct tv *args, size_t nargs)
 {
@@ -457,21 +533,13 @@ int tpl_test(struct tctx *c, const char *name, const struct tv *v, struct tv *ar
     if (!strcmp(name, "iterable"))
         return v->t == TV_STR || v->t == TV_LIST || v->t == TV_DICT || v->t == TV_UNDEF;
     if (!strcmp(name, "sequence"))
-        return v->t == TV_STR || v->t == TV_LIST || v->t == TV_DICT || v->t == TV_UNDEF;
+        return v->t == TV_STR || (v->t == TV_LIST && !v->u.l->lazy) || v->t == TV_DICT || v->t == TV_UNDEF;
     if (!strcmp(name, "callable"))
-        return v->t == TV_FUNC || v->t == TV_METHOD || v->t == TV_MACRO;
-    if (!strcmp(name, "odd") || !strcmp(name, "even")) {
-        if (v->t != TV_INT && v->t != TV_BOOL)
-            tpl_fail(c, "%s: expected an integer", name);
-        int64_t x = v->t == TV_INT ? v->u.i : v->u.b;
-        return (x % 2 != 0) == (name[0] == 'o');
-    }
-    if (!strcmp(name, "divisibleby")) {
-        if ((v->t != TV_INT && v->t != TV_BOOL) || a.t != TV_INT || !a.u.i)
-            tpl_fail(c, "divisibleby: expected integers, the divisor not 0");
-        int64_t x = v->t == TV_INT ? v->u.i : v->u.b;
-        return a.u.i == -1 || x % a.u.i == 0;
-    }
+        return v->t == TV_FUNC || v->t == TV_METHOD || v->t == TV_MACRO || v->t == TV_UNDEF; /* jinja's Undefined too */
+    if (!strcmp(name, "odd") || !strcmp(name, "even"))
+        return mod_is(c, name, v, tv_int(2), name[0] == 'o');
+    if (!strcmp(name, "divisibleby"))
+        return mod_is(c, name, v, a, 0);
     if (!strcmp(name, "eq") || !strcmp(name, "equalto") || !strcmp(name, "sameas"))
         return tv_equal(v, &a) && (name[0] != 's' || v->t == a.t);
     if (!strcmp(name, "ne"))
@@ -493,9 +561,9 @@ int tpl_test(struct tctx *c, const char *name, const struct tv *v, struct tv *ar
             return td_get(a.u.d, *v) != NULL;
         tpl_fail(c, "in: the container is not iterable");
     }
-    if (!strcmp(name, "lower") || !strcmp(name, "upper")) {
-        if (v->t != TV_STR)
-            return 0;
+    if (!strcmp(name, "lower") || !strcmp(name, "upper")) { /* jinja: str(value).islower() */
+        struct tv sv = tv_to_str(c, v);
+        v = &sv;
         struct tv m = ts_map_case(c, *v, name[0] == 'l' ? utf8proc_tolower : utf8proc_toupper);
         int cased = 0;
         for (size_t i = 0; i < v->u.s.n;) {
@@ -529,6 +597,7 @@ struct tv tpl_method(struct tctx *c, const struct tbound *m, struct tv *args, si
             return x ? *x : nargs > 1 ? args[1] : none;
         }
         struct tlist *out = tl_new(c, self.u.d->n + 1);
+        out->view = n[0] == 'i' ? "dict_items" : n[0] == 'k' ? "dict_keys" : "dict_values";
         for (size_t i = 0; i < self.u.d->n; i++) {
             if (!strcmp(n, "items")) {
                 struct tlist *pair = tl_new(c, 2);

@@ -160,7 +160,7 @@ int tv_truth(const struct tv *v)
     case TV_STR:
         return v->u.s.n > 0;
     case TV_LIST:
-        return v->u.l->n > 0;
+        return v->u.l->lazy || v->u.l->n > 0;
     case TV_DICT:
         return v->u.d->n > 0;
     default:
@@ -184,7 +184,9 @@ int tv_equal(const struct tv *a, const struct tv *b)
     case TV_STR:
         return a->u.s.n == b->u.s.n && !memcmp(a->u.s.p, b->u.s.p, a->u.s.n);
     case TV_LIST:
-        if (a->u.l->n != b->u.l->n)
+        if (a->u.l->lazy || b->u.l->lazy) /* a generator equals only itself */
+            return a->u.l == b->u.l;
+        if (a->u.l->tuple != b->u.l->tuple || a->u.l->view != b->u.l->view || a->u.l->n != b->u.l->n)
             return 0;
         for (size_t i = 0; i < a->u.l->n; i++)
             if (!tv_equal(&a->u.l->v[i], &b->u.l->v[i]))
@@ -214,6 +216,8 @@ const char *tv_type_name(const struct tv *v)
 {
     static const char *const names[] = {"Undefined", "NoneType", "bool", "int", "float", "str", "list", "dict",
                                         "Namespace", "function", "method", "Macro", "LoopContext"};
+    if (v->t == TV_LIST)
+        return v->u.l->lazy ? "generator" : v->u.l->view ? v->u.l->view : v->u.l->tuple ? "tuple" : "list";
     return names[v->t];
 }
 
@@ -230,7 +234,8 @@ int tv_compare(struct tctx *c, const struct tv *a, const struct tv *b)
         int r = memcmp(a->u.s.p, b->u.s.p, n); /* UTF-8 byte order is code point order */
         return r ? r : a->u.s.n < b->u.s.n ? -1 : a->u.s.n > b->u.s.n;
     }
-    if (a->t == TV_LIST && b->t == TV_LIST) {
+    if (a->t == TV_LIST && b->t == TV_LIST && a->u.l->tuple == b->u.l->tuple && !a->u.l->lazy && !b->u.l->lazy &&
+        !a->u.l->view && !b->u.l->view) { /* Python orders lists with lists, tuples with tuples */
         for (size_t i = 0; i < a->u.l->n && i < b->u.l->n; i++)
             if (!tv_equal(&a->u.l->v[i], &b->u.l->v[i]))
                 return tv_compare(c, &a->u.l->v[i], &b->u.l->v[i]);
@@ -247,6 +252,8 @@ size_t tv_len(struct tctx *c, const struct tv *v)
     case TV_STR:
         return u8_count(v->u.s.p, v->u.s.n);
     case TV_LIST:
+        if (v->u.l->lazy)
+            tpl_fail(c, "object of type 'generator' has no len()");
         return v->u.l->n;
     case TV_DICT:
     case TV_NS:
@@ -265,6 +272,8 @@ struct tlist *tv_iter(struct tctx *c, const struct tv *v)
     case TV_UNDEF:
         return tl_new(c, 1);
     case TV_LIST:
+        if (v->u.l->poison)
+            tpl_fail(c, "%s", v->u.l->poison);
         return v->u.l;
     case TV_DICT:
         l = tl_new(c, v->u.d->n);
@@ -420,6 +429,14 @@ void tv_repr_into(struct tctx *c, struct tbuf *b, const struct tv *v)
         repr_str(c, b, v->u.s.p, v->u.s.n);
         return;
     case TV_LIST:
+        if (v->u.l->lazy) { /* jinja prints the generator's repr (an address follows there) */
+            tb_puts(c, b, "<generator object>");
+            return;
+        }
+        if (v->u.l->view) {
+            tb_puts(c, b, v->u.l->view);
+            tb_put(c, b, "(", 1);
+        }
         tb_put(c, b, v->u.l->tuple ? "(" : "[", 1);
         for (size_t i = 0; i < v->u.l->n; i++) {
             if (i)
@@ -429,6 +446,8 @@ void tv_repr_into(struct tctx *c, struct tbuf *b, const struct tv *v)
         if (v->u.l->tuple && v->u.l->n == 1)
             tb_put(c, b, ",", 1);
         tb_put(c, b, v->u.l->tuple ? ")" : "]", 1);
+        if (v->u.l->view)
+            tb_put(c, b, ")", 1);
         return;
     case TV_DICT:
         tb_put(c, b, "{", 1);
@@ -575,6 +594,8 @@ void tv_json_into(struct tctx *c, struct tbuf *b, const struct tv *v, int indent
         json_str(c, b, v->u.s.p, v->u.s.n);
         return;
     case TV_LIST:
+        if (v->u.l->lazy || v->u.l->view)
+            tpl_fail(c, "Object of type %s is not JSON serializable", tv_type_name(v));
         if (!v->u.l->n) {
             tb_puts(c, b, "[]");
             return;
