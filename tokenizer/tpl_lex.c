@@ -110,7 +110,7 @@ static size_t lex_tag(struct parser *ps, size_t i, int *line, char close, int *e
         if (!balance) { /* the end rule first, as jinja tries it first */
             size_t e = i;
             char sign = 0;
-            if (s[e] == '-' || s[e] == '+')
+            if (s[e] == '-' || (s[e] == '+' && close == '%')) /* jinja has no `+}}` */
                 sign = s[e++];
             if (e + 1 < n && s[e] == close && s[e + 1] == '}') {
                 push_tok(ps, close == '%' ? T_BLOCK_END : T_VAR_END, s + i, 0, *line);
