@@ -333,10 +333,31 @@ def random_conversations(n, seed):
         msgs = []
         if rnd.random() < 0.4:
             msgs.append({"role": "system", "content": "".join(rnd.choice(words) for _ in range(rnd.randint(0, 6)))})
+        tools = rnd.random() < 0.3
+
+        def text(k):
+            return "".join(rnd.choice(words) for _ in range(rnd.randint(0, k)))
         for k in range(rnd.randint(1, 6)):
             role = "user" if k % 2 == 0 else "assistant"
-            msgs.append({"role": role, "content": "".join(rnd.choice(words) for _ in range(rnd.randint(0, 12)))})
+            msgs.append({"role": role, "content": text(12)})
+            if role == "assistant" and rnd.random() < 0.25:
+                msgs[-1]["reasoning_content"] = text(6)
+            if role == "assistant" and tools and rnd.random() < 0.5:  # calls, then their results
+                calls = [{"id": "call_%d" % j, "type": "function",
+                          "function": {"name": rnd.choice(["get_weather", "lookup"]),
+                                       "arguments": rnd.choice([{"city": text(3)}, json.dumps({"q": text(3)}),
+                                                                {"n": rnd.randint(-5, 99), "ok": rnd.random() < .5}])}}
+                         for j in range(rnd.randint(1, 2))]
+                msgs[-1]["tool_calls"] = calls
+                if rnd.random() < 0.4:
+                    msgs[-1]["content"] = None
+                msgs += [{"role": "tool", "tool_call_id": c["id"], "content": text(5)} for c in calls]
         req = {"messages": msgs, "add_generation_prompt": rnd.random() < 0.7}
+        if tools:
+            req["tools"] = TOOLS + ([{"type": "function", "function": {"name": "lookup", "description": text(4),
+                                                                        "parameters": {"type": "object",
+                                                                                       "properties": {}}}}]
+                                    if rnd.random() < 0.5 else [])
         if rnd.random() < 0.3:
             req["chat_template_kwargs"] = {"enable_thinking": rnd.random() < 0.5}
         out.append(req)
