@@ -2,7 +2,8 @@
 /* test_kv_index.c - the index of what ranks report caching (router/kv_index.c): blocks keyed by content so a
  * prompt hashed as the router hashes it (xb_hash_tokens over the whole prompt) finds them, chains continued from a
  * parent, removals (a middle block ends the leading run), media, duplicates, LoRA key spaces, refusals by cause,
- * the bound, a rank dropped; and a seeded random run of stores and removals against a plain model of it. */
+ * the bound, a rank dropped; and seeded random runs of stores and removals against a plain model of it, one small
+ * and one where the tables grow, deletions wrap and hashes come to name other content or another LoRA space. */
 #include "kv_index.h"
 #include "xb_prefix.h"
 
@@ -176,6 +177,14 @@ static void media_duplicates_and_lora(void **state)
     assert_true(sp != 0);
     kvi_match(x, k, n, sp, out);
     assert_int_equal(out[0], 1);
+    /* the engine's hash now names the same tokens for the base model: the adapter's block is gone */
+    struct kv_event base = stored(h, 1, prompt, 0, 0);
+    kvi_apply(x, 0, &base, B);
+    kvi_match(x, k, n, sp, out);
+    assert_int_equal(out[0], 0);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 1);
+    assert_int_equal(kvi_blocks(x, 0), 1);
     assert_true(kvi_bytes(x) > 0);
     kvi_free(x);
 }
@@ -297,6 +306,110 @@ static void random_against_a_model(void **state)
     kvi_free(x);
 }
 
+/* The same at scale, where the tables grow, deletions wrap around them and rank bitmaps span two words: 70 ranks,
+ * 2,048 engine hashes each drawn at random per store (so a hash often comes to name other content, or the same
+ * content under a LoRA adapter's key space), 200 prompts of 8 blocks, removals, ranks dropped and cleared; every
+ * rank's block count and leading run checked against the model as it goes. */
+#define R2 70
+#define H2 2048
+#define P2 200
+struct held {
+    uint64_t key, space; /* key 0: not held */
+};
+static struct held model2[R2][H2];
+
+static long model2_find(int r, uint64_t key, uint64_t space)
+{
+    for (int i = 0; i < H2; i++)
+        if (model2[r][i].key == key && model2[r][i].space == space)
+            return i;
+    return -1;
+}
+
+static void growth_and_spaces_against_a_model(void **state)
+{
+    (void)state;
+    struct kvi *x = kvi_new(R2, 1000000);
+    static uint32_t prompts[P2][8 * B];
+    static uint64_t keys[P2][8];
+    srand(777);
+    for (int p = 0; p < P2; p++) {
+        for (int i = 0; i < 8 * B; i++) /* a tenth share their first 3 blocks: chains branch */
+            prompts[p][i] = (uint32_t)(p % 10 == 0 && i < 3 * B ? i : 100 + rand() % 50);
+        keys_of(prompts[p], 8 * B, keys[p]);
+    }
+    memset(model2, 0, sizeof model2);
+    uint64_t lora = 0;
+    size_t deep = 0, grew_from = kvi_bytes(x);
+    for (int step = 0; step < 60000; step++) {
+        int p = rand() % P2, r = (p + rand() % 3) % R2, adapter = rand() % 4 == 0; /* a prompt on ~3 ranks */
+        uint64_t space = adapter ? lora : 0;
+        int op = rand() % 100;
+        if (op < 70) { /* the next 1-3 blocks after what the rank holds of the prompt, under fresh random hashes */
+            int blk = 0;
+            long parent = -1, pi;
+            while (blk < 8 && (pi = model2_find(r, keys[p][blk], space)) >= 0) {
+                parent = pi;
+                blk++;
+            }
+            int k = 1 + rand() % 3;
+            if (blk + k > 8)
+                continue;
+            uint64_t hashes[3];
+            for (int i = 0; i < k; i++)
+                hashes[i] = (uint64_t)(rand() % H2);
+            if (k > 1 && (hashes[1] == hashes[0] || (k > 2 && (hashes[2] == hashes[0] || hashes[2] == hashes[1]))))
+                continue; /* one event naming one hash twice: not what an engine sends */
+            if (blk && (hashes[0] == (uint64_t)parent || (k > 1 && hashes[1] == (uint64_t)parent) ||
+                        (k > 2 && hashes[2] == (uint64_t)parent)))
+                continue; /* the parent's own hash reused for its child in one event: neither */
+            struct kv_event e = stored(hashes, (size_t)k, prompts[p] + blk * B, blk > 0, (uint64_t)parent);
+            if (adapter)
+                strcpy(e.lora_name, "ad1");
+            assert_int_equal(kvi_apply(x, r, &e, B), KVI_OK);
+            if (adapter && !lora)
+                space = lora = kvi_space_for(x, "ad1");
+            for (int i = 0; i < k; i++)
+                model2[r][hashes[i]] = (struct held){keys[p][blk + i], space};
+        } else if (op < 98) {
+            uint64_t hashes[1] = {(uint64_t)(rand() % H2)};
+            struct kv_event e = removed(hashes, 1, "GPU");
+            kvi_apply(x, r, &e, B);
+            model2[r][hashes[0]].key = 0;
+        } else if (op < 99) {
+            kvi_drop_rank(x, r);
+            memset(model2[r], 0, sizeof model2[r]);
+        } else {
+            struct kv_event e = {.type = KVE_CLEARED, .lora_id = -1, .group_idx = -1, .full_attention = 1};
+            assert_int_equal(kvi_apply(x, r, &e, B), KVI_OK);
+            memset(model2[r], 0, sizeof model2[r]);
+        }
+        if (step % 250 == 0) {
+            for (int rr = 0; rr < R2; rr++) {
+                size_t n = 0;
+                for (int i = 0; i < H2; i++)
+                    n += model2[rr][i].key != 0;
+                assert_int_equal(kvi_blocks(x, rr), n);
+            }
+            int q = rand() % P2;
+            uint64_t sp = rand() % 2 ? lora : 0;
+            uint32_t out[R2];
+            kvi_match(x, keys[q], 8, sp, out);
+            for (int rr = 0; rr < R2; rr++) {
+                uint32_t want = 0;
+                while (want < 8 && model2_find(rr, keys[q][want], sp) >= 0)
+                    want++;
+                assert_int_equal(out[rr], want);
+                deep += want >= 2;
+            }
+        }
+    }
+    assert_true(lora != 0);
+    assert_true(deep > 100);
+    assert_true(kvi_bytes(x) > 8 * grew_from); /* the tables grew */
+    kvi_free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -306,6 +419,7 @@ int main(void)
         cmocka_unit_test(many_ranks),
         cmocka_unit_test(extra_keys_are_not_text),
         cmocka_unit_test(random_against_a_model),
+        cmocka_unit_test(growth_and_spaces_against_a_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
