@@ -232,8 +232,10 @@ def theirs(template, special, requests):
 
 
 def theirs_many(templates, special, request):
-    """Each template rendered by the oracle for one request."""
-    lines = "".join(json.dumps({"template": tp, "special": special, "request": request}) + "\n" for tp in templates)
+    """Each template rendered by the oracle for one request (or, a list, each for its own)."""
+    reqs = request if isinstance(request, list) else [request] * len(templates)
+    lines = "".join(json.dumps({"template": tp, "special": special, "request": r}) + "\n"
+                    for tp, r in zip(templates, reqs))
     p = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "tpl_oracle.py")], input=lines, capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stderr
@@ -400,13 +402,13 @@ class ChatTemplates(t.TestCase):
         d = t.tmpdir()
         req = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
         errors = 0
-        for i, (src, variables) in enumerate(LANGUAGE):
+        reqs = [dict(req, chat_template_kwargs=variables) for _, variables in LANGUAGE]
+        wants = theirs_many([src for src, _ in LANGUAGE], specials("llama3_1"), reqs)  # one oracle process
+        for i, ((src, variables), r, want) in enumerate(zip(LANGUAGE, reqs, wants)):
             path = os.path.join(d, "t%d.jinja" % i)
             with open(path, "w", encoding="utf-8") as f:
                 f.write(src)
-            r = dict(req, chat_template_kwargs=variables)
             mine = ours(model_dir("llama3_1"), [r], template_file=path)[0]
-            want = theirs(src, specials("llama3_1"), [r])[0]
             with self.subTest(template=src):
                 self.assertTrue(same(mine, want), "ours %r, jinja2 %r" % (mine, want))
             errors += isinstance(want, dict)

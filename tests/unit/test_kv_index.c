@@ -3,7 +3,8 @@
  * prompt hashed as the router hashes it (xb_hash_tokens over the whole prompt) finds them, chains continued from a
  * parent, removals (a middle block ends the leading run), media, duplicates, LoRA key spaces, refusals by cause,
  * the bound, a rank dropped; and seeded random runs of stores and removals against a plain model of it, one small
- * and one where the tables grow, deletions wrap and hashes come to name other content or another LoRA space. */
+ * and one where the tables grow, deletions wrap and hashes come to name other content or another LoRA space; and
+ * churn at one table size, where deletions inside runs that wrap past the end happen every run. */
 #include "kv_index.h"
 #include "xb_prefix.h"
 
@@ -410,6 +411,52 @@ static void growth_and_spaces_against_a_model(void **state)
     kvi_free(x);
 }
 
+/* Churn at one table size: between 300 and 500 blocks held (the tables stay at 1,024 slots, half full at most) out of
+ * 2,000 one-block contents, 100,000 stores and removals: every content's block sits at its own place in the table,
+ * so deletions inside runs that wrap past the table's end happen many times (the content keys, unlike the pair
+ * keys, are not seeded per process: the same every run); after every 40 operations each content is looked up. */
+static void churn_at_one_table_size(void **state)
+{
+    (void)state;
+    enum { N = 2000 };
+    struct kvi *x = kvi_new(1, 100000);
+    static uint32_t toks[N][B];
+    static uint64_t key[N];
+    static char held[N];
+    int live = 0;
+    srand(99);
+    for (int i = 0; i < N; i++) {
+        for (int t = 0; t < B; t++)
+            toks[i][t] = (uint32_t)(i * B + t);
+        keys_of(toks[i], B, &key[i]);
+    }
+    memset(held, 0, sizeof held);
+    for (int step = 0; step < 100000; step++) {
+        int i = rand() % N;
+        uint64_t h[1] = {(uint64_t)i + 1};
+        if (!held[i] && (live < 300 || (live < 500 && rand() % 2))) {
+            struct kv_event e = stored(h, 1, toks[i], 0, 0);
+            assert_int_equal(kvi_apply(x, 0, &e, B), KVI_OK);
+            held[i] = 1;
+            live++;
+        } else if (held[i]) {
+            struct kv_event e = removed(h, 1, "GPU");
+            kvi_apply(x, 0, &e, B);
+            held[i] = 0;
+            live--;
+        }
+        if (step % 40 == 0) {
+            for (int k = 0; k < N; k++) {
+                uint32_t out[1];
+                kvi_match(x, &key[k], 1, 0, out);
+                assert_int_equal(out[0], held[k]);
+            }
+            assert_int_equal(kvi_blocks(x, 0), live);
+        }
+    }
+    kvi_free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -420,6 +467,7 @@ int main(void)
         cmocka_unit_test(extra_keys_are_not_text),
         cmocka_unit_test(random_against_a_model),
         cmocka_unit_test(growth_and_spaces_against_a_model),
+        cmocka_unit_test(churn_at_one_table_size),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
