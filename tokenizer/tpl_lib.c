@@ -86,6 +86,16 @@ static struct tv attr_path(struct tctx *c, struct tv v, struct tv attr)
     return v;
 }
 
+/* the (key, value) tuple of a dict's entry i: what items() and the `items` filter give */
+static struct tv item_pair(struct tctx *c, const struct tdict *d, size_t i)
+{
+    struct tlist *pair = tl_new(c, 2);
+    pair->tuple = 1;
+    tl_push(c, pair, d->k[i]);
+    tl_push(c, pair, d->v[i]);
+    return tv_list_of(c, pair);
+}
+
 /* jinja's sort keys: an item's attribute (dotted; for sort a list of them, comma-separated, compared as Python
  * compares lists: equal items first, so two missing attributes are equal), or the item; a string lower-cased unless
  * case_sensitive (jinja's ignore_case) */
@@ -158,14 +168,8 @@ static struct tv ordering_filter(struct tctx *c, const char *name, struct tv v, 
     if (!sort && !dict)
         rev = tv_bool(0);
     struct tlist *in = dict ? tl_new(c, v.u.d->n + 1) : tv_iter(c, &v);
-    if (dict)
-        for (size_t i = 0; i < v.u.d->n; i++) {
-            struct tlist *pair = tl_new(c, 2);
-            pair->tuple = 1;
-            tl_push(c, pair, v.u.d->k[i]);
-            tl_push(c, pair, v.u.d->v[i]);
-            tl_push(c, in, tv_list_of(c, pair));
-        }
+    for (size_t i = 0; dict && i < v.u.d->n; i++)
+        tl_push(c, in, item_pair(c, v.u.d, i));
     size_t n = in->n;
     struct tv *items = tpl_alloc_raw(c, (n + 1) * sizeof *items), *keys = tpl_alloc_raw(c, (n + 1) * sizeof *keys);
     for (size_t i = 0; i < n; i++) {
@@ -288,13 +292,8 @@ static struct tv filter_now(struct tctx *c, struct tscope *s, const char *name, 
             return tv_list_of(c, out);
         if (v.t != TV_DICT)
             tpl_fail(c, "Can only get item pairs from a mapping.");
-        for (size_t i = 0; i < v.u.d->n; i++) {
-            struct tlist *pair = tl_new(c, 2);
-            pair->tuple = 1;
-            tl_push(c, pair, v.u.d->k[i]);
-            tl_push(c, pair, v.u.d->v[i]);
-            tl_push(c, out, tv_list_of(c, pair));
-        }
+        for (size_t i = 0; i < v.u.d->n; i++)
+            tl_push(c, out, item_pair(c, v.u.d, i));
         return tv_list_of(c, out);
     }
     if (!strcmp(name, "selectattr") || !strcmp(name, "rejectattr") || !strcmp(name, "select") ||
@@ -598,17 +597,8 @@ struct tv tpl_method(struct tctx *c, const struct tbound *m, struct tv *args, si
         }
         struct tlist *out = tl_new(c, self.u.d->n + 1);
         out->view = n[0] == 'i' ? "dict_items" : n[0] == 'k' ? "dict_keys" : "dict_values";
-        for (size_t i = 0; i < self.u.d->n; i++) {
-            if (!strcmp(n, "items")) {
-                struct tlist *pair = tl_new(c, 2);
-                pair->tuple = 1;
-                tl_push(c, pair, self.u.d->k[i]);
-                tl_push(c, pair, self.u.d->v[i]);
-                tl_push(c, out, tv_list_of(c, pair));
-            } else {
-                tl_push(c, out, n[0] == 'k' ? self.u.d->k[i] : self.u.d->v[i]);
-            }
-        }
+        for (size_t i = 0; i < self.u.d->n; i++)
+            tl_push(c, out, n[0] == 'i' ? item_pair(c, self.u.d, i) : n[0] == 'k' ? self.u.d->k[i] : self.u.d->v[i]);
         return tv_list_of(c, out);
     }
     if (self.t == TV_LIST) {
