@@ -322,9 +322,29 @@ static int encode_normalized(const struct xtok *t, const char *text, size_t len,
     return rc;
 }
 
-static int is_space(unsigned char c)
+/* The length of the white space character (Unicode White_Space, what Rust's regex \s takes: Hugging Face's
+ * lstrip/rstrip) starting at p, or ending at p (before: p is its end), 0 for none */
+static size_t space_at(const unsigned char *p, size_t left)
 {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+    if (left >= 1 && ((*p >= 0x09 && *p <= 0x0d) || *p == ' '))
+        return 1;
+    if (left >= 2 && p[0] == 0xc2 && (p[1] == 0x85 || p[1] == 0xa0))
+        return 2;
+    if (left < 3)
+        return 0;
+    if ((p[0] == 0xe1 && p[1] == 0x9a && p[2] == 0x80) || (p[0] == 0xe3 && p[1] == 0x80 && p[2] == 0x80) ||
+        (p[0] == 0xe2 && p[1] == 0x80 && (p[2] <= 0x8a || p[2] == 0xa8 || p[2] == 0xa9 || p[2] == 0xaf)) ||
+        (p[0] == 0xe2 && p[1] == 0x81 && p[2] == 0x9f))
+        return 3;
+    return 0;
+}
+
+static size_t space_before(const unsigned char *text, size_t at)
+{
+    for (size_t l = 1; l <= 3 && l <= at; l++)
+        if (space_at(text + at - l, l) == l)
+            return l;
+    return 0;
 }
 
 /* The leftmost, then longest, added token of the given kind (normalized or not) in text; its extent with
@@ -336,7 +356,7 @@ static int is_space(unsigned char c)
 static const struct tok_added *recent_match(const struct tok_added *const *mru, const char *p, size_t left)
 {
     for (int k = 0; k < ADDED_MRU && mru[k]; k++)
-        if (mru[k]->maximal && mru[k]->len <= left && !memcmp(mru[k]->content, p, mru[k]->len))
+        if (mru[k]->maximal && mru[k]->plen <= left && !memcmp(mru[k]->pattern, p, mru[k]->plen))
             return mru[k];
     return NULL;
 }
@@ -380,13 +400,14 @@ static const struct tok_added *find_added(const struct xtok *t, int normalized, 
         }
         if (best) {
             remember_match(mru, best);
-            size_t s = i, e = i + best->len;
+            const unsigned char *u = (const unsigned char *)text;
+            size_t s = i, e = i + best->plen, l;
             if (best->lstrip)
-                while (s > 0 && is_space((unsigned char)text[s - 1]))
-                    s--;
+                while ((l = space_before(u, s)))
+                    s -= l;
             if (best->rstrip)
-                while (e < len && is_space((unsigned char)text[e]))
-                    e++;
+                while ((l = space_at(u + e, len - e)))
+                    e += l;
             *ms = s;
             *me = e;
             return best;
@@ -395,11 +416,13 @@ static const struct tok_added *find_added(const struct xtok *t, int normalized, 
     return NULL;
 }
 
-static int encode_raw_piece(const struct xtok *t, const char *text, size_t len, pcre2_match_data *md,
-                            struct ids *out)
+/* The model's normalizer over text: *out the result (malloc'd; NULL when no step changed anything: text as it is) */
+int tok_normalize(const struct xtok *t, const char *text, size_t len, char **out, size_t *outlen)
 {
     char *norm = NULL;
     const char *s = text;
+    *out = NULL;
+    *outlen = len;
     for (int k = 0; k < t->nnorm; k++) {
         const struct tok_norm_step *st = &t->norm[k];
         char *o = NULL;
@@ -448,7 +471,19 @@ static int encode_raw_piece(const struct xtok *t, const char *text, size_t len, 
         s = o;
         len = olen;
     }
-    int rc = 0;
+    *out = norm;
+    *outlen = len;
+    return 0;
+}
+
+static int encode_raw_piece(const struct xtok *t, const char *text, size_t len, pcre2_match_data *md,
+                            struct ids *out)
+{
+    char *norm;
+    int rc = tok_normalize(t, text, len, &norm, &len);
+    if (rc)
+        return rc;
+    const char *s = norm ? norm : text;
     const struct tok_added *mru[ADDED_MRU] = {0};
     while (len && !rc) { /* the tokens matched in the normalized text */
         size_t ms, me;

@@ -58,9 +58,15 @@ struct tok_pre_step {
     int merged_with_previous; /* Split's behaviour MergedWithPrevious (else Isolated) */
 };
 
+struct xtok;
+int tok_normalize(const struct xtok *t, const char *text, size_t len, char **out, size_t *outlen); /* tok_encode.c */
+
 struct tok_added {
     char *content;
     size_t len;
+    char *pattern; /* what is matched: the content, or (normalized) the content through the model's normalizer, as
+                    * Hugging Face matches a normalized token in the normalized text (Llama 2's "▁</s>") */
+    size_t plen;
     uint32_t id;
     int special, normalized, lstrip, rstrip;
     int maximal; /* no other added token of its kind starts with it: where it matches, it is the longest match */
@@ -95,6 +101,7 @@ struct xtok {
     uint32_t *prefix, *suffix; /* TemplateProcessing's single: ids around the sequence */
     size_t nprefix, nsuffix;
     size_t vocab_size;
+    size_t model_entries; /* the model vocab's entries: where Hugging Face numbers added tokens from */
 };
 
 /* tok_cache.c: a piece's ids from the cache, appended to the array (v, n, cap: grown with realloc): 1, or 0 when

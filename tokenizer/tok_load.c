@@ -250,6 +250,7 @@ static int load_model(struct xtok *t, const cJSON *m, char *err, size_t errlen)
     if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges))
         return fail(err, errlen, "model BPE without a vocab object and a merges array");
     size_t nv = (size_t)cJSON_GetArraySize(vocab), nm = (size_t)cJSON_GetArraySize(merges);
+    t->model_entries = nv;
     if (tok_map_init(&t->vocab, nv) || tok_map_init(&t->vocab_str, nv) || tok_merges_init(&t->merges, nm))
         return fail(err, errlen, "out of memory");
     for (int b = 0; b < 256; b++)
@@ -327,29 +328,63 @@ static int load_added(struct xtok *t, const cJSON *added, char *err, size_t errl
     if (!t->added)
         return fail(err, errlen, "out of memory");
     const cJSON *it;
+    /* ids as Hugging Face gives them at load (AddedVocabulary::add_tokens; the file's own only draw a warning there):
+     * the id of the same content added before, else its id in the model's vocabulary, else the next one after the
+     * vocabulary, in the file's order */
+    uint32_t next = (uint32_t)t->model_entries;
+    struct tok_map seen; /* content -> id of the added tokens so far */
+    if (tok_map_init(&seen, n))
+        return fail(err, errlen, "out of memory");
+    int rc = 0;
     cJSON_ArrayForEach(it, added) {
         const char *content = str_of(it, "content");
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
-        if (!content || !content[0] || !cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > 2147483647.0)
-            return fail(err, errlen, "added_tokens: an entry without content or id");
-        if (bool_of(it, "single_word"))
-            return fail(err, errlen, "added_tokens: %s is single_word, which is not supported yet", content);
+        if (!content || !content[0] || !cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > 2147483647.0) {
+            rc = fail(err, errlen, "added_tokens: an entry without content or id");
+            break;
+        }
+        if (bool_of(it, "single_word")) {
+            rc = fail(err, errlen, "added_tokens: %s is single_word, which is not supported yet", content);
+            break;
+        }
         struct tok_added *a = &t->added[t->nadded++];
         a->content = strdup(content);
-        if (!a->content)
-            return fail(err, errlen, "out of memory");
+        if (!a->content) {
+            rc = fail(err, errlen, "out of memory");
+            break;
+        }
         a->len = strlen(content);
-        a->id = (uint32_t)id->valuedouble;
+        int32_t id_of = tok_map_get(&seen, content, a->len);
+        if (id_of < 0)
+            id_of = tok_map_get(&t->vocab_str, content, a->len);
+        a->id = id_of >= 0 ? (uint32_t)id_of : next++;
+        if (tok_map_put(&seen, content, a->len, (int32_t)a->id) < 0) {
+            rc = fail(err, errlen, "out of memory");
+            break;
+        }
         a->special = bool_of(it, "special");
         a->normalized = bool_of(it, "normalized");
         a->lstrip = bool_of(it, "lstrip");
         a->rstrip = bool_of(it, "rstrip");
-        t->added_first[a->normalized][(unsigned char)content[0]] = 1;
+        a->pattern = a->content;
+        a->plen = a->len;
+        char *normed = NULL;
+        if (a->normalized && tok_normalize(t, a->content, a->len, &normed, &a->plen)) {
+            rc = fail(err, errlen, "added_tokens: %s cannot be normalized", content);
+            break;
+        }
+        if (normed)
+            a->pattern = normed;
+        if (a->plen)
+            t->added_first[a->normalized][(unsigned char)a->pattern[0]] = 1;
         note_id(t, (long)a->id);
     }
+    tok_map_free(&seen);
+    if (rc)
+        return rc;
     size_t bytes = 1;
     for (size_t i = 0; i < t->nadded; i++)
-        bytes += t->added[i].len;
+        bytes += t->added[i].plen;
     for (int k = 0; k < 2; k++) {
         t->trie[k] = calloc(bytes, sizeof *t->trie[k]);
         if (!t->trie[k])
@@ -362,8 +397,12 @@ static int load_added(struct xtok *t, const cJSON *added, char *err, size_t errl
         int k = a->normalized;
         struct tok_tnode *nd = t->trie[k];
         uint32_t cur = 0;
-        for (size_t j = 0; j < a->len; j++) {
-            unsigned char b = (unsigned char)a->content[j];
+        if (!a->plen) { /* normalized to nothing: matches nowhere */
+            a->maximal = 0;
+            continue;
+        }
+        for (size_t j = 0; j < a->plen; j++) {
+            unsigned char b = (unsigned char)a->pattern[j];
             uint32_t c = nd[cur].child;
             while (c && nd[c].byte != b)
                 c = nd[c].sibling;
@@ -560,8 +599,11 @@ void xtok_free(struct xtok *t)
         free(t->norm[i].a);
         free(t->norm[i].b);
     }
-    for (size_t i = 0; i < t->nadded; i++)
+    for (size_t i = 0; i < t->nadded; i++) {
+        if (t->added[i].pattern != t->added[i].content)
+            free(t->added[i].pattern);
         free(t->added[i].content);
+    }
     free(t->added);
     free(t->trie[0]);
     free(t->trie[1]);

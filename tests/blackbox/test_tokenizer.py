@@ -11,6 +11,7 @@ library does not implement must fail at load, naming the component."""
 import json
 import os
 import random
+import unicodedata
 import subprocess
 
 import xpyd_testlib as t
@@ -162,6 +163,36 @@ class Tokenizer(t.TestCase):
         self.assertEqual(len(mine), len(texts))
         self.assertEqual(list(zip(texts, mine)), list(zip(texts, theirs)))
         return mine
+
+    def test_random_added_tokens_on_derived_models(self):
+        # seeded random sets of added tokens that overlap (prefixes of each other, sharing ends), each with random
+        # lstrip/rstrip/normalized/special, on a byte-level (Qwen 3) and a SentencePiece-style (Llama 2) model,
+        # over texts made of their pieces, whitespace and words
+        rnd = random.Random(31)
+        alphabet = ["<", "a", "b", "|", ">", "é", "e\u0301", "x"]
+        for name in ("qwen3", "llama2"):
+            with open(os.path.join(model_dir(name), "tokenizer.json"), encoding="utf-8") as f:
+                base = json.load(f)
+            for round_ in range(3):
+                d = json.loads(json.dumps(base))
+                first = max([a["id"] for a in d["added_tokens"]] + list(d["model"]["vocab"].values())) + 1
+                contents, forms = set(), set()
+                while len(contents) < 12:  # no two alike after NFC: which of two equal patterns Hugging Face takes
+                    c = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 4)))  # depends on a hash map's order
+                    if unicodedata.normalize("NFC", c) not in forms:
+                        contents.add(c)
+                        forms.add(unicodedata.normalize("NFC", c))
+                toks = []
+                for k, content in enumerate(sorted(contents)):
+                    toks.append({"id": first + k, "content": content, "single_word": False,
+                                 "lstrip": rnd.random() < 0.3, "rstrip": rnd.random() < 0.3,
+                                 "normalized": rnd.random() < 0.3, "special": rnd.random() < 0.5})
+                d["added_tokens"] += toks
+                pieces = sorted(contents) + [" ", "  ", "\n", "\t", "hello", "ab", "<", "é", "x y", "\u00a0",
+                                             "\u3000", "\u2028", "\u0085", "\u200b", "\x1c"]  # (\u200b, \x1c: no \s)
+                texts = ["".join(rnd.choice(pieces) for _ in range(rnd.randint(1, 10))) for _ in range(150)]
+                with self.subTest(model=name, round=round_, tokens=toks):
+                    self.assertSameOnDerived(d, texts)
 
     def test_split_and_replace_variants_on_a_derived_model(self):
         # Gemma 3 replaces spaces before its Split on " " (MergedWithPrevious), so its split never cuts: these
