@@ -299,12 +299,59 @@ static int split_isolated(pcre2_code *re, int merged, pcre2_match_data *md, cons
     return span_push(out, in.off + last, in.len - last);
 }
 
-/* A normalized piece: pre-tokenized, each piece through the model. */
+/* Metaspace (the first pre-tokenizer when there is one): spaces become the replacement, which is prepended (always,
+ * or only to the input's first piece: `first`) unless the piece starts with it; split (MergedWithNext) before each
+ * replacement. *buf: the new text (malloc'd). */
+static int metaspace(const struct tok_pre_step *m, const char *text, size_t len, int first, char **buf,
+                     size_t *blen, struct spans *a)
+{
+    size_t spaces = 0;
+    for (size_t i = 0; i < len; i++)
+        spaces += text[i] == ' ';
+    char *o = malloc(m->replen + len + spaces * m->replen + 1);
+    if (!o)
+        return XTOK_ENOMEM;
+    size_t w = 0;
+    int starts = len && (text[0] == ' ' || (len >= m->replen && !memcmp(text, m->rep, m->replen)));
+    if (len && !starts && (m->prepend == TOK_PREPEND_ALWAYS || (m->prepend == TOK_PREPEND_FIRST && first))) {
+        memcpy(o, m->rep, m->replen);
+        w = m->replen;
+    }
+    for (size_t i = 0; i < len; i++)
+        if (text[i] == ' ') {
+            memcpy(o + w, m->rep, m->replen);
+            w += m->replen;
+        } else {
+            o[w++] = text[i];
+        }
+    *buf = o;
+    *blen = w;
+    if (!m->split)
+        return span_push(a, 0, w);
+    size_t from = 0;
+    for (size_t i = 0; i + m->replen <= w; i++)
+        if (i > from && !memcmp(o + i, m->rep, m->replen)) {
+            if (span_push(a, from, i - from))
+                return XTOK_ENOMEM;
+            from = i;
+        }
+    return span_push(a, from, w - from);
+}
+
+/* A normalized piece: pre-tokenized, each piece through the model. first: it starts the input (no added token
+ * before it), which Metaspace's prepend_scheme "first" asks. */
 static int encode_normalized(const struct xtok *t, const char *text, size_t len, pcre2_match_data *md,
-                             struct ids *out)
+                             struct ids *out, int first)
 {
     struct spans a = {0}, b = {0};
-    int rc = span_push(&a, 0, len);
+    char *meta = NULL;
+    int rc;
+    if (t->npre && t->pre[0].type == TOK_PRE_METASPACE) {
+        rc = metaspace(&t->pre[0], text, len, first, &meta, &len, &a);
+        text = meta;
+    } else {
+        rc = span_push(&a, 0, len);
+    }
     for (int k = 0; k < t->npre && !rc; k++) {
         if (!t->pre[k].re)
             continue;
@@ -319,6 +366,7 @@ static int encode_normalized(const struct xtok *t, const char *text, size_t len,
         rc = bpe(t, (const unsigned char *)text + a.v[i].off, a.v[i].len, out);
     free(a.v);
     free(b.v);
+    free(meta);
     return rc;
 }
 
@@ -477,7 +525,7 @@ int tok_normalize(const struct xtok *t, const char *text, size_t len, char **out
 }
 
 static int encode_raw_piece(const struct xtok *t, const char *text, size_t len, pcre2_match_data *md,
-                            struct ids *out)
+                            struct ids *out, int first)
 {
     char *norm;
     int rc = tok_normalize(t, text, len, &norm, &len);
@@ -489,11 +537,12 @@ static int encode_raw_piece(const struct xtok *t, const char *text, size_t len, 
         size_t ms, me;
         const struct tok_added *a = find_added(t, 1, s, len, mru, &ms, &me);
         if (!a) {
-            rc = encode_normalized(t, s, len, md, out);
+            rc = encode_normalized(t, s, len, md, out, first);
             break;
         }
-        rc = encode_normalized(t, s, ms, md, out);
+        rc = encode_normalized(t, s, ms, md, out, first);
         rc = rc ? rc : push(out, a->id);
+        first = 0;
         s += me;
         len -= me;
     }
@@ -501,17 +550,20 @@ static int encode_raw_piece(const struct xtok *t, const char *text, size_t len, 
     return rc;
 }
 
-/* A piece between added tokens: from the cache when it holds it, else encoded (and kept there). */
+/* A piece between added tokens: from the cache when it holds it, else encoded (and kept there). first: the input's
+ * first piece, encoded apart from the cache where Metaspace prepends to that piece alone (its ids depend on it). */
 static int encode_piece(const struct xtok *t, struct xtok_cache *c, const char *text, size_t len,
-                        pcre2_match_data *md, struct ids *out)
+                        pcre2_match_data *md, struct ids *out, int first)
 {
+    if (first && t->npre && t->pre[0].type == TOK_PRE_METASPACE && t->pre[0].prepend == TOK_PREPEND_FIRST)
+        c = NULL;
     size_t start = out->n;
     int rc = tok_cache_get(c, text, len, &out->v, &out->n, &out->cap);
     if (rc) /* a piece with these bytes was valid UTF-8 when it was kept */
         return rc < 0 ? XTOK_ENOMEM : 0;
     if (!valid_utf8((const unsigned char *)text, len))
         return XTOK_EINVAL;
-    rc = encode_raw_piece(t, text, len, md, out);
+    rc = encode_raw_piece(t, text, len, md, out, first);
     if (!rc && c && out->v) /* (an empty piece leaves out->v NULL: no pointer arithmetic on it) */
         tok_cache_put(c, text, len, out->v + start, out->n - start);
     return rc;
@@ -543,14 +595,16 @@ int xtok_encode_cached(const struct xtok *t, struct xtok_cache *cache, const cha
         for (size_t i = 0; i < t->nprefix && !rc; i++)
             rc = push(&out, t->prefix[i]);
     const struct tok_added *mru[ADDED_MRU] = {0};
+    int first = 1; /* the piece at the input's start */
     while (len && !rc) { /* the tokens matched in the raw text */
         size_t ms, me;
         const struct tok_added *a = find_added(t, 0, text, len, mru, &ms, &me);
         if (!a) {
-            rc = encode_piece(t, cache, text, len, md, &out);
+            rc = encode_piece(t, cache, text, len, md, &out, first);
             break;
         }
-        rc = encode_piece(t, cache, text, ms, md, &out);
+        rc = encode_piece(t, cache, text, ms, md, &out, first);
+        first = 0;
         rc = rc ? rc : push(&out, a->id);
         text += me;
         len -= me;

@@ -43,7 +43,8 @@ const struct tok_merge *tok_merges_get(const struct tok_merges *m, uint32_t a, u
 void tok_merges_free(struct tok_merges *m);
 
 enum tok_norm { TOK_NFC = 1, TOK_NFKC, TOK_NFD, TOK_NFKD, TOK_PREPEND, TOK_REPLACE };
-enum tok_pre { TOK_PRE_SPLIT = 1, TOK_PRE_BYTELEVEL };
+enum tok_pre { TOK_PRE_SPLIT = 1, TOK_PRE_BYTELEVEL, TOK_PRE_METASPACE };
+enum tok_prepend { TOK_PREPEND_NEVER, TOK_PREPEND_FIRST, TOK_PREPEND_ALWAYS }; /* Metaspace's prepend_scheme */
 
 struct tok_norm_step {
     enum tok_norm type;
@@ -56,6 +57,10 @@ struct tok_pre_step {
     pcre2_code *re; /* Split's pattern, or ByteLevel's GPT-2 regex when use_regex; NULL for none */
     int add_prefix_space;
     int merged_with_previous; /* Split's behaviour MergedWithPrevious (else Isolated) */
+    char rep[5];              /* Metaspace: its replacement character (UTF-8), how it prepends, whether it splits */
+    size_t replen;
+    enum tok_prepend prepend;
+    int split;
 };
 
 struct xtok;

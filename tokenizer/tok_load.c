@@ -134,6 +134,35 @@ static int load_pre(struct xtok *t, const cJSON *p, char *err, size_t errlen)
         t->npre++;
         return 0;
     }
+    if (type && !strcmp(type, "Metaspace")) { /* Hugging Face's pre_tokenizers/metaspace.rs */
+        const char *r = str_of(p, "replacement"), *scheme = str_of(p, "prepend_scheme");
+        const cJSON *aps = cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space"), *split;
+        size_t rl = r ? strlen(r) : 0;
+        unsigned char b0 = rl ? (unsigned char)r[0] : 0;
+        size_t cl = b0 < 0x80 ? 1 : (b0 & 0xE0) == 0xC0 ? 2 : (b0 & 0xF0) == 0xE0 ? 3 : (b0 & 0xF8) == 0xF0 ? 4 : 0;
+        if (!rl || cl != rl)
+            return fail(err, errlen, "pre_tokenizer Metaspace: replacement must be one character");
+        if (t->npre)
+            return fail(err, errlen, "pre_tokenizer Metaspace after another pre_tokenizer is not supported");
+        s->type = TOK_PRE_METASPACE;
+        memcpy(s->rep, r, rl);
+        s->replen = rl;
+        s->prepend = !scheme || !strcmp(scheme, "always") ? TOK_PREPEND_ALWAYS
+                     : !strcmp(scheme, "first")            ? TOK_PREPEND_FIRST
+                     : !strcmp(scheme, "never")            ? TOK_PREPEND_NEVER
+                                                           : (enum tok_prepend)-1;
+        if ((int)s->prepend < 0)
+            return fail(err, errlen, "pre_tokenizer Metaspace: prepend_scheme %s is not one of first, never, always",
+                        scheme);
+        if (cJSON_IsFalse(aps)) { /* the old form: false must say never (Hugging Face refuses the file otherwise) */
+            if (s->prepend != TOK_PREPEND_NEVER)
+                return fail(err, errlen, "pre_tokenizer Metaspace: add_prefix_space does not match prepend_scheme");
+        }
+        split = cJSON_GetObjectItemCaseSensitive(p, "split");
+        s->split = !split || cJSON_IsNull(split) || cJSON_IsTrue(split);
+        t->npre++;
+        return 0;
+    }
     if (type && !strcmp(type, "ByteLevel")) {
         s->type = TOK_PRE_BYTELEVEL;
         s->add_prefix_space = bool_of(p, "add_prefix_space");

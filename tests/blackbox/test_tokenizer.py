@@ -22,7 +22,11 @@ SUPPORTED = ("llama3_1", "qwen3", "deepseek_v3", "gptoss", "llama2", "gemma3")
 UNSUPPORTED = [("normalizer", {"type": "Lowercase"}, "normalizer Lowercase is not supported"),
                ("pre_tokenizer", {"type": "Split", "pattern": {"String": " "}, "behavior": "Removed",
                                   "invert": False}, "pre_tokenizer Split with behavior Removed is not supported"),
-               ("pre_tokenizer", {"type": "Metaspace"}, "pre_tokenizer Metaspace is not supported"),
+               ("pre_tokenizer", {"type": "WhitespaceSplit"}, "pre_tokenizer WhitespaceSplit is not supported"),
+               ("pre_tokenizer", {"type": "Sequence", "pretokenizers": [
+                   {"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated", "invert": False},
+                   {"type": "Metaspace", "replacement": "\u2581"}]},
+                "pre_tokenizer Metaspace after another pre_tokenizer is not supported"),
                ("post_processor", {"type": "RobertaProcessing"}, "post_processor RobertaProcessing is not supported"),
                ("model", {"type": "Unigram", "vocab": []}, "model Unigram is not supported")]
 # under ASan+UBSan (the second pass of scripts/test.sh) a fifth as many: the plain pass does the 10,000
@@ -193,6 +197,25 @@ class Tokenizer(t.TestCase):
                 texts = ["".join(rnd.choice(pieces) for _ in range(rnd.randint(1, 10))) for _ in range(150)]
                 with self.subTest(model=name, round=round_, tokens=toks):
                     self.assertSameOnDerived(d, texts)
+
+    def test_metaspace_on_derived_models(self):
+        # Mistral's and older Llama 2 files pre-tokenize with Metaspace (no normalizer): Llama 2's file that way,
+        # each prepend_scheme (first: only the input's first piece, not one after an added token), with and
+        # without split, the old add_prefix_space form, and Metaspace then a Split
+        with open(os.path.join(model_dir("llama2"), "tokenizer.json"), encoding="utf-8") as f:
+            base = json.load(f)
+        texts = ["Hello world", "<s>Hello world", "Hi</s> there  you", " lead", "trail ", "a  b   c", "\u2581x y",
+                 "", " ", "你好 世界 😀", "<s> x</s>y", "x<s>", "12 345 6789"] + CORPUS[:20] + \
+            random_strings("llama2", 200, 77)
+        ms = {"type": "Metaspace", "replacement": "\u2581"}
+        for pre in [dict(ms, prepend_scheme="first", split=False), dict(ms, prepend_scheme="first", split=True),
+                    dict(ms, prepend_scheme="always", split=True), dict(ms, prepend_scheme="always", split=False),
+                    dict(ms, prepend_scheme="never", split=True), dict(ms, add_prefix_space=True),
+                    {"type": "Sequence", "pretokenizers": [
+                        dict(ms, prepend_scheme="first", split=False),
+                        {"type": "Split", "pattern": {"Regex": "\\d"}, "behavior": "Isolated", "invert": False}]}]:
+            with self.subTest(pre_tokenizer=pre):
+                self.assertSameOnDerived(dict(base, normalizer=None, pre_tokenizer=pre), texts)
 
     def test_split_and_replace_variants_on_a_derived_model(self):
         # Gemma 3 replaces spaces before its Split on " " (MergedWithPrevious), so its split never cuts: these

@@ -6,7 +6,8 @@
  *         and ByteLevel, merges, ignore_merges, added tokens plain, lstrip/rstrip and normalized, a template):
  *         invalid UTF-8 is refused; valid text gives ids below the vocabulary size, the template's ids first and
  *         last with add_special, and the same ids in between as without;
- *   3:    the same with a small SentencePiece-style model (Prepend, Replace, NFC, byte_fallback, fuse_unk).
+ *   3:    the same with a small SentencePiece-style model (Prepend, Replace, NFC, byte_fallback, fuse_unk);
+ *   5, 7: the same with that model pre-tokenized by Metaspace (prepend_scheme first: only the input's first piece).
  *   Text also goes through a tokenization cache shared by every input (small, pieces of any length, so it
  *   evicts): twice, the same ids as without it (a piece found by its length and ends is another's only if its
  *   bytes are). */
@@ -17,8 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static struct xtok *model, *sp_model;
-static struct xtok_cache *cache, *sp_cache; /* a cache serves one tokenizer */
+static struct xtok *model, *sp_model, *ms_model;
+static struct xtok_cache *cache, *sp_cache, *ms_cache; /* a cache serves one tokenizer */
 
 static void byte_level(int b, char *out) /* GPT-2's byte-level character of byte b, as UTF-8 */
 {
@@ -74,13 +75,20 @@ static void build_model(void)
     }
 }
 
-static void build_sp_model(void)
+/* a SentencePiece-style model: Llama 2's normalizers, or (metaspace) NFC and a Metaspace pre-tokenizer that
+ * prepends to the input's first piece only, which the cache must keep apart */
+static struct xtok *build_sp_model(int metaspace)
 {
     static char json[16384];
-    size_t n = (size_t)snprintf(json, sizeof json,
-                                "{\"normalizer\":{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\","
-                                "\"prepend\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":{\"String\":\" \"},"
-                                "\"content\":\"\\u2581\"},{\"type\":\"NFC\"}]},\"pre_tokenizer\":null,"
+    size_t n = (size_t)snprintf(json, sizeof json, "{\"normalizer\":%s,\"pre_tokenizer\":%s,",
+                                metaspace ? "{\"type\":\"NFC\"}"
+                                          : "{\"type\":\"Sequence\",\"normalizers\":[{\"type\":\"Prepend\","
+                                            "\"prepend\":\"\\u2581\"},{\"type\":\"Replace\",\"pattern\":"
+                                            "{\"String\":\" \"},\"content\":\"\\u2581\"},{\"type\":\"NFC\"}]}",
+                                metaspace ? "{\"type\":\"Metaspace\",\"replacement\":\"\\u2581\","
+                                            "\"prepend_scheme\":\"first\",\"split\":true}"
+                                          : "null");
+    n += (size_t)snprintf(json + n, sizeof json - n,
                                 "\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":[{\"SpecialToken\":"
                                 "{\"id\":\"<s>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},"
                                 "{\"SpecialToken\":{\"id\":\"</s>\",\"type_id\":0}}],\"special_tokens\":{\"<s>\":"
@@ -96,20 +104,23 @@ static void build_sp_model(void)
                           "\"\\u2581\":259,\"a\":260,\"b\":261,\"ab\":262,\"\\u2581ab\":263,\"\\u00e9\":264},"
                           "\"merges\":[\"a b\",\"\\u2581 ab\"]}}");
     char err[256];
-    sp_model = xtok_load_json(json, n, err, sizeof err);
-    if (!sp_model) {
+    struct xtok *t = xtok_load_json(json, n, err, sizeof err);
+    if (!t) {
         fprintf(stderr, "fuzz_tokenizer: the harness's SentencePiece model does not load: %s\n", err);
         abort();
     }
+    return t;
 }
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
 {
     if (!model) {
         build_model();
-        build_sp_model();
+        sp_model = build_sp_model(0);
+        ms_model = build_sp_model(1);
         cache = xtok_cache_new(1u << 16, 1);
         sp_cache = xtok_cache_new(1u << 16, 1);
+        ms_cache = xtok_cache_new(1u << 16, 1);
     }
     if (size < 1)
         return 0;
@@ -132,8 +143,9 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         xtok_free(t);
         return 0;
     }
-    const struct xtok *m = data[0] & 2 ? sp_model : model;
-    uint32_t bos = data[0] & 2 ? 1 : 300, eos = data[0] & 2 ? 2 : 301;
+    const struct xtok *m = data[0] & 4 ? ms_model : data[0] & 2 ? sp_model : model;
+    struct xtok_cache *c = data[0] & 4 ? ms_cache : data[0] & 2 ? sp_cache : cache;
+    uint32_t bos = data[0] & 6 ? 1 : 300, eos = data[0] & 6 ? 2 : 301;
     int rc = xtok_encode(m, rest, len, 0, &ids, &n);
     if (rc) {
         assert(rc == XTOK_EINVAL);
@@ -145,7 +157,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     assert(n2 == n + 2 && ids2[0] == bos && ids2[n + 1] == eos && !memcmp(ids2 + 1, ids, n * sizeof *ids));
     free(ids2);
     for (int k = 0; k < 2; k++) {
-        assert(xtok_encode_cached(m, m == model ? cache : sp_cache, rest, len, 0, &ids2, &n2) == 0);
+        assert(xtok_encode_cached(m, c, rest, len, 0, &ids2, &n2) == 0);
         assert(n2 == n && !memcmp(ids2, ids, n * sizeof *ids));
         free(ids2);
     }
