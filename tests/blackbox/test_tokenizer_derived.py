@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""libxpyd_tokenizer (through xpyd_tokenize) against Hugging Face's own tokenizers on model files derived from the
+shipped ones, for the rules those models do not exercise (test_tokenizer.py has the shipped models; this file is
+apart so that each runs within its time limit under load): added tokens that are prefixes of others,
+lstrip/rstrip, normalized (a fixed set, and seeded random sets of overlapping tokens with random flags, their ids
+as Hugging Face gives them at load); Split pre-tokenizers that cut and a two-byte Replace; Metaspace with each
+prepend_scheme."""
+import json
+import os
+import random
+import subprocess
+import unicodedata
+
+import xpyd_testlib as t
+from test_tokenizer import CORPUS, HERE, model_dir, random_strings
+
+
+class DerivedModels(t.TestCase):
+    def test_added_token_rules_on_a_derived_model(self):
+        # Qwen 3's files with added tokens the shipped models lack: one a prefix of another (the longest wins),
+        # lstrip/rstrip (the whitespace around goes with the token), normalized (matched after NFC); written to
+        # a temporary directory, both tokenizers load the same file
+        with open(os.path.join(model_dir("qwen3"), "tokenizer.json"), encoding="utf-8") as f:
+            d = json.load(f)
+        base = max(a["id"] for a in d["added_tokens"]) + 1
+
+        def tok(k, content, **kw):
+            e = {"id": base + k, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+                 "normalized": False, "special": False}
+            e.update(kw)
+            return e
+        d["added_tokens"] += [tok(0, "<think"), tok(1, "<thinker>"), tok(2, "[MASK]", lstrip=True, rstrip=True),
+                              tok(3, "caf\u00e9!", normalized=True), tok(4, "<sp>", special=True, rstrip=True)]
+        texts = ["<think> a", "<thinker> b <think", "x<thinker><think>y", "a  [MASK]  b", "[MASK]", " \t[MASK]\n",
+                 "cafe\u0301! and caf\u00e9!", "<sp>  z", "<sp><think><sp>", "<thi nk>",
+                 "<think <thinker><think>"]  # a token just matched that a longer one extends is not taken again
+        mine = self.assertSameOnDerived(d, texts)
+        self.assertIn(base + 1, mine[1])  # <thinker>, not <think> + "er>"
+
+    def assertSameOnDerived(self, d, texts):
+        """tokenizer.json d written to a temporary directory, loaded by both tokenizers: the same ids for texts."""
+        tmp = t.tmpdir(prefix="xpyd-tok-")
+        with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(d, f, ensure_ascii=False)
+        args = ["--tokenizer", tmp, "--jsonl"]
+        inp = "".join(json.dumps(s) + "\n" for s in texts)
+        p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize")] + args, input=inp, capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        t.npm_package("tokenizers")
+        q = subprocess.run(["node", os.path.join(HERE, "tok_oracle.js"), os.path.join(tmp, "tokenizer.json")],
+                           input=inp, capture_output=True, text=True, timeout=120,
+                           env=dict(os.environ, NODE_PATH=os.path.join(t.NPM_DIR, "node_modules")))
+        self.assertEqual(q.returncode, 0, q.stderr)
+        mine, theirs = [json.loads(l) for l in p.stdout.splitlines()], [json.loads(l) for l in q.stdout.splitlines()]
+        self.assertEqual(len(mine), len(texts))
+        self.assertEqual(list(zip(texts, mine)), list(zip(texts, theirs)))
+        return mine
+
+    def test_random_added_tokens_on_derived_models(self):
+        # seeded random sets of added tokens that overlap (prefixes of each other, sharing ends), each with random
+        # lstrip/rstrip/normalized/special, on a byte-level (Qwen 3) and a SentencePiece-style (Llama 2) model,
+        # over texts made of their pieces, whitespace and words
+        rnd = random.Random(31)
+        alphabet = ["<", "a", "b", "|", ">", "é", "e\u0301", "x"]
+        for name in ("qwen3", "llama2"):
+            with open(os.path.join(model_dir(name), "tokenizer.json"), encoding="utf-8") as f:
+                base = json.load(f)
+            for round_ in range(3):
+                d = json.loads(json.dumps(base))
+                first = max([a["id"] for a in d["added_tokens"]] + list(d["model"]["vocab"].values())) + 1
+                contents, forms = set(), set()
+                while len(contents) < 12:  # no two alike after NFC: which of two equal patterns Hugging Face takes
+                    c = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 4)))  # depends on a hash map's order
+                    if unicodedata.normalize("NFC", c) not in forms:
+                        contents.add(c)
+                        forms.add(unicodedata.normalize("NFC", c))
+                toks = []
+                for k, content in enumerate(sorted(contents)):
+                    toks.append({"id": first + k, "content": content, "single_word": False,
+                                 "lstrip": rnd.random() < 0.3, "rstrip": rnd.random() < 0.3,
+                                 "normalized": rnd.random() < 0.3, "special": rnd.random() < 0.5})
+                d["added_tokens"] += toks
+                pieces = sorted(contents) + [" ", "  ", "\n", "\t", "hello", "ab", "<", "é", "x y", "\u00a0",
+                                             "\u3000", "\u2028", "\u0085", "\u200b", "\x1c"]  # (\u200b, \x1c: no \s)
+                texts = ["".join(rnd.choice(pieces) for _ in range(rnd.randint(1, 10))) for _ in range(150)]
+                with self.subTest(model=name, round=round_, tokens=toks):
+                    self.assertSameOnDerived(d, texts)
+
+    def test_metaspace_on_derived_models(self):
+        # Mistral's and older Llama 2 files pre-tokenize with Metaspace (no normalizer): Llama 2's file that way,
+        # each prepend_scheme (first: only the input's first piece, not one after an added token), with and
+        # without split, the old add_prefix_space form, and Metaspace then a Split
+        with open(os.path.join(model_dir("llama2"), "tokenizer.json"), encoding="utf-8") as f:
+            base = json.load(f)
+        texts = ["Hello world", "<s>Hello world", "Hi</s> there  you", " lead", "trail ", "a  b   c", "\u2581x y",
+                 "", " ", "你好 世界 😀", "<s> x</s>y", "x<s>", "12 345 6789"] + CORPUS[:20] + \
+            random_strings("llama2", 200, 77)
+        ms = {"type": "Metaspace", "replacement": "\u2581"}
+        for pre in [dict(ms, prepend_scheme="first", split=False), dict(ms, prepend_scheme="first", split=True),
+                    dict(ms, prepend_scheme="always", split=True), dict(ms, prepend_scheme="always", split=False),
+                    dict(ms, prepend_scheme="never", split=True), dict(ms, add_prefix_space=True),
+                    {"type": "Sequence", "pretokenizers": [
+                        dict(ms, prepend_scheme="first", split=False),
+                        {"type": "Split", "pattern": {"Regex": "\\d"}, "behavior": "Isolated", "invert": False}]}]:
+            with self.subTest(pre_tokenizer=pre):
+                self.assertSameOnDerived(dict(base, normalizer=None, pre_tokenizer=pre), texts)
+
+    def test_split_and_replace_variants_on_a_derived_model(self):
+        # Gemma 3 replaces spaces before its Split on " " (MergedWithPrevious), so its split never cuts: these
+        # variants of a SentencePiece-style model (Llama 2's files: smaller to load) make a Split cut (String and
+        # Regex patterns, both behaviours) and a Replace match a pattern of two bytes in runs that overlap
+        with open(os.path.join(model_dir("llama2"), "tokenizer.json"), encoding="utf-8") as f:
+            base = json.load(f)
+        texts = ["this is his list", "hello world  and   more", " lead", "trail ", "a1b22c333 d", "x  y", "   ", "", "tab\there",
+                 "你好 世界", "😀 😀"] + CORPUS[:20]
+        space = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+        variants = [
+            # "this is" cut at each "s": "this", "\u2581is" merged (whole words of the vocabulary) against "thi", "s",
+            # "\u2581i", "s" isolated
+            (space, {"type": "Split", "pattern": {"String": "s"}, "behavior": "MergedWithPrevious", "invert": False}),
+            (space, {"type": "Split", "pattern": {"String": "s"}, "behavior": "Isolated", "invert": False}),
+            (space, {"type": "Split", "pattern": {"Regex": "\\d+"}, "behavior": "MergedWithPrevious",
+                     "invert": False}),
+            (space, {"type": "Split", "pattern": {"Regex": "\\d+"}, "behavior": "Isolated", "invert": False}),
+            ({"type": "Sequence", "normalizers": [{"type": "Replace", "pattern": {"String": "  "},
+                                                    "content": "\u2581"}, space]}, base["pre_tokenizer"]),
+        ]
+        for norm, pre in variants:
+            with self.subTest(normalizer=norm, pre_tokenizer=pre):
+                d = dict(base, normalizer=norm, pre_tokenizer=pre)
+                self.assertSameOnDerived(d, texts)
+
+
+if __name__ == "__main__":
+    t.main()
