@@ -124,17 +124,26 @@ static struct tv sort_key(struct tctx *c, struct tv item, struct tv attr, int mu
     return !case_sensitive && k.t == TV_STR ? ts_map_case(c, k, utf8proc_tolower) : k;
 }
 
-/* a stable merge sort of items by keys (Python's sorted: equal keys keep their order; reverse too) */
-static void sort_by(struct tctx *c, struct tv *items, struct tv *keys, size_t n, int reverse)
+/* one comparison more: a render's comparisons count against its step limit (a hostile list is bounded in time) */
+static void compare_step(struct tctx *c)
+{
+    if (++c->steps > c->maxsteps)
+        tpl_fail(c, "the render takes more than its step limit");
+}
+
+/* a stable merge sort of items by keys (Python's sorted: equal keys keep their order; reverse too); ti, tk: room
+ * for n items and keys */
+static void sort_by(struct tctx *c, struct tv *items, struct tv *keys, size_t n, int reverse, struct tv *ti,
+                    struct tv *tk)
 {
     if (n < 2)
         return;
     size_t h = n / 2;
-    sort_by(c, items, keys, h, reverse);
-    sort_by(c, items + h, keys + h, n - h, reverse);
-    struct tv *ti = tpl_alloc_raw(c, n * sizeof *ti), *tk = tpl_alloc_raw(c, n * sizeof *tk);
+    sort_by(c, items, keys, h, reverse, ti, tk);
+    sort_by(c, items + h, keys + h, n - h, reverse, ti, tk);
     size_t i = 0, j = h, o = 0;
     while (i < h || j < n) {
+        compare_step(c);
         int right = i >= h ? 1 : j >= n ? 0 : reverse ? tv_compare(c, &keys[i], &keys[j]) < 0
                                                       : tv_compare(c, &keys[j], &keys[i]) < 0;
         size_t k = right ? j++ : i++;
@@ -173,14 +182,14 @@ static struct tv ordering_filter(struct tctx *c, const char *name, struct tv v, 
     size_t n = in->n;
     struct tv *items = tpl_alloc_raw(c, (n + 1) * sizeof *items), *keys = tpl_alloc_raw(c, (n + 1) * sizeof *keys);
     for (size_t i = 0; i < n; i++) {
-        if (++c->steps > c->maxsteps)
-            tpl_fail(c, "the render takes more than its step limit");
+        compare_step(c);
         items[i] = in->v[i];
         keys[i] = sort_key(c, dict ? in->v[i].u.l->v[by_value] : in->v[i], attr, sort, tv_truth(&cs));
     }
     struct tlist *out = tl_new(c, n + 1);
     if (sort || dict) {
-        sort_by(c, items, keys, n, tv_truth(&rev));
+        sort_by(c, items, keys, n, tv_truth(&rev), tpl_alloc_raw(c, (n + 1) * sizeof *items),
+                tpl_alloc_raw(c, (n + 1) * sizeof *keys));
         for (size_t i = 0; i < n; i++)
             tl_push(c, out, items[i]);
         return tv_list_of(c, out);
@@ -189,8 +198,8 @@ static struct tv ordering_filter(struct tctx *c, const char *name, struct tv v, 
         for (size_t i = 0; i < n; i++) {
             if (keys[i].t == TV_LIST || keys[i].t == TV_DICT)
                 tpl_fail(c, "unhashable type: '%s'", tv_type_name(&keys[i]));
-            size_t j = 0;
-            while (j < i && !tv_equal(&keys[j], &keys[i]))
+            size_t j = 0; /* (quadratic, as no hash of a value is kept: each comparison is a step) */
+            while (j < i && (compare_step(c), !tv_equal(&keys[j], &keys[i])))
                 j++;
             if (j == i)
                 tl_push(c, out, items[i]);
@@ -202,6 +211,7 @@ static struct tv ordering_filter(struct tctx *c, const char *name, struct tv v, 
         return tv_undef("No aggregated item, sequence was empty.");
     size_t best = 0; /* Python's min/max: the first of the least / greatest */
     for (size_t i = 1; i < n; i++) {
+        compare_step(c);
         int r = tv_compare(c, &keys[i], &keys[best]);
         if (name[1] == 'i' ? r < 0 : r > 0)
             best = i;

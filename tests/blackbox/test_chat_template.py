@@ -475,7 +475,8 @@ class ChatTemplates(t.TestCase):
         d = t.tmpdir()
         cases = [("{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}", "limit"),
                  ("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", "deeply"),
-                 ("{{ 'x' * 1000000000 }}", "limit")]
+                 ("{{ 'x' * 1000000000 }}", "limit"),
+                 ("{{ range(100000) | unique | list | length }}", "step limit")]  # 5e9 comparisons, each a step
         for i, (src, word) in enumerate(cases):
             path = os.path.join(d, "b%d.jinja" % i)
             with open(path, "w") as f:
