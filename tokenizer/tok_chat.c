@@ -317,7 +317,7 @@ static const struct xtpl *pick(const struct xtok_chat *c, int tools)
         if (!strcmp(c->tpl[i].name, "default"))
             def = c->tpl[i].t;
     }
-    return def ? def : c->tpl[0].t;
+    return def; /* none: transformers refuses ("multiple chat templates with no default") */
 }
 
 static size_t strip_left(const char *p, size_t n)
@@ -421,8 +421,11 @@ int xtok_chat_render(const struct xtok_chat *c, const cJSON *req, const struct x
         cJSON_DeleteItemFromObjectCaseSensitive(vars, it->string);
         cJSON_AddItemReferenceToObject(vars, it->string, (cJSON *)it);
     }
-    int tools_given = cJSON_IsArray(tools) && cJSON_GetArraySize(tools) > 0;
-    int rc = xtpl_render(pick(c, tools_given), vars, lim, out, n, err, errlen);
+    /* vLLM passes tools unless the request has none (an empty list is passed), and transformers takes a
+     * `tool_use` template whenever tools are passed */
+    const struct xtpl *tpl = pick(c, cJSON_IsArray(tools));
+    int rc = tpl ? xtpl_render(tpl, vars, lim, out, n, err, errlen)
+                 : (snprintf(err, errlen, "the model has several chat templates and none is named default"), -1);
     cJSON_Delete(vars);
     if (rc == 0 && cont_final && cut_at_final(msgs, *out, n, err, errlen) != 0) {
         free(*out);

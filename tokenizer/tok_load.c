@@ -134,6 +134,21 @@ static int load_pre(struct xtok *t, const cJSON *p, char *err, size_t errlen)
         t->npre++;
         return 0;
     }
+    if (type && !strcmp(type, "Digits")) {
+        /* Hugging Face's digits.rs: a split on char::is_numeric (Unicode's N: Nd, Nl, No), each numeric
+         * character its own piece (individual_digits: behaviour Isolated) or each run of them (Contiguous) -
+         * which is a Split, Isolated, on \p{N} or \p{N}+ (Command R, Aya) */
+        const cJSON *ind = cJSON_GetObjectItemCaseSensitive(p, "individual_digits");
+        if (!cJSON_IsBool(ind)) /* a required field: Hugging Face refuses the file without it */
+            return fail(err, errlen, "pre_tokenizer Digits without individual_digits (true or false)");
+        const char *rx = cJSON_IsTrue(ind) ? "\\p{N}" : "\\p{N}+";
+        s->type = TOK_PRE_SPLIT;
+        s->re = compile(rx, strlen(rx), 0, err, errlen);
+        if (!s->re)
+            return -1;
+        t->npre++;
+        return 0;
+    }
     if (type && !strcmp(type, "Metaspace")) { /* Hugging Face's pre_tokenizers/metaspace.rs */
         const char *r = str_of(p, "replacement"), *scheme = str_of(p, "prepend_scheme");
         const cJSON *aps = cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space"), *split;

@@ -107,6 +107,32 @@ class DerivedModels(t.TestCase):
             with self.subTest(pre_tokenizer=pre):
                 self.assertSameOnDerived(dict(base, normalizer=None, pre_tokenizer=pre), texts)
 
+    def test_digits_variants_on_a_derived_model(self):
+        # Digits (Command R's pre-tokenizer: test_model_families has it with individual_digits) both ways, first
+        # or after another split, on Llama 3.1's files (a vocabulary with tokens of up to three digits, which
+        # Command R's has none of): runs of numerals of every script stay whole or fall apart
+        with open(os.path.join(model_dir("llama3_1"), "tokenizer.json"), encoding="utf-8") as f:
+            base = json.load(f)
+        split, blevel = base["pre_tokenizer"]["pretokenizers"]
+        texts = ["2026", "x 2026 y", "a1b22c333 d4444", "3.14159 1,000,000", "٠١٢٣ ١٢", "²³ ½ ¾ Ⅻ ①②", "１２３ 𝟙𝟚",
+                 "v1.2.3-rc4", "  12  ", "\n7\n"] + CORPUS[:20]
+        for pre in [[{"type": "Digits", "individual_digits": False}, blevel],
+                    [{"type": "Digits", "individual_digits": True}, blevel],
+                    [split, {"type": "Digits", "individual_digits": False}, blevel],
+                    [{"type": "Digits", "individual_digits": True}, dict(blevel, use_regex=True)]]:
+            with self.subTest(pre_tokenizer=pre):
+                mine = self.assertSameOnDerived(dict(base, pre_tokenizer={"type": "Sequence", "pretokenizers": pre}),
+                                                texts)
+                self.assertEqual(len(mine[0]), 4 if pre[0].get("individual_digits") else 2)  # 2026: "202", "6"
+        # without individual_digits (a required field) Hugging Face refuses the file; so does the library
+        tmp = t.tmpdir(prefix="xpyd-tok-")
+        with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(dict(base, pre_tokenizer={"type": "Digits"}), f)
+        p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", tmp], input="1", capture_output=True,
+                           text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("Digits without individual_digits", p.stderr)
+
     def test_split_and_replace_variants_on_a_derived_model(self):
         # Gemma 3 replaces spaces before its Split on " " (MergedWithPrevious), so its split never cuts: these
         # variants of a SentencePiece-style model (Llama 2's files: smaller to load) make a Split cut (String and
