@@ -56,6 +56,7 @@ int xtpl_render(const struct xtpl *x, const cJSON *vars, const struct xtpl_limit
     *out = NULL;
     *n = 0;
     if (setjmp(c.jb)) {
+        tpl_uncapture(&c, NULL); /* an error inside a macro or set block: the outputs set aside too */
         free(c.out);
         tarena_free(&c.arena);
         return -1;

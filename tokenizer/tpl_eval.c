@@ -59,12 +59,12 @@ static struct tv lookup(struct tctx *c, struct tscope *s, const char *name)
     return *v;
 }
 
-static void assign(struct tctx *c, struct tscope *s, const char *name, struct tv v)
+void tpl_assign(struct tctx *c, struct tscope *s, const char *name, struct tv v)
 {
     td_set(c, &s->vars, tv_strref(name, strlen(name)), v);
 }
 
-static _Noreturn void undefined_use(struct tctx *c, const struct tv *v)
+_Noreturn void tpl_undefined_use(struct tctx *c, const struct tv *v)
 {
     tpl_fail(c, "'%s' is undefined", v->undef_name ? v->undef_name : "value");
 }
@@ -115,7 +115,7 @@ static struct tv get_attr(struct tctx *c, struct tv v, const char *name)
 {
     switch (v.t) {
     case TV_UNDEF:
-        undefined_use(c, &v);
+        tpl_undefined_use(c, &v);
     case TV_DICT:
         if (tpl_has_method(&v, name))
             return bound(c, v, name);
@@ -135,7 +135,7 @@ static struct tv get_attr(struct tctx *c, struct tv v, const char *name)
 static struct tv get_item(struct tctx *c, struct tv v, struct tv k)
 {
     if (v.t == TV_UNDEF)
-        undefined_use(c, &v);
+        tpl_undefined_use(c, &v);
     if (v.t == TV_LIST && (v.u.l->lazy || v.u.l->view)) /* a generator or a dict's view has no items to index */
         return tv_undef("item");
     if ((v.t == TV_LIST || v.t == TV_STR) && (k.t == TV_INT || k.t == TV_BOOL)) {
@@ -196,7 +196,7 @@ static void slice_bounds(struct tctx *c, struct tv *p, int64_t n, int64_t *start
 static struct tv get_slice(struct tctx *c, struct tv v, struct tv *p)
 {
     if (v.t == TV_UNDEF)
-        undefined_use(c, &v);
+        tpl_undefined_use(c, &v);
     if (v.t == TV_DICT || v.t == TV_NS)
         tpl_fail(c, "unhashable type: 'slice'");
     if ((v.t != TV_LIST && v.t != TV_STR) || (v.t == TV_LIST && (v.u.l->lazy || v.u.l->view)))
@@ -287,9 +287,9 @@ static struct tv repeat(struct tctx *c, struct tv seq, int64_t k)
 static _Noreturn void bad_operands(struct tctx *c, const char *op, const struct tv *a, const struct tv *b)
 {
     if (a->t == TV_UNDEF)
-        undefined_use(c, a);
+        tpl_undefined_use(c, a);
     if (b->t == TV_UNDEF)
-        undefined_use(c, b);
+        tpl_undefined_use(c, b);
     tpl_fail(c, "unsupported operand type(s) for %s: '%s' and '%s'", op, tv_type_name(a), tv_type_name(b));
 }
 
@@ -393,92 +393,12 @@ static int compare(struct tctx *c, int op, const struct tv *a, const struct tv *
         return !contains(c, b, a);
     default: {
         if (a->t == TV_UNDEF)
-            undefined_use(c, a);
+            tpl_undefined_use(c, a);
         if (b->t == TV_UNDEF)
-            undefined_use(c, b);
+            tpl_undefined_use(c, b);
         int r = tv_compare(c, a, b);
         return op == OP_LT ? r < 0 : op == OP_LE ? r <= 0 : op == OP_GT ? r > 0 : r >= 0;
     }
-    }
-}
-
-/* Arguments of a call, filter or test node, evaluated. */
-static struct tv *eval_args(struct tctx *c, struct tscope *s, const struct tnode *n, struct tv **kw)
-{
-    struct tv *a = tpl_alloc(c, (n->nkids + 1) * sizeof *a);
-    for (size_t i = 0; i < n->nkids; i++)
-        a[i] = tpl_eval(c, s, n->kids[i]);
-    *kw = tpl_alloc(c, (n->nnames + 1) * sizeof **kw);
-    for (size_t i = 0; i < n->nnames; i++)
-        (*kw)[i] = tpl_eval(c, s, n->kwvals[i]);
-    return a;
-}
-
-/* Runs body with its output captured; returns the text. */
-static struct tv capture(struct tctx *c, struct tscope *s, struct tnode **body, size_t n)
-{
-    char *out = c->out;
-    size_t outn = c->outn, outcap = c->outcap;
-    c->out = NULL;
-    c->outn = c->outcap = 0;
-    tpl_exec(c, s, body, n);
-    struct tv r = tv_str(c, c->out ? c->out : "", c->outn);
-    free(c->out);
-    c->out = out;
-    c->outn = outn;
-    c->outcap = outcap;
-    return r;
-}
-
-static struct tv call_macro(struct tctx *c, const struct tnode *m, struct tv *args, size_t nargs, const char **kwn,
-                            struct tv *kwv, size_t nkw)
-{
-    if (nargs > m->nnames)
-        tpl_fail(c, "macro '%s' takes not more than %zu argument(s)", m->name, m->nnames);
-    if (++c->depth > c->maxdepth)
-        tpl_fail(c, "macros call each other too deeply");
-    struct tscope *ms = tpl_alloc(c, sizeof *ms);
-    ms->parent = c->root;
-    for (size_t i = 0; i < m->nnames; i++) {
-        struct tv v = i < nargs ? args[i] : tv_undef(m->names[i]);
-        int given = i < nargs;
-        for (size_t k = 0; k < nkw; k++)
-            if (!strcmp(kwn[k], m->names[i])) {
-                if (given)
-                    tpl_fail(c, "macro '%s' got multiple values for argument '%s'", m->name, m->names[i]);
-                v = kwv[k];
-                given = 1;
-            }
-        if (!given && m->kwvals[i])
-            v = tpl_eval(c, ms, m->kwvals[i]);
-        assign(c, ms, m->names[i], v);
-    }
-    for (size_t k = 0; k < nkw; k++) {
-        size_t i = 0;
-        while (i < m->nnames && strcmp(kwn[k], m->names[i]))
-            i++;
-        if (i == m->nnames)
-            tpl_fail(c, "macro '%s' takes no keyword argument '%s'", m->name, kwn[k]);
-    }
-    struct tv r = capture(c, ms, m->kids, m->nkids);
-    c->depth--;
-    return r;
-}
-
-struct tv tpl_call(struct tctx *c, struct tscope *s, const struct tv *f, struct tv *args, size_t nargs,
-                   const char **kwn, struct tv *kwv, size_t nkw)
-{
-    switch (f->t) {
-    case TV_FUNC:
-        return tpl_global_call(c, f->u.fn, args, nargs, kwn, kwv, nkw);
-    case TV_METHOD:
-        return tpl_method(c, f->u.m, args, nargs, kwn, kwv, nkw);
-    case TV_MACRO:
-        return call_macro(c, f->u.mac, args, nargs, kwn, kwv, nkw);
-    case TV_UNDEF:
-        undefined_use(c, f);
-    default:
-        tpl_fail(c, "'%s' object is not callable", tv_type_name(f));
     }
 }
 
@@ -581,21 +501,18 @@ struct tv tpl_eval(struct tctx *c, struct tscope *s, const struct tnode *e)
             p[k] = e->kids[k] ? tpl_eval(c, s, e->kids[k]) : tv_none();
         return get_slice(c, a, p);
     }
-    case E_CALL: {
-        struct tv f = tpl_eval(c, s, e->a);
-        struct tv *args = eval_args(c, s, e, &kw);
-        c->line = e->line;
-        return tpl_call(c, s, &f, args, e->nkids, e->names, kw, e->nnames);
-    }
+    case E_CALL:
+        return tpl_call_expr(c, s, e, NULL);
     case E_FILTER: {
         a = tpl_eval(c, s, e->a);
-        struct tv *args = eval_args(c, s, e, &kw);
+        struct targs g;
+        tpl_args(c, s, e, NULL, &g);
         c->line = e->line;
-        return tpl_filter(c, s, e->name, a, args, e->nkids, e->names, kw, e->nnames);
+        return tpl_filter(c, s, e->name, a, g.v, g.n, g.kwn, g.kw, g.nkw);
     }
     case E_TEST: {
         a = tpl_eval(c, s, e->a);
-        struct tv *args = eval_args(c, s, e, &kw);
+        struct tv *args = tpl_eval_args(c, s, e, &kw);
         c->line = e->line;
         int t = tpl_test(c, e->name, &a, args, e->nkids);
         return tv_bool(e->op ? !t : t);
@@ -608,7 +525,7 @@ struct tv tpl_eval(struct tctx *c, struct tscope *s, const struct tnode *e)
         a = tpl_eval(c, s, e->a);
         if (!is_num(&a)) {
             if (a.t == TV_UNDEF)
-                undefined_use(c, &a);
+                tpl_undefined_use(c, &a);
             tpl_fail(c, "bad operand type for unary %c: '%s'", e->kind == E_NEG ? '-' : '+', tv_type_name(&a));
         }
         if (e->kind == E_POS)
@@ -654,14 +571,14 @@ struct tv tpl_eval(struct tctx *c, struct tscope *s, const struct tnode *e)
 static void bind_targets(struct tctx *c, struct tscope *s, const struct tnode *n, struct tv v)
 {
     if (n->nnames == 1) {
-        assign(c, s, n->names[0], v);
+        tpl_assign(c, s, n->names[0], v);
         return;
     }
     struct tlist *items = tv_iter(c, &v);
     if (items->n != n->nnames)
         tpl_fail(c, "cannot unpack %zu values into %zu names", items->n, n->nnames);
     for (size_t i = 0; i < n->nnames; i++)
-        assign(c, s, n->names[i], items->v[i]);
+        tpl_assign(c, s, n->names[i], items->v[i]);
 }
 
 static void exec_for(struct tctx *c, struct tscope *s, const struct tnode *n)
@@ -689,7 +606,7 @@ static void exec_for(struct tctx *c, struct tscope *s, const struct tnode *n)
         struct tscope *is = tpl_alloc(c, sizeof *is); /* each iteration starts afresh, as jinja's frames do */
         is->parent = s;
         bind_targets(c, is, n, items->v[l->i]);
-        assign(c, is, "loop", lv);
+        tpl_assign(c, is, "loop", lv);
         tpl_exec(c, is, n->kids, n->nkids);
         if (c->loopctl == 1) {
             c->loopctl = 0;
@@ -769,12 +686,12 @@ void tpl_exec(struct tctx *c, struct tscope *s, struct tnode **body, size_t nbod
             }
             break;
         case N_SETBLOCK:
-            assign(c, s, n->name, capture(c, s, n->kids, n->nkids));
+            tpl_assign(c, s, n->name, tpl_capture(c, s, n->kids, n->nkids));
             break;
         case N_MACRO:
             v.t = TV_MACRO;
             v.u.mac = (struct tnode *)n;
-            assign(c, s, n->name, v);
+            tpl_assign(c, s, n->name, v);
             break;
         case N_BREAK:
             c->loopctl = 1;
@@ -784,6 +701,9 @@ void tpl_exec(struct tctx *c, struct tscope *s, struct tnode **body, size_t nbod
             break;
         case N_BLOCK:
             tpl_exec(c, s, n->kids, n->nkids);
+            break;
+        case N_CALLBLOCK:
+            tpl_call_block(c, s, n);
             break;
         default:
             tpl_fail(c, "an expression where a statement was expected");

@@ -4,7 +4,8 @@
  * value semantics.
  *   tpl_parse.c  the lexer (whitespace control) and the parser: source -> tree of struct tnode
  *   tpl_value.c  values (struct tv), the arena every render allocates from, str()/repr()/JSON, comparisons
- *   tpl_eval.c   the evaluator: statements, expressions, scopes, loops, macros
+ *   tpl_eval.c   the evaluator: statements, expressions, scopes, loops
+ *   tpl_call.c   calls: arguments and their unpacking, macros, call blocks
  *   tpl_lib.c    filters, tests, string and dict methods, globals (range, namespace, raise_exception, ...)
  * Errors unwind with longjmp to the entry point (tpl_fail): everything a render allocated is in its arena. */
 #ifndef XPYD_TPL_INTERNAL_H
@@ -79,9 +80,11 @@ struct tloop {
     int depth;
 };
 
+struct tscope;
+
 /* ---- the tree ---- */
 enum tnode_kind {
-    N_TEXT, N_OUT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO, N_BREAK, N_CONTINUE, N_BLOCK, /* statements */
+    N_TEXT, N_OUT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO, N_BREAK, N_CONTINUE, N_BLOCK, N_CALLBLOCK, /* statements */
     E_CONST, E_NAME, E_LIST, E_TUPLE, E_DICT, E_ATTR, E_ITEM, E_SLICE, E_CALL, E_FILTER, E_TEST, E_NOT, E_NEG,
     E_POS, E_BIN, E_CMP, E_AND, E_OR, E_COND
 };
@@ -98,7 +101,10 @@ struct tnode {
     struct tnode **kwvals;            /* call keyword values, macro parameter defaults (NULL: none) */
     int *ops;                         /* E_CMP: the operators between kids */
     struct tv val;                    /* E_CONST, N_TEXT */
+    struct tscope *scope;             /* a call block's caller (made at render): the scope it sees */
 };
+/* E_CALL: b `**kwargs`, c `*args` (NULL: none); N_MACRO: op 1 when its body names `caller`; N_CALLBLOCK: a the
+ * call, names/kwvals the caller's parameters, kids its body */
 
 /* binary and comparison operators */
 enum { OP_ADD = 1, OP_SUB, OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD, OP_POW, OP_CONCAT, OP_EQ, OP_NE, OP_LT, OP_LE,
@@ -128,6 +134,13 @@ struct tctx {
     int line;              /* the node being evaluated, for messages */
     struct tscope *root;
     int loopctl;           /* 1 break, 2 continue, while unwinding a loop body */
+    struct tcapture *captures; /* the outputs of the captures under way (a macro's, a set block's): freed by
+                                * tpl_uncapture when an error unwinds them */
+};
+struct tcapture {
+    char *out;
+    size_t outn, outcap;
+    struct tcapture *outer;
 };
 
 _Noreturn void tpl_fail(struct tctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -212,8 +225,23 @@ static inline int tpl_name_is(const char *name, const char *lit)
 /* tpl_eval.c */
 struct tv tpl_eval(struct tctx *c, struct tscope *s, const struct tnode *e);
 void tpl_exec(struct tctx *c, struct tscope *s, struct tnode **body, size_t n);
+void tpl_assign(struct tctx *c, struct tscope *s, const char *name, struct tv v);
+_Noreturn void tpl_undefined_use(struct tctx *c, const struct tv *v);
+
+/* tpl_call.c */
+struct tv *tpl_eval_args(struct tctx *c, struct tscope *s, const struct tnode *n, struct tv **kw);
+struct tv tpl_capture(struct tctx *c, struct tscope *s, struct tnode **body, size_t n);
+void tpl_uncapture(struct tctx *c, struct tcapture *upto); /* after an error: back to the output of upto */
 struct tv tpl_call(struct tctx *c, struct tscope *s, const struct tv *f, struct tv *args, size_t nargs,
                    const char **kwn, struct tv *kwv, size_t nkw);
+struct targs { /* a call's arguments, unpacked */
+    struct tv *v, *kw;
+    const char **kwn;
+    size_t n, nkw;
+};
+void tpl_args(struct tctx *c, struct tscope *s, const struct tnode *e, const struct tv *caller, struct targs *g);
+struct tv tpl_call_expr(struct tctx *c, struct tscope *s, const struct tnode *e, const struct tv *caller);
+void tpl_call_block(struct tctx *c, struct tscope *s, const struct tnode *n);
 
 /* tpl_lib.c */
 enum tpl_global { G_RANGE = 1, G_NAMESPACE, G_RAISE, G_STRFTIME, G_DICT, G_LOOP_CYCLE };

@@ -471,8 +471,10 @@ struct tv tpl_filter(struct tctx *c, struct tscope *s, const char *name, struct 
         return filter_now(c, s, name, v, args, nargs, kwn, kwv, nkw);
     jmp_buf outer;
     memcpy(outer, c->jb, sizeof outer);
+    struct tcapture *volatile captures = c->captures;
     if (setjmp(c->jb)) {
         memcpy(c->jb, outer, sizeof outer);
+        tpl_uncapture(c, captures);
         const char *msg = c->err, *after = strstr(msg, ": "); /* the message without "chat template line N: " */
         if (!strncmp(msg, "chat template line ", 19) && after)
             msg = after + 2;

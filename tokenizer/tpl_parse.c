@@ -77,13 +77,27 @@ void enter(struct parser *ps)
 }
 
 /* call arguments after '(' : positional and name=value */
-static void parse_args(struct parser *ps, struct tnode *n)
+void parse_args(struct parser *ps, struct tnode *n)
 {
     struct nvec pos = {0}, kwv = {0};
     const char *kwn[64];
     size_t nkw = 0;
     while (!is_op(ps, ")")) {
-        if (cur(ps)->t == T_NAME && ps->toks[ps->at + 1].t == T_OP && ps->toks[ps->at + 1].n == 1 &&
+        if (is_op(ps, "*") || is_op(ps, "**")) { /* f(a, *rest, k=v, **more), as jinja orders them */
+            int two = is_op(ps, "**");
+            if (n->kind == E_TEST)
+                perr(ps, cur(ps)->line, "argument unpacking is supported in calls and filters only");
+            if (n->b || (n->c && !two))
+                perr(ps, cur(ps)->line, "invalid syntax for function call expression");
+            ps->at++;
+            if (two)
+                n->b = parse_expr(ps);
+            else
+                n->c = parse_expr(ps);
+        } else if (n->b || (n->c && !(cur(ps)->t == T_NAME && ps->toks[ps->at + 1].t == T_OP &&
+                                        ps->toks[ps->at + 1].n == 1 && ps->toks[ps->at + 1].p[0] == '='))) {
+            perr(ps, cur(ps)->line, "invalid syntax for function call expression");
+        } else if (cur(ps)->t == T_NAME && ps->toks[ps->at + 1].t == T_OP && ps->toks[ps->at + 1].n == 1 &&
             ps->toks[ps->at + 1].p[0] == '=') {
             if (nkw == 64)
                 perr(ps, cur(ps)->line, "too many keyword arguments");
@@ -127,6 +141,8 @@ static struct tnode *parse_primary(struct parser *ps)
             }
         n = node(ps, E_NAME, t->line);
         n->name = take_name(ps);
+        if (!strcmp(n->name, "caller"))
+            ps->saw_caller = 1;
     } else if (t->t == T_STRING) {
         n = node(ps, E_CONST, t->line);
         n->val = tpl_string_value(ps, t);

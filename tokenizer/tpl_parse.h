@@ -23,7 +23,9 @@ struct parser {
     struct ttok *toks;
     size_t ntok, cap, at;
     int depth;
+    int saw_caller; /* the name `caller` was read: the macro being parsed takes one (jinja's Macro.caller) */
 };
+void parse_args(struct parser *ps, struct tnode *n); /* after the '(' of a call, filter or test */
 
 #define MAX_DEPTH 200 /* nesting of expressions and blocks: bounds the parser's and the evaluator's stacks */
 

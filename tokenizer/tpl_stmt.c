@@ -18,6 +18,34 @@ static void end_block(struct parser *ps)
     ps->at++;
 }
 
+/* A macro's or a caller's parameters, with their defaults, up to and past the ')' */
+static void parse_params(struct parser *ps, struct tnode *n, int line)
+{
+    const char *names[64];
+    struct tnode *defs[64];
+    size_t k = 0;
+    while (!is_op(ps, ")")) {
+        if (k == 64)
+            perr(ps, line, "too many macro parameters");
+        names[k] = take_name(ps);
+        defs[k] = NULL;
+        if (is_op(ps, "=")) {
+            ps->at++;
+            defs[k] = parse_expr(ps);
+        }
+        k++;
+        if (!is_op(ps, ","))
+            break;
+        ps->at++;
+    }
+    expect_op(ps, ")");
+    n->names = palloc(ps, (k ? k : 1) * sizeof *names);
+    n->kwvals = palloc(ps, (k ? k : 1) * sizeof *defs);
+    memcpy(n->names, names, k * sizeof *names);
+    memcpy(n->kwvals, defs, k * sizeof *defs);
+    n->nnames = k;
+}
+
 /* Statements until a {% name %} in `ends` (a space-separated list); the name found is left current. */
 static void parse_body(struct parser *ps, const char *ends, struct nvec *out, const char **found);
 
@@ -175,38 +203,37 @@ static struct tnode *parse_stmt(struct parser *ps)
         n = node(ps, N_MACRO, line);
         n->name = take_name(ps);
         expect_op(ps, "(");
-        const char *names[64];
-        struct tnode *defs[64];
-        size_t k = 0;
-        while (!is_op(ps, ")")) {
-            if (k == 64)
-                perr(ps, line, "too many macro parameters");
-            names[k] = take_name(ps);
-            defs[k] = NULL;
-            if (is_op(ps, "=")) {
-                ps->at++;
-                defs[k] = parse_expr(ps);
-            }
-            k++;
-            if (!is_op(ps, ","))
-                break;
-            ps->at++;
-        }
-        expect_op(ps, ")");
+        parse_params(ps, n, line);
         end_block(ps);
-        n->names = palloc(ps, (k ? k : 1) * sizeof *names);
-        n->kwvals = palloc(ps, (k ? k : 1) * sizeof *defs);
-        memcpy(n->names, names, k * sizeof *names);
-        memcpy(n->kwvals, defs, k * sizeof *defs);
-        n->nnames = k;
+        int outer = ps->saw_caller;
+        ps->saw_caller = 0;
         struct nvec body = {0};
         const char *f;
         parse_body(ps, "endmacro", &body, &f);
+        n->op = ps->saw_caller; /* it takes a caller */
+        ps->saw_caller = outer;
         n->kids = body.v;
         n->nkids = body.n;
         ps->at += 2;
         if (cur(ps)->t == T_NAME)
             ps->at++; /* {% endmacro name %} */
+        end_block(ps);
+    } else if (!strcmp(name, "call")) { /* {% call(params) m(args) %}body{% endcall %} */
+        n = node(ps, N_CALLBLOCK, line);
+        if (is_op(ps, "(")) {
+            ps->at++;
+            parse_params(ps, n, line);
+        }
+        n->a = parse_expr(ps);
+        if (n->a->kind != E_CALL)
+            perr(ps, line, "expected a call after 'call'");
+        end_block(ps);
+        struct nvec body = {0};
+        const char *f;
+        parse_body(ps, "endcall", &body, &f);
+        n->kids = body.v;
+        n->nkids = body.n;
+        ps->at += 2;
         end_block(ps);
     } else if (!strcmp(name, "break") || !strcmp(name, "continue")) {
         n = node(ps, name[0] == 'b' ? N_BREAK : N_CONTINUE, line);
@@ -257,7 +284,7 @@ static void parse_body(struct parser *ps, const char *ends, struct nvec *out, co
                 *found = name;
                 return;
             }
-            if (in_list(name, "endif endfor endset endmacro else elif endgeneration"))
+            if (in_list(name, "endif endfor endset endmacro endcall else elif endgeneration"))
                 perr(ps, t->line, "unexpected '%s'", name);
             nv_push(ps, out, parse_stmt(ps));
         } else {

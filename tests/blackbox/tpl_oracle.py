@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The chat-template oracle: Debian's python3-jinja2 configured as transformers configures it for
 apply_chat_template (transformers/utils/chat_template_utils.py: an ImmutableSandboxedEnvironment with
-trim_blocks, lstrip_blocks and the loopcontrols extension; tojson as json.dumps with ensure_ascii=False;
+trim_blocks, lstrip_blocks, the loopcontrols extension and its generation tag; tojson as json.dumps with ensure_ascii=False;
 raise_exception and strftime_now as globals), fed as vLLM feeds it (the special tokens, then messages, tools,
 documents, add_generation_prompt, continue_final_message, and the request's chat_template_kwargs over them).
 Reads lines of {"template": ..., "special": {...}, "request": {...}} and writes, per line, the rendered text as a
@@ -12,7 +12,8 @@ import sys
 from datetime import datetime
 
 import jinja2
-from jinja2.ext import loopcontrols
+from jinja2 import nodes
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
@@ -28,7 +29,21 @@ def strftime_now(fmt):
     return datetime.now().strftime(fmt)
 
 
-env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+class Generation(Extension):
+    """transformers' AssistantTracker as apply_chat_template runs it without return_assistant_tokens_mask: the
+    {% generation %} ... {% endgeneration %} block renders its body as it is."""
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.CallBlock(self.call_method("_render", []), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller):
+        return caller()
+
+
+env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, Generation])
 env.filters["tojson"] = tojson
 env.globals["raise_exception"] = raise_exception
 env.globals["strftime_now"] = strftime_now

@@ -26,7 +26,9 @@ static const char FIXED[] =
     "{% endfor %}{% endif %}\n"
     "{% endfor %}{% if tools %}{{ tools | tojson }}{{ tools | map(attribute='function') | list | length }}{% endif %}"
     "{{ ns.n }}{{ ns.last }}{{ messages[::-1][0].role | default('?') }}{% if add_generation_prompt %}<gen>{% endif %}"
-    "{{ messages | map(attribute='role') | unique | list | sort | join(',') }}{{ messages | max(attribute='role') }}";
+    "{{ messages | map(attribute='role') | unique | list | sort | join(',') }}{{ messages | max(attribute='role') }}"
+    "{%- macro wrap(a, b='') %}[{{ caller(a) }}{{ b }}]{% endmacro %}{% set args = [messages | length, '|'] %}"
+    "{% call(n) wrap(*args) %}{{ n }}{{ messages[0].content | default('') | string | length }}{% endcall %}";
 
 static struct xtpl *fixed;
 static const struct xtpl_limits LIM = {1u << 20, 16u << 20, 200000};
