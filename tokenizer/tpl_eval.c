@@ -320,6 +320,8 @@ static struct tv binop(struct tctx *c, int op, struct tv a, struct tv b)
         return repeat(c, a, inum(&b));
     if (op == OP_MUL && (b.t == TV_STR || b.t == TV_LIST) && (a.t == TV_INT || a.t == TV_BOOL))
         return repeat(c, b, inum(&a));
+    if (op == OP_MOD && a.t == TV_STR)
+        return ts_percent(c, a, b);
     if (!is_num(&a) || !is_num(&b))
         bad_operands(c, names[op], &a, &b);
     int ints = a.t != TV_FLOAT && b.t != TV_FLOAT;

@@ -272,6 +272,7 @@ const char *ts_memmem(const char *h, size_t hn, const char *nd, size_t nn); /* m
 struct tlist *ts_splitlines(struct tctx *c, struct tv s);
 struct tv ts_json_ascii(struct tctx *c, struct tbuf *b);
 struct tv ts_escape(struct tctx *c, struct tv s);
+struct tv ts_percent(struct tctx *c, struct tv fmt, struct tv rhs); /* fmt % rhs, Python's printf-style formatting */
 
 /* tpl_parse.c */
 struct tpl *tpl_parse(const char *src, size_t len, char *err, size_t errlen);

@@ -94,6 +94,61 @@ static void data_before(struct parser *ps, const char *text, size_t n, int line,
         push_tok(ps, T_DATA, text, n, line);
 }
 
+/* digits at s[i] separated by single underscores, as jinja's (\d+_)*\d+ (or (_?d)+ after a prefix: lead): the end,
+ * or i when none */
+static size_t digit_run(const char *s, size_t n, size_t i, int base, int lead)
+{
+    size_t j = i, last = i;
+    for (;;) {
+        if (lead && j < n && s[j] == '_')
+            j++;
+        int d = j < n ? s[j] : -1;
+        int ok = base == 16 ? (d >= '0' && d <= '9') || ((d | 0x20) >= 'a' && (d | 0x20) <= 'f')
+                            : d >= '0' && d < '0' + base;
+        if (!ok)
+            return last;
+        last = ++j;
+        if (!lead && j < n && s[j] == '_' && j + 1 < n && s[j + 1] >= '0' && s[j + 1] <= '9')
+            j++;
+    }
+}
+
+/* A number literal as jinja's lexer reads one (its float_re, then integer_re): 1_000, 1.5, 1e-3, 1_0.2_5, 0x1F,
+ * 0o17, 0b101, 0, 0_0; "012" is "0" then "12" (a syntax error there, and here). */
+static size_t number_end(const char *s, size_t n, size_t st, int *fl)
+{
+    size_t i = digit_run(s, n, st, 10, 0), f = i;
+    *fl = 0;
+    if (f + 1 < n && s[f] == '.' && s[f + 1] >= '0' && s[f + 1] <= '9')
+        f = digit_run(s, n, f + 1, 10, 0);
+    if (f < n && (s[f] | 0x20) == 'e') {
+        size_t k = f + 1 + (f + 1 < n && (s[f + 1] == '+' || s[f + 1] == '-'));
+        size_t e = k < n && s[k] >= '0' && s[k] <= '9' ? digit_run(s, n, k, 10, 0) : k;
+        if (e > k) {
+            *fl = 1;
+            return e;
+        }
+    }
+    if (f > i) {
+        *fl = 1;
+        return f;
+    }
+    if (s[st] == '0' && st + 2 < n) { /* 0b 0o 0x */
+        char p = (char)(s[st + 1] | 0x20);
+        int base = p == 'b' ? 2 : p == 'o' ? 8 : p == 'x' ? 16 : 0;
+        size_t e = base ? digit_run(s, n, st + 2, base, 1) : st + 2;
+        if (e > st + 2)
+            return e;
+    }
+    if (s[st] != '0')
+        return i;
+    size_t j = st + 1; /* 0(_?0)* */
+    while (j < n && (s[j] == '0' || (s[j] == '_' && j + 1 < n && s[j + 1] == '0')))
+        j += s[j] == '_' ? 2 : 1;
+    return j;
+}
+
+
 static const char *const OPS[] = {"**", "//", "==", "!=", ">=", "<=", "+", "-", "/", "*", "%", "~", "[", "]", "(",
                                   ")", "{", "}", ">", "<", "=", ".", ":", "|", ",", ";", NULL};
 
@@ -139,23 +194,7 @@ static size_t lex_tag(struct parser *ps, size_t i, int *line, char close, int *e
             *line += lines_in(s + st, i - st);
         } else if (ch >= '0' && ch <= '9') {
             int fl = 0;
-            while (i < n && ((s[i] >= '0' && s[i] <= '9') || s[i] == '_'))
-                i++;
-            if (i + 1 < n && s[i] == '.' && s[i + 1] >= '0' && s[i + 1] <= '9') {
-                fl = 1;
-                for (i++; i < n && ((s[i] >= '0' && s[i] <= '9') || s[i] == '_'); i++)
-                    ;
-            }
-            if (i < n && (s[i] == 'e' || s[i] == 'E')) {
-                size_t k = i + 1;
-                if (k < n && (s[k] == '+' || s[k] == '-'))
-                    k++;
-                if (k < n && s[k] >= '0' && s[k] <= '9') {
-                    fl = 1;
-                    for (i = k; i < n && s[i] >= '0' && s[i] <= '9'; i++)
-                        ;
-                }
-            }
+            i = number_end(s, n, st, &fl);
             push_tok(ps, fl ? T_FLOAT : T_INT, s + st, i - st, l0);
         } else if (ch == '_' || (unsigned)((ch | 0x20) - 'a') < 26u || ch >= 0x80) {
             while (i < n && ((unsigned char)s[i] >= 0x80 || s[i] == '_' || (unsigned)((s[i] | 0x20) - 'a') < 26u ||

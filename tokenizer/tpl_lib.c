@@ -16,7 +16,7 @@ static const char *const FILTERS[] = {"trim", "tojson", "length", "count", "stri
                                       "capitalize", "default", "d", "join", "first", "last", "list", "items",
                                       "selectattr", "rejectattr", "map", "select", "reject", "reverse", "replace",
                                       "int", "float", "abs", "safe", "indent", "sum", "escape", "e", "sort",
-                                      "dictsort", "min", "max", "unique", NULL};
+                                      "dictsort", "min", "max", "unique", "format", NULL};
 static const char *const TESTS[] = {"defined", "undefined", "none", "string", "number", "integer", "float",
                                     "boolean", "true", "false", "mapping", "iterable", "sequence", "callable", "odd",
                                     "even", "divisibleby", "eq", "equalto", "ne", "lt", "gt", "le", "ge", "in",
@@ -263,6 +263,22 @@ static struct tv filter_now(struct tctx *c, struct tscope *s, const char *name, 
     }
     if (!strcmp(name, "escape") || !strcmp(name, "e"))
         return ts_escape(c, tv_to_str(c, &v));
+    if (!strcmp(name, "format")) { /* jinja: str(value) % (kwargs or args), never both */
+        if (nargs && nkw)
+            tpl_fail(c, "can't handle positional and keyword arguments at the same time");
+        struct tv rhs = {.t = nkw ? TV_DICT : TV_LIST};
+        if (nkw) {
+            rhs.u.d = td_new(c);
+            for (size_t i = 0; i < nkw; i++)
+                td_set(c, rhs.u.d, tv_strref(kwn[i], strlen(kwn[i])), kwv[i]);
+        } else {
+            rhs.u.l = tl_new(c, nargs + 1);
+            rhs.u.l->tuple = 1;
+            for (size_t i = 0; i < nargs; i++)
+                tl_push(c, rhs.u.l, args[i]);
+        }
+        return ts_percent(c, tv_to_str(c, &v), rhs);
+    }
     struct tlist *items = NULL;
     if (!strcmp(name, "join")) {
         struct tv sep = kwarg(kwn, kwv, nkw, "d", args, nargs, 0, tv_strref("", 0));
@@ -361,7 +377,7 @@ static struct tv filter_now(struct tctx *c, struct tscope *s, const char *name, 
         struct tlist *out = tl_new(c, items->n + 1);
         for (size_t i = items->n; i-- > 0;)
             tl_push(c, out, items->v[i]);
-        out->lazy = 1; /* reversed(): an iterator */
+        out->lazy = !(v.t == TV_LIST && v.u.l->lazy); /* reversed(): an iterator; of a generator, jinja's list */
         if (v.t != TV_STR)
             return tv_list_of(c, out);
         struct tbuf b = {0};

@@ -5,6 +5,7 @@
 #include "tpl_internal.h"
 #include "tpl_parse.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -165,8 +166,11 @@ static struct tnode *parse_primary(struct parser *ps)
         n = node(ps, E_CONST, t->line);
         if (t->t == T_INT) {
             char *end;
-            long long v = strtoll(buf, &end, 10);
-            if (*end || v == LLONG_MAX)
+            int base = k > 2 && buf[0] == '0' ? ((buf[1] | 0x20) == 'x' ? 16 : (buf[1] | 0x20) == 'o' ? 8
+                                                : (buf[1] | 0x20) == 'b' ? 2 : 10) : 10;
+            errno = 0;
+            long long v = strtoll(base == 10 ? buf : buf + 2, &end, base);
+            if (*end || errno == ERANGE)
                 perr(ps, t->line, "an integer beyond 64 bits");
             n->val = tv_int(v);
         } else {
@@ -384,13 +388,34 @@ static struct tnode *binary(struct parser *ps, int op, struct tnode *a, struct t
     return n;
 }
 
+static int names_a_variable(const struct tnode *e)
+{
+    if (!e)
+        return 0;
+    if (e->kind == E_NAME)
+        return 1;
+    for (size_t i = 0; i < e->nkids; i++)
+        if (names_a_variable(e->kids[i]))
+            return 1;
+    return names_a_variable(e->a) || names_a_variable(e->b) || names_a_variable(e->c);
+}
+
 static struct tnode *parse_pow(struct parser *ps)
 {
     struct tnode *n = parse_unary(ps, 1);
     while (is_op(ps, "**")) {
         int line = cur(ps)->line;
         ps->at++;
-        n = binary(ps, OP_POW, n, parse_unary(ps, 1), line);
+        struct tnode *r = parse_unary(ps, 1);
+        const struct tv *k = n->kind == E_NEG && n->a->kind == E_CONST ? &n->a->val : NULL;
+        if (k && ((k->t == TV_INT && k->u.i) || (k->t == TV_BOOL && k->u.b) || k->t == TV_FLOAT) &&
+            names_a_variable(r)) { /* (an integer -0 is written 0) */
+            /* jinja folds -2 into the constant -2 and writes it into Python as `(-2 ** x)`, which Python reads
+             * as -(2 ** x): what vLLM renders, so what this renders (a power of constants folds whole there) */
+            n->a = binary(ps, OP_POW, n->a, r, line);
+            continue;
+        }
+        n = binary(ps, OP_POW, n, r, line);
     }
     return n;
 }

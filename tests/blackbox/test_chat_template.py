@@ -290,8 +290,8 @@ def same(a, b):
 
 # seeded random templates over the language (test_random_templates): expressions of these atoms, filters, tests,
 # methods and operators, in if/for/set/namespace statements; left out: what jinja prints with a memory address
-# (its generators: skipped when the oracle printed one), `%` on strings (Python's formatting, unsupported) and
-# `escape` twice (jinja's Markup is not escaped again)
+# (its generators: skipped when the oracle printed one) and `escape` twice (jinja's Markup is not escaped again);
+# `%` of a string formats it (test_template_formatting.py has the conversions)
 RT_VARS = {"s": "Hello wOrld  ", "t": "a,b,,c", "n": 7, "f": 2.5, "z": 0, "xs": [3, 1, 2], "ws": ["b", "A", "a"],
            "d": {"k": "v", "n": 2}, "e": [], "no": None, "ys": [{"n": 2, "s": "b"}, {"n": 1, "s": "c"}]}
 RT_ATOMS = ["s", "t", "n", "f", "z", "xs", "ws", "d", "e", "no", "ys", "'x'", "''", "1", "-2", "0.5", "true", "false",
@@ -306,7 +306,7 @@ RT_TESTS = ["defined", "none", "string", "number", "integer", "float", "mapping"
 RT_METHODS = ["strip()", "split()", "split(',')", "rsplit(',', 1)", "startswith('H')", "endswith(' ')", "upper()",
               "lower()", "title()", "replace('l', 'L')", "find('o')", "count('l')", "splitlines()", "isdigit()",
               "items()", "keys()", "values()", "get('k')", "get('q', 1)", "index(1)", "lstrip('H')", "capitalize()"]
-RT_OPS = ["+", "-", "*", "/", "//", "~", "==", "!=", "<", ">=", "in", "not in", "and", "or", "**"]
+RT_OPS = ["+", "-", "*", "/", "//", "%", "~", "==", "!=", "<", ">=", "in", "not in", "and", "or", "**"]
 
 
 def random_templates(n, seed):
