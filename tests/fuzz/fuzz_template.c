@@ -28,7 +28,9 @@ static const char FIXED[] =
     "{{ ns.n }}{{ ns.last }}{{ messages[::-1][0].role | default('?') }}{% if add_generation_prompt %}<gen>{% endif %}"
     "{{ messages | map(attribute='role') | unique | list | sort | join(',') }}{{ messages | max(attribute='role') }}"
     "{%- macro wrap(a, b='') %}[{{ caller(a) }}{{ b }}]{% endmacro %}{% set args = [messages | length, '|'] %}"
-    "{% call(n) wrap(*args) %}{{ n }}{{ messages[0].content | default('') | string | length }}{% endcall %}";
+    "{% call(n) wrap(*args) %}{{ n }}{{ messages[0].content | default('') | string | length }}{% endcall %}"
+    "{{ '%s|%-3d|%.2f|%r' % (messages[0].role | default(''), messages | length, 0x10, ns.last) }}"
+    "{{ '%(k)s' | format(k=messages[-1].content | default('') | string) }}";
 
 static struct xtpl *fixed;
 static const struct xtpl_limits LIM = {1u << 20, 16u << 20, 200000};
