@@ -69,7 +69,7 @@ static int valid_utf8(const unsigned char *s, size_t len)
 struct cand {
     uint32_t rank;
     int32_t pos;
-    uint32_t left, right;
+    uint32_t left, right, id; /* id: what the pair merges into */
 };
 
 static int cand_less(const struct cand *a, const struct cand *b)
@@ -111,7 +111,7 @@ static void candidate(const struct xtok *t, struct cand *h, size_t *nh, const ui
 {
     const struct tok_merge *m = tok_merges_get(&t->merges, sym[i], sym[j]);
     if (m)
-        heap_push(h, nh, (struct cand){m->rank, i, sym[i], sym[j]});
+        heap_push(h, nh, (struct cand){m->rank, i, sym[i], sym[j], m->id});
 }
 
 /* BPE over n initial symbols (ids): merges applied lowest rank first, the leftmost among equals, until no
@@ -120,7 +120,7 @@ static void candidate(const struct xtok *t, struct cand *h, size_t *nh, const ui
 static int bpe_merge(const struct xtok *t, uint32_t *sym, size_t n, struct ids *out)
 {
     int32_t stack_next[64], stack_prev[64];
-    uint32_t stack_rank[64];
+    uint32_t stack_rank[64], merged[64]; /* the pair at i: its rank, what it merges into */
     int small = n <= 64;
     int32_t *next = small ? stack_next : malloc(n * sizeof *next);
     int32_t *prev = small ? stack_prev : malloc(n * sizeof *prev);
@@ -139,6 +139,7 @@ static int bpe_merge(const struct xtok *t, uint32_t *sym, size_t n, struct ids *
         for (size_t i = 0; i < n; i++) {
             const struct tok_merge *m = i + 1 < n ? tok_merges_get(&t->merges, sym[i], sym[i + 1]) : NULL;
             rank[i] = m ? m->rank : UINT32_MAX;
+            merged[i] = m ? m->id : 0;
         }
         for (;;) {
             uint32_t best = UINT32_MAX;
@@ -151,15 +152,17 @@ static int bpe_merge(const struct xtok *t, uint32_t *sym, size_t n, struct ids *
             if (bi < 0)
                 break;
             int32_t j = next[bi];
-            sym[bi] = tok_merges_get(&t->merges, sym[bi], sym[j])->id;
+            sym[bi] = merged[bi];
             next[bi] = next[j];
             if (next[bi] >= 0)
                 prev[next[bi]] = bi;
             const struct tok_merge *m = next[bi] >= 0 ? tok_merges_get(&t->merges, sym[bi], sym[next[bi]]) : NULL;
             rank[bi] = m ? m->rank : UINT32_MAX;
+            merged[bi] = m ? m->id : 0;
             if (prev[bi] >= 0) {
                 m = tok_merges_get(&t->merges, sym[prev[bi]], sym[bi]);
                 rank[prev[bi]] = m ? m->rank : UINT32_MAX;
+                merged[prev[bi]] = m ? m->id : 0;
             }
         }
     } else {
@@ -171,7 +174,7 @@ static int bpe_merge(const struct xtok *t, uint32_t *sym, size_t n, struct ids *
             int32_t i = c.pos, j = next[i];
             if (sym[i] != c.left || j < 0 || sym[j] != c.right || prev[i] == -2)
                 continue; /* stale: a symbol of the pair has merged since */
-            sym[i] = tok_merges_get(&t->merges, c.left, c.right)->id;
+            sym[i] = c.id;
             next[i] = next[j];
             if (next[i] >= 0)
                 prev[next[i]] = i;
@@ -381,7 +384,7 @@ static size_t space_at(const unsigned char *p, size_t left)
     if (left < 3)
         return 0;
     if ((p[0] == 0xe1 && p[1] == 0x9a && p[2] == 0x80) || (p[0] == 0xe3 && p[1] == 0x80 && p[2] == 0x80) ||
-        (p[0] == 0xe2 && p[1] == 0x80 && (p[2] <= 0x8a || p[2] == 0xa8 || p[2] == 0xa9 || p[2] == 0xaf)) ||
+        (p[0] == 0xe2 && p[1] == 0x80 && ((p[2] >= 0x80 && p[2] <= 0x8a) || p[2] == 0xa8 || p[2] == 0xa9 || p[2] == 0xaf)) ||
         (p[0] == 0xe2 && p[1] == 0x81 && p[2] == 0x9f))
         return 3;
     return 0;
@@ -464,6 +467,78 @@ static const struct tok_added *find_added(const struct xtok *t, int normalized, 
     return NULL;
 }
 
+/* NFC/NFKC/NFD/NFKD of text (*o malloc'd; 0 and nothing made when text is ASCII throughout). ASCII characters
+ * are starters nothing composes onto, in every form, so the text splits before each one: only what lies between
+ * long ASCII stretches goes through utf8proc (with the ASCII character before it, which a following combining
+ * mark may compose with), the stretches are copied - English and code with a few non-ASCII characters are not
+ * normalized whole (a third of Qwen's encoding time on such text). */
+#define NF_ASCII_RUN 64 /* shorter ASCII stretches go through utf8proc with their neighbours (one call) */
+static int unicode_normal_form(enum tok_norm type, const char *s, size_t len, char **o, size_t *olen)
+{
+    static const int opts[] = {0, UTF8PROC_COMPOSE, UTF8PROC_COMPOSE | UTF8PROC_COMPAT, UTF8PROC_DECOMPOSE,
+                               UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT};
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < len && p[i] < 0x80)
+        i++;
+    if (i == len)
+        return 0;
+    char *out = NULL;
+    size_t n = 0, cap = 0;
+    for (i = 0; i < len;) {
+        size_t j = i;
+        while (j < len && p[j] < 0x80)
+            j++;
+        size_t from = j > i ? j - 1 : j, k = j; /* the ASCII character before the run goes with it */
+        if (j == len)
+            from = len;
+        for (;;) { /* the run, and what follows it up to an ASCII stretch of NF_ASCII_RUN bytes (or the end) */
+            while (k < len && p[k] >= 0x80)
+                k++;
+            size_t a = k;
+            while (a < len && p[a] < 0x80 && a - k < NF_ASCII_RUN)
+                a++;
+            if (a == len || a - k >= NF_ASCII_RUN)
+                break;
+            k = a;
+        }
+        unsigned char *u = NULL;
+        utf8proc_ssize_t r = 0;
+        if (k > from) {
+            r = utf8proc_map(p + from, (utf8proc_ssize_t)(k - from), &u,
+                             (utf8proc_option_t)(UTF8PROC_STABLE | opts[type]));
+            if (r < 0) {
+                free(out);
+                return r == UTF8PROC_ERROR_NOMEM ? XTOK_ENOMEM : XTOK_EINVAL;
+            }
+        }
+        size_t need = n + (from - i) + (size_t)r + 1;
+        if (need > cap) {
+            size_t nc = cap ? cap : len + len / 4 + 16;
+            while (nc < need)
+                nc *= 2;
+            char *no = realloc(out, nc);
+            if (!no) {
+                free(out);
+                free(u);
+                return XTOK_ENOMEM;
+            }
+            out = no;
+            cap = nc;
+        }
+        memcpy(out + n, p + i, from - i);
+        n += from - i;
+        if (r > 0)
+            memcpy(out + n, u, (size_t)r);
+        n += (size_t)r;
+        free(u);
+        i = k > from ? k : len;
+    }
+    *o = out;
+    *olen = n;
+    return 1;
+}
+
 /* The model's normalizer over text: *out the result (malloc'd; NULL when no step changed anything: text as it is) */
 int tok_normalize(const struct xtok *t, const char *text, size_t len, char **out, size_t *outlen)
 {
@@ -500,17 +575,13 @@ int tok_normalize(const struct xtok *t, const char *text, size_t len, char **out
                 }
             }
         } else {
-            static const int opts[] = {0, UTF8PROC_COMPOSE, UTF8PROC_COMPOSE | UTF8PROC_COMPAT, UTF8PROC_DECOMPOSE,
-                                       UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT};
-            unsigned char *u = NULL;
-            utf8proc_ssize_t r = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &u,
-                                              (utf8proc_option_t)(UTF8PROC_STABLE | opts[st->type]));
+            int r = unicode_normal_form(st->type, s, len, &o, &olen);
             if (r < 0) {
                 free(norm);
-                return r == UTF8PROC_ERROR_NOMEM ? XTOK_ENOMEM : XTOK_EINVAL;
+                return r;
             }
-            o = (char *)u;
-            olen = (size_t)r;
+            if (r == 0) /* already in that form: ASCII throughout */
+                continue;
         }
         free(norm);
         if (!o)

@@ -39,7 +39,20 @@ struct tok_merges {
 };
 int tok_merges_init(struct tok_merges *m, size_t expect);
 int tok_merges_put(struct tok_merges *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t id);
-const struct tok_merge *tok_merges_get(const struct tok_merges *m, uint32_t a, uint32_t b);
+/* The slot a pair's key starts at: Fibonacci hashing, the product's high bits (both ids mix into them; the table
+ * is the model's, not the input's, so no input can crowd one run); inline, as the merge loop is BPE's hot path */
+static inline size_t tok_merge_slot(uint64_t key, size_t cap)
+{
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 32) & (cap - 1);
+}
+static inline const struct tok_merge *tok_merges_get(const struct tok_merges *m, uint32_t a, uint32_t b)
+{
+    uint64_t key = ((uint64_t)a << 32 | b) + 1;
+    for (size_t j = tok_merge_slot(key, m->cap); m->slots[j].key; j = (j + 1) & (m->cap - 1))
+        if (m->slots[j].key == key)
+            return &m->slots[j];
+    return NULL;
+}
 void tok_merges_free(struct tok_merges *m);
 
 enum tok_norm { TOK_NFC = 1, TOK_NFKC, TOK_NFD, TOK_NFKD, TOK_PREPEND, TOK_REPLACE };

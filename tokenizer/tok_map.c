@@ -100,32 +100,18 @@ int tok_merges_init(struct tok_merges *m, size_t expect)
     return m->slots ? 0 : -1;
 }
 
-static size_t merge_slot(uint64_t key, size_t cap)
-{
-    return (size_t)XXH3_64bits(&key, sizeof key) & (cap - 1);
-}
-
 int tok_merges_put(struct tok_merges *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t id)
 {
     if ((m->n + 1) * 2 > m->cap)
         return -1; /* sized at load from the merges' count */
     uint64_t key = ((uint64_t)a << 32 | b) + 1;
-    size_t j = merge_slot(key, m->cap);
+    size_t j = tok_merge_slot(key, m->cap);
     for (; m->slots[j].key; j = (j + 1) & (m->cap - 1))
         if (m->slots[j].key == key)
             return 1; /* a repeated merge keeps its first (lowest) rank, as Hugging Face's map does */
     m->slots[j] = (struct tok_merge){.key = key, .rank = rank, .id = id};
     m->n++;
     return 0;
-}
-
-const struct tok_merge *tok_merges_get(const struct tok_merges *m, uint32_t a, uint32_t b)
-{
-    uint64_t key = ((uint64_t)a << 32 | b) + 1;
-    for (size_t j = merge_slot(key, m->cap); m->slots[j].key; j = (j + 1) & (m->cap - 1))
-        if (m->slots[j].key == key)
-            return &m->slots[j];
-    return NULL;
 }
 
 void tok_merges_free(struct tok_merges *m)

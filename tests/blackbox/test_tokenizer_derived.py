@@ -38,6 +38,24 @@ class DerivedModels(t.TestCase):
         mine = self.assertSameOnDerived(d, texts)
         self.assertIn(base + 1, mine[1])  # <thinker>, not <think> + "er>"
 
+    def test_invalid_utf8_after_an_rstrip_token_is_refused(self):
+        # rstrip takes the white space after a token; bytes that only look like one (E2 80 then not a
+        # continuation byte) are invalid UTF-8 and the input is refused, not stripped (found by fuzz_tokenizer)
+        with open(os.path.join(model_dir("qwen3"), "tokenizer.json"), encoding="utf-8") as f:
+            d = json.load(f)
+        d["added_tokens"].append({"id": 0, "content": "[MASK]", "single_word": False, "lstrip": True,
+                                  "rstrip": True, "normalized": False, "special": False})
+        tmp = t.tmpdir(prefix="xpyd-tok-")
+        with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
+            json.dump(d, f, ensure_ascii=False)
+        for raw, ok in [(b"a [MASK]\xe2\x80E b", False), (b"a [MASK]\xe2\x80\x83b", True), (b"[MASK]\xe2\x80", False)]:
+            p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", tmp], input=raw,
+                               capture_output=True, timeout=60)
+            with self.subTest(text=raw):
+                self.assertEqual(p.returncode, 0 if ok else 1, p.stderr)
+                if not ok:
+                    self.assertIn(b"UTF-8", p.stderr)
+
     def assertSameOnDerived(self, d, texts):
         """tokenizer.json d written to a temporary directory, loaded by both tokenizers: the same ids for texts."""
         tmp = t.tmpdir(prefix="xpyd-tok-")
@@ -132,6 +150,31 @@ class DerivedModels(t.TestCase):
                            text=True, timeout=60)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("Digits without individual_digits", p.stderr)
+
+    def test_unicode_normal_forms_around_long_ascii_stretches(self):
+        # the library normalizes only what lies between long ASCII stretches (64 bytes or more): combining marks
+        # right after such a stretch compose with its last character, Hangul jamo compose across short ones;
+        # each of the four forms on Qwen 3's files (NFC is its own) against Hugging Face
+        with open(os.path.join(model_dir("qwen3"), "tokenizer.json"), encoding="utf-8") as f:
+            base = json.load(f)
+        rnd = random.Random(17)
+        ascii_ = "the quick brown fox, 42 jumps; {code} over\n\tlazy dogs "
+        odd = ["e\u0301", "\u0301", "\u0308", "A\u030a", "\u1100\u1161\u11a8", "\u1161", "\u11a8", "\uac00\u11a8",
+               "\u212b", "\ufb01", "\u1e9b\u0323", "\u0323\u0307", "\u00e9", "\u3099", "\u304b\u3099", "①", "ｈ",
+               "\u0b47\u0b3e", "\u0b3e", "\u0915\u093c", "\U0001d15e", "😀", "\u200d", "\u00a0"]
+        texts = []
+        for _ in range(400):
+            parts = []
+            for _ in range(rnd.randint(1, 8)):
+                k = rnd.choice([0, 1, 5, 62, 63, 64, 65, 130])
+                parts.append((ascii_ * 4)[rnd.randint(0, 40):][:k])
+                parts.append("".join(rnd.choice(odd) for _ in range(rnd.randint(0, 3))))
+            texts.append("".join(parts))
+        texts += ["a" * 64 + "\u0301", "a" * 63 + "\u0301" + "b" * 70 + "\u0308", "\u0301" + "x" * 100,
+                  "\u1100" + "y" * 64 + "\u1161", "e" * 200 + "\u0301" * 3 + "e" * 64]
+        for form in ("NFC", "NFD", "NFKC", "NFKD"):
+            with self.subTest(normalizer=form):
+                self.assertSameOnDerived(dict(base, normalizer={"type": form}), texts)
 
     def test_split_and_replace_variants_on_a_derived_model(self):
         # Gemma 3 replaces spaces before its Split on " " (MergedWithPrevious), so its split never cuts: these

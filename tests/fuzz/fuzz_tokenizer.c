@@ -5,15 +5,18 @@
  *   1:    the rest is text encoded by a small byte-level model with every supported part (NFC, a Split regex
  *         and ByteLevel, merges, ignore_merges, added tokens plain, lstrip/rstrip and normalized, a template):
  *         invalid UTF-8 is refused; valid text gives ids below the vocabulary size, the template's ids first and
- *         last with add_special, and the same ids in between as without;
+ *         last with add_special, and the same ids in between as without; its NFC the same text as utf8proc's over
+ *         the whole input;
  *   3:    the same with a small SentencePiece-style model (Prepend, Replace, NFC, byte_fallback, fuse_unk);
  *   5, 7: the same with that model pre-tokenized by Metaspace (prepend_scheme first: only the input's first piece).
  *   Text also goes through a tokenization cache shared by every input (small, pieces of any length, so it
  *   evicts): twice, the same ids as without it (a piece found by its length and ends is another's only if its
  *   bytes are). */
+#include "tok_internal.h"
 #include "xpyd_tokenizer.h"
 
 #include <assert.h>
+#include <utf8proc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -153,6 +156,18 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     }
     for (size_t i = 0; i < n; i++)
         assert(ids[i] < xtok_vocab_size(m));
+    if (m == model) { /* its normalizer is NFC alone: the same text as utf8proc's NFC of the whole input (the
+                       * library normalizes only between long ASCII stretches) */
+        char *norm;
+        size_t nl;
+        assert(tok_normalize(m, rest, len, &norm, &nl) == 0);
+        utf8proc_uint8_t *want = NULL;
+        utf8proc_ssize_t wl = utf8proc_map((const utf8proc_uint8_t *)rest, (utf8proc_ssize_t)len, &want,
+                                           UTF8PROC_STABLE | UTF8PROC_COMPOSE);
+        assert(wl >= 0 && (size_t)wl == nl && !memcmp(norm ? norm : rest, want, nl));
+        free(want);
+        free(norm);
+    }
     assert(xtok_encode(m, rest, len, 1, &ids2, &n2) == 0);
     assert(n2 == n + 2 && ids2[0] == bos && ids2[n + 1] == eos && !memcmp(ids2 + 1, ids, n * sizeof *ids));
     free(ids2);
