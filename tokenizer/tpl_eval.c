@@ -105,8 +105,8 @@ static struct tv loop_attr(struct tctx *c, struct tv lv, const char *name)
         return l->i ? l->items->v[l->i - 1] : tv_undef("previtem");
     if (tpl_name_is(name, "nextitem"))
         return l->i + 1 < n ? l->items->v[l->i + 1] : tv_undef("nextitem");
-    if (tpl_name_is(name, "cycle"))
-        return bound(c, lv, "cycle");
+    if (tpl_name_is(name, "cycle") || tpl_name_is(name, "changed"))
+        return bound(c, lv, name);
     return tv_undef(name);
 }
 

@@ -78,6 +78,7 @@ struct tloop {
     struct tlist *items;
     size_t i;
     int depth;
+    struct tlist *changed; /* loop.changed(...): the values of its last call (NULL: none yet) */
 };
 
 struct tscope;
@@ -203,6 +204,7 @@ void tv_str_into(struct tctx *c, struct tbuf *b, const struct tv *v);
 void tv_repr_into(struct tctx *c, struct tbuf *b, const struct tv *v);
 struct tv tv_to_str(struct tctx *c, const struct tv *v);
 struct tv tv_list_of(struct tctx *c, struct tlist *l);
+struct tv tv_round(struct tctx *c, struct tv v, struct tv prec, struct tv method); /* jinja's round filter */
 struct tv tv_buf_str(struct tbuf *b);                              /* the buffer's text as a value */
 struct tv tv_need_str(struct tctx *c, struct tv v, const char *what); /* v, or fails naming what wanted a str */
 /* json.dumps(v, ensure_ascii=False, indent=indent (<0: None), separators, sort_keys) */
@@ -273,6 +275,9 @@ struct tlist *ts_splitlines(struct tctx *c, struct tv s);
 struct tv ts_json_ascii(struct tctx *c, struct tbuf *b);
 struct tv ts_escape(struct tctx *c, struct tv s);
 struct tv ts_percent(struct tctx *c, struct tv fmt, struct tv rhs); /* fmt % rhs, Python's printf-style formatting */
+/* str methods beyond tpl_lib.c's (zfill, ljust, rjust, center, partition, rpartition, removeprefix, removesuffix,
+ * index, rindex, isdecimal, istitle, expandtabs): fails on any other name */
+struct tv ts_method(struct tctx *c, const char *name, struct tv self, struct tv *args, size_t nargs);
 
 /* tpl_parse.c */
 struct tpl *tpl_parse(const char *src, size_t len, char *err, size_t errlen);

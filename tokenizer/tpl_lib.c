@@ -16,7 +16,7 @@ static const char *const FILTERS[] = {"trim", "tojson", "length", "count", "stri
                                       "capitalize", "default", "d", "join", "first", "last", "list", "items",
                                       "selectattr", "rejectattr", "map", "select", "reject", "reverse", "replace",
                                       "int", "float", "abs", "safe", "indent", "sum", "escape", "e", "sort",
-                                      "dictsort", "min", "max", "unique", "format", NULL};
+                                      "dictsort", "min", "max", "unique", "format", "round", NULL};
 static const char *const TESTS[] = {"defined", "undefined", "none", "string", "number", "integer", "float",
                                     "boolean", "true", "false", "mapping", "iterable", "sequence", "callable", "odd",
                                     "even", "divisibleby", "eq", "equalto", "ne", "lt", "gt", "le", "ge", "in",
@@ -24,7 +24,9 @@ static const char *const TESTS[] = {"defined", "undefined", "none", "string", "n
 static const char *const STR_METHODS[] = {"startswith", "endswith", "split", "rsplit", "strip", "lstrip", "rstrip",
                                           "upper", "lower", "title", "capitalize", "replace", "find", "rfind",
                                           "count", "join", "splitlines", "isdigit", "isalpha", "isspace", "isalnum",
-                                          "islower", "isupper", NULL};
+                                          "islower", "isupper", "zfill", "ljust", "rjust", "center", "partition",
+                                          "rpartition", "removeprefix", "removesuffix", "index", "rindex",
+                                          "isdecimal", "istitle", "expandtabs", NULL};
 static const char *const DICT_METHODS[] = {"items", "keys", "values", "get", NULL};
 static const char *const LIST_METHODS[] = {"index", "count", NULL};
 
@@ -263,6 +265,9 @@ static struct tv filter_now(struct tctx *c, struct tscope *s, const char *name, 
     }
     if (!strcmp(name, "escape") || !strcmp(name, "e"))
         return ts_escape(c, tv_to_str(c, &v));
+    if (!strcmp(name, "round"))
+        return tv_round(c, v, kwarg(kwn, kwv, nkw, "precision", args, nargs, 0, tv_int(0)),
+                        kwarg(kwn, kwv, nkw, "method", args, nargs, 1, tv_strref("common", 6)));
     if (!strcmp(name, "format")) { /* jinja: str(value) % (kwargs or args), never both */
         if (nargs && nkw)
             tpl_fail(c, "can't handle positional and keyword arguments at the same time");
@@ -611,6 +616,17 @@ struct tv tpl_method(struct tctx *c, const struct tbound *m, struct tv *args, si
 {
     struct tv self = m->self, none = tv_none();
     const char *n = m->name;
+    if (self.t == TV_LOOP && n[1] == 'h') { /* loop.changed(a, ...): true when the values differ from the last call's */
+        struct tlist *now = tl_new(c, nargs + 1), *was = self.u.loop->changed;
+        now->tuple = 1;
+        for (size_t i = 0; i < nargs; i++)
+            tl_push(c, now, args[i]);
+        struct tv a = tv_list_of(c, now), b = was ? tv_list_of(c, was) : tv_none();
+        if (was && tv_equal(&a, &b))
+            return tv_bool(0);
+        self.u.loop->changed = now;
+        return tv_bool(1);
+    }
     if (self.t == TV_LOOP) { /* loop.cycle(a, b, ...) */
         if (!nargs)
             tpl_fail(c, "no items for cycling given");
@@ -716,7 +732,9 @@ struct tv tpl_method(struct tctx *c, const struct tbound *m, struct tv *args, si
         }
         return tv_bool(1);
     }
-    tpl_fail(c, "'%s' object has no attribute '%s'", tv_type_name(&self), n);
+    if (nkw)
+        tpl_fail(c, "%s() takes no keyword arguments", n);
+    return ts_method(c, n, self, args, nargs);
 }
 
 /* ---- globals ---- */

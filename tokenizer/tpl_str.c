@@ -572,3 +572,150 @@ struct tv ts_percent(struct tctx *c, struct tv fmt, struct tv rhs)
         tpl_fail(c, "not all arguments converted during string formatting");
     return tv_buf_str(&b);
 }
+
+/* ---- more str methods ---- */
+
+static size_t need_width(struct tctx *c, const char *name, const struct tv *w)
+{
+    if (w->t != TV_INT && w->t != TV_BOOL)
+        tpl_fail(c, "%s: '%s' object cannot be interpreted as an integer", name, tv_type_name(w));
+    int64_t x = w->t == TV_INT ? w->u.i : w->u.b;
+    if (x > 1000000)
+        tpl_fail(c, "%s: a width beyond 1,000,000", name);
+    return x < 0 ? 0 : (size_t)x;
+}
+
+static struct tv padded(struct tctx *c, struct tv self, size_t left, size_t right, const char *fill, size_t fl)
+{
+    struct tbuf b = {0};
+    for (size_t k = 0; k < left; k++)
+        tb_put(c, &b, fill, fl);
+    tb_put(c, &b, self.u.s.p, self.u.s.n);
+    for (size_t k = 0; k < right; k++)
+        tb_put(c, &b, fill, fl);
+    return tv_buf_str(&b);
+}
+
+struct tv ts_method(struct tctx *c, const char *n, struct tv self, struct tv *args, size_t nargs)
+{
+    size_t len = u8_count(self.u.s.p, self.u.s.n);
+    if (!strcmp(n, "zfill") || !strcmp(n, "ljust") || !strcmp(n, "rjust") || !strcmp(n, "center")) {
+        if (nargs < 1 || nargs > (n[0] == 'z' ? 1u : 2u))
+            tpl_fail(c, "%s() takes %s argument(s) (%zu given)", n, n[0] == 'z' ? "exactly one" : "1 or 2", nargs);
+        size_t w = need_width(c, n, &args[0]), marg = w > len ? w - len : 0;
+        const char *fill = " ";
+        size_t fl = 1;
+        if (nargs > 1) {
+            if (args[1].t != TV_STR || u8_count(args[1].u.s.p, args[1].u.s.n) != 1)
+                tpl_fail(c, "The fill character must be exactly one character long");
+            fill = args[1].u.s.p;
+            fl = args[1].u.s.n;
+        }
+        if (n[0] == 'l')
+            return padded(c, self, 0, marg, fill, fl);
+        if (n[0] == 'r')
+            return padded(c, self, marg, 0, fill, fl);
+        if (n[0] == 'c') { /* Python's: the odd space goes left when the width is odd */
+            size_t left = marg / 2 + (marg & w & 1);
+            return padded(c, self, left, marg - left, fill, fl);
+        }
+        struct tbuf b = {0}; /* zfill: zeros after a leading sign */
+        size_t s = self.u.s.n && (self.u.s.p[0] == '+' || self.u.s.p[0] == '-');
+        tb_put(c, &b, self.u.s.p, s);
+        for (size_t k = 0; k < marg; k++)
+            tb_put(c, &b, "0", 1);
+        tb_put(c, &b, self.u.s.p + s, self.u.s.n - s);
+        return tv_buf_str(&b);
+    }
+    if (!strcmp(n, "partition") || !strcmp(n, "rpartition")) {
+        if (nargs != 1)
+            tpl_fail(c, "%s() takes exactly one argument (%zu given)", n, nargs);
+        struct tv sep = tv_need_str(c, args[0], n);
+        if (!sep.u.s.n)
+            tpl_fail(c, "empty separator");
+        struct tv at = ts_find(self, sep, n[0] == 'r');
+        struct tlist *l = tl_new(c, 3);
+        l->tuple = 1;
+        if (at.u.i < 0) {
+            struct tv e = tv_strref("", 0);
+            tl_push(c, l, n[0] == 'r' ? e : self);
+            tl_push(c, l, e);
+            tl_push(c, l, n[0] == 'r' ? self : e);
+        } else {
+            size_t o = u8_offset(self.u.s.p, self.u.s.n, (size_t)at.u.i);
+            tl_push(c, l, tv_strref(self.u.s.p, o));
+            tl_push(c, l, sep);
+            tl_push(c, l, tv_strref(self.u.s.p + o + sep.u.s.n, self.u.s.n - o - sep.u.s.n));
+        }
+        return tv_list_of(c, l);
+    }
+    if (!strcmp(n, "removeprefix") || !strcmp(n, "removesuffix")) {
+        if (nargs != 1)
+            tpl_fail(c, "%s() takes exactly one argument (%zu given)", n, nargs);
+        struct tv x = tv_need_str(c, args[0], n);
+        int suf = n[6] == 's';
+        if (x.u.s.n > self.u.s.n ||
+            memcmp(self.u.s.p + (suf ? self.u.s.n - x.u.s.n : 0), x.u.s.p, x.u.s.n))
+            return self;
+        return tv_strref(self.u.s.p + (suf ? 0 : x.u.s.n), self.u.s.n - x.u.s.n);
+    }
+    if (!strcmp(n, "index") || !strcmp(n, "rindex")) {
+        if (nargs != 1) /* (start and end are not taken) */
+            tpl_fail(c, "%s() with start or end is not supported", n);
+        struct tv at = ts_find(self, tv_need_str(c, args[0], n), n[0] == 'r');
+        if (at.u.i < 0)
+            tpl_fail(c, "substring not found");
+        return at;
+    }
+    if (!strcmp(n, "isdecimal") || !strcmp(n, "istitle")) {
+        if (nargs)
+            tpl_fail(c, "%s() takes no arguments (%zu given)", n, nargs);
+        int cased = 0, prev_cased = 0;
+        for (size_t i = 0; i < self.u.s.n;) {
+            utf8proc_int32_t cp;
+            utf8proc_ssize_t l = utf8proc_iterate((const utf8proc_uint8_t *)self.u.s.p + i,
+                                                  (utf8proc_ssize_t)(self.u.s.n - i), &cp);
+            utf8proc_category_t k = utf8proc_category(cp);
+            i += l > 0 ? (size_t)l : 1;
+            if (n[2] == 'd') {
+                if (k != UTF8PROC_CATEGORY_ND)
+                    return tv_bool(0);
+                continue;
+            }
+            if (k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LT) { /* Python's istitle */
+                if (prev_cased)
+                    return tv_bool(0);
+                prev_cased = cased = 1;
+            } else if (k == UTF8PROC_CATEGORY_LL) {
+                if (!prev_cased)
+                    return tv_bool(0);
+                prev_cased = cased = 1;
+            } else {
+                prev_cased = 0;
+            }
+        }
+        return tv_bool(n[2] == 'd' ? self.u.s.n > 0 : cased);
+    }
+    if (!strcmp(n, "expandtabs")) {
+        size_t tab = nargs ? need_width(c, n, &args[0]) : 8, col = 0;
+        struct tbuf b = {0};
+        for (size_t i = 0; i < self.u.s.n;) {
+            size_t l = 1;
+            while (i + l < self.u.s.n && ((unsigned char)self.u.s.p[i + l] & 0xC0) == 0x80)
+                l++;
+            char ch = self.u.s.p[i];
+            if (ch == '\t') {
+                size_t sp = tab ? tab - col % tab : 0;
+                for (size_t k = 0; k < sp; k++)
+                    tb_put(c, &b, " ", 1);
+                col += sp;
+            } else {
+                tb_put(c, &b, self.u.s.p + i, l);
+                col = ch == '\n' || ch == '\r' ? 0 : col + 1;
+            }
+            i += l;
+        }
+        return tv_buf_str(&b);
+    }
+    tpl_fail(c, "'str' object has no attribute '%s'", n);
+}

@@ -710,3 +710,92 @@ struct tv tv_need_str(struct tctx *c, struct tv v, const char *what)
         tpl_fail(c, "%s: expected a string, got %s", what, tv_type_name(&v));
     return v;
 }
+
+/* Python's round(f, -k): the multiple of 10^k nearest to f's exact value, ties to even, from f's exact decimal
+ * expansion (glibc prints it); a zero keeps f's sign */
+static double round_left(double f, int k)
+{
+    char buf[1200];
+    snprintf(buf, sizeof buf, "%.400f", fabs(f));
+    char *dot = strchr(buf, '.');
+    size_t ni = (size_t)(dot - buf), keep = ni > (size_t)k ? ni - (size_t)k : 0;
+    char digits[800] = {0};
+    size_t nd = 0;
+    for (const char *q = buf; *q && nd < sizeof digits - 1; q++)
+        if (*q != '.')
+            digits[nd++] = *q;
+    digits[nd] = 0;
+    /* the first dropped digit is digits[keep] when keep < ni + fraction, and the integer digits are left of ni */
+    int up = 0;
+    char first = (size_t)k > ni ? '0' : digits[keep];
+    if (first > '5') {
+        up = 1;
+    } else if (first == '5') {
+        const char *rest = digits + keep + 1;
+        up = rest[strspn(rest, "0")] != 0 || (keep > 0 && (digits[keep - 1] - '0') % 2);
+    }
+    char out[900];
+    size_t n = 0;
+    out[n++] = '0'; /* room for a carry */
+    for (size_t i = 0; i < keep; i++)
+        out[n++] = digits[i];
+    for (size_t i = n; up && i-- > 0;) {
+        if (out[i] == '9') {
+            out[i] = '0';
+        } else {
+            out[i]++;
+            break;
+        }
+    }
+    for (int i = 0; i < k && n < sizeof out - 1; i++)
+        out[n++] = '0';
+    out[n] = 0;
+    double r = strtod(out, NULL);
+    return signbit(f) ? -r : r;
+}
+
+/* jinja's round filter: Python's round(value, precision) ("common": half to even on the exact value, an int stays
+ * an int), or math.ceil/floor(value * 10**precision) / 10**precision (a float) */
+struct tv tv_round(struct tctx *c, struct tv v, struct tv prec, struct tv method)
+{
+    if (method.t != TV_STR || !((method.u.s.n == 6 && !memcmp(method.u.s.p, "common", 6)) ||
+                                (method.u.s.n == 4 && !memcmp(method.u.s.p, "ceil", 4)) ||
+                                (method.u.s.n == 5 && !memcmp(method.u.s.p, "floor", 5))))
+        tpl_fail(c, "method must be common, ceil or floor");
+    if (v.t != TV_INT && v.t != TV_BOOL && v.t != TV_FLOAT)
+        tpl_fail(c, "type %s doesn't define __round__ method", tv_type_name(&v));
+    if (prec.t != TV_INT && prec.t != TV_BOOL)
+        tpl_fail(c, "'%s' object cannot be interpreted as an integer", tv_type_name(&prec));
+    int64_t p = prec.t == TV_INT ? prec.u.i : prec.u.b, x = v.t == TV_INT ? v.u.i : v.u.b;
+    if (method.u.s.p[0] == 'c' && method.u.s.p[1] == 'o') {
+        if (v.t != TV_FLOAT) {
+            if (p >= 0)
+                return tv_int(x);
+            if (p < -18)
+                return tv_int(0);
+            int64_t q = 1;
+            for (int64_t k = 0; k < -p; k++)
+                q *= 10;
+            int64_t r = x % q, d = x - r; /* toward zero, then half to even */
+            int64_t a = r < 0 ? -r : r;
+            if (a * 2 > q || (a * 2 == q && (d / q) % 2))
+                d += r < 0 ? -q : q;
+            return tv_int(d);
+        }
+        if (p > 300 || isnan(v.u.f) || isinf(v.u.f))
+            return v;
+        if (p < 0)
+            return tv_float(round_left(v.u.f, (int)(p < -400 ? 400 : -p)));
+        char buf[400];
+        snprintf(buf, sizeof buf, "%.*f", (int)p, v.u.f); /* glibc rounds the exact value, ties to even */
+        return tv_float(strtod(buf, NULL));
+    }
+    if (p > 22 || p < -22)
+        tpl_fail(c, "a round precision beyond 22 digits");
+    double f = v.t == TV_FLOAT ? v.u.f : (double)x, m = 1;
+    for (int64_t k = 0; k < (p < 0 ? -p : p); k++)
+        m *= 10; /* exact through 10^22 */
+    double y = p >= 0 ? f * m : f * (1 / m);
+    y = (method.u.s.p[1] == 'e' ? ceil(y) : floor(y)) + 0.0; /* math's ceil/floor give an int: no -0 */
+    return tv_float(p >= 0 ? y / m : y / (1 / m));
+}

@@ -4,7 +4,9 @@
 Llama 4 "pythonic" tool templates write tool-call arguments with `"%s" | format(v)`) and jinja's number literals
 (0x1F, 0o17, 0b101, 1_000), each against python3-jinja2 as transformers configures it: seeded random conversion
 specs (flags, width, precision, `*`, every conversion character, values of every type), mapping keys, and the
-errors Python raises."""
+errors Python raises; the str methods and the round filter beyond test_chat_template's (padding, partition,
+removeprefix, index, istitle, expandtabs; round's three methods, negative precisions, ties to even) and
+loop.changed."""
 import json
 import os
 import random
@@ -61,6 +63,38 @@ RENDERS = 16
 BAD_SYNTAX = ["{{ 012 }}", "{{ 1__0 }}", "{{ 1_ }}", "{{ 0x }}", "{{ 0b2 }}", "{{ 0_1 }}"]
 
 
+STRINGS = ["'x'", "'-42'", "'+7'", "'日本'", "''", "'a,b,c'", "'Hello World'", "'hello World'", "'ǅungla'", "'ABC'",
+           "'a\\tbc\\tdef\\n\\tg'", "'١٢٣'", "'12'", "'½'", "' '"]
+METHODS = ["zfill(%d)", "ljust(%d)", "rjust(%d)", "center(%d)", "ljust(%d, '*')", "center(%d, '日')", "rjust(%d, 'ab')",
+           "partition(',')", "rpartition(',')", "partition('')", "removeprefix('a')", "removesuffix('c')",
+           "removeprefix('')", "index('b')", "rindex(',')", "index('q')", "isdecimal()", "istitle()", "expandtabs()",
+           "expandtabs(%d)", "zfill('3')", "center()"]
+NUMBERS = ["3.14159", "2.5", "3.5", "-2.5", "2.675", "7", "-7", "1250", "1350", "true", "0.5", "1e20", "'x'", "none",
+           "-0.0", "1.005", "125.0", "-150.0"]
+ROUNDS = ["", "(2)", "(0)", "(1)", "(-1)", "(-2)", "(3, 'floor')", "(1, 'ceil')", "(method='floor')", "(-1, 'floor')",
+          "(2, 'bogus')", "(precision=1)"]
+
+
+def random_methods(n, seed):
+    """str methods (padding, partition, prefixes, index, tests, tabs) and the round filter, seeded"""
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(n):
+        m = rnd.choice(METHODS)
+        if "%d" in m:
+            m = m % rnd.choice([0, 1, 3, 4, 5, 8, -2])
+        out.append("{{ %s.%s }}" % (rnd.choice(STRINGS), m))
+        out.append("{{ %s | round%s }}" % (rnd.choice(NUMBERS), rnd.choice(ROUNDS)))
+    return out
+
+
+CHANGED = ["{% for x in [1,1,2,2,1] %}{{ loop.changed(x) }}{% endfor %}",
+           "{% for x in [1,1,2] %}{{ loop.changed(x, loop.index0 // 2) }}{% endfor %}",
+           "{% for x in 'aab' %}{{ loop.changed() }}{% endfor %}",
+           "{% for x in [[1], [1], (1,)] %}{{ loop.changed(x) }}{% endfor %}",
+           "{% for a in [1,2] %}{% for b in [1,1] %}{{ loop.changed(b) }}{% endfor %}{% endfor %}"]
+
+
 class Formatting(t.TestCase):
     def render_all(self, templates, req):
         d = t.tmpdir()
@@ -101,6 +135,16 @@ class Formatting(t.TestCase):
         want = theirs_many(srcs, {}, req)
         self.assertEqual(want[:4], ["-4", "-1", "-6.25", "-1"])
         self.assertEqual(self.render_all(srcs, req), want)
+
+    def test_string_methods_round_and_loop_changed_against_jinja2(self):
+        req = {"messages": [{"role": "user", "content": "hi"}]}
+        templates = CHANGED + random_methods(250, 5)
+        want = theirs_many(templates, {}, req)
+        mine = self.render_all(templates, req)
+        bad = [(s, a, b) for s, a, b in zip(templates, mine, want) if not same(a, b)]
+        self.assertFalse(bad, "%d of %d differ from jinja2, e.g. %r" % (len(bad), len(templates), bad[:3]))
+        self.assertEqual(mine[0], "TrueFalseTrueFalseTrue")
+        self.assertGreater(sum(isinstance(w, str) for w in want), 300)
 
     def test_number_literals_jinja_refuses_are_refused_at_load(self):
         req = {"messages": [{"role": "user", "content": "hi"}]}
