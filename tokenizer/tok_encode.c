@@ -384,7 +384,8 @@ static size_t space_at(const unsigned char *p, size_t left)
     if (left < 3)
         return 0;
     if ((p[0] == 0xe1 && p[1] == 0x9a && p[2] == 0x80) || (p[0] == 0xe3 && p[1] == 0x80 && p[2] == 0x80) ||
-        (p[0] == 0xe2 && p[1] == 0x80 && ((p[2] >= 0x80 && p[2] <= 0x8a) || p[2] == 0xa8 || p[2] == 0xa9 || p[2] == 0xaf)) ||
+        (p[0] == 0xe2 && p[1] == 0x80 &&
+         ((p[2] >= 0x80 && p[2] <= 0x8a) || p[2] == 0xa8 || p[2] == 0xa9 || p[2] == 0xaf)) ||
         (p[0] == 0xe2 && p[1] == 0x81 && p[2] == 0x9f))
         return 3;
     return 0;

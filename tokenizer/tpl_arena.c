@@ -159,3 +159,13 @@ void tpl_emit(struct tctx *c, const char *p, size_t n)
     c->outn += n;
 }
 
+void tpl_emit_value(struct tctx *c, const struct tv *v)
+{
+    if (v->t == TV_STR) {
+        tpl_emit(c, v->u.s.p, v->u.s.n);
+        return;
+    }
+    struct tbuf b = {0};
+    tv_str_into(c, &b, v);
+    tpl_emit(c, b.p, b.n);
+}

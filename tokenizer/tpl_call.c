@@ -96,16 +96,11 @@ struct tv tpl_call(struct tctx *c, struct tscope *s, const struct tv *f, struct 
                    const char **kwn, struct tv *kwv, size_t nkw)
 {
     switch (f->t) {
-    case TV_FUNC:
-        return tpl_global_call(c, f->u.fn, args, nargs, kwn, kwv, nkw);
-    case TV_METHOD:
-        return tpl_method(c, f->u.m, args, nargs, kwn, kwv, nkw);
-    case TV_MACRO:
-        return call_macro(c, f->u.mac, args, nargs, kwn, kwv, nkw);
-    case TV_UNDEF:
-        tpl_undefined_use(c, f);
-    default:
-        tpl_fail(c, "'%s' object is not callable", tv_type_name(f));
+    case TV_FUNC: return tpl_global_call(c, f->u.fn, args, nargs, kwn, kwv, nkw);
+    case TV_METHOD: return tpl_method(c, f->u.m, args, nargs, kwn, kwv, nkw);
+    case TV_MACRO: return call_macro(c, f->u.mac, args, nargs, kwn, kwv, nkw);
+    case TV_UNDEF: tpl_undefined_use(c, f);
+    default: tpl_fail(c, "'%s' object is not callable", tv_type_name(f));
     }
 }
 
@@ -133,7 +128,8 @@ void tpl_args(struct tctx *c, struct tscope *s, const struct tnode *e, const str
     size_t more = star ? star->n : 0, morekw = (e->b ? dd.u.d->n : 0) + (caller != NULL);
     if (!more && !morekw)
         return;
-    struct tv *a2 = tpl_alloc(c, (g->n + more + 1) * sizeof *a2), *k2 = tpl_alloc(c, (g->nkw + morekw + 1) * sizeof *k2);
+    struct tv *a2 = tpl_alloc(c, (g->n + more + 1) * sizeof *a2),
+              *k2 = tpl_alloc(c, (g->nkw + morekw + 1) * sizeof *k2);
     const char **n2 = tpl_alloc(c, (g->nkw + morekw + 1) * sizeof *n2);
     memcpy(a2, g->v, g->n * sizeof *a2);
     for (size_t i = 0; i < more; i++)
@@ -178,16 +174,17 @@ struct tv tpl_call_expr(struct tctx *c, struct tscope *s, const struct tnode *e,
 void tpl_call_block(struct tctx *c, struct tscope *s, const struct tnode *n)
 {
     struct tnode *m = tpl_alloc(c, sizeof *m);
-    *m = (struct tnode){.kind = N_MACRO, .line = n->line, .name = "caller", .names = n->names,
-                        .nnames = n->nnames, .kwvals = n->kwvals, .kids = n->kids, .nkids = n->nkids, .scope = s};
+    *m = (struct tnode){.kind = N_MACRO,
+                        .line = n->line,
+                        .name = "caller",
+                        .names = n->names,
+                        .nnames = n->nnames,
+                        .kwvals = n->kwvals,
+                        .kids = n->kids,
+                        .nkids = n->nkids,
+                        .scope = s};
     struct tv caller = {.t = TV_MACRO};
     caller.u.mac = m;
     struct tv r = tpl_call_expr(c, s, n->a, &caller);
-    if (r.t == TV_STR) {
-        tpl_emit(c, r.u.s.p, r.u.s.n);
-    } else {
-        struct tbuf b = {0};
-        tv_str_into(c, &b, &r);
-        tpl_emit(c, b.p, b.n);
-    }
+    tpl_emit_value(c, &r);
 }

@@ -648,13 +648,7 @@ void tpl_exec(struct tctx *c, struct tscope *s, struct tnode **body, size_t nbod
                 v = tpl_eval(c, s, n->a);
             }
             c->line = n->line;
-            if (v.t == TV_STR) {
-                tpl_emit(c, v.u.s.p, v.u.s.n);
-            } else {
-                struct tbuf b = {0};
-                tv_str_into(c, &b, &v);
-                tpl_emit(c, b.p, b.n);
-            }
+            tpl_emit_value(c, &v);
             break;
         }
         case N_IF:

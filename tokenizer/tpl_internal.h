@@ -7,6 +7,7 @@
  *   tpl_eval.c   the evaluator: statements, expressions, scopes, loops
  *   tpl_call.c   calls: arguments and their unpacking, macros, call blocks
  *   tpl_lib.c    filters, tests, string and dict methods, globals (range, namespace, raise_exception, ...)
+ *   tpl_str.c    Python's str operations;  tpl_fmt.c  Python's % formatting and round
  * Errors unwind with longjmp to the entry point (tpl_fail): everything a render allocated is in its arena. */
 #ifndef XPYD_TPL_INTERNAL_H
 #define XPYD_TPL_INTERNAL_H
@@ -146,6 +147,7 @@ struct tcapture {
 
 _Noreturn void tpl_fail(struct tctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void tpl_emit(struct tctx *c, const char *p, size_t n);
+void tpl_emit_value(struct tctx *c, const struct tv *v); /* str(v) into the output */
 
 /* tpl_value.c */
 struct tv tv_str(struct tctx *c, const char *p, size_t n); /* copies */
@@ -204,7 +206,7 @@ void tv_str_into(struct tctx *c, struct tbuf *b, const struct tv *v);
 void tv_repr_into(struct tctx *c, struct tbuf *b, const struct tv *v);
 struct tv tv_to_str(struct tctx *c, const struct tv *v);
 struct tv tv_list_of(struct tctx *c, struct tlist *l);
-struct tv tv_round(struct tctx *c, struct tv v, struct tv prec, struct tv method); /* jinja's round filter */
+struct tv tv_round(struct tctx *c, struct tv v, struct tv prec, struct tv method); /* round filter (tpl_fmt.c) */
 struct tv tv_buf_str(struct tbuf *b);                              /* the buffer's text as a value */
 struct tv tv_need_str(struct tctx *c, struct tv v, const char *what); /* v, or fails naming what wanted a str */
 /* json.dumps(v, ensure_ascii=False, indent=indent (<0: None), separators, sort_keys) */
@@ -274,7 +276,7 @@ const char *ts_memmem(const char *h, size_t hn, const char *nd, size_t nn); /* m
 struct tlist *ts_splitlines(struct tctx *c, struct tv s);
 struct tv ts_json_ascii(struct tctx *c, struct tbuf *b);
 struct tv ts_escape(struct tctx *c, struct tv s);
-struct tv ts_percent(struct tctx *c, struct tv fmt, struct tv rhs); /* fmt % rhs, Python's printf-style formatting */
+struct tv ts_percent(struct tctx *c, struct tv fmt, struct tv rhs); /* fmt % rhs (tpl_fmt.c), Python's printf-style */
 /* str methods beyond tpl_lib.c's (zfill, ljust, rjust, center, partition, rpartition, removeprefix, removesuffix,
  * index, rindex, isdecimal, istitle, expandtabs): fails on any other name */
 struct tv ts_method(struct tctx *c, const char *name, struct tv self, struct tv *args, size_t nargs);

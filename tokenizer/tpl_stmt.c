@@ -49,6 +49,18 @@ static void parse_params(struct parser *ps, struct tnode *n, int line)
 /* Statements until a {% name %} in `ends` (a space-separated list); the name found is left current. */
 static void parse_body(struct parser *ps, const char *ends, struct nvec *out, const char **found);
 
+/* n's statements up to {% end %} (its name, as `end`), past that tag */
+static void body_until(struct parser *ps, struct tnode *n, const char *end)
+{
+    struct nvec body = {0};
+    const char *f;
+    parse_body(ps, end, &body, &f);
+    n->kids = body.v;
+    n->nkids = body.n;
+    ps->at += 2;
+    end_block(ps);
+}
+
 static const char *tag_name_at(struct parser *ps)
 {
     struct ttok *t = &ps->toks[ps->at + 1];
@@ -166,13 +178,7 @@ static struct tnode *parse_stmt(struct parser *ps)
             n = node(ps, N_SETBLOCK, line);
             n->name = take_name(ps);
             end_block(ps);
-            struct nvec body = {0};
-            const char *f;
-            parse_body(ps, "endset", &body, &f);
-            n->kids = body.v;
-            n->nkids = body.n;
-            ps->at += 2;
-            end_block(ps);
+            body_until(ps, n, "endset");
         } else {
             n = node(ps, N_SET, line);
             if (cur(ps)->t == T_NAME && ps->toks[ps->at + 1].t == T_OP && ps->toks[ps->at + 1].n == 1 &&
@@ -228,26 +234,14 @@ static struct tnode *parse_stmt(struct parser *ps)
         if (n->a->kind != E_CALL)
             perr(ps, line, "expected a call after 'call'");
         end_block(ps);
-        struct nvec body = {0};
-        const char *f;
-        parse_body(ps, "endcall", &body, &f);
-        n->kids = body.v;
-        n->nkids = body.n;
-        ps->at += 2;
-        end_block(ps);
+        body_until(ps, n, "endcall");
     } else if (!strcmp(name, "break") || !strcmp(name, "continue")) {
         n = node(ps, name[0] == 'b' ? N_BREAK : N_CONTINUE, line);
         end_block(ps);
     } else if (!strcmp(name, "generation")) { /* transformers' assistant-mask marker: its body, as it is */
         n = node(ps, N_BLOCK, line);
         end_block(ps);
-        struct nvec body = {0};
-        const char *f;
-        parse_body(ps, "endgeneration", &body, &f);
-        n->kids = body.v;
-        n->nkids = body.n;
-        ps->at += 2;
-        end_block(ps);
+        body_until(ps, n, "endgeneration");
     } else {
         perr(ps, line, "the '%s' tag is not supported", name);
     }

@@ -283,6 +283,17 @@ def theirs_many(templates, special, request):
     return [json.loads(l) for l in p.stdout.splitlines()]
 
 
+def render_file(src, req, path):
+    """src written to path and rendered for req by xpyd_tokenize: the text, or {"error": ...} (at load: the
+    reason on stderr)"""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(src)
+    p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", model_dir("llama3_1"), "--chat",
+                        "--jsonl", "--chat-template", path], input=json.dumps(req) + "\n",
+                       capture_output=True, text=True, timeout=60)
+    return json.loads(p.stdout) if p.returncode == 0 else {"error": "at load: " + p.stderr}
+
+
 def same(a, b):
     """Equal renderings, or both an error."""
     return a == b or (isinstance(a, dict) and isinstance(b, dict) and "error" in a and "error" in b)
@@ -466,10 +477,7 @@ class ChatTemplates(t.TestCase):
         req = {"messages": [{"role": "user", "content": "hi"}]}
         wants = theirs_many(CALLS, specials("llama3_1"), req)
         for i, (src, want) in enumerate(zip(CALLS, wants)):
-            path = os.path.join(d, "c%d.jinja" % i)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(src)
-            mine = ours(model_dir("llama3_1"), [req], template_file=path)[0]
+            mine = render_file(src, req, os.path.join(d, "c%d.jinja" % i))
             with self.subTest(template=src):
                 self.assertTrue(same(mine, want), "ours %r, jinja2 %r" % (mine, want))
         self.assertEqual(sum(isinstance(w, str) for w in wants), 10)  # the first ten render, the rest fail
@@ -496,13 +504,7 @@ class ChatTemplates(t.TestCase):
         for i, (src, w) in enumerate(zip(srcs, want)):
             if isinstance(w, str) and re.search(r"0x[0-9a-f]{8}", w, re.I):
                 continue  # jinja printed a generator or iterator: its address
-            path = os.path.join(d, "r%d.jinja" % i)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(src)
-            p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", model_dir("llama3_1"), "--chat",
-                                "--jsonl", "--chat-template", path], input=json.dumps(req) + "\n",
-                               capture_output=True, text=True, timeout=60)
-            mine = json.loads(p.stdout) if p.returncode == 0 else {"error": p.stderr}  # refused at load
+            mine = render_file(src, req, os.path.join(d, "r%d.jinja" % i))
             with self.subTest(template=src):
                 self.assertTrue(same(mine, w), "ours %r, jinja2 %r" % (mine, w))
             compared += 1

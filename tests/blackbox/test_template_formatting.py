@@ -7,13 +7,11 @@ specs (flags, width, precision, `*`, every conversion character, values of every
 errors Python raises; the str methods and the round filter beyond test_chat_template's (padding, partition,
 removeprefix, index, istitle, expandtabs; round's three methods, negative precisions, ties to even) and
 loop.changed."""
-import json
 import os
 import random
-import subprocess
 
 import xpyd_testlib as t
-from test_chat_template import model_dir, same, specials, theirs_many
+from test_chat_template import render_file, same, specials, theirs_many
 
 VALUES = ["5", "-7", "0", "3.75", "-2.5", "1e20", "1e-7", "true", "false", "'ab'", "'日本語'", "none", "[1, 'a']",
           "{'k': 'v'}", "(1, 2)", "255", "65", "'x'", "1e300", "-0.0", "0x1F600"]
@@ -98,16 +96,7 @@ CHANGED = ["{% for x in [1,1,2,2,1] %}{{ loop.changed(x) }}{% endfor %}",
 class Formatting(t.TestCase):
     def render_all(self, templates, req):
         d = t.tmpdir()
-        mine = []
-        for i, src in enumerate(templates):
-            path = os.path.join(d, "f%d.jinja" % i)
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(src)
-            p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", model_dir("llama3_1"), "--chat",
-                                "--jsonl", "--chat-template", path], input=json.dumps(req) + "\n",
-                               capture_output=True, text=True, timeout=60)
-            mine.append(json.loads(p.stdout) if p.returncode == 0 else {"error": "at load: " + p.stderr})
-        return mine
+        return [render_file(src, req, os.path.join(d, "f%d.jinja" % i)) for i, src in enumerate(templates)]
 
     def test_percent_and_format_against_jinja2(self):
         req = {"messages": [{"role": "user", "content": "hi"}],
