@@ -19,8 +19,8 @@ from test_tokenizer import CORPUS, POOL, model_dir, oracle, tokenize
 
 FAMILIES = ("command_r_plus", "mistral_nemo", "qwen2_5", "internlm2", "yi", "chatglm3")
 WITH_TEMPLATES = ("command_r_plus", "mistral_nemo", "qwen2_5", "internlm2", "chatglm3")  # Yi's config has none
-# per model; a fifth under ASan+UBSan
-RANDOM = int(os.environ.get("XPYD_TOKENIZER_RANDOM", "200" if os.environ.get("XPYD_SANITIZED") == "ON" else "1500"))
+# per model (the 10,000 per model the issue asks are test_tokenizer's, on the six named there); fewer under ASan
+RANDOM = int(os.environ.get("XPYD_TOKENIZER_RANDOM", "200" if os.environ.get("XPYD_SANITIZED") == "ON" else "1000"))
 NUMERALS = ["1", "12", "123456789", "3.14159", "1,000,000", "a1b22c333", "x2", "٠١٢٣ ١٢", "۱۲۳", "१२३", "๑๒๓",
             "²³ ½ ¾", "Ⅻ ⅻ", "①②", "〇一二", "１２３", "𝟙𝟚", "v1.2.3-rc4", "2026-11-30T00:00:00Z", "0x1F 0b101"]
 
