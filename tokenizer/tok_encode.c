@@ -479,15 +479,15 @@ static int unicode_normal_form(enum tok_norm type, const char *s, size_t len, ch
     static const int opts[] = {0, UTF8PROC_COMPOSE, UTF8PROC_COMPOSE | UTF8PROC_COMPAT, UTF8PROC_DECOMPOSE,
                                UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT};
     const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < len && p[i] < 0x80)
-        i++;
-    if (i == len)
+    size_t first = 0;
+    while (first < len && p[first] < 0x80)
+        first++;
+    if (first == len)
         return 0;
     char *out = NULL;
     size_t n = 0, cap = 0;
-    for (i = 0; i < len;) {
-        size_t j = i;
+    for (size_t i = 0; i < len;) {
+        size_t j = i ? i : first; /* (the leading ASCII was just read) */
         while (j < len && p[j] < 0x80)
             j++;
         size_t from = j > i ? j - 1 : j, k = j; /* the ASCII character before the run goes with it */

@@ -159,13 +159,20 @@ void tpl_emit(struct tctx *c, const char *p, size_t n)
     c->outn += n;
 }
 
-void tpl_emit_value(struct tctx *c, const struct tv *v)
+_Noreturn void tpl_undefined_use(struct tctx *c, const struct tv *v)
 {
-    if (v->t == TV_STR) {
-        tpl_emit(c, v->u.s.p, v->u.s.n);
-        return;
+    tpl_fail(c, "'%s' is undefined", v->undef_name ? v->undef_name : "value");
+}
+
+/* After an error: the outputs of the captures under way freed, back to that of upto (NULL: the render's own) */
+void tpl_uncapture(struct tctx *c, struct tcapture *upto)
+{
+    while (c->captures != upto) {
+        struct tcapture *k = c->captures;
+        free(c->out);
+        c->out = k->out;
+        c->outn = k->outn;
+        c->outcap = k->outcap;
+        c->captures = k->outer;
     }
-    struct tbuf b = {0};
-    tv_str_into(c, &b, v);
-    tpl_emit(c, b.p, b.n);
 }

@@ -64,11 +64,6 @@ void tpl_assign(struct tctx *c, struct tscope *s, const char *name, struct tv v)
     td_set(c, &s->vars, tv_strref(name, strlen(name)), v);
 }
 
-_Noreturn void tpl_undefined_use(struct tctx *c, const struct tv *v)
-{
-    tpl_fail(c, "'%s' is undefined", v->undef_name ? v->undef_name : "value");
-}
-
 static struct tv bound(struct tctx *c, struct tv self, const char *name)
 {
     struct tbound *m = tpl_alloc(c, sizeof *m);
@@ -165,243 +160,182 @@ static struct tv get_item(struct tctx *c, struct tv v, struct tv k)
     return tv_undef("item");
 }
 
-/* Python's slice indices for a sequence of n */
-static void slice_bounds(struct tctx *c, struct tv *p, int64_t n, int64_t *start, int64_t *stop, int64_t *stepv)
+/* ---- calls: arguments (with `*args` and `**kwargs`), macros, call blocks and their caller ---- */
+
+struct targs { /* a call's arguments, unpacked */
+    struct tv *v, *kw;
+    const char **kwn;
+    size_t n, nkw;
+};
+
+/* Arguments of a call, filter or test node, evaluated (no unpacking: tpl_call_expr does it for calls). */
+static struct tv *tpl_eval_args(struct tctx *c, struct tscope *s, const struct tnode *n, struct tv **kw)
 {
-    int64_t st = 1;
-    if (p[2].t != TV_NONE && p[2].t != TV_UNDEF) {
-        if (p[2].t != TV_INT || !p[2].u.i)
-            tpl_fail(c, "slice step must be a non-zero integer");
-        st = p[2].u.i;
-    }
-    int64_t lo = st > 0 ? 0 : -1, hi = st > 0 ? n : n - 1, v[2];
-    int64_t def[2] = {st > 0 ? 0 : n - 1, st > 0 ? n : -1};
-    for (int k = 0; k < 2; k++) {
-        if (p[k].t == TV_NONE || p[k].t == TV_UNDEF) {
-            v[k] = def[k];
-            continue;
-        }
-        if (p[k].t != TV_INT)
-            tpl_fail(c, "slice indices must be integers or None");
-        int64_t x = p[k].u.i;
-        if (x < 0)
-            x += n;
-        v[k] = x < lo ? lo : x > hi ? hi : x;
-    }
-    *start = v[0];
-    *stop = v[1];
-    *stepv = st;
+    struct tv *a = tpl_alloc(c, (n->nkids + 1) * sizeof *a);
+    for (size_t i = 0; i < n->nkids; i++)
+        a[i] = tpl_eval(c, s, n->kids[i]);
+    *kw = tpl_alloc(c, (n->nnames + 1) * sizeof **kw);
+    for (size_t i = 0; i < n->nnames; i++)
+        (*kw)[i] = tpl_eval(c, s, n->kwvals[i]);
+    return a;
 }
 
-static struct tv get_slice(struct tctx *c, struct tv v, struct tv *p)
+/* Runs body with its output captured; returns the text. The output it set aside is on c->captures until then, so
+ * an error inside (unwinding past this frame) does not lose it: tpl_uncapture frees it. */
+static struct tv tpl_capture(struct tctx *c, struct tscope *s, struct tnode **body, size_t n)
 {
-    if (v.t == TV_UNDEF)
-        tpl_undefined_use(c, &v);
-    if (v.t == TV_DICT || v.t == TV_NS)
-        tpl_fail(c, "unhashable type: 'slice'");
-    if ((v.t != TV_LIST && v.t != TV_STR) || (v.t == TV_LIST && (v.u.l->lazy || v.u.l->view)))
-        return tv_undef("item"); /* jinja's getitem: what cannot be sliced gives undefined */
-    struct tlist *items = tv_iter(c, &v);
-    int64_t a, b, st;
-    slice_bounds(c, p, (int64_t)items->n, &a, &b, &st);
-    struct tlist *out = tl_new(c, 8);
-    for (int64_t i = a; st > 0 ? i < b : i > b; i += st)
-        tl_push(c, out, items->v[i]);
-    if (v.t == TV_LIST) {
-        struct tv r = {.t = TV_LIST};
-        r.u.l = out;
-        return r;
-    }
-    struct tbuf buf = {0};
-    for (size_t i = 0; i < out->n; i++)
-        tb_put(c, &buf, out->v[i].u.s.p, out->v[i].u.s.n);
-    return tv_strref(buf.p ? buf.p : "", buf.n);
-}
-
-static int contains(struct tctx *c, const struct tv *hay, const struct tv *needle)
-{
-    switch (hay->t) {
-    case TV_UNDEF:
-        return 0;
-    case TV_STR:
-        if (needle->t != TV_STR)
-            tpl_fail(c, "'in <string>' requires string as left operand, not %s", tv_type_name(needle));
-        return !needle->u.s.n || (hay->u.s.n >= needle->u.s.n &&
-                                  ts_memmem(hay->u.s.p, hay->u.s.n, needle->u.s.p, needle->u.s.n) != NULL);
-    case TV_LIST: {
-        const struct tlist *l = tv_iter(c, hay); /* (a generator that fails when iterated fails here) */
-        for (size_t i = 0; i < l->n; i++)
-            if (tv_equal(&l->v[i], needle))
-                return 1;
-        return 0;
-    }
-    case TV_DICT:
-    case TV_NS:
-        if ((needle->t == TV_LIST && !needle->u.l->tuple) || needle->t == TV_DICT || needle->t == TV_NS)
-            tpl_fail(c, "unhashable type: '%s'", tv_type_name(needle));
-        return td_get(hay->u.d, *needle) != NULL;
-    default:
-        tpl_fail(c, "argument of type '%s' is not iterable", tv_type_name(hay));
-    }
-}
-
-static int is_num(const struct tv *v)
-{
-    return v->t == TV_INT || v->t == TV_FLOAT || v->t == TV_BOOL;
-}
-
-static double fnum(const struct tv *v)
-{
-    return v->t == TV_FLOAT ? v->u.f : v->t == TV_INT ? (double)v->u.i : (double)v->u.b;
-}
-
-static int64_t inum(const struct tv *v)
-{
-    return v->t == TV_INT ? v->u.i : v->u.b;
-}
-
-static struct tv repeat(struct tctx *c, struct tv seq, int64_t k)
-{
-    if (seq.t == TV_LIST && (seq.u.l->lazy || seq.u.l->view))
-        tpl_fail(c, "unsupported operand type(s) for *: '%s' and 'int'", tv_type_name(&seq));
-    if (k < 0)
-        k = 0;
-    size_t unit = seq.t == TV_STR ? seq.u.s.n : seq.u.l->n;
-    if (unit && (uint64_t)k > (c->arena.limit / (unit * (seq.t == TV_STR ? 1 : sizeof(struct tv)))))
-        tpl_fail(c, "a repetition beyond the render's memory limit");
-    if (seq.t == TV_STR) {
-        struct tbuf b = {0};
-        for (int64_t i = 0; i < k; i++)
-            tb_put(c, &b, seq.u.s.p, seq.u.s.n);
-        return tv_strref(b.p ? b.p : "", b.n);
-    }
-    struct tv r = {.t = TV_LIST};
-    r.u.l = tl_new(c, unit * (size_t)k + 1);
-    r.u.l->tuple = seq.u.l->tuple;
-    for (int64_t i = 0; i < k; i++)
-        for (size_t j = 0; j < unit; j++)
-            tl_push(c, r.u.l, seq.u.l->v[j]);
+    struct tcapture *k = tpl_alloc(c, sizeof *k);
+    *k = (struct tcapture){c->out, c->outn, c->outcap, c->captures};
+    c->captures = k;
+    c->out = NULL;
+    c->outn = c->outcap = 0;
+    tpl_exec(c, s, body, n);
+    struct tv r = tv_str(c, c->out ? c->out : "", c->outn);
+    free(c->out);
+    c->out = k->out;
+    c->outn = k->outn;
+    c->outcap = k->outcap;
+    c->captures = k->outer;
     return r;
 }
 
-static _Noreturn void bad_operands(struct tctx *c, const char *op, const struct tv *a, const struct tv *b)
+/* A macro's call: its parameters bound in a scope of their own over the template's (a caller's over the scope its
+ * block stands in), `caller` among them where its body names it (jinja's Macro.caller). */
+static struct tv call_macro(struct tctx *c, const struct tnode *m, struct tv *args, size_t nargs, const char **kwn,
+                            struct tv *kwv, size_t nkw)
 {
-    if (a->t == TV_UNDEF)
-        tpl_undefined_use(c, a);
-    if (b->t == TV_UNDEF)
-        tpl_undefined_use(c, b);
-    tpl_fail(c, "unsupported operand type(s) for %s: '%s' and '%s'", op, tv_type_name(a), tv_type_name(b));
-}
-
-static struct tv binop(struct tctx *c, int op, struct tv a, struct tv b)
-{
-    static const char *const names[] = {"", "+", "-", "*", "/", "//", "%", "**"};
-    int64_t r;
-    if (op == OP_CONCAT || (op == OP_ADD && a.t == TV_STR && b.t == TV_STR)) { /* one allocation, one copy each */
-        struct tv x = op == OP_CONCAT ? tv_to_str(c, &a) : a, y = op == OP_CONCAT ? tv_to_str(c, &b) : b;
-        char *o = tpl_alloc_raw(c, x.u.s.n + y.u.s.n + 1);
-        memcpy(o, x.u.s.p, x.u.s.n);
-        memcpy(o + x.u.s.n, y.u.s.p, y.u.s.n);
-        return tv_strref(o, x.u.s.n + y.u.s.n);
-    }
-    if (op == OP_ADD && a.t == TV_LIST && b.t == TV_LIST) {
-        if (a.u.l->tuple != b.u.l->tuple || a.u.l->lazy || b.u.l->lazy || a.u.l->view || b.u.l->view)
-            tpl_fail(c, "can only concatenate %s to %s", a.u.l->tuple ? "tuple" : "list", a.u.l->tuple ? "tuple" : "list");
-        struct tv l = {.t = TV_LIST};
-        l.u.l = tl_new(c, a.u.l->n + b.u.l->n + 1);
-        l.u.l->tuple = a.u.l->tuple;
-        for (size_t i = 0; i < a.u.l->n; i++)
-            tl_push(c, l.u.l, a.u.l->v[i]);
-        for (size_t i = 0; i < b.u.l->n; i++)
-            tl_push(c, l.u.l, b.u.l->v[i]);
-        return l;
-    }
-    if (op == OP_MUL && (a.t == TV_STR || a.t == TV_LIST) && (b.t == TV_INT || b.t == TV_BOOL))
-        return repeat(c, a, inum(&b));
-    if (op == OP_MUL && (b.t == TV_STR || b.t == TV_LIST) && (a.t == TV_INT || a.t == TV_BOOL))
-        return repeat(c, b, inum(&a));
-    if (op == OP_MOD && a.t == TV_STR)
-        return ts_percent(c, a, b);
-    if (!is_num(&a) || !is_num(&b))
-        bad_operands(c, names[op], &a, &b);
-    int ints = a.t != TV_FLOAT && b.t != TV_FLOAT;
-    int64_t x = ints ? inum(&a) : 0, y = ints ? inum(&b) : 0;
-    double fx = fnum(&a), fy = fnum(&b);
-    switch (op) {
-    case OP_ADD:
-        if (ints && __builtin_add_overflow(x, y, &r))
-            tpl_fail(c, "an integer beyond 64 bits");
-        return ints ? tv_int(r) : tv_float(fx + fy);
-    case OP_SUB:
-        if (ints && __builtin_sub_overflow(x, y, &r))
-            tpl_fail(c, "an integer beyond 64 bits");
-        return ints ? tv_int(r) : tv_float(fx - fy);
-    case OP_MUL:
-        if (ints && __builtin_mul_overflow(x, y, &r))
-            tpl_fail(c, "an integer beyond 64 bits");
-        return ints ? tv_int(r) : tv_float(fx * fy);
-    case OP_DIV:
-        if (fy == 0)
-            tpl_fail(c, "division by zero");
-        return tv_float(fx / fy);
-    case OP_FLOORDIV:
-    case OP_MOD:
-        if (ints) {
-            if (!y)
-                tpl_fail(c, "integer division or modulo by zero");
-            if (x == INT64_MIN && y == -1)
-                tpl_fail(c, "an integer beyond 64 bits");
-            int64_t q = x / y, m = x % y;
-            if (m && ((m < 0) != (y < 0))) { /* Python floors */
-                q--;
-                m += y;
+    if (nargs > m->nnames)
+        tpl_fail(c, "macro '%s' takes not more than %zu argument(s)", m->name, m->nnames);
+    if (++c->depth > c->maxdepth)
+        tpl_fail(c, "macros call each other too deeply");
+    struct tscope *ms = tpl_alloc(c, sizeof *ms);
+    ms->parent = m->scope ? m->scope : c->root;
+    for (size_t i = 0; i < m->nnames; i++) {
+        struct tv v = i < nargs ? args[i] : tv_undef(m->names[i]);
+        int given = i < nargs;
+        for (size_t k = 0; k < nkw; k++)
+            if (!strcmp(kwn[k], m->names[i])) {
+                if (given)
+                    tpl_fail(c, "macro '%s' got multiple values for argument '%s'", m->name, m->names[i]);
+                v = kwv[k];
+                given = 1;
             }
-            return tv_int(op == OP_MOD ? m : q);
-        }
-        if (fy == 0)
-            tpl_fail(c, "float division by zero");
-        if (op == OP_FLOORDIV)
-            return tv_float(floor(fx / fy));
-        {
-            double m = fmod(fx, fy);
-            if (m && ((m < 0) != (fy < 0)))
-                m += fy;
-            return tv_float(m);
-        }
-    default: /* OP_POW */
-        if (ints && y >= 0) {
-            int64_t p = 1;
-            for (int64_t i = 0; i < y; i++)
-                if (__builtin_mul_overflow(p, x, &p))
-                    tpl_fail(c, "an integer beyond 64 bits");
-            return tv_int(p);
-        }
-        if (fx == 0 && fy < 0)
-            tpl_fail(c, "0.0 cannot be raised to a negative power");
-        return tv_float(pow(fx, fy));
+        if (!given && m->kwvals[i])
+            v = tpl_eval(c, ms, m->kwvals[i]);
+        tpl_assign(c, ms, m->names[i], v);
+    }
+    if (m->op) /* the body names `caller`: undefined unless one is given */
+        tpl_assign(c, ms, "caller", tv_undef("caller"));
+    for (size_t k = 0; k < nkw; k++) {
+        size_t i = 0;
+        while (i < m->nnames && strcmp(kwn[k], m->names[i]))
+            i++;
+        if (i < m->nnames)
+            continue;
+        if (!m->op || strcmp(kwn[k], "caller"))
+            tpl_fail(c, "macro '%s' takes no keyword argument '%s'", m->name, kwn[k]);
+        tpl_assign(c, ms, "caller", kwv[k]);
+    }
+    struct tv r = tpl_capture(c, ms, m->kids, m->nkids);
+    c->depth--;
+    return r;
+}
+
+static struct tv tpl_call(struct tctx *c, struct tscope *s, const struct tv *f, struct tv *args, size_t nargs,
+                   const char **kwn, struct tv *kwv, size_t nkw)
+{
+    switch (f->t) {
+    case TV_FUNC: return tpl_global_call(c, f->u.fn, args, nargs, kwn, kwv, nkw);
+    case TV_METHOD: return tpl_method(c, f->u.m, args, nargs, kwn, kwv, nkw);
+    case TV_MACRO: return call_macro(c, f->u.mac, args, nargs, kwn, kwv, nkw);
+    case TV_UNDEF: tpl_undefined_use(c, f);
+    default: tpl_fail(c, "'%s' object is not callable", tv_type_name(f));
     }
 }
 
-static int compare(struct tctx *c, int op, const struct tv *a, const struct tv *b)
+/* A call's or a filter's arguments: its own, then `*x`'s items after the positional ones and `**d`'s items after
+ * the keywords (a name given twice fails, as in Python); caller: a call block's, passed as the keyword `caller`. */
+static void tpl_args(struct tctx *c, struct tscope *s, const struct tnode *e, const struct tv *caller, struct targs *g)
 {
-    switch (op) {
-    case OP_EQ:
-        return tv_equal(a, b);
-    case OP_NE:
-        return !tv_equal(a, b);
-    case OP_IN:
-        return contains(c, b, a);
-    case OP_NOTIN:
-        return !contains(c, b, a);
-    default: {
-        if (a->t == TV_UNDEF)
-            tpl_undefined_use(c, a);
-        if (b->t == TV_UNDEF)
-            tpl_undefined_use(c, b);
-        int r = tv_compare(c, a, b);
-        return op == OP_LT ? r < 0 : op == OP_LE ? r <= 0 : op == OP_GT ? r > 0 : r >= 0;
+    g->v = tpl_eval_args(c, s, e, &g->kw);
+    g->n = e->nkids;
+    g->nkw = e->nnames;
+    g->kwn = (const char **)e->names;
+    struct tlist *star = NULL;
+    struct tv dd = {0};
+    if (e->c) {
+        struct tv x = tpl_eval(c, s, e->c);
+        if (x.t != TV_LIST && x.t != TV_DICT && x.t != TV_STR)
+            tpl_fail(c, "Value after * must be an iterable, not %s", tv_type_name(&x));
+        star = tv_iter(c, &x);
     }
+    if (e->b) {
+        dd = tpl_eval(c, s, e->b);
+        if (dd.t != TV_DICT)
+            tpl_fail(c, "argument after ** must be a mapping, not %s", tv_type_name(&dd));
     }
+    size_t more = star ? star->n : 0, morekw = (e->b ? dd.u.d->n : 0) + (caller != NULL);
+    if (!more && !morekw)
+        return;
+    struct tv *a2 = tpl_alloc(c, (g->n + more + 1) * sizeof *a2),
+              *k2 = tpl_alloc(c, (g->nkw + morekw + 1) * sizeof *k2);
+    const char **n2 = tpl_alloc(c, (g->nkw + morekw + 1) * sizeof *n2);
+    memcpy(a2, g->v, g->n * sizeof *a2);
+    for (size_t i = 0; i < more; i++)
+        a2[g->n++] = star->v[i];
+    memcpy(k2, g->kw, g->nkw * sizeof *k2);
+    if (g->nkw)
+        memcpy(n2, g->kwn, g->nkw * sizeof *n2);
+    for (size_t i = 0; e->b && i < dd.u.d->n; i++) {
+        const struct tv *k = &dd.u.d->k[i];
+        if (k->t != TV_STR)
+            tpl_fail(c, "keywords must be strings");
+        char *name = tpl_alloc(c, k->u.s.n + 1);
+        memcpy(name, k->u.s.p, k->u.s.n);
+        for (size_t j = 0; j < g->nkw; j++)
+            if (!strcmp(n2[j], name))
+                tpl_fail(c, "got multiple values for keyword argument '%s'", name);
+        n2[g->nkw] = name;
+        k2[g->nkw++] = dd.u.d->v[i];
+    }
+    if (caller) {
+        n2[g->nkw] = "caller";
+        k2[g->nkw++] = *caller;
+    }
+    g->v = a2;
+    g->kw = k2;
+    g->kwn = n2;
+}
+
+static struct tv tpl_call_expr(struct tctx *c, struct tscope *s, const struct tnode *e, const struct tv *caller)
+{
+    struct tv f = tpl_eval(c, s, e->a);
+    struct targs g;
+    tpl_args(c, s, e, caller, &g);
+    c->line = e->line;
+    if (caller && f.t != TV_MACRO) /* only a macro takes a caller */
+        tpl_fail(c, "%s() got an unexpected keyword argument 'caller'", tv_type_name(&f));
+    return tpl_call(c, s, &f, g.v, g.n, g.kwn, g.kw, g.nkw);
+}
+
+/* {% call(params) m(args) %}body{% endcall %}: m called with `caller`, a macro of the block's parameters and body
+ * over the scope the block stands in; the call's text printed. */
+static void tpl_call_block(struct tctx *c, struct tscope *s, const struct tnode *n)
+{
+    struct tnode *m = tpl_alloc(c, sizeof *m);
+    *m = (struct tnode){.kind = N_MACRO,
+                        .line = n->line,
+                        .name = "caller",
+                        .names = n->names,
+                        .nnames = n->nnames,
+                        .kwvals = n->kwvals,
+                        .kids = n->kids,
+                        .nkids = n->nkids,
+                        .scope = s};
+    struct tv caller = {.t = TV_MACRO};
+    caller.u.mac = m;
+    struct tv r = tpl_call_expr(c, s, n->a, &caller);
+    tpl_emit_value(c, &r);
 }
 
 #define CHAIN_MAX 32
@@ -439,7 +373,7 @@ static struct tv chain(struct tctx *c, struct tscope *s, const struct tnode *e, 
         struct tv acc = v[0];
         for (int i = 1; i < k; i++) {
             c->line = spine[n - i]->line;
-            acc = binop(c, e->op, acc, v[i]);
+            acc = tpl_binop(c, e->op, acc, v[i]);
         }
         if (emit == 1) {
             struct tbuf b = {0};
@@ -501,7 +435,7 @@ struct tv tpl_eval(struct tctx *c, struct tscope *s, const struct tnode *e)
         a = tpl_eval(c, s, e->a);
         for (int k = 0; k < 3; k++)
             p[k] = e->kids[k] ? tpl_eval(c, s, e->kids[k]) : tv_none();
-        return get_slice(c, a, p);
+        return tpl_get_slice(c, a, p);
     }
     case E_CALL:
         return tpl_call_expr(c, s, e, NULL);
@@ -525,7 +459,7 @@ struct tv tpl_eval(struct tctx *c, struct tscope *s, const struct tnode *e)
     case E_NEG:
     case E_POS:
         a = tpl_eval(c, s, e->a);
-        if (!is_num(&a)) {
+        if (!tv_is_num(&a)) {
             if (a.t == TV_UNDEF)
                 tpl_undefined_use(c, &a);
             tpl_fail(c, "bad operand type for unary %c: '%s'", e->kind == E_NEG ? '-' : '+', tv_type_name(&a));
@@ -534,22 +468,22 @@ struct tv tpl_eval(struct tctx *c, struct tscope *s, const struct tnode *e)
             return a.t == TV_BOOL ? tv_int(a.u.b) : a;
         if (a.t == TV_FLOAT)
             return tv_float(-a.u.f);
-        if (inum(&a) == INT64_MIN)
+        if (tv_inum(&a) == INT64_MIN)
             tpl_fail(c, "an integer beyond 64 bits");
-        return tv_int(-inum(&a));
+        return tv_int(-tv_inum(&a));
     case E_BIN:
         if (e->op == OP_ADD || e->op == OP_CONCAT)
             return chain(c, s, e, 0);
         a = tpl_eval(c, s, e->a);
         b = tpl_eval(c, s, e->b);
         c->line = e->line;
-        return binop(c, e->op, a, b);
+        return tpl_binop(c, e->op, a, b);
     case E_CMP:
         a = tpl_eval(c, s, e->kids[0]);
         for (size_t i = 1; i < e->nkids; i++) {
             b = tpl_eval(c, s, e->kids[i]);
             c->line = e->line;
-            if (!compare(c, e->ops[i - 1], &a, &b))
+            if (!tpl_compare(c, e->ops[i - 1], &a, &b))
                 return tv_bool(0);
             a = b;
         }

@@ -24,11 +24,6 @@ static void pad_put(struct tctx *c, struct tbuf *b, const char *p, size_t n, siz
             tb_put(c, b, " ", 1);
 }
 
-static int is_number(const struct tv *v)
-{
-    return v->t == TV_INT || v->t == TV_FLOAT || v->t == TV_BOOL;
-}
-
 /* An integer conversion (d i u o x X): sign, the '#' prefix, zeros to the precision or (flag 0) to the width */
 static void put_int(struct tctx *c, struct tbuf *b, int neg, const char *digits, char conv, const char *flags,
                     size_t width, int prec)
@@ -102,7 +97,7 @@ static void convert(struct tctx *c, struct tbuf *b, char conv, const struct tv *
         pad_put(c, b, ch, n, width, left, ' ');
         return;
     }
-    if (!is_number(v))
+    if (!tv_is_num(v))
         tpl_fail(c, "%%%c format: %s is required, not %s", conv, strchr("doxXiu", conv) ? "a real number" : "a number",
                  tv_type_name(v));
     if (strchr("diu", conv) || ((conv == 'o' || conv == 'x' || conv == 'X') && v->t != TV_FLOAT)) {

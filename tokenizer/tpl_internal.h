@@ -4,8 +4,9 @@
  * value semantics.
  *   tpl_parse.c  the lexer (whitespace control) and the parser: source -> tree of struct tnode
  *   tpl_value.c  values (struct tv), the arena every render allocates from, str()/repr()/JSON, comparisons
- *   tpl_eval.c   the evaluator: statements, expressions, scopes, loops
- *   tpl_call.c   calls: arguments and their unpacking, macros, call blocks
+ *   tpl_eval.c   the evaluator: statements, expressions, scopes, loops, calls (arguments and their unpacking,
+ *                macros, call blocks)
+ *   tpl_ops.c    Python's operators on values: arithmetic, comparisons, `in`, slices
  *   tpl_lib.c    filters, tests, string and dict methods, globals (range, namespace, raise_exception, ...)
  *   tpl_str.c    Python's str operations;  tpl_fmt.c  Python's % formatting and round
  * Errors unwind with longjmp to the entry point (tpl_fail): everything a render allocated is in its arena. */
@@ -147,9 +148,24 @@ struct tcapture {
 
 _Noreturn void tpl_fail(struct tctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void tpl_emit(struct tctx *c, const char *p, size_t n);
+_Noreturn void tpl_undefined_use(struct tctx *c, const struct tv *v); /* "'x' is undefined" */
+void tpl_uncapture(struct tctx *c, struct tcapture *upto); /* after an error: back to the output of upto */
 void tpl_emit_value(struct tctx *c, const struct tv *v); /* str(v) into the output */
 
 /* tpl_value.c */
+/* Python's numbers among the values: bool, int, float; as a double; an int or bool as an int */
+static inline int tv_is_num(const struct tv *v)
+{
+    return v->t == TV_INT || v->t == TV_FLOAT || v->t == TV_BOOL;
+}
+static inline double tv_fnum(const struct tv *v)
+{
+    return v->t == TV_FLOAT ? v->u.f : v->t == TV_INT ? (double)v->u.i : (double)v->u.b;
+}
+static inline int64_t tv_inum(const struct tv *v)
+{
+    return v->t == TV_INT ? v->u.i : v->u.b;
+}
 struct tv tv_str(struct tctx *c, const char *p, size_t n); /* copies */
 /* the constructors that copy nothing are inline: out of line, the struct returned through the stack stalled the
  * store-to-load forwarding of every call (a seventh of a long conversation's render) */
@@ -230,22 +246,12 @@ static inline int tpl_name_is(const char *name, const char *lit)
 struct tv tpl_eval(struct tctx *c, struct tscope *s, const struct tnode *e);
 void tpl_exec(struct tctx *c, struct tscope *s, struct tnode **body, size_t n);
 void tpl_assign(struct tctx *c, struct tscope *s, const char *name, struct tv v);
-_Noreturn void tpl_undefined_use(struct tctx *c, const struct tv *v);
 
-/* tpl_call.c */
-struct tv *tpl_eval_args(struct tctx *c, struct tscope *s, const struct tnode *n, struct tv **kw);
-struct tv tpl_capture(struct tctx *c, struct tscope *s, struct tnode **body, size_t n);
-void tpl_uncapture(struct tctx *c, struct tcapture *upto); /* after an error: back to the output of upto */
-struct tv tpl_call(struct tctx *c, struct tscope *s, const struct tv *f, struct tv *args, size_t nargs,
-                   const char **kwn, struct tv *kwv, size_t nkw);
-struct targs { /* a call's arguments, unpacked */
-    struct tv *v, *kw;
-    const char **kwn;
-    size_t n, nkw;
-};
-void tpl_args(struct tctx *c, struct tscope *s, const struct tnode *e, const struct tv *caller, struct targs *g);
-struct tv tpl_call_expr(struct tctx *c, struct tscope *s, const struct tnode *e, const struct tv *caller);
-void tpl_call_block(struct tctx *c, struct tscope *s, const struct tnode *n);
+/* tpl_ops.c */
+struct tv tpl_binop(struct tctx *c, int op, struct tv a, struct tv b);
+int tpl_compare(struct tctx *c, int op, const struct tv *a, const struct tv *b);
+int tpl_contains(struct tctx *c, const struct tv *hay, const struct tv *needle);
+struct tv tpl_get_slice(struct tctx *c, struct tv v, struct tv *p); /* p: start, stop, step */
 
 /* tpl_lib.c */
 enum tpl_global { G_RANGE = 1, G_NAMESPACE, G_RAISE, G_STRFTIME, G_DICT, G_LOOP_CYCLE };

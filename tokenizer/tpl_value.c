@@ -130,21 +130,6 @@ void td_set(struct tctx *c, struct tdict *d, struct tv k, struct tv v)
 
 /* ---------------- semantics ---------------- */
 
-static int is_num(const struct tv *v)
-{
-    return v->t == TV_BOOL || v->t == TV_INT || v->t == TV_FLOAT;
-}
-
-static double num(const struct tv *v)
-{
-    return v->t == TV_FLOAT ? v->u.f : v->t == TV_INT ? (double)v->u.i : (double)v->u.b;
-}
-
-static int64_t inum(const struct tv *v)
-{
-    return v->t == TV_INT ? v->u.i : v->u.b;
-}
-
 int tv_truth(const struct tv *v)
 {
     switch (v->t) {
@@ -170,10 +155,10 @@ int tv_truth(const struct tv *v)
 
 int tv_equal(const struct tv *a, const struct tv *b)
 {
-    if (is_num(a) && is_num(b)) {
+    if (tv_is_num(a) && tv_is_num(b)) {
         if (a->t != TV_FLOAT && b->t != TV_FLOAT)
-            return inum(a) == inum(b);
-        return num(a) == num(b);
+            return tv_inum(a) == tv_inum(b);
+        return tv_fnum(a) == tv_fnum(b);
     }
     if (a->t != b->t)
         return 0;
@@ -223,10 +208,10 @@ const char *tv_type_name(const struct tv *v)
 
 int tv_compare(struct tctx *c, const struct tv *a, const struct tv *b)
 {
-    if (is_num(a) && is_num(b)) {
+    if (tv_is_num(a) && tv_is_num(b)) {
         if (a->t != TV_FLOAT && b->t != TV_FLOAT)
-            return inum(a) < inum(b) ? -1 : inum(a) > inum(b);
-        double x = num(a), y = num(b);
+            return tv_inum(a) < tv_inum(b) ? -1 : tv_inum(a) > tv_inum(b);
+        double x = tv_fnum(a), y = tv_fnum(b);
         return x < y ? -1 : x > y;
     }
     if (a->t == TV_STR && b->t == TV_STR) {
@@ -709,4 +694,15 @@ struct tv tv_need_str(struct tctx *c, struct tv v, const char *what)
     if (v.t != TV_STR)
         tpl_fail(c, "%s: expected a string, got %s", what, tv_type_name(&v));
     return v;
+}
+
+void tpl_emit_value(struct tctx *c, const struct tv *v)
+{
+    if (v->t == TV_STR) {
+        tpl_emit(c, v->u.s.p, v->u.s.n);
+        return;
+    }
+    struct tbuf b = {0};
+    tv_str_into(c, &b, v);
+    tpl_emit(c, b.p, b.n);
 }
