@@ -214,7 +214,8 @@ static const struct xpyd_setting settings[] = {
      "largest KV-event message accepted (ZeroMQ drops the connection of a publisher sending more); with "
      "`--kv-events-hwm` it bounds what one source may queue"},
     {"kv-events-hwm", XS_LONG, OFF(kv_events_hwm), 1, 1000000, "64", NULL,
-     "KV-event messages ZeroMQ queues per source before dropping (a gap the sequence numbers then show)"},
+     "KV-event messages ZeroMQ queues per source before dropping (a gap the sequence numbers then show); in "
+     "bind mode also the messages kept per rank during its replay"},
     {"kv-events-replay-timeout-ms", XS_LONG, OFF(kv_events_replay_timeout_ms), 1, 600000, "1000", NULL,
      "how long a replay may take before the rank's blocks are forgotten instead"},
     {"kv-events-recheck-ms", XS_LONG, OFF(kv_events_recheck_ms), 0, 600000, "100", NULL,

@@ -75,6 +75,10 @@ void rt_kv_metrics(struct evbuffer *b)
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_replays_total{role=\"%s\",result=\"ok\"} %" PRIu64 "\n"
                                      "xpyd_kv_events_replays_total{role=\"%s\",result=\"failed\"} %" PRIu64 "\n",
                                   roles[role], U64(K.replays_ok[role]), roles[role], U64(K.replays_failed[role]));
+    header(b, "xpyd_kv_events_waiting", "gauge",
+           "Messages kept while their rank's replay is under way (--kv-events-bind: taken after it, in order).");
+    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_waiting{role=\"%s\"} %ld\n", roles[role],
+                                  atomic_load(&K.waiting[role]));
     header(b, "xpyd_kv_events_resets_total", "counter",
            "Sequence numbers that went back (an engine restarted): the rank's blocks forgotten.");
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_resets_total{role=\"%s\"} %" PRIu64 "\n", roles[role],

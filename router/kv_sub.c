@@ -110,6 +110,50 @@ static void take_in_order(int role, int rank, struct kv_src *s, uint64_t seq, co
     atomic_store(&s->up, 1); /* a message proves the connection, whatever the monitor said (or has yet to say) */
 }
 
+static void on_seq(int role, int rank, struct kv_src *s, uint64_t seq, const void *buf, size_t len);
+
+/* Bind mode: a message for a rank whose replay is under way, kept for after it (dropped when --kv-events-hwm
+ * wait already: the next message taken then shows the gap, as a full ZeroMQ queue would in connect mode). */
+static void wait_push(int role, struct kv_src *s, zmq_msg_t *f, int nf)
+{
+    if (nf != 3 || zmq_msg_size(&f[1]) != 8) {
+        atomic_fetch_add(&K.decode_errors[role][KVE_ESHAPE], 1);
+        return;
+    }
+    size_t len = zmq_msg_size(&f[2]);
+    struct kv_wait *w = s->nwait < (size_t)g_rt->cfg.kv_events_hwm ? malloc(sizeof *w + len) : NULL;
+    if (!w)
+        return;
+    w->next = NULL;
+    w->seq = be64(zmq_msg_data(&f[1]));
+    w->len = len;
+    memcpy(w->data, zmq_msg_data(&f[2]), len);
+    *(s->wait ? &s->wait_tail->next : &s->wait) = w;
+    s->wait_tail = w;
+    s->nwait++;
+    atomic_fetch_add(&K.waiting[role], 1);
+}
+
+/* The oldest message kept, or NULL; the caller frees it. */
+static struct kv_wait *wait_pop(int role, struct kv_src *s)
+{
+    struct kv_wait *w = s->wait;
+    if (w) {
+        if (!(s->wait = w->next))
+            s->wait_tail = NULL;
+        s->nwait--;
+        atomic_fetch_sub(&K.waiting[role], 1);
+    }
+    return w;
+}
+
+static void wait_free(int role, struct kv_src *s)
+{
+    struct kv_wait *w;
+    while ((w = wait_pop(role, s)))
+        free(w);
+}
+
 static void replay_close(struct kv_src *s)
 {
     if (s->rep)
@@ -126,7 +170,8 @@ static void forget(int role, int rank)
 }
 
 /* The replay ended: ok 0 when everything asked for came in order. A gap's replay that failed forgets the rank
- * (what was missed may have removed blocks); then the message that showed the gap is applied. */
+ * (what was missed may have removed blocks); then the message that showed the gap is applied, then those kept
+ * meanwhile (bind mode), in order, until one of them shows a gap of its own (its replay then starts). */
 static void replay_end(int role, int rank, struct kv_src *s, int ok)
 {
     atomic_fetch_add(ok == 0 ? &K.replays_ok[role] : &K.replays_failed[role], 1);
@@ -137,6 +182,11 @@ static void replay_end(int role, int rank, struct kv_src *s, int ok)
     replay_close(s);
     take_in_order(role, rank, s, s->held_seq, held, s->held_len);
     free(held);
+    struct kv_wait *w;
+    while (!s->rep && (w = wait_pop(role, s))) {
+        on_seq(role, rank, s, w->seq, w->data, w->len);
+        free(w);
+    }
 }
 
 /* Asks rank's replay endpoint for batches [from, upto), the message f (numbered upto) held until they came: the
@@ -164,7 +214,7 @@ static int replay_endpoint(const struct kv_src *s, char *ep, size_t cap)
     return 1;
 }
 
-static int replay_start(struct kv_src *s, uint64_t from, uint64_t upto, int strict, zmq_msg_t *f)
+static int replay_start(struct kv_src *s, uint64_t from, uint64_t upto, int strict, const void *buf, size_t len)
 {
     char ep[320];
     if (!replay_endpoint(s, ep, sizeof ep))
@@ -177,7 +227,6 @@ static int replay_start(struct kv_src *s, uint64_t from, uint64_t upto, int stri
         req[i] = (unsigned char)(from >> (56 - 8 * i));
     /* as vLLM's example subscriber asks with a REQ socket: an empty delimiter, then the number (vLLM's ROUTER
      * takes exactly [identity, "", start] and answers [identity, "", seq, payload]) */
-    size_t len = zmq_msg_size(&f[2]);
     void *held = malloc(len ? len : 1);
     if (!d || !held || zmq_setsockopt(d, ZMQ_LINGER, &zero, sizeof zero) ||
         zmq_setsockopt(d, ZMQ_MAXMSGSIZE, &max, sizeof max) || zmq_connect(d, ep) != 0 ||
@@ -187,7 +236,7 @@ static int replay_start(struct kv_src *s, uint64_t from, uint64_t upto, int stri
         free(held);
         return -1;
     }
-    memcpy(held, zmq_msg_data(&f[2]), len);
+    memcpy(held, buf, len);
     s->rep = d;
     s->held = held;
     s->held_len = len;
@@ -231,30 +280,35 @@ static void replay_input(int role, int rank, struct kv_src *s)
     }
 }
 
-static void on_message(int role, int rank, struct kv_src *s, zmq_msg_t *f, int nf)
+/* A rank's message numbered seq, taken in its turn. */
+static void on_seq(int role, int rank, struct kv_src *s, uint64_t seq, const void *buf, size_t len)
 {
-    if (nf != 3 || zmq_msg_size(&f[1]) != 8) {
-        atomic_fetch_add(&K.decode_errors[role][KVE_ESHAPE], 1);
-        return;
-    }
-    uint64_t seq = be64(zmq_msg_data(&f[1]));
     int replayable = replay_endpoint(s, NULL, 0);
     if (s->have_seq && seq <= s->seq) { /* numbered afresh: the engine restarted, its cache empty */
         atomic_fetch_add(&K.resets[role], 1);
         forget(role, rank);
     } else if (s->have_seq && seq > s->seq + 1) {
         atomic_fetch_add(&K.gaps[role], 1);
-        if (replayable && replay_start(s, s->seq + 1, seq, 1, f) == 0)
+        if (replayable && replay_start(s, s->seq + 1, seq, 1, buf, len) == 0)
             return; /* this message waits for the replay */
         if (replayable)
             atomic_fetch_add(&K.replays_failed[role], 1);
         forget(role, rank); /* what was missed may have removed blocks: start afresh */
     } else if (!s->have_seq && seq > 0 && replayable) {
-        if (replay_start(s, 0, seq, 0, f) == 0) /* joined late: what the rank stored before, as far as it is */
+        if (replay_start(s, 0, seq, 0, buf, len) == 0) /* joined late: what the rank stored before, as far as it is */
             return;                             /* buffered */
         atomic_fetch_add(&K.replays_failed[role], 1);
     }
-    take_in_order(role, rank, s, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
+    take_in_order(role, rank, s, seq, buf, len);
+}
+
+static void on_message(int role, int rank, struct kv_src *s, zmq_msg_t *f, int nf)
+{
+    if (nf != 3 || zmq_msg_size(&f[1]) != 8) {
+        atomic_fetch_add(&K.decode_errors[role][KVE_ESHAPE], 1);
+        return;
+    }
+    on_seq(role, rank, s, be64(zmq_msg_data(&f[1])), zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
 }
 
 /* A connection hint for the health checks (rt_kv_take_hint), and their wake-up. */
@@ -324,6 +378,7 @@ static void unsubscribe(int role, int rank, struct kv_src *s)
         zmq_close(s->mon);
     s->sub = s->mon = NULL;
     replay_close(s);
+    wait_free(role, s);
     s->ep[0] = 0;
     s->bound[0] = 0;
     s->have_seq = 0;
@@ -430,7 +485,9 @@ static void on_bound_message(int r, zmq_msg_t *f, int nf)
         engine[tn] = 0;
         for (int role = 0; role < 2; role++) {
             int rank = K.on[role] && !memchr(engine, 0, tn) ? bound_rank(role, engine, r) : -1;
-            if (rank >= 0 && !K.src[role][rank].rep) /* during its replay: left for the next one to fetch */
+            if (rank >= 0 && K.src[role][rank].rep) /* during its replay: kept for after it */
+                wait_push(role, &K.src[role][rank], f, nf);
+            else if (rank >= 0)
                 on_message(role, rank, &K.src[role][rank], f, nf);
             hit |= rank >= 0;
         }
@@ -591,8 +648,10 @@ static void *consumer(void *arg)
         for (size_t i = 0; K.on[role] && i < K.cap; i++)
             if (K.src[role][i].sub)
                 unsubscribe(role, (int)i, &K.src[role][i]);
-            else
-                replay_close(&K.src[role][i]); /* a connected engine's replay under way */
+            else { /* a connected engine's replay under way, and what waits for it */
+                replay_close(&K.src[role][i]);
+                wait_free(role, &K.src[role][i]);
+            }
     for (int r = 0; r < K.nbound; r++)
         zmq_close(K.bsub[r]);
     K.nbound = 0;

@@ -29,6 +29,10 @@ struct kv_src {
     void *held;      /* the message whose number started the replay: applied after it */
     size_t held_len;
     uint64_t held_seq;
+    struct kv_wait *wait, *wait_tail; /* bind mode: the rank's messages heard during its replay, in order (the
+                                       * bound socket serves every engine, so they cannot stay in it); taken
+                                       * after the replay; at most --kv-events-hwm (the consumer's) */
+    size_t nwait;
     atomic_int on;                    /* subscribed */
     atomic_int up;                    /* connected to the publisher now (placement may trust it) */
     atomic_uint_fast64_t first_sent;  /* µs of the first prompt sent since its last message; 0: none */
@@ -36,6 +40,14 @@ struct kv_src {
     atomic_uint_fast64_t dropped_at;  /* µs its blocks were last forgotten (restart, clear, gap, lost connection) */
     atomic_uint_fast64_t pend[PEND_SLOTS]; /* period << 24 | requests sent to it then and still in flight */
     atomic_int hint; /* for the health checks: KV_HINT_GONE / KV_HINT_BACK since rt_kv_take_hint last took it */
+};
+
+/* A message kept for after its rank's replay: its number and payload. */
+struct kv_wait {
+    struct kv_wait *next;
+    uint64_t seq;
+    size_t len;
+    unsigned char data[];
 };
 
 struct kv_consumer {
@@ -51,6 +63,7 @@ struct kv_consumer {
     atomic_uint_fast64_t decode_errors[2][KVE_ECOUNT], skipped[2][KVI_COUNT], picks[2][2];
     atomic_uint_fast64_t lag_us[2]; /* the last batch: its arrival minus its ts */
     atomic_uint_fast64_t disconnects[2];
+    atomic_long waiting[2]; /* messages kept while their ranks' replays are under way (bind mode) */
     atomic_int subscribed[2]; /* sources with an endpoint: none, and a query costs nothing */
     void *bsub[BIND_MAX]; /* bind mode: SUB sockets bound on PORT + r */
     int nbound;

@@ -94,6 +94,7 @@ class Pub:
             self.invalid = []
             self.stop = False
             self.mute = False  # asked, and never answers
+            self.gate = None  # a threading.Event: asked, and answers once it is set
             self.topic = []  # [b"topic"]: answers as newer vLLM sends them (the topic before the number)
             self.th = threading.Thread(target=self._serve, daemon=True)
             self.th.start()
@@ -111,6 +112,8 @@ class Pub:
             self.asked.append(first)
             if self.mute:
                 continue
+            while self.gate is not None and not self.gate.wait(0.05) and not self.stop:
+                pass
             for seq in sorted(s for s in self.sent if s >= first):
                 self.r.send_multipart([ident, b""] + self.topic + [seq.to_bytes(8, "big"), self.sent[seq]])
             self.r.send_multipart([ident, b""] + self.topic + [(-1).to_bytes(8, "big", signed=True), b""])
