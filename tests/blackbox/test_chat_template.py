@@ -15,6 +15,7 @@ import random
 import re
 import subprocess
 
+import oracle_cache
 import xpyd_testlib as t
 from test_tokenizer import model_dir, oracle
 
@@ -265,22 +266,14 @@ def ours(dir_, requests, ids=False, template_file=None):
 
 
 def theirs(template, special, requests):
-    lines = "".join(json.dumps({"template": template, "special": special, "request": r}) + "\n" for r in requests)
-    p = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "tpl_oracle.py")], input=lines, capture_output=True,
-                       text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
-    return [json.loads(l) for l in p.stdout.splitlines()]
+    return oracle_cache.jinja_renders([{"template": template, "special": special, "request": r} for r in requests])
 
 
 def theirs_many(templates, special, request):
     """Each template rendered by the oracle for one request (or, a list, each for its own)."""
     reqs = request if isinstance(request, list) else [request] * len(templates)
-    lines = "".join(json.dumps({"template": tp, "special": special, "request": r}) + "\n"
-                    for tp, r in zip(templates, reqs))
-    p = subprocess.run(["/usr/bin/python3", os.path.join(HERE, "tpl_oracle.py")], input=lines, capture_output=True,
-                       text=True, timeout=600)
-    assert p.returncode == 0, p.stderr
-    return [json.loads(l) for l in p.stdout.splitlines()]
+    return oracle_cache.jinja_renders([{"template": tp, "special": special, "request": r}
+                                       for tp, r in zip(templates, reqs)])
 
 
 def render_file(src, req, path):

@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 
+import oracle_cache
 import xpyd_testlib as t
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -69,14 +70,9 @@ def tokenize(name, texts, special=False):
 
 
 def oracle(name, texts, special=False):
-    t.npm_package("tokenizers")
-    args = ["node", os.path.join(HERE, "tok_oracle.js"), os.path.join(model_dir(name), "tokenizer.json")]
-    config = ["--config", os.path.join(model_dir(name), "tokenizer_config.json")]  # as transformers loads it
-    p = subprocess.run(args + (["--add-special-tokens"] + config if special else []),
-                       input="".join(json.dumps(s) + "\n" for s in texts), capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ, NODE_PATH=os.path.join(t.NPM_DIR, "node_modules")))
-    assert p.returncode == 0, p.stderr
-    return [json.loads(l) for l in p.stdout.splitlines()]
+    # (the config as transformers loads it)
+    return oracle_cache.hf_ids(os.path.join(model_dir(name), "tokenizer.json"), texts, special,
+                               config=os.path.join(model_dir(name), "tokenizer_config.json"))
 
 
 def added_tokens(name):
@@ -150,13 +146,9 @@ class Tokenizer(t.TestCase):
                 p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", tmp, "--jsonl",
                                     "--add-special-tokens"], input=inp, capture_output=True, text=True, timeout=120)
                 self.assertEqual(p.returncode, 0, p.stderr)
-                q = subprocess.run(["node", os.path.join(HERE, "tok_oracle.js"), os.path.join(tmp, "tokenizer.json"),
-                                    "--add-special-tokens", "--config", os.path.join(tmp, "tokenizer_config.json")],
-                                   input=inp, capture_output=True, text=True, timeout=120,
-                                   env=dict(os.environ, NODE_PATH=os.path.join(t.NPM_DIR, "node_modules")))
-                self.assertEqual(q.returncode, 0, q.stderr)
                 mine = [json.loads(l) for l in p.stdout.splitlines()]
-                self.assertEqual(mine, [json.loads(l) for l in q.stdout.splitlines()])
+                self.assertEqual(mine, oracle_cache.hf_ids(os.path.join(tmp, "tokenizer.json"), texts, True,
+                                                           config=os.path.join(tmp, "tokenizer_config.json")))
                 if name == "llama2" and change.get("add_eos_token"):
                     self.assertEqual(mine[1][-1], 2)  # </s> ends even the empty text
                 if name == "deepseek_v3":
