@@ -52,10 +52,11 @@ PKGS=(gcc make cmake pkg-config ca-certificates curl python3 procps
 # ... and what only the tests and benchmarks use (scripts/test.sh): unit tests (cmocka), fuzzing (clang),
 # a real Prometheus, etcd and HAProxy, the Debian package (help2man, dpkg-dev, adduser), charts (gnuplot),
 # the chat-template oracle (jinja2, configured as transformers configures it), KV-event publishers written
-# independently of the router (pyzmq, msgpack)
+# independently of the router (pyzmq, msgpack), Ninja and ccache for the mutation suite's builds (one per
+# mutant, four shards' clean builds of the same files)
 if [ "${XPYD_TEST_DEPS:-0}" = 1 ]; then
   PKGS+=(libcmocka-dev clang libclang-rt-14-dev prometheus etcd-server haproxy help2man man-db dpkg-dev adduser
-         gnuplot-nox python3-jinja2 python3-zmq python3-msgpack)
+         gnuplot-nox python3-jinja2 python3-zmq python3-msgpack ninja-build ccache)
 fi
 PKGS+=("$@")
 if [ $list = 1 ]; then
