@@ -166,22 +166,19 @@ static cJSON *tool(const cJSON *t)
     return out;
 }
 
-cJSON *rt_chat_as_vllm(const char *body, size_t len, int openai_content, int *why)
+cJSON *rt_chat_as_vllm(const cJSON *req, int openai_content, int *why)
 {
-    cJSON *req = cJSON_ParseWithLength(body, len), *it;
+    const cJSON *it;
     *why = RT_CHAT_SHAPE;
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
-    if (!cJSON_IsArray(msgs)) {
-        cJSON_Delete(req);
+    if (!cJSON_IsArray(msgs))
         return NULL;
-    }
     cJSON *out = cJSON_CreateObject(), *list = cJSON_AddArrayToObject(out, "messages");
     cJSON_ArrayForEach(it, msgs)
     {
         cJSON *m = message(it, openai_content, why);
         if (!m) {
             cJSON_Delete(out);
-            cJSON_Delete(req);
             return NULL;
         }
         cJSON_AddItemToArray(list, m);
@@ -199,7 +196,6 @@ cJSON *rt_chat_as_vllm(const char *body, size_t len, int openai_content, int *wh
         if (v && !cJSON_IsNull(v))
             add_copy(out, asis[k], v);
     }
-    cJSON_Delete(req);
     *why = 0;
     return out;
 }

@@ -167,6 +167,13 @@ static const struct xpyd_setting settings[] = {
      "with `--tokenizer`: this Jinja file is the chat template (as vLLM's `--chat-template`) instead of the model "
      "directory's `chat_template.jinja` or `tokenizer_config.json`'s; one that does not compile stops the router "
      "(the model directory's own only makes chat requests keep the estimate, logged with its line)"},
+    {"trust-request-chat-template", XS_ENUM, OFF(trust_request_chat_template), 0, 0, "off", on_off,
+     "with `--tokenizer`, as the engines' vLLM flag of that name: a chat request's own `chat_template` (or "
+     "`chat_template_kwargs`' `chat_template`, which wins, as vLLM takes them) is compiled and rendered to count "
+     "it, within the render's bounds (a name among the model's named templates picks that one, as transformers "
+     "does); one that does not compile keeps the estimate (reason `render`). Off: such a request keeps the byte "
+     "estimate (`xpyd_tokenizer_fallbacks_total{reason=\"request_template\"}`): vLLM refuses it without its flag, "
+     "and the router never renders a template a client sent unless told the engines do"},
     {"tokenizer-cache-bytes", XS_LONG, OFF(tokenizer_cache_bytes), 0, 1L << 40, "67108864", NULL,
      "with `--tokenizer`: memory of the tokenization cache, the text and ids of pieces between special tokens "
      "(a conversation's earlier turns), least recently used out first (`xpyd_tokenizer_cache_bytes`, "

@@ -120,7 +120,9 @@
       "has no chat template the router can render: see the start-up log), busy (--tokenizer-queue full), "      \
       "invalid_text (not valid UTF-8, e.g. a lone surrogate escape), shape (a prompt or message of another "   \
       "shape than the API's), media (image, audio or video parts: the model's own placeholders), render (the "  \
-      "template failed on the request, e.g. raise_exception: the engine will judge it).")                     \
+      "template failed on the request, e.g. raise_exception: the engine will judge it; or the request's own "   \
+      "template did not compile), request_template (a request bringing its own chat_template without "        \
+      "--trust-request-chat-template: vLLM refuses it then).")                                                \
     X(tokenizer_mismatch, "xpyd_tokenizer_mismatch_total", counter, NONE,                                       \
       "--tokenizer: prefill answers whose usage.prompt_tokens differed from the router's count (0 when the "    \
       "tokenizer is the engines' model's).")                                                                     \

@@ -21,7 +21,7 @@
 
 const char *const rt_prompt_src_names[4] = {"estimate", "ids", "tokenizer", "engine"};
 
-_Static_assert(RT_TF_COUNT == 6, "RT_STORE_TOKFB (router.h) holds 6 reasons");
+_Static_assert(RT_TF_COUNT == 7, "RT_STORE_TOKFB (router.h) holds 7 reasons");
 
 #define MAX_PROMPTS 1024 /* texts of one batch prompt tokenized; a longer batch keeps the estimate */
 
@@ -92,22 +92,52 @@ static double thread_cpu_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* The template a chat request is rendered with: the model's, or with --trust-request-chat-template the request's
+ * own (*mine, compiled for it: the caller frees it). NULL with j's fallback reason when it cannot be rendered. */
+static const struct xtok_chat *template_for(struct rt_tok_job *j, const cJSON *body, struct xtok_chat **mine)
+{
+    int bad = 0;
+    const char *own = xtok_chat_request_template(body, &bad);
+    char err[400];
+    *mine = NULL;
+    if (bad || (own && !g_rt->cfg.trust_request_chat_template)) { /* vLLM: a 400 either way */
+        j->fallback = bad ? RT_TF_SHAPE : RT_TF_REQUEST_TEMPLATE;
+        return NULL;
+    }
+    if (own && !(*mine = xtok_chat_with_template(T.chat, own, strlen(own), err, sizeof err))) {
+        j->fallback = RT_TF_RENDER;
+        XLOG_DEBUG("msg=\"a request's chat template does not compile: the byte estimate counts it\" error=\"%s\"",
+                   err);
+        return NULL;
+    }
+    return *mine ? *mine : T.chat;
+}
+
 /* A chat request: vLLM's template input, rendered, then encoded through the cache (no special tokens unless the
  * body asks: vLLM's default for chat). */
 static void encode_chat(struct rt_tok_job *j)
 {
-    int why = 0;
-    cJSON *req = rt_chat_as_vllm(j->text, j->lens[0], xtok_chat_openai_content(T.chat), &why);
+    int why = RT_CHAT_SHAPE;
+    cJSON *body = cJSON_ParseWithLength(j->text, j->lens[0]), *req = NULL;
+    struct xtok_chat *mine = NULL;
+    const struct xtok_chat *chat = body ? template_for(j, body, &mine) : NULL;
+    if (chat)
+        req = rt_chat_as_vllm(body, xtok_chat_openai_content(chat), &why);
+    cJSON_Delete(body);
     if (!req) {
         j->rc = -1;
-        j->fallback = why == RT_CHAT_MEDIA ? RT_TF_MEDIA : RT_TF_SHAPE;
+        if (chat || !body)
+            j->fallback = why == RT_CHAT_MEDIA ? RT_TF_MEDIA : RT_TF_SHAPE;
+        xtok_chat_free(mine);
         return;
     }
-    size_t body = (size_t)g_rt->cfg.max_body_bytes;
-    struct xtpl_limits lim = {4 * body + (1u << 20), 8 * body + (64u << 20), 10000000};
+    size_t bytes = (size_t)g_rt->cfg.max_body_bytes;
+    struct xtpl_limits lim = {4 * bytes + (1u << 20), 8 * bytes + (64u << 20), 10000000};
     char *text, err[400];
     size_t n;
-    if (xtok_chat_render(T.chat, req, &lim, &text, &n, err, sizeof err) != 0) {
+    int rc = xtok_chat_render(chat, req, &lim, &text, &n, err, sizeof err);
+    xtok_chat_free(mine);
+    if (rc != 0) {
         cJSON_Delete(req);
         j->rc = -1;
         j->fallback = RT_TF_RENDER;

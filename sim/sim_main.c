@@ -136,6 +136,10 @@ static const struct xpyd_setting settings[] = {
      "it (sim_chat.c: messages and tools as vLLM passes them), without special tokens unless add_special_tokens "
      "is true (a model without a template: a role token and the text per message); text that is not UTF-8 or "
      "a template that refuses the conversation gets 400"},
+    {"trust-request-chat-template", XS_ENUM, F(trust_request_chat_template), 0, 0, "off", on_off,
+     "with `--tokenizer`, as vLLM's `--trust-request-chat-template`: a chat request's own `chat_template` (or "
+     "`chat_template_kwargs`' `chat_template`, which wins) is rendered instead of the model's (a name among the "
+     "model's named templates picks that one); off: such a request gets vLLM's 400"},
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
 
@@ -207,13 +211,28 @@ static int encode(void *arg, const char *text, size_t len, int add_special, uint
 
 static struct xtok *tok;
 static struct xtok_chat *chat;
+static int trust_request_templates;
 
-/* A chat request's prompt: rendered as vLLM renders it (sim_chat.c), encoded (special tokens only on request) */
+/* A chat request's prompt: rendered as vLLM renders it (sim_chat.c; the request's own template as vLLM takes it),
+ * encoded (special tokens only on request) */
 static int chat_ids(void *arg, const cJSON *root, uint32_t **ids, size_t *n, char *err, size_t cap)
 {
     char *text;
     size_t len;
-    if (sim_chat_render(chat, root, &text, &len, err, cap) != 0)
+    int bad;
+    const char *own = xtok_chat_request_template(root, &bad);
+    struct xtok_chat *mine = NULL;
+    if (bad || (own && !trust_request_templates)) {
+        snprintf(err, cap, bad ? "chat_template must be a string"
+                               : "Chat template is passed with request, but --trust-request-chat-template is not set. "
+                                 "Refused request with untrusted chat template.");
+        return -1;
+    }
+    if (own && !(mine = xtok_chat_with_template(chat, own, strlen(own), err, cap)))
+        return -1;
+    int r = sim_chat_render(mine ? mine : chat, root, &text, &len, err, cap);
+    xtok_chat_free(mine);
+    if (r != 0)
         return -1;
     int rc = xtok_encode(tok, text, len, cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, "add_special_tokens")),
                          ids, n);
@@ -237,6 +256,7 @@ int main(int argc, char **argv)
             return 2;
         }
         sim_tokens_set_encoder(encode, tok);
+        trust_request_templates = c.trust_request_chat_template;
         if ((chat = xtok_chat_load(c.tokenizer, NULL, err, sizeof err)))
             sim_tokens_set_chat(chat_ids, NULL);
         else /* chat requests: role tokens and text, as without a template */

@@ -96,6 +96,8 @@ static const char *const SPECIAL[NSPECIAL] = {"bos_token", "eos_token", "unk_tok
 struct named {
     char *name;
     struct xtpl *t;
+    char *src; /* its source (a request may name it: xtok_chat_with_template) */
+    size_t len;
 };
 
 struct xtok_chat {
@@ -103,6 +105,7 @@ struct xtok_chat {
     size_t ntpl;
     cJSON *special; /* {"bos_token": "...", ..., "additional_special_tokens": [...]} */
     int openai_content; /* a template loops over a message's content parts (vLLM's "openai" content format) */
+    int named;          /* the templates came named (tokenizer_config.json's list): a request may pick one */
 };
 
 static size_t skip_ws(const char *s, size_t i, size_t n)
@@ -218,8 +221,18 @@ static int add_template(struct xtok_chat *c, const char *name, const char *src, 
         return -1;
     }
     c->tpl = nt;
-    c->tpl[c->ntpl].name = strdup(name);
-    c->tpl[c->ntpl++].t = t;
+    struct named *at = &c->tpl[c->ntpl];
+    at->name = strdup(name);
+    at->src = malloc(len + 1);
+    at->len = len;
+    at->t = t;
+    c->ntpl++;
+    if (!at->name || !at->src) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    memcpy(at->src, src, len);
+    at->src[len] = '\0';
     c->openai_content |= iterates_content(src, len);
     return 0;
 }
@@ -272,6 +285,7 @@ struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, cha
         if (cJSON_IsString(ct)) {
             rc = add_template(c, "default", ct->valuestring, strlen(ct->valuestring), path, err, errlen);
         } else if (cJSON_IsArray(ct)) {
+            c->named = 1;
             cJSON_ArrayForEach(it, ct)
             {
                 const cJSON *nm = cJSON_GetObjectItemCaseSensitive(it, "name");
@@ -296,12 +310,45 @@ struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, cha
     return c;
 }
 
+struct xtok_chat *xtok_chat_with_template(const struct xtok_chat *c, const char *src, size_t len, char *err,
+                                          size_t errlen)
+{
+    struct xtok_chat *o = calloc(1, sizeof *o);
+    if (!o || !(o->special = cJSON_Duplicate(c->special, 1))) {
+        free(o);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; c->named && i < c->ntpl; i++)
+        if (strlen(c->tpl[i].name) == len && !memcmp(c->tpl[i].name, src, len)) { /* a name among named ones */
+            src = c->tpl[i].src;
+            len = c->tpl[i].len;
+            break;
+        }
+    if (add_template(o, "default", src, len, "the request's chat_template", err, errlen) != 0) {
+        xtok_chat_free(o);
+        return NULL;
+    }
+    return o;
+}
+
+const char *xtok_chat_request_template(const cJSON *req, int *bad)
+{
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs");
+    const cJSON *v = cJSON_IsObject(kw) ? cJSON_GetObjectItemCaseSensitive(kw, "chat_template") : NULL;
+    if (!v || cJSON_IsNull(v)) /* vLLM: its kwargs update apply_chat_template's chat_template=request's */
+        v = cJSON_GetObjectItemCaseSensitive(req, "chat_template");
+    *bad = v && !cJSON_IsNull(v) && !cJSON_IsString(v);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
 void xtok_chat_free(struct xtok_chat *c)
 {
     if (!c)
         return;
     for (size_t i = 0; i < c->ntpl; i++) {
         free(c->tpl[i].name);
+        free(c->tpl[i].src);
         xtpl_free(c->tpl[i].t);
     }
     free(c->tpl);
@@ -419,6 +466,8 @@ int xtok_chat_render(const struct xtok_chat *c, const cJSON *req, const struct x
         kw = NULL;
     cJSON_ArrayForEach(it, kw) /* vLLM: the request's kwargs win */
     {
+        if (!strcmp(it->string, "chat_template"))
+            continue; /* apply_chat_template's own argument, not the template's (xtok_chat_request_template) */
         cJSON_DeleteItemFromObjectCaseSensitive(vars, it->string);
         cJSON_AddItemReferenceToObject(vars, it->string, (cJSON *)it);
     }

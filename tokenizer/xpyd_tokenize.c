@@ -3,8 +3,9 @@
  *   xpyd_tokenize --tokenizer DIR [--add-special-tokens]      text on stdin -> its ids as one JSON array
  *   xpyd_tokenize --tokenizer DIR --jsonl [--add-special-tokens]  one JSON string per line -> one array per line
  *   xpyd_tokenize --tokenizer DIR --bench FILE [--seconds S]  MB/s and tokens/s encoding FILE line by line
- *   xpyd_tokenize --tokenizer DIR --chat [--ids] [--jsonl] [--chat-template FILE]  an OpenAI chat request body on
- *       stdin -> the prompt its chat template renders, byte for byte (--ids: its token ids) */
+ *   xpyd_tokenize --tokenizer DIR --chat [--ids] [--jsonl] [--chat-template FILE] [--trust-request-chat-template]
+ *       an OpenAI chat request body on stdin -> the prompt its chat template renders, byte for byte (--ids: its
+ *       token ids) */
 #include "xpyd_tokenizer.h"
 #include "xpyd_version.h"
 
@@ -19,6 +20,7 @@ static void usage(FILE *f)
     fputs("usage: xpyd_tokenize --tokenizer DIR [--add-special-tokens] [--jsonl]\n"
           "       xpyd_tokenize --tokenizer DIR --bench FILE [--seconds S]\n"
           "       xpyd_tokenize --tokenizer DIR --chat [--ids] [--jsonl] [--chat-template FILE]\n"
+          "                     [--trust-request-chat-template]\n"
           "Reads text on stdin and prints its token ids as one JSON array (no special tokens unless\n"
           "--add-special-tokens: those the post-processor adds, as Hugging Face's add_special_tokens).\n"
           "--jsonl: each input line is a JSON string, each output line its ids. --bench: encodes FILE's lines\n"
@@ -28,7 +30,9 @@ static void usage(FILE *f)
           "with no newline added (--chat-template FILE: that template instead). --ids: its token ids (special\n"
           "tokens added only with --add-special-tokens or the body's add_special_tokens: true, as vLLM). With\n"
           "--jsonl, one body per line and one JSON string (or ids) per line; a body that fails gives\n"
-          "{\"error\": \"...\"} on its line.\n"
+          "{\"error\": \"...\"} on its line. A body's own chat_template (or chat_template_kwargs'), as vLLM:\n"
+          "refused unless --trust-request-chat-template, then rendered instead (or, where the model's templates\n"
+          "are named, the one it names).\n"
           "Exit status: 0, 1 (a model that does not load, input that is not UTF-8), 2 (a wrong argument).\n"
           "  --help, --version\n",
           f);
@@ -131,20 +135,32 @@ static int bench(const struct xtok *t, const char *path, double seconds)
 
 /* One chat request body: its rendered prompt (or ids) printed; with jsonl a failure is an {"error"} line. */
 static int chat_one(const struct xtok_chat *chat, const struct xtok *t, const char *body, size_t len, int ids,
-                    int special, int jsonl)
+                    int special, int jsonl, int trust)
 {
     char err[1024];
     char *text = NULL;
     size_t n = 0;
     int nul = has_escaped_nul(body, len); /* cJSON would cut the string there */
     cJSON *req = nul ? NULL : cJSON_ParseWithLength(body, len);
-    int rc = 0;
+    int rc = 0, bad = 0;
+    const char *own = cJSON_IsObject(req) ? xtok_chat_request_template(req, &bad) : NULL;
+    struct xtok_chat *mine = NULL;
     if (!cJSON_IsObject(req)) {
         snprintf(err, sizeof err, nul ? "a string with \\u0000 is not supported" : "the request body is not a JSON object");
         rc = -1;
+    } else if (bad) {
+        snprintf(err, sizeof err, "chat_template must be a string");
+        rc = -1;
+    } else if (own && !trust) { /* as vLLM answers it */
+        snprintf(err, sizeof err, "Chat template is passed with request, but --trust-request-chat-template is not "
+                                  "set. Refused request with untrusted chat template.");
+        rc = -1;
+    } else if (own && !(mine = xtok_chat_with_template(chat, own, strlen(own), err, sizeof err))) {
+        rc = -1;
     } else {
-        rc = xtok_chat_render(chat, req, NULL, &text, &n, err, sizeof err);
+        rc = xtok_chat_render(mine ? mine : chat, req, NULL, &text, &n, err, sizeof err);
     }
+    xtok_chat_free(mine);
     if (rc == 0 && ids) {
         const cJSON *as = cJSON_GetObjectItemCaseSensitive(req, "add_special_tokens");
         rc = print_ids(t, text, n, special || cJSON_IsTrue(as));
@@ -179,7 +195,7 @@ static int chat_one(const struct xtok_chat *chat, const struct xtok *t, const ch
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *bench_file = NULL, *chat_template = NULL;
-    int special = 0, jsonl = 0, chat = 0, ids = 0;
+    int special = 0, jsonl = 0, chat = 0, ids = 0, trust = 0;
     double seconds = 3;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
@@ -192,6 +208,8 @@ int main(int argc, char **argv)
             chat = 1;
         else if (!strcmp(argv[i], "--ids"))
             ids = 1;
+        else if (!strcmp(argv[i], "--trust-request-chat-template"))
+            trust = 1;
         else if (!strcmp(argv[i], "--chat-template") && i + 1 < argc)
             chat_template = argv[++i];
         else if (!strcmp(argv[i], "--bench") && i + 1 < argc)
@@ -210,7 +228,7 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (!dir || ((ids || chat_template) && !chat)) {
+    if (!dir || ((ids || chat_template || trust) && !chat)) {
         usage(stderr);
         return 2;
     }
@@ -233,14 +251,14 @@ int main(int argc, char **argv)
             size_t cap = 0;
             ssize_t n;
             while (!rc && (n = getline(&line, &cap, stdin)) > 0) {
-                rc = chat_one(c, t, line, (size_t)n, ids, special, 1);
+                rc = chat_one(c, t, line, (size_t)n, ids, special, 1, trust);
                 putchar('\n');
             }
             free(line);
         } else {
             size_t len;
             char *body = read_all(stdin, &len);
-            rc = body ? chat_one(c, t, body, len, ids, special, 0) : 1;
+            rc = body ? chat_one(c, t, body, len, ids, special, 0, trust) : 1;
             free(body);
         }
         xtok_chat_free(c);

@@ -256,9 +256,10 @@ def template_of(name):
         return json.load(f)["chat_template"]
 
 
-def ours(dir_, requests, ids=False, template_file=None):
+def ours(dir_, requests, ids=False, template_file=None, trust=False):
     args = [os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", dir_, "--chat", "--jsonl"]
     args += (["--ids"] if ids else []) + (["--chat-template", template_file] if template_file else [])
+    args += ["--trust-request-chat-template"] if trust else []
     p = subprocess.run(args, input="".join(json.dumps(r) + "\n" for r in requests), capture_output=True,
                        text=True, timeout=600)
     assert p.returncode == 0, p.stderr
@@ -533,6 +534,47 @@ class ChatTemplates(t.TestCase):
                            input=json.dumps(CONVERSATIONS[0]).encode(), capture_output=True, timeout=60)
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(p.stdout, b"<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n")
+
+    def test_a_requests_own_template_as_vllm_takes_it(self):
+        # vLLM refuses a request's chat_template (or chat_template_kwargs') without --trust-request-chat-template,
+        # else renders with it, the kwargs' winning; among a model's named templates (Command R+: default,
+        # tool_use, rag) a name picks one, as transformers' get_chat_template does
+        hi = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+              {"role": "user", "content": "Docs?"}]
+        own = "{% for m in messages %}<{{ m.role }}>{{ m.content | upper }}{% endfor %}{% if chat_template %}!{% endif %}"
+        docs = [{"title": "a", "text": "one"}, {"title": "b", "text": "two"}]
+        tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {
+            "type": "object", "properties": {"x": {"type": "string"}}}}}]
+        reqs = [{"messages": hi, "chat_template": own},
+                {"messages": hi, "chat_template_kwargs": {"chat_template": own, "enable_thinking": False}},
+                {"messages": hi, "chat_template": "{{ 1 }}", "chat_template_kwargs": {"chat_template": own}},
+                {"messages": hi, "chat_template": None, "chat_template_kwargs": {"chat_template": None}},
+                {"messages": hi, "chat_template": "{% for %}"}, {"messages": hi, "chat_template": 7},
+                {"messages": hi, "chat_template": "rag", "documents": docs},
+                {"messages": hi, "chat_template": "tool_use", "tools": tools},
+                {"messages": hi, "chat_template": "default", "tools": tools}, {"messages": hi, "tools": tools},
+                {"messages": hi, "chat_template": "rag"}]
+        for name in ("llama3_1", "command_r_plus"):
+            tpl = template_of(name)
+            case = {"named": {x["name"]: x["template"] for x in tpl}} if isinstance(tpl, list) else {"template": tpl}
+            for trust in (False, True):
+                with self.subTest(model=name, trust=trust):
+                    mine = ours(model_dir(name), reqs, trust=trust)
+                    want = oracle_cache.jinja_renders([dict(case, special=specials(name), request=r, trust=trust)
+                                                       for r in reqs])
+                    bad = [(i, a, b) for i, (a, b) in enumerate(zip(mine, want)) if not same(a, b)]
+                    self.assertFalse(bad)
+                    # its own template with trust (refused without), the model's without one; a template that does
+                    # not compile, a number: errors
+                    self.assertEqual([isinstance(x, dict) for x in mine[:6]], [not trust] * 3 + [False, True, True])
+                    if trust:
+                        self.assertEqual(mine[0], "<user>HI<assistant>HELLO<user>DOCS?")  # no chat_template variable
+                        self.assertEqual(mine[1:3], [mine[0], mine[0]])
+                        named = name == "command_r_plus"  # "rag" a name there, a template of one word elsewhere
+                        self.assertEqual(mine[6] == "rag", not named)
+                        self.assertEqual(isinstance(mine[6], str) and "<results>" in mine[6], named, mine[6])
+                        self.assertEqual(isinstance(mine[10], dict), named)  # the rag template wants documents
+        self.assertIn("Refused request with untrusted chat template", ours(model_dir("llama3_1"), reqs[:1])[0]["error"])
 
     def test_bounded_renders(self):
         d = t.tmpdir()

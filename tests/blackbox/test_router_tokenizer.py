@@ -6,12 +6,14 @@ against sims that tokenize with the model too (xpyd_sim --tokenizer): the charge
 the prefill's usage (xpyd_tokenizer_mismatch_total stays 0, and counts a router whose model is not the
 engines'), a prompt over every rank's max_model_len refused with 400 before any engine sees it (fresh and
 keep-alive connections), prefix blocks of token ids that predict exactly what the engine reports cached, chat
-requests counted as keeping the estimate, and every counter back to zero."""
+requests rendered as vLLM renders them (a request's own chat_template only where the engines trust it, as vLLM's
+--trust-request-chat-template), and every counter back to zero."""
 import json
 import os
 import socket
 import subprocess
 
+import oracle_cache
 import xpyd_testlib as t
 from test_chat_template import specials, template_of, theirs
 from test_tokenizer import model_dir, oracle
@@ -349,6 +351,50 @@ class RouterChat(t.TestCase):
         self.assertEqual(st, 200, out)
         self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="context_too_long"}'), 3)
         t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
+
+    def test_a_requests_own_template_is_counted_where_the_engines_trust_it(self):
+        # vLLM refuses a request's chat_template unless started with --trust-request-chat-template: a router that
+        # is not told they trust it never renders a client's template (the estimate counts it), and passes the
+        # engine's 400 on; told so, it renders the request's template (the kwargs' winning) and counts it exactly
+        hi = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello"},
+              {"role": "user", "content": MIXED}]
+        own = "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>{{ m.content }}{% endfor %}"
+        reqs = [{"messages": hi, "chat_template": own},
+                {"messages": hi, "chat_template": "x", "chat_template_kwargs": {"chat_template": own + "!"}}]
+        for trust in ("off", "on"):
+            with self.subTest(trust=trust):
+                flag = ("--trust-request-chat-template", trust)
+                p, d = (self.start(t.sim("--role", role, "--tokenizer", model_dir("llama3_1"), *flag))
+                        for role in ("prefill", "decode"))
+                r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--access-log", "json", *flag))
+                for q in reqs:
+                    st, out = self.chat(r.port, q)
+                    if trust == "off":
+                        self.assertEqual(st, 400, out)
+                        self.assertIn("Refused request with untrusted chat template", out["error"]["message"])
+                    else:
+                        self.assertEqual(st, 200, out)
+                fb = t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="request_template"}')
+                self.assertEqual(fb, 2 if trust == "off" else 0)
+                if trust == "on":
+                    texts = theirs(template_of("llama3_1"), specials("llama3_1"), reqs)  # (the oracle: untrusted)
+                    self.assertTrue(all(isinstance(x, dict) for x in texts))
+                    texts = oracle_cache.jinja_renders([{"template": template_of("llama3_1"),
+                                                         "special": specials("llama3_1"), "request": q, "trust": True}
+                                                        for q in reqs])
+                    self.assertTrue(texts[1].endswith("!"), texts[1])
+                    want = [len(ids) for ids in oracle("llama3_1", texts)]
+                    t.wait_until(lambda: len(access_lines(r)) == 2, what="access lines")
+                    self.assertEqual([(l["prompt_tokens"], l["prompt_src"]) for l in access_lines(r)],
+                                     [(n, "tokenizer") for n in want])
+                    self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)  # the sims counted the same
+                    # one that does not compile: the estimate counts it, the engine answers it
+                    st, out = self.chat(r.port, {"messages": hi, "chat_template": "{% for %}"})
+                    self.assertEqual(st, 400, out)
+                    self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="render"}'), 1)
+                t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
+                for proc in (r, p, d):
+                    proc.stop()
 
     def test_a_model_without_a_template_keeps_the_estimate_for_chat(self):
         p, d = (self.start(t.sim("--role", role, "--tokenizer", model_dir("llama2"))) for role in ("prefill", "decode"))

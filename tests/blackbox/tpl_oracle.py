@@ -6,7 +6,11 @@ trim_blocks, lstrip_blocks, the loopcontrols extension and its generation tag; t
 raise_exception and strftime_now as globals), fed as vLLM feeds it (the special tokens, then messages, tools,
 documents, add_generation_prompt, continue_final_message, and the request's chat_template_kwargs over them).
 Reads lines of {"template": ..., "special": {...}, "request": {...}} and writes, per line, the rendered text as a
-JSON string, or {"error": "..."} when rendering fails (continue_final_message is cut as transformers cuts it)."""
+JSON string, or {"error": "..."} when rendering fails (continue_final_message is cut as transformers cuts it).
+A request's own template (chat_template, or chat_template_kwargs' chat_template, which wins: vLLM updates
+apply_chat_template's arguments with the kwargs) is refused as vLLM refuses it unless the line says "trust": true,
+then used - picked by name where the line gives the model's named templates ("named": {name: source}, in place of
+"template") as transformers' get_chat_template picks among them."""
 import json
 import sys
 from datetime import datetime
@@ -50,11 +54,29 @@ env.globals["strftime_now"] = strftime_now
 compiled = {}
 
 
+def template_of(case, req):
+    kwargs = req.get("chat_template_kwargs") or {}
+    own = kwargs.get("chat_template")
+    if own is None:
+        own = req.get("chat_template")
+    if own is not None and not case.get("trust"):  # vLLM's _validate_chat_template
+        raise ValueError("Chat template is passed with request, but --trust-request-chat-template is not set. "
+                         "Refused request with untrusted chat template.")
+    named = case.get("named")
+    if named is None:
+        return own if own is not None else case["template"]
+    if own is not None:  # transformers: a name among the model's templates, else the template itself
+        return named.get(own, own)
+    if req.get("tools") is not None and "tool_use" in named:
+        return named["tool_use"]
+    return named["default"]
+
+
 def render(case):
-    src = case["template"]
+    req = case["request"]
+    src = template_of(case, req)
     if src not in compiled:
         compiled[src] = env.from_string(src)
-    req = case["request"]
     add_gen = req.get("add_generation_prompt", True)
     cont = req.get("continue_final_message", False)
     if cont and add_gen and req.get("add_generation_prompt") is True:
@@ -64,7 +86,7 @@ def render(case):
     kwargs = dict(case.get("special", {}))
     kwargs.update(messages=req["messages"], tools=req.get("tools"), documents=req.get("documents"),
                   add_generation_prompt=add_gen, continue_final_message=cont)
-    kwargs.update(req.get("chat_template_kwargs") or {})
+    kwargs.update({k: v for k, v in (req.get("chat_template_kwargs") or {}).items() if k != "chat_template"})
     text = compiled[src].render(**kwargs)
     if cont:
         final = req["messages"][-1]["content"]
