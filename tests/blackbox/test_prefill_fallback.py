@@ -258,13 +258,15 @@ class PrefillFallback(t.TestCase):
 
     def test_prefill_gone_after_a_retry_with_its_kv(self):
         # the first decode fails before the router knows the prefill is gone: the retry (within the budget, here
-        # one place) carries the KV again and fails; by then the health checks took the prefill down (the backoff,
-        # 0.5-1.5 s, is ten checks), so the third attempt computes the prompt, leaving the budget: every place is
-        # given back (xpyd_retries_active 0, checked in check_recomputed)
+        # one place) carries the KV again and fails; by then the health checks took the prefill down (four failed
+        # checks 100 ms apart, 0.3-0.4 s after the kill: after the first failure, which comes within milliseconds
+        # even on a loaded machine (one check 50 ms after the kill came first there once in eight), and before the
+        # second, which waits the backoff, 0.5-1.5 s), so the third attempt computes the prompt, leaving the
+        # budget: every place is given back (xpyd_retries_active 0, checked in check_recomputed)
         p = self.start(t.sim("--role", "prefill"))
         real, bodies, ports = self.decodes_after_the_prefill_died(p, 2)
-        r = self.start(t.router([p.port], ports, "--retry-backoff-ms", "1000", "--health-interval-ms", "50",
-                                "--health-fall", "1", "--access-log", "json", "--retry-budget-percent", "0",
+        r = self.start(t.router([p.port], ports, "--retry-backoff-ms", "1000", "--health-interval-ms", "100",
+                                "--health-fall", "4", "--access-log", "json", "--retry-budget-percent", "0",
                                 "--retry-budget-min", "1"))
         self.check_recomputed(r, real, bodies, 3, 0)
 
