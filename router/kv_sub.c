@@ -114,20 +114,15 @@ static void on_seq(int role, int rank, struct kv_src *s, uint64_t seq, const voi
 
 /* Bind mode: a message for a rank whose replay is under way, kept for after it (dropped when --kv-events-hwm
  * wait already: the next message taken then shows the gap, as a full ZeroMQ queue would in connect mode). */
-static void wait_push(int role, struct kv_src *s, zmq_msg_t *f, int nf)
+static void wait_push(int role, struct kv_src *s, uint64_t seq, const void *buf, size_t len)
 {
-    if (nf != 3 || zmq_msg_size(&f[1]) != 8) {
-        atomic_fetch_add(&K.decode_errors[role][KVE_ESHAPE], 1);
-        return;
-    }
-    size_t len = zmq_msg_size(&f[2]);
     struct kv_wait *w = s->nwait < (size_t)g_rt->cfg.kv_events_hwm ? malloc(sizeof *w + len) : NULL;
     if (!w)
         return;
     w->next = NULL;
-    w->seq = be64(zmq_msg_data(&f[1]));
+    w->seq = seq;
     w->len = len;
-    memcpy(w->data, zmq_msg_data(&f[2]), len);
+    memcpy(w->data, buf, len);
     *(s->wait ? &s->wait_tail->next : &s->wait) = w;
     s->wait_tail = w;
     s->nwait++;
@@ -302,13 +297,19 @@ static void on_seq(int role, int rank, struct kv_src *s, uint64_t seq, const voi
     take_in_order(role, rank, s, seq, buf, len);
 }
 
+/* A rank's message as it came: taken, or during the rank's replay kept for after it (bind mode: connect mode reads
+ * a rank's socket only between its replays). */
 static void on_message(int role, int rank, struct kv_src *s, zmq_msg_t *f, int nf)
 {
     if (nf != 3 || zmq_msg_size(&f[1]) != 8) {
         atomic_fetch_add(&K.decode_errors[role][KVE_ESHAPE], 1);
         return;
     }
-    on_seq(role, rank, s, be64(zmq_msg_data(&f[1])), zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
+    uint64_t seq = be64(zmq_msg_data(&f[1]));
+    if (s->rep)
+        wait_push(role, s, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
+    else
+        on_seq(role, rank, s, seq, zmq_msg_data(&f[2]), zmq_msg_size(&f[2]));
 }
 
 /* A connection hint for the health checks (rt_kv_take_hint), and their wake-up. */
@@ -485,9 +486,7 @@ static void on_bound_message(int r, zmq_msg_t *f, int nf)
         engine[tn] = 0;
         for (int role = 0; role < 2; role++) {
             int rank = K.on[role] && !memchr(engine, 0, tn) ? bound_rank(role, engine, r) : -1;
-            if (rank >= 0 && K.src[role][rank].rep) /* during its replay: kept for after it */
-                wait_push(role, &K.src[role][rank], f, nf);
-            else if (rank >= 0)
+            if (rank >= 0)
                 on_message(role, rank, &K.src[role][rank], f, nf);
             hit |= rank >= 0;
         }

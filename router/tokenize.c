@@ -96,21 +96,20 @@ static double thread_cpu_s(void)
  * own (*mine, compiled for it: the caller frees it). NULL with j's fallback reason when it cannot be rendered. */
 static const struct xtok_chat *template_for(struct rt_tok_job *j, const cJSON *body, struct xtok_chat **mine)
 {
-    int bad = 0;
-    const char *own = xtok_chat_request_template(body, &bad);
+    static const unsigned char reason[] = {[XTOK_REQ_NOT_STRING] = RT_TF_SHAPE, /* vLLM: a 400 */
+                                           [XTOK_REQ_UNTRUSTED] = RT_TF_REQUEST_TEMPLATE, /* vLLM: a 400 */
+                                           [XTOK_REQ_COMPILE] = RT_TF_RENDER};
     char err[400];
-    *mine = NULL;
-    if (bad || (own && !g_rt->cfg.trust_request_chat_template)) { /* vLLM: a 400 either way */
-        j->fallback = bad ? RT_TF_SHAPE : RT_TF_REQUEST_TEMPLATE;
-        return NULL;
+    int why;
+    const struct xtok_chat *c =
+        xtok_chat_for_request(T.chat, body, g_rt->cfg.trust_request_chat_template, mine, &why, err, sizeof err);
+    if (!c) {
+        j->fallback = reason[why];
+        if (why == XTOK_REQ_COMPILE)
+            XLOG_DEBUG("msg=\"a request's chat template does not compile: the byte estimate counts it\" error=\"%s\"",
+                       err);
     }
-    if (own && !(*mine = xtok_chat_with_template(T.chat, own, strlen(own), err, sizeof err))) {
-        j->fallback = RT_TF_RENDER;
-        XLOG_DEBUG("msg=\"a request's chat template does not compile: the byte estimate counts it\" error=\"%s\"",
-                   err);
-        return NULL;
-    }
-    return *mine ? *mine : T.chat;
+    return c;
 }
 
 /* A chat request: vLLM's template input, rendered, then encoded through the cache (no special tokens unless the

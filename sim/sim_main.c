@@ -219,18 +219,10 @@ static int chat_ids(void *arg, const cJSON *root, uint32_t **ids, size_t *n, cha
 {
     char *text;
     size_t len;
-    int bad;
-    const char *own = xtok_chat_request_template(root, &bad);
-    struct xtok_chat *mine = NULL;
-    if (bad || (own && !trust_request_templates)) {
-        snprintf(err, cap, bad ? "chat_template must be a string"
-                               : "Chat template is passed with request, but --trust-request-chat-template is not set. "
-                                 "Refused request with untrusted chat template.");
-        return -1;
-    }
-    if (own && !(mine = xtok_chat_with_template(chat, own, strlen(own), err, cap)))
-        return -1;
-    int r = sim_chat_render(mine ? mine : chat, root, &text, &len, err, cap);
+    int why;
+    struct xtok_chat *mine;
+    const struct xtok_chat *use = xtok_chat_for_request(chat, root, trust_request_templates, &mine, &why, err, cap);
+    int r = use ? sim_chat_render(use, root, &text, &len, err, cap) : -1;
     xtok_chat_free(mine);
     if (r != 0)
         return -1;

@@ -96,7 +96,7 @@ static const char *const SPECIAL[NSPECIAL] = {"bos_token", "eos_token", "unk_tok
 struct named {
     char *name;
     struct xtpl *t;
-    char *src; /* its source (a request may name it: xtok_chat_with_template) */
+    char *src; /* its source (a request may name it: with_template) */
     size_t len;
 };
 
@@ -310,8 +310,9 @@ struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, cha
     return c;
 }
 
-struct xtok_chat *xtok_chat_with_template(const struct xtok_chat *c, const char *src, size_t len, char *err,
-                                          size_t errlen)
+/* c's special tokens with src compiled as the one template, or the named template src names. */
+static struct xtok_chat *with_template(const struct xtok_chat *c, const char *src, size_t len, char *err,
+                                       size_t errlen)
 {
     struct xtok_chat *o = calloc(1, sizeof *o);
     if (!o || !(o->special = cJSON_Duplicate(c->special, 1))) {
@@ -332,14 +333,28 @@ struct xtok_chat *xtok_chat_with_template(const struct xtok_chat *c, const char 
     return o;
 }
 
-const char *xtok_chat_request_template(const cJSON *req, int *bad)
+const struct xtok_chat *xtok_chat_for_request(const struct xtok_chat *c, const cJSON *req, int trust,
+                                              struct xtok_chat **mine, int *why, char *err, size_t errlen)
 {
     const cJSON *kw = cJSON_GetObjectItemCaseSensitive(req, "chat_template_kwargs");
     const cJSON *v = cJSON_IsObject(kw) ? cJSON_GetObjectItemCaseSensitive(kw, "chat_template") : NULL;
     if (!v || cJSON_IsNull(v)) /* vLLM: its kwargs update apply_chat_template's chat_template=request's */
         v = cJSON_GetObjectItemCaseSensitive(req, "chat_template");
-    *bad = v && !cJSON_IsNull(v) && !cJSON_IsString(v);
-    return cJSON_IsString(v) ? v->valuestring : NULL;
+    *mine = NULL;
+    *why = 0;
+    if (!v || cJSON_IsNull(v))
+        return c;
+    if (!cJSON_IsString(v)) {
+        *why = XTOK_REQ_NOT_STRING;
+        snprintf(err, errlen, "chat_template must be a string");
+    } else if (!trust) { /* as vLLM answers it */
+        *why = XTOK_REQ_UNTRUSTED;
+        snprintf(err, errlen, "Chat template is passed with request, but --trust-request-chat-template is not set. "
+                              "Refused request with untrusted chat template.");
+    } else if (!(*mine = with_template(c, v->valuestring, strlen(v->valuestring), err, errlen))) {
+        *why = XTOK_REQ_COMPILE;
+    }
+    return *mine;
 }
 
 void xtok_chat_free(struct xtok_chat *c)
@@ -467,7 +482,7 @@ int xtok_chat_render(const struct xtok_chat *c, const cJSON *req, const struct x
     cJSON_ArrayForEach(it, kw) /* vLLM: the request's kwargs win */
     {
         if (!strcmp(it->string, "chat_template"))
-            continue; /* apply_chat_template's own argument, not the template's (xtok_chat_request_template) */
+            continue; /* apply_chat_template's own argument, not the template's (xtok_chat_for_request) */
         cJSON_DeleteItemFromObjectCaseSensitive(vars, it->string);
         cJSON_AddItemReferenceToObject(vars, it->string, (cJSON *)it);
     }

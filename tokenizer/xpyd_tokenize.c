@@ -142,23 +142,16 @@ static int chat_one(const struct xtok_chat *chat, const struct xtok *t, const ch
     size_t n = 0;
     int nul = has_escaped_nul(body, len); /* cJSON would cut the string there */
     cJSON *req = nul ? NULL : cJSON_ParseWithLength(body, len);
-    int rc = 0, bad = 0;
-    const char *own = cJSON_IsObject(req) ? xtok_chat_request_template(req, &bad) : NULL;
+    int rc = 0, why;
     struct xtok_chat *mine = NULL;
+    const struct xtok_chat *use;
     if (!cJSON_IsObject(req)) {
         snprintf(err, sizeof err, nul ? "a string with \\u0000 is not supported" : "the request body is not a JSON object");
         rc = -1;
-    } else if (bad) {
-        snprintf(err, sizeof err, "chat_template must be a string");
-        rc = -1;
-    } else if (own && !trust) { /* as vLLM answers it */
-        snprintf(err, sizeof err, "Chat template is passed with request, but --trust-request-chat-template is not "
-                                  "set. Refused request with untrusted chat template.");
-        rc = -1;
-    } else if (own && !(mine = xtok_chat_with_template(chat, own, strlen(own), err, sizeof err))) {
+    } else if (!(use = xtok_chat_for_request(chat, req, trust, &mine, &why, err, sizeof err))) {
         rc = -1;
     } else {
-        rc = xtok_chat_render(mine ? mine : chat, req, NULL, &text, &n, err, sizeof err);
+        rc = xtok_chat_render(use, req, NULL, &text, &n, err, sizeof err);
     }
     xtok_chat_free(mine);
     if (rc == 0 && ids) {

@@ -85,17 +85,16 @@ int xtpl_render(const struct xtpl *t, const struct cJSON *vars, const struct xtp
 struct xtok_chat;
 struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, char *err, size_t errlen);
 void xtok_chat_free(struct xtok_chat *c);
-/* A request's own template (vLLM's `chat_template` with --trust-request-chat-template): c's special tokens with
- * src compiled as the one template, or, where c has named templates and src is one's name, that one (as
- * transformers takes a name). The caller frees it. NULL with the reason ("the request's chat_template: line N:
- * ...") when it does not compile. */
-struct xtok_chat *xtok_chat_with_template(const struct xtok_chat *c, const char *src, size_t len, char *err,
-                                          size_t errlen);
-/* The template a chat request brings, as vLLM reads it: chat_template_kwargs.chat_template, else chat_template
- * (either null or absent: none). NULL when none; *bad 1 when one is there but not a string (vLLM: a 400). The
- * pointer is into req. Renders without it take the model's template (and never see the kwarg as a variable:
- * it is apply_chat_template's own argument). */
-const char *xtok_chat_request_template(const struct cJSON *req, int *bad);
+/* The template a chat request body is rendered with, as vLLM selects it: c, or the request's own (its
+ * chat_template_kwargs' chat_template, else its chat_template; null or absent: none) compiled with c's special
+ * tokens into *mine (the caller frees it), where c has named templates and it is one's name that one, as
+ * transformers takes a name. Renders never see the kwarg as a variable (apply_chat_template's own argument).
+ * NULL with *why and err when it cannot be: XTOK_REQ_NOT_STRING, XTOK_REQ_UNTRUSTED (trust 0: vLLM refuses it
+ * without --trust-request-chat-template; err is vLLM's message), XTOK_REQ_COMPILE ("the request's
+ * chat_template: line N: ..."). */
+enum { XTOK_REQ_NOT_STRING = 1, XTOK_REQ_UNTRUSTED, XTOK_REQ_COMPILE };
+const struct xtok_chat *xtok_chat_for_request(const struct xtok_chat *c, const struct cJSON *req, int trust,
+                                              struct xtok_chat **mine, int *why, char *err, size_t errlen);
 /* 1 when the template loops over a message's content parts (vLLM then passes content as a list of
  * {"type": "text", "text": ...} parts: its "openai" content format), 0 when it reads content as a string. */
 int xtok_chat_openai_content(const struct xtok_chat *c);

@@ -14,7 +14,7 @@ import unicodedata
 
 import oracle_cache
 import xpyd_testlib as t
-from test_tokenizer import CORPUS, HERE, model_dir, random_strings
+from test_tokenizer import CORPUS, model_dir, random_strings
 
 SANITIZED = os.environ.get("XPYD_SANITIZED") == "ON"
 
