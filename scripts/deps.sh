@@ -56,7 +56,7 @@ PKGS=(gcc make cmake pkg-config ca-certificates curl python3 procps
 # mutant, four shards' clean builds of the same files)
 if [ "${XPYD_TEST_DEPS:-0}" = 1 ]; then
   PKGS+=(libcmocka-dev clang libclang-rt-14-dev prometheus etcd-server haproxy help2man man-db dpkg-dev adduser
-         gnuplot-nox python3-jinja2 python3-zmq python3-msgpack ninja-build ccache)
+         gnuplot-nox python3-jinja2 python3-zmq python3-msgpack ninja-build ccache lld)
 fi
 PKGS+=("$@")
 if [ $list = 1 ]; then
