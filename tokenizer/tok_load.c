@@ -334,30 +334,34 @@ static int load_model(struct xtok *t, const cJSON *m, char *err, size_t errlen)
     uint32_t rank = 0;
     cJSON_ArrayForEach(it, merges) {
         const char *a, *b;
-        char pair[2048];
+        size_t la, lb;
+        char joined[2048]; /* a and b, then (the one lookup of the pair's result) each after the other */
         if (cJSON_IsString(it)) { /* "a b" */
             const char *sp = strchr(it->valuestring, ' ');
-            size_t la = sp ? (size_t)(sp - it->valuestring) : 0;
-            if (!sp || la >= sizeof pair / 2 || strlen(sp + 1) >= sizeof pair / 2)
+            la = sp ? (size_t)(sp - it->valuestring) : 0;
+            lb = sp ? strlen(sp + 1) : 0;
+            if (!sp || la >= sizeof joined / 2 || lb >= sizeof joined / 2)
                 return fail(err, errlen, "model merges: %s is not \"left right\"", it->valuestring);
-            memcpy(pair, it->valuestring, la);
-            pair[la] = 0;
-            strcpy(pair + la + 1, sp + 1);
-            a = pair;
-            b = pair + la + 1;
+            a = it->valuestring;
+            b = sp + 1;
         } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
                    cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
             a = cJSON_GetArrayItem(it, 0)->valuestring;
             b = cJSON_GetArrayItem(it, 1)->valuestring;
+            la = strlen(a);
+            lb = strlen(b);
+            if (la >= sizeof joined / 2 || lb >= sizeof joined / 2)
+                return fail(err, errlen, "model merges: item %u is too long", rank);
         } else {
             return fail(err, errlen, "model merges: item %u is neither \"left right\" nor [left, right]", rank);
         }
-        int32_t ia = tok_map_get(&t->vocab_str, a, strlen(a)), ib = tok_map_get(&t->vocab_str, b, strlen(b));
-        char joined[2048];
-        snprintf(joined, sizeof joined, "%s%s", a, b);
-        int32_t ij = tok_map_get(&t->vocab_str, joined, strlen(joined));
+        memcpy(joined, a, la);
+        memcpy(joined + la, b, lb);
+        int32_t ia = tok_map_get(&t->vocab_str, a, la), ib = tok_map_get(&t->vocab_str, b, lb);
+        int32_t ij = tok_map_get(&t->vocab_str, joined, la + lb);
         if (ia < 0 || ib < 0 || ij < 0)
-            return fail(err, errlen, "model merges: %s + %s: a part or the result is not in the vocab", a, b);
+            return fail(err, errlen, "model merges: %.*s + %.*s: a part or the result is not in the vocab", (int)la, a,
+                        (int)lb, b);
         if (tok_merges_put(&t->merges, (uint32_t)ia, (uint32_t)ib, rank, (uint32_t)ij) < 0)
             return fail(err, errlen, "out of memory");
         rank++;

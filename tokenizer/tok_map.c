@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#define XXH_INLINE_ALL /* xxHash's own header, inlined: a vocabulary lookup per BPE step and three per merge at load */
 #include <xxhash.h>
 
 static size_t pow2_at_least(size_t n)
