@@ -137,6 +137,13 @@
       "--tokenizer: prompt bytes whose ids came from the tokenization cache.")                                  \
     X(tokenizer_cache_misses, "xpyd_tokenizer_cache_miss_bytes_total", counter, NONE,                           \
       "--tokenizer: prompt bytes (of pieces long enough to be kept) the cache did not hold: hit rate = hits / " \
-      "(hits + misses).")
+      "(hits + misses).")                                                                                        \
+    X(tokenizer_tpl_bytes, "xpyd_tokenizer_request_template_cache_bytes", gauge, NONE,                          \
+      "--trust-request-chat-template: bytes of request templates' sources kept compiled, within "              \
+      "--request-chat-template-cache-bytes.")                                                                    \
+    X(tokenizer_tpl_kept, "xpyd_tokenizer_request_templates_kept_total", counter, NONE,                         \
+      "--trust-request-chat-template: requests whose own template was found compiled for an earlier one.")      \
+    X(tokenizer_tpl_compiled, "xpyd_tokenizer_request_templates_compiled_total", counter, NONE,                 \
+      "--trust-request-chat-template: requests whose own template was compiled (new, evicted, or not compiling).")
 
 #endif

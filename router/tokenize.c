@@ -234,6 +234,11 @@ int rt_tok_setup(struct router *rt)
         XLOG_WARN("msg=\"no chat template the router can render: chat requests keep the byte estimate "
                   "(xpyd_tokenizer_fallbacks_total{reason=\\\"template\\\"})\" reason=\"%s\"", err);
     }
+    if (T.chat && rt->cfg.trust_request_chat_template &&
+        xtok_chat_keep_request_templates(T.chat, (size_t)rt->cfg.request_chat_template_cache_bytes) != 0) {
+        fprintf(stderr, "xpyd_router: out of memory\n");
+        return -1;
+    }
     if (rt->cfg.tokenizer_cache_bytes > 0 && !(T.cache = xtok_cache_new((size_t)rt->cfg.tokenizer_cache_bytes, 64))) {
         fprintf(stderr, "xpyd_router: out of memory\n");
         return -1;
@@ -459,6 +464,13 @@ void rt_tok_check(struct request *r, int64_t engine_prompt_tokens)
 
 void rt_tok_refresh_metrics(void)
 {
+    if (T.chat) {
+        struct xtok_chat_kept_stats k;
+        xtok_chat_kept_stats(T.chat, &k);
+        atomic_store(&g_rt->ctr.tokenizer_tpl_bytes, (int64_t)k.bytes);
+        atomic_store(&g_rt->ctr.tokenizer_tpl_kept, (int64_t)k.hits);
+        atomic_store(&g_rt->ctr.tokenizer_tpl_compiled, (int64_t)k.compiled);
+    }
     if (!T.cache)
         return;
     struct xtok_cache_stats st;

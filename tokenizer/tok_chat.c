@@ -6,6 +6,8 @@
 #include "xpyd_tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +108,23 @@ struct xtok_chat {
     cJSON *special; /* {"bos_token": "...", ..., "additional_special_tokens": [...]} */
     int openai_content; /* a template loops over a message's content parts (vLLM's "openai" content format) */
     int named;          /* the templates came named (tokenizer_config.json's list): a request may pick one */
+    atomic_int refs;    /* its holders: the caller, and the kept request templates (xtok_chat_free drops one) */
+    struct kept *kept;  /* request templates compiled for requests, kept (xtok_chat_keep_request_templates) */
+};
+
+/* A request's template compiled, kept for the requests that bring the same source after it. */
+struct kept_one {
+    char *src;
+    size_t len;
+    struct xtok_chat *chat;      /* one reference is the cache's */
+    struct kept_one *prev, *next; /* most recently used first */
+};
+
+struct kept {
+    pthread_mutex_t mu;
+    size_t max_bytes, bytes, entries;
+    uint64_t hits, compiled;
+    struct kept_one *head, *tail;
 };
 
 static size_t skip_ws(const char *s, size_t i, size_t n)
@@ -247,6 +266,8 @@ struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, cha
     struct xtok_chat *c = calloc(1, sizeof *c);
     char path[4096];
     size_t len;
+    if (c)
+        atomic_init(&c->refs, 1);
     if (!c || !(c->special = cJSON_CreateObject())) {
         free(c);
         snprintf(err, errlen, "out of memory");
@@ -310,11 +331,91 @@ struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, cha
     return c;
 }
 
+static void kept_unlink(struct kept *k, struct kept_one *e)
+{
+    *(e->prev ? &e->prev->next : &k->head) = e->next;
+    *(e->next ? &e->next->prev : &k->tail) = e->prev;
+    e->prev = e->next = NULL;
+}
+
+static void kept_front(struct kept *k, struct kept_one *e)
+{
+    e->next = k->head;
+    *(k->head ? &k->head->prev : &k->tail) = e;
+    k->head = e;
+}
+
+/* The kept compilation of src, one more reference to it for the caller; NULL (counted as compiled) if none. The
+ * list is searched in use order: a budget of template sources holds tens of them, not thousands. */
+static struct xtok_chat *kept_get(struct kept *k, const char *src, size_t len)
+{
+    if (!k)
+        return NULL;
+    struct xtok_chat *c = NULL;
+    pthread_mutex_lock(&k->mu);
+    for (struct kept_one *e = k->head; e; e = e->next)
+        if (e->len == len && !memcmp(e->src, src, len)) {
+            kept_unlink(k, e);
+            kept_front(k, e);
+            atomic_fetch_add(&e->chat->refs, 1);
+            c = e->chat;
+            break;
+        }
+    *(c ? &k->hits : &k->compiled) += 1;
+    pthread_mutex_unlock(&k->mu);
+    return c;
+}
+
+static void kept_drop(struct kept *k, struct kept_one *e)
+{
+    kept_unlink(k, e);
+    k->bytes -= e->len;
+    k->entries--;
+    xtok_chat_free(e->chat); /* the cache's reference: a render using it keeps it until it ends */
+    free(e->src);
+    free(e);
+}
+
+/* c (compiled from src for a request) kept, with one reference of its own, the least recently used out of the
+ * byte budget; a source over the whole budget, or one kept meanwhile by another thread, is not. */
+static void kept_put(struct kept *k, const char *src, size_t len, struct xtok_chat *c)
+{
+    if (!k || len > k->max_bytes)
+        return;
+    struct kept_one *e = calloc(1, sizeof *e);
+    char *copy = e ? malloc(len ? len : 1) : NULL;
+    if (!copy) {
+        free(e);
+        return;
+    }
+    memcpy(copy, src, len);
+    pthread_mutex_lock(&k->mu);
+    for (struct kept_one *x = k->head; x; x = x->next)
+        if (x->len == len && !memcmp(x->src, src, len)) { /* kept by another thread meanwhile */
+            pthread_mutex_unlock(&k->mu);
+            free(copy);
+            free(e);
+            return;
+        }
+    while (k->tail && k->bytes + len > k->max_bytes)
+        kept_drop(k, k->tail);
+    e->src = copy;
+    e->len = len;
+    e->chat = c;
+    atomic_fetch_add(&c->refs, 1);
+    kept_front(k, e);
+    k->bytes += len;
+    k->entries++;
+    pthread_mutex_unlock(&k->mu);
+}
+
 /* c's special tokens with src compiled as the one template, or the named template src names. */
 static struct xtok_chat *with_template(const struct xtok_chat *c, const char *src, size_t len, char *err,
                                        size_t errlen)
 {
     struct xtok_chat *o = calloc(1, sizeof *o);
+    if (o)
+        atomic_init(&o->refs, 1);
     if (!o || !(o->special = cJSON_Duplicate(c->special, 1))) {
         free(o);
         snprintf(err, errlen, "out of memory");
@@ -351,16 +452,51 @@ const struct xtok_chat *xtok_chat_for_request(const struct xtok_chat *c, const c
         *why = XTOK_REQ_UNTRUSTED;
         snprintf(err, errlen, "Chat template is passed with request, but --trust-request-chat-template is not set. "
                               "Refused request with untrusted chat template.");
+    } else if ((*mine = kept_get(c->kept, v->valuestring, strlen(v->valuestring)))) {
+        /* compiled for an earlier request */
     } else if (!(*mine = with_template(c, v->valuestring, strlen(v->valuestring), err, errlen))) {
         *why = XTOK_REQ_COMPILE;
+    } else {
+        kept_put(c->kept, v->valuestring, strlen(v->valuestring), *mine);
     }
     return *mine;
 }
 
+int xtok_chat_keep_request_templates(struct xtok_chat *c, size_t max_bytes)
+{
+    if (c->kept || !max_bytes)
+        return 0;
+    if (!(c->kept = calloc(1, sizeof *c->kept)))
+        return -1;
+    pthread_mutex_init(&c->kept->mu, NULL);
+    c->kept->max_bytes = max_bytes;
+    return 0;
+}
+
+void xtok_chat_kept_stats(const struct xtok_chat *c, struct xtok_chat_kept_stats *st)
+{
+    struct kept *k = c->kept;
+    memset(st, 0, sizeof *st);
+    if (!k)
+        return;
+    pthread_mutex_lock(&k->mu);
+    st->bytes = k->bytes;
+    st->entries = k->entries;
+    st->hits = k->hits;
+    st->compiled = k->compiled;
+    pthread_mutex_unlock(&k->mu);
+}
+
 void xtok_chat_free(struct xtok_chat *c)
 {
-    if (!c)
+    if (!c || atomic_fetch_sub(&c->refs, 1) > 1)
         return;
+    if (c->kept) {
+        while (c->kept->head)
+            kept_drop(c->kept, c->kept->head);
+        pthread_mutex_destroy(&c->kept->mu);
+        free(c->kept);
+    }
     for (size_t i = 0; i < c->ntpl; i++) {
         free(c->tpl[i].name);
         free(c->tpl[i].src);

@@ -84,7 +84,7 @@ int xtpl_render(const struct xtpl *t, const struct cJSON *vars, const struct xtp
  * special_tokens_map.json. NULL with the reason when there is none or it does not compile. */
 struct xtok_chat;
 struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, char *err, size_t errlen);
-void xtok_chat_free(struct xtok_chat *c);
+void xtok_chat_free(struct xtok_chat *c); /* (one reference: a kept request template lives on while in use) */
 /* The template a chat request body is rendered with, as vLLM selects it: c, or the request's own (its
  * chat_template_kwargs' chat_template, else its chat_template; null or absent: none) compiled with c's special
  * tokens into *mine (the caller frees it), where c has named templates and it is one's name that one, as
@@ -95,6 +95,16 @@ void xtok_chat_free(struct xtok_chat *c);
 enum { XTOK_REQ_NOT_STRING = 1, XTOK_REQ_UNTRUSTED, XTOK_REQ_COMPILE };
 const struct xtok_chat *xtok_chat_for_request(const struct xtok_chat *c, const struct cJSON *req, int trust,
                                               struct xtok_chat **mine, int *why, char *err, size_t errlen);
+/* Request templates compiled by xtok_chat_for_request kept for the requests that bring the same source after
+ * them (transformers caches its compiled templates too): at most max_bytes of their sources, least recently used
+ * out (a longer one, or one that does not compile, is compiled for its request alone); 0: none kept, as without
+ * the call. Call it before rendering starts; then xtok_chat_for_request may be called from any thread. */
+int xtok_chat_keep_request_templates(struct xtok_chat *c, size_t max_bytes);
+struct xtok_chat_kept_stats {
+    size_t bytes, entries; /* sources kept now */
+    uint64_t hits, compiled; /* requests that found theirs kept, or compiled it */
+};
+void xtok_chat_kept_stats(const struct xtok_chat *c, struct xtok_chat_kept_stats *st);
 /* 1 when the template loops over a message's content parts (vLLM then passes content as a list of
  * {"type": "text", "text": ...} parts: its "openai" content format), 0 when it reads content as a string. */
 int xtok_chat_openai_content(const struct xtok_chat *c);

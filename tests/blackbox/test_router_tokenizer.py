@@ -8,6 +8,7 @@ engines'), a prompt over every rank's max_model_len refused with 400 before any 
 keep-alive connections), prefix blocks of token ids that predict exactly what the engine reports cached, chat
 requests rendered as vLLM renders them (a request's own chat_template only where the engines trust it, as vLLM's
 --trust-request-chat-template), and every counter back to zero."""
+import concurrent.futures
 import json
 import os
 import socket
@@ -361,12 +362,20 @@ class RouterChat(t.TestCase):
         own = "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>{{ m.content }}{% endfor %}"
         reqs = [{"messages": hi, "chat_template": own},
                 {"messages": hi, "chat_template": "x", "chat_template_kwargs": {"chat_template": own + "!"}}]
+        # trusted, the templates are kept compiled within a budget of their sources' bytes, least recently used out:
+        # room for own and own + "!" (2L + 1 bytes) and one more byte; own + "!!" then evicts own + "!" (the least
+        # recently used: own was asked again), and own + "!" asked once more is compiled again
+        third = {"messages": hi, "chat_template": own + "!!"}
+        budget = ("--request-chat-template-cache-bytes", str(2 * len(own) + 2))
         for trust in ("off", "on"):
             with self.subTest(trust=trust):
                 flag = ("--trust-request-chat-template", trust)
                 p, d = (self.start(t.sim("--role", role, "--tokenizer", model_dir("llama3_1"), *flag))
                         for role in ("prefill", "decode"))
-                r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--access-log", "json", *flag))
+                r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--access-log", "json", *flag,
+                                        *budget))
+                if trust == "on":
+                    reqs = [reqs[0], reqs[1], reqs[0], third, reqs[0], reqs[1]]
                 for q in reqs:
                     st, out = self.chat(r.port, q)
                     if trust == "off":
@@ -376,6 +385,10 @@ class RouterChat(t.TestCase):
                         self.assertEqual(st, 200, out)
                 fb = t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="request_template"}')
                 self.assertEqual(fb, 2 if trust == "off" else 0)
+                kept = [t.metric(r.port, "xpyd_tokenizer_request_templates_%s_total" % k) for k in ("kept", "compiled")]
+                self.assertEqual(kept, [2, 4] if trust == "on" else [0, 0])
+                self.assertEqual(t.metric(r.port, "xpyd_tokenizer_request_template_cache_bytes"),
+                                 2 * len(own) + 1 if trust == "on" else 0)  # own + "!" and own
                 if trust == "on":
                     texts = theirs(template_of("llama3_1"), specials("llama3_1"), reqs)  # (the oracle: untrusted)
                     self.assertTrue(all(isinstance(x, dict) for x in texts))
@@ -384,7 +397,7 @@ class RouterChat(t.TestCase):
                                                         for q in reqs])
                     self.assertTrue(texts[1].endswith("!"), texts[1])
                     want = [len(ids) for ids in oracle("llama3_1", texts)]
-                    t.wait_until(lambda: len(access_lines(r)) == 2, what="access lines")
+                    t.wait_until(lambda: len(access_lines(r)) == len(reqs), what="access lines")
                     self.assertEqual([(l["prompt_tokens"], l["prompt_src"]) for l in access_lines(r)],
                                      [(n, "tokenizer") for n in want])
                     self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)  # the sims counted the same
@@ -392,6 +405,16 @@ class RouterChat(t.TestCase):
                     st, out = self.chat(r.port, {"messages": hi, "chat_template": "{% for %}"})
                     self.assertEqual(st, 400, out)
                     self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="render"}'), 1)
+                    # four templates at once on two tokenizer threads, the budget holding two: kept ones evicted
+                    # while another request renders with them (each render holds its own reference)
+                    many = [{"messages": hi, "chat_template": own + "?" * (k % 4)} for k in range(24)]
+                    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+                        sts = list(pool.map(lambda q: self.chat(r.port, q)[0], many))
+                    self.assertEqual(sts, [200] * 24)
+                    kept = [t.metric(r.port, "xpyd_tokenizer_request_templates_%s_total" % k)
+                            for k in ("kept", "compiled")]
+                    self.assertEqual(sum(kept), 6 + 1 + 24)
+                    self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)
                 t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
                 for proc in (r, p, d):
                     proc.stop()
