@@ -174,12 +174,12 @@ static const struct xpyd_setting settings[] = {
      "does); one that does not compile keeps the estimate (reason `render`). Off: such a request keeps the byte "
      "estimate (`xpyd_tokenizer_fallbacks_total{reason=\"request_template\"}`): vLLM refuses it without its flag, "
      "and the router never renders a template a client sent unless told the engines do"},
-    {"request-chat-template-cache-bytes", XS_LONG, OFF(request_chat_template_cache_bytes), 0, 1L << 30, "1048576",
+    {"request-chat-template-cache-bytes", XS_LONG, OFF(request_chat_template_cache_bytes), 0, 1L << 34, "4194304",
      NULL,
      "with `--trust-request-chat-template`: request templates kept compiled for the requests that bring the same "
-     "one (transformers caches its compiled templates too), at most this many bytes of their sources, least "
-     "recently used out (`xpyd_tokenizer_request_template_cache_bytes`, "
-     "`xpyd_tokenizer_request_templates_kept_total`, `..._compiled_total`); a longer one, or one that does not "
+     "one (transformers caches its compiled templates too), in at most this much memory (each its source and "
+     "compiled tree, 64 KiB at least), least recently used out (`xpyd_tokenizer_request_template_cache_bytes`, "
+     "`xpyd_tokenizer_request_templates_kept_total`, `..._compiled_total`); a larger one, or one that does not "
      "compile, is compiled for its request alone; 0 = every request compiles its own"},
     {"tokenizer-cache-bytes", XS_LONG, OFF(tokenizer_cache_bytes), 0, 1L << 40, "67108864", NULL,
      "with `--tokenizer`: memory of the tokenization cache, the text and ids of pieces between special tokens "

@@ -83,7 +83,7 @@ struct rt_config {
     long kv_events_replay_timeout_ms, kv_events_recheck_ms, kv_index_max_blocks;
     char chat_template[1024];  /* --chat-template FILE: instead of the model directory's; "" none */
     int trust_request_chat_template; /* a request's own chat_template rendered to count it (vLLM's flag) */
-    long request_chat_template_cache_bytes; /* sources of request templates kept compiled */
+    long request_chat_template_cache_bytes; /* memory of request templates kept compiled */
     char id_prefix[32];
     int log_level;
     int access_log;            /* 0 off, 1 logfmt, 2 json */

@@ -139,8 +139,8 @@
       "--tokenizer: prompt bytes (of pieces long enough to be kept) the cache did not hold: hit rate = hits / " \
       "(hits + misses).")                                                                                        \
     X(tokenizer_tpl_bytes, "xpyd_tokenizer_request_template_cache_bytes", gauge, NONE,                          \
-      "--trust-request-chat-template: bytes of request templates' sources kept compiled, within "              \
-      "--request-chat-template-cache-bytes.")                                                                    \
+      "--trust-request-chat-template: memory of the request templates kept compiled (sources and trees), "     \
+      "within --request-chat-template-cache-bytes.")                                                             \
     X(tokenizer_tpl_kept, "xpyd_tokenizer_request_templates_kept_total", counter, NONE,                         \
       "--trust-request-chat-template: requests whose own template was found compiled for an earlier one.")      \
     X(tokenizer_tpl_compiled, "xpyd_tokenizer_request_templates_compiled_total", counter, NONE,                 \

@@ -106,6 +106,7 @@ struct xtok_chat {
     struct named *tpl;
     size_t ntpl;
     cJSON *special; /* {"bos_token": "...", ..., "additional_special_tokens": [...]} */
+    int borrowed;   /* special is the model's chat's (a request's template): not freed with this one */
     int openai_content; /* a template loops over a message's content parts (vLLM's "openai" content format) */
     int named;          /* the templates came named (tokenizer_config.json's list): a request may pick one */
     atomic_int refs;    /* its holders: the caller, and the kept request templates (xtok_chat_free drops one) */
@@ -115,7 +116,7 @@ struct xtok_chat {
 /* A request's template compiled, kept for the requests that bring the same source after it. */
 struct kept_one {
     char *src;
-    size_t len;
+    size_t len, cost; /* cost: the source and the compiled tree's memory, charged to the budget */
     struct xtok_chat *chat;      /* one reference is the cache's */
     struct kept_one *prev, *next; /* most recently used first */
 };
@@ -369,18 +370,29 @@ static struct xtok_chat *kept_get(struct kept *k, const char *src, size_t len)
 static void kept_drop(struct kept *k, struct kept_one *e)
 {
     kept_unlink(k, e);
-    k->bytes -= e->len;
+    k->bytes -= e->cost;
     k->entries--;
     xtok_chat_free(e->chat); /* the cache's reference: a render using it keeps it until it ends */
     free(e->src);
     free(e);
 }
 
+/* The memory of a request's compiled template: its source, twice (the request's copy kept, the compiled one's), and
+ * the tree's arena (at least one 64-KB chunk). */
+static size_t chat_bytes(const struct xtok_chat *c)
+{
+    size_t n = sizeof *c;
+    for (size_t i = 0; i < c->ntpl; i++)
+        n += sizeof(struct named) + 2 * c->tpl[i].len + c->tpl[i].t->t->arena.used + sizeof(struct kept_one);
+    return n;
+}
+
 /* c (compiled from src for a request) kept, with one reference of its own, the least recently used out of the
- * byte budget; a source over the whole budget, or one kept meanwhile by another thread, is not. */
+ * memory budget; one over the whole budget, or one kept meanwhile by another thread, is not. */
 static void kept_put(struct kept *k, const char *src, size_t len, struct xtok_chat *c)
 {
-    if (!k || len > k->max_bytes)
+    size_t cost = chat_bytes(c);
+    if (!k || cost > k->max_bytes)
         return;
     struct kept_one *e = calloc(1, sizeof *e);
     char *copy = e ? malloc(len ? len : 1) : NULL;
@@ -397,30 +409,32 @@ static void kept_put(struct kept *k, const char *src, size_t len, struct xtok_ch
             free(e);
             return;
         }
-    while (k->tail && k->bytes + len > k->max_bytes)
+    while (k->tail && k->bytes + cost > k->max_bytes)
         kept_drop(k, k->tail);
     e->src = copy;
     e->len = len;
+    e->cost = cost;
     e->chat = c;
     atomic_fetch_add(&c->refs, 1);
     kept_front(k, e);
-    k->bytes += len;
+    k->bytes += cost;
     k->entries++;
     pthread_mutex_unlock(&k->mu);
 }
 
-/* c's special tokens with src compiled as the one template, or the named template src names. */
+/* c's special tokens (borrowed: c outlives it) with src compiled as the one template, or the named template src
+ * names. */
 static struct xtok_chat *with_template(const struct xtok_chat *c, const char *src, size_t len, char *err,
                                        size_t errlen)
 {
     struct xtok_chat *o = calloc(1, sizeof *o);
-    if (o)
-        atomic_init(&o->refs, 1);
-    if (!o || !(o->special = cJSON_Duplicate(c->special, 1))) {
-        free(o);
+    if (!o) {
         snprintf(err, errlen, "out of memory");
         return NULL;
     }
+    atomic_init(&o->refs, 1);
+    o->special = c->special;
+    o->borrowed = 1;
     for (size_t i = 0; c->named && i < c->ntpl; i++)
         if (strlen(c->tpl[i].name) == len && !memcmp(c->tpl[i].name, src, len)) { /* a name among named ones */
             src = c->tpl[i].src;
@@ -503,7 +517,8 @@ void xtok_chat_free(struct xtok_chat *c)
         xtpl_free(c->tpl[i].t);
     }
     free(c->tpl);
-    cJSON_Delete(c->special);
+    if (!c->borrowed)
+        cJSON_Delete(c->special);
     free(c);
 }
 

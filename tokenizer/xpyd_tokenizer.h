@@ -87,7 +87,8 @@ struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, cha
 void xtok_chat_free(struct xtok_chat *c); /* (one reference: a kept request template lives on while in use) */
 /* The template a chat request body is rendered with, as vLLM selects it: c, or the request's own (its
  * chat_template_kwargs' chat_template, else its chat_template; null or absent: none) compiled with c's special
- * tokens into *mine (the caller frees it), where c has named templates and it is one's name that one, as
+ * tokens into *mine (the caller frees it, before c: it shares c's special tokens), where c has named templates
+ * and it is one's name that one, as
  * transformers takes a name. Renders never see the kwarg as a variable (apply_chat_template's own argument).
  * NULL with *why and err when it cannot be: XTOK_REQ_NOT_STRING, XTOK_REQ_UNTRUSTED (trust 0: vLLM refuses it
  * without --trust-request-chat-template; err is vLLM's message), XTOK_REQ_COMPILE ("the request's
@@ -96,12 +97,13 @@ enum { XTOK_REQ_NOT_STRING = 1, XTOK_REQ_UNTRUSTED, XTOK_REQ_COMPILE };
 const struct xtok_chat *xtok_chat_for_request(const struct xtok_chat *c, const struct cJSON *req, int trust,
                                               struct xtok_chat **mine, int *why, char *err, size_t errlen);
 /* Request templates compiled by xtok_chat_for_request kept for the requests that bring the same source after
- * them (transformers caches its compiled templates too): at most max_bytes of their sources, least recently used
- * out (a longer one, or one that does not compile, is compiled for its request alone); 0: none kept, as without
- * the call. Call it before rendering starts; then xtok_chat_for_request may be called from any thread. */
+ * them (transformers caches its compiled templates too): at most max_bytes of memory (sources and compiled trees,
+ * a tree at least 64 KB), least recently used out (a larger one, or one that does not compile, is compiled for its
+ * request alone); 0: none kept, as without the call. Call it before rendering starts; then
+ * xtok_chat_for_request may be called from any thread. */
 int xtok_chat_keep_request_templates(struct xtok_chat *c, size_t max_bytes);
 struct xtok_chat_kept_stats {
-    size_t bytes, entries; /* sources kept now */
+    size_t bytes, entries; /* memory kept now, and how many */
     uint64_t hits, compiled; /* requests that found theirs kept, or compiled it */
 };
 void xtok_chat_kept_stats(const struct xtok_chat *c, struct xtok_chat_kept_stats *st);

@@ -362,11 +362,11 @@ class RouterChat(t.TestCase):
         own = "{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>{{ m.content }}{% endfor %}"
         reqs = [{"messages": hi, "chat_template": own},
                 {"messages": hi, "chat_template": "x", "chat_template_kwargs": {"chat_template": own + "!"}}]
-        # trusted, the templates are kept compiled within a budget of their sources' bytes, least recently used out:
-        # room for own and own + "!" (2L + 1 bytes) and one more byte; own + "!!" then evicts own + "!" (the least
-        # recently used: own was asked again), and own + "!" asked once more is compiled again
+        # trusted, the templates are kept compiled within a memory budget, least recently used out: each of these
+        # costs its tree's 64-KiB arena and a little more, so 150,000 bytes hold two: own + "!!" evicts own + "!" (the
+        # least recently used: own was asked again), both kept ones are found, and own + "!" is compiled again
         third = {"messages": hi, "chat_template": own + "!!"}
-        budget = ("--request-chat-template-cache-bytes", str(2 * len(own) + 2))
+        budget = ("--request-chat-template-cache-bytes", "150000")
         for trust in ("off", "on"):
             with self.subTest(trust=trust):
                 flag = ("--trust-request-chat-template", trust)
@@ -375,7 +375,7 @@ class RouterChat(t.TestCase):
                 r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--access-log", "json", *flag,
                                         *budget))
                 if trust == "on":
-                    reqs = [reqs[0], reqs[1], reqs[0], third, reqs[0], reqs[1]]
+                    reqs = [reqs[0], reqs[1], reqs[0], third, reqs[0], third, reqs[1]]
                 for q in reqs:
                     st, out = self.chat(r.port, q)
                     if trust == "off":
@@ -386,9 +386,9 @@ class RouterChat(t.TestCase):
                 fb = t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="request_template"}')
                 self.assertEqual(fb, 2 if trust == "off" else 0)
                 kept = [t.metric(r.port, "xpyd_tokenizer_request_templates_%s_total" % k) for k in ("kept", "compiled")]
-                self.assertEqual(kept, [2, 4] if trust == "on" else [0, 0])
-                self.assertEqual(t.metric(r.port, "xpyd_tokenizer_request_template_cache_bytes"),
-                                 2 * len(own) + 1 if trust == "on" else 0)  # own + "!" and own
+                self.assertEqual(kept, [3, 4] if trust == "on" else [0, 0])
+                held = t.metric(r.port, "xpyd_tokenizer_request_template_cache_bytes")  # own + "!" and own + "!!"
+                self.assertTrue(2 * 65536 < held <= 150000 if trust == "on" else held == 0, held)
                 if trust == "on":
                     texts = theirs(template_of("llama3_1"), specials("llama3_1"), reqs)  # (the oracle: untrusted)
                     self.assertTrue(all(isinstance(x, dict) for x in texts))
@@ -413,7 +413,7 @@ class RouterChat(t.TestCase):
                     self.assertEqual(sts, [200] * 24)
                     kept = [t.metric(r.port, "xpyd_tokenizer_request_templates_%s_total" % k)
                             for k in ("kept", "compiled")]
-                    self.assertEqual(sum(kept), 6 + 1 + 24)
+                    self.assertEqual(sum(kept), len(reqs) + 1 + 24)
                     self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)
                 t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
                 for proc in (r, p, d):
