@@ -174,7 +174,7 @@ static const struct xpyd_setting settings[] = {
      "does); one that does not compile keeps the estimate (reason `render`). Off: such a request keeps the byte "
      "estimate (`xpyd_tokenizer_fallbacks_total{reason=\"request_template\"}`): vLLM refuses it without its flag, "
      "and the router never renders a template a client sent unless told the engines do"},
-    {"request-chat-template-cache-bytes", XS_LONG, OFF(request_chat_template_cache_bytes), 0, 1L << 34, "4194304",
+    {"request-chat-template-cache-bytes", XS_LONG, OFF(request_chat_template_cache_bytes), 0, 1L << 30, "4194304",
      NULL,
      "with `--trust-request-chat-template`: request templates kept compiled for the requests that bring the same "
      "one (transformers caches its compiled templates too), in at most this much memory (each its source and "

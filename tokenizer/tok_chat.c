@@ -347,7 +347,7 @@ static void kept_front(struct kept *k, struct kept_one *e)
 }
 
 /* The kept compilation of src, one more reference to it for the caller; NULL (counted as compiled) if none. The
- * list is searched in use order: a budget of template sources holds tens of them, not thousands. */
+ * list is searched in use order: each takes 64 KiB at least, so a budget holds tens of them, not thousands. */
 static struct xtok_chat *kept_get(struct kept *k, const char *src, size_t len)
 {
     if (!k)
@@ -381,9 +381,9 @@ static void kept_drop(struct kept *k, struct kept_one *e)
  * the tree's arena (at least one 64-KB chunk). */
 static size_t chat_bytes(const struct xtok_chat *c)
 {
-    size_t n = sizeof *c;
+    size_t n = sizeof *c + sizeof(struct kept_one);
     for (size_t i = 0; i < c->ntpl; i++)
-        n += sizeof(struct named) + 2 * c->tpl[i].len + c->tpl[i].t->t->arena.used + sizeof(struct kept_one);
+        n += sizeof(struct named) + 2 * c->tpl[i].len + c->tpl[i].t->t->arena.used;
     return n;
 }
 
@@ -391,7 +391,7 @@ static size_t chat_bytes(const struct xtok_chat *c)
  * memory budget; one over the whole budget, or one kept meanwhile by another thread, is not. */
 static void kept_put(struct kept *k, const char *src, size_t len, struct xtok_chat *c)
 {
-    size_t cost = chat_bytes(c);
+    size_t cost = k ? chat_bytes(c) : 0;
     if (!k || cost > k->max_bytes)
         return;
     struct kept_one *e = calloc(1, sizeof *e);
