@@ -65,6 +65,7 @@ struct sim_config {
     char register_host[256];  /* the host routers should use ("" : --host) */
     char tokenizer[1024];     /* a Hugging Face model directory: prompts through its tokenizer ("" : word model) */
     int trust_request_chat_template; /* a chat request's own chat_template rendered (vLLM's flag), else 400 */
+    long request_chat_template_cache_bytes; /* trusted request templates kept compiled */
     long register_ttl_s;
 };
 

@@ -140,6 +140,11 @@ static const struct xpyd_setting settings[] = {
      "with `--tokenizer`, as vLLM's `--trust-request-chat-template`: a chat request's own `chat_template` (or "
      "`chat_template_kwargs`' `chat_template`, which wins) is rendered instead of the model's (a name among the "
      "model's named templates picks that one); off: such a request gets vLLM's 400"},
+    {"request-chat-template-cache-bytes", XS_LONG, F(request_chat_template_cache_bytes), 0, 1L << 30, "4194304",
+     NULL,
+     "with `--trust-request-chat-template on`: request templates kept compiled for the next requests that bring "
+     "them, as transformers' cache of compiled templates keeps them for vLLM, in at most this much memory (each "
+     "its source and tree, 64 KiB at least), least recently used out; 0 = each request compiles its own"},
 };
 #define NSETTINGS (sizeof settings / sizeof settings[0])
 
@@ -249,8 +254,15 @@ int main(int argc, char **argv)
         }
         sim_tokens_set_encoder(encode, tok);
         trust_request_templates = c.trust_request_chat_template;
-        if ((chat = xtok_chat_load(c.tokenizer, NULL, err, sizeof err)))
+        if ((chat = xtok_chat_load(c.tokenizer, NULL, err, sizeof err))) {
+            /* trusted request templates kept compiled, as transformers' lru_cache keeps vLLM's */
+            if (trust_request_templates &&
+                xtok_chat_keep_request_templates(chat, (size_t)c.request_chat_template_cache_bytes) != 0) {
+                fprintf(stderr, "xpyd_sim: out of memory\n");
+                return 1;
+            }
             sim_tokens_set_chat(chat_ids, NULL);
+        }
         else /* chat requests: role tokens and text, as without a template */
             fprintf(stderr, "xpyd_sim: --tokenizer: no chat template (%s)\n", err);
     }
