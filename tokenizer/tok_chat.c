@@ -98,7 +98,7 @@ static const char *const SPECIAL[NSPECIAL] = {"bos_token", "eos_token", "unk_tok
 struct named {
     char *name;
     struct xtpl *t;
-    char *src; /* its source (a request may name it: with_template) */
+    char *src; /* its source where the templates are named (a request may name one: with_template); else NULL */
     size_t len;
 };
 
@@ -243,16 +243,18 @@ static int add_template(struct xtok_chat *c, const char *name, const char *src, 
     c->tpl = nt;
     struct named *at = &c->tpl[c->ntpl];
     at->name = strdup(name);
-    at->src = malloc(len + 1);
+    at->src = c->named ? malloc(len + 1) : NULL; /* kept where a request may name it */
     at->len = len;
     at->t = t;
     c->ntpl++;
-    if (!at->name || !at->src) {
+    if (!at->name || (c->named && !at->src)) {
         snprintf(err, errlen, "out of memory");
         return -1;
     }
-    memcpy(at->src, src, len);
-    at->src[len] = '\0';
+    if (at->src) {
+        memcpy(at->src, src, len);
+        at->src[len] = '\0';
+    }
     c->openai_content |= iterates_content(src, len);
     return 0;
 }
@@ -377,13 +379,13 @@ static void kept_drop(struct kept *k, struct kept_one *e)
     free(e);
 }
 
-/* The memory of a request's compiled template: its source, twice (the request's copy kept, the compiled one's), and
- * the tree's arena (at least one 64-KB chunk). */
+/* The memory of a request's compiled template: its source (the copy kept to find it by) and the tree's arena (at
+ * least one 64-KB chunk). */
 static size_t chat_bytes(const struct xtok_chat *c)
 {
     size_t n = sizeof *c + sizeof(struct kept_one);
     for (size_t i = 0; i < c->ntpl; i++)
-        n += sizeof(struct named) + 2 * c->tpl[i].len + c->tpl[i].t->t->arena.used;
+        n += sizeof(struct named) + c->tpl[i].len + c->tpl[i].t->t->arena.used;
     return n;
 }
 
@@ -466,12 +468,14 @@ const struct xtok_chat *xtok_chat_for_request(const struct xtok_chat *c, const c
         *why = XTOK_REQ_UNTRUSTED;
         snprintf(err, errlen, "Chat template is passed with request, but --trust-request-chat-template is not set. "
                               "Refused request with untrusted chat template.");
-    } else if ((*mine = kept_get(c->kept, v->valuestring, strlen(v->valuestring)))) {
-        /* compiled for an earlier request */
-    } else if (!(*mine = with_template(c, v->valuestring, strlen(v->valuestring), err, errlen))) {
-        *why = XTOK_REQ_COMPILE;
     } else {
-        kept_put(c->kept, v->valuestring, strlen(v->valuestring), *mine);
+        size_t len = strlen(v->valuestring);
+        if ((*mine = kept_get(c->kept, v->valuestring, len)))
+            return *mine; /* compiled for an earlier request */
+        if (!(*mine = with_template(c, v->valuestring, len, err, errlen)))
+            *why = XTOK_REQ_COMPILE;
+        else
+            kept_put(c->kept, v->valuestring, len, *mine);
     }
     return *mine;
 }
