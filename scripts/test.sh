@@ -21,18 +21,15 @@ SAN=${XPYD_SANITIZE:-1}
 [ $quick = 1 ] && SAN=0
 XPYD_TEST_DEPS=1 ./scripts/deps.sh
 BUILD=${XPYD_BUILD_DIR:-build}
-# Ninja (scripts/deps.sh installs it for the tests) for a tree configured afresh: make's recursive walk costs CPU
-# the suite needs (a tree configured before keeps its generator)
-gen() { [ -f "$1/CMakeCache.txt" ] || ! command -v ninja >/dev/null || echo "-GNinja"; }
 ASAN_DIR=
 if [ "$SAN" != 0 ]; then
   echo "== building the sanitized tree (build-asan)"
-  XPYD_BUILD_DIR=build-asan XPYD_ASSERTS=ON ./scripts/build.sh $(gen build-asan) -DXPYD_TESTS=ON -DXPYD_WERROR=ON \
+  XPYD_BUILD_DIR=build-asan XPYD_ASSERTS=ON ./scripts/build.sh -DXPYD_TESTS=ON -DXPYD_WERROR=ON \
     -DXPYD_SANITIZE=ON
   ASAN_DIR=$PWD/build-asan
 fi
 echo "== building $BUILD"
-XPYD_BUILD_DIR=$BUILD XPYD_ASSERTS=ON ./scripts/build.sh $(gen "$BUILD") -DXPYD_TESTS=ON -DXPYD_WERROR=ON -DXPYD_SANITIZE=OFF \
+XPYD_BUILD_DIR=$BUILD XPYD_ASSERTS=ON ./scripts/build.sh -DXPYD_TESTS=ON -DXPYD_WERROR=ON -DXPYD_SANITIZE=OFF \
   -DXPYD_ASAN_DIR="$ASAN_DIR"
 sel=()
 [ $quick = 1 ] && sel=(-L 'unit|blackbox' -LE 'slow|asan')
