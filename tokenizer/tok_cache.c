@@ -14,15 +14,21 @@
 #include <string.h>
 #include <xxhash.h>
 
+/* one allocation per entry: the header, the ids, then the piece's text (a put is one malloc, an eviction one free,
+ * and a hit reads the ids and the text beside the header) */
 struct centry {
     uint64_t key; /* piece_key() */
     size_t len;
-    char *text; /* the piece: a hit is a piece with these bytes */
-    uint32_t *ids;
     size_t n;
     struct centry *hnext;       /* hash chain */
     struct centry *prev, *next; /* LRU: head most recent */
+    uint32_t ids[];             /* n ids, then len bytes of text: a hit is a piece with these bytes */
 };
+
+static char *entry_text(const struct centry *e)
+{
+    return (char *)(e->ids + e->n);
+}
 
 struct xtok_cache {
     pthread_mutex_t mu;
@@ -70,8 +76,6 @@ void xtok_cache_free(struct xtok_cache *c)
         return;
     for (struct centry *e = c->head, *n; e; e = n) {
         n = e->next;
-        free(e->ids);
-        free(e->text);
         free(e);
     }
     free(c->buckets);
@@ -122,7 +126,7 @@ static struct centry **slot(struct xtok_cache *c, uint64_t k)
 
 static int same_piece(const struct centry *e, uint64_t k, const char *text, size_t len)
 {
-    return e->key == k && e->len == len && !memcmp(e->text, text, len);
+    return e->key == k && e->len == len && !memcmp(entry_text(e), text, len);
 }
 
 static void evict_one(struct xtok_cache *c)
@@ -136,8 +140,6 @@ static void evict_one(struct xtok_cache *c)
         }
     c->bytes -= entry_bytes(e);
     c->entries--;
-    free(e->ids);
-    free(e->text);
     free(e);
 }
 
@@ -183,32 +185,20 @@ void tok_cache_put(struct xtok_cache *c, const char *text, size_t len, const uin
 {
     if (!c || len < c->min_piece)
         return;
-    struct centry *e = calloc(1, sizeof *e);
+    struct centry h = {.n = n, .len = len};
+    if (n > (SIZE_MAX - sizeof h - len) / sizeof *ids || entry_bytes(&h) > c->max_bytes)
+        return;
+    struct centry *e = malloc(entry_bytes(&h));
     if (!e)
         return;
-    e->n = n;
-    e->len = len;
-    if (entry_bytes(e) > c->max_bytes) {
-        free(e);
-        return;
-    }
-    e->ids = malloc((n ? n : 1) * sizeof *ids);
-    e->text = malloc(len);
-    if (!e->ids || !e->text) {
-        free(e->ids);
-        free(e->text);
-        free(e);
-        return;
-    }
+    *e = h;
     memcpy(e->ids, ids, n * sizeof *ids);
-    memcpy(e->text, text, len);
+    memcpy(entry_text(e), text, len);
     e->key = piece_key(text, len);
     pthread_mutex_lock(&c->mu);
     for (struct centry *x = *slot(c, e->key); x; x = x->hnext)
         if (same_piece(x, e->key, text, len)) { /* another thread put it first */
             pthread_mutex_unlock(&c->mu);
-            free(e->ids);
-            free(e->text);
             free(e);
             return;
         }
