@@ -64,6 +64,11 @@ struct xtok_cache *xtok_cache_new(size_t max_bytes, size_t min_piece)
         free(c);
         return NULL;
     }
+    /* the bucket array's pages written now, once (calloc leaves fresh ones unmapped, and malloc + memset is turned
+     * back into calloc by the compiler): otherwise each new piece's slot is a read fault then a write fault inside
+     * a request (4 of them in a 183 KB conversation's turn, ~2 us each on a VM: perf record -e page-faults) */
+    for (size_t i = 0; i < c->nbuckets * sizeof *c->buckets; i += 4096)
+        ((volatile char *)c->buckets)[i] = 0;
     pthread_mutex_init(&c->mu, NULL);
     c->max_bytes = max_bytes;
     c->min_piece = min_piece;

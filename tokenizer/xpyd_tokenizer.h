@@ -41,7 +41,8 @@ int xtok_encode(const struct xtok *t, const char *text, size_t len, int add_spec
 /* A tokenization cache shared by threads (tok_cache.c): the ids of text pieces between added tokens (a chat
  * template's special tokens delimit messages), so a conversation's earlier turns are not encoded again. Pieces
  * shorter than min_piece bytes are not kept; past max_bytes (entries: their text and ids) the least recently used
- * go. A cache serves one tokenizer: the same piece has other ids under another. */
+ * go. Its hash table (8 bytes per 512 of max_bytes, rounded up to a power of two, at most 128 MiB) is allocated
+ * and written here, once. A cache serves one tokenizer: the same piece has other ids under another. */
 struct xtok_cache;
 struct xtok_cache_stats {
     size_t bytes, entries;
