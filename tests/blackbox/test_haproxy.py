@@ -19,12 +19,7 @@ def stat_rows(sock_path):
         s.settimeout(2)
         s.connect(sock_path)
         s.sendall(b"show stat\n")
-        out = b""
-        while True:
-            d = s.recv(65536)
-            if not d:
-                break
-            out += d
+        out = t.recv_until_close(s)
     lines = out.decode().strip().splitlines()
     cols = lines[0].lstrip("# ").split(",")
     rows = [dict(zip(cols, l.split(","))) for l in lines[1:]]

@@ -70,12 +70,7 @@ class Certs:
 def https_get(port, path, ctx, host="localhost"):
     s = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10), server_hostname=host)
     s.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
-    got = b""
-    while True:
-        c = s.recv(65536)
-        if not c:
-            break
-        got += c
+    got = t.recv_until_close(s)
     s.close()
     return got.partition(b"\r\n\r\n")[2]
 

@@ -257,15 +257,20 @@ def request(port, method, path, body=None, headers=None, timeout=10, host="127.0
         c.close()
 
 
-def raw_response(sock, timeout=10):
-    """Reads one whole answer until the peer closes; returns (status, headers dict lower-case, body bytes)."""
-    sock.settimeout(timeout)
+def recv_until_close(sock):
+    """Every byte the peer sends until it closes."""
     got = b""
     while True:
         chunk = sock.recv(65536)
         if not chunk:
-            break
+            return got
         got += chunk
+
+
+def raw_response(sock, timeout=10):
+    """Reads one whole answer until the peer closes; returns (status, headers dict lower-case, body bytes)."""
+    sock.settimeout(timeout)
+    got = recv_until_close(sock)
     head, _, body = got.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split()[1]) if lines and lines[0].startswith("HTTP/") else 0
