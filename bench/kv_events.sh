@@ -124,7 +124,7 @@ run() {
         else echo "--request-rate $(python3 -c "print($RATE / $routers)")"; fi) >"$WORK/$name.$i.txt" &
     bp+=($!)
   done
-  for p in "${bp[@]}"; do wait "$p" || true; done
+  for p in "${bp[@]}"; do wait "$p" 2>/dev/null || true; done # (2>: bash reports the restarted sim killed as it reaps it here)
   busy1=$(cpu_busy)
   for r in "${RPIDS[@]}"; do rcpu1=$((rcpu1 + $(proc_cpu "$r"))); done
   kill "$restarter" 2>/dev/null || true
