@@ -66,7 +66,7 @@ struct xtok_cache *xtok_cache_new(size_t max_bytes, size_t min_piece)
     }
     /* the bucket array's pages written now, once (calloc leaves fresh ones unmapped, and malloc + memset is turned
      * back into calloc by the compiler): otherwise each new piece's slot is a read fault then a write fault inside
-     * a request (4 of them in a 183 KB conversation's turn, ~2 us each on a VM: perf record -e page-faults) */
+     * a request (4 of them in a 183 KB conversation's turn: perf record -e page-faults, bench/journal/2026-12.md) */
     for (size_t i = 0; i < c->nbuckets * sizeof *c->buckets; i += 4096)
         ((volatile char *)c->buckets)[i] = 0;
     pthread_mutex_init(&c->mu, NULL);
@@ -191,7 +191,7 @@ void tok_cache_put(struct xtok_cache *c, const char *text, size_t len, const uin
     if (!c || len < c->min_piece)
         return;
     struct centry h = {.n = n, .len = len};
-    if (n > (SIZE_MAX - sizeof h - len) / sizeof *ids || entry_bytes(&h) > c->max_bytes)
+    if (len > SIZE_MAX - sizeof h || n > (SIZE_MAX - sizeof h - len) / sizeof *ids || entry_bytes(&h) > c->max_bytes)
         return;
     struct centry *e = malloc(entry_bytes(&h));
     if (!e)
