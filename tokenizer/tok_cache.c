@@ -7,6 +7,7 @@
  * pre-tokenization), so its ids do not depend on what surrounds it: a conversation's earlier turns, delimited by
  * the template's special tokens, are pieces seen before. One mutex; lookups and inserts are O(1). */
 #include "tok_internal.h"
+#include "tok_lru.h"
 #include "xpyd_tokenizer.h"
 
 #include <pthread.h>
@@ -21,7 +22,7 @@ struct centry {
     size_t len;
     size_t n;
     struct centry *hnext;       /* hash chain */
-    struct centry *prev, *next; /* LRU: head most recent */
+    struct tok_lnode lru;       /* the cache's use order */
     uint32_t ids[];             /* n ids, then len bytes of text: a hit is a piece with these bytes */
 };
 
@@ -34,7 +35,7 @@ struct xtok_cache {
     pthread_mutex_t mu;
     struct centry **buckets;
     size_t nbuckets, entries, bytes, max_bytes, min_piece;
-    struct centry *head, *tail;
+    struct tok_lru lru;
     uint64_t hits, misses, hit_bytes, miss_bytes;
 };
 
@@ -79,9 +80,9 @@ void xtok_cache_free(struct xtok_cache *c)
 {
     if (!c)
         return;
-    for (struct centry *e = c->head, *n; e; e = n) {
-        n = e->next;
-        free(e);
+    for (struct tok_lnode *x = c->lru.head, *n; x; x = n) {
+        n = x->next;
+        free(TOK_LRU_OF(x, struct centry, lru));
     }
     free(c->buckets);
     pthread_mutex_destroy(&c->mu);
@@ -100,30 +101,6 @@ void xtok_cache_stats(struct xtok_cache *c, struct xtok_cache_stats *st)
     pthread_mutex_unlock(&c->mu);
 }
 
-static void unlink_lru(struct xtok_cache *c, struct centry *e)
-{
-    if (e->prev)
-        e->prev->next = e->next;
-    else
-        c->head = e->next;
-    if (e->next)
-        e->next->prev = e->prev;
-    else
-        c->tail = e->prev;
-    e->prev = e->next = NULL;
-}
-
-static void push_front(struct xtok_cache *c, struct centry *e)
-{
-    e->next = c->head;
-    e->prev = NULL;
-    if (c->head)
-        c->head->prev = e;
-    c->head = e;
-    if (!c->tail)
-        c->tail = e;
-}
-
 static struct centry **slot(struct xtok_cache *c, uint64_t k)
 {
     return &c->buckets[k & (c->nbuckets - 1)];
@@ -136,8 +113,8 @@ static int same_piece(const struct centry *e, uint64_t k, const char *text, size
 
 static void evict_one(struct xtok_cache *c)
 {
-    struct centry *e = c->tail;
-    unlink_lru(c, e);
+    struct centry *e = TOK_LRU_OF(c->lru.tail, struct centry, lru);
+    tok_lru_unlink(&c->lru, &e->lru);
     for (struct centry **pp = slot(c, e->key); *pp; pp = &(*pp)->hnext)
         if (*pp == e) {
             *pp = e->hnext;
@@ -171,8 +148,7 @@ int tok_cache_get(struct xtok_cache *c, const char *text, size_t len, uint32_t *
             }
             memcpy(*v + *n, e->ids, e->n * sizeof **v);
             *n += e->n;
-            unlink_lru(c, e);
-            push_front(c, e);
+            tok_lru_touch(&c->lru, &e->lru);
             c->hits++;
             c->hit_bytes += len;
             rc = 1;
@@ -207,12 +183,12 @@ void tok_cache_put(struct xtok_cache *c, const char *text, size_t len, const uin
             free(e);
             return;
         }
-    while (c->tail && c->bytes + entry_bytes(e) > c->max_bytes)
+    while (c->lru.tail && c->bytes + entry_bytes(e) > c->max_bytes)
         evict_one(c);
     struct centry **s = slot(c, e->key);
     e->hnext = *s;
     *s = e;
-    push_front(c, e);
+    tok_lru_front(&c->lru, &e->lru);
     c->bytes += entry_bytes(e);
     c->entries++;
     pthread_mutex_unlock(&c->mu);

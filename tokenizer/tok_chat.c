@@ -2,6 +2,7 @@
 /* tok_chat.c - chat templates (xpyd_tokenizer.h): compiling and rendering one (the tpl_*.c engine), and a model
  * directory's template with its special tokens, rendered from an OpenAI chat request as vLLM renders it through
  * transformers' apply_chat_template (continue_final_message cut as transformers cuts it). */
+#include "tok_lru.h"
 #include "tpl_internal.h"
 #include "xpyd_tokenizer.h"
 
@@ -118,14 +119,14 @@ struct kept_one {
     char *src;
     size_t len, cost; /* cost: the source and the compiled tree's memory, charged to the budget */
     struct xtok_chat *chat;      /* one reference is the cache's */
-    struct kept_one *prev, *next; /* most recently used first */
+    struct tok_lnode lru;
 };
 
 struct kept {
     pthread_mutex_t mu;
     size_t max_bytes, bytes, entries;
     uint64_t hits, compiled;
-    struct kept_one *head, *tail;
+    struct tok_lru lru; /* most recently used first */
 };
 
 static size_t skip_ws(const char *s, size_t i, size_t n)
@@ -334,20 +335,6 @@ struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, cha
     return c;
 }
 
-static void kept_unlink(struct kept *k, struct kept_one *e)
-{
-    *(e->prev ? &e->prev->next : &k->head) = e->next;
-    *(e->next ? &e->next->prev : &k->tail) = e->prev;
-    e->prev = e->next = NULL;
-}
-
-static void kept_front(struct kept *k, struct kept_one *e)
-{
-    e->next = k->head;
-    *(k->head ? &k->head->prev : &k->tail) = e;
-    k->head = e;
-}
-
 /* The kept compilation of src, one more reference to it for the caller; NULL (counted as compiled) if none. The
  * list is searched in use order: each takes 64 KiB at least, so a budget holds tens of them, not thousands. */
 static struct xtok_chat *kept_get(struct kept *k, const char *src, size_t len)
@@ -356,14 +343,15 @@ static struct xtok_chat *kept_get(struct kept *k, const char *src, size_t len)
         return NULL;
     struct xtok_chat *c = NULL;
     pthread_mutex_lock(&k->mu);
-    for (struct kept_one *e = k->head; e; e = e->next)
+    for (struct tok_lnode *x = k->lru.head; x; x = x->next) {
+        struct kept_one *e = TOK_LRU_OF(x, struct kept_one, lru);
         if (e->len == len && !memcmp(e->src, src, len)) {
-            kept_unlink(k, e);
-            kept_front(k, e);
+            tok_lru_touch(&k->lru, x);
             atomic_fetch_add(&e->chat->refs, 1);
             c = e->chat;
             break;
         }
+    }
     *(c ? &k->hits : &k->compiled) += 1;
     pthread_mutex_unlock(&k->mu);
     return c;
@@ -371,7 +359,7 @@ static struct xtok_chat *kept_get(struct kept *k, const char *src, size_t len)
 
 static void kept_drop(struct kept *k, struct kept_one *e)
 {
-    kept_unlink(k, e);
+    tok_lru_unlink(&k->lru, &e->lru);
     k->bytes -= e->cost;
     k->entries--;
     xtok_chat_free(e->chat); /* the cache's reference: a render using it keeps it until it ends */
@@ -404,21 +392,23 @@ static void kept_put(struct kept *k, const char *src, size_t len, struct xtok_ch
     }
     memcpy(copy, src, len);
     pthread_mutex_lock(&k->mu);
-    for (struct kept_one *x = k->head; x; x = x->next)
-        if (x->len == len && !memcmp(x->src, src, len)) { /* kept by another thread meanwhile */
+    for (struct tok_lnode *x = k->lru.head; x; x = x->next) {
+        const struct kept_one *o = TOK_LRU_OF(x, struct kept_one, lru);
+        if (o->len == len && !memcmp(o->src, src, len)) { /* kept by another thread meanwhile */
             pthread_mutex_unlock(&k->mu);
             free(copy);
             free(e);
             return;
         }
-    while (k->tail && k->bytes + cost > k->max_bytes)
-        kept_drop(k, k->tail);
+    }
+    while (k->lru.tail && k->bytes + cost > k->max_bytes)
+        kept_drop(k, TOK_LRU_OF(k->lru.tail, struct kept_one, lru));
     e->src = copy;
     e->len = len;
     e->cost = cost;
     e->chat = c;
     atomic_fetch_add(&c->refs, 1);
-    kept_front(k, e);
+    tok_lru_front(&k->lru, &e->lru);
     k->bytes += cost;
     k->entries++;
     pthread_mutex_unlock(&k->mu);
@@ -510,8 +500,8 @@ void xtok_chat_free(struct xtok_chat *c)
     if (!c || atomic_fetch_sub(&c->refs, 1) > 1)
         return;
     if (c->kept) {
-        while (c->kept->head)
-            kept_drop(c->kept, c->kept->head);
+        while (c->kept->lru.head)
+            kept_drop(c->kept, TOK_LRU_OF(c->kept->lru.head, struct kept_one, lru));
         pthread_mutex_destroy(&c->kept->mu);
         free(c->kept);
     }
