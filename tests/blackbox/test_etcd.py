@@ -103,6 +103,9 @@ class EtcdSingle(TestCase):
         r = self.start(discovery_router(self.url))
         d = self.start(reg_sim(self.url))
         wait_until(lambda: active(r) == [hp(d)], what="registered")
+        # frozen only once the registrar has its put's answer: a put answered during the pause times out after
+        # it, is put again with the dead lease and is refused, and that is a second way to learn the lease is gone
+        wait_until(lambda: "event=registered" in d.output(), what="the registrar saw its put answered")
         d.signal(signal.SIGSTOP)
         try:
             wait_until(lambda: active(r) == [], timeout=8, what="the lease expired while frozen")
