@@ -67,7 +67,7 @@ static char *text_of(const struct xtok *t, size_t tokens)
 /* a new cache that has seen text (the previous turn's request; none at the first turn) */
 static struct xtok_cache *filled(const struct xtok *t, const char *text, size_t len)
 {
-    struct xtok_cache *c = xtok_cache_new(64u << 20, 64);
+    struct xtok_cache *c = xtok_cache_new(64u << 20, 1);
     uint32_t *ids;
     size_t n;
     if (text && xtok_encode_cached(t, c, text, len, 0, &ids, &n) == 0)
@@ -191,7 +191,7 @@ int main(int argc, char **argv)
     /* the last request's render and its encoding through a cache that holds all of it, each repeated (warm
      * caches: what the work costs without the rest of the turn around it), the best of 10 batches */
     double hot_render = 1e9, hot_enc = 1e9;
-    struct xtok_cache *cache = xtok_cache_new(64u << 20, 64);
+    struct xtok_cache *cache = xtok_cache_new(64u << 20, 1);
     uint32_t *ids;
     size_t n;
     xtok_encode_cached(t, cache, prev_prompt, prev_len, 0, &ids, &n);

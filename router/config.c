@@ -184,7 +184,7 @@ static const struct xpyd_setting settings[] = {
     {"tokenizer-cache-bytes", XS_LONG, OFF(tokenizer_cache_bytes), 0, 1L << 40, "67108864", NULL,
      "with `--tokenizer`: memory of the tokenization cache, the text and ids of pieces between special tokens "
      "(a conversation's earlier turns), least recently used out first (`xpyd_tokenizer_cache_bytes`, "
-     "`xpyd_tokenizer_cache_hit_bytes_total`); pieces under 64 bytes are not kept; 0 = off"},
+     "`xpyd_tokenizer_cache_hit_bytes_total`); every piece is kept, a template's role names too; 0 = off"},
     {"tokenizer-threads", XS_LONG, OFF(tokenizer_threads), 1, 256, "2", NULL,
      "threads that tokenize prompts for `--tokenizer` (each one encodes a prompt at a time)"},
     {"tokenizer-queue", XS_LONG, OFF(tokenizer_queue), 1, 1000000, "4096", NULL,

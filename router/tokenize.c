@@ -239,7 +239,7 @@ int rt_tok_setup(struct router *rt)
         fprintf(stderr, "xpyd_router: out of memory\n");
         return -1;
     }
-    if (rt->cfg.tokenizer_cache_bytes > 0 && !(T.cache = xtok_cache_new((size_t)rt->cfg.tokenizer_cache_bytes, 64))) {
+    if (rt->cfg.tokenizer_cache_bytes > 0 && !(T.cache = xtok_cache_new((size_t)rt->cfg.tokenizer_cache_bytes, 1))) {
         fprintf(stderr, "xpyd_router: out of memory\n");
         return -1;
     }
