@@ -60,16 +60,15 @@ struct xtok_cache *xtok_cache_new(size_t max_bytes, size_t min_piece)
     c->nbuckets = 1024;
     while (c->nbuckets < max_bytes / 512 && c->nbuckets < (1u << 24))
         c->nbuckets *= 2;
-    c->buckets = calloc(c->nbuckets, sizeof *c->buckets);
+    /* the bucket array in the entries' memory (a lookup reads a slot anywhere in it: on huge pages, no TLB miss)
+     * and written now, once: otherwise each new piece's slot is a read fault then a write fault inside a request
+     * (4 of them in a 183 KB conversation's turn: perf record -e page-faults, bench/journal/2026-12.md) */
+    c->buckets = tok_mem_alloc(c->nbuckets * sizeof *c->buckets);
     if (!c->buckets) {
         free(c);
         return NULL;
     }
-    /* the bucket array's pages written now, once (calloc leaves fresh ones unmapped, and malloc + memset is turned
-     * back into calloc by the compiler): otherwise each new piece's slot is a read fault then a write fault inside
-     * a request (4 of them in a 183 KB conversation's turn: perf record -e page-faults, bench/journal/2026-12.md) */
-    for (size_t i = 0; i < c->nbuckets * sizeof *c->buckets; i += 4096)
-        ((volatile char *)c->buckets)[i] = 0;
+    memset(c->buckets, 0, c->nbuckets * sizeof *c->buckets);
     pthread_mutex_init(&c->mu, NULL);
     c->max_bytes = max_bytes;
     c->min_piece = min_piece;
@@ -82,9 +81,9 @@ void xtok_cache_free(struct xtok_cache *c)
         return;
     for (struct tok_lnode *x = c->lru.head, *n; x; x = n) {
         n = x->next;
-        free(TOK_LRU_OF(x, struct centry, lru));
+        tok_mem_free(TOK_LRU_OF(x, struct centry, lru));
     }
-    free(c->buckets);
+    tok_mem_free(c->buckets);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -122,7 +121,7 @@ static void evict_one(struct xtok_cache *c)
         }
     c->bytes -= entry_bytes(e);
     c->entries--;
-    free(e);
+    tok_mem_free(e);
 }
 
 int tok_cache_get(struct xtok_cache *c, const char *text, size_t len, uint32_t **v, size_t *n, size_t *cap)
@@ -169,7 +168,7 @@ void tok_cache_put(struct xtok_cache *c, const char *text, size_t len, const uin
     struct centry h = {.n = n, .len = len};
     if (len > SIZE_MAX - sizeof h || n > (SIZE_MAX - sizeof h - len) / sizeof *ids || entry_bytes(&h) > c->max_bytes)
         return;
-    struct centry *e = malloc(entry_bytes(&h));
+    struct centry *e = tok_mem_alloc(entry_bytes(&h));
     if (!e)
         return;
     *e = h;
@@ -180,7 +179,7 @@ void tok_cache_put(struct xtok_cache *c, const char *text, size_t len, const uin
     for (struct centry *x = *slot(c, e->key); x; x = x->hnext)
         if (same_piece(x, e->key, text, len)) { /* another thread put it first */
             pthread_mutex_unlock(&c->mu);
-            free(e);
+            tok_mem_free(e);
             return;
         }
     while (c->lru.tail && c->bytes + entry_bytes(e) > c->max_bytes)

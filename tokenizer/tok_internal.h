@@ -124,6 +124,9 @@ struct xtok {
 
 /* tok_cache.c: a piece's ids from the cache, appended to the array (v, n, cap: grown with realloc): 1, or 0 when
  * not there, -1 out of memory; keeping a piece's ids. A NULL cache holds nothing. */
+/* tok_mem.c: the cache entries' memory (an arena of huge pages under jemalloc, else malloc) */
+void *tok_mem_alloc(size_t n);
+void tok_mem_free(void *p);
 struct xtok_cache;
 int tok_cache_get(struct xtok_cache *c, const char *text, size_t len, uint32_t **v, size_t *n, size_t *cap);
 void tok_cache_put(struct xtok_cache *c, const char *text, size_t len, const uint32_t *ids, size_t n);

@@ -323,6 +323,35 @@ class RouterChat(t.TestCase):
         self.assertGreater(t.metric(r.port, "xpyd_tokenizer_cache_bytes"), 0)
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)  # and the counts stay exact
 
+    def test_the_cache_lives_on_huge_pages(self):
+        # a cold hit reads a conversation's pieces wherever they were put, and on 4 KiB pages misses the TLB on most
+        # of them: under jemalloc the cache's hash table and entries get an arena of their own advised for
+        # transparent huge pages (Debian's THP mode is `madvise`: only advised memory gets them, so nothing else in
+        # the router has any, and XPYD_TOKENIZER_CACHE_SMALL_PAGES=1, the bench's A/B, turns the advice off)
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            if "[madvise]" not in f.read():
+                self.skipTest("transparent huge pages are not in madvise mode here")
+        p, d = (self.start(t.sim("--role", role, "--tokenizer", model_dir("llama3_1"))) for role in ("prefill", "decode"))
+
+        def huge_kib(pid):
+            with open("/proc/%d/smaps" % pid) as f:
+                return sum(int(l.split()[1]) for l in f if l.startswith("AnonHugePages:"))
+
+        for small in ("0", "1"):
+            r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "-p", "127.0.0.1:%d" % p.port,
+                                                  "-d", "127.0.0.1:%d" % d.port, "--tokenizer", model_dir("llama3_1")],
+                                  env={"XPYD_TOKENIZER_CACHE_SMALL_PAGES": small}))
+            with open("/proc/%d/maps" % r.p.pid) as f:
+                if "libjemalloc" not in f.read():
+                    self.skipTest("this router does not run on jemalloc (a sanitizer build)")
+            st, out = self.chat(r.port, {"messages": [{"role": "user", "content": "Where do requests go? " * 200}]})
+            self.assertEqual(st, 200, out)
+            if small == "0":  # the hash table, written at start, fills a huge page (the kernel's, or khugepaged's)
+                t.wait_until(lambda: huge_kib(r.p.pid) >= 2048, what="the cache on huge pages", timeout=15)
+            else:
+                self.assertEqual(huge_kib(r.p.pid), 0)
+            r.stop()
+
     def test_a_chat_without_max_tokens_has_the_rest_of_the_context(self):
         # vLLM gives a chat without max_tokens what max_model_len leaves after its prompt: only a prompt of
         # max_model_len tokens or more is refused (a completion's default is 16, and counts, unless set to null)

@@ -42,7 +42,7 @@ sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.
   upstream) echo "$C/xpyd_sse.c $R/rewrite.c $R/json_view.c -lm $C/xpyd_util.c $ROOT/balancer/xb_prefix.c ${HTTP[*]}" ;;
   tls) echo "$C/xpyd_tls.c" ;;
   tokenizer) echo "$ROOT/tokenizer/tok_load.c $ROOT/tokenizer/tok_encode.c $ROOT/tokenizer/tok_map.c" \
-    "$ROOT/tokenizer/tok_cache.c -I$ROOT/tokenizer" \
+    "$ROOT/tokenizer/tok_cache.c $ROOT/tokenizer/tok_mem.c -I$ROOT/tokenizer" \
     "$(pkg-config --cflags --libs libpcre2-8 libutf8proc)" ;;
   template) echo "$ROOT/tokenizer/tok_chat.c $ROOT/tokenizer/tpl_*.c -I$ROOT/tokenizer -lm" \
     "$(pkg-config --cflags --libs libutf8proc)" ;;
