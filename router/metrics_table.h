@@ -136,8 +136,12 @@
     X(tokenizer_cache_hits, "xpyd_tokenizer_cache_hit_bytes_total", counter, NONE,                              \
       "--tokenizer: prompt bytes whose ids came from the tokenization cache.")                                  \
     X(tokenizer_cache_misses, "xpyd_tokenizer_cache_miss_bytes_total", counter, NONE,                           \
-      "--tokenizer: prompt bytes (of pieces long enough to be kept) the cache did not hold: hit rate = hits / " \
-      "(hits + misses).")                                                                                        \
+      "--tokenizer: prompt bytes the tokenization cache did not hold: hit rate = hits / (hits + misses).")      \
+    X(tokenizer_cache_entries, "xpyd_tokenizer_cache_entries", gauge, NONE,                                     \
+      "--tokenizer: pieces the tokenization cache holds.")                                                      \
+    X(tokenizer_cache_alike, "xpyd_tokenizer_cache_alike_refused_total", counter, NONE,                         \
+      "--tokenizer: pieces not kept because 4 of the same length and ends were (a lookup compares at most "     \
+      "those): a prompt built to make the cache compare each piece with every other one does not.")            \
     X(tokenizer_tpl_bytes, "xpyd_tokenizer_request_template_cache_bytes", gauge, NONE,                          \
       "--trust-request-chat-template: memory of the request templates kept compiled (sources and trees), "     \
       "within --request-chat-template-cache-bytes.")                                                             \

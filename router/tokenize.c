@@ -478,4 +478,6 @@ void rt_tok_refresh_metrics(void)
     atomic_store(&g_rt->ctr.tokenizer_cache_bytes, (int64_t)st.bytes);
     atomic_store(&g_rt->ctr.tokenizer_cache_hits, (int64_t)st.hit_bytes);
     atomic_store(&g_rt->ctr.tokenizer_cache_misses, (int64_t)st.miss_bytes);
+    atomic_store(&g_rt->ctr.tokenizer_cache_entries, (int64_t)st.entries);
+    atomic_store(&g_rt->ctr.tokenizer_cache_alike, (int64_t)st.alike_refused);
 }

@@ -5,7 +5,10 @@
  * hashes it), least recently used first out when the cache passes its byte bound. A piece between added tokens
  * is encoded on its own by Hugging Face's pipeline (the added tokens split the text before normalization and
  * pre-tokenization), so its ids do not depend on what surrounds it: a conversation's earlier turns, delimited by
- * the template's special tokens, are pieces seen before. One mutex; lookups and inserts are O(1). */
+ * the template's special tokens, are pieces seen before. One mutex; lookups and inserts are O(1), against a hostile
+ * client too: the hash is seeded at random per cache (no one can aim pieces at a bucket), and pieces alike where
+ * the key looks (same length, same ends: a prompt can hold thousands that differ only in the middle, each compared
+ * with all the others before) are kept at most ALIKE_MAX at once. */
 #include "tok_internal.h"
 #include "tok_lru.h"
 #include "xpyd_tokenizer.h"
@@ -13,7 +16,11 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
 #include <xxhash.h>
+
+#define ALIKE_MAX 4 /* pieces kept under one key and length (a lookup compares at most this many texts) */
 
 /* one allocation per entry: the header, the ids, then the piece's text (a put is one malloc, an eviction one free,
  * and a hit reads the ids and the text beside the header) */
@@ -35,8 +42,9 @@ struct xtok_cache {
     pthread_mutex_t mu;
     struct centry **buckets;
     size_t nbuckets, entries, bytes, max_bytes, min_piece;
+    uint64_t seed; /* random, per cache */
     struct tok_lru lru;
-    uint64_t hits, misses, hit_bytes, miss_bytes;
+    uint64_t hits, misses, hit_bytes, miss_bytes, alike_refused;
 };
 
 static size_t entry_bytes(const struct centry *e)
@@ -46,10 +54,11 @@ static size_t entry_bytes(const struct centry *e)
 
 /* where a piece is looked for: its length, first and last 32 bytes (a conversation's pieces differ there; two that
  * do not share a chain and are told apart by their text) */
-static uint64_t piece_key(const char *text, size_t len)
+static uint64_t piece_key(const struct xtok_cache *c, const char *text, size_t len)
 {
     size_t k = len < 32 ? len : 32;
-    return XXH3_64bits_withSeed(text, k, len) ^ XXH3_64bits_withSeed(text + len - k, k, ~(uint64_t)len);
+    uint64_t s = c->seed ^ len;
+    return XXH3_64bits_withSeed(text, k, s) ^ XXH3_64bits_withSeed(text + len - k, k, ~s);
 }
 
 struct xtok_cache *xtok_cache_new(size_t max_bytes, size_t min_piece)
@@ -69,6 +78,8 @@ struct xtok_cache *xtok_cache_new(size_t max_bytes, size_t min_piece)
         return NULL;
     }
     memset(c->buckets, 0, c->nbuckets * sizeof *c->buckets);
+    if (getrandom(&c->seed, sizeof c->seed, GRND_NONBLOCK) != (ssize_t)sizeof c->seed) /* no entropy yet: */
+        c->seed = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15u ^ (uint64_t)(uintptr_t)c ^ (uint64_t)clock();
     pthread_mutex_init(&c->mu, NULL);
     c->max_bytes = max_bytes;
     c->min_piece = min_piece;
@@ -97,6 +108,7 @@ void xtok_cache_stats(struct xtok_cache *c, struct xtok_cache_stats *st)
     st->misses = c->misses;
     st->hit_bytes = c->hit_bytes;
     st->miss_bytes = c->miss_bytes;
+    st->alike_refused = c->alike_refused;
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -128,7 +140,7 @@ int tok_cache_get(struct xtok_cache *c, const char *text, size_t len, uint32_t *
 {
     if (!c || len < c->min_piece)
         return 0;
-    uint64_t k = piece_key(text, len);
+    uint64_t k = piece_key(c, text, len);
     int rc = 0;
     pthread_mutex_lock(&c->mu);
     for (struct centry *e = *slot(c, k); e; e = e->hnext)
@@ -174,14 +186,20 @@ void tok_cache_put(struct xtok_cache *c, const char *text, size_t len, const uin
     *e = h;
     memcpy(e->ids, ids, n * sizeof *ids);
     memcpy(entry_text(e), text, len);
-    e->key = piece_key(text, len);
+    e->key = piece_key(c, text, len);
     pthread_mutex_lock(&c->mu);
-    for (struct centry *x = *slot(c, e->key); x; x = x->hnext)
-        if (same_piece(x, e->key, text, len)) { /* another thread put it first */
+    int alike = 0; /* kept pieces of this key and length, other texts */
+    for (struct centry *x = *slot(c, e->key); x; x = x->hnext) {
+        if (x->key != e->key || x->len != len)
+            continue;
+        int same = !memcmp(entry_text(x), text, len); /* another thread put it first */
+        if (same || ++alike == ALIKE_MAX) {
+            c->alike_refused += !same;
             pthread_mutex_unlock(&c->mu);
             tok_mem_free(e);
             return;
         }
+    }
     while (c->lru.tail && c->bytes + entry_bytes(e) > c->max_bytes)
         evict_one(c);
     struct centry **s = slot(c, e->key);

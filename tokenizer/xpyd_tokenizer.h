@@ -47,6 +47,7 @@ struct xtok_cache;
 struct xtok_cache_stats {
     size_t bytes, entries;
     uint64_t hits, misses, hit_bytes, miss_bytes;
+    uint64_t alike_refused; /* pieces not kept: as many alike (length and ends) were (tok_cache.c) */
 };
 struct xtok_cache *xtok_cache_new(size_t max_bytes, size_t min_piece);
 void xtok_cache_free(struct xtok_cache *c);

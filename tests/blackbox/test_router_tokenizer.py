@@ -185,6 +185,24 @@ class RouterTokenizer(t.TestCase):
         self.assertEqual(st, 200, out)
         t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
 
+    def test_pieces_alike_where_the_cache_looks_are_kept_four_at_a_time(self):
+        # a hostile prompt: 3,000 pieces between special tokens, of one length and with the same first and last 32
+        # bytes (what the cache's key reads), differing in the middle. Kept without a bound, each new one would be
+        # compared with every one kept before it: quadratic (a 1.8 MB prompt of them took 2.5 s of a tokenizer
+        # thread instead of 0.06, a 16 MB one minutes). Four are kept, the rest counted, and the count stays exact
+        p, d = self.engines("llama3_1", "--max-model-len", "65536")
+        r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--access-log", "json"))
+        prompt = "<|eot_id|>".join("a" * 40 + "%06d" % i + "a" * 40 for i in range(3000))
+        for rnd in (1, 2):  # fresh, then again: the four are found, the others refused again
+            st, out = completion(r.port, {"prompt": prompt})
+            self.assertEqual(st, 200, out)
+            t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
+            self.assertEqual(t.metric(r.port, "xpyd_tokenizer_cache_entries"), 4)
+            self.assertEqual(t.metric(r.port, "xpyd_tokenizer_cache_alike_refused_total"), rnd * 2996)
+        want = oracle("llama3_1", [prompt], special=True)
+        self.assertEqual([l["prompt_tokens"] for l in access_lines(r)], [len(want[0])] * 2)
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)
+
     def test_without_the_flag_nothing_changes_and_a_bad_directory_stops_the_router(self):
         p, d = self.engines("llama3_1")
         r = self.start(t.router([p], [d], "--access-log", "json"))
