@@ -68,5 +68,8 @@ size_t xb_prefix_blocks(const struct xb_prefix *x, int rank);
 size_t xb_prefix_bytes(const struct xb_prefix *x);
 /* Bytes one block costs in the index (for sizing --prefix-index-max-bytes). */
 size_t xb_prefix_entry_bytes(void);
+/* The longest run of occupied slots in its table: what a lookup of an absent block probes at worst (tests: blocks
+ * a client aimed at one slot do not line up, the slots being seeded at random). */
+size_t xb_prefix_longest_run(const struct xb_prefix *x);
 
 #endif

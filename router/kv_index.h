@@ -50,5 +50,6 @@ void kvi_match(struct kvi *x, const uint64_t *keys, size_t n, uint64_t space, ui
 
 size_t kvi_blocks(struct kvi *x, int rank); /* (rank, block) pairs of one rank */
 size_t kvi_bytes(struct kvi *x);            /* memory held by the tables */
+size_t kvi_longest_run(struct kvi *x);      /* occupied slots in a row in the content table: its worst probe */
 
 #endif

@@ -457,6 +457,48 @@ static void churn_at_one_table_size(void **state)
     kvi_free(x);
 }
 
+/* Blocks a client aimed at one slot of the content table (prompts tried until the table's slot function, as
+ * published but without its seed, put their blocks' keys at multiples of 2^13: the engines store and publish them,
+ * and unseeded each stored block then walked one probe run of all the others) land apart: the seed, random per
+ * index, is what the client cannot know. */
+static uint64_t unseeded_slot(uint64_t k) /* kv_index.c's home() with a seed of 0 */
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    return k ^ (k >> 33);
+}
+
+static void aimed_blocks_do_not_line_up(void **state)
+{
+    (void)state;
+    enum { N = 2000 };
+    struct kvi *x = kvi_new(1, 100000);
+    assert_non_null(x);
+    uint64_t seed = 0x2545f4914f6cdd1dULL, keys[N];
+    uint32_t tokens[B];
+    for (int i = 0; i < N; i++) {
+        do { /* the client's search */
+            for (int t = 0; t < B; t++) {
+                seed ^= seed << 13, seed ^= seed >> 7, seed ^= seed << 17;
+                tokens[t] = (uint32_t)(seed % 150000);
+            }
+            keys[i] = xb_hash_block_ids(xb_chain_seed(), tokens, B);
+        } while (unseeded_slot(keys[i]) & 0x1fff);
+        uint64_t ehash = (uint64_t)i + 1;
+        struct kv_event e = stored(&ehash, 1, tokens, 0, 0);
+        assert_int_equal(kvi_apply(x, 0, &e, B), KVI_OK);
+    }
+    assert_int_equal(kvi_blocks(x, 0), N);
+    uint32_t out[1];
+    kvi_match(x, keys + N - 1, 1, 0, out); /* the last one is found, as a prompt of its tokens would find it */
+    assert_int_equal(out[0], 1);
+    /* unseeded: one run of all N; seeded: ~log of the table's slots */
+    assert_in_range(kvi_longest_run(x), 1, 100);
+    kvi_free(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -468,6 +510,7 @@ int main(void)
         cmocka_unit_test(random_against_a_model),
         cmocka_unit_test(growth_and_spaces_against_a_model),
         cmocka_unit_test(churn_at_one_table_size),
+        cmocka_unit_test(aimed_blocks_do_not_line_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -479,6 +479,40 @@ static void test_peek_keeps_rotation(void **st)
     xb_pool_free(p);
 }
 
+/* Blocks a client aimed at one slot (tried until the index's former, unseeded slot mix put them all at a multiple of
+ * 2^14: one probe run of all of them, each insert walking it) land apart: the slots are seeded per index. */
+static uint64_t unseeded_slot(uint64_t h) /* the mix as published before the seed, rank 0: what the client computed */
+{
+    uint64_t k = h ^ 0x9e3779b97f4a7c15ULL;
+    k ^= k >> 29;
+    k *= 0xbf58476d1ce4e5b9ULL;
+    return k ^ (k >> 32);
+}
+
+static void test_aimed_blocks_do_not_line_up(void **st)
+{
+    (void)st;
+    enum { N = 8192 };
+    uint64_t *h = malloc(N * sizeof *h);
+    assert_non_null(h);
+    for (int i = 0; i < N; i++)
+        do
+            h[i] = rnd();
+        while (unseeded_slot(h[i]) & 0x3fff);
+    struct xb_prefix *x = xb_prefix_new(1 << 20, 1u << 30, 0);
+    assert_non_null(x);
+    size_t found = 0;
+    for (int i = 0; i < N; i += 64) {
+        assert_int_equal(xb_prefix_insert(x, 0, h + i, 64, 1), 0);
+        found += xb_prefix_match(x, 0, h + i, 64, 1);
+    }
+    assert_int_equal(found, N);
+    /* unseeded: one run of ~N/4 (the 16,384-slot table's four multiples of 2^14); seeded, ~log of the slots */
+    assert_in_range(xb_prefix_longest_run(x), 1, 100);
+    xb_prefix_free(x);
+    free(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -488,7 +522,7 @@ int main(void)
         cmocka_unit_test(test_cache_without_prefixes_is_lot), cmocka_unit_test(test_session_affinity),
         cmocka_unit_test(test_peek_keeps_rotation),    cmocka_unit_test(test_guard_denies_overloaded_holder),
         cmocka_unit_test(test_guard_uses_capacity),    cmocka_unit_test(test_session_ring_by_identity),
-        cmocka_unit_test(test_byte_bound_takes_from_the_fullest),
+        cmocka_unit_test(test_byte_bound_takes_from_the_fullest), cmocka_unit_test(test_aimed_blocks_do_not_line_up),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
