@@ -226,14 +226,8 @@ void xb_prefix_free(struct xb_prefix *x)
 
 static uint64_t key_of(const struct xb_prefix *x, uint64_t h, uint32_t rank)
 {
-    /* the block hash is uniform, but a client chooses its blocks: with a fixed mix, one who tried blocks until
-     * their slots agreed in the low bits (2^14 tries a block) built one probe run of them all, and 65,000 such
-     * blocks made inserts 57 x slower. The seed, random per index, makes the slot unknowable; the rank moves it
-     * to an unrelated slot (rank 0 included) */
-    uint64_t k = h ^ x->seed ^ (((uint64_t)rank + 1) * 0x9e3779b97f4a7c15ULL);
-    k ^= k >> 29;
-    k *= 0xbf58476d1ce4e5b9ULL;
-    return k ^ (k >> 32);
+    /* seeded (xb_slot_mix); the rank moves a block to an unrelated slot (rank 0 included) */
+    return xb_slot_mix(h ^ x->seed ^ (((uint64_t)rank + 1) * 0x9e3779b97f4a7c15ULL));
 }
 
 static size_t find_slot(const struct xb_prefix *x, uint64_t h, uint32_t rank)

@@ -11,8 +11,9 @@
  * always) a prefix of it, and the longest cached prefix is found by binary search: about log2(blocks) probes
  * per rank instead of one per block (an 8k-token prompt against 64 ranks: ~640 probes).
  *
- * Pure: no I/O, no clock, no locking (the pool's mutex covers it); deterministic for a given sequence of
- * calls. Times are passed in (µs, any monotonic origin). */
+ * Pure: no I/O, no clock, no locking (the pool's mutex covers it); its answers are deterministic for a given
+ * sequence of calls (only where entries sit in its table is seeded at random, see xb_slot_mix). Times are passed
+ * in (µs, any monotonic origin). */
 #ifndef XB_PREFIX_H
 #define XB_PREFIX_H
 
@@ -28,6 +29,20 @@ size_t xb_hash_bytes(const void *data, size_t len, size_t block_bytes, uint64_t 
  * block: prev = xb_chain_seed()). xb_hash_tokens' k-th value is this applied k+1 times. */
 uint64_t xb_hash_block_ids(uint64_t prev, const uint32_t *ids, size_t n);
 uint64_t xb_chain_seed(void);
+
+/* Where a table keyed by block hashes puts a key: the key, already xored with the table's random seed, through
+ * MurmurHash3's finalizer (every output bit depends on every input bit). A client chooses its prompts' blocks;
+ * with a published mix and no seed it could try blocks until thousands shared one slot, and each insert then
+ * walked one probe run of them all (65,000 such blocks: 57 x slower). This index and the KV-event index
+ * (router/kv_index.c) place their keys with it; their tests aim blocks at it unseeded. */
+static inline uint64_t xb_slot_mix(uint64_t k)
+{
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    k *= 0xc4ceb9fe1a85ec53ull;
+    return k ^ (k >> 33);
+}
 /* The same chain over bytes fed in pieces (a prompt decoded as it is read, never held whole): the hashes equal
  * xb_hash_bytes over the concatenation. Out of memory aborts. */
 struct xb_hasher;

@@ -59,19 +59,11 @@ struct kvi {
     int nspaces;
 };
 
-/* a key's first slot: the key and the map's seed through a full mix (MurmurHash3's finalizer). A content key is
- * the router's own hash of a block's tokens, which a client chooses: unseeded, a client who tried blocks until
- * their keys shared a home built one probe run of all of them (65,000 such blocks: inserts 57 x slower in
- * xb_prefix.c's table, which had the same flaw) */
+/* a key's first slot, seeded (xb_slot_mix): a content key is the router's own hash of a block's tokens, which a
+ * client chooses */
 static size_t home(const struct map *m, uint64_t key)
 {
-    uint64_t k = key ^ m->seed;
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ull;
-    k ^= k >> 33;
-    return (size_t)k & (m->cap - 1);
+    return (size_t)xb_slot_mix(key ^ m->seed) & (m->cap - 1);
 }
 
 static size_t map_longest_run(const struct map *m)

@@ -463,11 +463,7 @@ static void churn_at_one_table_size(void **state)
  * index, is what the client cannot know. */
 static uint64_t unseeded_slot(uint64_t k) /* kv_index.c's home() with a seed of 0 */
 {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    k *= 0xc4ceb9fe1a85ec53ull;
-    return k ^ (k >> 33);
+    return xb_slot_mix(k);
 }
 
 static void aimed_blocks_do_not_line_up(void **state)

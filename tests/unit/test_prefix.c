@@ -479,14 +479,12 @@ static void test_peek_keeps_rotation(void **st)
     xb_pool_free(p);
 }
 
-/* Blocks a client aimed at one slot (tried until the index's former, unseeded slot mix put them all at a multiple of
- * 2^14: one probe run of all of them, each insert walking it) land apart: the slots are seeded per index. */
-static uint64_t unseeded_slot(uint64_t h) /* the mix as published before the seed, rank 0: what the client computed */
+/* Blocks a client aimed at one slot (tried until the slot function, as published but without its seed, put them
+ * all at a multiple of 2^14: unseeded, one probe run of all of them, each insert walking it) land apart: the slots
+ * are seeded per index. */
+static uint64_t unseeded_slot(uint64_t h) /* key_of() of rank 0 with a seed of 0: what the client computes */
 {
-    uint64_t k = h ^ 0x9e3779b97f4a7c15ULL;
-    k ^= k >> 29;
-    k *= 0xbf58476d1ce4e5b9ULL;
-    return k ^ (k >> 32);
+    return xb_slot_mix(h ^ 0x9e3779b97f4a7c15ULL);
 }
 
 static void test_aimed_blocks_do_not_line_up(void **st)
