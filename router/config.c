@@ -185,6 +185,10 @@ static const struct xpyd_setting settings[] = {
      "with `--tokenizer`: memory of the tokenization cache, the text and ids of pieces between special tokens "
      "(a conversation's earlier turns), least recently used out first (`xpyd_tokenizer_cache_bytes`, "
      "`xpyd_tokenizer_cache_hit_bytes_total`); every piece is kept, a template's role names too; 0 = off"},
+    {"tokenizer-cache-alike-max", XS_LONG, OFF(tokenizer_cache_alike_max), 1, 1000000, "4", NULL,
+     "with `--tokenizer`: pieces of one length with the same first and last 32 bytes (what the cache's key reads) "
+     "kept at once, so a lookup compares at most this many texts; the next is refused "
+     "(`xpyd_tokenizer_cache_alike_refused_total`) and encoded as a miss is"},
     {"tokenizer-threads", XS_LONG, OFF(tokenizer_threads), 1, 256, "2", NULL,
      "threads that tokenize prompts for `--tokenizer` (each one encodes a prompt at a time)"},
     {"tokenizer-queue", XS_LONG, OFF(tokenizer_queue), 1, 1000000, "4096", NULL,

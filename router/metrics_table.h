@@ -140,8 +140,8 @@
     X(tokenizer_cache_entries, "xpyd_tokenizer_cache_entries", gauge, NONE,                                     \
       "--tokenizer: pieces the tokenization cache holds.")                                                      \
     X(tokenizer_cache_alike, "xpyd_tokenizer_cache_alike_refused_total", counter, NONE,                         \
-      "--tokenizer: pieces not kept because 4 of the same length and ends were (a lookup compares at most "     \
-      "those): a prompt built to make the cache compare each piece with every other one does not.")            \
+      "--tokenizer: pieces not kept because --tokenizer-cache-alike-max of the same length and ends were (a "   \
+      "lookup compares at most those): a prompt built to make each piece compare with every other one cannot.") \
     X(tokenizer_tpl_bytes, "xpyd_tokenizer_request_template_cache_bytes", gauge, NONE,                          \
       "--trust-request-chat-template: memory of the request templates kept compiled (sources and trees), "     \
       "within --request-chat-template-cache-bytes.")                                                             \

@@ -243,6 +243,8 @@ int rt_tok_setup(struct router *rt)
         fprintf(stderr, "xpyd_router: out of memory\n");
         return -1;
     }
+    if (T.cache)
+        xtok_cache_set_alike_max(T.cache, (size_t)rt->cfg.tokenizer_cache_alike_max);
     T.nth = rt->cfg.tokenizer_threads;
     T.th = XPYD_XALLOC(calloc((size_t)T.nth, sizeof *T.th));
     for (long i = 0; i < T.nth; i++)

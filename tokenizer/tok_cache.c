@@ -8,7 +8,7 @@
  * the template's special tokens, are pieces seen before. One mutex; lookups and inserts are O(1), against a hostile
  * client too: the hash is seeded at random per cache (no one can aim pieces at a bucket), and pieces alike where
  * the key looks (same length, same ends: a prompt can hold thousands that differ only in the middle, each compared
- * with all the others before) are kept at most ALIKE_MAX at once. */
+ * with all the others before) are kept at most alike_max at once. */
 #include "tok_internal.h"
 #include "tok_lru.h"
 #include "xpyd_tokenizer.h"
@@ -20,7 +20,6 @@
 #include <time.h>
 #include <xxhash.h>
 
-#define ALIKE_MAX 4 /* pieces kept under one key and length (a lookup compares at most this many texts) */
 
 /* one allocation per entry: the header, the ids, then the piece's text (a put is one malloc, an eviction one free,
  * and a hit reads the ids and the text beside the header) */
@@ -42,7 +41,8 @@ struct xtok_cache {
     pthread_mutex_t mu;
     struct centry **buckets;
     size_t nbuckets, entries, bytes, max_bytes, min_piece;
-    uint64_t seed; /* random, per cache */
+    size_t alike_max; /* pieces kept under one key and length (a lookup compares at most this many texts) */
+    uint64_t seed;    /* random, per cache */
     struct tok_lru lru;
     uint64_t hits, misses, hit_bytes, miss_bytes, alike_refused;
 };
@@ -83,7 +83,15 @@ struct xtok_cache *xtok_cache_new(size_t max_bytes, size_t min_piece)
     pthread_mutex_init(&c->mu, NULL);
     c->max_bytes = max_bytes;
     c->min_piece = min_piece;
+    c->alike_max = 4;
     return c;
+}
+
+void xtok_cache_set_alike_max(struct xtok_cache *c, size_t n)
+{
+    pthread_mutex_lock(&c->mu);
+    c->alike_max = n ? n : 1;
+    pthread_mutex_unlock(&c->mu);
 }
 
 void xtok_cache_free(struct xtok_cache *c)
@@ -188,12 +196,12 @@ void tok_cache_put(struct xtok_cache *c, const char *text, size_t len, const uin
     memcpy(entry_text(e), text, len);
     e->key = piece_key(c, text, len);
     pthread_mutex_lock(&c->mu);
-    int alike = 0; /* kept pieces of this key and length, other texts */
+    size_t alike = 0; /* kept pieces of this key and length, other texts */
     for (struct centry *x = *slot(c, e->key); x; x = x->hnext) {
         if (x->key != e->key || x->len != len)
             continue;
         int same = !memcmp(entry_text(x), text, len); /* another thread put it first */
-        if (same || ++alike == ALIKE_MAX) {
+        if (same || ++alike >= c->alike_max) {
             c->alike_refused += !same;
             pthread_mutex_unlock(&c->mu);
             tok_mem_free(e);

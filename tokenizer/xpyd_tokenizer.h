@@ -51,6 +51,9 @@ struct xtok_cache_stats {
 };
 struct xtok_cache *xtok_cache_new(size_t max_bytes, size_t min_piece);
 void xtok_cache_free(struct xtok_cache *c);
+/* At most n pieces (4 unless set; at least 1) of one length with the same first and last 32 bytes, which the key
+ * reads, are kept at once: a lookup compares at most n texts, whatever a prompt holds. */
+void xtok_cache_set_alike_max(struct xtok_cache *c, size_t n);
 void xtok_cache_stats(struct xtok_cache *c, struct xtok_cache_stats *st);
 /* xtok_encode through a cache (NULL: none): the same ids. */
 int xtok_encode_cached(const struct xtok *t, struct xtok_cache *c, const char *text, size_t len, int add_special,

@@ -202,6 +202,13 @@ class RouterTokenizer(t.TestCase):
         want = oracle("llama3_1", [prompt], special=True)
         self.assertEqual([l["prompt_tokens"] for l in access_lines(r)], [len(want[0])] * 2)
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)
+        # the bound is the operator's: --tokenizer-cache-alike-max 2 keeps two
+        r2 = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--tokenizer-cache-alike-max", "2"))
+        st, out = completion(r2.port, {"prompt": prompt})
+        self.assertEqual(st, 200, out)
+        t.wait_until(lambda: t.router_idle(r2.port), what="the second router idle")
+        self.assertEqual(t.metric(r2.port, "xpyd_tokenizer_cache_entries"), 2)
+        self.assertEqual(t.metric(r2.port, "xpyd_tokenizer_cache_alike_refused_total"), 2998)
 
     def test_without_the_flag_nothing_changes_and_a_bad_directory_stops_the_router(self):
         p, d = self.engines("llama3_1")
