@@ -622,22 +622,28 @@ static int encode_raw_piece(const struct xtok *t, const char *text, size_t len, 
     return rc;
 }
 
-/* A piece between added tokens: from the cache when it holds it, else encoded (and kept there). first: the input's
- * first piece, encoded apart from the cache where Metaspace prepends to that piece alone (its ids depend on it). */
-static int encode_piece(const struct xtok *t, struct xtok_cache *c, const char *text, size_t len,
+/* A piece between added tokens: from the cache when it holds it, else encoded (and kept there; key: its cache key).
+ * first: the input's first piece, encoded apart from the cache where Metaspace prepends to that piece alone (its
+ * ids depend on it). */
+static int prepends_first(const struct xtok *t)
+{
+    return t->npre && t->pre[0].type == TOK_PRE_METASPACE && t->pre[0].prepend == TOK_PREPEND_FIRST;
+}
+
+static int encode_piece(const struct xtok *t, struct xtok_cache *c, uint64_t key, const char *text, size_t len,
                         pcre2_match_data *md, struct ids *out, int first)
 {
-    if (first && t->npre && t->pre[0].type == TOK_PRE_METASPACE && t->pre[0].prepend == TOK_PREPEND_FIRST)
+    if (first && prepends_first(t))
         c = NULL;
     size_t start = out->n;
-    int rc = tok_cache_get(c, text, len, &out->v, &out->n, &out->cap);
+    int rc = tok_cache_get(c, key, text, len, &out->v, &out->n, &out->cap);
     if (rc) /* a piece with these bytes was valid UTF-8 when it was kept */
         return rc < 0 ? XTOK_ENOMEM : 0;
     if (!valid_utf8((const unsigned char *)text, len))
         return XTOK_EINVAL;
     rc = encode_raw_piece(t, text, len, md, out, first);
     if (!rc && c && out->v) /* (an empty piece leaves out->v NULL: no pointer arithmetic on it) */
-        tok_cache_put(c, text, len, out->v + start, out->n - start);
+        tok_cache_put(c, key, text, len, out->v + start, out->n - start);
     return rc;
 }
 
@@ -668,18 +674,38 @@ int xtok_encode_cached(const struct xtok *t, struct xtok_cache *cache, const cha
             rc = push(&out, t->prefix[i]);
     const struct tok_added *mru[ADDED_MRU] = {0};
     int first = 1; /* the piece at the input's start */
-    while (len && !rc) { /* the tokens matched in the raw text */
-        size_t ms, me;
-        const struct tok_added *a = find_added(t, 0, text, len, mru, &ms, &me);
-        if (!a) {
-            rc = encode_piece(t, cache, text, len, md, &out, first);
-            break;
+    while (len && !rc) { /* the tokens matched in the raw text, TOK_PREFETCH_MAX at a time: */
+        /* where the next pieces are (piece k: from cut k-1's end, or 0, to cut k's start; a cut without a token
+         * ends the text), and their entries asked of the cache together (tok_cache_prefetch) */
+        struct {
+            size_t ms, me;
+            const struct tok_added *a;
+        } cut[TOK_PREFETCH_MAX];
+        uint64_t key[TOK_PREFETCH_MAX], far[TOK_PREFETCH_MAX]; /* far: the keys of pieces worth asking for */
+        size_t nc = 0, nfar = 0, off = 0;
+        while (nc < TOK_PREFETCH_MAX && off < len) {
+            size_t ms, me;
+            const struct tok_added *a = find_added(t, 0, text + off, len - off, mru, &ms, &me);
+            cut[nc].a = a;
+            cut[nc].ms = a ? off + ms : len;
+            cut[nc].me = a ? off + me : len;
+            key[nc] = tok_cache_key(cache, text + off, cut[nc].ms - off);
+            if (cut[nc].ms - off >= TOK_PREFETCH_MIN)
+                far[nfar++] = key[nc];
+            off = cut[nc++].me;
         }
-        rc = encode_piece(t, cache, text, ms, md, &out, first);
-        first = 0;
-        rc = rc ? rc : push(&out, a->id);
-        text += me;
-        len -= me;
+        tok_cache_prefetch(cache, far, nfar);
+        off = 0;
+        for (size_t k = 0; k < nc && !rc; k++) {
+            if (cut[k].ms > off) /* (tokens side by side: no piece between them) */
+                rc = encode_piece(t, cache, key[k], text + off, cut[k].ms - off, md, &out, first);
+            first = 0;
+            if (!rc && cut[k].a)
+                rc = push(&out, cut[k].a->id);
+            off = cut[k].me;
+        }
+        text += off;
+        len -= off;
     }
     if (add_special)
         for (size_t i = 0; i < t->nsuffix && !rc; i++)

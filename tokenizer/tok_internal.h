@@ -122,14 +122,21 @@ struct xtok {
     size_t model_entries; /* the model vocab's entries: where Hugging Face numbers added tokens from */
 };
 
-/* tok_cache.c: a piece's ids from the cache, appended to the array (v, n, cap: grown with realloc): 1, or 0 when
- * not there, -1 out of memory; keeping a piece's ids. A NULL cache holds nothing. */
 /* tok_mem.c: the cache entries' memory (an arena of huge pages under jemalloc, else malloc) */
 void *tok_mem_alloc(size_t n);
 void tok_mem_free(void *p);
+/* tok_cache.c: a piece's key (tok_cache_key: what get and put take); the memory of up to TOK_PREFETCH_MAX pieces'
+ * entries asked for at once, before their lookups; a piece's ids from the cache, appended to the array (v, n, cap:
+ * grown with realloc): 1, or 0 when not there, -1 out of memory; keeping a piece's ids. A NULL cache holds
+ * nothing. */
+#define TOK_PREFETCH_MAX 16
+#define TOK_PREFETCH_MIN 256 /* bytes: a shorter piece's entry is a line or two, not worth a lock to ask for */
 struct xtok_cache;
-int tok_cache_get(struct xtok_cache *c, const char *text, size_t len, uint32_t **v, size_t *n, size_t *cap);
-void tok_cache_put(struct xtok_cache *c, const char *text, size_t len, const uint32_t *ids, size_t n);
+uint64_t tok_cache_key(const struct xtok_cache *c, const char *text, size_t len);
+void tok_cache_prefetch(struct xtok_cache *c, const uint64_t *keys, size_t n);
+int tok_cache_get(struct xtok_cache *c, uint64_t key, const char *text, size_t len, uint32_t **v, size_t *n,
+                  size_t *cap);
+void tok_cache_put(struct xtok_cache *c, uint64_t key, const char *text, size_t len, const uint32_t *ids, size_t n);
 
 /* GPT-2's map of bytes to printable code points (the byte-level alphabet) and back. */
 void tok_bytes_to_unicode(uint32_t cp_of[256]);
