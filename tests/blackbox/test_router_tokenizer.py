@@ -285,6 +285,13 @@ CHATS = [
     {"messages": [{"role": "user", "content": "think?"}], "chat_template_kwargs": {"enable_thinking": False}},
     {"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": True, "add_generation_prompt": False},
 ]
+# a conversation of more pieces than an encode looks up at once (16: tok_cache_prefetch), then the same with two turns
+# more: its history comes from the cache across those batches and the count must still be Hugging Face's
+LONG = [{"role": "system", "content": "You answer in English, 中文 and code."}] + [
+    {"role": ("user", "assistant")[i % 2], "content": "Turn %d: %s" % (i, ("for (i = 0; i < n; i++) x += 路由 %d; " % i) * 9)}
+    for i in range(14)]
+CHATS += [{"messages": LONG}, {"messages": LONG + [{"role": "assistant", "content": "Yes."},
+                                                  {"role": "user", "content": "And then?"}]}]
 
 
 class RouterChat(t.TestCase):
