@@ -24,6 +24,47 @@ static uint64_t rnd(void)
     return rng;
 }
 
+/* The hasher a prompt is read through (ids one at a time, text in pieces of any size) gives the chains of the
+ * one-call hashes, and a uint32 block as the events' side hashes it (xb_hash_block_ids) gives the same keys: a
+ * difference would make every precise and approximate match miss. */
+static void test_hasher_equals_the_one_call_chains(void **st)
+{
+    (void)st;
+    int64_t ids[1000];
+    uint32_t u[1000];
+    for (int i = 0; i < 1000; i++)
+        u[i] = (uint32_t)(ids[i] = (int64_t)(rnd() % 200000));
+    for (size_t bt = 1; bt <= 80; bt += bt < 20 ? 1 : 13) { /* block sizes under, at and over 64 ids */
+        uint64_t want[1000], *got;
+        size_t n = xb_hash_tokens(ids, 1000, bt, want, 1000);
+        struct xb_hasher *h = xb_hasher_new(bt * sizeof(int64_t));
+        for (int i = 0; i < 1000; i++)
+            xb_hasher_feed_id(h, ids[i]);
+        assert_int_equal(xb_hasher_finish(h, &got), n);
+        assert_memory_equal(got, want, n * sizeof *want);
+        uint64_t prev = xb_chain_seed();
+        for (size_t b = 0; b < n; b++)
+            assert_true((prev = xb_hash_block_ids(prev, u + b * bt, bt)) == want[b]);
+        free(got);
+    }
+    char text[5000];
+    for (size_t i = 0; i < sizeof text; i++)
+        text[i] = (char)('a' + rnd() % 26);
+    for (size_t bb = 1; bb <= 300; bb += 37) {
+        uint64_t want[5000], *got;
+        size_t n = xb_hash_bytes(text, sizeof text, bb, want, 5000);
+        struct xb_hasher *h = xb_hasher_new(bb);
+        for (size_t at = 0, k; at < sizeof text; at += k) { /* pieces of 1 to 700 bytes, across blocks */
+            k = 1 + rnd() % 700;
+            k = k < sizeof text - at ? k : sizeof text - at;
+            xb_hasher_feed(h, text + at, k);
+        }
+        assert_int_equal(xb_hasher_finish(h, &got), n);
+        assert_memory_equal(got, want, n * sizeof *want);
+        free(got);
+    }
+}
+
 /* Same prefix => same chain; a difference in block k changes blocks k.. and only those. */
 static void test_chain_hashing(void **st)
 {
@@ -515,6 +556,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_hashing),       cmocka_unit_test(test_index_matches_model),
+        cmocka_unit_test(test_hasher_equals_the_one_call_chains),
         cmocka_unit_test(test_byte_bound),          cmocka_unit_test(test_ttl),
         cmocka_unit_test(test_match_since),         cmocka_unit_test(test_cache_affinity),      cmocka_unit_test(test_guard_property),
         cmocka_unit_test(test_cache_without_prefixes_is_lot), cmocka_unit_test(test_session_affinity),
