@@ -634,46 +634,71 @@ void tv_json_into(struct tctx *c, struct tbuf *b, const struct tv *v, int indent
     }
 }
 
-struct tv tv_from_json(struct tctx *c, const cJSON *j)
+/* A JSON value made a template value in place: written where it goes (a list's or a dict's slot), not returned
+ * through the stack and copied again, and its type read from the node (a conversation is thousands of values) */
+static void json_into(struct tctx *c, const cJSON *j, struct tv *v)
 {
     if (++c->steps > c->maxsteps)
         tpl_fail(c, "the render takes more than its step limit");
-    if (cJSON_IsNull(j) || !j)
-        return tv_none();
-    if (cJSON_IsBool(j))
-        return tv_bool(cJSON_IsTrue(j));
-    if (cJSON_IsNumber(j)) {
+    switch (j ? j->type & 0xFF : cJSON_NULL) {
+    case cJSON_NULL:
+        *v = tv_none();
+        return;
+    case cJSON_False:
+    case cJSON_True:
+        *v = tv_bool((j->type & 0xFF) == cJSON_True);
+        return;
+    case cJSON_Number: {
         double d = j->valuedouble;
         /* cJSON keeps no trace of how the number was written: integral values within 2^53 are ints */
-        if (d == floor(d) && fabs(d) <= 9007199254740992.0)
-            return tv_int((int64_t)d);
-        return tv_float(d);
+        *v = d == floor(d) && fabs(d) <= 9007199254740992.0 ? tv_int((int64_t)d) : tv_float(d);
+        return;
     }
-    if (cJSON_IsString(j)) { /* referred to: the JSON outlives the render */
+    case cJSON_String: { /* referred to: the JSON outlives the render */
         size_t n = strlen(j->valuestring);
         c->json_bytes += n;
-        return tv_strref(j->valuestring, n);
+        *v = tv_strref(j->valuestring, n);
+        return;
     }
-    struct tv v = {0};
-    if (cJSON_IsArray(j)) {
-        v.t = TV_LIST;
-        v.u.l = tl_new(c, (size_t)cJSON_GetArraySize(j));
+    default:
+        break;
+    }
+    size_t items = 0;
+    for (const cJSON *it = j->child; it; it = it->next)
+        items++;
+    if ((j->type & 0xFF) == cJSON_Array) {
+        struct tlist *l = tl_new(c, items);
+        *v = (struct tv){.t = TV_LIST};
+        v->u.l = l;
         for (const cJSON *it = j->child; it; it = it->next)
-            tl_push(c, v.u.l, tv_from_json(c, it));
-        return v;
+            json_into(c, it, &l->v[l->n++]);
+        return;
     }
-    v.t = TV_DICT;
-    v.u.d = td_new(c);
-    size_t keys = 0;
-    for (const cJSON *it = j->child; it; it = it->next)
-        keys++;
-    if (keys) { /* sized once (a message: role, content, perhaps a few more) */
-        v.u.d->cap = keys;
-        v.u.d->k = tpl_alloc_raw(c, keys * sizeof *v.u.d->k);
-        v.u.d->v = tpl_alloc_raw(c, keys * sizeof *v.u.d->v);
+    struct tdict *d = td_new(c);
+    *v = (struct tv){.t = TV_DICT};
+    v->u.d = d;
+    if (!items)
+        return;
+    d->cap = items; /* sized once (a message: role, content, perhaps a few more) */
+    d->k = tpl_alloc_raw(c, items * sizeof *d->k);
+    d->v = tpl_alloc_raw(c, items * sizeof *d->v);
+    for (const cJSON *it = j->child; it; it = it->next) {
+        size_t kn = strlen(it->string);
+        struct tv *old = td_gets(d, it->string, kn); /* a key given twice: Python keeps the place, the last value */
+        if (old) {
+            json_into(c, it, old);
+            continue;
+        }
+        d->k[d->n] = tv_strref(it->string, kn);
+        json_into(c, it, &d->v[d->n]);
+        d->n++;
     }
-    for (const cJSON *it = j->child; it; it = it->next)
-        td_set(c, v.u.d, tv_strref(it->string, strlen(it->string)), tv_from_json(c, it));
+}
+
+struct tv tv_from_json(struct tctx *c, const cJSON *j)
+{
+    struct tv v;
+    json_into(c, j, &v);
     return v;
 }
 
