@@ -76,25 +76,26 @@ uint64_t xb_chain_seed(void)
     return CHAIN_SEED;
 }
 
+/* m ids as little-endian 64-bit values, as a token-id prompt is hashed */
+static void ids_le64(const uint32_t *ids, size_t m, unsigned char *buf)
+{
+    for (size_t j = 0; j < m; j++)
+        for (int s = 0; s < 8; s++)
+            buf[8 * j + (size_t)s] = (unsigned char)((uint64_t)ids[j] >> (8 * s));
+}
+
 uint64_t xb_hash_block_ids(uint64_t prev, const uint32_t *ids, size_t n)
 {
+    unsigned char buf[64 * 8];
     if (n <= 64) { /* a block of the usual sizes: one call (the same hash as the streaming below) */
-        uint64_t buf[64];
-        for (size_t j = 0; j < n; j++) {
-            unsigned char *o = (unsigned char *)&buf[j];
-            for (int s = 0; s < 8; s++)
-                o[s] = (unsigned char)((uint64_t)ids[j] >> (8 * s));
-        }
+        ids_le64(ids, n, buf);
         return XXH3_64bits_withSeed(buf, n * 8, prev);
     }
     XXH3_state_t st;
     XXH3_64bits_reset_withSeed(&st, prev);
-    unsigned char buf[64 * 8];
-    for (size_t k = 0; k < n; k += 64) { /* ids as little-endian 64-bit values */
+    for (size_t k = 0; k < n; k += 64) {
         size_t m = n - k < 64 ? n - k : 64;
-        for (size_t j = 0; j < m; j++)
-            for (int s = 0; s < 8; s++)
-                buf[8 * j + (size_t)s] = (unsigned char)((uint64_t)ids[k + j] >> (8 * s));
+        ids_le64(ids + k, m, buf);
         XXH3_64bits_update(&st, buf, m * 8);
     }
     return XXH3_64bits_digest(&st);

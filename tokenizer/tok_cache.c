@@ -137,10 +137,10 @@ void tok_cache_prefetch(struct xtok_cache *c, const uint64_t *keys, size_t n)
 {
     if (!c || !n)
         return;
+    n = n < TOK_PREFETCH_MAX ? n : TOK_PREFETCH_MAX;
     for (size_t i = 0; i < n; i++)
         __builtin_prefetch(slot(c, keys[i]));
     struct centry *e[TOK_PREFETCH_MAX];
-    n = n < TOK_PREFETCH_MAX ? n : TOK_PREFETCH_MAX;
     pthread_mutex_lock(&c->mu);
     for (size_t i = 0; i < n; i++) {
         e[i] = *slot(c, keys[i]);

@@ -625,15 +625,10 @@ static int encode_raw_piece(const struct xtok *t, const char *text, size_t len, 
 /* A piece between added tokens: from the cache when it holds it, else encoded (and kept there; key: its cache key).
  * first: the input's first piece, encoded apart from the cache where Metaspace prepends to that piece alone (its
  * ids depend on it). */
-static int prepends_first(const struct xtok *t)
-{
-    return t->npre && t->pre[0].type == TOK_PRE_METASPACE && t->pre[0].prepend == TOK_PREPEND_FIRST;
-}
-
 static int encode_piece(const struct xtok *t, struct xtok_cache *c, uint64_t key, const char *text, size_t len,
                         pcre2_match_data *md, struct ids *out, int first)
 {
-    if (first && prepends_first(t))
+    if (first && t->npre && t->pre[0].type == TOK_PRE_METASPACE && t->pre[0].prepend == TOK_PREPEND_FIRST)
         c = NULL;
     size_t start = out->n;
     int rc = tok_cache_get(c, key, text, len, &out->v, &out->n, &out->cap);
