@@ -270,16 +270,35 @@ static const char *skip_ws(const char *p, const char *e)
     return p;
 }
 
+/* The first quote or backslash at or after p (in checked bytes nothing else ends a run: UTF-8 and controls were
+ * checked by the scanner), 16 bytes at a time: a conversation's Chinese text is not read byte by byte */
+static const char *quote_run(const char *p, const char *e)
+{
+#ifdef __SSE2__
+    const __m128i q = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\');
+    while (e - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+        int mask = _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(v, q), _mm_cmpeq_epi8(v, bs)));
+        if (mask)
+            return p + __builtin_ctz((unsigned)mask);
+        p += 16;
+    }
+#endif
+    while (p < e && *p != '"' && *p != '\\')
+        p++;
+    return p;
+}
+
 static const char *skip_string(const char *p, const char *e)
 {
     p++;
     for (;;) {
-        p = plain_run(p, e);
+        p = quote_run(p, e);
         if (p >= e)
             return e;
         if (*p == '"')
             return p + 1;
-        p += *p == '\\' ? 2 : 1; /* an escape (a \u's digits are plain bytes), or a UTF-8 byte */
+        p += 2; /* an escape (a \u's digits are plain bytes) */
     }
 }
 
@@ -346,12 +365,26 @@ void jv_iter_init(struct jv_iter *it, struct jv c)
     it->e = c.p + c.n - 1; /* the closing bracket */
 }
 
+void jv_iter_open(struct jv_iter *it, const char *p, const char *e)
+{
+    p = skip_ws(p, e);
+    it->obj = p < e && *p == '{';
+    it->p = p < e && (*p == '{' || *p == '[') ? p + 1 : NULL;
+    it->e = e;
+}
+
+const char *jv_iter_end(const struct jv_iter *it)
+{
+    return it->p && it->p < it->e ? it->p + 1 : it->e;
+}
+
 int jv_next(struct jv_iter *it, struct jv *key, struct jv *val)
 {
     if (!it->p)
         return 0;
     const char *p = skip_ws(it->p, it->e);
-    if (p >= it->e)
+    it->p = p;
+    if (p >= it->e || *p == '}' || *p == ']') /* (a closing bracket: an opened container's end) */
         return 0;
     if (it->obj) {
         const char *k = p;
@@ -450,14 +483,35 @@ static size_t utf8_put(uint32_t cp, char *out)
     return 4;
 }
 
-/* Decodes string s into out, or hands its decoded pieces to put, or (neither) measures it. */
-static size_t str_walk(struct jv s, char *out, void (*put)(void *arg, const char *p, size_t n), void *arg)
+/* Decodes string s into out, or hands its decoded pieces to put, or (neither) measures it. roomy: out has s.n - 2
+ * bytes (what the escaped text takes), not only the decoded length. */
+static size_t str_walk(struct jv s, char *out, int roomy, void (*put)(void *arg, const char *p, size_t n), void *arg)
 {
     if (jv_type(s) != JV_STRING || s.n < 2)
         return 0;
     const char *p = s.p + 1, *e = s.p + s.n - 1;
     size_t n = 0;
     char tmp[4];
+#ifdef __SSE2__
+    if (out && roomy) { /* copied 16 bytes at a time while looking for escapes: a store ends before p's 16 bytes
+                         * end (the decoded text is never longer), so inside s.n - 2 bytes */
+        const __m128i bs = _mm_set1_epi8('\\');
+        while (e - p >= 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
+            _mm_storeu_si128((__m128i *)(void *)(out + n), v);
+            int mask = _mm_movemask_epi8(_mm_cmpeq_epi8(v, bs));
+            if (!mask) {
+                p += 16;
+                n += 16;
+                continue;
+            }
+            int k = __builtin_ctz((unsigned)mask);
+            p += k;
+            n += (size_t)k;
+            n += utf8_put(escape_at(p, e, &p), out + n);
+        }
+    }
+#endif
     while (p < e) {
         const char *q = memchr(p, '\\', (size_t)(e - p));
         if (!q)
@@ -481,17 +535,17 @@ static size_t str_walk(struct jv s, char *out, void (*put)(void *arg, const char
 
 size_t jv_str_len(struct jv s)
 {
-    return str_walk(s, NULL, NULL, NULL);
+    return str_walk(s, NULL, 0, NULL, NULL);
 }
 
 size_t jv_str_decode(struct jv s, char *out)
 {
-    return str_walk(s, out, NULL, NULL);
+    return str_walk(s, out, 0, NULL, NULL);
 }
 
 void jv_str_each(struct jv s, void (*put)(void *arg, const char *p, size_t n), void *arg)
 {
-    str_walk(s, NULL, put, arg);
+    str_walk(s, NULL, 0, put, arg);
 }
 
 char *jv_str_dup(struct jv v)
@@ -499,7 +553,7 @@ char *jv_str_dup(struct jv v)
     if (jv_type(v) != JV_STRING)
         return NULL;
     char *out = XPYD_XALLOC(malloc(v.n)); /* decoded: at most n - 2 bytes, and the NUL */
-    out[str_walk(v, out, NULL, NULL)] = 0;
+    out[str_walk(v, out, 1, NULL, NULL)] = 0;
     return out;
 }
 
@@ -514,7 +568,7 @@ int jv_str_eq(struct jv s, const char *lit, size_t len)
     if (len > rawn)
         return 0;
     char buf[256], *d = rawn <= sizeof buf ? buf : XPYD_XALLOC(malloc(rawn));
-    size_t n = str_walk(s, d, NULL, NULL);
+    size_t n = str_walk(s, d, 1, NULL, NULL);
     int eq = n == len && memcmp(d, lit, len) == 0;
     if (d != buf)
         free(d);

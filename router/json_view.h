@@ -54,6 +54,11 @@ struct jv_iter {
 };
 void jv_iter_init(struct jv_iter *it, struct jv container);
 int jv_next(struct jv_iter *it, struct jv *key, struct jv *val);
+/* The same for the container that starts at p (whitespace first) without finding its end first (a view's length
+ * is a pass over it): e bounds it, e.g. its own container's end. Once jv_next has returned 0, jv_iter_end is the
+ * byte after its closing bracket. */
+void jv_iter_open(struct jv_iter *it, const char *p, const char *e);
+const char *jv_iter_end(const struct jv_iter *it);
 /* Elements of an array, members of an object; 0 otherwise. */
 size_t jv_count(struct jv v);
 

@@ -4,7 +4,7 @@
  * lone UTF-16 surrogates, which Python's json and the scanner accept and cJSON refuses), and every view must
  * say what cJSON's tree says: the same type, the same decoded strings (byte for byte, NULs included), the same
  * numbers, the same elements, and for objects the same members, a repeated key reading as its last value (as
- * Python's json.loads, and cJSON's own list of members, hold them). */
+ * Python's json.loads, and cJSON's own list of members, hold them); and the views agree among themselves (views()). */
 #include "json_view.h"
 
 #include <cjson/cJSON.h>
@@ -108,6 +108,45 @@ static void same(struct jv v, const cJSON *c, int depth)
     }
 }
 
+/* The views among themselves, for every accepted input (no cJSON: lone surrogates too): a string decoded into
+ * exactly its length (jv_str_decode) and into room for its escaped bytes (jv_str_dup's 16-byte copies) gives the
+ * same bytes; a container opened where it starts (jv_iter_open, bounded by the input's end, not its own) gives
+ * the same members as its view and ends where the view does. */
+static void views(struct jv v, const char *end, int depth)
+{
+    if (depth > 64)
+        return;
+    if (jv_type(v) == JV_STRING) {
+        size_t n = jv_str_len(v);
+        char *exact = malloc(n + 1), *dup = jv_str_dup(v);
+        if (jv_str_decode(v, exact) != n || memcmp(exact, dup, n) != 0 || dup[n] != 0)
+            abort();
+        free(exact);
+        free(dup);
+        return;
+    }
+    if (jv_type(v) != JV_OBJECT && jv_type(v) != JV_ARRAY)
+        return;
+    struct jv_iter a, b;
+    struct jv ka, va, kb, vb;
+    jv_iter_init(&a, v);
+    jv_iter_open(&b, v.p, end);
+    for (;;) {
+        int more = jv_next(&a, &ka, &va);
+        if (more != jv_next(&b, &kb, &vb))
+            abort();
+        if (!more)
+            break;
+        if (ka.p != kb.p || ka.n != kb.n || va.p != vb.p || va.n != vb.n)
+            abort();
+        if (ka.p)
+            views(ka, end, depth + 1);
+        views(va, end, depth + 1);
+    }
+    if (jv_iter_end(&b) != v.p + v.n)
+        abort();
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     const char *s = (const char *)data;
@@ -121,6 +160,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct jv v = jv_at(s, s + size);
     if (!v.p)
         abort();
+    views(v, s + size, 0);
     if (has_lone_surrogate(s, size) || memchr(s, 0, size))
         return 0;
     cJSON *c = cJSON_ParseWithLength(s, size);
