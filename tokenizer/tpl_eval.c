@@ -18,6 +18,18 @@ static void step(struct tctx *c, const struct tnode *n)
         tpl_fail(c, "the render takes more than its step limit (%llu)", (unsigned long long)c->maxsteps);
 }
 
+/* A scope of its own over parent, with room for SCOPE_ROOM names in the same allocation (a loop iteration's
+ * target, `loop` and a few `set`s: one allocation per iteration, not three); more grow as any dict does. */
+#define SCOPE_ROOM 4
+static struct tscope *scope_new(struct tctx *c, struct tscope *parent)
+{
+    struct tscope *s = tpl_alloc_raw(c, sizeof *s + 2 * SCOPE_ROOM * sizeof(struct tv));
+    struct tv *room = (struct tv *)(s + 1);
+    s->parent = parent;
+    s->vars = (struct tdict){.cap = SCOPE_ROOM, .k = room, .v = room + SCOPE_ROOM};
+    return s;
+}
+
 static struct tv *lookup_slot(struct tscope *s, const char *name)
 {
     for (size_t n = strlen(name); s; s = s->parent) {
@@ -208,8 +220,7 @@ static struct tv call_macro(struct tctx *c, const struct tnode *m, struct tv *ar
         tpl_fail(c, "macro '%s' takes not more than %zu argument(s)", m->name, m->nnames);
     if (++c->depth > c->maxdepth)
         tpl_fail(c, "macros call each other too deeply");
-    struct tscope *ms = tpl_alloc(c, sizeof *ms);
-    ms->parent = m->scope ? m->scope : c->root;
+    struct tscope *ms = scope_new(c, m->scope ? m->scope : c->root);
     for (size_t i = 0; i < m->nnames; i++) {
         struct tv v = i < nargs ? args[i] : tv_undef(m->names[i]);
         int given = i < nargs;
@@ -524,8 +535,7 @@ static void exec_for(struct tctx *c, struct tscope *s, const struct tnode *n)
     if (n->b) { /* the loop's own filter: items that fail it are not iterations (loop.length counts the rest) */
         items = tl_new(c, all->n + 1);
         for (size_t i = 0; i < all->n; i++) {
-            struct tscope *fs = tpl_alloc(c, sizeof *fs);
-            fs->parent = s;
+            struct tscope *fs = scope_new(c, s);
             bind_targets(c, fs, n, all->v[i]);
             struct tv ok = tpl_eval(c, fs, n->b);
             if (tv_truth(&ok))
@@ -539,8 +549,7 @@ static void exec_for(struct tctx *c, struct tscope *s, const struct tnode *n)
     lv.u.loop = l;
     for (l->i = 0; l->i < items->n; l->i++) {
         step(c, n);
-        struct tscope *is = tpl_alloc(c, sizeof *is); /* each iteration starts afresh, as jinja's frames do */
-        is->parent = s;
+        struct tscope *is = scope_new(c, s); /* each iteration starts afresh, as jinja's frames do */
         bind_targets(c, is, n, items->v[l->i]);
         tpl_assign(c, is, "loop", lv);
         tpl_exec(c, is, n->kids, n->nkids);

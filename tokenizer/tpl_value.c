@@ -88,11 +88,16 @@ struct tdict *td_new(struct tctx *c)
     return tpl_alloc(c, sizeof(struct tdict));
 }
 
+/* a scope's or a message's key: lengths first, then the first byte (names of one length differ there), then the
+ * rest; a name the template set is looked up by the template's own pointer to it (no compare at all) */
 struct tv *td_gets(const struct tdict *d, const char *name, size_t n)
 {
-    for (size_t i = 0; i < d->n; i++)
-        if (d->k[i].t == TV_STR && d->k[i].u.s.n == n && !memcmp(d->k[i].u.s.p, name, n))
+    for (size_t i = 0; i < d->n; i++) {
+        const struct tv *k = &d->k[i];
+        if (k->u.s.n == n && k->t == TV_STR &&
+            (k->u.s.p == name || (n && k->u.s.p[0] == name[0] && !memcmp(k->u.s.p, name, n)) || !n))
             return &d->v[i];
+    }
     return NULL;
 }
 
