@@ -13,138 +13,236 @@
  *  - tools: {"type", "function": {"name", "description", "parameters", ...}, ...} with description and
  *    parameters null when absent, as model_dump() writes them;
  *  - add_generation_prompt true unless the body says otherwise; continue_final_message, documents and
- *    chat_template_kwargs as given. */
+ *    chat_template_kwargs as given.
+ * The body is read where it lies (json_view.h: it was checked when it arrived), each member once, the last of a
+ * repeated key as json.loads takes it: only what the template reads is made a tree, a message's text decoded
+ * once into its node. A conversation is mostly its texts: parsing the whole body into a tree first (cJSON) cost
+ * a 188 KB conversation 149 us here and copying its texts into vLLM's shape 18 more, several times the render
+ * and the cached encode together (bench/journal/2026-12.md). */
 #include "chat_prompt.h"
+
+#include "xpyd_util.h"
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *part_text(const cJSON *part)
+/* the decoded string s as a node that owns it (the decoding is its one copy) */
+static cJSON *str_node(struct jv s)
+{
+    char *d = jv_str_dup(s);
+    cJSON *n = d ? cJSON_CreateStringReference(d) : NULL;
+    if (!n) {
+        free(d);
+        return NULL;
+    }
+    n->type &= ~cJSON_IsReference; /* d is the node's: cJSON_Delete frees it */
+    return n;
+}
+
+/* a member kept as it is: its bytes parsed (a small value: a call, a name, the kwargs); NULL when cJSON cannot
+ * hold it (a lone surrogate: Python's json takes it, cJSON does not) */
+static cJSON *copy_of(struct jv v)
+{
+    return cJSON_ParseWithLength(v.p, v.n);
+}
+
+static int add_copy(cJSON *to, const char *key, struct jv v)
+{
+    cJSON *c = copy_of(v);
+    if (!c)
+        return -1;
+    cJSON_AddItemToObject(to, key, c);
+    return 0;
+}
+
+/* A text part's decoded text ("" when its text member is not a string), or NULL when it is no text */
+static char *part_text(struct jv part)
 {
     static const char *const kinds[][2] = {{"text", "text"}, {"input_text", "text"}, {"output_text", "text"},
                                            {"refusal", "refusal"}, {"thinking", "thinking"}};
-    const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
-    if (cJSON_IsString(part))
-        return part->valuestring;
-    for (size_t k = 0; cJSON_IsString(type) && k < sizeof kinds / sizeof *kinds; k++)
-        if (!strcmp(type->valuestring, kinds[k][0])) {
-            const cJSON *t = cJSON_GetObjectItemCaseSensitive(part, kinds[k][1]);
-            return cJSON_IsString(t) ? t->valuestring : "";
+    if (jv_type(part) == JV_STRING)
+        return jv_str_dup(part);
+    struct jv type = jv_get(part, "type");
+    for (size_t k = 0; jv_type(type) == JV_STRING && k < sizeof kinds / sizeof *kinds; k++)
+        if (jv_str_eq(type, kinds[k][0], strlen(kinds[k][0]))) {
+            struct jv t = jv_get(part, kinds[k][1]);
+            return jv_type(t) == JV_STRING ? jv_str_dup(t) : XPYD_XALLOC(strdup(""));
         }
     return NULL;
 }
 
-static void add_copy(cJSON *to, const char *key, const cJSON *v)
+/* content given as parts: their texts, one node each (parts) or joined with "\n" (joined) */
+static int text_parts(struct jv content, cJSON *parts, char **joined, int *why)
 {
-    cJSON_AddItemToObject(to, key, cJSON_Duplicate(v, 1));
+    struct jv_iter it;
+    struct jv part;
+    size_t total = 0;
+    jv_iter_init(&it, content);
+    while (jv_next(&it, NULL, &part)) {
+        char *t = part_text(part);
+        if (!t) { /* an image, audio, video...: the model's own placeholders */
+            *why = RT_CHAT_MEDIA;
+            return -1;
+        }
+        total += strlen(t) + 1;
+        cJSON *n = cJSON_CreateStringReference(t);
+        if (!n) {
+            free(t);
+            return -1;
+        }
+        n->type &= ~cJSON_IsReference;
+        cJSON_AddItemToArray(parts, n);
+    }
+    if (!joined)
+        return 0;
+    char *w = *joined = XPYD_XALLOC(malloc(total + 1));
+    *w = '\0';
+    size_t k = 0;
+    cJSON *x;
+    cJSON_ArrayForEach(x, parts)
+    {
+        if (k++)
+            *w++ = '\n';
+        size_t l = strlen(x->valuestring);
+        memcpy(w, x->valuestring, l + 1);
+        w += l;
+    }
+    return 0;
 }
 
-/* One message as vLLM's conversation holds it; NULL with *why when it cannot be counted. */
-static cJSON *message(const cJSON *m, int openai, int *why)
+/* an assistant's tool calls (a non-empty list): each call's arguments, a JSON string, parsed into an object (its
+ * value as json.loads gives it; {} when it is not JSON or not a string) */
+static cJSON *tool_calls(struct jv calls)
 {
-    const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
-    const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content"), *it;
-    if (!cJSON_IsString(role) || (content && !cJSON_IsNull(content) && !cJSON_IsString(content) &&
-                                  !cJSON_IsArray(content))) {
-        *why = RT_CHAT_SHAPE;
+    cJSON *list = copy_of(calls), *c;
+    cJSON_ArrayForEach(c, list)
+    {
+        cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
+        cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+        if (cJSON_IsObject(fn) && !cJSON_IsObject(args) && !cJSON_IsArray(args)) {
+            cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+            if (!parsed)
+                parsed = cJSON_CreateObject();
+            if (args)
+                cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
+            else
+                cJSON_AddItemToObject(fn, "arguments", parsed);
+        }
+    }
+    return list;
+}
+
+/* One message as vLLM's conversation holds it, the one at p (the messages' own bytes end by e; *end: past it);
+ * NULL with *why when it cannot be counted. Its members are read as they come (a message's length would be a
+ * pass over its text of its own). */
+static cJSON *message(const char *p, const char *e, const char **end, int openai, int *why)
+{
+    *why = RT_CHAT_SHAPE;
+    struct jv role = {0}, content = {0}, calls = {0}, reasoning = {0}, call_id = {0}, name = {0}, task = {0}, k, v;
+    struct jv_iter mi;
+    jv_iter_open(&mi, p, e);
+    if (!mi.obj)
+        return NULL;
+    while (jv_next(&mi, &k, &v)) { /* its members read once, the last of a repeated key */
+        struct jv *at = jv_str_eq(k, "role", 4)           ? &role
+                        : jv_str_eq(k, "content", 7)      ? &content
+                        : jv_str_eq(k, "tool_calls", 10)  ? &calls
+                        : jv_str_eq(k, "reasoning", 9)    ? &reasoning
+                        : jv_str_eq(k, "tool_call_id", 12) ? &call_id
+                        : jv_str_eq(k, "name", 4)         ? &name
+                        : jv_str_eq(k, "task", 4)         ? &task
+                                                          : NULL;
+        if (at)
+            *at = v;
+    }
+    *end = jv_iter_end(&mi);
+    enum jv_type ct = jv_type(content);
+    if (jv_type(role) != JV_STRING ||
+        (ct != JV_NONE && ct != JV_NULL && ct != JV_STRING && ct != JV_ARRAY))
+        return NULL;
+    int tool = jv_str_eq(role, "tool", 4), assistant = jv_str_eq(role, "assistant", 9);
+    cJSON *out = cJSON_CreateObject();
+    cJSON *r = str_node(role);
+    if (!out || !r) {
+        cJSON_Delete(out);
+        cJSON_Delete(r);
         return NULL;
     }
-    int tool = !strcmp(role->valuestring, "tool");
-    cJSON *out = cJSON_CreateObject(), *parts = cJSON_CreateArray();
-    cJSON_AddStringToObject(out, "role", role->valuestring);
-    size_t total = 0;
-    if (cJSON_IsString(content)) {
-        cJSON_AddItemToArray(parts, cJSON_CreateString(content->valuestring));
-        total = strlen(content->valuestring);
-    } else if (cJSON_IsArray(content)) {
-        cJSON_ArrayForEach(it, content)
-        {
-            const char *t = part_text(it);
-            if (!t) { /* an image, audio, video...: the model's own placeholders */
-                cJSON_Delete(out);
-                cJSON_Delete(parts);
-                *why = RT_CHAT_MEDIA;
-                return NULL;
-            }
-            cJSON_AddItemToArray(parts, cJSON_CreateString(t));
-            total += strlen(t) + 1;
-        }
-    }
-    if (openai && !tool) {
-        cJSON *list = cJSON_AddArrayToObject(out, "content");
-        cJSON_ArrayForEach(it, parts)
-        {
-            cJSON *p = cJSON_CreateObject();
-            cJSON_AddStringToObject(p, "type", "text");
-            cJSON_AddStringToObject(p, "text", it->valuestring);
-            cJSON_AddItemToArray(list, p);
-        }
-    } else {
-        char *joined = malloc(total + 1), *w = joined;
-        if (!joined) {
-            cJSON_Delete(out);
+    cJSON_AddItemToObject(out, "role", r);
+    cJSON *text = NULL;
+    if (openai && !tool) { /* [{"type": "text", "text": ...}] */
+        cJSON *parts = cJSON_CreateArray(), *list = cJSON_AddArrayToObject(out, "content"), *x;
+        if (ct == JV_STRING)
+            cJSON_AddItemToArray(parts, str_node(content));
+        else if (ct == JV_ARRAY && text_parts(content, parts, NULL, why) != 0) {
             cJSON_Delete(parts);
-            *why = RT_CHAT_SHAPE;
+            cJSON_Delete(out);
             return NULL;
         }
-        *w = '\0';
-        size_t k = 0;
-        cJSON_ArrayForEach(it, parts)
-        {
-            if (k++)
-                *w++ = '\n';
-            size_t l = strlen(it->valuestring);
-            memcpy(w, it->valuestring, l + 1);
-            w += l;
+        while ((x = cJSON_DetachItemFromArray(parts, 0))) {
+            cJSON *part = cJSON_CreateObject();
+            cJSON_AddStringToObject(part, "type", "text");
+            cJSON_AddItemToObject(part, "text", x);
+            cJSON_AddItemToArray(list, part);
         }
-        cJSON_AddStringToObject(out, "content", joined);
-        free(joined);
+        cJSON_Delete(parts);
+    } else if (ct == JV_STRING) { /* the string itself: no copy but its decoding */
+        text = str_node(content);
+    } else if (ct == JV_ARRAY) {
+        cJSON *parts = cJSON_CreateArray();
+        char *joined = NULL;
+        int rc = parts ? text_parts(content, parts, &joined, why) : -1;
+        cJSON_Delete(parts);
+        if (rc != 0) {
+            cJSON_Delete(out);
+            return NULL;
+        }
+        text = cJSON_CreateStringReference(joined);
+        if (text)
+            text->type &= ~cJSON_IsReference;
+        else
+            free(joined);
+    } else { /* absent or null: no text */
+        text = cJSON_CreateString("");
     }
-    cJSON_Delete(parts);
-    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
-    if (!strcmp(role->valuestring, "assistant")) {
-        if (cJSON_IsArray(calls) && cJSON_GetArraySize(calls) > 0) {
-            cJSON *list = cJSON_AddArrayToObject(out, "tool_calls");
-            cJSON_ArrayForEach(it, calls)
-            {
-                cJSON *c = cJSON_Duplicate(it, 1);
-                cJSON *fn = cJSON_GetObjectItemCaseSensitive(c, "function");
-                cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
-                if (cJSON_IsObject(fn) && !cJSON_IsObject(args) && !cJSON_IsArray(args)) {
-                    /* a JSON string: its value (json.loads); not JSON, or not a string: {} */
-                    cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
-                    if (!parsed)
-                        parsed = cJSON_CreateObject();
-                    if (args)
-                        cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", parsed);
-                    else
-                        cJSON_AddItemToObject(fn, "arguments", parsed);
-                }
-                cJSON_AddItemToArray(list, c);
-            }
-        } else if (calls && !cJSON_IsNull(calls) && !cJSON_IsArray(calls)) {
-            add_copy(out, "tool_calls", calls);
+    if (!(openai && !tool)) {
+        if (!text) {
+            cJSON_Delete(out);
+            return NULL;
         }
-        const cJSON *reasoning = cJSON_GetObjectItemCaseSensitive(m, "reasoning");
-        if (reasoning && !cJSON_IsNull(reasoning)) {
-            add_copy(out, "reasoning", reasoning);
-            add_copy(out, "reasoning_content", reasoning);
-        }
-    } else if (tool) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
-        if (id)
-            add_copy(out, "tool_call_id", id);
+        cJSON_AddItemToObject(out, "content", text);
     }
-    static const char *const keep[] = {"name", "task"};
-    for (int k = 0; k < 2; k++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, keep[k]);
-        if (cJSON_IsString(v))
-            add_copy(out, keep[k], v);
+    int rc = 0;
+    if (assistant) {
+        enum jv_type t = jv_type(calls);
+        if (t == JV_ARRAY && jv_count(calls) > 0) {
+            cJSON *list = tool_calls(calls);
+            if (list)
+                cJSON_AddItemToObject(out, "tool_calls", list);
+            rc |= list ? 0 : -1;
+        } else if (t != JV_NONE && t != JV_NULL && t != JV_ARRAY) {
+            rc |= add_copy(out, "tool_calls", calls);
+        }
+        if (jv_type(reasoning) != JV_NONE && jv_type(reasoning) != JV_NULL) {
+            rc |= add_copy(out, "reasoning", reasoning);
+            rc |= add_copy(out, "reasoning_content", reasoning);
+        }
+    } else if (tool && call_id.p) {
+        rc |= add_copy(out, "tool_call_id", call_id);
+    }
+    if (jv_type(name) == JV_STRING)
+        rc |= add_copy(out, "name", name);
+    if (jv_type(task) == JV_STRING)
+        rc |= add_copy(out, "task", task);
+    if (rc) {
+        cJSON_Delete(out);
+        return NULL;
     }
     return out;
 }
 
+/* a tool as vLLM's pydantic model dumps it (t: its bytes parsed) */
 static cJSON *tool(const cJSON *t)
 {
     cJSON *out = cJSON_CreateObject(), *it;
@@ -159,43 +257,68 @@ static cJSON *tool(const cJSON *t)
     }
     cJSON_ArrayForEach(it, fn) /* pydantic's extra="allow": other members follow the declared ones */
         if (strcmp(it->string, "name") && strcmp(it->string, "description") && strcmp(it->string, "parameters"))
-            add_copy(f, it->string, it);
+            cJSON_AddItemToObject(f, it->string, cJSON_Duplicate(it, 1));
     cJSON_ArrayForEach(it, t)
         if (strcmp(it->string, "type") && strcmp(it->string, "function"))
-            add_copy(out, it->string, it);
+            cJSON_AddItemToObject(out, it->string, cJSON_Duplicate(it, 1));
     return out;
 }
 
-cJSON *rt_chat_as_vllm(const cJSON *req, int openai_content, int *why)
+cJSON *rt_chat_template_args(const struct rt_chat_src *s)
 {
-    const cJSON *it;
+    cJSON *out = cJSON_CreateObject();
+    if (!out || (s->chat_template.p && add_copy(out, "chat_template", s->chat_template) != 0) ||
+        (s->chat_template_kwargs.p && add_copy(out, "chat_template_kwargs", s->chat_template_kwargs) != 0)) {
+        cJSON_Delete(out);
+        return NULL;
+    }
+    return out;
+}
+
+cJSON *rt_chat_as_vllm(const struct rt_chat_src *s, int openai_content, int *why)
+{
     *why = RT_CHAT_SHAPE;
-    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
-    if (!cJSON_IsArray(msgs))
+    if (jv_type(s->messages) != JV_ARRAY)
         return NULL;
     cJSON *out = cJSON_CreateObject(), *list = cJSON_AddArrayToObject(out, "messages");
-    cJSON_ArrayForEach(it, msgs)
-    {
-        cJSON *m = message(it, openai_content, why);
-        if (!m) {
+    if (!list) {
+        cJSON_Delete(out);
+        return NULL;
+    }
+    /* the messages one after the other, each read as it comes (json_view.h: jv_iter_open) */
+    const char *p = s->messages.p + 1, *e = s->messages.p + s->messages.n - 1; /* inside the brackets */
+    for (;;) {
+        while (p < e && (jv_is_ws(*p) || *p == ','))
+            p++;
+        if (p >= e)
+            break;
+        cJSON *x = message(p, e, &p, openai_content, why);
+        if (!x) {
             cJSON_Delete(out);
             return NULL;
         }
-        cJSON_AddItemToArray(list, m);
+        cJSON_AddItemToArray(list, x);
     }
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(req, "tools");
-    if (cJSON_IsArray(tools)) {
-        cJSON *tl = cJSON_AddArrayToObject(out, "tools");
-        cJSON_ArrayForEach(it, tools)
-            cJSON_AddItemToArray(tl, tool(it));
+    if (jv_type(s->tools) == JV_ARRAY) {
+        cJSON *given = copy_of(s->tools), *tl = cJSON_AddArrayToObject(out, "tools"), *t;
+        if (!given || !tl) {
+            cJSON_Delete(given);
+            cJSON_Delete(out);
+            return NULL;
+        }
+        cJSON_ArrayForEach(t, given)
+            cJSON_AddItemToArray(tl, tool(t));
+        cJSON_Delete(given);
     }
-    static const char *const asis[] = {"add_generation_prompt", "continue_final_message", "documents",
-                                       "chat_template_kwargs"};
-    for (int k = 0; k < 4; k++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, asis[k]);
-        if (v && !cJSON_IsNull(v))
-            add_copy(out, asis[k], v);
-    }
+    const struct jv asis[] = {s->add_generation_prompt, s->continue_final_message, s->documents,
+                              s->chat_template_kwargs};
+    static const char *const names[] = {"add_generation_prompt", "continue_final_message", "documents",
+                                        "chat_template_kwargs"};
+    for (int k = 0; k < 4; k++)
+        if (asis[k].p && jv_type(asis[k]) != JV_NULL && add_copy(out, names[k], asis[k]) != 0) {
+            cJSON_Delete(out);
+            return NULL;
+        }
     *why = 0;
     return out;
 }

@@ -32,6 +32,7 @@ struct rt_tok_job {
     char *text;          /* the prompts' decoded bytes, one after another; a chat request's body (owned) */
     size_t *lens, n;
     int chat;            /* text is a chat request's body: rendered with the model's template, then encoded */
+    struct rt_chat_src chat_src; /* chat: its members in text (found when the body arrived) */
     rt_tok_go go;        /* how the request goes on (request.c) */
     int add_special;
     size_t block_tokens; /* 0: no prefix blocks wanted */
@@ -117,15 +118,17 @@ static const struct xtok_chat *template_for(struct rt_tok_job *j, const cJSON *b
 static void encode_chat(struct rt_tok_job *j)
 {
     int why = RT_CHAT_SHAPE;
-    cJSON *body = cJSON_ParseWithLength(j->text, j->lens[0]), *req = NULL;
+    /* the body as it lies (checked when it arrived: body_src.h), not parsed into a tree: only what the template
+     * reads is made one (chat_prompt.h) */
+    cJSON *args = rt_chat_template_args(&j->chat_src), *req = NULL;
     struct xtok_chat *mine = NULL;
-    const struct xtok_chat *chat = body ? template_for(j, body, &mine) : NULL;
+    const struct xtok_chat *chat = args ? template_for(j, args, &mine) : NULL;
     if (chat)
-        req = rt_chat_as_vllm(body, xtok_chat_openai_content(chat), &why);
-    cJSON_Delete(body);
+        req = rt_chat_as_vllm(&j->chat_src, xtok_chat_openai_content(chat), &why);
+    cJSON_Delete(args);
     if (!req) {
         j->rc = -1;
-        if (chat || !body)
+        if (chat || !args)
             j->fallback = why == RT_CHAT_MEDIA ? RT_TF_MEDIA : RT_TF_SHAPE;
         xtok_chat_free(mine);
         return;
@@ -374,6 +377,26 @@ int rt_tok_wants(const struct request *r)
     return r->prompt_src != RT_PS_IDS; /* ids: counted exactly already */
 }
 
+/* the chat members' views in copy, the job's copy of the body whose view is body (the body's member spans were
+ * found when it arrived: nothing is scanned again) */
+static void chat_src_in(const struct rw_src *src, struct jv body, const char *copy, struct rt_chat_src *cs)
+{
+    const struct {
+        const char *key;
+        struct jv *at;
+    } m[] = {{"messages", &cs->messages},
+             {"tools", &cs->tools},
+             {"add_generation_prompt", &cs->add_generation_prompt},
+             {"continue_final_message", &cs->continue_final_message},
+             {"documents", &cs->documents},
+             {"chat_template_kwargs", &cs->chat_template_kwargs},
+             {"chat_template", &cs->chat_template}};
+    for (size_t i = 0; i < sizeof m / sizeof *m; i++) {
+        struct jv v = rw_src_get(src, m[i].key);
+        *m[i].at = v.p ? (struct jv){copy + (v.p - body.p), v.n} : (struct jv){NULL, 0};
+    }
+}
+
 int rt_tok_start(struct request *r, rt_tok_go go)
 {
     if (T.tok && r->kind == RT_EP_CHAT && !T.chat)
@@ -383,13 +406,15 @@ int rt_tok_start(struct request *r, rt_tok_go go)
     size_t *lens = XPYD_XALLOC(malloc(MAX_PROMPTS * sizeof *lens));
     char *text;
     size_t n;
-    if (r->kind == RT_EP_CHAT) { /* the body, parsed and rendered on the tokenizer thread */
+    struct rt_chat_src cs = {0};
+    if (r->kind == RT_EP_CHAT) { /* the body, shaped and rendered on the tokenizer thread */
         struct jv body = rw_src_view(r->src);
         text = XPYD_XALLOC(malloc(body.n + 1));
         memcpy(text, body.p, body.n);
         text[body.n] = '\0';
         lens[0] = body.n;
         n = 1;
+        chat_src_in(r->src, body, text, &cs);
     } else {
         n = rw_prompt_texts(r->src, &text, lens, MAX_PROMPTS);
     }
@@ -418,6 +443,7 @@ int rt_tok_start(struct request *r, rt_tok_go go)
     j->lens = lens;
     j->n = n;
     j->chat = r->kind == RT_EP_CHAT;
+    j->chat_src = cs;
     j->go = go;
     enum jv_type as = jv_type(rw_src_get(r->src, "add_special_tokens"));
     j->add_special = j->chat ? as == JV_TRUE : as != JV_FALSE; /* vLLM: false for chat, true for completions */

@@ -16,6 +16,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* a member as vLLM's json.loads reads the body: the last of a repeated key (cJSON's own lookup finds the first) */
+static const cJSON *member(const cJSON *o, const char *key)
+{
+    const cJSON *found = NULL, *it;
+    if (cJSON_IsObject(o))
+        cJSON_ArrayForEach(it, o) if (it->string && !strcmp(it->string, key)) found = it;
+    return found;
+}
+
 static cJSON *text_of(const cJSON *content, int as_parts)
 {
     cJSON *parts = cJSON_CreateArray();
@@ -25,7 +34,7 @@ static cJSON *text_of(const cJSON *content, int as_parts)
     } else {
         cJSON_ArrayForEach(it, content)
         {
-            const cJSON *tx = cJSON_GetObjectItemCaseSensitive(it, "text");
+            const cJSON *tx = member(it, "text");
             cJSON_AddItemToArray(parts, cJSON_CreateString(cJSON_IsString(tx) ? tx->valuestring : ""));
         }
     }
@@ -62,19 +71,19 @@ static cJSON *conversation(const cJSON *msgs, int as_parts)
     const cJSON *m;
     cJSON_ArrayForEach(m, msgs)
     {
-        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        const cJSON *role = member(m, "role");
         cJSON *x = cJSON_CreateObject();
         cJSON_AddStringToObject(x, "role", cJSON_IsString(role) ? role->valuestring : "");
         int tool = cJSON_IsString(role) && !strcmp(role->valuestring, "tool");
-        cJSON_AddItemToObject(x, "content", text_of(cJSON_GetObjectItemCaseSensitive(m, "content"), as_parts && !tool));
-        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls"), *c;
+        cJSON_AddItemToObject(x, "content", text_of(member(m, "content"), as_parts && !tool));
+        const cJSON *calls = member(m, "tool_calls"), *c;
         if (cJSON_IsString(role) && !strcmp(role->valuestring, "assistant") && cJSON_IsArray(calls) &&
             cJSON_GetArraySize(calls)) {
             cJSON *list = cJSON_AddArrayToObject(x, "tool_calls");
             cJSON_ArrayForEach(c, calls)
             {
                 cJSON *call = cJSON_Duplicate(c, 1), *fn = cJSON_GetObjectItemCaseSensitive(call, "function");
-                cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
+                cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments"); /* (the one replaced below) */
                 if (cJSON_IsObject(fn) && cJSON_IsString(args)) {
                     cJSON *v = cJSON_Parse(args->valuestring);
                     cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", v ? v : cJSON_CreateObject());
@@ -85,17 +94,17 @@ static cJSON *conversation(const cJSON *msgs, int as_parts)
                 cJSON_AddItemToArray(list, call);
             }
         }
-        const cJSON *reasoning = cJSON_GetObjectItemCaseSensitive(m, "reasoning");
+        const cJSON *reasoning = member(m, "reasoning");
         if (cJSON_IsString(role) && !strcmp(role->valuestring, "assistant") && reasoning && !cJSON_IsNull(reasoning)) {
             cJSON_AddItemToObject(x, "reasoning", cJSON_Duplicate(reasoning, 1));
             cJSON_AddItemToObject(x, "reasoning_content", cJSON_Duplicate(reasoning, 1));
         }
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+        const cJSON *id = member(m, "tool_call_id");
         if (tool && id)
             cJSON_AddItemToObject(x, "tool_call_id", cJSON_Duplicate(id, 1));
         static const char *const keep[] = {"name", "task"};
         for (int k = 0; k < 2; k++) {
-            const cJSON *v = cJSON_GetObjectItemCaseSensitive(m, keep[k]);
+            const cJSON *v = member(m, keep[k]);
             if (cJSON_IsString(v))
                 cJSON_AddItemToObject(x, keep[k], cJSON_Duplicate(v, 1));
         }
@@ -134,14 +143,14 @@ int sim_chat_render(const struct xtok_chat *chat, const cJSON *root, char **text
 {
     cJSON *req = cJSON_CreateObject();
     int parts = xtok_chat_openai_content(chat);
-    cJSON_AddItemToObject(req, "messages", conversation(cJSON_GetObjectItemCaseSensitive(root, "messages"), parts));
-    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    cJSON_AddItemToObject(req, "messages", conversation(member(root, "messages"), parts));
+    const cJSON *tools = member(root, "tools");
     if (cJSON_IsArray(tools))
         cJSON_AddItemToObject(req, "tools", tools_dumped(tools));
     static const char *const asis[] = {"add_generation_prompt", "continue_final_message", "documents",
                                        "chat_template_kwargs"};
     for (int k = 0; k < 4; k++) {
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, asis[k]);
+        const cJSON *v = member(root, asis[k]);
         if (v && !cJSON_IsNull(v))
             cJSON_AddItemToObject(req, asis[k], cJSON_Duplicate(v, 1));
     }

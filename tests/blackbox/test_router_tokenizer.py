@@ -330,6 +330,26 @@ class RouterChat(t.TestCase):
                 for proc in (r, p, d):
                     proc.stop()
 
+    def test_a_repeated_key_counts_as_json_loads_reads_it(self):
+        # the body is read where it lies: a member given twice is its last, as vLLM's json.loads takes it (a tree
+        # parser's lookup finds the first), at the top level and in a message; the sims (their own reading) agree
+        raw = (b'{"model":"sim-model","max_tokens":2,"messages":[{"role":"user","content":"not this"}],'
+               b'"messages":[{"role":"system","content":"first","content":"You are terse, \\u4f60\\u597d."},'
+               b'{"role":"assistant","role":"user","content":"Hello \\"world\\"\\nagain"}]}')
+        req = json.loads(raw)
+        self.assertEqual(req["messages"][1]["role"], "user")  # what Python reads
+        want = len(oracle("qwen3", theirs(template_of("qwen3"), specials("qwen3"),
+                                          [vllm_conversation(req, False)]))[0])
+        p, d = (self.start(t.sim("--role", role, "--tokenizer", model_dir("qwen3"))) for role in ("prefill", "decode"))
+        r = self.start(t.router([p], [d], "--tokenizer", model_dir("qwen3"), "--access-log", "json"))
+        st, _, out = t.request(r.port, "POST", "/v1/chat/completions", raw, timeout=30)
+        self.assertEqual(st, 200, out)
+        t.wait_until(lambda: len(access_lines(r)) == 1, what="the access line")
+        self.assertEqual(access_lines(r)[0]["prompt_tokens"], want)
+        self.assertEqual(access_lines(r)[0]["prompt_src"], "tokenizer")
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)
+        t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
+
     def test_conversation_turns_come_from_the_cache(self):
         p, d = (self.start(t.sim("--role", role, "--tokenizer", model_dir("qwen3"))) for role in ("prefill", "decode"))
         r = self.start(t.router([p], [d], "--tokenizer", model_dir("qwen3"), "--access-log", "json"))

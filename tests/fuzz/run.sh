@@ -10,7 +10,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 ALL=(sse config sim_request rewrite json_view upstream http_req relay admin metadata feedback desc tls etcd tokenizer
-     template kv_events)
+     template kv_events chat)
 NAMES=("$@")
 [ ${#NAMES[@]} -gt 0 ] || NAMES=("${ALL[@]}")
 OUT=${FUZZ_OUT:-$(mktemp -d /tmp/xpyd-fuzz.XXXXXX)}
@@ -33,6 +33,7 @@ sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.
   sim_request) echo "$ROOT/sim/sim_request.c $ROOT/sim/sim_tokens.c $C/xpyd_util.c" ;;
   rewrite) echo "$R/rewrite.c $R/body_src.c $R/prompt.c $R/json_view.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
   json_view) echo "$R/json_view.c $C/xpyd_util.c -lm" ;;
+  chat) echo "$R/chat_prompt.c $R/json_view.c $C/xpyd_util.c -lm" ;;
   http_req) echo "$R/http_req.c" ;;
   relay) echo "$R/relay.c $R/rewrite.c $R/json_view.c -lm $C/xpyd_sse.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
   admin) echo "$R/admin_parse.c $R/kv_endpoint.c $R/json_view.c $C/xpyd_util.c -lm" ;;
