@@ -80,9 +80,15 @@ static int utf8_seq(struct jv_scan *j)
     return 0;
 }
 
+/* a hex digit's value + 1 (0: not one): one load per digit (text sent as \uXXXX has four in every six bytes) */
+static const unsigned char HEX1[256] = {
+    ['0'] = 1,  ['1'] = 2,  ['2'] = 3,  ['3'] = 4,  ['4'] = 5,  ['5'] = 6,  ['6'] = 7,  ['7'] = 8,
+    ['8'] = 9,  ['9'] = 10, ['a'] = 11, ['b'] = 12, ['c'] = 13, ['d'] = 14, ['e'] = 15, ['f'] = 16,
+    ['A'] = 11, ['B'] = 12, ['C'] = 13, ['D'] = 14, ['E'] = 15, ['F'] = 16};
+
 static int hexval(char c)
 {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return HEX1[(unsigned char)c] - 1;
 }
 
 int jv_scan_string(struct jv_scan *j, int *has_nul)
@@ -270,35 +276,22 @@ static const char *skip_ws(const char *p, const char *e)
     return p;
 }
 
-/* The first quote or backslash at or after p (in checked bytes nothing else ends a run: UTF-8 and controls were
- * checked by the scanner), 16 bytes at a time: a conversation's Chinese text is not read byte by byte */
-static const char *quote_run(const char *p, const char *e)
-{
-#ifdef __SSE2__
-    const __m128i q = _mm_set1_epi8('"'), bs = _mm_set1_epi8('\\');
-    while (e - p >= 16) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
-        int mask = _mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(v, q), _mm_cmpeq_epi8(v, bs)));
-        if (mask)
-            return p + __builtin_ctz((unsigned)mask);
-        p += 16;
-    }
-#endif
-    while (p < e && *p != '"' && *p != '\\')
-        p++;
-    return p;
-}
-
+/* Past a checked string (p at its opening quote): its closing quote is the first quote after an even run of
+ * backslashes (an odd one escapes it; in checked bytes a backslash only ever begins an escape), found with
+ * memchr: neither UTF-8 text nor escapes (a conversation's Chinese as \uXXXX) stop the search, only quotes */
 static const char *skip_string(const char *p, const char *e)
 {
-    p++;
+    const char *start = ++p;
     for (;;) {
-        p = quote_run(p, e);
-        if (p >= e)
+        const char *q = p < e ? memchr(p, '"', (size_t)(e - p)) : NULL;
+        if (!q)
             return e;
-        if (*p == '"')
-            return p + 1;
-        p += 2; /* an escape (a \u's digits are plain bytes) */
+        size_t bs = 0;
+        while (q - bs > start && q[-1 - (ptrdiff_t)bs] == '\\')
+            bs++;
+        if (!(bs & 1))
+            return q + 1;
+        p = q + 1;
     }
 }
 
@@ -508,7 +501,9 @@ static size_t str_walk(struct jv s, char *out, int roomy, void (*put)(void *arg,
             int k = __builtin_ctz((unsigned)mask);
             p += k;
             n += (size_t)k;
-            n += utf8_put(escape_at(p, e, &p), out + n);
+            do /* escapes one after the other (text sent as \uXXXX) without a load between them */
+                n += utf8_put(escape_at(p, e, &p), out + n);
+            while (p < e && *p == '\\');
         }
     }
 #endif
