@@ -486,12 +486,14 @@ static size_t str_walk(struct jv s, char *out, int roomy, void (*put)(void *arg,
     size_t n = 0;
     char tmp[4];
 #ifdef __SSE2__
-    if (out && roomy) { /* copied 16 bytes at a time while looking for escapes: a store ends before p's 16 bytes
-                         * end (the decoded text is never longer), so inside s.n - 2 bytes */
+    /* decoded with 16-byte copies while looking for escapes (roomy: a store ends before p's 16 bytes end, and the
+     * decoded text is never longer, so inside s.n - 2 bytes), or measured the same way */
+    if ((out && roomy) || (!out && !put)) {
         const __m128i bs = _mm_set1_epi8('\\');
         while (e - p >= 16) {
             __m128i v = _mm_loadu_si128((const __m128i *)(const void *)p);
-            _mm_storeu_si128((__m128i *)(void *)(out + n), v);
+            if (out)
+                _mm_storeu_si128((__m128i *)(void *)(out + n), v);
             int mask = _mm_movemask_epi8(_mm_cmpeq_epi8(v, bs));
             if (!mask) {
                 p += 16;
@@ -502,7 +504,7 @@ static size_t str_walk(struct jv s, char *out, int roomy, void (*put)(void *arg,
             p += k;
             n += (size_t)k;
             do /* escapes one after the other (text sent as \uXXXX) without a load between them */
-                n += utf8_put(escape_at(p, e, &p), out + n);
+                n += utf8_put(escape_at(p, e, &p), out ? out + n : tmp);
             while (p < e && *p == '\\');
         }
     }
