@@ -2,11 +2,12 @@
 /* chat_prompt.c - a client's chat request as vLLM hands it to the chat template (chat_prompt.h), so that the
  * router's count of its prompt is the engine's. What vLLM does (vllm/entrypoints/chat_utils.py,
  * _parse_chat_message_content and _postprocess_messages; the tools through its pydantic models):
- *  - content: null is no text, a string one text part; parts of type text, input_text, output_text, refusal and
- *    thinking are text (their "text", "refusal" or "thinking" member); a template that reads content as a string
- *    gets the texts joined with "\n", one that loops over parts (the "openai" format) gets [{"type": "text",
- *    "text": ...}] parts; a tool message's all-text parts are always joined. Media parts put model-specific
- *    placeholders in the prompt: such a request is not counted here (RT_CHAT_MEDIA).
+ *  - content: null is no text, a string one text part; a part that is a string is text, parts of type text,
+ *    input_text, output_text, refusal and thinking are text (their "text", "refusal" or "thinking" member); a
+ *    template that reads content as a string gets the non-empty texts joined with "\n", one that loops over parts
+ *    (the "openai" format) gets [{"type": "text", "text": ...}] parts ("" kept, a text or refusal part without its
+ *    text dropped, another kind kept with a null text); a tool message's parts are always joined. Media parts put
+ *    model-specific placeholders in the prompt: such a request is not counted here (RT_CHAT_MEDIA).
  *  - the message keeps role and content, then an assistant's tool_calls (when not null; an empty list is
  *    dropped; each call's arguments, a JSON string, parsed into an object, {} when it is not JSON) and its
  *    "reasoning" (also as reasoning_content), a tool message's tool_call_id, a string name, a string task;
@@ -56,59 +57,82 @@ static int add_copy(cJSON *to, const char *key, struct jv v)
     return 0;
 }
 
-/* A text part's decoded text ("" when its text member is not a string), or NULL when it is no text */
-static char *part_text(struct jv part)
+/* content given as parts, read as vLLM's _parse_chat_message_content_parts reads them, into parts (string or null
+ * nodes): a part that is a string is text; a text, input_text or output_text part its "text", a refusal or thinking
+ * part its "refusal" or "thinking"; any other type is media (*why RT_CHAT_MEDIA). Read for a template that takes
+ * content as a string (openai 0), a part whose text is absent, null or "" is dropped (vLLM keeps the truthy ones);
+ * for one that loops over parts, a text or refusal part without it is dropped, another kind kept with a null text,
+ * and "" kept. A text member of another JSON type is not counted here (vLLM fails on it). */
+static int text_parts(struct jv content, cJSON *parts, int openai, int *why)
 {
-    static const char *const kinds[][2] = {{"text", "text"}, {"input_text", "text"}, {"output_text", "text"},
-                                           {"refusal", "refusal"}, {"thinking", "thinking"}};
-    if (jv_type(part) == JV_STRING)
-        return jv_str_dup(part);
-    struct jv type = jv_get(part, "type");
-    for (size_t k = 0; jv_type(type) == JV_STRING && k < sizeof kinds / sizeof *kinds; k++)
-        if (jv_str_eq(type, kinds[k][0], strlen(kinds[k][0]))) {
-            struct jv t = jv_get(part, kinds[k][1]);
-            return jv_type(t) == JV_STRING ? jv_str_dup(t) : XPYD_XALLOC(strdup(""));
-        }
-    return NULL;
-}
-
-/* content given as parts: their texts, one node each (parts) or joined with "\n" (joined) */
-static int text_parts(struct jv content, cJSON *parts, char **joined, int *why)
-{
+    static const char *const kinds[][2] = {{"text", "text"}, {"refusal", "refusal"}, {"input_text", "text"},
+                                           {"output_text", "text"}, {"thinking", "thinking"}};
     struct jv_iter it;
     struct jv part;
-    size_t total = 0;
     jv_iter_init(&it, content);
     while (jv_next(&it, NULL, &part)) {
-        char *t = part_text(part);
-        if (!t) { /* an image, audio, video...: the model's own placeholders */
-            *why = RT_CHAT_MEDIA;
+        struct jv t = part;
+        int drop_none = 1; /* text and refusal parts without their text */
+        if (jv_type(part) != JV_STRING) {
+            struct jv type = jv_get(part, "type");
+            size_t k = 0;
+            while (k < sizeof kinds / sizeof *kinds &&
+                   !(jv_type(type) == JV_STRING && jv_str_eq(type, kinds[k][0], strlen(kinds[k][0]))))
+                k++;
+            if (k == sizeof kinds / sizeof *kinds) { /* an image, audio, video...: the model's own placeholders */
+                *why = RT_CHAT_MEDIA;
+                return -1;
+            }
+            t = jv_get(part, kinds[k][1]);
+            drop_none = k < 2;
+        }
+        enum jv_type tt = jv_type(t);
+        cJSON *n = NULL;
+        if (tt == JV_STRING) {
+            if (!openai && jv_str_len(t) == 0)
+                continue;
+            n = str_node(t);
+        } else if (tt == JV_NONE || tt == JV_NULL) {
+            if (!openai || drop_none)
+                continue;
+            n = cJSON_CreateNull();
+        } else {
             return -1;
         }
-        total += strlen(t) + 1;
-        cJSON *n = cJSON_CreateStringReference(t);
-        if (!n) {
-            free(t);
+        if (!n)
             return -1;
-        }
-        n->type &= ~cJSON_IsReference;
         cJSON_AddItemToArray(parts, n);
     }
-    if (!joined)
-        return 0;
-    char *w = *joined = XPYD_XALLOC(malloc(total + 1));
-    *w = '\0';
-    size_t k = 0;
-    cJSON *x;
+    return 0;
+}
+
+/* the texts of parts joined with "\n" (a string node), NULL when one is null (vLLM fails joining it) */
+static cJSON *joined(const cJSON *parts)
+{
+    size_t total = 1;
+    const cJSON *x;
     cJSON_ArrayForEach(x, parts)
     {
-        if (k++)
+        if (!cJSON_IsString(x))
+            return NULL;
+        total += strlen(x->valuestring) + 1;
+    }
+    char *w = XPYD_XALLOC(malloc(total)), *all = w;
+    *w = '\0';
+    cJSON_ArrayForEach(x, parts)
+    {
+        if (x != parts->child)
             *w++ = '\n';
         size_t l = strlen(x->valuestring);
         memcpy(w, x->valuestring, l + 1);
         w += l;
     }
-    return 0;
+    cJSON *n = cJSON_CreateStringReference(all);
+    if (!n)
+        free(all);
+    else
+        n->type &= ~cJSON_IsReference;
+    return n;
 }
 
 /* an assistant's tool calls (a non-empty list): each call's arguments, a JSON string, parsed into an object (its
@@ -170,43 +194,36 @@ static cJSON *message(const char *p, const char *e, const char **end, int openai
         return NULL;
     }
     cJSON_AddItemToObject(out, "role", r);
-    cJSON *text = NULL;
     if (openai && !tool) { /* [{"type": "text", "text": ...}] */
         cJSON *parts = cJSON_CreateArray(), *list = cJSON_AddArrayToObject(out, "content"), *x;
-        if (ct == JV_STRING)
-            cJSON_AddItemToArray(parts, str_node(content));
-        else if (ct == JV_ARRAY && text_parts(content, parts, NULL, why) != 0) {
-            cJSON_Delete(parts);
-            cJSON_Delete(out);
-            return NULL;
-        }
-        while ((x = cJSON_DetachItemFromArray(parts, 0))) {
+        int rc = parts && list ? 0 : -1;
+        if (!rc && ct == JV_STRING)
+            rc = cJSON_AddItemToArray(parts, str_node(content)) ? 0 : -1;
+        else if (!rc && ct == JV_ARRAY)
+            rc = text_parts(content, parts, 1, why);
+        while (!rc && (x = cJSON_DetachItemFromArray(parts, 0))) {
             cJSON *part = cJSON_CreateObject();
             cJSON_AddStringToObject(part, "type", "text");
             cJSON_AddItemToObject(part, "text", x);
             cJSON_AddItemToArray(list, part);
         }
         cJSON_Delete(parts);
-    } else if (ct == JV_STRING) { /* the string itself: no copy but its decoding */
-        text = str_node(content);
-    } else if (ct == JV_ARRAY) {
-        cJSON *parts = cJSON_CreateArray();
-        char *joined = NULL;
-        int rc = parts ? text_parts(content, parts, &joined, why) : -1;
-        cJSON_Delete(parts);
-        if (rc != 0) {
+        if (rc) {
             cJSON_Delete(out);
             return NULL;
         }
-        text = cJSON_CreateStringReference(joined);
-        if (text)
-            text->type &= ~cJSON_IsReference;
-        else
-            free(joined);
-    } else { /* absent or null: no text */
-        text = cJSON_CreateString("");
-    }
-    if (!(openai && !tool)) {
+    } else { /* one string: a tool's parts are joined even for a template of parts (vLLM) */
+        cJSON *text = NULL;
+        if (ct == JV_STRING) { /* the string itself: no copy but its decoding */
+            text = str_node(content);
+        } else if (ct == JV_ARRAY) {
+            cJSON *parts = cJSON_CreateArray();
+            if (parts && text_parts(content, parts, openai, why) == 0)
+                text = joined(parts); /* NULL: a null text (vLLM fails joining it) */
+            cJSON_Delete(parts);
+        } else { /* absent or null: no text */
+            text = cJSON_CreateString("");
+        }
         if (!text) {
             cJSON_Delete(out);
             return NULL;

@@ -25,43 +25,55 @@ static const cJSON *member(const cJSON *o, const char *key)
     return found;
 }
 
-static cJSON *text_of(const cJSON *content, int as_parts)
+/* A message's content as vLLM's _parse_chat_message_content_parts reads it: a string is one text part; a part that
+ * is a string is text, a text/input_text/output_text part its "text", refusal and thinking parts theirs. For a
+ * template reading content as a string (parts_mode 0) only non-empty texts are kept; for one looping over parts,
+ * a text or refusal part without its text is dropped, other kinds kept with a null text, "" kept. as_list: the
+ * kept texts as [{"type": "text", "text": ...}] parts, else joined with "\n" (a tool's always are). */
+static cJSON *text_of(const cJSON *content, int parts_mode, int as_list)
 {
-    cJSON *parts = cJSON_CreateArray();
+    cJSON *kept = cJSON_CreateArray();
     const cJSON *it;
-    if (cJSON_IsString(content)) {
-        cJSON_AddItemToArray(parts, cJSON_CreateString(content->valuestring));
-    } else {
-        cJSON_ArrayForEach(it, content)
-        {
-            const cJSON *tx = member(it, "text");
-            cJSON_AddItemToArray(parts, cJSON_CreateString(cJSON_IsString(tx) ? tx->valuestring : ""));
+    cJSON *one = cJSON_IsString(content) ? cJSON_CreateString(content->valuestring) : NULL;
+    const cJSON *list = one ? NULL : content;
+    for (const cJSON *p = one ? one : (cJSON_IsArray(list) ? list->child : NULL); p; p = one ? NULL : p->next) {
+        const cJSON *type = member(p, "type");
+        const char *kind = cJSON_IsString(p) ? "text" : cJSON_IsString(type) ? type->valuestring : "";
+        const char *key = !strcmp(kind, "refusal") ? "refusal" : !strcmp(kind, "thinking") ? "thinking" : "text";
+        const cJSON *t = cJSON_IsString(p) ? p : member(p, key);
+        if (cJSON_IsString(t)) {
+            if (parts_mode || t->valuestring[0])
+                cJSON_AddItemToArray(kept, cJSON_CreateString(t->valuestring));
+        } else if (parts_mode && strcmp(kind, "text") && strcmp(kind, "refusal")) {
+            cJSON_AddItemToArray(kept, cJSON_CreateNull());
         }
     }
-    if (as_parts) {
+    cJSON_Delete(one);
+    if (as_list) {
         cJSON *out = cJSON_CreateArray();
-        cJSON_ArrayForEach(it, parts)
+        cJSON_ArrayForEach(it, kept)
         {
             cJSON *p = cJSON_CreateObject();
             cJSON_AddStringToObject(p, "type", "text");
-            cJSON_AddStringToObject(p, "text", it->valuestring);
+            cJSON_AddItemToObject(p, "text", cJSON_Duplicate(it, 0));
             cJSON_AddItemToArray(out, p);
         }
-        cJSON_Delete(parts);
+        cJSON_Delete(kept);
         return out;
     }
     size_t total = 1;
-    cJSON_ArrayForEach(it, parts) total += strlen(it->valuestring) + 1;
+    cJSON_ArrayForEach(it, kept) total += (cJSON_IsString(it) ? strlen(it->valuestring) : 0) + 1;
     char *s = calloc(1, total);
-    cJSON_ArrayForEach(it, parts)
+    cJSON_ArrayForEach(it, kept)
     {
-        if (it != parts->child)
+        if (it != kept->child)
             strcat(s, "\n");
-        strcat(s, it->valuestring);
+        if (cJSON_IsString(it))
+            strcat(s, it->valuestring);
     }
     cJSON *out = cJSON_CreateString(s ? s : "");
     free(s);
-    cJSON_Delete(parts);
+    cJSON_Delete(kept);
     return out;
 }
 
@@ -75,7 +87,7 @@ static cJSON *conversation(const cJSON *msgs, int as_parts)
         cJSON *x = cJSON_CreateObject();
         cJSON_AddStringToObject(x, "role", cJSON_IsString(role) ? role->valuestring : "");
         int tool = cJSON_IsString(role) && !strcmp(role->valuestring, "tool");
-        cJSON_AddItemToObject(x, "content", text_of(member(m, "content"), as_parts && !tool));
+        cJSON_AddItemToObject(x, "content", text_of(member(m, "content"), as_parts, as_parts && !tool));
         const cJSON *calls = member(m, "tool_calls"), *c;
         if (cJSON_IsString(role) && !strcmp(role->valuestring, "assistant") && cJSON_IsArray(calls) &&
             cJSON_GetArraySize(calls)) {

@@ -233,15 +233,24 @@ def vllm_conversation(req, parts):
     """What vLLM passes to the chat template for a request (vllm/entrypoints/chat_utils.py and its pydantic
     models), written here for the oracle, apart from the router's C: content as text joined with newlines or as
     text parts, tool-call arguments parsed, tools with null description/parameters when absent."""
-    def text(c):
+    def text(c, as_parts):  # _parse_chat_message_content_parts: a part's text, which ones are kept
         if c is None:
             return []
         if isinstance(c, str):
-            return [c]
-        return [p.get("text", "") for p in c]
+            c = [{"type": "text", "text": c}]
+        out = []
+        for p in c:
+            kind = "text" if isinstance(p, str) else p["type"]
+            t = p if isinstance(p, str) else p.get({"refusal": "refusal", "thinking": "thinking"}.get(kind, "text"))
+            if not as_parts and not t:  # read as a string: only truthy texts are joined
+                continue
+            if as_parts and t is None and kind in ("text", "refusal"):
+                continue
+            out.append(t)
+        return out
     msgs = []
     for m in req["messages"]:
-        texts = text(m.get("content"))
+        texts = text(m.get("content"), parts)  # (a tool's parts are then joined, as read for parts)
         out = {"role": m["role"], "content": [{"type": "text", "text": x} for x in texts]
                if parts and m["role"] != "tool" else "\n".join(texts)}
         if m["role"] == "assistant" and m.get("tool_calls"):
@@ -292,6 +301,14 @@ LONG = [{"role": "system", "content": "You answer in English, 中文 and code."}
     for i in range(14)]
 CHATS += [{"messages": LONG}, {"messages": LONG + [{"role": "assistant", "content": "Yes."},
                                                   {"role": "user", "content": "And then?"}]}]
+# parts vLLM keeps or drops: a bare string is text, "" and a part without its text are dropped for a template that
+# reads content as a string (kept, "" as a part, for one that loops over parts), refusal and thinking parts
+EDGE_PARTS = {"messages": [{"role": "user", "content": [
+    {"type": "text", "text": "one"}, "bare", {"type": "text"}, {"type": "refusal", "refusal": "no"},
+    {"type": "input_text", "text": "two"}, {"type": "text", "text": ""}]},
+    {"role": "assistant", "content": [{"type": "output_text", "text": "three"}, {"type": "thinking", "thinking": "hm"}]},
+    {"role": "user", "content": ""}]}
+CHATS.append(EDGE_PARTS)
 
 
 class RouterChat(t.TestCase):
@@ -308,7 +325,7 @@ class RouterChat(t.TestCase):
                 p = self.start(t.sim("--role", "prefill", "--tokenizer", model_dir(name)))
                 d = self.start(t.sim("--role", "decode", "--tokenizer", model_dir(name)))
                 r = self.start(t.router([p], [d], "--tokenizer", model_dir(name), "--access-log", "json"))
-                reqs = CHATS if name == "qwen3" else [CHATS[0], CHATS[1]]
+                reqs = CHATS if name == "qwen3" else [CHATS[0], CHATS[1], EDGE_PARTS]
                 texts = theirs(template_of(name), specials(name), [vllm_conversation(q, parts) for q in reqs])
                 want = []
                 for q, text in zip(reqs, texts):
