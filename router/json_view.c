@@ -105,9 +105,17 @@ int jv_scan_string(struct jv_scan *j, int *has_nul)
         }
         if (c < 0x20)
             return jfail(j, "control character in a string");
-        if (c >= 0x80) {
-            if (utf8_seq(j))
-                return -1;
+        if (c >= 0x80) { /* a run of them (Chinese, Cyrillic...) checked here, not one per return to plain_run */
+            do {
+                const unsigned char *u = (const unsigned char *)j->p;
+                size_t left = (size_t)(j->e - j->p);
+                if (left >= 3 && u[0] >= 0xe1 && u[0] <= 0xef && (u[1] & 0xc0) == 0x80 && (u[2] & 0xc0) == 0x80)
+                    j->p += 3; /* (a three-byte sequence that cannot be overlong: utf8_seq's answer, sooner) */
+                else if (left >= 2 && u[0] >= 0xc2 && u[0] <= 0xdf && (u[1] & 0xc0) == 0x80)
+                    j->p += 2;
+                else if (utf8_seq(j))
+                    return -1;
+            } while (j->p < j->e && (unsigned char)*j->p >= 0x80);
             continue;
         }
         /* a backslash */

@@ -470,7 +470,10 @@ class EngineFacing(t.TestCase):
         for body in (b'{"prompt":"a","max_tokens":2} xyz', b'{"prompt":"a"}{"prompt":"b"}', b'{"prompt":NaN}',
                      b'{"prompt":"a","max_tokens":Infinity}', b'{"prompt":"\xff"}', b'{"prompt":"a",}',
                      b'{"prompt":"\\x"}', b'{"prompt":"a\x01"}', b'{"prompt":01}', b'[' * 600 + b']' * 600,
-                     b'{"prompt":"a","\\u0000max_tokens":1}'):
+                     b'{"prompt":"a","\\u0000max_tokens":1}',
+                     # UTF-8 that is not: overlong (3 and 2 bytes), cut short, a bad byte inside a run of Chinese
+                     b'{"prompt":"\xe0\x80\x80"}', b'{"prompt":"\xc0\xaf"}', b'{"prompt":"\xe4\xb8"}',
+                     b'{"prompt":"\xe4\xb8\xad\xe4\x28\xad"}', b'{"prompt":"\xf4\x90\x80\x80"}'):
             with self.subTest(body=body[:40]):
                 st, _, _, out = ask(r.port, post(b"/v1/completions", body))
                 self.assertOpenAIError(st, json.loads(out), 400)

@@ -13,6 +13,39 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* UTF-8 as the scanner must require it, written out from the definition (RFC 3629, but surrogates allowed, as
+ * Python's json.loads reads bytes): an accepted input holds nothing else */
+static int utf8_ok(const unsigned char *s, size_t n)
+{
+    for (size_t i = 0; i < n;) {
+        unsigned c = s[i], cp;
+        size_t k;
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        if (c >= 0xc2 && c <= 0xdf)
+            k = 1, cp = c & 0x1f;
+        else if (c >= 0xe0 && c <= 0xef)
+            k = 2, cp = c & 0x0f;
+        else if (c >= 0xf0 && c <= 0xf4)
+            k = 3, cp = c & 0x07;
+        else
+            return 0;
+        if (n - i <= k)
+            return 0;
+        for (size_t x = 1; x <= k; x++) {
+            if ((s[i + x] & 0xc0) != 0x80)
+                return 0;
+            cp = cp << 6 | (s[i + x] & 0x3f);
+        }
+        if ((k == 2 && cp < 0x800) || (k == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+            return 0;
+        i += k + 1;
+    }
+    return 1;
+}
+
 static int has_lone_surrogate(const char *s, size_t n)
 {
     for (size_t i = 0; i + 5 < n; i++)
@@ -161,6 +194,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!v.p)
         abort();
     views(v, s + size, 0);
+    if (!utf8_ok(data, size))
+        abort(); /* accepted bytes that are not UTF-8 */
     if (has_lone_surrogate(s, size) || memchr(s, 0, size))
         return 0;
     cJSON *c = cJSON_ParseWithLength(s, size);
