@@ -28,10 +28,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* the decoded string s as a node that owns it (the decoding is its one copy) */
-static cJSON *str_node(struct jv s)
+/* a string node that owns d (malloc'd; freed with the node, or now when there is none) */
+static cJSON *owning(char *d)
 {
-    char *d = jv_str_dup(s);
     cJSON *n = d ? cJSON_CreateStringReference(d) : NULL;
     if (!n) {
         free(d);
@@ -39,6 +38,12 @@ static cJSON *str_node(struct jv s)
     }
     n->type &= ~cJSON_IsReference; /* d is the node's: cJSON_Delete frees it */
     return n;
+}
+
+/* the decoded string s as a node (the decoding is its one copy) */
+static cJSON *str_node(struct jv s)
+{
+    return owning(jv_str_dup(s));
 }
 
 /* a member kept as it is: its bytes parsed (a small value: a call, a name, the kwargs); NULL when cJSON cannot
@@ -127,16 +132,11 @@ static cJSON *joined(const cJSON *parts)
         memcpy(w, x->valuestring, l + 1);
         w += l;
     }
-    cJSON *n = cJSON_CreateStringReference(all);
-    if (!n)
-        free(all);
-    else
-        n->type &= ~cJSON_IsReference;
-    return n;
+    return owning(all);
 }
 
-/* an assistant's tool calls (a non-empty list): each call's arguments, a JSON string, parsed into an object (its
- * value as json.loads gives it; {} when it is not JSON or not a string) */
+/* an assistant's tool calls (a list): each call's arguments, a JSON string, parsed into an object (its value as
+ * json.loads gives it; {} when it is not JSON or not a string) */
 static cJSON *tool_calls(struct jv calls)
 {
     cJSON *list = copy_of(calls), *c;
@@ -233,12 +233,15 @@ static cJSON *message(const char *p, const char *e, const char **end, int openai
     int rc = 0;
     if (assistant) {
         enum jv_type t = jv_type(calls);
-        if (t == JV_ARRAY && jv_count(calls) > 0) {
+        if (t == JV_ARRAY) { /* an empty list is dropped */
             cJSON *list = tool_calls(calls);
-            if (list)
+            if (!list)
+                rc = -1;
+            else if (list->child)
                 cJSON_AddItemToObject(out, "tool_calls", list);
-            rc |= list ? 0 : -1;
-        } else if (t != JV_NONE && t != JV_NULL && t != JV_ARRAY) {
+            else
+                cJSON_Delete(list);
+        } else if (t != JV_NONE && t != JV_NULL) {
             rc |= add_copy(out, "tool_calls", calls);
         }
         if (jv_type(reasoning) != JV_NONE && jv_type(reasoning) != JV_NULL) {

@@ -51,12 +51,17 @@ static const char *plain_run(const char *p, const char *e)
     return p;
 }
 
-/* One UTF-8 sequence at j->p (a byte >= 0x80): well-formed (surrogates allowed, as Python's json.loads on bytes
- * accepts them). */
-static int utf8_seq(struct jv_scan *j)
+/* Past one UTF-8 sequence at p (a byte >= 0x80), or NULL when it is not well-formed (surrogates allowed, as
+ * Python's json.loads on bytes accepts them). Two- and three-byte sequences that cannot be overlong (most text not
+ * in Latin script) are taken at once. */
+static inline const char *utf8_next(const char *p, const char *e)
 {
-    const unsigned char *u = (const unsigned char *)j->p;
-    size_t left = (size_t)(j->e - j->p);
+    const unsigned char *u = (const unsigned char *)p;
+    size_t left = (size_t)(e - p);
+    if (left >= 3 && u[0] >= 0xe1 && u[0] <= 0xef && (u[1] & 0xc0) == 0x80 && (u[2] & 0xc0) == 0x80)
+        return p + 3;
+    if (left >= 2 && u[0] >= 0xc2 && u[0] <= 0xdf && (u[1] & 0xc0) == 0x80)
+        return p + 2;
     int n;
     uint32_t cp;
     if (u[0] >= 0xc2 && u[0] <= 0xdf)
@@ -66,18 +71,17 @@ static int utf8_seq(struct jv_scan *j)
     else if (u[0] >= 0xf0 && u[0] <= 0xf4)
         n = 4, cp = u[0] & 0x07;
     else
-        return jfail(j, "invalid UTF-8 in a string");
+        return NULL;
     if (left < (size_t)n)
-        return jfail(j, "invalid UTF-8 in a string");
+        return NULL;
     for (int i = 1; i < n; i++) {
         if ((u[i] & 0xc0) != 0x80)
-            return jfail(j, "invalid UTF-8 in a string");
+            return NULL;
         cp = cp << 6 | (u[i] & 0x3f);
     }
     if ((n == 3 && cp < 0x800) || (n == 4 && (cp < 0x10000 || cp > 0x10ffff)))
-        return jfail(j, "invalid UTF-8 in a string");
-    j->p += n;
-    return 0;
+        return NULL;
+    return p + n;
 }
 
 /* a hex digit's value + 1 (0: not one): one load per digit (text sent as \uXXXX has four in every six bytes) */
@@ -106,16 +110,12 @@ int jv_scan_string(struct jv_scan *j, int *has_nul)
         if (c < 0x20)
             return jfail(j, "control character in a string");
         if (c >= 0x80) { /* a run of them (Chinese, Cyrillic...) checked here, not one per return to plain_run */
-            do {
-                const unsigned char *u = (const unsigned char *)j->p;
-                size_t left = (size_t)(j->e - j->p);
-                if (left >= 3 && u[0] >= 0xe1 && u[0] <= 0xef && (u[1] & 0xc0) == 0x80 && (u[2] & 0xc0) == 0x80)
-                    j->p += 3; /* (a three-byte sequence that cannot be overlong: utf8_seq's answer, sooner) */
-                else if (left >= 2 && u[0] >= 0xc2 && u[0] <= 0xdf && (u[1] & 0xc0) == 0x80)
-                    j->p += 2;
-                else if (utf8_seq(j))
-                    return -1;
-            } while (j->p < j->e && (unsigned char)*j->p >= 0x80);
+            const char *p = j->p;
+            do
+                if (!(p = utf8_next(p, j->e)))
+                    return jfail(j, "invalid UTF-8 in a string");
+            while (p < j->e && (unsigned char)*p >= 0x80);
+            j->p = p;
             continue;
         }
         /* a backslash */

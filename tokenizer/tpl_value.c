@@ -95,7 +95,7 @@ struct tv *td_gets(const struct tdict *d, const char *name, size_t n)
     for (size_t i = 0; i < d->n; i++) {
         const struct tv *k = &d->k[i];
         if (k->u.s.n == n && k->t == TV_STR &&
-            (k->u.s.p == name || (n && k->u.s.p[0] == name[0] && !memcmp(k->u.s.p, name, n)) || !n))
+            (k->u.s.p == name || !n || (k->u.s.p[0] == name[0] && !memcmp(k->u.s.p, name, n))))
             return &d->v[i];
     }
     return NULL;
