@@ -27,8 +27,15 @@ $B/xpyd_bench --port "$RP" --num-prompts "$N" --max-concurrency 8 --random-input
   --disable-tqdm >/dev/null
 query() { curl -fsS --max-time 2 "http://127.0.0.1:$PP/api/v1/query" --data-urlencode "query=$1" |
   python3 -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else -1)'; }
-for _ in $(seq 1 100); do  # until a scrape after the load landed (bounded: 10 s)
+# Until a scrape after the load landed, then one scrape more: rate() needs two samples in its window, and when the
+# first scrape that found the router came after the load, the dashboard's rates were empty (bounded: 10 s each).
+for _ in $(seq 1 100); do
   [ "$(query 'sum(xpyd_requests_total{status="200"})')" = "$N" ] && break
+  sleep 0.1
+done
+scrapes=$(query 'count_over_time(up{job="xpyd"}[5m])')
+for _ in $(seq 1 100); do
+  [ "$(query 'count_over_time(up{job="xpyd"}[5m])')" -gt "$scrapes" ] && break
   sleep 0.1
 done
 got=$(query 'sum(xpyd_requests_total{status="200"})')
