@@ -734,8 +734,8 @@ static evhtp_res on_conn_fini(evhtp_connection_t *c, void *arg)
     return EVHTP_RES_OK;
 }
 
-/* Accept thread: counts the connection; far over the limit (a quarter plus 16 above it) it is closed at
- * once, since even answering costs a buffer. */
+/* The accepting worker, before the connection is set up: counts it; far over the limit (a quarter plus 16 above
+ * it) it is closed at once, since even answering costs a buffer. */
 int rt_client_pre_accept_check(void)
 {
     long n = (long)atomic_fetch_add(&g_rt->ctr.connections, 1);

@@ -97,6 +97,7 @@ struct rt_config {
     long eject_after, eject_base_ms, eject_max_ms; /* passive ejection */
     long retry_backoff_ms, retry_budget_percent, retry_budget_min;
     long max_connections;      /* client connections; over it: 503 */
+    long listen_backlog;       /* the kernel's queue of connections not yet accepted */
     long header_timeout_ms, body_idle_timeout_ms, keepalive_timeout_ms, linger_ms; /* client guard */
     long max_header_bytes, max_headers, max_header_line_bytes;
     long admission_queue, queue_timeout_ms; /* waiting for a rank under max_inflight */

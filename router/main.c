@@ -25,7 +25,6 @@
 #include <event2/listener.h>
 #include <event2/thread.h>
 #include <evhtp/evhtp.h>
-#include <evhtp/thread.h>
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -33,37 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
-/* The guard has read and checked the whole request (the body limit included) before libevhtp sees it. */
-static evhtp_res on_headers(evhtp_request_t *req, evhtp_headers_t *hdr, void *arg)
-{
-    rt_client_headers_hook(req, arg);
-    return EVHTP_RES_OK;
-}
-
-static evhtp_res on_pre_accept(evhtp_connection_t *c, void *arg)
-{
-    return rt_client_pre_accept_check() == 0 ? EVHTP_RES_OK : EVHTP_RES_ERROR;
-}
-
-static evhtp_res on_accept(evhtp_connection_t *c, void *arg)
-{
-    xpyd_tcp_nodelay(c->sock);
-    void *guard = rt_client_attach(c);
-    evhtp_connection_set_hook(c, evhtp_hook_on_headers, (evhtp_hook)on_headers, guard);
-    return EVHTP_RES_OK;
-}
-
-static void thread_init(evhtp_t *htp, evthr_t *thr, void *arg)
-{
-    struct rthread *t = rt_thread_new(evthr_get_base(thr));
-    evthr_set_aux(thr, t);
-}
-
-static void thread_exit(evhtp_t *htp, evthr_t *thr, void *arg)
-{
-    rt_thread_free(evthr_get_aux(thr));
-}
 
 /* Memory freed by a burst of large requests goes back to the system once the router is idle (jemalloc keeps
  * freed pages until later activity decays them, and an idle router has none): every second, when no request
@@ -94,8 +62,6 @@ static void on_idle_tick(evutil_socket_t fd, short ev, void *arg)
 struct drain {
     struct event_base *base;
     struct esync *es;  /* --discovery: leaves etcd first */
-    evhtp_t *htp;
-    evhtp_t *plain; /* --plain-port listener, or NULL */
     struct event *timer;
     uint64_t deadline_us;
 };
@@ -124,9 +90,7 @@ static void on_signal(evutil_socket_t sig, short ev, void *arg)
     }
     xpyd_log_event(XPYD_LOG_INFO, "event=draining signal=%d active=%lld timeout_ms=%ld", (int)sig,
                    (long long)atomic_load(&g_rt->ctr.active_requests), g_rt->cfg.drain_timeout_ms);
-    evhtp_unbind_socket(d->htp);
-    if (d->plain)
-        evhtp_unbind_socket(d->plain);
+    rt_workers_stop_accepting();
     esync_drain(d->es);
     d->deadline_us = xpyd_now_us() + (uint64_t)g_rt->cfg.drain_timeout_ms * 1000u;
     d->timer = event_new(d->base, -1, EV_PERSIST, on_drain_tick, d);
@@ -185,36 +149,6 @@ static int tls_setup(struct router *rt)
     return 0;
 }
 
-static evhtp_t *listener(struct event_base *base, const char *host, int port, int threads, SSL_CTX *tls)
-{
-    evhtp_t *htp = evhtp_new(base, NULL);
-    htp->ssl_ctx = tls; /* libevhtp makes each accepted connection a TLS bufferevent when set */
-    evhtp_set_pre_accept_cb(htp, on_pre_accept, NULL);
-    evhtp_set_post_accept_cb(htp, on_accept, NULL);
-    rt_install_handlers(htp);
-    rt_status_handlers(htp);
-    if (evhtp_use_threads_wexit(htp, thread_init, thread_exit, threads, NULL) != 0) {
-        fprintf(stderr, "xpyd_router: cannot start %d threads\n", threads);
-        return NULL;
-    }
-    char addr[300];
-    snprintf(addr, sizeof addr, "%s%s", strchr(host, ':') ? "ipv6:" : "", host);
-    if (evhtp_bind_socket(htp, addr, (uint16_t)port, 4096) != 0) {
-        fprintf(stderr, "xpyd_router: cannot listen on %s:%d: %s\n", host, port, strerror(errno));
-        return NULL;
-    }
-    return htp;
-}
-
-static int bound_port(evhtp_t *htp)
-{
-    struct sockaddr_storage ss;
-    socklen_t sl = sizeof ss;
-    getsockname(evconnlistener_get_fd(htp->server), (struct sockaddr *)&ss, &sl);
-    return ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                          : ((struct sockaddr_in *)&ss)->sin_port);
-}
-
 int main(int argc, char **argv)
 {
     struct router *rt = XPYD_XALLOC(calloc(1, sizeof *rt));
@@ -259,7 +193,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     xpyd_raise_nofile();
     /* Coalesce epoll_ctl calls within a loop iteration: streaming toggles EV_WRITE once per event otherwise.
-     * The worker bases are created by libevhtp's thread pool, so the environment is how to reach them. */
+     * Set before the worker bases are made (threads.c), which read it from the environment. */
     setenv("EVENT_EPOLL_USE_CHANGELIST", "1", 0);
     evthread_use_pthreads();
     struct event_config *ec = event_config_new();
@@ -268,14 +202,13 @@ int main(int argc, char **argv)
     event_config_free(ec);
     if (!base)
         base = event_base_new();
-    evhtp_t *htp = listener(base, rt->cfg.listen_host, rt->cfg.listen_port, rt->cfg.threads, rt->tls_server);
-    evhtp_t *plain = !htp || rt->cfg.plain_port < 0 ? NULL
-                                                    : listener(base, rt->cfg.plain_host, (int)rt->cfg.plain_port, 1, NULL);
-    if (!htp || (rt->cfg.plain_port >= 0 && !plain))
+    struct rt_listen ls[2] = {{rt->cfg.listen_host, rt->cfg.listen_port, rt->tls_server, -1},
+                              {rt->cfg.plain_host, (int)rt->cfg.plain_port, NULL, -1}};
+    if (rt_workers_bind(base, ls, rt->cfg.plain_port < 0 ? 1 : 2, (int)rt->cfg.listen_backlog) != 0)
         return 1;
-    int port = bound_port(htp), pport = plain ? bound_port(plain) : -1;
+    int port = ls[0].bound_port, pport = ls[1].bound_port;
     rt_loop_listener(rt->cfg.listen_host, port);
-    if (plain)
+    if (pport >= 0)
         rt_loop_listener(rt->cfg.plain_host, pport);
     char self_err[400];
     if (rt_registry_self_check(self_err, sizeof self_err) != 0) {
@@ -286,13 +219,13 @@ int main(int argc, char **argv)
         char tmp[600];
         snprintf(tmp, sizeof tmp, "%s.tmp", rt->cfg.port_file);
         FILE *pf = fopen(tmp, "w");
-        if (!pf || fprintf(pf, "%d\n", port) < 0 || (plain && fprintf(pf, "%d\n", pport) < 0) || fclose(pf) != 0 ||
+        if (!pf || fprintf(pf, "%d\n", port) < 0 || (pport >= 0 && fprintf(pf, "%d\n", pport) < 0) || fclose(pf) != 0 ||
             rename(tmp, rt->cfg.port_file) != 0) {
             fprintf(stderr, "xpyd_router: cannot write %s\n", rt->cfg.port_file);
             return 1;
         }
     }
-    struct drain drain = {base, NULL, htp, plain, NULL, 0};
+    struct drain drain = {base, NULL, NULL, 0};
     struct event *si = evsignal_new(base, SIGINT, on_signal, &drain);
     struct event *st = evsignal_new(base, SIGTERM, on_signal, &drain);
     struct event *sh = evsignal_new(base, SIGHUP, on_sighup, NULL);
@@ -310,15 +243,15 @@ int main(int argc, char **argv)
     struct probe *probe = probe_start(base);
     struct discovery *disc = discovery_start(base);
     drain.es = esync_start(base, port);
+    if (rt_workers_start(rt->cfg.threads) != 0)
+        return 1;
     event_base_dispatch(base);
     esync_stop(drain.es);
     discovery_stop(disc);
     probe_stop(probe);
     if (drain.timer)
         event_free(drain.timer);
-    evhtp_unbind_socket(htp);
-    if (plain)
-        evhtp_unbind_socket(plain);
+    rt_workers_stop_accepting();
     event_free(si);
     event_free(st);
     event_free(sh);

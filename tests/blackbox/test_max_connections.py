@@ -1,16 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 """--max-connections: a connection over the cap gets 503 + Retry-After + Connection: close (counted), never a
-silent reset; slots come back as connections close."""
+silent reset; slots come back as connections close. Out of file descriptors, the router waits (the connections
+stay in the listen queue) instead of spinning on accept."""
 import json
+import os
+import resource
 import socket
+import time
 
 import xpyd_testlib as t
 
 
-def keepalive_conn(port):
+def keepalive_conn(port, path="/health"):
     c = socket.create_connection(("127.0.0.1", port))
     c.settimeout(5)
-    c.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    c.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n" % path.encode())
     got = b""
     while b"}" not in got:
         chunk = c.recv(4096)
@@ -25,7 +29,8 @@ def accept_backlog(port):
     socket's rx_queue is its accept queue)."""
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            lines = open(path).read().splitlines()[1:]
+            with open(path) as f:
+                lines = f.read().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
@@ -33,6 +38,23 @@ def accept_backlog(port):
             if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
                 return int(f[4].split(":")[1], 16)
     raise AssertionError("no listener on port %d" % port)
+
+
+def open_on_router_side(port):
+    """Connections to port the router has not closed yet (/proc/net/tcp: ESTABLISHED or CLOSE_WAIT, the client
+    having closed first): once it closes one it has also stopped counting it."""
+    n = 0
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] in ("01", "08") and int(f[1].rsplit(":", 1)[1], 16) == port:
+                n += 1
+    return n
 
 
 class MaxConnections(t.TestCase):
@@ -66,6 +88,8 @@ class MaxConnections(t.TestCase):
         p, d = self.start(t.sim("--role", "prefill")), self.start(t.sim("--role", "decode"))
         r = self.start(t.router([p.port], [d.port], "--max-connections", "4", "--threads", "1"))
         before = t.metric(r.port, "xpyd_client_connections_rejected_total")
+        # that scrape's connection no longer counts (the router may see its close after the burst's accepts)
+        t.wait_until(lambda: open_on_router_side(r.port) == 0, what="the scrape's connection closed by the router")
         line = 4 + 4 // 4 + 16
         conns = [socket.create_connection(("127.0.0.1", r.port)) for _ in range(line + 4)]
         # the kernel completes the handshakes; the router accepts them on its own time: nothing is sent until it
@@ -89,6 +113,55 @@ class MaxConnections(t.TestCase):
         # 17 answered 503 and 4 closed at accept (polls of /metrics made before the router saw the closes may
         # have been refused as well)
         self.assertGreaterEqual(t.metric(r.port, "xpyd_client_connections_rejected_total"), before + line - 4 + 4)
+
+
+def cpu_seconds(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class OutOfDescriptors(t.TestCase):
+    def test_out_of_descriptors_waits_then_serves(self):
+        """With every descriptor the router may open in use, accept fails (EMFILE): the router pauses accepting
+        (one warning a second, not a spin on the failing accept), the connections wait in the listen queue, and
+        once descriptors are free again they are all served."""
+        r = self.start(t.router(["127.0.0.1:1"], ["127.0.0.1:2"], "--threads", "2", ready_path="/status"))
+        held = [keepalive_conn(r.port, "/status") for _ in range(4)]  # answered, kept open: descriptors in use
+        self.assertTrue(all(b" 200 " in got.split(b"\r\n")[0] for _, got in held), held)
+        # no descriptor left: the limit is what the router has open now (a connection it closes meanwhile, the
+        # readiness polls' or an engine probe's, lets one more in)
+        limit = len(os.listdir("/proc/%d/fd" % r.p.pid))
+        resource.prlimit(r.p.pid, resource.RLIMIT_NOFILE, (limit, limit))
+        queued = []
+        for _ in range(24):
+            c = socket.create_connection(("127.0.0.1", r.port))
+            c.settimeout(20)
+            c.sendall(b"GET /status HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            queued.append(c)
+        t.wait_until(lambda: "accept failed" in r.output(), what="the router out of descriptors")
+        c0, w0 = cpu_seconds(r.p.pid), time.monotonic()
+        t.wait_until(lambda: time.monotonic() - w0 >= 1.5, timeout=5, interval=0.1, what="1.5 s out of descriptors")
+        busy = (cpu_seconds(r.p.pid) - c0) / (time.monotonic() - w0)
+        self.assertLess(busy, 0.5, "the router spins while accept fails (%.2f of a core)" % busy)
+        self.assertLessEqual(r.output().count("accept failed"), 2 * 3, r.output()[-2000:])  # 2 workers, <= 1/s
+        for c, _ in held:
+            c.close()
+        answers = []
+        for c in queued:
+            got = b""
+            try:
+                while True:
+                    chunk = c.recv(4096)
+                    if not chunk:
+                        break
+                    got += chunk
+            except OSError as e:
+                got = repr(e).encode()
+            c.close()
+            answers.append(got.split(b"\r\n", 1)[0])
+        self.assertEqual(answers, [b"HTTP/1.1 200 OK"] * len(queued))
+        t.wait_until(lambda: t.metric(r.port, "xpyd_client_connections") <= 1, what="connections closed")
 
 
 if __name__ == "__main__":
