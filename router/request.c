@@ -123,6 +123,11 @@ void req_end(struct request *r, int fail)
     atomic_fetch_add(&g_rt->ctr.prompt_tokens, (uint64_t)r->prompt_tokens);
     atomic_fetch_add(&g_rt->ctr.generation_tokens, (uint64_t)r->tokens_out);
     rt_access_log_request(r, fail);
+    rw_src_free(r->src); /* nothing reads the body once the request ended (the tokenizer has its own copy) */
+    r->src = NULL;
+    rt_body_memory_release(r->body_bytes);
+    r->body_bytes = 0;
+    client_finish_held(r);
 }
 
 void req_fail(struct request *r, int fail, int status, const char *msg)
@@ -153,7 +158,7 @@ static void req_free_cb(void *arg)
         atomic_fetch_add(&g_rt->ctr.client_disconnects, 1);
         req_end(r, RF_CLIENT_DISCONNECT);
     }
-    rw_src_free(r->src);
+    rw_src_free(r->src); /* when the request had not ended (req_end frees them otherwise) */
     rt_body_memory_release(r->body_bytes);
     free(r->model);
     free(r->kv_params);

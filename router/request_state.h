@@ -100,6 +100,7 @@ struct request {
     int64_t tokens_out;
     int paused;                 /* the decode leg is paused: the client is slow */
     int in_read;                /* relaying one socket read of the decode: its events are written together */
+    int finish_held;            /* the answer is complete but not yet written: req_end counts it first */
     struct xpyd_bytes chunk;    /* the next chunk's events, reused for every one (owned) */
     struct xpyd_bytes stage;    /* a TLS client's bytes not yet handed to OpenSSL (stream.c; owned) */
     int batch;                  /* relaying one upstream read: events collect in chunk (stream.c) */

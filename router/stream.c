@@ -335,6 +335,10 @@ static int finish_in_place(struct request *r, struct bufferevent *bev)
  * bufferevent and the request to libevhtp's resume, which finishes it from the write callback. */
 static void client_finish(struct request *r, struct bufferevent *bev)
 {
+    if (r->state != REQ_DONE) {
+        r->finish_held = 1; /* req_end writes it, once the request is counted */
+        return;
+    }
     if (finish_in_place(r, bev))
         return;
     if (bufferevent_openssl_get_ssl(bev))
@@ -342,6 +346,16 @@ static void client_finish(struct request *r, struct bufferevent *bev)
     else if (evbuffer_get_length(bufferevent_get_output(bev)))
         bufferevent_enable(bev, EV_WRITE);
     evhtp_request_resume(r->ereq); /* deferred by libevhtp: the keep-alive connection reads again */
+}
+
+void client_finish_held(struct request *r)
+{
+    if (!r->finish_held)
+        return;
+    r->finish_held = 0;
+    struct bufferevent *bev = client_bev(r);
+    if (r->ereq && bev)
+        client_finish(r, bev);
 }
 
 void client_stream_end(struct request *r)

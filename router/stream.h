@@ -22,5 +22,8 @@ void client_prefill_first_token(struct request *r);
 /* The decode's non-streamed answer, usage patched; -1 when it is not JSON. */
 int client_finish_json(struct request *r);
 void client_stream_free(struct request *r);
+/* An answer completed before its request ended is written only then (req_end): a client that has read its answer
+ * finds the request counted, its load released, its body freed. */
+void client_finish_held(struct request *r);
 
 #endif

@@ -100,6 +100,9 @@ class RecordingEngine(t.TestCase):
                 st, _, out = t.post_json(r.port, path, body, headers={"X-Request-Id": rid})
                 self.assertEqual(st, 200, out)
             sent.append((rid, body))
+        # both legs go out at once and this decode answers at once: the prefill's copy of the last request may
+        # still be on its way to the recording when the client has its answer
+        t.wait_until(lambda: len(rec.generate("p")) == 4, what="every prefill leg recorded")
         pre, dec = rec.generate("p"), rec.generate("d")
         self.assertEqual(len(pre), 4)
         self.assertEqual(len(dec), 4)
@@ -181,7 +184,7 @@ class RecordingEngine(t.TestCase):
         for i in range(6):
             st, _, out = t.post_json(r.port, "/v1/completions", {"model": "m", "prompt": "x", "max_tokens": 2})
             self.assertEqual(st, 200, out)
-        self.assertEqual(len(rec.generate("p")), 6)
+        t.wait_until(lambda: len(rec.generate("p")) == 6, what="every prefill leg recorded")  # as above
         insts = t.status(r.port)["pools"]["prefill"]["instances"]
         self.assertEqual(sorted((i["port"], i["ready"]) for i in insts),
                          sorted([(rec.p.port, True), (rec.p.port, True), (other, False)]))

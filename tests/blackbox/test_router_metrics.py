@@ -57,6 +57,51 @@ class Counts(t.TestCase):
         bad = [l for l in lines if l["status"] == 400][0]
         self.assertEqual(bad["error"], "bad_request")
 
+    def test_an_answer_read_is_already_counted(self):
+        """A client that has read its whole answer and then asks /metrics (on a connection another worker
+        serves) finds its request counted and nothing of it held: the router counts a request, releases its load
+        and frees its body before the answer's last bytes go out. The router runs with a shim that makes a
+        thread sleep 20 ms after each socket write, so whatever it did after the answer's write would still be
+        undone when the client looks."""
+        shim = os.path.join(t.tmpdir(prefix="xpyd-shim-"), "slow_socket_writes.so")
+        subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", shim,
+                        os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow_socket_writes.c"), "-ldl"],
+                       check=True)
+        env = {"LD_PRELOAD": shim, "XPYD_TEST_SOCKET_WRITE_DELAY_US": "20000"}
+        if os.environ.get("XPYD_SANITIZED", "0") not in ("", "0", "OFF"):  # the shim is loaded before ASan's runtime
+            env["ASAN_OPTIONS"] = os.environ.get("ASAN_OPTIONS", "") + ":verify_asan_link_order=0"
+        p = self.start(t.sim("--role", "prefill"))
+        d = self.start(t.sim("--role", "decode", "--decode-us-per-token", "0"))
+        r = self.start(t.Proc("xpyd_router", ["--port", "0", "--log-level", "warn", "--threads", "2", "-p",
+                                              "127.0.0.1:%d" % p.port, "-d", "127.0.0.1:%d" % d.port], env=env))
+        # scrapes on connections opened beforehand, on both workers (each accepted by whichever was free; eight
+        # all on one worker would be 1 in 128): asked the moment the answer is read
+        scrapes = [t.RawConn(r.port) for _ in range(8)]
+        key = 'xpyd_requests_total{endpoint="/v1/completions",status="%d"}'
+        body = json.dumps({"prompt": "a b", "max_tokens": 2}).encode()
+        seen = []
+        for i in range(N_READ_THEN_COUNTED):
+            c = t.RawConn(r.port)
+            if i % 3 == 2:
+                s = t.Stream(r.port, "/v1/completions", {"prompt": "a b", "max_tokens": 2, "stream": True})
+                s.read_all()
+            else:
+                c.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body) if i % 3 == 0 else
+                       b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n{bad")
+                self.assertEqual(c.response()[0], 200 if i % 3 == 0 else 400)
+            for sc in scrapes:
+                sc.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            for k, sc in enumerate(scrapes):
+                st, _, _, page = sc.response()
+                self.assertEqual(st, 200)
+                m = t.parse_metrics(page.decode())
+                got = (m[key % 200] + m.get(key % 400, 0), m["xpyd_active_requests"], m["xpyd_request_body_bytes"])
+                if got != (i + 1, 0, 0):
+                    seen.append((i, k, got))
+            c.close()
+        self.assertEqual(seen, [], "(request, scrape, (counted, in progress, body bytes held)) after its answer")
+
     def test_process_metrics_match_the_kernel(self):
         """process_* against /proc read by the test, xpyd_build_info against --version."""
         d = self.start(t.sim("--role", "decode"))
@@ -290,6 +335,8 @@ class Dashboard(t.TestCase):
         for n in sorted(names):
             self.assertIn(n, series, "dashboard queries %s, which /metrics does not export" % n)
 
+
+N_READ_THEN_COUNTED = 12
 
 if __name__ == "__main__":
     t.main()

@@ -382,13 +382,18 @@ class Metrics(dict):
 
 
 def metrics(port):
-    """Parses a Prometheus text page into {name{labels}: float}; also {name: sum over label sets}."""
+    """Parses the router's Prometheus text page into {name{labels}: float}; also {name: sum over label sets}."""
     st, _, body = request(port, "GET", "/metrics")
     if st != 200:
         raise ValueError("/metrics answered %d" % st)
+    return parse_metrics(body.decode())
+
+
+def parse_metrics(text):
+    """A Prometheus text page as metrics() returns it."""
     out = Metrics()
     fams = set()
-    for line in body.decode().splitlines():
+    for line in text.splitlines():
         if line.startswith("# TYPE "):
             fams.add(line.split()[2])
         if not line or line.startswith("#"):
