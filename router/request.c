@@ -158,9 +158,7 @@ static void req_free_cb(void *arg)
         atomic_fetch_add(&g_rt->ctr.client_disconnects, 1);
         req_end(r, RF_CLIENT_DISCONNECT);
     }
-    rw_src_free(r->src); /* when the request had not ended (req_end frees them otherwise) */
-    rt_body_memory_release(r->body_bytes);
-    free(r->model);
+    free(r->model); /* (its body: freed by req_end, above or before) */
     free(r->kv_params);
     free(r->fwd_headers);
     free(r->blocks);
