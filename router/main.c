@@ -11,6 +11,7 @@
 #include "probe.h"
 #include "tokenize.h"
 #include "kv_sub.h"
+#include "workers.h"
 
 #include "xpyd_oai.h"
 #include "xpyd_tls.h"
