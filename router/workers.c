@@ -103,11 +103,14 @@ static void on_unbind(evutil_socket_t fd, short ev, void *arg)
         evhtp_unbind_socket(w->htp[k]);
 }
 
+static pthread_barrier_t all_ready; /* no worker serves before every one has its state */
+
 static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     me = w;
     struct rthread *t = rt_thread_new(w->base);
+    pthread_barrier_wait(&all_ready);
     event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
     rt_thread_free(t);
     return NULL;
@@ -164,19 +167,24 @@ int rt_workers_bind(struct event_base *main_base, struct rt_listen *ls, int n, i
 int rt_workers_start(int threads)
 {
     workers = XPYD_XALLOC(calloc((size_t)threads, sizeof *workers));
-    for (int i = 0; i < threads; i++) {
+    for (int i = 0; i < threads; i++) { /* every loop and its descriptors first: none is made once one serves */
         struct worker *w = &workers[i];
         w->base = XPYD_XALLOC(event_base_new());
         w->resume = XPYD_XALLOC(event_new(w->base, -1, 0, on_resume, w));
         w->unbind = XPYD_XALLOC(event_new(w->base, -1, 0, on_unbind, w));
         for (int k = 0; k < n_listeners; k++)
             w->htp[k] = serve(w->base, ls_tls[k], evconnlistener_get_fd(bound[k]->server));
+    }
+    pthread_barrier_init(&all_ready, NULL, (unsigned)threads + 1);
+    for (int i = 0; i < threads; i++) {
+        struct worker *w = &workers[i];
         if (pthread_create(&w->tid, NULL, worker_main, w) != 0) {
             fprintf(stderr, "xpyd_router: cannot start %d threads\n", threads);
-            return -1;
+            exit(1); /* the ones started wait at the barrier: nothing was served */
         }
         n_workers = i + 1;
     }
+    pthread_barrier_wait(&all_ready);
     return 0;
 }
 

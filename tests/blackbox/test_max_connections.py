@@ -132,7 +132,8 @@ class OutOfDescriptors(t.TestCase):
         # no descriptor left: the limit is what the router has open now (a connection it closes meanwhile, the
         # readiness polls' or an engine probe's, lets one more in)
         limit = len(os.listdir("/proc/%d/fd" % r.p.pid))
-        resource.prlimit(r.p.pid, resource.RLIMIT_NOFILE, (limit, limit))
+        hard = resource.prlimit(r.p.pid, resource.RLIMIT_NOFILE)[1]
+        soft = resource.prlimit(r.p.pid, resource.RLIMIT_NOFILE, (limit, hard))[0]  # returns the old limits
         queued = []
         for _ in range(24):
             c = socket.create_connection(("127.0.0.1", r.port))
@@ -163,6 +164,7 @@ class OutOfDescriptors(t.TestCase):
             c.close()
             answers.append(got.split(b"\r\n", 1)[0])
         self.assertEqual(answers, [b"HTTP/1.1 200 OK"] * len(queued))
+        resource.prlimit(r.p.pid, resource.RLIMIT_NOFILE, (soft, hard))  # (the sanitizer's exit reads /proc)
         t.wait_until(lambda: t.metric(r.port, "xpyd_client_connections") <= 1, what="connections closed")
 
 
