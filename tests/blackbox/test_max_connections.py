@@ -24,9 +24,9 @@ def keepalive_conn(port, path="/health"):
     return c, got
 
 
-def accept_backlog(port):
-    """Connections waiting in the kernel for the listener on port to accept them (/proc/net/tcp: a LISTEN
-    socket's rx_queue is its accept queue)."""
+def tcp_sockets(port):
+    """(state, rx_queue) of every TCP socket whose local port is port (/proc/net/tcp{,6}: state 0A LISTEN, 01
+    ESTABLISHED, 08 CLOSE_WAIT; a LISTEN socket's rx_queue is its accept queue)."""
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(path) as f:
@@ -35,26 +35,22 @@ def accept_backlog(port):
             continue
         for line in lines:
             f = line.split()
-            if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
-                return int(f[4].split(":")[1], 16)
+            if int(f[1].rsplit(":", 1)[1], 16) == port:
+                yield f[3], int(f[4].split(":")[1], 16)
+
+
+def accept_backlog(port):
+    """Connections waiting in the kernel for the listener on port to accept them."""
+    for state, rx in tcp_sockets(port):
+        if state == "0A":
+            return rx
     raise AssertionError("no listener on port %d" % port)
 
 
 def open_on_router_side(port):
-    """Connections to port the router has not closed yet (/proc/net/tcp: ESTABLISHED or CLOSE_WAIT, the client
-    having closed first): once it closes one it has also stopped counting it."""
-    n = 0
-    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(path) as f:
-                lines = f.read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            f = line.split()
-            if f[3] in ("01", "08") and int(f[1].rsplit(":", 1)[1], 16) == port:
-                n += 1
-    return n
+    """Connections to port the router has not closed yet (ESTABLISHED, or CLOSE_WAIT: the client closed first):
+    once it closes one it has also stopped counting it."""
+    return sum(1 for state, _ in tcp_sockets(port) if state in ("01", "08"))
 
 
 class MaxConnections(t.TestCase):
@@ -152,17 +148,9 @@ class OutOfDescriptors(t.TestCase):
             c.close()
         answers = []
         for c in queued:
-            got = b""
-            try:
-                while True:
-                    chunk = c.recv(4096)
-                    if not chunk:
-                        break
-                    got += chunk
-            except OSError as e:
-                got = repr(e).encode()
+            got, e = t.read_to_close(c)
             c.close()
-            answers.append(got.split(b"\r\n", 1)[0])
+            answers.append(repr(e).encode() if e else got.split(b"\r\n", 1)[0])
         self.assertEqual(answers, [b"HTTP/1.1 200 OK"] * len(queued))
         resource.prlimit(r.p.pid, resource.RLIMIT_NOFILE, (soft, hard))  # (the sanitizer's exit reads /proc)
         t.wait_until(lambda: t.metric(r.port, "xpyd_client_connections") <= 1, what="connections closed")

@@ -73,16 +73,9 @@ class Concurrency(t.TestCase):
                 socks.append(s)
                 s.sendall(req)
             for s in socks:
-                data = b""
-                try:
-                    while True:
-                        c = s.recv(65536)
-                        if not c:
-                            break
-                        data += c
-                    outcomes[data.split(b" ", 2)[1] if data.startswith(b"HTTP/1.1 ") else b"no answer"] += 1
-                except OSError as e:
-                    outcomes[type(e).__name__] += 1
+                data, e = t.read_to_close(s)
+                outcomes[type(e).__name__ if e else
+                         data.split(b" ", 2)[1] if data.startswith(b"HTTP/1.1 ") else b"no answer"] += 1
         finally:
             for s in socks:
                 s.close()

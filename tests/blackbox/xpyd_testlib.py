@@ -559,6 +559,20 @@ def router_idle(port, headers=None):
         for p in s["pools"].values())
 
 
+def read_to_close(sock):
+    """Everything sock receives until the peer closes it: (bytes, None), or (what came, the OSError) when the
+    connection fails (a reset)."""
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data, None
+            data += chunk
+    except OSError as e:
+        return data, e
+
+
 class RawConn:
     """One client connection spoken byte-exactly: send() raw bytes, response() reads one answer (framed by
     Content-Length, chunked or the close), closed() tells whether the router closed the connection."""
