@@ -28,7 +28,11 @@ class BootstrapRoom(t.TestCase):
         for _ in range(12):
             st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": "a", "max_tokens": 1})
             self.assertEqual(st, 200, out)
-        legs = [(rq, h) for rq, h in zip(pe.requests, pe.headers) if rq[1] != "/health"]
+        # both legs go out at once and this decode answers at once: the prefill's copy of the last request may
+        # still be on its way to the recording when the client has its answer
+        prefill_legs = lambda: [(rq, h) for rq, h in zip(pe.requests, pe.headers) if rq[1] != "/health"]
+        t.wait_until(lambda: len(prefill_legs()) >= 12, what="every prefill leg recorded")
+        legs = prefill_legs()
         self.assertEqual(len(legs), 12)
         rooms, ranks = set(), set()
         for (method, path, body), h in legs:
