@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* main.c - xpyd_router: configuration, listener and worker threads, signals (drain, reload), TLS set-up; the
- * operational endpoints are status.c's (/health, /status) and metrics.c's (/metrics). */
+/* main.c - xpyd_router: configuration, start-up (the listeners and worker threads are workers.c's), signals (drain,
+ * reload), TLS set-up; the operational endpoints are status.c's (/health, /status) and metrics.c's (/metrics). */
 #include "handoff.h"
 #include "loopguard.h"
 #include "migrate.h"
@@ -19,15 +19,12 @@
 #include "xpyd_version.h"
 
 #include <dlfcn.h>
-#include <errno.h>
 #include <malloc.h>
 #include <event2/buffer.h>
 #include <event2/event.h>
-#include <event2/listener.h>
 #include <event2/thread.h>
 #include <evhtp/evhtp.h>
 #include <inttypes.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,7 +191,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     xpyd_raise_nofile();
     /* Coalesce epoll_ctl calls within a loop iteration: streaming toggles EV_WRITE once per event otherwise.
-     * Set before the worker bases are made (threads.c), which read it from the environment. */
+     * Set before the worker bases are made (workers.c), which read it from the environment. */
     setenv("EVENT_EPOLL_USE_CHANGELIST", "1", 0);
     evthread_use_pthreads();
     struct event_config *ec = event_config_new();

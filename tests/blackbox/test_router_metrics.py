@@ -81,15 +81,16 @@ class Counts(t.TestCase):
         body = json.dumps({"prompt": "a b", "max_tokens": 2}).encode()
         seen = []
         for i in range(N_READ_THEN_COUNTED):
-            c = t.RawConn(r.port)
             if i % 3 == 2:
                 s = t.Stream(r.port, "/v1/completions", {"prompt": "a b", "max_tokens": 2, "stream": True})
                 s.read_all()
             else:
+                c = t.RawConn(r.port)
                 c.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                        b"Content-Length: %d\r\n\r\n%s" % (len(body), body) if i % 3 == 0 else
                        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n{bad")
                 self.assertEqual(c.response()[0], 200 if i % 3 == 0 else 400)
+                c.close()
             for sc in scrapes:
                 sc.send(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
             for k, sc in enumerate(scrapes):
@@ -99,7 +100,6 @@ class Counts(t.TestCase):
                 got = (m[key % 200] + m.get(key % 400, 0), m["xpyd_active_requests"], m["xpyd_request_body_bytes"])
                 if got != (i + 1, 0, 0):
                     seen.append((i, k, got))
-            c.close()
         self.assertEqual(seen, [], "(request, scrape, (counted, in progress, body bytes held)) after its answer")
 
     def test_process_metrics_match_the_kernel(self):
