@@ -156,10 +156,10 @@ long xb_max_model_len(struct xb_pool *p)
         const struct xb_inst *in = &p->inst[i];
         if (in->removed || in->unready || !in->healthy)
             continue;
-        if (in->cfg.max_model_len <= 0)
+        if (xb_mml(in) <= 0)
             unknown = 1;
-        else if (in->cfg.max_model_len > most)
-            most = in->cfg.max_model_len;
+        else if (xb_mml(in) > most)
+            most = xb_mml(in);
     }
     pthread_mutex_unlock(&p->mu);
     return unknown ? 0 : most;
@@ -459,6 +459,15 @@ void xb_set_healthy(struct xb_pool *p, int idx, int healthy)
     pthread_mutex_unlock(&p->mu);
 }
 
+void xb_set_learned_max_model_len(struct xb_pool *p, int idx, long mml)
+{
+    if (idx < 0 || (size_t)idx >= p->n)
+        return;
+    pthread_mutex_lock(&p->mu);
+    p->inst[idx].learned_mml = mml > 0 ? mml : 0;
+    pthread_mutex_unlock(&p->mu);
+}
+
 void xb_set_ready(struct xb_pool *p, int idx, int ready)
 {
     if (idx < 0 || (size_t)idx >= p->n)
@@ -477,6 +486,7 @@ int xb_stats(struct xb_pool *p, int idx, struct xb_instance_stats *out)
     out->tp = in->cfg.tp;
     out->weight = in->cfg.weight;
     out->max_model_len = in->cfg.max_model_len;
+    out->learned_max_model_len = in->learned_mml;
     out->max_inflight = in->cfg.max_inflight;
     out->healthy = in->healthy;
     out->inflight = in->inflight;

@@ -24,7 +24,8 @@ struct xb_instance_cfg {
 
 struct xb_instance_stats {
     int tp, weight, healthy, max_inflight;
-    long max_model_len;
+    long max_model_len;         /* configured (0: none) */
+    long learned_max_model_len; /* reported by its engine (xb_set_learned_max_model_len; 0: none) */
     int64_t inflight;         /* requests charged and not yet released */
     int64_t outstanding;      /* tokens charged and not yet released */
     uint64_t selected;        /* picks */
@@ -60,7 +61,10 @@ int xb_reuse(struct xb_pool *p, int idx, const struct xb_instance_cfg *cfg);
 /* Updates tp, weight, max_model_len, max_inflight of an instance. */
 int xb_update(struct xb_pool *p, int idx, const struct xb_instance_cfg *cfg);
 size_t xb_pool_size(const struct xb_pool *p);
-/* The largest max_model_len among the instances that may be picked (healthy, ready, not removed); 0 when one of
+/* The max_model_len the instance's engine reports (its /v1/models; 0: none): what placement holds it to when
+ * its configuration gives none. Kept apart from the configuration (xb_update leaves it; xb_reuse clears it). */
+void xb_set_learned_max_model_len(struct xb_pool *p, int idx, long mml);
+/* The largest max_model_len (configured, else learned) among the instances that may be picked (healthy, ready, not removed); 0 when one of
  * them has none (unknown: no limit) or none may be picked. */
 long xb_max_model_len(struct xb_pool *p);
 int xb_policy_parse(const char *s); /* lot|p2c|rr|random, -1 if unknown */

@@ -26,7 +26,15 @@ struct xb_inst {
     uint64_t ejections_total;
     int removed;             /* taken out at runtime (admin API, reload): never picked; slot kept */
     int unready;             /* xb_set_ready(0): never picked until ready again */
+    long learned_mml;        /* max_model_len the engine reported (xb_set_learned_max_model_len); 0: none */
 };
+
+/* The max_model_len placement holds an instance to: the configured one, else what its engine reported; 0:
+ * unknown (no filtering) */
+static inline long xb_mml(const struct xb_inst *in)
+{
+    return in->cfg.max_model_len > 0 ? in->cfg.max_model_len : in->learned_mml;
+}
 
 struct xb_pool {
     pthread_mutex_t mu;

@@ -40,7 +40,7 @@ int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int 
     for (int k = 0; k < nexclude; k++)
         if (exclude[k] == (int)i)
             return 0;
-    return in->cfg.max_model_len <= 0 || need_len <= (uint64_t)in->cfg.max_model_len;
+    return xb_mml(in) <= 0 || need_len <= (uint64_t)xb_mml(in);
 }
 
 int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b)

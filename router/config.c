@@ -24,6 +24,7 @@ static const char *const dp_modes[] = {"external", "internal", NULL};
 static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
 static const char *const access_logs[] = {"off", "logfmt", "json", NULL};
 static const char *const on_off[] = {"off", "on", NULL};
+static const char *const learn_modes[] = {"auto", "on", "off", NULL};
 static const char *const metadata_backends[] = {"memory", "etcd", NULL};
 static const char *const tls_versions[] = {"1.2", "1.3", NULL};
 
@@ -303,6 +304,16 @@ static const struct xpyd_setting settings[] = {
      "active health check period: `GET /health` on every endpoint; 0 turns checks off"},
     {"health-timeout-ms", XS_LONG, OFF(health_timeout_ms), 1, 600000, "1000", NULL,
      "one check's deadline (connect and answer)"},
+    {"learn-max-model-len", XS_ENUM, OFF(learn_max_model_len), 0, 0, "auto", learn_modes,
+     "ranks without a configured `max_model_len` take their engine's: after a passing health check, once each "
+     "time the engine is seen up (at start, and again after a check failed: a restarted engine may have another "
+     "length), `GET /v1/models` (the "
+     "largest `max_model_len` of its model cards, vLLM's and SGLang's field; with `--api-key` sent as a bearer "
+     "key, with this router in `X-Xpyd-Via`; not answered: asked after the next passing check), shown in "
+     "`/status` as `learned_max_model_len`, logged as `event=max_model_len_learned`. A configured `max_model_len` "
+     "wins. Placement then holds the rank to it as to a configured one: an exact prompt over every rank's gets "
+     "400 before any engine, an estimated one 503. `auto`: on with `--tokenizer` (where prompts are counted "
+     "exactly), else off (engines judge, as before); `on`, `off`. Needs health checks (`--health-interval-ms`)"},
     {"query-interval-ms", XS_LONG, OFF(query_interval_ms), 100, 3600000, "2000", NULL,
      "`--handoff mooncake`: period of `GET /query` on every prefill's bootstrap server (its DP ranks and "
      "their engine ids). A prefill is not eligible until it answers; a failed query makes it ineligible "

@@ -89,6 +89,7 @@ struct rt_config {
     int access_log;            /* 0 off, 1 logfmt, 2 json */
     int metrics;               /* 1: histograms recorded (default); 0: off (overhead measurements) */
     long health_interval_ms;   /* active health checks; 0 = off */
+    int learn_max_model_len;   /* 0 auto (on with --tokenizer), 1 on, 2 off: rt_learn_max_model_len */
     long health_timeout_ms;
     long health_rise, health_fall;
     long query_interval_ms, query_timeout_ms; /* --handoff mooncake: GET /query on the prefills */
@@ -147,6 +148,8 @@ size_t rt_config_changed(const struct rt_config *a, const struct rt_config *b, c
 /* 1 when the prefill pool's ranks are learned from each prefill's bootstrap server (GET /query), i.e.
  * `--handoff mooncake`: then every prefill's DP ranks share its one HTTP port, pinned by the rank header. */
 int rt_config_prefill_by_query(const struct rt_config *c);
+/* 1 when ranks without a configured max_model_len take their engine's (--learn-max-model-len; probe.c). */
+int rt_learn_max_model_len(const struct rt_config *c);
 /* A prefill's bootstrap port: its own when set, else --prefill-bootstrap-port, else 8998 (the engines' default)
  * in the modes that use one (bootstrap, mooncake); in the others it is unused (its HTTP port). */
 int rt_config_bootstrap_port(const struct rt_config *c, int bootstrap_port, int http_port);

@@ -24,6 +24,11 @@ int rt_config_endpoint_index(struct rt_config *c, const char *host, int port)
     return (int)c->n_endpoints++;
 }
 
+int rt_learn_max_model_len(const struct rt_config *c)
+{
+    return c->learn_max_model_len == 1 || (c->learn_max_model_len == 0 && c->tokenizer[0]);
+}
+
 int rt_config_prefill_by_query(const struct rt_config *c)
 {
     return rt_handoff_traits[c->handoff].query_prefill;

@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* feedback_parse.c - reads vLLM's load series out of a Prometheus page (feedback_parse.h). */
+/* feedback_parse.c - reads vLLM's load series out of a Prometheus page, and an engine's context length out of
+ * its model list (feedback_parse.h). */
 #include "feedback_parse.h"
+
+#include "json_view.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -85,3 +88,22 @@ int probe_parse_engine_metrics(const char *page, size_t len, int engine, struct 
     return found;
 }
 
+
+long probe_parse_models_max_len(const char *body, size_t len)
+{
+    if (!body || jv_check(body, len, NULL, NULL) != 0)
+        return 0;
+    struct jv data = jv_get(jv_at(body, body + len), "data"), card;
+    if (jv_type(data) != JV_ARRAY)
+        return 0;
+    long most = 0;
+    struct jv_iter it;
+    jv_iter_init(&it, data);
+    while (jv_next(&it, NULL, &card)) {
+        double d;
+        if (jv_double(jv_get(card, "max_model_len"), &d) == 0 && d >= 1 && d < (double)(1L << 40) && d == floor(d) &&
+            (long)d > most)
+            most = (long)d;
+    }
+    return most;
+}

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* feedback_parse.h - vLLM's load series read out of an engine's Prometheus page (pure: probe.c scrapes, this
- * reads; tests/fuzz/fuzz_feedback.c and tests/unit/test_feedback_parse.c exercise it). */
+/* feedback_parse.h - vLLM's load series read out of an engine's Prometheus page, and its context length out of
+ * its model list (pure: probe.c fetches, this reads; tests/fuzz/fuzz_feedback.c and
+ * tests/unit/test_feedback_parse.c exercise it). */
 #ifndef XPYD_FEEDBACK_PARSE_H
 #define XPYD_FEEDBACK_PARSE_H
 
@@ -17,5 +18,10 @@ struct engine_load {
 /* Parses a Prometheus page for engine label `engine` (every engine when engine < 0: counts summed, the
  * highest KV usage taken) into *out; returns how many series matched. */
 int probe_parse_engine_metrics(const char *page, size_t len, int engine, struct engine_load *out);
+
+/* An engine's GET /v1/models answer: the largest `max_model_len` of its models (vLLM's and SGLang's model cards
+ * carry it; an adapter's card repeats its engine's), a positive integer below 2^40; 0 when none is given or the
+ * body is not strict JSON of that shape (`{"data": [{..., "max_model_len": N}, ...]}`). */
+long probe_parse_models_max_len(const char *body, size_t len);
 
 #endif

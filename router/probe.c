@@ -4,6 +4,7 @@
 
 #include "feedback_parse.h"
 #include "kv_sub.h"
+#include "loopguard.h"
 #include "router.h"
 #include "xpyd_util.h"
 
@@ -29,6 +30,12 @@ struct ep_state {
     int gone, gone_failed; /* the publisher went away (no KV_HINT_BACK since); a check failed since */
     uint64_t recheck_until; /* after KV_HINT_BACK: checked again until it passes or then (µs) */
     struct event *recheck_ev; /* the next of those checks (made on first use) */
+    /* its engine's max_model_len (--learn-max-model-len): GET /v1/models after a passing check, once per time
+     * the engine is seen up */
+    struct up_leg *mleg;  /* in flight */
+    int mstatus;
+    struct evbuffer *mbody;
+    int mml_known;        /* answered since it was last seen down or restarted */
 };
 
 struct probe {
@@ -77,7 +84,9 @@ static int ep_in_use(struct probe *p, size_t i)
     } else if (s->gen != gen) {
         up_leg_cancel(s->hleg);
         up_leg_cancel(s->sleg);
-        s->hleg = s->sleg = NULL;
+        up_leg_cancel(s->mleg);
+        s->hleg = s->sleg = s->mleg = NULL;
+        s->mml_known = 0;
         s->healthy = 1;
         s->streak = 0;
         s->gen = gen;
@@ -109,6 +118,8 @@ static void verdict(struct ep_state *s, int ok, const char *why, int uneject)
     }
     s->healthy = ok;
     s->streak = 0;
+    if (!ok || uneject)
+        s->mml_known = 0; /* when it is up again it may be another engine process, started with another length */
     apply_health(s, uneject); /* (unchanged too: a rank revived at runtime takes its endpoint's verdict) */
 }
 
@@ -154,6 +165,71 @@ static void hinted_result(struct ep_state *s, int hint, int ok, const char *why)
     }
 }
 
+/* ---- the engine's max_model_len, from its model list ---- */
+
+static void m_head(struct up_leg *leg, int status, void *arg)
+{
+    ((struct ep_state *)arg)->mstatus = status;
+}
+
+static void m_body(struct up_leg *leg, const char *data, size_t len, void *arg)
+{
+    struct ep_state *s = arg;
+    if (evbuffer_get_length(s->mbody) < (1u << 20)) /* a list of adapters, not more: the rest is not read */
+        evbuffer_add(s->mbody, data, len);
+}
+
+/* What it answered, to every rank on the endpoint. Not answered (refused, timed out): asked again after the
+ * next passing check; answered without a length (another status, another shape): known, nothing learned. */
+static void m_done(struct up_leg *leg, int err, void *arg)
+{
+    struct ep_state *s = arg;
+    s->mleg = NULL;
+    size_t len = evbuffer_get_length(s->mbody);
+    long mml = 0;
+    if (!err && s->mstatus == 200 && len < (1u << 20))
+        mml = probe_parse_models_max_len((const char *)evbuffer_pullup(s->mbody, -1), len);
+    evbuffer_drain(s->mbody, len);
+    if (err)
+        return;
+    s->mml_known = 1;
+    char d[300];
+    ep_desc(s->idx, d, sizeof d);
+    for (int role = 0; role < 2; role++)
+        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
+            struct xb_instance_stats st;
+            if (g_rt->reg.ranks[role][i].endpoint != s->idx || xb_stats(g_rt->pools[role], (int)i, &st) != 0 ||
+                st.learned_max_model_len == mml)
+                continue;
+            xb_set_learned_max_model_len(g_rt->pools[role], (int)i, mml);
+            xpyd_log_event(XPYD_LOG_INFO,
+                           "event=max_model_len_learned instance=%s role=%s rank=%zu max_model_len=%ld configured=%ld "
+                           "status=%d",
+                           d, role ? "decode" : "prefill", i, mml, st.max_model_len, s->mstatus);
+        }
+}
+
+static struct evbuffer *get_request(int idx, const char *path);
+static const struct up_timeouts *probe_timeouts(void);
+
+static void models_fetch(struct ep_state *s)
+{
+    static const struct up_leg_cbs cbs = {m_head, m_body, m_done, NULL, NULL, NULL};
+    if (!rt_learn_max_model_len(&g_rt->cfg))
+        return;
+    if (!s->mbody)
+        s->mbody = XPYD_XALLOC(evbuffer_new());
+    s->mstatus = 0;
+    struct evbuffer *req = XPYD_XALLOC(evbuffer_new());
+    up_request_line(req, &g_rt->endpoints[s->idx], "GET", "/v1/models");
+    evbuffer_add_printf(req, "%s: %s\r\n", RT_VIA_HEADER, rt_loop_id()); /* an engine that is a router ends a loop */
+    if (g_rt->cfg.api_key[0] && !strpbrk(g_rt->cfg.api_key, "\r\n")) /* engines take the clients' key (--api-key) */
+        evbuffer_add_printf(req, "Authorization: Bearer %s\r\n", g_rt->cfg.api_key);
+    evbuffer_add(req, "\r\n", 2);
+    s->mleg = up_leg_start(s->p->up, s->idx, req, probe_timeouts(), &cbs, s);
+    evbuffer_free(req);
+}
+
 static void h_head(struct up_leg *leg, int status, void *arg)
 {
     ((struct ep_state *)arg)->hstatus = status;
@@ -171,6 +247,8 @@ static void h_done(struct up_leg *leg, int err, void *arg)
     int hint = s->hint, ok = !err && s->hstatus == 200;
     s->hint = 0;
     hinted_result(s, hint, ok, why);
+    if (ok && s->healthy && !s->mml_known && !s->mleg)
+        models_fetch(s);
     if (s->pending) /* a hint came while it ran */
         event_active(s->p->hint_ev, EV_TIMEOUT, 0);
 }
@@ -355,8 +433,11 @@ void probe_stop(struct probe *p)
             event_free(p->eps[i].recheck_ev);
         up_leg_cancel(p->eps[i].hleg);
         up_leg_cancel(p->eps[i].sleg);
+        up_leg_cancel(p->eps[i].mleg);
         if (p->eps[i].sbody)
             evbuffer_free(p->eps[i].sbody);
+        if (p->eps[i].mbody)
+            evbuffer_free(p->eps[i].mbody);
     }
     up_thread_free(p->up);
     free(p->eps);

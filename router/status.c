@@ -83,9 +83,9 @@ static void on_status(evhtp_request_t *req, void *arg)
             evbuffer_add_printf(b, "%s{\"host\":", listed++ ? "," : "");
             json_str(b, ep->host);
             evbuffer_add_printf(b, ",\"port\":%d,\"dp_rank\":%d,\"tp\":%d,\"weight\":%d,\"max_model_len\":%ld,"
-                                   "\"max_inflight\":%d,\"healthy\":%s,\"ejected\":%s,\"inflight\":%" PRId64 ",\"outstanding_tokens\":%" PRId64
+                                   "\"learned_max_model_len\":%ld,\"max_inflight\":%d,\"healthy\":%s,\"ejected\":%s,\"inflight\":%" PRId64 ",\"outstanding_tokens\":%" PRId64
                                    ",\"feedback_tokens\":%" PRId64 ",\"selected\":%" PRIu64 ",\"ready\":%s",
-                                ep->port, rk->dp_rank, st.tp, st.weight, st.max_model_len, st.max_inflight,
+                                ep->port, rk->dp_rank, st.tp, st.weight, st.max_model_len, st.learned_max_model_len, st.max_inflight,
                                 st.healthy ? "true" : "false", st.ejected ? "true" : "false",
                                 st.inflight, st.outstanding, st.feedback, st.selected, st.ready ? "true" : "false");
             char eid[sizeof rk->engine_id];

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_feedback.c - libFuzzer harness: an engine's /metrics page as the router's probe reads it for load
- * feedback (probe_parse_engine_metrics in router/feedback_parse.c). The first byte picks the engine label
- * (or all engines). Checks: the counts read are finite and never negative, KV usage within [0, 1] when a
- * series matched, and no byte outside the page is read (ASan). */
+ * feedback (probe_parse_engine_metrics in router/feedback_parse.c), and the same bytes as its GET /v1/models
+ * answer (probe_parse_models_max_len). The first byte picks the engine label (or all engines). Checks: the
+ * counts read are finite and never negative, KV usage within [0, 1] when a series matched, a length 0 or
+ * within [1, 2^40), and no byte outside the page is read (ASan). */
 #include "feedback_parse.h"
 
 #include <math.h>
@@ -23,6 +24,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (n < 0 || !isfinite(l.waiting) || !isfinite(l.running) || !isfinite(l.kv_usage) || l.waiting < 0 ||
         l.running < 0 || l.kv_usage < 0 || l.kv_usage > 1 || l.num_gpu_blocks < 0 || l.num_gpu_blocks >= (1L << 40) ||
         l.block_size < 0 || l.block_size >= (1L << 40))
+        abort();
+    long mml = probe_parse_models_max_len(page, size - 1);
+    if (mml < 0 || mml >= (1L << 40))
         abort();
     free(page);
     return 0;

@@ -38,7 +38,7 @@ sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.
   relay) echo "$R/relay.c $R/rewrite.c $R/json_view.c -lm $C/xpyd_sse.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
   admin) echo "$R/admin_parse.c $R/kv_endpoint.c $R/json_view.c $C/xpyd_util.c -lm" ;;
   metadata) echo "$R/metadata_store.c $C/xpyd_util.c" ;;
-  feedback) echo "$R/feedback_parse.c -lm" ;;
+  feedback) echo "$R/feedback_parse.c $R/json_view.c $C/xpyd_util.c -lm" ;;
   desc) echo "$ROOT/transfer/xt_desc.c -I$ROOT/transfer" ;;
   upstream) echo "$C/xpyd_sse.c $R/rewrite.c $R/json_view.c -lm $C/xpyd_util.c $ROOT/balancer/xb_prefix.c ${HTTP[*]}" ;;
   tls) echo "$C/xpyd_tls.c" ;;

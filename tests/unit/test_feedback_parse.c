@@ -51,9 +51,41 @@ static void test_old_name_fallback_and_nothing(void **st)
     assert_true(l.waiting == 0 && l.running == 0 && l.kv_usage == 0);
 }
 
+static long models(const char *body)
+{
+    return probe_parse_models_max_len(body, strlen(body));
+}
+
+/* GET /v1/models as vLLM (ModelCard: a LoRA adapter's card repeats the engine's length) and SGLang answer it */
+static void test_models_max_len(void **st)
+{
+    assert_int_equal(models("{\"object\":\"list\",\"data\":[{\"id\":\"Qwen/Qwen3-8B\",\"object\":\"model\","
+                            "\"created\":1,\"owned_by\":\"vllm\",\"root\":\"Qwen/Qwen3-8B\",\"parent\":null,"
+                            "\"max_model_len\":40960,\"permission\":[]},{\"id\":\"sql-lora\",\"parent\":\"Qwen/Qwen3-8B\","
+                            "\"max_model_len\":40960}]}"),
+                     40960);
+    assert_int_equal(models("{\"data\":[{\"id\":\"a\",\"max_model_len\":4096},{\"id\":\"b\",\"max_model_len\":8192}]}"), 8192);
+    assert_int_equal(models(" {\"data\" : [ {\"max_model_len\" : 1e3} ] } "), 1000); /* a JSON number as written */
+    /* the last of a repeated key, as Python's json.loads (what the engines' clients read) */
+    assert_int_equal(models("{\"data\":[{\"max_model_len\":10,\"max_model_len\":20}]}"), 20);
+    /* nothing usable: 0 (the rank keeps no learned length) */
+    const char *none[] = {"", "null", "[]", "{}", "{\"data\":{}}", "{\"data\":[]}", "{\"data\":[{\"id\":\"m\"}]}",
+                          "{\"data\":[{\"max_model_len\":null}]}", "{\"data\":[{\"max_model_len\":\"4096\"}]}",
+                          "{\"data\":[{\"max_model_len\":0}]}", "{\"data\":[{\"max_model_len\":-4096}]}",
+                          "{\"data\":[{\"max_model_len\":4096.5}]}", "{\"data\":[{\"max_model_len\":1e300}]}",
+                          "{\"data\":[{\"max_model_len\":1099511627776}]}", "{\"data\":[4096]}",
+                          "{\"data\":[{\"max_model_len\":4096}]", /* cut short: not strict JSON */
+                          "{\"data\":[{\"max_model_len\":4096}]} x", "{\"data\":[{\"max_model_len\":NaN}]}"};
+    for (size_t i = 0; i < sizeof none / sizeof *none; i++)
+        assert_int_equal(models(none[i]), 0);
+    assert_int_equal(models("{\"data\":[{\"max_model_len\":1099511627775}]}"), 1099511627775L); /* below 2^40 */
+    assert_int_equal(probe_parse_models_max_len(NULL, 0), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_per_engine), cmocka_unit_test(test_all_engines_sum_and_max),
-                                       cmocka_unit_test(test_old_name_fallback_and_nothing)};
+                                       cmocka_unit_test(test_old_name_fallback_and_nothing),
+                                       cmocka_unit_test(test_models_max_len)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
