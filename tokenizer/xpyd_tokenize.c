@@ -106,6 +106,11 @@ static int bench(const struct xtok *t, const char *path, double seconds)
     fclose(f);
     if (!text)
         return 1;
+    if (!len) { /* nothing to measure: not a rate of zero */
+        fprintf(stderr, "xpyd_tokenize: %s is empty\n", path);
+        free(text);
+        return 1;
+    }
     double t0 = now(), t1;
     size_t bytes = 0, tokens = 0, rounds = 0;
     do {

@@ -215,6 +215,26 @@ class Tokenizer(t.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(json.loads(p.stdout), oracle("llama3_1", ["Hello world"], special=True)[0])
 
+    def test_bench_measures_a_file_and_refuses_an_empty_one(self):
+        tool, tmp = os.path.join(t.BIN, "xpyd_tokenize"), t.tmpdir()
+        lines = ["Hello world\n", "路由器按令牌放置请求\n", "def f(x): return x"]
+        with open(os.path.join(tmp, "corpus"), "w") as f:
+            f.write("".join(lines))
+        p = subprocess.run([tool, "--tokenizer", model_dir("llama3_1"), "--bench", os.path.join(tmp, "corpus"),
+                            "--seconds", "0.2"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        r = json.loads(p.stdout)
+        self.assertGreater(r["rounds"], 0)
+        self.assertEqual(r["bytes"], r["rounds"] * len("".join(lines).encode()))  # each line, every round
+        self.assertEqual(r["tokens"], r["rounds"] * sum(map(len, oracle("llama3_1", lines))))
+        self.assertGreater(r["mb_per_s"], 0)
+        self.assertGreater(r["tokens_per_s"], 0)
+        open(os.path.join(tmp, "empty"), "w").close()
+        p = subprocess.run([tool, "--tokenizer", model_dir("llama3_1"), "--bench", os.path.join(tmp, "empty")],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual((p.returncode, p.stdout), (1, ""))
+        self.assertIn("is empty", p.stderr)
+
 
 for _name in SUPPORTED:
     setattr(Tokenizer, "test_corpus_" + _name, lambda self, name=_name: self.corpus(name))
