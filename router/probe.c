@@ -36,6 +36,7 @@ struct ep_state {
     int mstatus;
     struct evbuffer *mbody;
     int mml_known;        /* answered since it was last seen down or restarted */
+    long mml;             /* what it answered (0: no length) */
 };
 
 struct probe {
@@ -179,6 +180,25 @@ static void m_body(struct up_leg *leg, const char *data, size_t len, void *arg)
         evbuffer_add(s->mbody, data, len);
 }
 
+/* The endpoint's learned length to each of its ranks that does not have it yet (a rank added on it later, by the
+ * admin API or etcd, too: called after every passing check) */
+static void apply_mml(struct ep_state *s)
+{
+    char d[300];
+    ep_desc(s->idx, d, sizeof d);
+    for (int role = 0; role < 2; role++)
+        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
+            struct xb_instance_stats st;
+            if (g_rt->reg.ranks[role][i].endpoint != s->idx || xb_stats(g_rt->pools[role], (int)i, &st) != 0 ||
+                st.learned_max_model_len == s->mml)
+                continue;
+            xb_set_learned_max_model_len(g_rt->pools[role], (int)i, s->mml);
+            xpyd_log_event(XPYD_LOG_INFO,
+                           "event=max_model_len_learned instance=%s role=%s rank=%zu max_model_len=%ld configured=%ld",
+                           d, role ? "decode" : "prefill", i, s->mml, st.max_model_len);
+        }
+}
+
 /* What it answered, to every rank on the endpoint. Not answered (refused, timed out): asked again after the
  * next passing check; answered without a length (another status, another shape): known, nothing learned. */
 static void m_done(struct up_leg *leg, int err, void *arg)
@@ -193,20 +213,8 @@ static void m_done(struct up_leg *leg, int err, void *arg)
     if (err)
         return;
     s->mml_known = 1;
-    char d[300];
-    ep_desc(s->idx, d, sizeof d);
-    for (int role = 0; role < 2; role++)
-        for (size_t i = 0; i < g_rt->reg.n_ranks[role]; i++) {
-            struct xb_instance_stats st;
-            if (g_rt->reg.ranks[role][i].endpoint != s->idx || xb_stats(g_rt->pools[role], (int)i, &st) != 0 ||
-                st.learned_max_model_len == mml)
-                continue;
-            xb_set_learned_max_model_len(g_rt->pools[role], (int)i, mml);
-            xpyd_log_event(XPYD_LOG_INFO,
-                           "event=max_model_len_learned instance=%s role=%s rank=%zu max_model_len=%ld configured=%ld "
-                           "status=%d",
-                           d, role ? "decode" : "prefill", i, mml, st.max_model_len, s->mstatus);
-        }
+    s->mml = mml;
+    apply_mml(s);
 }
 
 static struct evbuffer *get_request(int idx, const char *path);
@@ -249,6 +257,8 @@ static void h_done(struct up_leg *leg, int err, void *arg)
     hinted_result(s, hint, ok, why);
     if (ok && s->healthy && !s->mml_known && !s->mleg)
         models_fetch(s);
+    else if (ok && s->mml_known)
+        apply_mml(s);
     if (s->pending) /* a hint came while it ran */
         event_active(s->p->hint_ev, EV_TIMEOUT, 0);
 }

@@ -598,6 +598,7 @@ static cJSON *rank_json(int role, int idx)
     cJSON_AddNumberToObject(o, "weight", st.weight);
     cJSON_AddNumberToObject(o, "max_inflight", st.max_inflight);
     cJSON_AddNumberToObject(o, "max_model_len", (double)st.max_model_len);
+    cJSON_AddNumberToObject(o, "learned_max_model_len", (double)st.learned_max_model_len);
     cJSON_AddBoolToObject(o, "removed", st.removed);
     cJSON_AddBoolToObject(o, "healthy", st.healthy);
     cJSON_AddBoolToObject(o, "ready", st.ready);

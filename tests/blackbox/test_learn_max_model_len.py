@@ -145,6 +145,19 @@ class LearnMaxModelLen(t.TestCase):
                              headers=key)
         self.assertEqual(st, 200)  # one rank's length unknown: no refusal, the engines judge
 
+    def test_a_rank_added_later_on_the_engine_takes_its_length(self):
+        pe, de = self.fakes([card(4096)], [card(2048)])
+        r = self.start(t.router([pe.fake.port], [de.fake.port], "--tokenizer", model_dir("llama3_1"),
+                                "--dp-mode", "internal", "--admin-key", "adm", "--health-interval-ms", "50"))
+        t.wait_until(lambda: learned(r.port) == [4096, 2048], what="the fakes' lengths learned")
+        # the admin API gives the prefill a second DP rank on the same engine: it takes the engine's length
+        st, _, out = t.request(r.port, "POST", "/admin/instances", {"role": "prefill", "host": "127.0.0.1",
+                                                                      "port": pe.fake.port, "dp": 2},
+                               headers={"Authorization": "Bearer adm"})
+        self.assertEqual(st, 201, out)
+        t.wait_until(lambda: learned(r.port) == [4096, 4096, 2048], what="the new rank's length")
+        self.assertEqual(len(pe.asked("/v1/models")), 1)  # the engine was not asked again
+
     def test_off_and_auto_without_tokenizer_ask_nothing(self):
         for args in (("--tokenizer", model_dir("llama3_1"), "--learn-max-model-len", "off"), ()):
             pe, de = self.fakes([card(60)], [card(60)])
