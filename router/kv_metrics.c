@@ -42,8 +42,8 @@ void rt_kv_metrics(struct evbuffer *b)
         return;
     static const char *const types[3] = {"stored", "removed", "cleared"};
     size_t blocks[2] = {0, 0};
-    long precise[2] = {0, 0}, stale_n[2] = {0, 0}, down[2] = {0, 0};
-    uint64_t now = xpyd_now_us(), stale = (uint64_t)g_rt->cfg.kv_events_stale_ms * 1000u;
+    long precise[2] = {0, 0}, stale_n[2] = {0, 0}, down[2] = {0, 0}, unlike[2] = {0, 0};
+    uint64_t now = xpyd_now_us();
     EACH_ROLE {
         size_t n = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE);
         for (size_t i = 0; i < n && i < K.cap; i++) {
@@ -51,10 +51,11 @@ void rt_kv_metrics(struct evbuffer *b)
             blocks[role] += kvi_blocks(K.idx[role], (int)i);
             if (!atomic_load(&s->on))
                 continue;
-            uint64_t sent = atomic_load(&s->first_sent);
             if (!atomic_load(&s->up))
                 down[role]++;
-            else if (sent && now - sent > stale)
+            else if (atomic_load(&s->unlike_bs))
+                unlike[role]++;
+            else if (!rt_kv_source_trusted(s, now))
                 stale_n[role]++;
             else
                 precise[role]++;
@@ -102,12 +103,15 @@ void rt_kv_metrics(struct evbuffer *b)
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_index_bytes{role=\"%s\"} %zu\n", roles[role], kvi_bytes(K.idx[role]));
     header(b, "xpyd_kv_events_sources", "gauge",
            "Ranks with a KV-event source (an endpoint, or an engine heard on --kv-events-bind), by state: precise "
-           "(placement uses their events), stale (sent a prompt, published nothing for --kv-events-stale-ms) or "
-           "down (not connected to its publisher); placement is approximate for the last two.");
+           "(placement uses their events), stale (sent a prompt, published nothing for --kv-events-stale-ms), "
+           "block_size (its blocks unlike --prefix-block-tokens: they cannot match) or down (not connected to its "
+           "publisher); placement is approximate for the last three.");
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_sources{role=\"%s\",state=\"precise\"} %ld\n"
                                      "xpyd_kv_events_sources{role=\"%s\",state=\"stale\"} %ld\n"
+                                     "xpyd_kv_events_sources{role=\"%s\",state=\"block_size\"} %ld\n"
                                      "xpyd_kv_events_sources{role=\"%s\",state=\"down\"} %ld\n",
-                                  roles[role], precise[role], roles[role], stale_n[role], roles[role], down[role]);
+                                  roles[role], precise[role], roles[role], stale_n[role], roles[role], unlike[role],
+                                  roles[role], down[role]);
     header(b, "xpyd_kv_events_disconnects_total", "counter",
            "Connections to a rank's publisher lost (its blocks are then forgotten: it may have restarted).");
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_disconnects_total{role=\"%s\"} %" PRIu64 "\n", roles[role],

@@ -95,6 +95,12 @@ static const uint64_t *in_space(const uint64_t *blocks, size_t n, uint64_t space
     return m->v;
 }
 
+int rt_kv_source_trusted(const struct kv_src *s, uint64_t now)
+{
+    uint64_t sent = atomic_load(&s->first_sent), stale = (uint64_t)g_rt->cfg.kv_events_stale_ms * 1000u;
+    return atomic_load(&s->up) && !(sent && now - sent > stale) && !atomic_load(&s->unlike_bs);
+}
+
 void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n, const char *model)
 {
     q->blocks = blocks;
@@ -115,15 +121,13 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
         q->blocks = blocks;
     }
     kvi_match(K.idx[role], blocks, n, 0, held);
-    uint64_t now = xpyd_now_us(), stale = (uint64_t)g_rt->cfg.kv_events_stale_ms * 1000u;
+    uint64_t now = xpyd_now_us();
     int trusted = 0;
     int64_t most = 0; /* the most leading blocks any trusted rank reports */
     size_t n_ranks = __atomic_load_n(&g_rt->reg.n_ranks[role], __ATOMIC_ACQUIRE); /* it only grows: the slots above
                                                                                     * it still read -1 */
     for (size_t i = 0; i < n_ranks && i < K.cap; i++) {
-        const struct kv_src *s = &K.src[role][i];
-        uint64_t sent = atomic_load(&s->first_sent);
-        int ok = atomic_load(&s->up) && !(sent && now - sent > stale);
+        int ok = rt_kv_source_trusted(&K.src[role][i], now);
         out[i] = ok ? (int64_t)held[i] : -1;
         trusted += ok;
         if (ok && out[i] > most)

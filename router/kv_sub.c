@@ -38,6 +38,27 @@ static uint64_t be64(const unsigned char *p)
     return v;
 }
 
+/* A full-attention BlockStored's block size against --prefix-block-tokens: blocks of another size never match a
+ * prompt's, so the rank is placed by the router's own guess until they are alike again, said once each way. */
+static void block_size_seen(int role, int rank, const struct kv_event *ev, int unlike)
+{
+    if (ev->type != KVE_STORED)
+        return;
+    long was = atomic_exchange(&K.src[role][rank].unlike_bs, unlike ? ev->block_size : 0);
+    char hp[300];
+    if (unlike && was != ev->block_size) {
+        rt_rank_identity(role, rank, hp, sizeof hp);
+        XLOG_WARN("msg=\"KV events in blocks of another size than --prefix-block-tokens: they cannot match a "
+                  "prompt's blocks, the rank is placed by the router's own guess; set --prefix-block-tokens %ld "
+                  "(the engines' block size)\" role=%s rank=%d engine=%s block_size=%ld prefix_block_tokens=%ld",
+                  ev->block_size, roles[role], rank, hp, ev->block_size, g_rt->cfg.prefix_block_tokens);
+    } else if (!unlike && was) {
+        rt_rank_identity(role, rank, hp, sizeof hp);
+        XLOG_INFO("msg=\"KV events in the router's block size again: the rank is placed by its events\" role=%s "
+                  "rank=%d engine=%s block_size=%ld", roles[role], rank, hp, g_rt->cfg.prefix_block_tokens);
+    }
+}
+
 static void apply(int role, int rank, const void *buf, size_t len)
 {
     size_t lim = (size_t)g_rt->cfg.kv_events_max_bytes; /* every element takes a byte at least */
@@ -60,6 +81,8 @@ static void apply(int role, int rank, const void *buf, size_t len)
         atomic_fetch_add(&K.events[role][b.ev[i].type - 1], 1);
         atomic_fetch_add(&K.src[role][rank].events, 1);
         int r = kvi_apply(K.idx[role], rank, &b.ev[i], g_rt->cfg.prefix_block_tokens);
+        if (r == KVI_OK || r == KVI_BLOCK_SIZE)
+            block_size_seen(role, rank, &b.ev[i], r == KVI_BLOCK_SIZE);
         if (b.ev[i].type == KVE_CLEARED)
             atomic_store(&K.src[role][rank].dropped_at, xpyd_now_us());
         if (r != KVI_OK)

@@ -40,7 +40,14 @@ struct kv_src {
     atomic_uint_fast64_t dropped_at;  /* µs its blocks were last forgotten (restart, clear, gap, lost connection) */
     atomic_uint_fast64_t pend[PEND_SLOTS]; /* period << 24 | requests sent to it then and still in flight */
     atomic_int hint; /* for the health checks: KV_HINT_GONE / KV_HINT_BACK since rt_kv_take_hint last took it */
+    atomic_long unlike_bs; /* the block size its last full-attention BlockStored came in when unlike
+                            * --prefix-block-tokens (its blocks can never match a prompt's: placement is approximate
+                            * for it, rt_kv_source_trusted); 0: alike */
 };
+
+/* 1 when placement may use what the rank reports: connected to its publisher, not silent past
+ * --kv-events-stale-ms since a prompt was sent it, and its blocks of the router's size */
+int rt_kv_source_trusted(const struct kv_src *s, uint64_t now);
 
 /* A message kept for after its rank's replay: its number and payload. */
 struct kv_wait {

@@ -408,6 +408,27 @@ class KvEvents(t.TestCase):
         completion(r.port, prompt(8))
         self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 2)
 
+    def test_blocks_of_another_size_leave_the_rank_approximate_and_say_so(self):
+        ps, pubs, (r,) = self.cluster(n=1)
+        p8 = prompt(8)
+        wrong = dict(stored_map([81], p8[:2 * B]), block_size=2 * B)  # the engine's blocks twice the router's
+        pubs[0].send(batch_map([wrong]))
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="block_size") == 1, what="block_size")
+        self.assertEqual(kv(r.port, "xpyd_kv_events_sources", state="precise"), 0)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_skipped_total", cause="block_size"), 1)
+        completion(r.port, p8)  # placed by the router's own guess, not by an index that can never match
+        self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="approximate"), 1)
+        self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 0)
+        pubs[0].send(batch_map([dict(wrong, block_hashes=[82])]))  # said once, not once per event
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_skipped_total", cause="block_size") == 2, what="skipped")
+        warn = [l for l in r.output().splitlines() if "--prefix-block-tokens %d" % (2 * B) in l]
+        self.assertEqual(len(warn), 1, r.output())
+        self.assertIn("block_size=%d" % (2 * B), warn[0])
+        pubs[0].send(batch_map([stored_map([83], p8[:B])]))  # the router's size again: precise
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="precise") == 1, what="precise again")
+        completion(r.port, p8)
+        self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 1)
+
     def test_a_publisher_that_vanishes_and_comes_back(self):
         ps, pubs, (r,) = self.cluster(n=1)
         p12 = prompt(12)
