@@ -203,6 +203,11 @@ static const struct xpyd_setting settings[] = {
      "prompts waiting for or being tokenized at once; a prompt beyond it is not tokenized and keeps the byte "
      "estimate (`xpyd_tokenizer_fallbacks_total{reason=\"busy\"}`), so a burst never waits on the tokenizer "
      "longer than this bound"},
+    {"tokenizer-wait-ms", XS_LONG, OFF(tokenizer_wait_ms), 1, 3600000, "250", NULL,
+     "with `--tokenizer`: a prompt no tokenizer thread has taken within this time (all busy: a burst, or prompts "
+     "that take long to encode, such as megabytes without a space) goes on with the byte estimate "
+     "(`xpyd_tokenizer_fallbacks_total{reason=\"busy\"}`) and is never encoded, so no prompt makes the others "
+     "wait longer than this; one a thread has taken is waited for"},
     {"prefill-kv-events-port", XS_LONG, OFF(kv_events_port[0]), 0, 65535, "0", NULL,
      "precise cache-aware placement: every prefill publishes vLLM's KV events (ZeroMQ PUB, its KV-events config's "
      "endpoint `tcp://*:PORT`) on this port of its host, DP rank r on PORT + r; the router subscribes, keeps what "

@@ -12,6 +12,7 @@
 
 #include <cjson/cJSON.h>
 #include <event2/event.h>
+#include <stdatomic.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -25,9 +26,15 @@ _Static_assert(RT_TF_COUNT == 7, "RT_STORE_TOKFB (router.h) holds 7 reasons");
 
 #define MAX_PROMPTS 1024 /* texts of one batch prompt tokenized; a longer batch keeps the estimate */
 
+enum { JOB_QUEUED = 0, JOB_TAKEN, JOB_GIVEN_UP };
+
 struct rt_tok_job {
     struct rt_tok_job *next;
     struct request *r;   /* NULL once the request ended (read and written on r's own thread only) */
+    atomic_int state;    /* JOB_QUEUED until a tokenizer thread takes it (JOB_TAKEN) or its request gives up on
+                          * it (JOB_GIVEN_UP: --tokenizer-wait-ms passed, or the request ended): one of the two
+                          * wins, and a job given up is not encoded */
+    struct event *wait;  /* --tokenizer-wait-ms on r's thread (r's thread only) */
     struct rthread *t;   /* where the result goes */
     char *text;          /* the prompts' decoded bytes, one after another; a chat request's body (owned) */
     size_t *lens, n;
@@ -79,6 +86,8 @@ static void text_blocks(struct request *r)
 
 static void job_free(struct rt_tok_job *j)
 {
+    if (j->wait)
+        event_free(j->wait);
     rt_body_memory_release(j->held);
     free(j->text);
     free(j->lens);
@@ -205,8 +214,11 @@ static void *worker(void *arg)
             T.tail = NULL;
         pthread_mutex_unlock(&T.mu);
         j->next = NULL;
-        encode(j);
-        rt_tok_refresh_metrics();
+        int queued = JOB_QUEUED;
+        if (atomic_compare_exchange_strong(&j->state, &queued, JOB_TAKEN)) { /* else given up: only returned */
+            encode(j);
+            rt_tok_refresh_metrics();
+        }
         struct rt_tok_inbox *in = j->t->tok_inbox;
         pthread_mutex_lock(&in->mu);
         if (in->tail)
@@ -397,6 +409,35 @@ static void chat_src_in(const struct rw_src *src, struct jv body, const char *co
     }
 }
 
+/* A queued job given up by its request (on the request's thread): 1 when no tokenizer thread had taken it, which
+ * will then return it unencoded; its copy of the prompt is freed now. */
+static int give_up(struct rt_tok_job *j)
+{
+    int queued = JOB_QUEUED;
+    if (!atomic_compare_exchange_strong(&j->state, &queued, JOB_GIVEN_UP))
+        return 0;
+    free(j->text);
+    j->text = NULL;
+    rt_body_memory_release(j->held);
+    j->held = 0;
+    return 1;
+}
+
+/* --tokenizer-wait-ms passed and no tokenizer thread has taken the prompt (they are all busy, with a burst or
+ * with prompts that take long to encode): the request goes on with the byte estimate, as when the queue is full */
+static void on_wait_expired(evutil_socket_t fd, short what, void *arg)
+{
+    struct rt_tok_job *j = arg;
+    struct request *r = j->r;
+    if (!r || !give_up(j))
+        return; /* taken: the request waits for its ids */
+    j->r = NULL;
+    r->tok_job = NULL;
+    atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_BUSY], 1);
+    text_blocks(r);
+    j->go(r, NULL);
+}
+
 int rt_tok_start(struct request *r, rt_tok_go go)
 {
     if (T.tok && r->kind == RT_EP_CHAT && !T.chat)
@@ -455,6 +496,9 @@ int rt_tok_start(struct request *r, rt_tok_go go)
         j->held += (int64_t)lens[i];
     rt_body_memory_add(j->held); /* the decoded copy is request-body memory too, until the job is freed */
     r->tok_job = j;
+    j->wait = XPYD_XALLOC(evtimer_new(r->t->base, on_wait_expired, j));
+    struct timeval tv = {g_rt->cfg.tokenizer_wait_ms / 1000, (g_rt->cfg.tokenizer_wait_ms % 1000) * 1000};
+    evtimer_add(j->wait, &tv);
     atomic_fetch_add(&g_rt->ctr.tokenizer_pending, 1);
     pthread_mutex_lock(&T.mu);
     if (T.tail)
@@ -469,10 +513,16 @@ int rt_tok_start(struct request *r, rt_tok_go go)
 
 void rt_tok_detach(struct request *r)
 {
-    if (r->tok_job) {
-        r->tok_job->r = NULL;
-        r->tok_job = NULL;
+    struct rt_tok_job *j = r->tok_job;
+    if (!j)
+        return;
+    give_up(j); /* not encoded for nobody, unless a thread already took it */
+    if (j->wait) {
+        event_free(j->wait);
+        j->wait = NULL;
     }
+    j->r = NULL;
+    r->tok_job = NULL;
 }
 
 void rt_tok_check(struct request *r, int64_t engine_prompt_tokens)

@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import subprocess
+import threading
 
 import oracle_cache
 import xpyd_testlib as t
@@ -175,6 +176,8 @@ class RouterTokenizer(t.TestCase):
                      timeout=60 if os.environ.get("XPYD_SANITIZED") == "ON" else 20,
                      what="the tokenizer done and the router idle")
         t.wait_until(lambda: t.metric(r.port, "xpyd_request_body_bytes") == 0, what="body memory back to 0")
+        # only the first was encoded (the thread had taken it); the two that waited behind it were given up
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_seconds_count"), 1)
         # a lone surrogate is not UTF-8: the router keeps the estimate (the engine decides), counted
         st, _, body = t.request(r.port, "POST", "/v1/completions",
                                 b'{"model":"sim-model","prompt":"a \\ud800 b","max_tokens":1}')
@@ -184,6 +187,31 @@ class RouterTokenizer(t.TestCase):
         st, out = completion(r.port, {"prompt": "still here"})
         self.assertEqual(st, 200, out)
         t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
+
+    def test_a_prompt_that_takes_long_holds_up_no_other(self):
+        p = self.start(t.sim("--role", "prefill", "--max-model-len", "10000000"))
+        d = self.start(t.sim("--role", "decode", "--max-model-len", "10000000"))
+        r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--tokenizer-threads", "1",
+                                "--tokenizer-wait-ms", "100", "--access-log", "json"))
+        # 4 MB without a space: one piece, seconds of BPE on the one tokenizer thread (HF's takes as long)
+        big = {"prompt": "a" * (4 << 20)}
+        res = {}
+        th = threading.Thread(target=lambda: res.update(big=completion(r.port, big)))
+        th.start()
+        t.wait_until(lambda: t.metric(r.port, "xpyd_tokenizer_queue_depth") == 1, what="the long prompt taken")
+        st, out = completion(r.port, {"prompt": "a short question"})  # not taken within 100 ms: the estimate
+        self.assertEqual(st, 200, out)
+        self.assertTrue(th.is_alive(), "the short prompt waited for the long one")
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="busy"}'), 1)
+        th.join(120)
+        self.assertEqual(res["big"][0], 200, res["big"][1])
+        lines = access_lines(r)
+        self.assertEqual([l["prompt_src"] for l in lines], ["engine", "tokenizer"])  # the first: the prefill counted it
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 1)  # the long one, counted exactly
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_seconds_count"), 1)  # the short one never encoded
+        t.wait_until(lambda: t.router_idle(r.port) and t.metric(r.port, "xpyd_tokenizer_queue_depth") == 0,
+                     what="the router idle")
+        self.assertEqual(t.metric(r.port, "xpyd_request_body_bytes"), 0)
 
     def test_pieces_alike_where_the_cache_looks_are_kept_four_at_a_time(self):
         # a hostile prompt: 3,000 pieces between special tokens, of one length and with the same first and last 32
