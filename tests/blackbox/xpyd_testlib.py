@@ -729,8 +729,9 @@ class FakeEngine:
             def _do(self):
                 n = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(n) if n else b""
-                outer.requests.append((self.command, self.path, body))
+                # headers first: a reader that sees a request in `requests` finds its headers too
                 outer.headers.append({k: v for k, v in self.headers.items()})
+                outer.requests.append((self.command, self.path, body))
                 res = handler(self.command, self.path, body)
                 st, ctype, data = res[:3]
                 self.send_response(st)
