@@ -29,12 +29,7 @@ struct xb_inst {
     long learned_mml;        /* max_model_len the engine reported (xb_set_learned_max_model_len); 0: none */
 };
 
-/* The max_model_len placement holds an instance to: the configured one, else what its engine reported; 0:
- * unknown (no filtering) */
-static inline long xb_mml(const struct xb_inst *in)
-{
-    return in->cfg.max_model_len > 0 ? in->cfg.max_model_len : in->learned_mml;
-}
+
 
 struct xb_pool {
     pthread_mutex_t mu;
@@ -74,6 +69,9 @@ int64_t xb_load_of(const struct xb_inst *in);
 /* Requests in flight on it from every router (this one's and the others' published ones). */
 int64_t xb_inflight_of(const struct xb_inst *in);
 /* Candidate filter used by every policy. */
+/* The max_model_len placement holds an instance to: the configured one, else what its engine reported; 0:
+ * unknown (no filtering) */
+long xb_mml(const struct xb_inst *in);
 int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int *exclude, int nexclude);
 /* a less loaded than b, normalised by capacity (weight * tp), by 64-bit cross-multiplication. */
 int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b);

@@ -30,6 +30,11 @@ int64_t xb_inflight_of(const struct xb_inst *in)
     return in->inflight + __atomic_load_n(&in->remote_inflight, __ATOMIC_RELAXED);
 }
 
+long xb_mml(const struct xb_inst *in)
+{
+    return in->cfg.max_model_len > 0 ? in->cfg.max_model_len : in->learned_mml;
+}
+
 int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int *exclude, int nexclude)
 {
     const struct xb_inst *in = &p->inst[i];
