@@ -12,7 +12,6 @@
 
 #include <cjson/cJSON.h>
 #include <event2/event.h>
-#include <stdatomic.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -26,14 +25,11 @@ _Static_assert(RT_TF_COUNT == 7, "RT_STORE_TOKFB (router.h) holds 7 reasons");
 
 #define MAX_PROMPTS 1024 /* texts of one batch prompt tokenized; a longer batch keeps the estimate */
 
-enum { JOB_QUEUED = 0, JOB_TAKEN, JOB_GIVEN_UP };
-
 struct rt_tok_job {
-    struct rt_tok_job *next;
+    struct rt_tok_job *next, *prev; /* in the FIFO (under T.mu), then in an inbox (next) */
     struct request *r;   /* NULL once the request ended (read and written on r's own thread only) */
-    atomic_int state;    /* JOB_QUEUED until a tokenizer thread takes it (JOB_TAKEN) or its request gives up on
-                          * it (JOB_GIVEN_UP: --tokenizer-wait-ms passed, or the request ended): one of the two
-                          * wins, and a job given up is not encoded */
+    int taken;           /* a tokenizer thread took it from the FIFO (under T.mu): until then its request may
+                          * take it back (give_up: --tokenizer-wait-ms passed, or the request ended) */
     struct event *wait;  /* --tokenizer-wait-ms on r's thread (r's thread only) */
     struct rthread *t;   /* where the result goes */
     char *text;          /* the prompts' decoded bytes, one after another; a chat request's body (owned) */
@@ -210,15 +206,15 @@ static void *worker(void *arg)
             return NULL;
         }
         T.head = j->next;
-        if (!T.head)
+        if (T.head)
+            T.head->prev = NULL;
+        else
             T.tail = NULL;
+        j->taken = 1;
         pthread_mutex_unlock(&T.mu);
         j->next = NULL;
-        int queued = JOB_QUEUED;
-        if (atomic_compare_exchange_strong(&j->state, &queued, JOB_TAKEN)) { /* else given up: only returned */
-            encode(j);
-            rt_tok_refresh_metrics();
-        }
+        encode(j);
+        rt_tok_refresh_metrics();
         struct rt_tok_inbox *in = j->t->tok_inbox;
         pthread_mutex_lock(&in->mu);
         if (in->tail)
@@ -409,17 +405,27 @@ static void chat_src_in(const struct rw_src *src, struct jv body, const char *co
     }
 }
 
-/* A queued job given up by its request (on the request's thread): 1 when no tokenizer thread had taken it, which
- * will then return it unencoded; its copy of the prompt is freed now. */
+/* A job taken back from the FIFO by its request (on the request's thread) before any tokenizer thread took it:
+ * 1, the job freed (never encoded, no longer counted against --tokenizer-queue); 0 when a thread has it. */
 static int give_up(struct rt_tok_job *j)
 {
-    int queued = JOB_QUEUED;
-    if (!atomic_compare_exchange_strong(&j->state, &queued, JOB_GIVEN_UP))
+    pthread_mutex_lock(&T.mu);
+    if (j->taken) {
+        pthread_mutex_unlock(&T.mu);
         return 0;
-    free(j->text);
-    j->text = NULL;
-    rt_body_memory_release(j->held);
-    j->held = 0;
+    }
+    if (j->prev)
+        j->prev->next = j->next;
+    else
+        T.head = j->next;
+    if (j->next)
+        j->next->prev = j->prev;
+    else
+        T.tail = j->prev;
+    T.pending--;
+    pthread_mutex_unlock(&T.mu);
+    atomic_fetch_sub(&g_rt->ctr.tokenizer_pending, 1);
+    job_free(j);
     return 1;
 }
 
@@ -429,13 +435,13 @@ static void on_wait_expired(evutil_socket_t fd, short what, void *arg)
 {
     struct rt_tok_job *j = arg;
     struct request *r = j->r;
+    rt_tok_go go = j->go;
     if (!r || !give_up(j))
         return; /* taken: the request waits for its ids */
-    j->r = NULL;
     r->tok_job = NULL;
     atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_BUSY], 1);
     text_blocks(r);
-    j->go(r, NULL);
+    go(r, NULL);
 }
 
 int rt_tok_start(struct request *r, rt_tok_go go)
@@ -501,6 +507,7 @@ int rt_tok_start(struct request *r, rt_tok_go go)
     evtimer_add(j->wait, &tv);
     atomic_fetch_add(&g_rt->ctr.tokenizer_pending, 1);
     pthread_mutex_lock(&T.mu);
+    j->prev = T.tail;
     if (T.tail)
         T.tail->next = j;
     else
@@ -516,13 +523,14 @@ void rt_tok_detach(struct request *r)
     struct rt_tok_job *j = r->tok_job;
     if (!j)
         return;
-    give_up(j); /* not encoded for nobody, unless a thread already took it */
+    r->tok_job = NULL;
+    if (give_up(j)) /* not encoded for nobody, unless a thread already took it */
+        return;
     if (j->wait) {
         event_free(j->wait);
         j->wait = NULL;
     }
     j->r = NULL;
-    r->tok_job = NULL;
 }
 
 void rt_tok_check(struct request *r, int64_t engine_prompt_tokens)

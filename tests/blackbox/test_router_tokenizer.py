@@ -202,6 +202,7 @@ class RouterTokenizer(t.TestCase):
         st, out = completion(r.port, {"prompt": "a short question"})  # not taken within 100 ms: the estimate
         self.assertEqual(st, 200, out)
         self.assertTrue(th.is_alive(), "the short prompt waited for the long one")
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_queue_depth"), 1)  # the short one no longer counted
         self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="busy"}'), 1)
         th.join(120)
         self.assertEqual(res["big"][0], 200, res["big"][1])
