@@ -121,6 +121,9 @@ int xb_report_kv_lost(struct xb_pool *p, int idx, int by);
 /* One placement question with everything the cache and session choices need. */
 struct xb_query {
     uint64_t need_len;         /* prompt + max tokens, against max_model_len */
+    int estimated;             /* need_len is a guess: held to configured max_model_lens only, never to what an
+                                * engine reported (xb_set_learned_max_model_len): a guess refuses nothing the
+                                * engine would take unless the operator set the length */
     int64_t tokens;            /* the request's cost on a rank holding none of its prefix */
     const uint64_t *blocks;    /* chained block hashes of its prompt (xb_prefix.h), NULL: none */
     size_t nblocks;

@@ -45,7 +45,8 @@ int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int 
     for (int k = 0; k < nexclude; k++)
         if (exclude[k] == (int)i)
             return 0;
-    return xb_mml(in) <= 0 || need_len <= (uint64_t)xb_mml(in);
+    long mml = p->q && p->q->estimated ? in->cfg.max_model_len : xb_mml(in);
+    return mml <= 0 || need_len <= (uint64_t)mml;
 }
 
 int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b)

@@ -317,8 +317,9 @@ static const struct xpyd_setting settings[] = {
      "nothing; within `--health-timeout-ms`; with `--api-key` sent as a bearer "
      "key, with this router in `X-Xpyd-Via`; not answered: asked after the next passing check), shown in "
      "`/status` as `learned_max_model_len`, logged as `event=max_model_len_learned`. A configured `max_model_len` "
-     "wins. Placement then holds the rank to it as to a configured one: an exact prompt over every rank's gets "
-     "400 before any engine, an estimated one 503. `auto`: on with `--tokenizer` (where prompts are counted "
+     "wins. A prompt counted exactly (the tokenizer's, token ids) is held to it as to a configured one (over "
+     "every rank's: 400 before any engine); one only estimated (what the tokenizer could not count: an image, a "
+     "busy tokenizer) is held to configured lengths alone, the engines judge it. `auto`: on with `--tokenizer` (where prompts are counted "
      "exactly), else off (engines judge, as before); `on`, `off`. Needs health checks (`--health-interval-ms`)"},
     {"query-interval-ms", XS_LONG, OFF(query_interval_ms), 100, 3600000, "2000", NULL,
      "`--handoff mooncake`: period of `GET /query` on every prefill's bootstrap server (its DP ranks and "

@@ -259,7 +259,7 @@ static void fall_back_to_local_prefill(struct request *r, const char *why)
 int req_pick(struct request *r, int role, int64_t charge, void (*again)(struct request *r))
 {
     struct leg *l = &r->legs[role];
-    struct xb_query q = {.need_len = need_len(r), .tokens = charge,
+    struct xb_query q = {.need_len = need_len(r), .estimated = r->prompt_src == RT_PS_ESTIMATE, .tokens = charge,
                          .session = r->session, .exclude = l->tried, .nexclude = l->ntried};
     if (g_rt->prefix_on[role] && !r->migrations) /* a continuation's prompt is not the one hashed */
         rt_kv_query(&q, role, r->blocks, r->nblocks, r->model);
@@ -694,7 +694,7 @@ static int choose_local_prefill(struct request *r)
         return 0;
     int64_t charge;
     req_decode_charge(r, &charge);
-    struct xb_query q = {.need_len = need_len(r), .tokens = charge,
+    struct xb_query q = {.need_len = need_len(r), .estimated = r->prompt_src == RT_PS_ESTIMATE, .tokens = charge,
                          .session = r->session, .peek = 1};
     rt_kv_query(&q, RT_DECODE, r->blocks, r->nblocks, r->model);
     if (xb_pick_q(g_rt->pools[RT_DECODE], &q) < 0)

@@ -97,6 +97,21 @@ class LearnMaxModelLen(t.TestCase):
         self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="context_too_long"}'), 3)
         t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
 
+    def test_an_estimate_is_not_refused_by_a_learned_length(self):
+        p, d = self.sims(60)
+        r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--bytes-per-token", "1"))
+        t.wait_until(lambda: learned(r.port) == [60, 60], what="both engines' max_model_len learned")
+        # an image part: not counted here (reason "media"), the byte estimate (200 bytes, 1 a token: 200) says far
+        # more than the engine counts (xpyd_sim: a word a token): the engine judges, as with no length known
+        text = "word " * 40
+        st, _, out = t.request(r.port, "POST", "/v1/chat/completions", {
+            "model": "sim-model", "max_tokens": 2, "messages": [{"role": "user", "content": [
+                {"type": "text", "text": text}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]})
+        self.assertEqual(st, 200, out)
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="media"}'), 1)
+        st, out = completion(r.port, TEXT)  # counted exactly: over the learned 60, refused
+        self.assertEqual(st, 400, out)
+
     def test_a_configured_length_wins(self):
         p, d = self.sims(60)
         topo = os.path.join(t.tmpdir(), "topology.json")
