@@ -167,6 +167,41 @@ static void test_max_model_len_and_health(void **st)
     xb_pool_free(p);
 }
 
+/* An engine-reported max_model_len (xb_set_learned_max_model_len) filters like a configured one for exact
+ * counts, never for estimates; a configured one wins over it; xb_max_model_len reports the effective one. */
+static void test_learned_max_model_len(void **st)
+{
+    long mml[2] = {0, 8000};
+    struct xb_pool *p = pool_of(XB_POLICY_LOT, 2, NULL, NULL, mml);
+    assert_int_equal(xb_max_model_len(p), 0); /* instance 0's unknown: no limit known for the pool */
+    xb_set_learned_max_model_len(p, 0, 1000);
+    xb_set_learned_max_model_len(p, 1, 2000); /* configured 8000 wins */
+    assert_int_equal(xb_max_model_len(p), 8000);
+    struct xb_instance_stats s;
+    assert_int_equal(xb_stats(p, 0, &s), 0);
+    assert_true(s.max_model_len == 0 && s.learned_max_model_len == 1000);
+    for (int i = 0; i < 10; i++) { /* exact: 3000 only fits instance 1 (its configured 8000, not its 2000) */
+        struct xb_query q = {.need_len = 3000, .tokens = 1};
+        assert_int_equal(xb_pick_q(p, &q), 1);
+        xb_release(p, 1, 1);
+    }
+    struct xb_query big = {.need_len = 9000, .tokens = 1};
+    assert_int_equal(xb_pick_q(p, &big), -E2BIG);
+    int seen[2] = {0, 0};
+    for (int i = 0; i < 10; i++) { /* estimated: instance 0's learned 1000 does not refuse it */
+        struct xb_query q = {.need_len = 3000, .tokens = 1, .estimated = 1};
+        int idx = xb_pick_q(p, &q);
+        assert_true(idx == 0 || idx == 1);
+        seen[idx]++;
+        xb_release(p, idx, 1);
+    }
+    assert_true(seen[0] > 0);
+    struct xb_query est = {.need_len = 9000, .tokens = 1, .estimated = 1}; /* over the configured 8000 */
+    assert_int_equal(xb_pick_q(p, &est), 0);
+    xb_release(p, 0, 1);
+    xb_pool_free(p);
+}
+
 /* An unready instance (its engine not yet described) is never picked by any policy, whatever its load, and
  * health changes do not make it ready; made ready it is picked again. */
 static void test_unready_never_picked(void **st)
@@ -468,6 +503,7 @@ int main(void)
         cmocka_unit_test(test_lot_property),          cmocka_unit_test(test_lot_oracle_capacity),
         cmocka_unit_test(test_tie_rotation),
         cmocka_unit_test(test_least_loaded_wins),     cmocka_unit_test(test_max_model_len_and_health),
+        cmocka_unit_test(test_learned_max_model_len),
         cmocka_unit_test(test_other_policies_release_to_zero), cmocka_unit_test(test_thread_safety),
         cmocka_unit_test(test_unready_never_picked), cmocka_unit_test(test_remote_load),
         cmocka_unit_test(test_max_inflight_soft_cap), cmocka_unit_test(test_passive_ejection), cmocka_unit_test(test_failing),
