@@ -217,7 +217,6 @@ static void m_done(struct up_leg *leg, int err, void *arg)
     apply_mml(s);
 }
 
-static struct evbuffer *get_request(int idx, const char *path);
 static const struct up_timeouts *probe_timeouts(void);
 
 static void models_fetch(struct ep_state *s)
