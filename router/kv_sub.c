@@ -39,24 +39,29 @@ static uint64_t be64(const unsigned char *p)
 }
 
 /* A full-attention BlockStored's block size against --prefix-block-tokens: blocks of another size never match a
- * prompt's, so the rank is placed by the router's own guess until they are alike again, said once each way. */
+ * prompt's, so the rank is placed by the router's own guess until they are alike again. Said when it changes, at
+ * most once every 10 s a rank (a publisher flapping between sizes does not flood the log). */
 static void block_size_seen(int role, int rank, const struct kv_event *ev, int unlike)
 {
     if (ev->type != KVE_STORED)
         return;
-    long was = atomic_exchange(&K.src[role][rank].unlike_bs, unlike ? ev->block_size : 0);
+    struct kv_src *s = &K.src[role][rank];
+    long was = atomic_exchange(&s->unlike_bs, unlike ? ev->block_size : 0);
+    uint64_t now = xpyd_now_us();
+    uint64_t said = atomic_load(&s->bs_said_at);
+    if (!unlike == !was || (said && now - said < 10000000u))
+        return;
+    atomic_store(&s->bs_said_at, now);
     char hp[300];
-    if (unlike && was != ev->block_size) {
-        rt_rank_identity(role, rank, hp, sizeof hp);
+    rt_rank_identity(role, rank, hp, sizeof hp);
+    if (unlike)
         XLOG_WARN("msg=\"KV events in blocks of another size than --prefix-block-tokens: they cannot match a "
                   "prompt's blocks, the rank is placed by the router's own guess; set --prefix-block-tokens %ld "
                   "(the engines' block size)\" role=%s rank=%d engine=%s block_size=%ld prefix_block_tokens=%ld",
                   ev->block_size, roles[role], rank, hp, ev->block_size, g_rt->cfg.prefix_block_tokens);
-    } else if (!unlike && was) {
-        rt_rank_identity(role, rank, hp, sizeof hp);
+    else
         XLOG_INFO("msg=\"KV events in the router's block size again: the rank is placed by its events\" role=%s "
                   "rank=%d engine=%s block_size=%ld", roles[role], rank, hp, g_rt->cfg.prefix_block_tokens);
-    }
 }
 
 static void apply(int role, int rank, const void *buf, size_t len)

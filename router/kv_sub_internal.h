@@ -43,6 +43,7 @@ struct kv_src {
     atomic_long unlike_bs; /* the block size its last full-attention BlockStored came in when unlike
                             * --prefix-block-tokens (its blocks can never match a prompt's: placement is approximate
                             * for it, rt_kv_source_trusted); 0: alike */
+    atomic_uint_fast64_t bs_said_at; /* µs the block size's change was last logged (at most once every 10 s) */
 };
 
 /* 1 when placement may use what the rank reports: connected to its publisher, not silent past

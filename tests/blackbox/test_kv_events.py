@@ -428,6 +428,9 @@ class KvEvents(t.TestCase):
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="precise") == 1, what="precise again")
         completion(r.port, p8)
         self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 1)
+        pubs[0].send(batch_map([dict(wrong, block_hashes=[84])]))  # flapping: approximate again, not said again
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="block_size") == 1, what="block_size")
+        self.assertEqual(sum("--prefix-block-tokens %d" % (2 * B) in l for l in r.output().splitlines()), 1)
 
     def test_a_publisher_that_vanishes_and_comes_back(self):
         ps, pubs, (r,) = self.cluster(n=1)
