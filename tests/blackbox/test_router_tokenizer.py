@@ -176,8 +176,9 @@ class RouterTokenizer(t.TestCase):
                      timeout=60 if os.environ.get("XPYD_SANITIZED") == "ON" else 20,
                      what="the tokenizer done and the router idle")
         t.wait_until(lambda: t.metric(r.port, "xpyd_request_body_bytes") == 0, what="body memory back to 0")
-        # only the first was encoded (the thread had taken it); the two that waited behind it were given up
-        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_seconds_count"), 1)
+        # at most the first was encoded (if the thread took it before its client was seen leaving); the two that
+        # waited behind it were given up
+        self.assertLessEqual(t.metric(r.port, "xpyd_tokenizer_seconds_count"), 1)
         # a lone surrogate is not UTF-8: the router keeps the estimate (the engine decides), counted
         st, _, body = t.request(r.port, "POST", "/v1/completions",
                                 b'{"model":"sim-model","prompt":"a \\ud800 b","max_tokens":1}')
