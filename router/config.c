@@ -207,7 +207,9 @@ static const struct xpyd_setting settings[] = {
      "with `--tokenizer`: a prompt no tokenizer thread has taken within this time (all busy: a burst, or prompts "
      "that take long to encode, such as megabytes without a space) goes on with the byte estimate "
      "(`xpyd_tokenizer_fallbacks_total{reason=\"busy\"}`) and is never encoded, so no prompt makes the others "
-     "wait longer than this; one a thread has taken is waited for"},
+     "wait longer than this; one a thread has taken is waited for. While every thread has been on one prompt "
+     "for longer than this, a new prompt is not queued at all (it would only wait it out): the estimate at once "
+     "(`reason=\"stalled\"`)"},
     {"prefill-kv-events-port", XS_LONG, OFF(kv_events_port[0]), 0, 65535, "0", NULL,
      "precise cache-aware placement: every prefill publishes vLLM's KV events (ZeroMQ PUB, its KV-events config's "
      "endpoint `tcp://*:PORT`) on this port of its host, DP rank r on PORT + r; the router subscribes, keeps what "

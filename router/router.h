@@ -113,7 +113,7 @@ void rt_hist_observe(struct rt_hist *h, double seconds);
 #define RT_STORE_MSEC(f) atomic_int_fast64_t f;
 #define RT_STORE_ROLE(f) atomic_int_fast64_t f[2];
 #define RT_STORE_PD(f) atomic_int_fast64_t f[2];
-#define RT_STORE_TOKFB(f) atomic_int_fast64_t f[7];
+#define RT_STORE_TOKFB(f) atomic_int_fast64_t f[8];
 #define RT_STORE_SIDE(f) atomic_int_fast64_t f[2];
 #define RT_STORE_REASON(f) atomic_int_fast64_t f[RF_COUNT];
 #define RT_STORE_GUARD(f) atomic_int_fast64_t f[RT_CR_COUNT];

@@ -42,7 +42,7 @@ const struct rt_fail_row rt_fail_table[RF_COUNT] = {
 
 const char *const rt_outcome_names[RT_OUT_COUNT] = {"ok", "error", "client_error", "client_abort", "overloaded"};
 const char *const rt_tok_fallback_names[RT_TF_COUNT] = {"template", "busy",   "invalid_text",    "shape",
-                                                         "media",    "render", "request_template"}; /* tokenize.h */
+                                                         "media",    "render", "request_template", "stalled"}; /* tokenize.h */
 const char *const rt_cause_names[RT_CAUSE_COUNT] = {"connect", "timeout", "status", "broken_stream", "bad_response"};
 
 void rt_count_instance_error(int role, int idx, int fail)

@@ -14,6 +14,7 @@
 #include <event2/event.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +22,7 @@
 
 const char *const rt_prompt_src_names[4] = {"estimate", "ids", "tokenizer", "engine"};
 
-_Static_assert(RT_TF_COUNT == 7, "RT_STORE_TOKFB (router.h) holds 7 reasons");
+_Static_assert(RT_TF_COUNT == 8, "RT_STORE_TOKFB (router.h) holds 8 reasons");
 
 #define MAX_PROMPTS 1024 /* texts of one batch prompt tokenized; a longer batch keeps the estimate */
 
@@ -64,6 +65,7 @@ static struct {
     pthread_cond_t cv;
     struct rt_tok_job *head, *tail;
     long pending; /* queued + being encoded, against --tokenizer-queue */
+    uint64_t *busy_since; /* per thread: µs it took the prompt it encodes (0: idle), under mu */
     int stop;
     pthread_t *th;
     long nth;
@@ -194,8 +196,20 @@ static void encode(struct rt_tok_job *j)
     rt_hist_observe(&g_rt->ctr.tokenizer_time, thread_cpu_s() - t0);
 }
 
+/* Every thread has been encoding one prompt for --tokenizer-wait-ms already (under T.mu): a prompt queued now
+ * would only wait out its bound. */
+static int stalled(uint64_t now)
+{
+    uint64_t wait = (uint64_t)g_rt->cfg.tokenizer_wait_ms * 1000u;
+    for (long k = 0; k < T.nth; k++)
+        if (!T.busy_since[k] || now - T.busy_since[k] < wait)
+            return 0;
+    return T.nth > 0;
+}
+
 static void *worker(void *arg)
 {
+    long k = (long)(intptr_t)arg;
     for (;;) {
         pthread_mutex_lock(&T.mu);
         while (!T.head && !T.stop)
@@ -211,9 +225,13 @@ static void *worker(void *arg)
         else
             T.tail = NULL;
         j->taken = 1;
+        T.busy_since[k] = xpyd_now_us();
         pthread_mutex_unlock(&T.mu);
         j->next = NULL;
         encode(j);
+        pthread_mutex_lock(&T.mu);
+        T.busy_since[k] = 0;
+        pthread_mutex_unlock(&T.mu);
         rt_tok_refresh_metrics();
         struct rt_tok_inbox *in = j->t->tok_inbox;
         pthread_mutex_lock(&in->mu);
@@ -258,8 +276,9 @@ int rt_tok_setup(struct router *rt)
         xtok_cache_set_alike_max(T.cache, (size_t)rt->cfg.tokenizer_cache_alike_max);
     T.nth = rt->cfg.tokenizer_threads;
     T.th = XPYD_XALLOC(calloc((size_t)T.nth, sizeof *T.th));
+    T.busy_since = XPYD_XALLOC(calloc((size_t)T.nth, sizeof *T.busy_since));
     for (long i = 0; i < T.nth; i++)
-        if (pthread_create(&T.th[i], NULL, worker, NULL) != 0) {
+        if (pthread_create(&T.th[i], NULL, worker, (void *)(intptr_t)i) != 0) {
             fprintf(stderr, "xpyd_router: cannot start tokenizer threads\n");
             T.nth = i;
             return -1;
@@ -279,6 +298,8 @@ void rt_tok_stop(void)
         pthread_join(T.th[i], NULL);
     free(T.th);
     T.th = NULL;
+    free(T.busy_since);
+    T.busy_since = NULL;
     T.nth = 0;
 }
 
@@ -472,14 +493,14 @@ int rt_tok_start(struct request *r, rt_tok_go go)
         return 0;
     }
     pthread_mutex_lock(&T.mu);
-    int room = T.pending < g_rt->cfg.tokenizer_queue;
-    if (room)
+    int room = T.pending < g_rt->cfg.tokenizer_queue, stuck = room && stalled(xpyd_now_us());
+    if (room && !stuck)
         T.pending++;
     pthread_mutex_unlock(&T.mu);
-    if (!room) {
+    if (!room || stuck) {
         free(text);
         free(lens);
-        atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_BUSY], 1);
+        atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[stuck ? RT_TF_STALLED : RT_TF_BUSY], 1);
         text_blocks(r);
         return 0;
     }

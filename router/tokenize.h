@@ -19,7 +19,7 @@ extern const char *const rt_prompt_src_names[4];
 
 /* Why a prompt was not tokenized with --tokenizer on (xpyd_tokenizer_fallbacks_total{reason}). */
 enum rt_tok_fallback { RT_TF_TEMPLATE = 0, RT_TF_BUSY, RT_TF_INVALID, RT_TF_SHAPE, RT_TF_MEDIA, RT_TF_RENDER,
-                       RT_TF_REQUEST_TEMPLATE, RT_TF_COUNT };
+                       RT_TF_REQUEST_TEMPLATE, RT_TF_STALLED, RT_TF_COUNT };
 extern const char *const rt_tok_fallback_names[RT_TF_COUNT];
 
 /* Loads --tokenizer and starts its threads (nothing when it is empty). -1 with the reason on stderr. */

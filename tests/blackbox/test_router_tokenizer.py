@@ -205,12 +205,25 @@ class RouterTokenizer(t.TestCase):
         self.assertTrue(th.is_alive(), "the short prompt waited for the long one")
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_queue_depth"), 1)  # the short one no longer counted
         self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="busy"}'), 1)
+        # once the thread has been on the long one for longer than the wait, the next is not queued at all
+        shorts = [1]
+
+        def short_stalled():
+            st, out = completion(r.port, {"prompt": "another short question"})
+            self.assertEqual(st, 200, out)
+            shorts[0] += 1
+            return t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="stalled"}') == 1
+        t.wait_until(short_stalled, what="a short prompt not queued behind the stalled thread")
+        self.assertTrue(th.is_alive(), "the long prompt ended too soon for this check")
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="busy"}') + 1, shorts[0])
         th.join(120)
         self.assertEqual(res["big"][0], 200, res["big"][1])
-        lines = access_lines(r)
-        self.assertEqual([l["prompt_src"] for l in lines], ["engine", "tokenizer"])  # the first: the prefill counted it
-        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 1)  # the long one, counted exactly
-        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_seconds_count"), 1)  # the short one never encoded
+        lines = access_lines(r)  # the estimates, the prefill counted them; the long one last
+        self.assertEqual([l["prompt_src"] for l in lines], ["engine"] * shorts[0] + ["tokenizer"])
+        st, out = completion(r.port, {"prompt": "the thread is free again"})  # tokenized again
+        self.assertEqual(st, 200, out)
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 2)
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_seconds_count"), 2)  # the short ones never encoded
         t.wait_until(lambda: t.router_idle(r.port) and t.metric(r.port, "xpyd_tokenizer_queue_depth") == 0,
                      what="the router idle")
         self.assertEqual(t.metric(r.port, "xpyd_request_body_bytes"), 0)
