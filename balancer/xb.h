@@ -64,8 +64,8 @@ size_t xb_pool_size(const struct xb_pool *p);
 /* The max_model_len the instance's engine reports (its /v1/models; 0: none): what placement holds it to when
  * its configuration gives none. Kept apart from the configuration (xb_update leaves it; xb_reuse clears it). */
 void xb_set_learned_max_model_len(struct xb_pool *p, int idx, long mml);
-/* The largest max_model_len (configured, else learned) among the instances that may be picked (healthy, ready, not removed); 0 when one of
- * them has none (unknown: no limit) or none may be picked. */
+/* The largest max_model_len (configured, else learned) among the instances that may be picked (healthy, ready,
+ * not removed); 0 when one of them has none (unknown: no limit) or none may be picked. */
 long xb_max_model_len(struct xb_pool *p);
 int xb_policy_parse(const char *s); /* lot|p2c|rr|random, -1 if unknown */
 const char *xb_policy_name(int policy);

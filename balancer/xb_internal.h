@@ -29,8 +29,6 @@ struct xb_inst {
     long learned_mml;        /* max_model_len the engine reported (xb_set_learned_max_model_len); 0: none */
 };
 
-
-
 struct xb_pool {
     pthread_mutex_t mu;
     int policy;
@@ -68,10 +66,10 @@ struct xb_ring_point {
 int64_t xb_load_of(const struct xb_inst *in);
 /* Requests in flight on it from every router (this one's and the others' published ones). */
 int64_t xb_inflight_of(const struct xb_inst *in);
-/* Candidate filter used by every policy. */
 /* The max_model_len placement holds an instance to: the configured one, else what its engine reported; 0:
  * unknown (no filtering) */
 long xb_mml(const struct xb_inst *in);
+/* Candidate filter used by every policy. */
 int xb_eligible(const struct xb_pool *p, size_t i, uint64_t need_len, const int *exclude, int nexclude);
 /* a less loaded than b, normalised by capacity (weight * tp), by 64-bit cross-multiplication. */
 int xb_less_loaded(const struct xb_inst *a, const struct xb_inst *b);

@@ -314,15 +314,15 @@ static const struct xpyd_setting settings[] = {
     {"learn-max-model-len", XS_ENUM, OFF(learn_max_model_len), 0, 0, "auto", learn_modes,
      "ranks without a configured `max_model_len` take their engine's: after a passing health check, once each "
      "time the engine is seen up (at start, and again after a check failed: a restarted engine may have another "
-     "length), `GET /v1/models` (the "
-     "largest `max_model_len` of its model cards, vLLM's and SGLang's field; an answer of 1 MiB or more teaches "
-     "nothing; within `--health-timeout-ms`; with `--api-key` sent as a bearer "
+     "length), `GET /v1/models` (the largest `max_model_len` of its model cards, vLLM's and SGLang's field; an "
+     "answer of 1 MiB or more teaches nothing; within `--health-timeout-ms`; with `--api-key` sent as a bearer "
      "key, with this router in `X-Xpyd-Via`; not answered: asked after the next passing check), shown in "
      "`/status` as `learned_max_model_len`, logged as `event=max_model_len_learned`. A configured `max_model_len` "
      "wins. A prompt counted exactly (the tokenizer's, token ids) is held to it as to a configured one (over "
      "every rank's: 400 before any engine); one only estimated (what the tokenizer could not count: an image, a "
-     "busy tokenizer) is held to configured lengths alone, the engines judge it. `auto`: on with `--tokenizer` (where prompts are counted "
-     "exactly), else off (engines judge, as before); `on`, `off`. Needs health checks (`--health-interval-ms`)"},
+     "busy tokenizer) is held to configured lengths alone, the engines judge it. `auto`: on with `--tokenizer` "
+     "(where prompts are counted exactly), else off (engines judge, as before); `on`, `off`. Needs health "
+     "checks (`--health-interval-ms`)"},
     {"query-interval-ms", XS_LONG, OFF(query_interval_ms), 100, 3600000, "2000", NULL,
      "`--handoff mooncake`: period of `GET /query` on every prefill's bootstrap server (its DP ranks and "
      "their engine ids). A prefill is not eligible until it answers; a failed query makes it ineligible "
