@@ -65,11 +65,12 @@ static int valid_utf8(const unsigned char *s, size_t len)
 }
 
 /* A binary min-heap of candidate merges by (rank, position): the lowest rank first, the leftmost among equals,
- * as Hugging Face's BPE does. A candidate is stale once either symbol has changed (checked when popped). */
+ * as Hugging Face's BPE does. A candidate is stale once either symbol has changed: checked when popped by looking
+ * the pair at pos up again (a rank is one merge's, so the same rank is the same pair). 8 bytes a candidate: a
+ * long piece (megabytes without a space, a SentencePiece text) holds up to two per byte. */
 struct cand {
     uint32_t rank;
     int32_t pos;
-    uint32_t left, right, id; /* id: what the pair merges into */
 };
 
 static int cand_less(const struct cand *a, const struct cand *b)
@@ -111,7 +112,7 @@ static void candidate(const struct xtok *t, struct cand *h, size_t *nh, const ui
 {
     const struct tok_merge *m = tok_merges_get(&t->merges, sym[i], sym[j]);
     if (m)
-        heap_push(h, nh, (struct cand){m->rank, i, sym[i], sym[j], m->id});
+        heap_push(h, nh, (struct cand){m->rank, i});
 }
 
 /* BPE over n initial symbols (ids): merges applied lowest rank first, the leftmost among equals, until no
@@ -172,9 +173,12 @@ static int bpe_merge(const struct xtok *t, uint32_t *sym, size_t n, struct ids *
         while (nh) {
             struct cand c = heap_pop(h, &nh);
             int32_t i = c.pos, j = next[i];
-            if (sym[i] != c.left || j < 0 || sym[j] != c.right || prev[i] == -2)
+            if (j < 0 || prev[i] == -2)
+                continue; /* stale: gone, or nothing after it any more */
+            const struct tok_merge *m = tok_merges_get(&t->merges, sym[i], sym[j]);
+            if (!m || m->rank != c.rank)
                 continue; /* stale: a symbol of the pair has merged since */
-            sym[i] = c.id;
+            sym[i] = m->id;
             next[i] = next[j];
             if (next[i] >= 0)
                 prev[next[i]] = i;

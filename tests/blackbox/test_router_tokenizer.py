@@ -194,7 +194,7 @@ class RouterTokenizer(t.TestCase):
         d = self.start(t.sim("--role", "decode", "--max-model-len", "10000000"))
         r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--tokenizer-threads", "1",
                                 "--tokenizer-wait-ms", "100", "--access-log", "json"))
-        # 4 MB without a space: one piece, seconds of BPE on the one tokenizer thread (HF's takes as long)
+        # 4 MB without a space: one piece, over a second of BPE on the one tokenizer thread (Hugging Face: 3.2 s)
         big = {"prompt": "a" * (4 << 20)}
         res = {}
         th = threading.Thread(target=lambda: res.update(big=completion(r.port, big)))
