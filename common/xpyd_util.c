@@ -2,6 +2,7 @@
 /* xpyd_util.c - clocks, logging, hashing and parsing helpers shared by every xpyd binary. */
 #include "xpyd_util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -85,6 +86,35 @@ uint64_t xpyd_fnv64(uint64_t h, const void *data, size_t len)
     return h;
 }
 
+static int name_char(unsigned char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '-' ||
+           c == '_';
+}
+
+int xpyd_host_valid(const char *host)
+{
+    size_t n = host ? strlen(host) : 0;
+    if (n == 0 || n > 255)
+        return 0;
+    if (strchr(host, ':')) { /* IPv6, perhaps with a zone */
+        const char *c = host;
+        for (; *c && *c != '%'; c++)
+            if (!isxdigit((unsigned char)*c) && *c != ':' && *c != '.')
+                return 0;
+        if (*c == '%' && !c[1])
+            return 0;
+        for (c += *c == '%'; *c; c++)
+            if (!name_char((unsigned char)*c))
+                return 0;
+        return 1;
+    }
+    for (const char *c = host; *c; c++)
+        if (!name_char((unsigned char)*c))
+            return 0;
+    return 1;
+}
+
 int xpyd_parse_hostport(const char *s, char *host, size_t hostcap, int *port)
 {
     const char *hs = s, *he, *colon = NULL;
@@ -110,6 +140,8 @@ int xpyd_parse_hostport(const char *s, char *host, size_t hostcap, int *port)
         return -EINVAL;
     memcpy(host, hs, hl);
     host[hl] = '\0';
+    if (!xpyd_host_valid(host))
+        return -EINVAL;
     if (colon) {
         long p;
         if (xpyd_parse_long(colon + 1, 1, 65535, &p) != 0)

@@ -51,8 +51,13 @@ static inline uint64_t xpyd_mix64(uint64_t x)
 }
 
 /* Parses "host:port", "[v6]:port" or "host" (port left as is) into host (NUL-terminated, without
- * brackets, at most hostcap-1 bytes) and *port. Returns 0, or -EINVAL on a malformed string. */
+ * brackets, at most hostcap-1 bytes) and *port. Returns 0, or -EINVAL on a malformed string or a host that
+ * xpyd_host_valid refuses. */
 int xpyd_parse_hostport(const char *s, char *host, size_t hostcap, int *port);
+/* 1 when host can name an engine: 1-255 bytes of a DNS name or an IPv4 address (letters, digits, '.', '-', '_')
+ * or an IPv6 address (hex digits, ':', '.', with a "%zone" of those name characters). Nothing else resolves, and
+ * a host is written into Host headers, logs and JSON: spaces, quotes, control bytes, non-ASCII are refused. */
+int xpyd_host_valid(const char *host);
 
 /* Formats host:port for messages, labels and Host headers, bracketing IPv6 addresses ([::1]:8100).
  * Returns buf. */

@@ -6,6 +6,7 @@
 
 #include "json_view.h"
 #include "kv_endpoint.h"
+#include "xpyd_util.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -96,8 +97,9 @@ int rt_admin_parse_instance(const char *json, size_t len, const struct rt_admin_
         return -1;
     jv_str_decode(jh, out->host);
     out->host[hl] = 0;
-    if (memchr(out->host, 0, hl)) {
-        snprintf(err, cap, "'host' must be a non-empty string of at most 255 bytes");
+    if (memchr(out->host, 0, hl) || !xpyd_host_valid(out->host)) {
+        snprintf(err, cap, "'host' must be a host name or an IP address (letters, digits, '.', '-', '_'; an IPv6 "
+                           "address without brackets)");
         return -1;
     }
     const struct rt_admin_defaults *d = &defaults[role];

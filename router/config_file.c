@@ -186,6 +186,11 @@ static int load_json_pool(struct rt_pool_cfg *p, const cJSON *o, const char *wha
         if (!rh)
             return -1;
         snprintf(rh->host, sizeof rh->host, "%s", host->valuestring);
+        if (!xpyd_host_valid(host->valuestring) || strlen(host->valuestring) >= sizeof rh->host) {
+            fprintf(stderr, "xpyd_router: config: \"%s.host\" must be a host name or an IP address (letters, digits, "
+                            "'.', '-', '_'; an IPv6 address without brackets)\n", where);
+            return -1;
+        }
         int mml = 0;
         if (json_int(h, "port", &rh->port, where) || json_int(h, "dp", &rh->dp, where) ||
             json_int(h, "tp", &rh->tp, where) || json_int(h, "weight", &rh->weight, where) ||

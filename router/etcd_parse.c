@@ -29,11 +29,8 @@ int esync_instance_key(const char *rest, int *role, char *host, size_t hcap, lon
     else
         return -1;
     int p = 0; /* a port is required */
-    if (xpyd_parse_hostport(slash + 1, host, hcap, &p) != 0 || p == 0 || strpbrk(host, "/[]\"\\"))
+    if (xpyd_parse_hostport(slash + 1, host, hcap, &p) != 0 || p == 0) /* (a host xpyd_host_valid takes) */
         return -1;
-    for (const char *c = host; *c; c++)
-        if ((unsigned char)*c < 0x21 || (unsigned char)*c > 0x7e)
-            return -1;
     *port = p;
     return 0;
 }

@@ -111,7 +111,12 @@ class AdminApi(t.TestCase):
                  ({"role": "decode", "port": 1}, "'host'"), ({"role": "decode", "host": "h"}, "'port'"),
                  ({"role": "decode", "host": "h", "port": 70000}, "'port'"),
                  ({"role": "decode", "host": "127.0.0.1", "port": 1, "dp": 0}, "'dp'"),
-                 ({"role": "decode", "host": "no-such-host.invalid", "port": 1}, "resolve")]
+                 ({"role": "decode", "host": "no-such-host.invalid", "port": 1}, "resolve"),
+                 # what cannot name an engine and would land in Host headers, logs and JSON as something else
+                 ({"role": "decode", "host": "127.0.0.1\r\nX-Evil: 1", "port": 1}, "'host' must be a host name"),
+                 ({"role": "decode", "host": "a\"b", "port": 1}, "'host' must be a host name"),
+                 ('{"role": "decode", "host": "a\\ud800", "port": 1}', "'host' must be a host name"),
+                 ({"role": "decode", "host": "[::1]", "port": 1}, "'host' must be a host name")]
         for body, needle in cases:
             st, out = admin(self.r.port, "POST", "/admin/instances", body)
             self.assertOpenAIError(st, out, 400, needle)

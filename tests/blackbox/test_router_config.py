@@ -35,6 +35,20 @@ class Lists(t.TestCase):
             self.assertEqual(ranks(out, "P"), ["10.0.0.1:1", "10.0.0.2:2"], args)
             self.assertEqual(ranks(out, "D"), ["10.0.0.3:3"], args)
 
+    def test_hosts_that_cannot_name_an_engine_are_refused(self):
+        for bad in ("a b", 'a"b', "a\\b", "h\u00e9te"):
+            rc, out, err = dry("-p", "%s:1" % bad, "-d", "10.0.0.3:3")
+            self.assertNotEqual(rc, 0, bad)
+            self.assertIn("bad prefill address", err)
+            path = os.path.join(t.tmpdir(), "topology.json")
+            with open(path, "w") as f:
+                json.dump({"prefill": {"hosts": [{"host": bad, "port": 1}]}, "decode": {"hosts": ["10.0.0.3:3"]}}, f)
+            rc, out, err = dry("--config", path)
+            self.assertNotEqual(rc, 0, bad)
+            self.assertIn('"prefill.hosts[0].host" must be a host name or an IP address', err)
+        rc, out, err = dry("-p", "[::1]:1", "-d", "localhost:3")  # (names with '_' and zones: test_util)
+        self.assertEqual(rc, 0, err)
+
     def test_ipv6_and_hostnames(self):
         rc, out, err = dry("-p", "[::1]:8100", "-d", "localhost:8200")
         self.assertEqual(rc, 0, err)

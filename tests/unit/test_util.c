@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 /* Bytes appended across growth stay in order; emptying keeps the room (so refilling does not reallocate) unless
@@ -75,6 +76,32 @@ static void test_endpoint_resolve_in_place(void **st)
     assert_string_equal(ep.hostport, "[::1]:8100");
 }
 
+/* Hosts: what resolves is taken, what would land in Host headers, logs and JSON as something else is refused. */
+static void test_host_valid(void **st)
+{
+    const char *ok[] = {"localhost", "127.0.0.1", "engine-0.pool.svc.cluster.local", "prefill_1", "::1",
+                        "fe80::1%eth0", "2001:db8::8a2e:370:7334", "::ffff:192.0.2.1", "A"};
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
+        assert_true(xpyd_host_valid(ok[i]));
+    const char *bad[] = {"", "a b", "a\r\nX-Evil: 1", "a\"b", "a\\b", "a/b", "[::1]", "::1%", "g::1", "\xc3\xa9t\xc3\xa9",
+                         "a\tb", "host?x", "a@b", "::1%e th0"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        assert_false(xpyd_host_valid(bad[i]));
+    char longest[257];
+    memset(longest, 'a', 256);
+    longest[256] = 0;
+    assert_false(xpyd_host_valid(longest));
+    longest[255] = 0;
+    assert_true(xpyd_host_valid(longest));
+    char host[300];
+    int port = 0;
+    assert_int_equal(xpyd_parse_hostport("[fe80::1%eth0]:8100", host, sizeof host, &port), 0);
+    assert_string_equal(host, "fe80::1%eth0");
+    assert_int_equal(port, 8100);
+    assert_int_equal(xpyd_parse_hostport("a b:80", host, sizeof host, &port), -EINVAL);
+    assert_int_equal(xpyd_parse_hostport("[a\"b]:80", host, sizeof host, &port), -EINVAL);
+}
+
 static void test_log_event_keeps_level(void **st)
 {
     FILE *saved = stderr;
@@ -97,6 +124,7 @@ int main(void)
         cmocka_unit_test(test_bytes_grow_and_reuse),
         cmocka_unit_test(test_log_event_keeps_level),
         cmocka_unit_test(test_endpoint_resolve_in_place),
+        cmocka_unit_test(test_host_valid),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
