@@ -31,42 +31,19 @@ static void after(int fd, ssize_t n)
     nanosleep(&ts, NULL);
 }
 
-ssize_t write(int fd, const void *buf, size_t n)
-{
-    static ssize_t (*real)(int, const void *, size_t);
-    if (!real)
-        *(void **)&real = dlsym(RTLD_NEXT, "write");
-    ssize_t r = real(fd, buf, n);
-    after(fd, r);
-    return r;
-}
+/* NAME PARAMS: the libc call (found once with RTLD_NEXT), then the sleep */
+#define WRAP(NAME, PARAMS, ARGS)                                                                                     \
+    ssize_t NAME PARAMS                                                                                              \
+    {                                                                                                                \
+        static ssize_t(*real) PARAMS;                                                                                \
+        if (!real)                                                                                                   \
+            *(void **)&real = dlsym(RTLD_NEXT, #NAME);                                                               \
+        ssize_t r = real ARGS;                                                                                       \
+        after(fd, r);                                                                                                \
+        return r;                                                                                                    \
+    }
 
-ssize_t writev(int fd, const struct iovec *iov, int cnt)
-{
-    static ssize_t (*real)(int, const struct iovec *, int);
-    if (!real)
-        *(void **)&real = dlsym(RTLD_NEXT, "writev");
-    ssize_t r = real(fd, iov, cnt);
-    after(fd, r);
-    return r;
-}
-
-ssize_t send(int fd, const void *buf, size_t n, int flags)
-{
-    static ssize_t (*real)(int, const void *, size_t, int);
-    if (!real)
-        *(void **)&real = dlsym(RTLD_NEXT, "send");
-    ssize_t r = real(fd, buf, n, flags);
-    after(fd, r);
-    return r;
-}
-
-ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
-{
-    static ssize_t (*real)(int, const struct msghdr *, int);
-    if (!real)
-        *(void **)&real = dlsym(RTLD_NEXT, "sendmsg");
-    ssize_t r = real(fd, m, flags);
-    after(fd, r);
-    return r;
-}
+WRAP(write, (int fd, const void *buf, size_t n), (fd, buf, n))
+WRAP(writev, (int fd, const struct iovec *iov, int cnt), (fd, iov, cnt))
+WRAP(send, (int fd, const void *buf, size_t n, int flags), (fd, buf, n, flags))
+WRAP(sendmsg, (int fd, const struct msghdr *m, int flags), (fd, m, flags))

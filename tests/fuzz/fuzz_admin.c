@@ -16,8 +16,8 @@
 static int surrogate_escape(const uint8_t *d, size_t n)
 {
     for (size_t i = 0; i + 3 < n; i++)
-        if (d[i] == '\\' && d[i + 1] == 'u' && (d[i + 2] | 0x20) == 'd' && strchr("89abcdefABCDEF", d[i + 3]) &&
-            d[i + 3])
+        if (d[i] == '\\' && d[i + 1] == 'u' && (d[i + 2] | 0x20) == 'd' && d[i + 3] &&
+            strchr("89abcdefABCDEF", d[i + 3]))
             return 1;
     return 0;
 }
