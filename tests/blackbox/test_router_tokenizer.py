@@ -137,10 +137,17 @@ class RouterTokenizer(t.TestCase):
         self.assertIn("your request has 40 input tokens", out["error"]["message"])
         st, out = completion(r.port, {"prompt": list(range(1000, 1040)), "max_tokens": 20})
         self.assertEqual(st, 200, out)
+        # 1.5 MB of short words, counted in full before the answer (300,000 regex pieces: an encoder that looked at
+        # the whole text again at each piece would take hours, not the fraction of a second this takes)
+        words = "word " * 300000
+        st, out = completion(r.port, {"prompt": words})
+        self.assertEqual(st, 400, out)
+        self.assertIn("your request has %d input tokens" % len(oracle("llama3_1", [words], special=True)[0]),
+                      out["error"]["message"])
         # no engine saw a refused request: the sims served the three that fit, nothing else
         for e in (p, d):
             self.assertEqual(t.metric(e.port, 'vllm:request_success_total{engine="0",model_name="sim-model"}'), 3)
-        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="context_too_long"}'), 5)
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="context_too_long"}'), 6)
         t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
 
     def test_prefix_blocks_are_the_engines_blocks(self):
