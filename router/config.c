@@ -123,7 +123,7 @@ static const struct xpyd_setting settings[] = {
      "it at `net.core.somaxconn`). Every `--threads` worker accepts for itself, up to 16 connections a loop "
      "turn, so a burst of clients waits there while the workers are busy rather than being refused. Out of "
      "file descriptors (`accept` fails with EMFILE/ENFILE), a worker stops accepting for 100 ms, with one "
-     "warning a second, and the connections wait here too"},
+     "warning a second (`xpyd_client_accept_errors_total` counts each), and the connections wait here too"},
     {"header-timeout-ms", XS_LONG, OFF(header_timeout_ms), 1, 3600000, "10000", NULL,
      "a request head (request line + headers) must be complete this long after its first byte, else 408 + "
      "close; a new connection owes its first head this long after accept (sending nothing: closed "

@@ -81,6 +81,9 @@
     X(connections_accepted, "xpyd_client_connections_accepted_total", counter, NONE, "Client connections accepted.") \
     X(connections_rejected, "xpyd_client_connections_rejected_total", counter, NONE,                            \
       "Client connections over --max-connections (answered 503, or closed far over it).")                      \
+    X(accept_errors, "xpyd_client_accept_errors_total", counter, NONE,                                        \
+      "accept() failures other than none pending (out of descriptors or memory): each pauses that worker's "    \
+      "accepting for 100 ms, the connections waiting in the listen queue.")                                     \
     X(health_transitions, "xpyd_health_transitions_total", counter, NONE,                                       \
       "Endpoints that went up or down (active health checks).")                                                 \
     X(queued, "xpyd_admission_queue_depth", gauge, ROLE, "Requests waiting for a rank under max_inflight.")    \

@@ -87,6 +87,7 @@ static void on_accept_error(struct evconnlistener *lev, void *arg)
     evconnlistener_disable(lev);
     if (!w || atomic_load(&w->stopping))
         return;
+    atomic_fetch_add(&g_rt->ctr.accept_errors, 1);
     uint64_t now = xpyd_now_us();
     if (now - w->error_logged_us >= 1000000u) {
         w->error_logged_us = now;

@@ -152,6 +152,13 @@ class OutOfDescriptors(t.TestCase):
             c.close()
             answers.append(repr(e).encode() if e else got.split(b"\r\n", 1)[0])
         self.assertEqual(answers, [b"HTTP/1.1 200 OK"] * len(queued))
+        # each failed accept paused its worker for 100 ms (at most 10 a second per worker) or until it next took a
+        # connection (as descriptors came free); a worker spinning on the failing accept counts thousands a
+        # second, however loaded the machine
+        errors, elapsed = t.metric(r.port, "xpyd_client_accept_errors_total"), time.monotonic() - since
+        self.assertGreaterEqual(errors, 1)
+        self.assertLessEqual(errors, 2 * (10 * elapsed + 2) + len(queued) + len(held),
+                             "accept errors in %.1f s" % elapsed)
         resource.prlimit(r.p.pid, resource.RLIMIT_NOFILE, (soft, hard))  # (the sanitizer's exit reads /proc)
         t.wait_until(lambda: t.metric(r.port, "xpyd_client_connections") <= 1, what="connections closed")
 
