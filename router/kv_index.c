@@ -55,6 +55,7 @@ struct kvi {
     size_t npairs, pairs_cap;
     uint32_t pair_free;
     size_t *rank_pairs;
+    uint16_t *mult; /* per rank: its engine's block in the router's (0: none seen yet, as 1) */
     uint64_t spaces[MAX_SPACES];
     int nspaces;
 };
@@ -153,10 +154,12 @@ struct kvi *kvi_new(int nranks, size_t max_blocks)
     x->words = 1; /* grows with the highest rank that stores a block */
     x->max_pairs = max_blocks;
     x->rank_pairs = calloc((size_t)nranks, sizeof *x->rank_pairs);
+    x->mult = calloc((size_t)nranks, sizeof *x->mult);
     x->blk_free = x->pair_free = NONE;
     x->seed = (uint64_t)arc4random() << 32 | arc4random();
     x->by_key.seed = (uint64_t)arc4random() << 32 | arc4random();
-    if (!x->rank_pairs || pthread_rwlock_init(&x->mu, NULL)) {
+    if (!x->rank_pairs || !x->mult || pthread_rwlock_init(&x->mu, NULL)) {
+        free(x->mult);
         free(x->rank_pairs);
         free(x);
         return NULL;
@@ -175,6 +178,7 @@ void kvi_free(struct kvi *x)
     free(x->bits);
     free(x->pairs);
     free(x->rank_pairs);
+    free(x->mult);
     free(x);
 }
 
@@ -191,6 +195,14 @@ static long find_pair(const struct kvi *x, int rank, uint64_t ehash)
         return -1;
     uint32_t i = x->by_pair.s[s].idx;
     return x->pairs[i].rank == rank && x->pairs[i].ehash == ehash ? (long)i : -1;
+}
+
+/* The hash part j (< m - 1) of an engine block of m of the router's is kept under: derived from the engine's
+ * (the last part keeps the engine's own, the next block's parent) */
+static uint64_t part_hash(uint64_t ehash, size_t j)
+{
+    uint64_t v[2] = {ehash, (uint64_t)j};
+    return XXH3_64bits_withSeed(v, sizeof v, 0x7061727473ull /* "parts" */);
 }
 
 static uint64_t *bits_of(const struct kvi *x, uint32_t b)
@@ -365,17 +377,24 @@ int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tok
             long pi = find_pair(x, rank, ev->hashes[i]);
             if (pi >= 0 && !(x->pairs[pi].media &= (uint8_t)~media))
                 remove_pair(x, (uint32_t)pi);
+            /* its other parts, kept in order (none after the first missing one), whatever the size now */
+            for (size_t j = 0; j < KVI_MAX_PARTS && (pi = find_pair(x, rank, part_hash(ev->hashes[i], j))) >= 0; j++)
+                if (!(x->pairs[pi].media &= (uint8_t)~media))
+                    remove_pair(x, (uint32_t)pi);
         }
         pthread_rwlock_unlock(&x->mu);
         return KVI_OK;
     }
     long b = ev->block_size > 0 ? ev->block_size : block_tokens;
+    size_t m = 1; /* the router's blocks in one of the engine's */
     if (!ev->full_attention)
         rc = KVI_NOT_FULL_ATTENTION;
-    else if (b != block_tokens || b <= 0)
+    else if (block_tokens <= 0 || b <= 0 || b % block_tokens || b / block_tokens > KVI_MAX_PARTS)
         rc = KVI_BLOCK_SIZE;
     else if (ev->ntokens != ev->nhashes * (size_t)b)
         rc = KVI_SHAPE;
+    else
+        m = (size_t)(b / block_tokens);
     uint64_t prev = xb_chain_seed(), space = space_of(ev);
     if (!rc && ensure_words(x, rank))
         rc = KVI_NOMEM;
@@ -386,13 +405,18 @@ int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tok
         else
             prev = x->pairs[pi].chain;
     }
-    for (size_t i = 0; !rc && i < ev->nhashes; i++) {
-        uint64_t chain = xb_hash_block_ids(prev, ev->tokens + i * (size_t)b, (size_t)b);
-        if (ev->extra) /* an image, a cache salt: the block (and all after it) is not the text's */
-            chain = xb_chain_extra(chain, ev->extra[i]);
-        rc = add_pair(x, rank, ev->hashes[i], chain, space, media_of(ev->medium));
-        prev = chain;
-    }
+    if (!rc)
+        x->mult[rank] = (uint16_t)m;
+    for (size_t i = 0; !rc && i < ev->nhashes; i++)
+        for (size_t j = 0; !rc && j < m; j++) { /* the engine's block i as m of the router's */
+            uint64_t chain = xb_hash_block_ids(prev, ev->tokens + (i * m + j) * (size_t)block_tokens,
+                                               (size_t)block_tokens);
+            if (ev->extra && !j) /* an image, a cache salt: the block (and all after it) is not the text's */
+                chain = xb_chain_extra(chain, ev->extra[i]);
+            rc = add_pair(x, rank, j + 1 < m ? part_hash(ev->hashes[i], j) : ev->hashes[i], chain, space,
+                          media_of(ev->medium));
+            prev = chain;
+        }
     if (ev->lora_name[0] && x->nspaces < MAX_SPACES) {
         int seen = 0;
         for (int i = 0; i < x->nspaces; i++)
@@ -461,6 +485,9 @@ void kvi_match(struct kvi *x, const uint64_t *keys, size_t n, uint64_t space, ui
     for (int w = 0; any && w < x->words; w++)
         for (uint64_t left = alive[w]; left; left &= left - 1)
             out[w * 64 + __builtin_ctzll(left)] = (uint32_t)n;
+    for (int r = 0; r < x->nranks; r++) /* the engine hits whole blocks of its own */
+        if (x->mult[r] > 1)
+            out[r] -= out[r] % x->mult[r];
     pthread_rwlock_unlock(&x->mu);
 }
 

@@ -10,6 +10,10 @@
  * entries of one content key linked so a removal recomputes that rank's bit from the others. A block under a
  * LoRA adapter lives in the adapter's key space (its content key mixed with the adapter's name), never the base
  * model's. Bounded: at most max_blocks (rank, block) pairs; beyond, stored blocks are not kept (counted).
+ * An engine whose blocks are m times the router's (vLLM --block-size 64 under --prefix-block-tokens 16) has each
+ * of its blocks kept as m of the router's, the last under the engine's hash (the next block's parent) and the
+ * others under hashes derived from it (found again on removal); a rank's match is then a multiple of m blocks, as
+ * the engine hits whole blocks of its own only.
  * Thread-safe (a rwlock: lookups share it, events take it alone). */
 #ifndef XPYD_KV_INDEX_H
 #define XPYD_KV_INDEX_H
@@ -25,7 +29,7 @@ struct kvi;
 enum kvi_skip {
     KVI_OK = 0,
     KVI_NOT_FULL_ATTENTION, /* a sliding-window or mamba group: does not drive routing */
-    KVI_BLOCK_SIZE,         /* block_size unlike the router's --prefix-block-tokens: keys would never match */
+    KVI_BLOCK_SIZE,         /* block_size not a multiple of the router's --prefix-block-tokens: keys never match */
     KVI_SHAPE,              /* token_ids not block_size x block_hashes */
     KVI_ORPHAN,             /* the parent block is unknown (missed, or evicted before): its chain cannot be keyed */
     KVI_FULL,               /* max_blocks reached */
@@ -33,6 +37,7 @@ enum kvi_skip {
     KVI_COUNT
 };
 extern const char *const kvi_skip_names[KVI_COUNT];
+#define KVI_MAX_PARTS 256 /* an engine's block at most this many of the router's (else KVI_BLOCK_SIZE) */
 
 struct kvi *kvi_new(int nranks, size_t max_blocks);
 void kvi_free(struct kvi *x);
@@ -45,7 +50,8 @@ void kvi_drop_rank(struct kvi *x, int rank);
 /* The key space of a request for `model` (0: the base model): an adapter's when some rank stored blocks under a
  * LoRA of that name, else the base model's. */
 uint64_t kvi_space_for(struct kvi *x, const char *model);
-/* out[r] (r < nranks) = how many leading blocks of keys[0..n) rank r holds in key space `space`. */
+/* out[r] (r < nranks) = how many leading blocks of keys[0..n) rank r holds in key space `space` (a multiple of
+ * its engine's blocks, in the router's). */
 void kvi_match(struct kvi *x, const uint64_t *keys, size_t n, uint64_t space, uint32_t *out);
 
 size_t kvi_blocks(struct kvi *x, int rank); /* (rank, block) pairs of one rank */

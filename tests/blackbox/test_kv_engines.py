@@ -346,12 +346,17 @@ class PreciseEndToEnd(t.TestCase):
     the cached tokens the router predicts for the rank it picks are the ones the engine then reports, evictions
     included; the router's own guess drifts from them."""
 
-    def run_workload(self, events):
+    def run_workload(self, events, block=16):
+        """40 requests of 6 tenants over two prefills of 640 tokens of cache each, in engine blocks of `block`
+        tokens (the router's are 16); returns how many the router predicted other cached tokens for than the
+        engine then reported, and the router."""
         ctx = zmq.Context()
         self.addCleanup(ctx.destroy, linger=0)
         kvp = [t.free_port_range(1) for _ in range(2)]
-        ps = [self.start(t.sim("--role", "prefill", "--prefix-caching", "on", "--num-gpu-blocks", "40",
-                               *(("--kv-events", "tcp://*:%d" % k) if events else ()))) for k in kvp]
+        ps = [self.start(t.sim("--role", "prefill", "--prefix-caching", "on", "--num-gpu-blocks", str(640 // block),
+                               "--block-size", str(block), *(("--kv-events", "tcp://*:%d" % k) if events else ())))
+              for k in kvp]
+        own = 21 if block == 16 else 2 * block + 5  # each request's own tokens: a full engine block of its own
         d = self.start(t.sim("--role", "decode"))
         hosts = [dict({"host": "127.0.0.1", "port": s.port}, **({"kv_events": "tcp://127.0.0.1:%d" % k}
                                                                   if events else {})) for s, k in zip(ps, kvp)]
@@ -363,15 +368,15 @@ class PreciseEndToEnd(t.TestCase):
         rnd = random.Random(7)
         tenants = [prompt(40 + k, 240) for k in range(6)]  # 15 blocks each; 6 tenants over 2 x 40 blocks: evictions
         if events:  # warm the subscriptions: requests until both ranks' batches arrive
-            t.wait_until(lambda: (completion(r.port, prompt(99, 20)) and
+            t.wait_until(lambda: (completion(r.port, prompt(99, own)) and
                                   kv(r.port, "xpyd_kv_events_batches_total") >= 1), what="events flowing")
             for k in range(2):
-                completion(r.port, prompt(90 + k, 37))
+                completion(r.port, prompt(90 + k, 2 * block + 5))
         wrong = 0
         for i in range(40):
             ten = rnd.randrange(len(tenants))
             # a tenant's context, then a block of its own (every request stores one: a batch to wait for)
-            ids = tenants[ten][:rnd.choice([160, 200, 240])] + [5000 + 20 * i + k for k in range(21)]
+            ids = tenants[ten][:rnd.choice([160, 200, 240])] + [5000 + 100 * i + k for k in range(own)]
             before = (kv(r.port, "xpyd_prefix_predicted_tokens_total"), kv(r.port, "xpyd_prefix_cached_tokens_total"))
             batches = kv(r.port, "xpyd_kv_events_batches_total") if events else 0
             completion(r.port, ids)
@@ -428,6 +433,19 @@ class PreciseEndToEnd(t.TestCase):
         self.assertGreater(kv(r.port, "xpyd_prefix_cached_tokens_total"), 0)
         guess_wrong, _ = self.run_workload(events=False)
         self.assertGreater(guess_wrong, 0)  # the guess misses what evictions did
+
+    def test_engine_blocks_of_two_of_the_routers(self):
+        # vLLM --block-size 32 under --prefix-block-tokens 16: each engine block kept as two, a rank's match in
+        # whole engine blocks (contexts of 200 tokens end inside one: 192 of them cached, not 200 or 208)
+        wrong, r = self.run_workload(events=True, block=32)
+        self.assertEqual(wrong, 0)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_sources", state="precise"), 2)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_skipped_total", cause="block_size"), 0)
+        self.assertGreater(kv(r.port, "xpyd_kv_events_total", type="removed"), 0)
+        self.assertGreater(kv(r.port, "xpyd_prefix_cached_tokens_total"), 0)
+        self.assertEqual(kv(r.port, "xpyd_prefix_cached_tokens_total") % 32, 0)
+        # every request after the warm-up placed by the events (a warm-up request may go before the subscription)
+        self.assertGreaterEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 42)
 
 
 class EngineRestart(t.TestCase):

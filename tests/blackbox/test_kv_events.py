@@ -411,7 +411,8 @@ class KvEvents(t.TestCase):
     def test_blocks_of_another_size_leave_the_rank_approximate_and_say_so(self):
         ps, pubs, (r,) = self.cluster(n=1)
         p8 = prompt(8)
-        wrong = dict(stored_map([81], p8[:2 * B]), block_size=2 * B)  # the engine's blocks twice the router's
+        # the engine's blocks half the router's (SGLang's --page-size 8): not a whole number of the router's
+        wrong = dict(stored_map([81], p8[:B // 2]), block_size=B // 2)
         pubs[0].send(batch_map([wrong]))
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="block_size") == 1, what="block_size")
         self.assertEqual(kv(r.port, "xpyd_kv_events_sources", state="precise"), 0)
@@ -421,16 +422,44 @@ class KvEvents(t.TestCase):
         self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 0)
         pubs[0].send(batch_map([dict(wrong, block_hashes=[82])]))  # said once, not once per event
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_skipped_total", cause="block_size") == 2, what="skipped")
-        warn = [l for l in r.output().splitlines() if "--prefix-block-tokens %d" % (2 * B) in l]
+        warn = [l for l in r.output().splitlines() if "--prefix-block-tokens %d" % (B // 2) in l]
         self.assertEqual(len(warn), 1, r.output())
-        self.assertIn("block_size=%d" % (2 * B), warn[0])
+        self.assertIn("block_size=%d" % (B // 2), warn[0])
         pubs[0].send(batch_map([stored_map([83], p8[:B])]))  # the router's size again: precise
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="precise") == 1, what="precise again")
         completion(r.port, p8)
         self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 1)
         pubs[0].send(batch_map([dict(wrong, block_hashes=[84])]))  # flapping: approximate again, not said again
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="block_size") == 1, what="block_size")
-        self.assertEqual(sum("--prefix-block-tokens %d" % (2 * B) in l for l in r.output().splitlines()), 1)
+        self.assertEqual(sum("--prefix-block-tokens %d" % (B // 2) in l for l in r.output().splitlines()), 1)
+
+    def test_engine_blocks_of_several_of_the_routers(self):
+        # vLLM --block-size 64 (FlashMLA's) under the router's 16: each engine block is four of the router's, and
+        # a rank is credited whole engine blocks only
+        ps, pubs, (r,) = self.cluster()
+        p5 = prompt(5)
+        pubs[1].send(batch_map([dict(stored_map([501, 502], p5[:8 * B]), block_size=4 * B)]))
+        pubs[0].send(batch_map([stored_map([601, 602, 603, 604, 605], p5[:5 * B])]))
+        self.wait_blocks(r, 13)
+        src = lambda sim: t.metric(r.port, 'xpyd_kv_source_blocks{role="prefill",engine="127.0.0.1:%d",dp_rank="0"}'
+                                   % sim.port)
+        self.assertEqual((src(ps[0]), src(ps[1])), (5, 8))  # in the router's blocks
+        self.assertEqual(kv(r.port, "xpyd_kv_events_sources", state="precise"), 2)
+        predicted = kv(r.port, "xpyd_prefix_predicted_tokens_total")
+        completion(r.port, p5)  # 8 blocks against 5
+        self.assertEqual((selected(r.port, ps[0]), selected(r.port, ps[1])), (0, 1))
+        self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - predicted, 8 * B)
+        # sharing 6 of the router's blocks with rank 1: one engine block and half of the next, which the engine
+        # never hits (4 blocks, 64 tokens) - rank 0's 5 blocks are more
+        q = p5[:6 * B] + prompt(6, 4 * B)
+        completion(r.port, q)
+        self.assertEqual((selected(r.port, ps[0]), selected(r.port, ps[1])), (1, 1))
+        self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - predicted, 8 * B + 5 * B)
+        # the second engine block evicted: its four parts go with it
+        pubs[1].send(batch_map([{"type": "BlockRemoved", "block_hashes": [502], "medium": "GPU"}]))
+        self.wait_blocks(r, 9)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_skipped_total", cause="block_size"), 0)
+        t.wait_until(lambda: t.router_idle(r.port), what="load back to zero")
 
     def test_a_publisher_that_vanishes_and_comes_back(self):
         ps, pubs, (r,) = self.cluster(n=1)

@@ -113,8 +113,14 @@ static void refusals(void **state)
     struct kv_event orphan = stored(h, 1, prompt, 1, 777);
     assert_int_equal(kvi_apply(x, 0, &orphan, B), KVI_ORPHAN);
     struct kv_event sz = stored(h, 1, prompt, 0, 0);
-    sz.block_size = 16;
+    sz.block_size = B + 2; /* not a multiple of the router's, nor smaller blocks, nor too many of them */
     assert_int_equal(kvi_apply(x, 0, &sz, B), KVI_BLOCK_SIZE);
+    sz.block_size = B / 2;
+    assert_int_equal(kvi_apply(x, 0, &sz, B), KVI_BLOCK_SIZE);
+    sz.block_size = B * (KVI_MAX_PARTS + 1);
+    assert_int_equal(kvi_apply(x, 0, &sz, B), KVI_BLOCK_SIZE);
+    sz.block_size = 2 * B; /* a multiple: token_ids must then be 2 x B a hash */
+    assert_int_equal(kvi_apply(x, 0, &sz, B), KVI_SHAPE);
     struct kv_event sw = stored(h, 1, prompt, 0, 0);
     sw.full_attention = 0;
     assert_int_equal(kvi_apply(x, 0, &sw, B), KVI_NOT_FULL_ATTENTION);
@@ -132,6 +138,58 @@ static void refusals(void **state)
     assert_int_equal(out[0], 3);
     assert_null(kvi_new(0, 10));
     assert_null(kvi_new(5000, 10));
+    kvi_free(x);
+}
+
+/* an engine whose blocks are two of the router's (vLLM --block-size 8 under 4): each kept as two, found again on
+ * removal, chained from a parent; a rank's match in whole engine blocks */
+static void engine_blocks_of_several(void **state)
+{
+    (void)state;
+    setup_prompt();
+    struct kvi *x = kvi_new(2, 1000);
+    uint64_t h0[2] = {31, 32}, h1[3] = {41, 42, 43}, h2[1] = {33}, k[16];
+    struct kv_event a = stored(h0, 2, prompt, 0, 0), b = stored(h1, 3, prompt, 0, 0);
+    struct kv_event c = stored(h2, 1, prompt + 16, 1, 32); /* continues from engine block 32 */
+    a.block_size = c.block_size = 2 * B;
+    a.ntokens = 4 * B;
+    c.ntokens = 2 * B;
+    assert_int_equal(kvi_apply(x, 0, &a, B), KVI_OK);
+    assert_int_equal(kvi_apply(x, 1, &b, B), KVI_OK);
+    assert_int_equal(kvi_apply(x, 0, &c, B), KVI_OK);
+    assert_int_equal(kvi_blocks(x, 0), 6); /* in the router's blocks */
+    uint32_t out[2];
+    size_t n = keys_of(prompt, 32, k);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 6);
+    assert_int_equal(out[1], 3);
+    /* a prompt of 3 of the router's blocks: rank 0 holds them, but the engine hits one block of its own (2) */
+    n = keys_of(prompt, 14, k);
+    assert_int_equal(n, 3);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 2);
+    assert_int_equal(out[1], 3);
+    /* removed from another medium than it is held on: nothing goes */
+    uint64_t gone[1] = {32};
+    struct kv_event cpu = removed(gone, 1, "CPU"), gpu = removed(gone, 1, "GPU");
+    assert_int_equal(kvi_apply(x, 0, &cpu, B), KVI_OK);
+    assert_int_equal(kvi_blocks(x, 0), 6);
+    /* the middle engine block evicted: both its parts go, the run ends before them */
+    assert_int_equal(kvi_apply(x, 0, &gpu, B), KVI_OK);
+    assert_int_equal(kvi_blocks(x, 0), 4);
+    n = keys_of(prompt, 32, k);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 2);
+    /* the rank's engine now in the router's size: matches count block by block again */
+    uint64_t h3[1] = {51};
+    struct kv_event d = stored(h3, 1, prompt, 0, 0);
+    assert_int_equal(kvi_apply(x, 0, &d, B), KVI_OK);
+    n = keys_of(prompt, 12, k);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 2);
+    n = keys_of(prompt, 4, k);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 1);
     kvi_free(x);
 }
 
@@ -500,6 +558,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(chains_and_removals),
         cmocka_unit_test(refusals),
+        cmocka_unit_test(engine_blocks_of_several),
         cmocka_unit_test(media_duplicates_and_lora),
         cmocka_unit_test(many_ranks),
         cmocka_unit_test(extra_keys_are_not_text),
