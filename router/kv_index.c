@@ -41,6 +41,16 @@ struct pair { /* a block one rank reported */
     uint8_t media; /* 1 GPU (or not said), 2 CPU, 4 any other medium */
 };
 
+struct piece { /* an engine block smaller than the router's that does not end one of them (SGLang's pages of one
+                * token): kept until the engine block that ends it arrives, which then reads the tokens back */
+    uint64_t ehash, parent, base, extra; /* parent: the engine block before it (has_parent); base: the chain of the
+                                          * router's block before the one it is in; extra: its keys so far */
+    uint32_t *tok;                       /* its b tokens */
+    uint32_t next;                       /* free list link when unused */
+    uint16_t rank, b, filled;            /* filled: tokens of the router's block up to and including it */
+    uint8_t has_parent, media;
+};
+
 struct kvi {
     pthread_rwlock_t mu;
     int nranks, words;
@@ -56,6 +66,10 @@ struct kvi {
     uint32_t pair_free;
     size_t *rank_pairs;
     uint16_t *mult; /* per rank: its engine's block in the router's (0: none seen yet, as 1) */
+    struct map by_piece; /* (rank, engine hash) -> pieces[] */
+    struct piece *pieces;
+    size_t npieces, pieces_cap, piece_tokens;
+    uint32_t piece_free;
     uint64_t spaces[MAX_SPACES];
     int nspaces;
 };
@@ -155,7 +169,7 @@ struct kvi *kvi_new(int nranks, size_t max_blocks)
     x->max_pairs = max_blocks;
     x->rank_pairs = calloc((size_t)nranks, sizeof *x->rank_pairs);
     x->mult = calloc((size_t)nranks, sizeof *x->mult);
-    x->blk_free = x->pair_free = NONE;
+    x->blk_free = x->pair_free = x->piece_free = NONE;
     x->seed = (uint64_t)arc4random() << 32 | arc4random();
     x->by_key.seed = (uint64_t)arc4random() << 32 | arc4random();
     if (!x->rank_pairs || !x->mult || pthread_rwlock_init(&x->mu, NULL)) {
@@ -173,6 +187,11 @@ void kvi_free(struct kvi *x)
         return;
     pthread_rwlock_destroy(&x->mu);
     free(x->by_key.s);
+    for (size_t i = 0; i < x->by_piece.cap; i++)
+        if (x->by_piece.s[i].idx != NONE)
+            free(x->pieces[x->by_piece.s[i].idx].tok);
+    free(x->by_piece.s);
+    free(x->pieces);
     free(x->by_pair.s);
     free(x->blks);
     free(x->bits);
@@ -295,7 +314,7 @@ static int add_pair(struct kvi *x, int rank, uint64_t ehash, uint64_t chain, uin
         }
         remove_pair(x, (uint32_t)old); /* the engine's hash now names other content */
     }
-    if (x->npairs >= x->max_pairs)
+    if (x->npairs + x->npieces >= x->max_pairs)
         return KVI_FULL;
     uint64_t pk = pair_key(x, rank, ehash);
     if (map_find(&x->by_pair, pk) >= 0) /* another (rank, hash) with the same 64-bit key: not kept */
@@ -337,6 +356,129 @@ nomem:
         x->blk_free = (uint32_t)b;
     }
     return KVI_NOMEM;
+}
+
+static long find_piece(const struct kvi *x, int rank, uint64_t ehash)
+{
+    long s = map_find(&x->by_piece, pair_key(x, rank, ehash));
+    if (s < 0)
+        return -1;
+    uint32_t i = x->by_piece.s[s].idx;
+    return x->pieces[i].rank == rank && x->pieces[i].ehash == ehash ? (long)i : -1;
+}
+
+static void remove_piece(struct kvi *x, uint32_t qi)
+{
+    struct piece *q = &x->pieces[qi];
+    map_del(&x->by_piece, (size_t)map_find(&x->by_piece, pair_key(x, q->rank, q->ehash)));
+    free(q->tok);
+    q->tok = NULL;
+    x->piece_tokens -= q->b;
+    x->npieces--;
+    q->next = x->piece_free;
+    x->piece_free = qi;
+}
+
+/* Keeps engine block ehash of rank as a piece (its fields in *v, its tokens copied); one kept under the same hash
+ * is replaced. Pieces count against the bound with the pairs. */
+static int add_piece(struct kvi *x, const struct piece *v, const uint32_t *tok)
+{
+    long old = find_piece(x, v->rank, v->ehash);
+    if (old >= 0)
+        remove_piece(x, (uint32_t)old);
+    if (x->npairs + x->npieces >= x->max_pairs)
+        return KVI_FULL;
+    uint64_t pk = pair_key(x, v->rank, v->ehash);
+    if (map_find(&x->by_piece, pk) >= 0) /* another (rank, hash) with the same 64-bit key: not kept */
+        return KVI_FULL;
+    uint32_t *t = malloc(v->b * sizeof *t);
+    if (!t)
+        return KVI_NOMEM;
+    uint32_t qi = x->piece_free;
+    if (qi != NONE) {
+        x->piece_free = x->pieces[qi].next;
+    } else {
+        if (x->npieces == x->pieces_cap) {
+            size_t cap = x->pieces_cap ? 2 * x->pieces_cap : 1024;
+            struct piece *np = realloc(x->pieces, cap * sizeof *np);
+            if (!np) {
+                free(t);
+                return KVI_NOMEM;
+            }
+            x->pieces = np;
+            x->pieces_cap = cap;
+        }
+        qi = (uint32_t)x->npieces;
+    }
+    if (map_put(&x->by_piece, pk, qi)) {
+        x->pieces[qi].next = x->piece_free;
+        x->piece_free = qi;
+        free(t);
+        return KVI_NOMEM;
+    }
+    memcpy(t, tok, v->b * sizeof *t);
+    x->pieces[qi] = *v;
+    x->pieces[qi].tok = t;
+    x->piece_tokens += v->b;
+    x->npieces++;
+    return KVI_OK;
+}
+
+/* Engine blocks of b tokens, k of them one of the router's (b x k = block_tokens): each one that ends a router
+ * block is keyed from its tokens and its pieces' (read back through their parents), the others kept as pieces */
+static int store_pieces(struct kvi *x, int rank, const struct kv_event *ev, size_t b, size_t block_tokens,
+                        uint64_t space, uint8_t media)
+{
+    struct piece at = {.base = xb_chain_seed(), .rank = (uint16_t)rank, .b = (uint16_t)b, .media = media};
+    if (ev->has_parent) { /* the router's block the event goes on with, and how far */
+        long pi = find_pair(x, rank, ev->parent), qi = pi < 0 ? find_piece(x, rank, ev->parent) : -1;
+        if (pi >= 0) {
+            at.base = x->pairs[pi].chain;
+        } else if (qi >= 0) {
+            at.base = x->pieces[qi].base;
+            at.filled = x->pieces[qi].filled;
+            at.extra = x->pieces[qi].extra;
+        } else {
+            return KVI_ORPHAN;
+        }
+        at.parent = ev->parent;
+        at.has_parent = 1;
+    }
+    uint32_t scratch[KVI_MAX_PARTS * 16];
+    int rc = KVI_OK;
+    for (size_t i = 0; !rc && i < ev->nhashes; i++) {
+        const uint32_t *tok = ev->tokens + i * b;
+        at.ehash = ev->hashes[i];
+        at.filled = (uint16_t)(at.filled + b);
+        at.extra ^= ev->extra ? ev->extra[i] : 0;
+        if (at.filled < block_tokens) {
+            rc = add_piece(x, &at, tok);
+        } else { /* ends a router block: its tokens, from the last piece back */
+            size_t n = block_tokens - b;
+            memcpy(scratch + n, tok, b * sizeof *tok);
+            for (uint64_t h = at.parent; !rc && n;) {
+                long qi = at.has_parent ? find_piece(x, rank, h) : -1;
+                if (qi < 0 || x->pieces[qi].b != b || x->pieces[qi].filled != n) {
+                    rc = KVI_ORPHAN; /* evicted or replaced since: the block cannot be keyed */
+                } else {
+                    n -= b;
+                    memcpy(scratch + n, x->pieces[qi].tok, b * sizeof *tok);
+                    h = x->pieces[qi].parent;
+                }
+            }
+            uint64_t chain = xb_hash_block_ids(at.base, scratch, block_tokens);
+            if (!rc && at.extra) /* an image, a cache salt: the block (and all after it) is not the text's */
+                chain = xb_chain_extra(chain, at.extra);
+            if (!rc)
+                rc = add_pair(x, rank, at.ehash, chain, space, media);
+            at.base = chain;
+            at.filled = 0;
+            at.extra = 0;
+        }
+        at.parent = at.ehash;
+        at.has_parent = 1;
+    }
+    return rc;
 }
 
 static uint8_t media_of(const char *m)
@@ -381,33 +523,43 @@ int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tok
             for (size_t j = 0; j < KVI_MAX_PARTS && (pi = find_pair(x, rank, part_hash(ev->hashes[i], j))) >= 0; j++)
                 if (!(x->pairs[pi].media &= (uint8_t)~media))
                     remove_pair(x, (uint32_t)pi);
+            long qi = find_piece(x, rank, ev->hashes[i]); /* or a piece of one */
+            if (qi >= 0 && !(x->pieces[qi].media &= (uint8_t)~media))
+                remove_piece(x, (uint32_t)qi);
         }
         pthread_rwlock_unlock(&x->mu);
         return KVI_OK;
     }
     long b = ev->block_size > 0 ? ev->block_size : block_tokens;
     size_t m = 1; /* the router's blocks in one of the engine's */
+    int small = b > 0 && b < block_tokens; /* pieces: the router's blocks are k of the engine's */
     if (!ev->full_attention)
         rc = KVI_NOT_FULL_ATTENTION;
-    else if (block_tokens <= 0 || b <= 0 || b % block_tokens || b / block_tokens > KVI_MAX_PARTS)
+    else if (block_tokens <= 0 || block_tokens > KVI_MAX_PARTS * 16 || b <= 0 ||
+             (small ? block_tokens % b : b % block_tokens || b / block_tokens > KVI_MAX_PARTS))
         rc = KVI_BLOCK_SIZE;
     else if (ev->ntokens != ev->nhashes * (size_t)b)
         rc = KVI_SHAPE;
     else
-        m = (size_t)(b / block_tokens);
+        m = small ? 1 : (size_t)(b / block_tokens);
     uint64_t prev = xb_chain_seed(), space = space_of(ev);
     if (!rc && ensure_words(x, rank))
         rc = KVI_NOMEM;
-    if (!rc && ev->has_parent) {
+    if (!rc && small) {
+        x->mult[rank] = 1;
+        rc = store_pieces(x, rank, ev, (size_t)b, (size_t)block_tokens, space, media_of(ev->medium));
+        m = 0; /* done */
+    }
+    if (!rc && m && ev->has_parent) {
         long pi = find_pair(x, rank, ev->parent);
         if (pi < 0)
             rc = KVI_ORPHAN;
         else
             prev = x->pairs[pi].chain;
     }
-    if (!rc)
+    if (!rc && m)
         x->mult[rank] = (uint16_t)m;
-    for (size_t i = 0; !rc && i < ev->nhashes; i++)
+    for (size_t i = 0; !rc && m && i < ev->nhashes; i++)
         for (size_t j = 0; !rc && j < m; j++) { /* the engine's block i as m of the router's */
             uint64_t chain = xb_hash_block_ids(prev, ev->tokens + (i * m + j) * (size_t)block_tokens,
                                                (size_t)block_tokens);
@@ -438,6 +590,13 @@ void kvi_drop_rank(struct kvi *x, int rank)
         const struct slot *s = &x->by_pair.s[i];
         if (s->idx != NONE && x->pairs[s->idx].rank == rank)
             remove_pair(x, s->idx); /* backward shift may move another entry into slot i: look at it again */
+        else
+            i++;
+    }
+    for (size_t i = 0; x->npieces && i < x->by_piece.cap;) {
+        const struct slot *s = &x->by_piece.s[i];
+        if (s->idx != NONE && x->pieces[s->idx].rank == rank)
+            remove_piece(x, s->idx);
         else
             i++;
     }
@@ -504,7 +663,9 @@ size_t kvi_bytes(struct kvi *x)
     pthread_rwlock_rdlock(&x->mu);
     size_t b = (x->by_key.cap + x->by_pair.cap) * sizeof(struct slot) +
                x->blks_cap * (sizeof(struct blk) + (size_t)x->words * sizeof(uint64_t)) +
-               x->pairs_cap * sizeof(struct pair) + (size_t)x->nranks * sizeof(size_t);
+               x->pairs_cap * sizeof(struct pair) + (size_t)x->nranks * (sizeof(size_t) + sizeof(uint16_t)) +
+               x->by_piece.cap * sizeof(struct slot) + x->pieces_cap * sizeof(struct piece) +
+               x->piece_tokens * sizeof(uint32_t);
     pthread_rwlock_unlock(&x->mu);
     return b;
 }

@@ -13,7 +13,9 @@
  * An engine whose blocks are m times the router's (vLLM --block-size 64 under --prefix-block-tokens 16) has each
  * of its blocks kept as m of the router's, the last under the engine's hash (the next block's parent) and the
  * others under hashes derived from it (found again on removal); a rank's match is then a multiple of m blocks, as
- * the engine hits whole blocks of its own only.
+ * the engine hits whole blocks of its own only. An engine whose blocks are a k-th of the router's (SGLang's
+ * --page-size 1: a block a token) has each of them that does not end a router block kept as a piece (its tokens,
+ * its parent) until the one that ends it comes, which is keyed from them. Pieces count against max_blocks too.
  * Thread-safe (a rwlock: lookups share it, events take it alone). */
 #ifndef XPYD_KV_INDEX_H
 #define XPYD_KV_INDEX_H
@@ -29,7 +31,7 @@ struct kvi;
 enum kvi_skip {
     KVI_OK = 0,
     KVI_NOT_FULL_ATTENTION, /* a sliding-window or mamba group: does not drive routing */
-    KVI_BLOCK_SIZE,         /* block_size not a multiple of the router's --prefix-block-tokens: keys never match */
+    KVI_BLOCK_SIZE,         /* block_size neither a multiple nor a divisor of --prefix-block-tokens: never match */
     KVI_SHAPE,              /* token_ids not block_size x block_hashes */
     KVI_ORPHAN,             /* the parent block is unknown (missed, or evicted before): its chain cannot be keyed */
     KVI_FULL,               /* max_blocks reached */

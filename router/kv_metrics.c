@@ -89,8 +89,9 @@ void rt_kv_metrics(struct evbuffer *b)
         evbuffer_add_printf(b, "xpyd_kv_events_decode_errors_total{role=\"%s\",cause=\"%s\"} %" PRIu64 "\n",
                             roles[role], kve_error_names[e], U64(K.decode_errors[role][e]));
     header(b, "xpyd_kv_events_skipped_total", "counter",
-           "KV events not (wholly) applied to the index, by cause (orphan: parent unknown; block_size: not a "
-           "multiple of --prefix-block-tokens; not_full_attention; shape; full: --kv-index-max-blocks).");
+           "KV events not (wholly) applied to the index, by cause (orphan: parent unknown; block_size: neither "
+           "a multiple nor a divisor of --prefix-block-tokens; not_full_attention; shape; full: "
+           "--kv-index-max-blocks).");
     EACH_ROLE for (int e = 1; e < KVI_COUNT; e++)
         evbuffer_add_printf(b, "xpyd_kv_events_skipped_total{role=\"%s\",cause=\"%s\"} %" PRIu64 "\n", roles[role],
                             kvi_skip_names[e], U64(K.skipped[role][e]));
@@ -104,8 +105,8 @@ void rt_kv_metrics(struct evbuffer *b)
     header(b, "xpyd_kv_events_sources", "gauge",
            "Ranks with a KV-event source (an endpoint, or an engine heard on --kv-events-bind), by state: precise "
            "(placement uses their events), stale (sent a prompt, published nothing for --kv-events-stale-ms), "
-           "block_size (its blocks not a multiple of --prefix-block-tokens: they cannot match) or down (not "
-           "connected to its publisher); placement is approximate for the last three.");
+           "block_size (its blocks neither a multiple nor a divisor of --prefix-block-tokens: they cannot match) "
+           "or down (not connected to its publisher); placement is approximate for the last three.");
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_events_sources{role=\"%s\",state=\"precise\"} %ld\n"
                                      "xpyd_kv_events_sources{role=\"%s\",state=\"stale\"} %ld\n"
                                      "xpyd_kv_events_sources{role=\"%s\",state=\"block_size\"} %ld\n"

@@ -38,8 +38,8 @@ static uint64_t be64(const unsigned char *p)
     return v;
 }
 
-/* A full-attention BlockStored's block size against --prefix-block-tokens: blocks that are not a whole number of
- * the router's never match a prompt's, so the rank is placed by the router's own guess until they are again. Said
+/* A full-attention BlockStored's block size against --prefix-block-tokens: blocks that are neither a whole number
+ * of the router's nor a whole part of one never match a prompt's, so the rank is placed by the router's own guess until they are again. Said
  * when it changes, at most once every 10 s a rank (a publisher flapping between sizes does not flood the log). */
 static void block_size_seen(int role, int rank, const struct kv_event *ev, int unlike)
 {
@@ -55,14 +55,14 @@ static void block_size_seen(int role, int rank, const struct kv_event *ev, int u
     char hp[300];
     rt_rank_identity(role, rank, hp, sizeof hp);
     if (unlike)
-        XLOG_WARN("msg=\"KV events in blocks that are not a multiple of --prefix-block-tokens: they cannot match a "
-                  "prompt's blocks, the rank is placed by the router's own guess; set --prefix-block-tokens %ld "
-                  "(the engines' block size, or a divisor of it)\" role=%s rank=%d engine=%s block_size=%ld "
-                  "prefix_block_tokens=%ld",
+        XLOG_WARN("msg=\"KV events in blocks that are neither a multiple nor a divisor of --prefix-block-tokens: "
+                  "they cannot match a prompt's blocks, the rank is placed by the router's own guess; set "
+                  "--prefix-block-tokens %ld (the engines' block size; a divisor or multiple of it will do)\" "
+                  "role=%s rank=%d engine=%s block_size=%ld prefix_block_tokens=%ld",
                   ev->block_size, roles[role], rank, hp, ev->block_size, g_rt->cfg.prefix_block_tokens);
     else
-        XLOG_INFO("msg=\"KV events in a multiple of the router's block size again: the rank is placed by its "
-                  "events\" role=%s rank=%d engine=%s block_size=%ld prefix_block_tokens=%ld", roles[role], rank, hp,
+        XLOG_INFO("msg=\"KV events in a multiple or a divisor of the router's block size again: the rank is "
+                  "placed by its events\" role=%s rank=%d engine=%s block_size=%ld prefix_block_tokens=%ld", roles[role], rank, hp,
                   ev->block_size > 0 ? ev->block_size : g_rt->cfg.prefix_block_tokens, g_rt->cfg.prefix_block_tokens);
 }
 

@@ -348,7 +348,7 @@ class PreciseEndToEnd(t.TestCase):
 
     def run_workload(self, events, block=16):
         """40 requests of 6 tenants over two prefills of 640 tokens of cache each, in engine blocks of `block`
-        tokens (the router's are 16); returns how many the router predicted other cached tokens for than the
+        tokens (the router's are 16); returns, for each, the cached tokens the router predicted and those the
         engine then reported, and the router."""
         ctx = zmq.Context()
         self.addCleanup(ctx.destroy, linger=0)
@@ -372,7 +372,7 @@ class PreciseEndToEnd(t.TestCase):
                                   kv(r.port, "xpyd_kv_events_batches_total") >= 1), what="events flowing")
             for k in range(2):
                 completion(r.port, prompt(90 + k, 2 * block + 5))
-        wrong = 0
+        seen = []
         for i in range(40):
             ten = rnd.randrange(len(tenants))
             # a tenant's context, then a block of its own (every request stores one: a batch to wait for)
@@ -383,8 +383,8 @@ class PreciseEndToEnd(t.TestCase):
             if events:  # the engine's events of this request reach the router before the next one is placed
                 t.wait_until(lambda: kv(r.port, "xpyd_kv_events_batches_total") > batches, what="its events")
             after = (kv(r.port, "xpyd_prefix_predicted_tokens_total"), kv(r.port, "xpyd_prefix_cached_tokens_total"))
-            wrong += (after[0] - before[0]) != (after[1] - before[1])
-        return wrong, r
+            seen.append((after[0] - before[0], after[1] - before[1]))
+        return seen, r
 
     def test_salted_tenants_are_predicted_apart(self):
         # the same prompt under three tenants' cache_salt and none, over two prefills publishing events (the sims'
@@ -427,24 +427,37 @@ class PreciseEndToEnd(t.TestCase):
         self.assertEqual(cached, 4 * 96)  # the second t1, t2, unsalted and third t1: a's 6 blocks each
 
     def test_predicted_is_what_engines_report(self):
-        wrong, r = self.run_workload(events=True)
-        self.assertEqual(wrong, 0)
+        seen, r = self.run_workload(events=True)
+        self.assertEqual([p for p, c in seen], [c for p, c in seen])
         self.assertGreater(kv(r.port, "xpyd_kv_events_total", type="removed"), 0)  # evictions happened
         self.assertGreater(kv(r.port, "xpyd_prefix_cached_tokens_total"), 0)
-        guess_wrong, _ = self.run_workload(events=False)
-        self.assertGreater(guess_wrong, 0)  # the guess misses what evictions did
+        guess, _ = self.run_workload(events=False)
+        self.assertGreater(sum(p != c for p, c in guess), 0)  # the guess misses what evictions did
 
     def test_engine_blocks_of_two_of_the_routers(self):
         # vLLM --block-size 32 under --prefix-block-tokens 16: each engine block kept as two, a rank's match in
         # whole engine blocks (contexts of 200 tokens end inside one: 192 of them cached, not 200 or 208)
-        wrong, r = self.run_workload(events=True, block=32)
-        self.assertEqual(wrong, 0)
+        seen, r = self.run_workload(events=True, block=32)
+        self.assertEqual([p for p, c in seen], [c for p, c in seen])
         self.assertEqual(kv(r.port, "xpyd_kv_events_sources", state="precise"), 2)
         self.assertEqual(kv(r.port, "xpyd_kv_events_skipped_total", cause="block_size"), 0)
         self.assertGreater(kv(r.port, "xpyd_kv_events_total", type="removed"), 0)
         self.assertGreater(kv(r.port, "xpyd_prefix_cached_tokens_total"), 0)
         self.assertEqual(kv(r.port, "xpyd_prefix_cached_tokens_total") % 32, 0)
         # every request after the warm-up placed by the events (a warm-up request may go before the subscription)
+        self.assertGreaterEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 42)
+
+    def test_engine_blocks_of_half_the_routers(self):
+        # vLLM --block-size 8 (SGLang --page-size 8) under --prefix-block-tokens 16: a router block is held when
+        # both its engine blocks are; the engine hits half a router block more where a context ends in one (200
+        # tokens: 200 cached, 192 predicted), never less
+        seen, r = self.run_workload(events=True, block=8)
+        self.assertTrue(all(c - p in (0, 8) for p, c in seen), seen)
+        self.assertTrue(any(c - p == 8 for p, c in seen), seen)  # contexts of 200 tokens were hit
+        self.assertGreater(sum(p for p, c in seen), 0)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_sources", state="precise"), 2)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_skipped_total", cause="block_size"), 0)
+        self.assertGreater(kv(r.port, "xpyd_kv_events_total", type="removed"), 0)
         self.assertGreaterEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 42)
 
 

@@ -411,8 +411,8 @@ class KvEvents(t.TestCase):
     def test_blocks_of_another_size_leave_the_rank_approximate_and_say_so(self):
         ps, pubs, (r,) = self.cluster(n=1)
         p8 = prompt(8)
-        # the engine's blocks half the router's (SGLang's --page-size 8): not a whole number of the router's
-        wrong = dict(stored_map([81], p8[:B // 2]), block_size=B // 2)
+        # the engine's blocks one and a half of the router's: neither a whole number of them nor a part of one
+        wrong = dict(stored_map([81], p8[:B * 3 // 2]), block_size=B * 3 // 2)
         pubs[0].send(batch_map([wrong]))
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="block_size") == 1, what="block_size")
         self.assertEqual(kv(r.port, "xpyd_kv_events_sources", state="precise"), 0)
@@ -422,16 +422,16 @@ class KvEvents(t.TestCase):
         self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 0)
         pubs[0].send(batch_map([dict(wrong, block_hashes=[82])]))  # said once, not once per event
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_skipped_total", cause="block_size") == 2, what="skipped")
-        warn = [l for l in r.output().splitlines() if "--prefix-block-tokens %d" % (B // 2) in l]
+        warn = [l for l in r.output().splitlines() if "--prefix-block-tokens %d" % (B * 3 // 2) in l]
         self.assertEqual(len(warn), 1, r.output())
-        self.assertIn("block_size=%d" % (B // 2), warn[0])
+        self.assertIn("block_size=%d" % (B * 3 // 2), warn[0])
         pubs[0].send(batch_map([stored_map([83], p8[:B])]))  # the router's size again: precise
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="precise") == 1, what="precise again")
         completion(r.port, p8)
         self.assertEqual(kv(r.port, "xpyd_kv_placements_total", mode="precise"), 1)
         pubs[0].send(batch_map([dict(wrong, block_hashes=[84])]))  # flapping: approximate again, not said again
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_sources", state="block_size") == 1, what="block_size")
-        self.assertEqual(sum("--prefix-block-tokens %d" % (B // 2) in l for l in r.output().splitlines()), 1)
+        self.assertEqual(sum("--prefix-block-tokens %d" % (B * 3 // 2) in l for l in r.output().splitlines()), 1)
 
     def test_engine_blocks_of_several_of_the_routers(self):
         # vLLM --block-size 64 (FlashMLA's) under the router's 16: each engine block is four of the router's, and
@@ -589,6 +589,34 @@ class KvEvents(t.TestCase):
         before = kv(r.port, "xpyd_prefix_predicted_tokens_total")
         completion(r.port, p)  # unsalted: neither rank holds it
         self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - before, 0)
+
+    def test_sglang_pages_of_one_token(self):
+        # SGLang's default --page-size 1: one BlockStored per token (block_size 1, signed 64-bit hashes, each the
+        # parent of the next), the salt on the first; a router block is keyed when its last token's event comes
+        ps, pubs, (r,) = self.cluster()
+        p = prompt(15)
+        h = [-(1 << 62) - i for i in range(40)]
+        pubs[0].send(batch_array([["BlockStored", [h[i]], h[i - 1] if i else None, [p[i]], 1, None, "GPU",
+                                   {"cache_salt": "s7"} if i == 0 else None] for i in range(40)]))
+        self.wait_blocks(r, 2)  # tokens 0-15 and 16-31; 32-39 wait for the rest of their block
+        self.assertEqual(kv(r.port, "xpyd_kv_events_sources", state="precise"), 2)
+        self.assertEqual(kv(r.port, "xpyd_kv_events_skipped_total", cause="block_size"), 0)
+        for body, tokens in (({"prompt": p, "cache_salt": "s7"}, 2 * B), ({"prompt": p}, 0)):
+            before = (selected(r.port, ps[0]), kv(r.port, "xpyd_prefix_predicted_tokens_total"))
+            st, _, out = t.post_json(r.port, "/v1/completions", dict(body, max_tokens=1))
+            self.assertEqual(st, 200, out)
+            self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - before[1], tokens, body)
+            if tokens:
+                self.assertEqual(selected(r.port, ps[0]) - before[0], 1)
+        # the leaf evicted, its pages one event each, last first: the second block goes with its last token
+        pubs[0].send(batch_map([{"type": "BlockRemoved", "block_hashes": [h[i]], "medium": "GPU"}
+                                for i in range(39, 15, -1)]))
+        self.wait_blocks(r, 1)
+        before = kv(r.port, "xpyd_prefix_predicted_tokens_total")
+        st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": p, "cache_salt": "s7", "max_tokens": 1})
+        self.assertEqual(st, 200, out)
+        self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - before, B)
+        t.wait_until(lambda: t.router_idle(r.port), what="load back to zero")
 
     def test_ranks_added_and_removed_at_run_time(self):
         ps, pubs, (r,) = self.cluster(n=1, args=("--admin-key", "adm"))

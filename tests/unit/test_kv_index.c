@@ -115,7 +115,7 @@ static void refusals(void **state)
     struct kv_event sz = stored(h, 1, prompt, 0, 0);
     sz.block_size = B + 2; /* not a multiple of the router's, nor smaller blocks, nor too many of them */
     assert_int_equal(kvi_apply(x, 0, &sz, B), KVI_BLOCK_SIZE);
-    sz.block_size = B / 2;
+    sz.block_size = B - 1;
     assert_int_equal(kvi_apply(x, 0, &sz, B), KVI_BLOCK_SIZE);
     sz.block_size = B * (KVI_MAX_PARTS + 1);
     assert_int_equal(kvi_apply(x, 0, &sz, B), KVI_BLOCK_SIZE);
@@ -190,6 +190,75 @@ static void engine_blocks_of_several(void **state)
     n = keys_of(prompt, 4, k);
     kvi_match(x, k, n, 0, out);
     assert_int_equal(out[0], 1);
+    kvi_free(x);
+}
+
+/* engine blocks of b tokens (SGLang's --page-size 1: an event per token) stored one at a time or several to an
+ * event: stored from the parent */
+static int store_small(struct kvi *x, int rank, uint64_t first_hash, size_t from, size_t n, size_t b, int parent)
+{
+    uint64_t h[16];
+    for (size_t i = 0; i < n; i++)
+        h[i] = first_hash + i;
+    struct kv_event e = stored(h, n, prompt + from * b, parent, first_hash - 1);
+    e.block_size = (long)b;
+    e.ntokens = n * b;
+    return kvi_apply(x, rank, &e, B);
+}
+
+/* an engine whose blocks are a quarter or half of the router's: a router block is keyed when the engine block
+ * that ends it arrives, from the tokens of the ones before it (kept as pieces); a missing piece leaves it unkeyed */
+static void engine_blocks_smaller_than_the_routers(void **state)
+{
+    (void)state;
+    setup_prompt();
+    struct kvi *x = kvi_new(2, 1000);
+    uint64_t k[16];
+    uint32_t out[2];
+    assert_int_equal(store_small(x, 0, 100, 0, 1, 1, 0), KVI_OK); /* token 0, no parent */
+    for (size_t i = 1; i < 10; i++) /* tokens 1..9, one event each, chained */
+        assert_int_equal(store_small(x, 0, 100 + i, i, 1, 1, 1), KVI_OK);
+    assert_int_equal(kvi_blocks(x, 0), 2); /* tokens 0-3 and 4-7; 8 and 9 wait */
+    size_t n = keys_of(prompt, 16, k);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 2);
+    assert_int_equal(store_small(x, 0, 110, 10, 2, 1, 1), KVI_OK); /* tokens 10, 11 in one event */
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 3);
+    assert_int_equal(store_small(x, 1, 200, 0, 4, 2, 0), KVI_OK); /* rank 1: blocks of 2, tokens 0..7 */
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[1], 2);
+    assert_int_equal(kvi_blocks(x, 1), 2);
+    /* a piece evicted: its router block stays until the engine block ending it goes too (SGLang evicts a leaf's
+     * pages together, the end with them) */
+    uint64_t piece[1] = {105}, end[1] = {107};
+    struct kv_event rp = removed(piece, 1, "GPU"), re = removed(end, 1, "GPU");
+    assert_int_equal(kvi_apply(x, 0, &rp, B), KVI_OK);
+    assert_int_equal(kvi_blocks(x, 0), 3);
+    assert_int_equal(kvi_apply(x, 0, &re, B), KVI_OK);
+    assert_int_equal(kvi_blocks(x, 0), 2);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 1);
+    /* tokens 12..14 kept, 12 evicted, then 15: its router block cannot be keyed */
+    assert_int_equal(store_small(x, 0, 112, 12, 3, 1, 1), KVI_OK);
+    uint64_t first[1] = {112};
+    struct kv_event r12 = removed(first, 1, "GPU");
+    assert_int_equal(kvi_apply(x, 0, &r12, B), KVI_OK);
+    assert_int_equal(store_small(x, 0, 115, 15, 1, 1, 1), KVI_ORPHAN);
+    assert_int_equal(store_small(x, 0, 300, 0, 1, 1, 1), KVI_ORPHAN); /* parent 299 unknown */
+    assert_int_equal(kvi_blocks(x, 0), 2);
+    /* forgotten with the rank: nothing to go on from */
+    kvi_drop_rank(x, 0);
+    assert_int_equal(kvi_blocks(x, 0), 0);
+    assert_int_equal(store_small(x, 0, 110, 10, 2, 1, 1), KVI_ORPHAN);
+    kvi_free(x);
+    /* pieces count against the bound */
+    x = kvi_new(1, 5);
+    int rc = KVI_OK;
+    for (size_t i = 0; i < 12 && rc == KVI_OK; i++)
+        rc = store_small(x, 0, 100 + i, i, 1, 1, i > 0);
+    assert_int_equal(rc, KVI_FULL);
+    assert_true(kvi_blocks(x, 0) <= 2);
     kvi_free(x);
 }
 
@@ -559,6 +628,7 @@ int main(void)
         cmocka_unit_test(chains_and_removals),
         cmocka_unit_test(refusals),
         cmocka_unit_test(engine_blocks_of_several),
+        cmocka_unit_test(engine_blocks_smaller_than_the_routers),
         cmocka_unit_test(media_duplicates_and_lora),
         cmocka_unit_test(many_ranks),
         cmocka_unit_test(extra_keys_are_not_text),
