@@ -45,7 +45,10 @@ struct piece { /* an engine block smaller than the router's that does not end on
                 * token): kept until the engine block that ends it arrives, which then reads the tokens back */
     uint64_t ehash, parent, base, extra; /* parent: the engine block before it (has_parent); base: the chain of the
                                           * router's block before the one it is in; extra: its keys so far */
-    uint32_t *tok;                       /* its b tokens */
+    union {
+        uint32_t *tok;                   /* its b tokens */
+        uint32_t in[2];                  /* or in place, b <= 2 (SGLang's default pages of one token) */
+    } t;
     uint32_t next;                       /* free list link when unused */
     uint16_t rank, b, filled;            /* filled: tokens of the router's block up to and including it */
     uint8_t has_parent, media;
@@ -188,8 +191,8 @@ void kvi_free(struct kvi *x)
     pthread_rwlock_destroy(&x->mu);
     free(x->by_key.s);
     for (size_t i = 0; i < x->by_piece.cap; i++)
-        if (x->by_piece.s[i].idx != NONE)
-            free(x->pieces[x->by_piece.s[i].idx].tok);
+        if (x->by_piece.s[i].idx != NONE && x->pieces[x->by_piece.s[i].idx].b > 2)
+            free(x->pieces[x->by_piece.s[i].idx].t.tok);
     free(x->by_piece.s);
     free(x->pieces);
     free(x->by_pair.s);
@@ -371,8 +374,8 @@ static void remove_piece(struct kvi *x, uint32_t qi)
 {
     struct piece *q = &x->pieces[qi];
     map_del(&x->by_piece, (size_t)map_find(&x->by_piece, pair_key(x, q->rank, q->ehash)));
-    free(q->tok);
-    q->tok = NULL;
+    if (q->b > 2)
+        free(q->t.tok);
     x->piece_tokens -= q->b;
     x->npieces--;
     q->next = x->piece_free;
@@ -383,16 +386,18 @@ static void remove_piece(struct kvi *x, uint32_t qi)
  * is replaced. Pieces count against the bound with the pairs. */
 static int add_piece(struct kvi *x, const struct piece *v, const uint32_t *tok)
 {
-    long old = find_piece(x, v->rank, v->ehash);
-    if (old >= 0)
-        remove_piece(x, (uint32_t)old);
+    uint64_t pk = pair_key(x, v->rank, v->ehash);
+    long s = map_find(&x->by_piece, pk);
+    if (s >= 0) {
+        const struct piece *old = &x->pieces[x->by_piece.s[s].idx];
+        if (old->rank != v->rank || old->ehash != v->ehash) /* another (rank, hash) with the same key: not kept */
+            return KVI_FULL;
+        remove_piece(x, x->by_piece.s[s].idx);
+    }
     if (x->npairs + x->npieces >= x->max_pairs)
         return KVI_FULL;
-    uint64_t pk = pair_key(x, v->rank, v->ehash);
-    if (map_find(&x->by_piece, pk) >= 0) /* another (rank, hash) with the same 64-bit key: not kept */
-        return KVI_FULL;
-    uint32_t *t = malloc(v->b * sizeof *t);
-    if (!t)
+    uint32_t *t = v->b > 2 ? malloc(v->b * sizeof *t) : NULL;
+    if (v->b > 2 && !t)
         return KVI_NOMEM;
     uint32_t qi = x->piece_free;
     if (qi != NONE) {
@@ -416,9 +421,10 @@ static int add_piece(struct kvi *x, const struct piece *v, const uint32_t *tok)
         free(t);
         return KVI_NOMEM;
     }
-    memcpy(t, tok, v->b * sizeof *t);
     x->pieces[qi] = *v;
-    x->pieces[qi].tok = t;
+    if (t)
+        x->pieces[qi].t.tok = t;
+    memcpy(t ? t : x->pieces[qi].t.in, tok, v->b * sizeof *tok);
     x->piece_tokens += v->b;
     x->npieces++;
     return KVI_OK;
@@ -462,7 +468,7 @@ static int store_pieces(struct kvi *x, int rank, const struct kv_event *ev, size
                     rc = KVI_ORPHAN; /* evicted or replaced since: the block cannot be keyed */
                 } else {
                     n -= b;
-                    memcpy(scratch + n, x->pieces[qi].tok, b * sizeof *tok);
+                    memcpy(scratch + n, b > 2 ? x->pieces[qi].t.tok : x->pieces[qi].t.in, b * sizeof *tok);
                     h = x->pieces[qi].parent;
                 }
             }
@@ -516,6 +522,12 @@ int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tok
     if (ev->type == KVE_REMOVED) {
         uint8_t media = media_of(ev->medium);
         for (size_t i = 0; i < ev->nhashes; i++) {
+            long qi = x->npieces ? find_piece(x, rank, ev->hashes[i]) : -1; /* a piece of a router block */
+            if (qi >= 0) {
+                if (!(x->pieces[qi].media &= (uint8_t)~media))
+                    remove_piece(x, (uint32_t)qi);
+                continue;
+            }
             long pi = find_pair(x, rank, ev->hashes[i]);
             if (pi >= 0 && !(x->pairs[pi].media &= (uint8_t)~media))
                 remove_pair(x, (uint32_t)pi);
@@ -523,9 +535,6 @@ int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tok
             for (size_t j = 0; j < KVI_MAX_PARTS && (pi = find_pair(x, rank, part_hash(ev->hashes[i], j))) >= 0; j++)
                 if (!(x->pairs[pi].media &= (uint8_t)~media))
                     remove_pair(x, (uint32_t)pi);
-            long qi = find_piece(x, rank, ev->hashes[i]); /* or a piece of one */
-            if (qi >= 0 && !(x->pieces[qi].media &= (uint8_t)~media))
-                remove_piece(x, (uint32_t)qi);
         }
         pthread_rwlock_unlock(&x->mu);
         return KVI_OK;
