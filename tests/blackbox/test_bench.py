@@ -153,5 +153,19 @@ class Failures(t.TestCase):
         self.assertEqual(t.metric(d.port, 'xpyd_sim:handoffs_total{mode="kv-params",result="done"}'), 5)
 
 
+
+class Micro(t.TestCase):
+    def test_kv_lookup_checks_its_answers(self):
+        # the KV-event index micro-benchmark exits 1 on a wrong answer: a lookup's leading blocks per rank, a prompt
+        # taken in as vLLM, vLLM --block-size 64 and SGLang's pages of one token publish it (held whole, then none)
+        p = subprocess.run([os.path.join(t.BIN, "xpyd_kv_lookup"), "50"], capture_output=True, text=True,
+                           timeout=120)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        got = json.loads(p.stdout)
+        self.assertEqual((got["prompt_tokens"], got["blocks"], got["ranks"]), (8192, 512, 64))
+        for k in ("precise_lookup_us", "ingest_vllm_us", "ingest_vllm_block64_us", "ingest_sglang_page1_us"):
+            self.assertGreater(got[k], 0, k)
+
+
 if __name__ == "__main__":
     t.main()
