@@ -41,8 +41,17 @@ static void str(msgpack_packer *pk, const char *s)
     msgpack_pack_str_body(pk, s, strlen(s));
 }
 
-static void hash(msgpack_packer *pk, const unsigned char *h)
+/* a block hash: 32 bytes (vLLM's sha256_cbor is 32 bytes), or as SGLang sends it, a signed 64-bit integer (its
+ * hash_str_to_int64 of a SHA-256: here the first 8 bytes, big-endian) */
+static void hash(msgpack_packer *pk, const unsigned char *h, int as_int)
 {
+    if (as_int) {
+        uint64_t v = 0;
+        for (int i = 0; i < 8; i++)
+            v = v << 8 | h[i];
+        msgpack_pack_int64(pk, (int64_t)v);
+        return;
+    }
     msgpack_pack_bin(pk, 32);
     msgpack_pack_bin_body(pk, h, 32);
 }
@@ -198,8 +207,10 @@ void sim_kvpub_stop(struct sim *s)
  * array format, where trailing defaults are left out: the map has `map_fields`, the array `array_fields`). */
 struct ev {
     msgpack_packer pk;
-    int map;
+    int map, sglang;
 };
+
+enum { FMT_MAP, FMT_ARRAY, FMT_SGLANG }; /* --kv-events-format */
 
 static int event_begin(struct sim_rank *rk, struct ev *e, const char *cls, uint32_t map_fields, uint32_t array_fields)
 {
@@ -207,7 +218,8 @@ static int event_begin(struct sim_rank *rk, struct ev *e, const char *cls, uint3
     if (!k)
         return 0;
     msgpack_packer_init(&e->pk, &k->ev, msgpack_sbuffer_write);
-    e->map = rk->sim->cfg.kv_events_format == 0;
+    e->map = rk->sim->cfg.kv_events_format == FMT_MAP;
+    e->sglang = rk->sim->cfg.kv_events_format == FMT_SGLANG;
     if (e->map) {
         msgpack_pack_map(&e->pk, map_fields + 1);
         str(&e->pk, "type");
@@ -230,18 +242,51 @@ static void hash_list(struct ev *e, const unsigned char (*hashes)[32], size_t n)
 {
     msgpack_pack_array(field(e, "block_hashes"), n);
     for (size_t i = 0; i < n; i++)
-        hash(&e->pk, hashes[i]);
+        hash(&e->pk, hashes[i], e->sglang);
+}
+
+/* SGLang's shape: a BlockStored per block (its radix cache's pages), positional, integer hashes; a salted
+ * request's {"cache_salt": S} after medium (its BlockStoredWithMetadata) */
+static void stored_sglang(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n, const unsigned char *parent,
+                          const uint32_t *tokens, size_t block_size, const char *salt)
+{
+    for (size_t i = 0; i < n; i++) {
+        struct ev e;
+        if (!event_begin(rk, &e, "BlockStored", 0, salt ? 7 : 6))
+            return;
+        hash_list(&e, hashes + i, 1);
+        const unsigned char *par = i ? hashes[i - 1] : parent;
+        if (par)
+            hash(&e.pk, par, 1);
+        else
+            msgpack_pack_nil(&e.pk);
+        msgpack_pack_array(&e.pk, block_size);
+        for (size_t j = 0; j < block_size; j++)
+            msgpack_pack_uint32(&e.pk, tokens[i * block_size + j]);
+        msgpack_pack_uint64(&e.pk, block_size);
+        msgpack_pack_nil(&e.pk);
+        str(&e.pk, "GPU");
+        if (salt) {
+            msgpack_pack_map(&e.pk, 1);
+            str(&e.pk, "cache_salt");
+            str(&e.pk, salt);
+        }
+    }
 }
 
 void sim_kvpub_stored(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n, const unsigned char *parent,
                       const uint32_t *tokens, size_t ntokens, size_t block_size, const char *salt)
 {
     struct ev e;
+    if (rk->kv && rk->sim->cfg.kv_events_format == FMT_SGLANG) {
+        stored_sglang(rk, hashes, ntokens == n * block_size ? n : 0, parent, tokens, block_size, salt);
+        return;
+    }
     if (!n || !event_begin(rk, &e, "BlockStored", salt ? 8 : 7, salt ? 8 : 6))
         return;
     hash_list(&e, hashes, n);
     if (parent)
-        hash(field(&e, "parent_block_hash"), parent);
+        hash(field(&e, "parent_block_hash"), parent, 0);
     else
         msgpack_pack_nil(field(&e, "parent_block_hash"));
     msgpack_pack_array(field(&e, "token_ids"), ntokens);
@@ -263,11 +308,14 @@ void sim_kvpub_stored(struct sim_rank *rk, const unsigned char (*hashes)[32], si
 
 void sim_kvpub_removed(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n)
 {
-    struct ev e;
-    if (!n || !event_begin(rk, &e, "BlockRemoved", 2, 2))
-        return;
-    hash_list(&e, hashes, n);
-    str(field(&e, "medium"), "GPU");
+    int per_block = rk->kv && rk->sim->cfg.kv_events_format == FMT_SGLANG; /* SGLang: an event a page */
+    for (size_t i = 0; i < n; i += per_block ? 1 : n) {
+        struct ev e;
+        if (!event_begin(rk, &e, "BlockRemoved", 2, 2))
+            return;
+        hash_list(&e, hashes + i, per_block ? 1 : n);
+        str(field(&e, "medium"), "GPU");
+    }
 }
 
 void sim_kvpub_cleared(struct sim_rank *rk)
@@ -287,7 +335,7 @@ void sim_kvpub_flush(struct sim_rank *rk)
     msgpack_packer_init(&pk, &b, msgpack_sbuffer_write);
     struct timeval tv;
     gettimeofday(&tv, NULL);
-    int m = rk->sim->cfg.kv_events_format == 0;
+    int m = rk->sim->cfg.kv_events_format == FMT_MAP;
     if (m) {
         msgpack_pack_map(&pk, 3);
         str(&pk, "ts");

@@ -21,7 +21,7 @@ static const char *const dp_modes[] = {"external", "internal", NULL};
 static const char *const log_levels[] = {"none", "error", "warn", "info", "debug", NULL};
 static const char *const on_off[] = {"off", "on", NULL};
 static const char *const prefill_computes[] = {"parallel", "serial", NULL};
-static const char *const kv_formats[] = {"map", "array", NULL};
+static const char *const kv_formats[] = {"map", "array", "sglang", NULL};
 static const char *const tls_versions[] = {"1.2", "1.3", NULL};
 
 #define F(m) XPYD_FIELD(struct sim_config, m)
@@ -70,7 +70,10 @@ static const struct xpyd_setting settings[] = {
      "sha256_cbor), BlockRemoved on eviction, AllBlocksCleared on `POST /reset_prefix_cache`; \"\" = off"},
     {"kv-events-format", XS_ENUM, F(kv_events_format), 0, 0, "map", kv_formats,
      "`map`: events as maps with a \"type\" key (current vLLM and SGLang); `array`: positional arrays led by the "
-     "class name, trailing defaults omitted (vLLM before mid-2026)"},
+     "class name, trailing defaults omitted (vLLM before mid-2026); `sglang`: as SGLang's radix cache publishes "
+     "them, arrays with a BlockStored and a BlockRemoved per block (its pages; `--block-size 1` is SGLang's "
+     "default `--page-size`), hashes as signed 64-bit integers, a salted request's `{\"cache_salt\": S}` after "
+     "the medium"},
     {"kv-events-replay", XS_STR, F(kv_events_replay), 0, 0, "", NULL,
      "vLLM's `replay_endpoint` (a ROUTER socket, rank r on its port + r): an 8-byte start sequence number is "
      "answered with the buffered (seq, payload) pairs from it, then seq -1 and an empty payload"},
