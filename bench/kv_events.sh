@@ -26,13 +26,17 @@
 #   left at its default, as when engines are not scraped); by default it is told exactly;
 #   KV_ROUTER_FLAGS: more flags for every row's routers (e.g. engine feedback: --scrape-interval-ms 100);
 #   KV_RESTART=0: no restart (then one router reaches the ideal partition in either mode, hit 0.937: what the
-#   restart costs is the rest of the difference)
+#   restart costs is the rest of the difference);
+#   KV_ENGINE_BLOCK=N (16): the prefills' block size, the same cache in tokens (--num-gpu-blocks scaled), the
+#   router's blocks 16 tokens still; KV_FORMAT=map|array|sglang: their events' encoding (KV_ENGINE_BLOCK=1
+#   KV_FORMAT=sglang: as SGLang publishes with its default --page-size 1, an event a token)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 N=${1:-600} RATE=${2:-24}
 TENANTS=${TENANTS:-48}
 CACHE_BLOCKS=${CACHE_BLOCKS:-3000}
+EB=${KV_ENGINE_BLOCK:-16}
 if [ "${XPYD_SKIP_BUILD:-0}" != 1 ]; then ./scripts/deps.sh; ./scripts/build.sh >/dev/null; fi
 B=${XPYD_BUILD_DIR:-build}/bin
 WORK=$(mktemp -d /tmp/xpyd-kvev.XXXXXX)
@@ -56,8 +60,8 @@ prefill_up() {
   [ "$kvp" = 0 ] || ev=(--kv-events "tcp://*:$kvp")
   rm -f "$WORK/p$i.port"
   $B/xpyd_sim --role prefill --port "$port" --port-file "$WORK/p$i.port" --log-level warn --prefill-us-per-token 20 \
-    --prefill-compute serial --prefix-caching on --num-gpu-blocks "$blocks" --max-model-len 65536 "${ev[@]}" \
-    >>"$WORK/p$i.log" 2>&1 &
+    --prefill-compute serial --prefix-caching on --num-gpu-blocks $((blocks * 16 / EB)) --block-size "$EB" \
+    --kv-events-format "${KV_FORMAT:-map}" --max-model-len 65536 "${ev[@]}" >>"$WORK/p$i.log" 2>&1 &
   PPID_OF[$i]=$!
   PIDS+=($!)
   xpyd_wait_file "$WORK/p$i.port" 10
@@ -158,7 +162,7 @@ PY
 }
 
 BIG=$((TENANTS * 4100 / 16 + 1000))
-echo "# precise prefix-cache routing — $(date -u +%Y-%m-%dT%H:%MZ), 4P+4D sims, $TENANTS tenants x 4000 tokens, $CACHE_BLOCKS blocks x 16 tokens per prefill, $N prompts at $RATE req/s, prefill 0 $([ "${KV_RESTART:-1}" = 1 ] && echo restarted halfway || echo not restarted)"
+echo "# precise prefix-cache routing — $(date -u +%Y-%m-%dT%H:%MZ), 4P+4D sims, $TENANTS tenants x 4000 tokens, $CACHE_BLOCKS blocks x 16 tokens per prefill (engine blocks of $EB, events ${KV_FORMAT:-map}), $N prompts at $RATE req/s, prefill 0 $([ "${KV_RESTART:-1}" = 1 ] && echo restarted halfway || echo not restarted)"
 run precise cache 1 "$CACHE_BLOCKS" 1 ""
 run greedy cache 1 "$CACHE_BLOCKS" 1 "--cache-max-imbalance 1000"
 run approx cache 0 "$CACHE_BLOCKS" 1 ""
