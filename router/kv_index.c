@@ -456,7 +456,10 @@ static int store_pieces(struct kvi *x, int rank, const struct kv_event *ev, size
         const uint32_t *tok = ev->tokens + i * b;
         at.ehash = ev->hashes[i];
         at.filled = (uint16_t)(at.filled + b);
-        at.extra ^= ev->extra ? ev->extra[i] : 0;
+        uint64_t e = ev->extra ? ev->extra[i] : 0; /* its keys joined to the block's so far (an image over two
+                                                     * pages names both: mixed, never cancelled out) */
+        if (e)
+            at.extra = at.extra ? xb_chain_extra(at.extra, e) : e;
         if (at.filled < block_tokens) {
             rc = add_piece(x, &at, tok);
         } else { /* ends a router block: its tokens, from the last piece back */

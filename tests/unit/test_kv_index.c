@@ -358,6 +358,16 @@ static void extra_keys_are_not_text(void **state)
     kvi_match(x, k, n, 0, out);
     assert_int_equal(out[0], 1);
     assert_int_equal(out[1], 3);
+    /* an image over the two halves of router block 1, in engine blocks of half of it: both halves name it, and
+     * the block is still not the text's */
+    uint64_t h3[6] = {11, 12, 13, 14, 15, 16}, halves[6] = {0, 0, 77, 77, 0, 0};
+    struct kv_event small = stored(h3, 6, prompt, 0, 0);
+    small.block_size = B / 2;
+    small.ntokens = 6 * B / 2;
+    small.extra = halves;
+    assert_int_equal(kvi_apply(x, 0, &small, B), KVI_OK);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 1);
     kvi_free(x);
 }
 
