@@ -670,6 +670,14 @@ size_t kvi_blocks(struct kvi *x, int rank)
     return n;
 }
 
+size_t kvi_pieces(struct kvi *x)
+{
+    pthread_rwlock_rdlock(&x->mu);
+    size_t n = x->npieces;
+    pthread_rwlock_unlock(&x->mu);
+    return n;
+}
+
 size_t kvi_bytes(struct kvi *x)
 {
     pthread_rwlock_rdlock(&x->mu);

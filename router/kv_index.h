@@ -57,6 +57,7 @@ uint64_t kvi_space_for(struct kvi *x, const char *model);
 void kvi_match(struct kvi *x, const uint64_t *keys, size_t n, uint64_t space, uint32_t *out);
 
 size_t kvi_blocks(struct kvi *x, int rank); /* (rank, block) pairs of one rank */
+size_t kvi_pieces(struct kvi *x);           /* engine blocks kept as pieces of router blocks, all ranks */
 size_t kvi_bytes(struct kvi *x);            /* memory held by the tables */
 size_t kvi_longest_run(struct kvi *x);      /* occupied slots in a row in the content table: its worst probe */
 
