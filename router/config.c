@@ -261,8 +261,8 @@ static const struct xpyd_setting settings[] = {
     {"kv-index-max-blocks", XS_LONG, OFF(kv_index_max_blocks), 1, 1L << 30, "1048576", NULL,
      "(rank, block) pairs the KV-event index of a pool keeps, in blocks of `--prefix-block-tokens` (an engine "
      "block of 64 tokens is 4 of them; up to 130 bytes each: 1 M pairs measured 134 MB), and engine blocks "
-     "smaller than one kept as its pieces (SGLang's pages of one token: 160,000 measured 161 bytes each); stored blocks "
-     "beyond it are not kept (`xpyd_kv_events_skipped_total{cause=\"full\"}`)"},
+     "smaller than one kept as its pieces (SGLang's pages of one token: 160,000 measured 161 bytes each); "
+     "stored blocks beyond it are not kept (`xpyd_kv_events_skipped_total{cause=\"full\"}`)"},
     {"prefix-block-tokens", XS_LONG, OFF(prefix_block_tokens), 1, 4096, "16", NULL,
      "cache-aware placement: tokens per prefix block (vLLM's default block size); text prompts are cut every "
      "block × `--bytes-per-token` bytes (with `--tokenizer`: every block of token ids), chat requests over a canonical serialization of their messages (role, "
