@@ -133,6 +133,8 @@ struct xb_query {
     const uint64_t *pending_since; /* with precise: per instance, blocks the pool's index recorded sending it at or
                                     * after this time (µs, CLOCK_MONOTONIC; 0: none) count as held though its
                                     * events have not told them yet */
+    const uint16_t *pending_unit;  /* with pending_since: per instance, its engine holds a multiple of this many
+                                    * blocks (its own blocks are that many of ours); NULL: 1 */
     uint64_t session;          /* hash of its session key; 0: no session */
     const int *exclude;
     int nexclude;

@@ -43,6 +43,8 @@ int64_t xb_cached_tokens(struct xb_pool *p, size_t i, const struct xb_query *q, 
         /* blocks sent to it that its events have not caught up with (a prompt still queued or computing there):
          * held soon (rt_kv_query gives none where another rank reports more: it evicted some, or never had them) */
         size_t sent = xb_prefix_match_since(p->prefix, (int)i, q->blocks, q->nblocks, p->now, q->pending_since[i]);
+        if (q->pending_unit && q->pending_unit[i] > 1) /* the engine will hold whole blocks of its own */
+            sent -= sent % q->pending_unit[i];
         held = sent > held ? sent : held;
     }
     int64_t c = (int64_t)(held < q->nblocks ? held : q->nblocks) * q->block_tokens;

@@ -670,6 +670,14 @@ size_t kvi_blocks(struct kvi *x, int rank)
     return n;
 }
 
+void kvi_units(struct kvi *x, uint16_t *out)
+{
+    pthread_rwlock_rdlock(&x->mu);
+    for (int r = 0; r < x->nranks; r++)
+        out[r] = x->mult[r] > 1 ? x->mult[r] : 1;
+    pthread_rwlock_unlock(&x->mu);
+}
+
 size_t kvi_pieces(struct kvi *x)
 {
     pthread_rwlock_rdlock(&x->mu);

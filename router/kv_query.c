@@ -27,12 +27,13 @@ int kv_query_init(void)
     return pthread_key_create(&scratch_key, free) || pthread_key_create(&mix_key, free) ? -1 : 0;
 }
 
-/* Per thread: the query's per-slot blocks and the index's answer (one allocation, freed when the thread ends) */
+/* Per thread: the query's per-slot blocks, the index's answer and its ranks' block units (one allocation, freed
+ * when the thread ends) */
 
 static void *scratch(void)
 {
     int64_t *p = pthread_getspecific(scratch_key);
-    if (p || !(p = malloc(K.cap * (4 * sizeof(int64_t) + sizeof(uint32_t)))))
+    if (p || !(p = malloc(K.cap * (4 * sizeof(int64_t) + sizeof(uint32_t) + sizeof(uint16_t)))))
         return p;
     for (size_t i = 0; i < 2 * K.cap; i++) /* each pool's answer; a slot no rank has taken yet reads "not known" */
         p[i] = -1;
@@ -113,6 +114,7 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
     int64_t *out = base + (size_t)role * K.cap;
     uint64_t *since = (uint64_t *)(base + (2 + (size_t)role) * K.cap);
     uint32_t *held = (uint32_t *)(base + 4 * K.cap);
+    uint16_t *unit = (uint16_t *)(held + K.cap);
     uint64_t space = kvi_space_for(K.idx[role], model);
     if (space) { /* an adapter's request: its blocks in its key space for the router's own index too (the blocks
                   * sent under an adapter are not the base model's, nor what is pending there) */
@@ -142,6 +144,8 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
     if (trusted) {
         q->precise = out;
         q->pending_since = since;
+        kvi_units(K.idx[role], unit);
+        q->pending_unit = unit;
     }
 }
 

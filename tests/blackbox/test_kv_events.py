@@ -300,6 +300,35 @@ class KvEvents(t.TestCase):
         self.assertEqual(selected(r.port, ps[1 - on]), other + 1)
         t.wait_until(lambda: t.router_idle(r.port), what="load back to zero")
 
+    def test_a_prompt_computing_in_engine_blocks_of_several(self):
+        # ranks whose engines have blocks of 4 of the router's: of a prompt still computing there, the engine will
+        # hold whole blocks of its own, so a request sharing 150 of its tokens is credited 128, not 144
+        ps, pubs, (r,) = self.cluster(sim_args=("--prefill-us-per-token", "4000"))  # 0.64 s a 160-token prompt
+        for k, pub in enumerate(pubs):  # each rank's engine says its block size
+            pub.send(batch_map([dict(stored_map([300 + k], prompt(30 + k)[:4 * B]), block_size=4 * B)]))
+        self.wait_blocks(r, 8)
+        picks = lambda: selected(r.port, ps[0]) + selected(r.port, ps[1])
+        ths = []
+        for k, ids in enumerate((prompt(22), prompt(24))):  # one computing on each rank
+            th = threading.Thread(target=t.post_json,
+                                  args=(r.port, "/v1/completions", {"prompt": ids, "max_tokens": 1}))
+            th.start()
+            self.addCleanup(th.join)
+            ths.append(th)
+            t.wait_until(lambda: picks() == k + 1, what="request %d placed" % k)
+            if not k:
+                on = 0 if selected(r.port, ps[0]) else 1
+        self.assertEqual((selected(r.port, ps[0]), selected(r.port, ps[1])), (1, 1))
+        predicted = kv(r.port, "xpyd_prefix_predicted_tokens_total")
+        self.assertTrue(all(th.is_alive() for th in ths),
+                        "a request ended before the third was sent: too slow a machine")
+        completion(r.port, prompt(22)[:150] + prompt(23, 10))
+        self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - predicted, 8 * B)
+        self.assertEqual(selected(r.port, ps[on]), 2)
+        for th in ths:
+            th.join()
+        t.wait_until(lambda: t.router_idle(r.port), what="load back to zero")
+
     def test_a_gap_is_replayed(self):
         ps, pubs, (r,) = self.cluster(replay=True)
         # the handshake's first batches may have been missed as the subscription came up: then a replay was
