@@ -436,8 +436,8 @@ static int store_pieces(struct kvi *x, int rank, const struct kv_event *ev, size
                         uint64_t space, uint8_t media)
 {
     struct piece at = {.base = xb_chain_seed(), .rank = (uint16_t)rank, .b = (uint16_t)b, .media = media};
-    if (ev->has_parent) { /* the router's block the event goes on with, and how far */
-        long pi = find_pair(x, rank, ev->parent), qi = pi < 0 ? find_piece(x, rank, ev->parent) : -1;
+    if (ev->has_parent) { /* the router's block the event goes on with, and how far (a piece, most often) */
+        long qi = find_piece(x, rank, ev->parent), pi = qi < 0 ? find_pair(x, rank, ev->parent) : -1;
         if (pi >= 0) {
             at.base = x->pairs[pi].chain;
         } else if (qi >= 0) {
