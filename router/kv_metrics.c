@@ -100,6 +100,11 @@ void rt_kv_metrics(struct evbuffer *b)
                                   (double)U64(K.lag_us[role]) / 1e6);
     header(b, "xpyd_kv_index_blocks", "gauge", "(rank, block) pairs the KV-event index holds.");
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_index_blocks{role=\"%s\"} %zu\n", roles[role], blocks[role]);
+    header(b, "xpyd_kv_index_pieces", "gauge",
+           "Engine blocks smaller than --prefix-block-tokens the KV-event index keeps until the block that ends a "
+           "router block comes (SGLang's pages of one token): part of --kv-index-max-blocks.");
+    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_index_pieces{role=\"%s\"} %zu\n", roles[role],
+                                  K.idx[role] ? kvi_pieces(K.idx[role]) : 0);
     header(b, "xpyd_kv_index_bytes", "gauge", "Memory of the KV-event index.");
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_index_bytes{role=\"%s\"} %zu\n", roles[role], kvi_bytes(K.idx[role]));
     header(b, "xpyd_kv_events_sources", "gauge",

@@ -628,6 +628,7 @@ class KvEvents(t.TestCase):
         pubs[0].send(batch_array([["BlockStored", [h[i]], h[i - 1] if i else None, [p[i]], 1, None, "GPU",
                                    {"cache_salt": "s7"} if i == 0 else None] for i in range(40)]))
         self.wait_blocks(r, 2)  # tokens 0-15 and 16-31; 32-39 wait for the rest of their block
+        self.assertEqual(kv(r.port, "xpyd_kv_index_pieces"), 38)  # every page but the two that end a block
         self.assertEqual(kv(r.port, "xpyd_kv_events_sources", state="precise"), 2)
         self.assertEqual(kv(r.port, "xpyd_kv_events_skipped_total", cause="block_size"), 0)
         for body, tokens in (({"prompt": p, "cache_salt": "s7"}, 2 * B), ({"prompt": p}, 0)):
@@ -641,6 +642,7 @@ class KvEvents(t.TestCase):
         pubs[0].send(batch_map([{"type": "BlockRemoved", "block_hashes": [h[i]], "medium": "GPU"}
                                 for i in range(39, 15, -1)]))
         self.wait_blocks(r, 1)
+        self.assertEqual(kv(r.port, "xpyd_kv_index_pieces"), 15)  # the first block's
         before = kv(r.port, "xpyd_prefix_predicted_tokens_total")
         st, _, out = t.post_json(r.port, "/v1/completions", {"prompt": p, "cache_salt": "s7", "max_tokens": 1})
         self.assertEqual(st, 200, out)
