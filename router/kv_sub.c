@@ -39,8 +39,9 @@ static uint64_t be64(const unsigned char *p)
 }
 
 /* A full-attention BlockStored's block size against --prefix-block-tokens: blocks that are neither a whole number
- * of the router's nor a whole part of one never match a prompt's, so the rank is placed by the router's own guess until they are again. Said
- * when it changes, at most once every 10 s a rank (a publisher flapping between sizes does not flood the log). */
+ * of the router's nor a whole part of one never match a prompt's, so the rank is placed by the router's own guess
+ * until they are again. Said when it changes, at most once every 10 s a rank (a publisher flapping between sizes
+ * does not flood the log). */
 static void block_size_seen(int role, int rank, const struct kv_event *ev, int unlike)
 {
     if (ev->type != KVE_STORED)
@@ -62,8 +63,9 @@ static void block_size_seen(int role, int rank, const struct kv_event *ev, int u
                   ev->block_size, roles[role], rank, hp, ev->block_size, g_rt->cfg.prefix_block_tokens);
     else
         XLOG_INFO("msg=\"KV events in a multiple or a divisor of the router's block size again: the rank is "
-                  "placed by its events\" role=%s rank=%d engine=%s block_size=%ld prefix_block_tokens=%ld", roles[role], rank, hp,
-                  ev->block_size > 0 ? ev->block_size : g_rt->cfg.prefix_block_tokens, g_rt->cfg.prefix_block_tokens);
+                  "placed by its events\" role=%s rank=%d engine=%s block_size=%ld prefix_block_tokens=%ld",
+                  roles[role], rank, hp, ev->block_size > 0 ? ev->block_size : g_rt->cfg.prefix_block_tokens,
+                  g_rt->cfg.prefix_block_tokens);
 }
 
 static void apply(int role, int rank, const void *buf, size_t len)
