@@ -303,7 +303,7 @@ class KvEvents(t.TestCase):
     def test_a_prompt_computing_in_engine_blocks_of_several(self):
         # ranks whose engines have blocks of 4 of the router's: of a prompt still computing there, the engine will
         # hold whole blocks of its own, so a request sharing 150 of its tokens is credited 128, not 144
-        ps, pubs, (r,) = self.cluster(sim_args=("--prefill-us-per-token", "4000"))  # 0.64 s a 160-token prompt
+        ps, pubs, (r,) = self.cluster(sim_args=("--prefill-us-per-token", "8000"))  # 1.28 s a 160-token prompt
         for k, pub in enumerate(pubs):  # each rank's engine says its block size
             pub.send(batch_map([dict(stored_map([300 + k], prompt(30 + k)[:4 * B]), block_size=4 * B)]))
         self.wait_blocks(r, 8)
