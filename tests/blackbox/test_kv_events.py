@@ -649,6 +649,33 @@ class KvEvents(t.TestCase):
         self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - before, B)
         t.wait_until(lambda: t.router_idle(r.port), what="load back to zero")
 
+    def test_the_index_is_bounded(self):
+        # --kv-index-max-blocks: (rank, block) pairs and pieces of blocks together, over all ranks of the pool;
+        # beyond it stored blocks are counted and not kept, and what a rank forgets makes room again
+        ps, pubs, (r,) = self.cluster(args=("--kv-index-max-blocks", "20"))
+        p = prompt(40, 30 * B)
+        pubs[0].send(batch_map([stored_map(list(range(4000, 4030)), p)]))  # 30 blocks: 20 kept
+        self.wait_blocks(r, 20)
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_skipped_total", cause="full") == 1, what="counted")
+        # SGLang's pages of one token on the other rank: nothing fits (the pieces count too)
+        q = prompt(41, 3 * B)
+        pubs[1].send(batch_map([["BlockStored", [5000 + i], 5000 + i - 1 if i else None, [q[i]], 1, None, "GPU"]
+                                for i in range(3 * B)]))
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_skipped_total", cause="full") > 1, what="pages refused")
+        self.assertEqual(kv(r.port, "xpyd_kv_index_blocks"), 20)
+        self.assertEqual(kv(r.port, "xpyd_kv_index_pieces"), 0)
+        before = kv(r.port, "xpyd_prefix_predicted_tokens_total")
+        completion(r.port, p)  # what was kept still places
+        self.assertEqual(kv(r.port, "xpyd_prefix_predicted_tokens_total") - before, 20 * B)
+        # rank 0 cleared: room again, for rank 1's pages (a block of 16 is 15 pieces and the pair that ends it)
+        pubs[0].send(batch_map([{"type": "AllBlocksCleared"}]))
+        self.wait_blocks(r, 0)
+        pubs[1].send(batch_map([["BlockStored", [6000 + i], 6000 + i - 1 if i else None, [q[i]], 1, None, "GPU"]
+                                for i in range(B)]))
+        self.wait_blocks(r, 1)
+        self.assertEqual(kv(r.port, "xpyd_kv_index_pieces"), B - 1)
+        t.wait_until(lambda: t.router_idle(r.port), what="load back to zero")
+
     def test_ranks_added_and_removed_at_run_time(self):
         ps, pubs, (r,) = self.cluster(n=1, args=("--admin-key", "adm"))
         extra = self.start(t.sim("--role", "prefill"))
