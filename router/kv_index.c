@@ -6,6 +6,7 @@
 #include "xb_prefix.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -279,6 +280,29 @@ static long new_blk(struct kvi *x, uint64_t key)
     return b;
 }
 
+/* A slot for one more element of the array *arrp (T *: cap elements of `size` bytes, `used` of them taken) whose
+ * free slots are linked through the uint32_t at offset `link` (*free_head the first): a free one, else the next
+ * one, the array doubled (1024 at first) when full. NONE when out of memory (nothing changed). */
+static uint32_t take_slot(void *arrp, size_t size, size_t *cap, size_t used, uint32_t *free_head, size_t link)
+{
+    char *arr;
+    memcpy(&arr, arrp, sizeof arr);
+    uint32_t i = *free_head;
+    if (i != NONE) {
+        memcpy(free_head, arr + (size_t)i * size + link, sizeof *free_head);
+        return i;
+    }
+    if (used == *cap) { /* no free slot: every slot below `used` is taken */
+        size_t c = *cap ? 2 * *cap : 1024;
+        char *grown = realloc(arr, c * size);
+        if (!grown)
+            return NONE;
+        memcpy(arrp, &grown, sizeof grown);
+        *cap = c;
+    }
+    return (uint32_t)used;
+}
+
 static void remove_pair(struct kvi *x, uint32_t pi)
 {
     struct pair *p = &x->pairs[pi];
@@ -326,20 +350,10 @@ static int add_pair(struct kvi *x, int rank, uint64_t ehash, uint64_t chain, uin
     long b = bs >= 0 ? (long)x->by_key.s[bs].idx : new_blk(x, chain ^ space);
     if (b < 0)
         return KVI_NOMEM;
-    uint32_t pi = x->pair_free;
-    if (pi != NONE) {
-        x->pair_free = x->pairs[pi].next;
-    } else {
-        if (x->npairs == x->pairs_cap) {
-            size_t cap = x->pairs_cap ? 2 * x->pairs_cap : 1024;
-            struct pair *np = realloc(x->pairs, cap * sizeof *np);
-            if (!np)
-                goto nomem;
-            x->pairs = np;
-            x->pairs_cap = cap;
-        }
-        pi = (uint32_t)x->npairs; /* no free slot: every slot below npairs is in use */
-    }
+    uint32_t pi = take_slot(&x->pairs, sizeof *x->pairs, &x->pairs_cap, x->npairs, &x->pair_free,
+                            offsetof(struct pair, next));
+    if (pi == NONE)
+        goto nomem;
     if (map_put(&x->by_pair, pk, pi)) {
         x->pairs[pi].next = x->pair_free;
         x->pair_free = pi;
@@ -399,25 +413,14 @@ static int add_piece(struct kvi *x, const struct piece *v, const uint32_t *tok)
     uint32_t *t = v->b > 2 ? malloc(v->b * sizeof *t) : NULL;
     if (v->b > 2 && !t)
         return KVI_NOMEM;
-    uint32_t qi = x->piece_free;
-    if (qi != NONE) {
-        x->piece_free = x->pieces[qi].next;
-    } else {
-        if (x->npieces == x->pieces_cap) {
-            size_t cap = x->pieces_cap ? 2 * x->pieces_cap : 1024;
-            struct piece *np = realloc(x->pieces, cap * sizeof *np);
-            if (!np) {
-                free(t);
-                return KVI_NOMEM;
-            }
-            x->pieces = np;
-            x->pieces_cap = cap;
-        }
-        qi = (uint32_t)x->npieces;
-    }
-    if (map_put(&x->by_piece, pk, qi)) {
+    uint32_t qi = take_slot(&x->pieces, sizeof *x->pieces, &x->pieces_cap, x->npieces, &x->piece_free,
+                            offsetof(struct piece, next));
+    if (qi != NONE && map_put(&x->by_piece, pk, qi)) { /* the slot given back */
         x->pieces[qi].next = x->piece_free;
         x->piece_free = qi;
+        qi = NONE;
+    }
+    if (qi == NONE) {
         free(t);
         return KVI_NOMEM;
     }
@@ -630,6 +633,11 @@ uint64_t kvi_space_for(struct kvi *x, const char *model)
 
 void kvi_match(struct kvi *x, const uint64_t *keys, size_t n, uint64_t space, uint32_t *out)
 {
+    kvi_match_units(x, keys, n, space, out, NULL);
+}
+
+void kvi_match_units(struct kvi *x, const uint64_t *keys, size_t n, uint64_t space, uint32_t *out, uint16_t *units)
+{
     uint64_t alive[MAX_WORDS] = {0};
     int any = 0;
     pthread_rwlock_rdlock(&x->mu);
@@ -656,9 +664,12 @@ void kvi_match(struct kvi *x, const uint64_t *keys, size_t n, uint64_t space, ui
     for (int w = 0; any && w < x->words; w++)
         for (uint64_t left = alive[w]; left; left &= left - 1)
             out[w * 64 + __builtin_ctzll(left)] = (uint32_t)n;
-    for (int r = 0; r < x->nranks; r++) /* the engine hits whole blocks of its own */
+    for (int r = 0; r < x->nranks; r++) { /* the engine hits whole blocks of its own */
         if (x->mult[r] > 1)
             out[r] -= out[r] % x->mult[r];
+        if (units)
+            units[r] = x->mult[r] > 1 ? x->mult[r] : 1;
+    }
     pthread_rwlock_unlock(&x->mu);
 }
 
@@ -668,14 +679,6 @@ size_t kvi_blocks(struct kvi *x, int rank)
     size_t n = rank >= 0 && rank < x->nranks ? x->rank_pairs[rank] : 0;
     pthread_rwlock_unlock(&x->mu);
     return n;
-}
-
-void kvi_units(struct kvi *x, uint16_t *out)
-{
-    pthread_rwlock_rdlock(&x->mu);
-    for (int r = 0; r < x->nranks; r++)
-        out[r] = x->mult[r] > 1 ? x->mult[r] : 1;
-    pthread_rwlock_unlock(&x->mu);
 }
 
 size_t kvi_pieces(struct kvi *x)

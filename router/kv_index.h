@@ -55,10 +55,10 @@ uint64_t kvi_space_for(struct kvi *x, const char *model);
 /* out[r] (r < nranks) = how many leading blocks of keys[0..n) rank r holds in key space `space` (a multiple of
  * its engine's blocks, in the router's). */
 void kvi_match(struct kvi *x, const uint64_t *keys, size_t n, uint64_t space, uint32_t *out);
+/* The same, and units[r] = the router's blocks in one of rank r's engine blocks (1 until it stored blocks larger
+ * than the router's): what the engine will hold of blocks sent to it is a multiple of it. */
+void kvi_match_units(struct kvi *x, const uint64_t *keys, size_t n, uint64_t space, uint32_t *out, uint16_t *units);
 
-/* out[r] (r < nranks) = the router's blocks in one of rank r's engine blocks (1 until it stored blocks larger than
- * the router's): what the engine will hold of blocks sent to it is a multiple of it. */
-void kvi_units(struct kvi *x, uint16_t *out);
 size_t kvi_blocks(struct kvi *x, int rank); /* (rank, block) pairs of one rank */
 size_t kvi_pieces(struct kvi *x);           /* engine blocks kept as pieces of router blocks, all ranks */
 size_t kvi_bytes(struct kvi *x);            /* memory held by the tables */

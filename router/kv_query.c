@@ -122,7 +122,7 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
             return;
         q->blocks = blocks;
     }
-    kvi_match(K.idx[role], blocks, n, 0, held);
+    kvi_match_units(K.idx[role], blocks, n, 0, held, unit);
     uint64_t now = xpyd_now_us();
     int trusted = 0;
     int64_t most = 0; /* the most leading blocks any trusted rank reports */
@@ -144,7 +144,6 @@ void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n,
     if (trusted) {
         q->precise = out;
         q->pending_since = since;
-        kvi_units(K.idx[role], unit);
         q->pending_unit = unit;
     }
 }
