@@ -245,56 +245,32 @@ static void hash_list(struct ev *e, const unsigned char (*hashes)[32], size_t n)
         hash(&e->pk, hashes[i], e->sglang);
 }
 
-/* SGLang's shape: a BlockStored per block (its radix cache's pages), positional, integer hashes; a salted
- * request's {"cache_salt": S} after medium (its BlockStoredWithMetadata) */
-static void stored_sglang(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n, const unsigned char *parent,
-                          const uint32_t *tokens, size_t block_size, const char *salt)
-{
-    for (size_t i = 0; i < n; i++) {
-        struct ev e;
-        if (!event_begin(rk, &e, "BlockStored", 0, salt ? 7 : 6))
-            return;
-        hash_list(&e, hashes + i, 1);
-        const unsigned char *par = i ? hashes[i - 1] : parent;
-        if (par)
-            hash(&e.pk, par, 1);
-        else
-            msgpack_pack_nil(&e.pk);
-        msgpack_pack_array(&e.pk, block_size);
-        for (size_t j = 0; j < block_size; j++)
-            msgpack_pack_uint32(&e.pk, tokens[i * block_size + j]);
-        msgpack_pack_uint64(&e.pk, block_size);
-        msgpack_pack_nil(&e.pk);
-        str(&e.pk, "GPU");
-        if (salt) {
-            msgpack_pack_map(&e.pk, 1);
-            str(&e.pk, "cache_salt");
-            str(&e.pk, salt);
-        }
-    }
-}
-
-void sim_kvpub_stored(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n, const unsigned char *parent,
-                      const uint32_t *tokens, size_t ntokens, size_t block_size, const char *salt)
+/* One BlockStored of n blocks. SGLang (e.sglang) sends a block an event, positional with integer hashes, and a
+ * salted request's {"cache_salt": S} after the medium (its BlockStoredWithMetadata) where vLLM has extra_keys. */
+static void stored_event(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n, const unsigned char *parent,
+                         const uint32_t *tokens, size_t block_size, const char *salt)
 {
     struct ev e;
-    if (rk->kv && rk->sim->cfg.kv_events_format == FMT_SGLANG) {
-        stored_sglang(rk, hashes, ntokens == n * block_size ? n : 0, parent, tokens, block_size, salt);
-        return;
-    }
-    if (!n || !event_begin(rk, &e, "BlockStored", salt ? 8 : 7, salt ? 8 : 6))
+    uint32_t positional = !salt ? 6 : rk->sim->cfg.kv_events_format == FMT_SGLANG ? 7 : 8;
+    if (!n || !event_begin(rk, &e, "BlockStored", salt ? 8 : 7, positional))
         return;
     hash_list(&e, hashes, n);
     if (parent)
-        hash(field(&e, "parent_block_hash"), parent, 0);
+        hash(field(&e, "parent_block_hash"), parent, e.sglang);
     else
         msgpack_pack_nil(field(&e, "parent_block_hash"));
-    msgpack_pack_array(field(&e, "token_ids"), ntokens);
-    for (size_t i = 0; i < ntokens; i++)
+    msgpack_pack_array(field(&e, "token_ids"), n * block_size);
+    for (size_t i = 0; i < n * block_size; i++)
         msgpack_pack_uint32(&e.pk, tokens[i]);
     msgpack_pack_uint64(field(&e, "block_size"), block_size);
     msgpack_pack_nil(field(&e, "lora_id"));
     str(field(&e, "medium"), "GPU");
+    if (salt && e.sglang) {
+        msgpack_pack_map(&e.pk, 1);
+        str(&e.pk, "cache_salt");
+        str(&e.pk, salt);
+        return;
+    }
     if (e.map || salt) /* positional: a trailing default, left out */
         msgpack_pack_nil(field(&e, "lora_name"));
     if (salt) {
@@ -304,6 +280,19 @@ void sim_kvpub_stored(struct sim_rank *rk, const unsigned char (*hashes)[32], si
         for (size_t i = 1; i < n; i++)
             msgpack_pack_nil(&e.pk);
     }
+}
+
+void sim_kvpub_stored(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n, const unsigned char *parent,
+                      const uint32_t *tokens, size_t ntokens, size_t block_size, const char *salt)
+{
+    if (ntokens != n * block_size)
+        return;
+    if (!rk->kv || rk->sim->cfg.kv_events_format != FMT_SGLANG) {
+        stored_event(rk, hashes, n, parent, tokens, block_size, salt);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) /* SGLang: an event a page, each the next one's parent */
+        stored_event(rk, hashes + i, 1, i ? hashes[i - 1] : parent, tokens + i * block_size, block_size, salt);
 }
 
 void sim_kvpub_removed(struct sim_rank *rk, const unsigned char (*hashes)[32], size_t n)
