@@ -58,6 +58,9 @@ void tok_merges_free(struct tok_merges *m);
 enum tok_norm { TOK_NFC = 1, TOK_NFKC, TOK_NFD, TOK_NFKD, TOK_PREPEND, TOK_REPLACE };
 enum tok_pre { TOK_PRE_SPLIT = 1, TOK_PRE_BYTELEVEL, TOK_PRE_METASPACE };
 enum tok_prepend { TOK_PREPEND_NEVER, TOK_PREPEND_FIRST, TOK_PREPEND_ALWAYS }; /* Metaspace's prepend_scheme */
+/* Split's behaviour: what becomes of the pattern's matches (Hugging Face's SplitDelimiterBehavior) */
+enum tok_split { TOK_SPLIT_ISOLATED, TOK_SPLIT_REMOVED, TOK_SPLIT_MERGED_PREVIOUS, TOK_SPLIT_MERGED_NEXT,
+                 TOK_SPLIT_CONTIGUOUS };
 
 struct tok_norm_step {
     enum tok_norm type;
@@ -69,7 +72,8 @@ struct tok_pre_step {
     enum tok_pre type;
     pcre2_code *re; /* Split's pattern, or ByteLevel's GPT-2 regex when use_regex; NULL for none */
     int add_prefix_space;
-    int merged_with_previous; /* Split's behaviour MergedWithPrevious (else Isolated) */
+    enum tok_split behavior;  /* Split's (ByteLevel's regex: Isolated) */
+    int invert;               /* Split's invert: the stretches between matches are the matches */
     char rep[5];              /* Metaspace: its replacement character (UTF-8), how it prepends, whether it splits */
     size_t replen;
     enum tok_prepend prepend;

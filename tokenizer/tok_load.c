@@ -20,6 +20,16 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
     return -1;
 }
 
+/* how much of a file's string an error quotes: at most 60 bytes, cut where a character starts */
+static int clip(const char *s, size_t len)
+{
+    size_t n = len;
+    if (n > 60)
+        for (n = 60; n && ((unsigned char)s[n] & 0xC0) == 0x80; n--)
+            ;
+    return (int)n;
+}
+
 static const char *str_of(const cJSON *o, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -115,14 +125,25 @@ static int load_pre(struct xtok *t, const cJSON *p, char *err, size_t errlen)
     }
     if (t->npre == (int)(sizeof t->pre / sizeof t->pre[0]))
         return fail(err, errlen, "pre_tokenizer: more than %zu steps", sizeof t->pre / sizeof t->pre[0]);
+    /* Hugging Face's ByteLevel rewrites each piece into its byte alphabet (a space is then "Ġ"), which a step
+     * after it would see; here the bytes are mapped by the model, so ByteLevel must come last */
+    if (t->npre && t->pre[t->npre - 1].type == TOK_PRE_BYTELEVEL)
+        return fail(err, errlen, "pre_tokenizer %.*s after ByteLevel is not supported", type ? clip(type, strlen(type)) : 15,
+                    type ? type : "(without a type)");
     struct tok_pre_step *s = &t->pre[t->npre];
     if (type && !strcmp(type, "Split")) {
+        /* Hugging Face's SplitDelimiterBehavior, each of its five (a file without one is refused there too) */
+        static const char *const behaviors[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext",
+                                                "Contiguous"};
         const char *beh = str_of(p, "behavior");
-        if (!beh || (strcmp(beh, "Isolated") && strcmp(beh, "MergedWithPrevious")))
-            return fail(err, errlen, "pre_tokenizer Split with behavior %s is not supported", beh ? beh : "(none)");
-        s->merged_with_previous = !strcmp(beh, "MergedWithPrevious");
-        if (bool_of(p, "invert"))
-            return fail(err, errlen, "pre_tokenizer Split with invert is not supported");
+        int k = 0;
+        while (beh && k < 5 && strcmp(beh, behaviors[k]))
+            k++;
+        if (!beh || k == 5)
+            return fail(err, errlen, "pre_tokenizer Split: behavior %.*s is not one of Isolated, Removed, "
+                        "MergedWithPrevious, MergedWithNext, Contiguous", beh ? clip(beh, strlen(beh)) : 6, beh ? beh : "(none)");
+        s->behavior = (enum tok_split)k;
+        s->invert = bool_of(p, "invert");
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
         const char *rx = str_of(pat, "Regex"), *lit = str_of(pat, "String");
         if (!rx && !lit)
@@ -181,8 +202,6 @@ static int load_pre(struct xtok *t, const cJSON *p, char *err, size_t errlen)
     if (type && !strcmp(type, "ByteLevel")) {
         s->type = TOK_PRE_BYTELEVEL;
         s->add_prefix_space = bool_of(p, "add_prefix_space");
-        if (s->add_prefix_space)
-            return fail(err, errlen, "pre_tokenizer ByteLevel with add_prefix_space is not supported yet");
         const cJSON *ur = cJSON_GetObjectItemCaseSensitive(p, "use_regex");
         if (!ur || cJSON_IsTrue(ur)) { /* Hugging Face's default is true */
             s->re = compile(GPT2_RE, sizeof GPT2_RE - 1, 0, err, errlen);
@@ -299,26 +318,48 @@ static int load_model(struct xtok *t, const cJSON *m, char *err, size_t errlen)
         return fail(err, errlen, "out of memory");
     for (int b = 0; b < 256; b++)
         t->byte_id[b] = -1;
-    char buf[1024];
+    char sbuf[1024], *buf = sbuf; /* a token's bytes (byte-level): on the heap for the rare longer token */
+    size_t bcap = sizeof sbuf;
     const cJSON *it;
+    int rc = 0;
     cJSON_ArrayForEach(it, vocab) {
-        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > 2147483647.0)
-            return fail(err, errlen, "model vocab: %s has no valid id", it->string);
+        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > 2147483647.0) {
+            rc = fail(err, errlen, "model vocab: %.*s has no valid id", clip(it->string, strlen(it->string)),
+                      it->string);
+            break;
+        }
         int32_t id = (int32_t)it->valuedouble;
         size_t len = strlen(it->string);
         note_id(t, id);
-        if (tok_map_put(&t->vocab_str, it->string, len, id) < 0)
-            return fail(err, errlen, "out of memory");
+        if (tok_map_put(&t->vocab_str, it->string, len, id) < 0) {
+            rc = fail(err, errlen, "out of memory");
+            break;
+        }
         if (!t->bytelevel)
             continue;
-        long n = len < sizeof buf ? tok_bytelevel_decode(it->string, len, buf) : -1;
+        if (len > bcap) {
+            char *nb = realloc(buf == sbuf ? NULL : buf, len);
+            if (!nb) {
+                rc = fail(err, errlen, "out of memory");
+                break;
+            }
+            buf = nb;
+            bcap = len;
+        }
+        long n = tok_bytelevel_decode(it->string, len, buf);
         if (n <= 0)
             continue; /* not of the byte-level alphabet: reachable as an added token only */
-        if (tok_map_put(&t->vocab, buf, (size_t)n, id) < 0)
-            return fail(err, errlen, "out of memory");
+        if (tok_map_put(&t->vocab, buf, (size_t)n, id) < 0) {
+            rc = fail(err, errlen, "out of memory");
+            break;
+        }
         if (n == 1)
             t->byte_id[(unsigned char)buf[0]] = id;
     }
+    if (buf != sbuf)
+        free(buf);
+    if (rc)
+        return rc;
     for (int b = 0; b < 256 && t->bytelevel; b++)
         if (t->byte_id[b] < 0)
             return fail(err, errlen, "model BPE: byte 0x%02x has no token (not a byte-level vocabulary)", b);
@@ -331,17 +372,26 @@ static int load_model(struct xtok *t, const cJSON *m, char *err, size_t errlen)
     t->unk_id = unk ? tok_map_get(&t->vocab_str, unk, strlen(unk)) : -1;
     if (unk && t->unk_id < 0)
         return fail(err, errlen, "model BPE: unk_token %s is not in the vocab", unk);
+    /* Hugging Face's model/bpe: merges as "left right" (exactly one space; lines starting "#version", from an
+     * old merges.txt, skipped and not ranked) or [left, right]; both parts and what they join into in the vocab.
+     * No length limit: a part may be as long as a token (Claude's file joins 1,024 spaces with 1,024). */
     uint32_t rank = 0;
+    char *joined = NULL;
+    size_t jcap = 0;
     cJSON_ArrayForEach(it, merges) {
         const char *a, *b;
         size_t la, lb;
-        char joined[2048]; /* a and b, then (the one lookup of the pair's result) each after the other */
         if (cJSON_IsString(it)) { /* "a b" */
+            if (!strncmp(it->valuestring, "#version", 8))
+                continue;
             const char *sp = strchr(it->valuestring, ' ');
-            la = sp ? (size_t)(sp - it->valuestring) : 0;
-            lb = sp ? strlen(sp + 1) : 0;
-            if (!sp || la >= sizeof joined / 2 || lb >= sizeof joined / 2)
-                return fail(err, errlen, "model merges: %s is not \"left right\"", it->valuestring);
+            if (!sp || strchr(sp + 1, ' ')) {
+                rc = fail(err, errlen, "model merges: item %u is not \"left right\" (one space): %.*s", rank,
+                          clip(it->valuestring, strlen(it->valuestring)), it->valuestring);
+                break;
+            }
+            la = (size_t)(sp - it->valuestring);
+            lb = strlen(sp + 1);
             a = it->valuestring;
             b = sp + 1;
         } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
@@ -350,23 +400,38 @@ static int load_model(struct xtok *t, const cJSON *m, char *err, size_t errlen)
             b = cJSON_GetArrayItem(it, 1)->valuestring;
             la = strlen(a);
             lb = strlen(b);
-            if (la >= sizeof joined / 2 || lb >= sizeof joined / 2)
-                return fail(err, errlen, "model merges: item %u is too long", rank);
         } else {
-            return fail(err, errlen, "model merges: item %u is neither \"left right\" nor [left, right]", rank);
+            rc = fail(err, errlen, "model merges: item %u is neither \"left right\" nor [left, right]", rank);
+            break;
+        }
+        if (la + lb > jcap) {
+            char *nj = realloc(joined, la + lb);
+            if (!nj) {
+                rc = fail(err, errlen, "out of memory");
+                break;
+            }
+            joined = nj;
+            jcap = la + lb;
         }
         memcpy(joined, a, la);
         memcpy(joined + la, b, lb);
         int32_t ia = tok_map_get(&t->vocab_str, a, la), ib = tok_map_get(&t->vocab_str, b, lb);
         int32_t ij = tok_map_get(&t->vocab_str, joined, la + lb);
-        if (ia < 0 || ib < 0 || ij < 0)
-            return fail(err, errlen, "model merges: %.*s + %.*s: a part or the result is not in the vocab", (int)la, a,
-                        (int)lb, b);
-        if (tok_merges_put(&t->merges, (uint32_t)ia, (uint32_t)ib, rank, (uint32_t)ij) < 0)
-            return fail(err, errlen, "out of memory");
+        if (ia < 0 || ib < 0 || ij < 0) {
+            const char *which = ia < 0 ? "its left part" : ib < 0 ? "its right part" : "what it joins into";
+            rc = fail(err, errlen, "model merges: item %u: %s is not in the vocab (%.*s%s + %.*s%s)", rank, which,
+                      clip(a, la), a, (size_t)clip(a, la) < la ? "..." : "", clip(b, lb), b,
+                      (size_t)clip(b, lb) < lb ? "..." : "");
+            break;
+        }
+        if (tok_merges_put(&t->merges, (uint32_t)ia, (uint32_t)ib, rank, (uint32_t)ij) < 0) {
+            rc = fail(err, errlen, "out of memory");
+            break;
+        }
         rank++;
     }
-    return 0;
+    free(joined);
+    return rc;
 }
 
 static int load_added(struct xtok *t, const cJSON *added, char *err, size_t errlen)

@@ -3,11 +3,12 @@
  * run as Hugging Face `tokenizers` runs it, token for token. No router dependencies.
  *
  * Supported (anything else is an error at load naming the component, never a silent wrong answer):
- *   normalizer     none, NFC, NFKC, NFD, NFKD, Sequence of those
- *   pre_tokenizer  Split (Regex or String pattern, behaviour Isolated, not inverted), ByteLevel (with or
- *                  without its GPT-2 regex, add_prefix_space), Sequence of those
- *   model          BPE over byte-level symbols (merges as "a b" strings or [a, b] pairs, ignore_merges; no
- *                  dropout, no continuing_subword_prefix / end_of_word_suffix)
+ *   normalizer     none, NFC, NFKC, NFD, NFKD, Prepend, Replace (a string pattern), Sequence of those
+ *   pre_tokenizer  Split (Regex or String pattern, any behaviour, inverted or not), Digits, Metaspace (first),
+ *                  ByteLevel (last; with or without its GPT-2 regex, add_prefix_space), Sequence of those
+ *   model          BPE over byte-level symbols or SentencePiece-style (byte_fallback, unk_token, fuse_unk);
+ *                  merges as "a b" strings or [a, b] pairs, ignore_merges; no dropout, no
+ *                  continuing_subword_prefix / end_of_word_suffix
  *   post_processor none, ByteLevel, TemplateProcessing (single), Sequence of those
  *   added_tokens   matched before the model, longest first, special or not; lstrip/rstrip honoured; tokens
  *                  with normalized=true are matched in the normalized text

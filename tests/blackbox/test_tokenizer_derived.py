@@ -5,7 +5,8 @@ shipped ones, for the rules those models do not exercise (test_tokenizer.py has 
 apart so that each runs within its time limit under load): added tokens that are prefixes of others,
 lstrip/rstrip, normalized (a fixed set, and seeded random sets of overlapping tokens with random flags, their ids
 as Hugging Face gives them at load); Split pre-tokenizers that cut and a two-byte Replace; Metaspace with each
-prepend_scheme."""
+prepend_scheme; every Split behaviour, inverted or not, on patterns that match empty strings too; ByteLevel's
+add_prefix_space; merges as Hugging Face reads them."""
 import json
 import os
 import random
@@ -200,6 +201,77 @@ class DerivedModels(t.TestCase):
             with self.subTest(normalizer=norm, pre_tokenizer=pre):
                 d = dict(base, normalizer=norm, pre_tokenizer=pre)
                 self.assertSameOnDerived(d, texts)
+
+
+    def test_every_split_behaviour_on_a_derived_model(self):
+        # GPT-2's files with a Split before ByteLevel: the five behaviours (a match alone, removed, joined to the
+        # stretch before or after it, alike neighbours joined), each inverted or not (the stretches between the
+        # matches are then the matches: GPT-4o's file keeps its regex's matches that way), on patterns that can
+        # match an empty string - Hugging Face's onig cuts the text there too, except where the last match ended
+        with open(os.path.join(model_dir("gpt2"), "tokenizer.json"), encoding="utf-8") as f:
+            base = json.load(f)
+        rnd = random.Random(23)
+        pool = list("abx 1\nq.") + ["xx", "  ", "你", "😀", "\u0301", "'s", "<|endoftext|>"]
+        texts = ["abxxc", "the cat sat", "xx", "x", "", " ", "a1b22c333 d", "  lead", "trail  ", "q", "xqx",
+                 "你好 世界x", "😀x😀", "x\u0301x", "ab\nxx\n\ncd"] + \
+            ["".join(rnd.choice(pool) for _ in range(rnd.randint(1, 14))) for _ in range(60 if SANITIZED else 150)]
+        blevel = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+        patterns = [{"String": "x"}, {"Regex": "\\d+"}, {"Regex": "x*"}, {"Regex": "(?=x)|\\b"}, {"String": ""}]
+        for pattern in patterns:
+            for behavior in ("Isolated", "Removed", "MergedWithPrevious", "MergedWithNext", "Contiguous"):
+                for invert in (False, True):
+                    split = {"type": "Split", "pattern": pattern, "behavior": behavior, "invert": invert}
+                    with self.subTest(split=split):
+                        self.assertSameOnDerived(dict(base, pre_tokenizer={"type": "Sequence",
+                                                                           "pretokenizers": [split, blevel]}), texts)
+
+    def test_byte_level_add_prefix_space_on_a_derived_model(self):
+        # a space before every piece that does not start with one: the input's, each piece between added tokens
+        # and each piece a Split before it cut (GPT-2's files, its regex or none, after a Split or before one)
+        with open(os.path.join(model_dir("gpt2"), "tokenizer.json"), encoding="utf-8") as f:
+            base = json.load(f)
+        texts = ["hello world", " hello", "", " ", "  two", "<|endoftext|>", "a<|endoftext|>b", "<|endoftext|> x",
+                 "x <|endoftext|>", "你好 世界", "\nnew", "1 2 3", "this is his list"] + CORPUS[:20]
+        bl = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True}
+        cut = {"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated", "invert": False}
+        for pre in [dict(bl, use_regex=True), dict(bl, use_regex=False),
+                    {"type": "Sequence", "pretokenizers": [cut, dict(bl, use_regex=False)]},
+                    {"type": "Sequence", "pretokenizers": [dict(cut, behavior="Removed"), bl]}]:
+            with self.subTest(pre_tokenizer=pre):
+                mine = self.assertSameOnDerived(dict(base, pre_tokenizer=pre), texts)
+                self.assertEqual(mine[0][0], 23748)  # " hello": the space added
+        # a file that says false (GPT-2's own) adds none: "hello" alone
+        self.assertEqual(self.assertSameOnDerived(base, ["hello world"])[0][0], 31373)
+
+    def test_merges_as_hugging_face_reads_them(self):
+        # an old merges.txt's "#version" line carried into the file is skipped (and not ranked); a merge of other
+        # than two parts, or of parts or a result outside the vocabulary, refuses the file on both sides
+        with open(os.path.join(model_dir("gpt2"), "tokenizer.json"), encoding="utf-8") as f:
+            base = json.load(f)
+        versioned = json.loads(json.dumps(base))
+        versioned["model"]["merges"].insert(0, "#version: 0.2")
+        self.assertSameOnDerived(versioned, ["hello world", "the quick brown fox"] + CORPUS[:10])
+        for bad, needle in [("he l lo", "is not \"left right\" (one space)"), ("hel", "is not \"left right\""),
+                            ("zzq qzz", "its left part is not in the vocab"),
+                            ("Ġ" * 400 + " q", "its left part is not in the vocab (ĠĠ")]:
+            d = json.loads(json.dumps(base))
+            d["model"]["merges"].insert(5, bad)
+            tmp = t.tmpdir(prefix="xpyd-tok-")
+            with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
+                json.dump(d, f, ensure_ascii=False)
+            with self.subTest(merge=bad[:20]):
+                p = subprocess.run([os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", tmp], input=b"hello",
+                                   capture_output=True, timeout=60)
+                self.assertEqual(p.returncode, 1)
+                err = p.stderr.decode("utf-8")  # (a long token quoted in part, cut where a character starts)
+                self.assertIn("model merges: item 5: " if "vocab" in needle else "model merges: item 5 ", err)
+                self.assertIn(needle, err)
+                self.assertLess(len(err), 400)
+                theirs = subprocess.run(["node", os.path.join(os.path.dirname(oracle_cache.__file__), "tok_oracle.js"),
+                                         os.path.join(tmp, "tokenizer.json")], input='"hello"\n', capture_output=True,
+                                        text=True, timeout=120, env=dict(os.environ, NODE_PATH=os.path.join(
+                                            t.NPM_DIR, "node_modules")))
+                self.assertNotEqual(theirs.returncode, 0)  # Hugging Face refuses it too
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@
  *         last with add_special, and the same ids in between as without; its NFC the same text as utf8proc's over
  *         the whole input;
  *   3:    the same with a small SentencePiece-style model (Prepend, Replace, NFC, byte_fallback, fuse_unk);
- *   5, 7: the same with that model pre-tokenized by Metaspace (prepend_scheme first: only the input's first piece).
+ *   5, 7: the same with that model pre-tokenized by Metaspace (prepend_scheme first: only the input's first piece);
+ *   odd with 8: the byte-level model pre-tokenized by a Split whose pattern matches empty strings too, in the
+ *         behaviour (and invert) the high nibble picks, then ByteLevel with add_prefix_space.
  *   Text also goes through a tokenization cache shared by every input (small, pieces of any length, so it
  *   evicts): twice, the same ids as without it (a piece found by its length and ends is another's only if its
  *   bytes are). */
@@ -21,8 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-static struct xtok *model, *sp_model, *ms_model;
-static struct xtok_cache *cache, *sp_cache, *ms_cache; /* a cache serves one tokenizer */
+static struct xtok *model, *sp_model, *ms_model, *split_models[10];
+static struct xtok_cache *cache, *sp_cache, *ms_cache, *split_caches[10]; /* a cache serves one tokenizer */
 
 static void byte_level(int b, char *out) /* GPT-2's byte-level character of byte b, as UTF-8 */
 {
@@ -44,16 +46,21 @@ static void byte_level(int b, char *out) /* GPT-2's byte-level character of byte
     }
 }
 
-static void build_model(void)
+/* the byte-level model's pre-tokenizer: Llama 3's */
+static const char LLAMA3_PRE[] =
+    "{\"type\":\"Sequence\",\"pretokenizers\":["
+    "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(?i:'s|'t)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|"
+    "\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
+    "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+    "\"use_regex\":false}]}";
+
+static struct xtok *build_model(const char *pre)
 {
     static char json[65536];
     size_t n = 0;
     n += (size_t)snprintf(json + n, sizeof json - n,
-                          "{\"normalizer\":{\"type\":\"NFC\"},\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["
-                          "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(?i:'s|'t)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|"
-                          "\\\\p{N}{1,3}| ?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
-                          "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
-                          "\"use_regex\":false}]},\"post_processor\":{\"type\":\"TemplateProcessing\",\"single\":["
+                          "{\"normalizer\":{\"type\":\"NFC\"},\"pre_tokenizer\":%s,\"post_processor\"", pre);
+    n += (size_t)snprintf(json + n, sizeof json - n, ":{\"type\":\"TemplateProcessing\",\"single\":["
                           "{\"SpecialToken\":{\"id\":\"<s>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},"
                           "{\"SpecialToken\":{\"id\":\"</s>\",\"type_id\":0}}],\"special_tokens\":{\"<s>\":{\"id\":\"<s>\","
                           "\"ids\":[300]},\"</s>\":{\"id\":\"</s>\",\"ids\":[301]}}},\"added_tokens\":["
@@ -71,11 +78,12 @@ static void build_model(void)
                           "\"\\u0120world\":263,\"ld\":264,\"aa\":265,\"aaa\":266},\"merges\":[\"h e\",\"l l\",\"he ll\","
                           "\"hell o\",\"\\u0120 w\",\"o r\",\"\\u0120w or\",\"l d\",\"\\u0120wor ld\",\"a a\",\"aa a\"]}}");
     char err[256];
-    model = xtok_load_json(json, n, err, sizeof err);
-    if (!model) {
+    struct xtok *t = xtok_load_json(json, n, err, sizeof err);
+    if (!t) {
         fprintf(stderr, "fuzz_tokenizer: the harness's model does not load: %s\n", err);
         abort();
     }
+    return t;
 }
 
 /* a SentencePiece-style model: Llama 2's normalizers, or (metaspace) NFC and a Metaspace pre-tokenizer that
@@ -118,7 +126,17 @@ static struct xtok *build_sp_model(int metaspace)
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
 {
     if (!model) {
-        build_model();
+        model = build_model(LLAMA3_PRE);
+        for (int k = 0; k < 10; k++) { /* each Split behaviour, inverted or not, on a pattern with empty matches */
+            static const char *const beh[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext",
+                                              "Contiguous"};
+            char pre[512];
+            snprintf(pre, sizeof pre, "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":"
+                     "{\"Regex\":\"x*|(?=q)| |\\\\b\"},\"behavior\":\"%s\",\"invert\":%s},{\"type\":\"ByteLevel\","
+                     "\"add_prefix_space\":true,\"use_regex\":true}]}", beh[k % 5], k < 5 ? "false" : "true");
+            split_models[k] = build_model(pre);
+            split_caches[k] = xtok_cache_new(1u << 14, 1);
+        }
         sp_model = build_sp_model(0);
         ms_model = build_sp_model(1);
         cache = xtok_cache_new(1u << 16, 1);
@@ -146,9 +164,10 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         xtok_free(t);
         return 0;
     }
-    const struct xtok *m = data[0] & 4 ? ms_model : data[0] & 2 ? sp_model : model;
-    struct xtok_cache *c = data[0] & 4 ? ms_cache : data[0] & 2 ? sp_cache : cache;
-    uint32_t bos = data[0] & 6 ? 1 : 300, eos = data[0] & 6 ? 2 : 301;
+    int split = data[0] & 8, k = (data[0] >> 4) % 10;
+    const struct xtok *m = split ? split_models[k] : data[0] & 4 ? ms_model : data[0] & 2 ? sp_model : model;
+    struct xtok_cache *c = split ? split_caches[k] : data[0] & 4 ? ms_cache : data[0] & 2 ? sp_cache : cache;
+    uint32_t bos = !split && data[0] & 6 ? 1 : 300, eos = !split && data[0] & 6 ? 2 : 301;
     int rc = xtok_encode(m, rest, len, 0, &ids, &n);
     if (rc) {
         assert(rc == XTOK_EINVAL);
