@@ -22,6 +22,7 @@
  * and the cached encode together (bench/journal/2026-12.md). */
 #include "chat_prompt.h"
 
+#include "xpyd_tokenizer.h"
 #include "xpyd_util.h"
 
 #include <cjson/cJSON.h>
@@ -50,7 +51,9 @@ static cJSON *str_node(struct jv s)
  * hold it (a lone surrogate: Python's json takes it, cJSON does not) */
 static cJSON *copy_of(struct jv v)
 {
-    return cJSON_ParseWithLength(v.p, v.n);
+    cJSON *c = cJSON_ParseWithLength(v.p, v.n);
+    xtok_json_literals(c, v.p, v.n); /* its numbers as json.loads reads them: 1.0 a float */
+    return c;
 }
 
 static int add_copy(cJSON *to, const char *key, struct jv v)
@@ -146,6 +149,8 @@ static cJSON *tool_calls(struct jv calls)
         cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments");
         if (cJSON_IsObject(fn) && !cJSON_IsObject(args) && !cJSON_IsArray(args)) {
             cJSON *parsed = cJSON_IsString(args) ? cJSON_Parse(args->valuestring) : NULL;
+            if (parsed)
+                xtok_json_literals(parsed, args->valuestring, strlen(args->valuestring));
             if (!parsed)
                 parsed = cJSON_CreateObject();
             if (args)

@@ -98,6 +98,7 @@ static cJSON *conversation(const cJSON *msgs, int as_parts)
                 cJSON *args = cJSON_GetObjectItemCaseSensitive(fn, "arguments"); /* (the one replaced below) */
                 if (cJSON_IsObject(fn) && cJSON_IsString(args)) {
                     cJSON *v = cJSON_Parse(args->valuestring);
+                    xtok_json_literals(v, args->valuestring, strlen(args->valuestring)); /* 1.0 a float */
                     cJSON_ReplaceItemInObjectCaseSensitive(fn, "arguments", v ? v : cJSON_CreateObject());
                 } else if (cJSON_IsObject(fn) && !cJSON_IsObject(args) && !cJSON_IsArray(args)) {
                     cJSON_DeleteItemFromObjectCaseSensitive(fn, "arguments");

@@ -265,6 +265,7 @@ int main(int argc, char **argv)
                 return 1;
             }
             sim_tokens_set_chat(chat_ids, NULL);
+            sim_tokens_set_literals(xtok_json_literals);
         }
         else /* chat requests: role tokens and text, as without a template */
             fprintf(stderr, "xpyd_sim: --tokenizer: no chat template (%s)\n", err);

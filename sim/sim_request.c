@@ -385,6 +385,8 @@ int sim_params_parse(const char *body, size_t len, int chat, const struct sim_li
     if (!root)
         return fail(err, 400, "malformed JSON body: parse error near byte %ld",
                     end ? (long)(end - body) : 0L);
+    if (chat)
+        sim_tokens_literals(root, body, len);
     int rc = cJSON_IsObject(root) ? parse_fields(root, chat, lim, out, err)
                                   : fail(err, 400, "request body must be a JSON object");
     cJSON_Delete(root);
@@ -399,6 +401,7 @@ int sim_tokenize_parse(const char *body, size_t len, struct sim_prompt *out, cha
 {
     memset(out, 0, sizeof *out);
     cJSON *root = cJSON_ParseWithLength(body, len);
+    sim_tokens_literals(root, body, len);
     int rc;
     if (!root || !cJSON_IsObject(root))
         rc = fail(err, 400, "malformed JSON body");

@@ -49,6 +49,19 @@ void sim_tokens_set_chat(sim_chat_fn render, void *arg)
     chat_arg = arg;
 }
 
+static sim_literals_fn literals;
+
+void sim_tokens_set_literals(sim_literals_fn fn)
+{
+    literals = fn;
+}
+
+void sim_tokens_literals(struct cJSON *root, const char *body, size_t len)
+{
+    if (literals)
+        literals(root, body, len);
+}
+
 int sim_prompt_add_chat(struct sim_prompt *p, const struct cJSON *root, char *err, size_t cap)
 {
     uint32_t *ids;

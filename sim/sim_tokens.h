@@ -38,6 +38,11 @@ void sim_tokens_set_encoder(sim_encoder_fn encode, void *arg);
 struct cJSON;
 typedef int (*sim_chat_fn)(void *arg, const struct cJSON *root, uint32_t **ids, size_t *n, char *err, size_t cap);
 void sim_tokens_set_chat(sim_chat_fn render, void *arg);
+/* How a request body's numbers were written, kept on its parsed tree for the template (xtok_json_literals: 1.0 a
+ * float, as vLLM's json.loads reads it); set with the template, called on each body parsed (none set: nothing). */
+typedef void (*sim_literals_fn)(struct cJSON *root, const char *body, size_t len);
+void sim_tokens_set_literals(sim_literals_fn fn);
+void sim_tokens_literals(struct cJSON *root, const char *body, size_t len);
 /* A chat request's prompt through the template: 0, -ENOSYS (none set: the caller models chat itself), -EINVAL
  * with err, -ENOMEM. */
 int sim_prompt_add_chat(struct sim_prompt *p, const struct cJSON *root, char *err, size_t cap);

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/stat.h>
 
 struct xtpl {
     struct tpl *t;
@@ -260,6 +262,66 @@ static int add_template(struct xtok_chat *c, const char *name, const char *src, 
     return 0;
 }
 
+/* transformers' template files (tokenization_utils_base.py, _from_pretrained): chat_template.jinja is the template
+ * "default", each additional_chat_templates/NAME.jinja the template NAME (a "default.jinja" there wins); when there
+ * are any they replace tokenizer_config.json's, and "default" alone is the one template, else they are named.
+ * text: chat_template.jinja's content (NULL: none). *found: there were some. */
+static int template_files(struct xtok_chat *c, const char *dir, const char *text, size_t len, int *found, char *err,
+                          size_t errlen)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/additional_chat_templates", dir);
+    DIR *d = opendir(path);
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0, has_default = 0;
+    for (struct dirent *e; d && (e = readdir(d));) {
+        size_t l = strlen(e->d_name);
+        struct stat st;
+        snprintf(path, sizeof path, "%s/additional_chat_templates/%s", dir, e->d_name);
+        if (l <= 6 || strcmp(e->d_name + l - 6, ".jinja") || stat(path, &st) || !S_ISREG(st.st_mode))
+            continue;
+        if (n == cap) {
+            char **nn = realloc(names, (cap = cap ? cap * 2 : 8) * sizeof *nn);
+            if (!nn) {
+                rc = -1;
+                break;
+            }
+            names = nn;
+        }
+        if (!(names[n] = strndup(e->d_name, l - 6))) {
+            rc = -1;
+            break;
+        }
+        has_default |= !strcmp(names[n++], "default");
+    }
+    if (d)
+        closedir(d);
+    if (rc)
+        snprintf(err, errlen, "out of memory");
+    c->named = n > 0;
+    *found = n > 0 || text;
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    if (!rc && text && !has_default)
+        rc = add_template(c, "default", text, len, path, err, errlen);
+    for (size_t i = 0; i < n && !rc; i++) {
+        size_t tl;
+        snprintf(path, sizeof path, "%s/additional_chat_templates/%s.jinja", dir, names[i]);
+        char *src = read_file(path, &tl);
+        if (!src) {
+            snprintf(err, errlen, "%s: cannot read it", path);
+            rc = -1;
+        } else {
+            rc = add_template(c, names[i], src, tl, path, err, errlen);
+        }
+        free(src);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+    return rc;
+}
+
 int xtok_chat_openai_content(const struct xtok_chat *c)
 {
     return c->openai_content;
@@ -295,16 +357,19 @@ struct xtok_chat *xtok_chat_load(const char *dir, const char *template_file, cha
     if (map)
         add_specials(c->special, map);
     cJSON_Delete(map);
-    int rc = 0;
+    int rc = 0, found = 0;
     snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
     const char *file = template_file ? template_file : path;
     text = read_file(file, &len);
     if (!text && template_file) {
         snprintf(err, errlen, "%s: cannot read it", template_file);
         rc = -1;
-    } else if (text) {
+    } else if (template_file) {
         rc = add_template(c, "default", text, len, file, err, errlen);
     } else {
+        rc = template_files(c, dir, text, len, &found, err, errlen);
+    }
+    if (!rc && !found && !template_file) {
         const cJSON *ct = cJSON_GetObjectItemCaseSensitive(cfg, "chat_template"), *it;
         snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
         if (cJSON_IsString(ct)) {

@@ -5,6 +5,7 @@
 #include "tpl_internal.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -655,7 +656,21 @@ static void json_into(struct tctx *c, const cJSON *j, struct tv *v)
         return;
     case cJSON_Number: {
         double d = j->valuedouble;
-        /* cJSON keeps no trace of how the number was written: integral values within 2^53 are ints */
+        const char *l = j->valuestring; /* how it was written, where that matters (xtok_json_literals) */
+        if (l && strpbrk(l, ".eE")) { /* a float, as json.loads reads it (cJSON's strtod: the same double) */
+            *v = tv_float(d);
+            return;
+        }
+        if (l) { /* an integer too long for a double: exact within 64 bits (past them, the double's value) */
+            char *end;
+            errno = 0;
+            long long x = strtoll(l, &end, 10);
+            if (!errno && !*end) {
+                *v = tv_int((int64_t)x);
+                return;
+            }
+        }
+        /* else integral values within 2^53 are ints (what was written without a '.', e or E) */
         *v = d == floor(d) && fabs(d) <= 9007199254740992.0 ? tv_int((int64_t)d) : tv_float(d);
         return;
     }

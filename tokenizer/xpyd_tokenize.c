@@ -147,6 +147,7 @@ static int chat_one(const struct xtok_chat *chat, const struct xtok *t, const ch
     size_t n = 0;
     int nul = has_escaped_nul(body, len); /* cJSON would cut the string there */
     cJSON *req = nul ? NULL : cJSON_ParseWithLength(body, len);
+    xtok_json_literals(req, body, len); /* its numbers as vLLM's json.loads reads them */
     int rc = 0, why;
     struct xtok_chat *mine = NULL;
     const struct xtok_chat *use;

@@ -84,7 +84,14 @@ void xtpl_free(struct xtpl *t);
 int xtpl_render(const struct xtpl *t, const struct cJSON *vars, const struct xtpl_limits *lim, char **out,
                 size_t *n, char *err, size_t errlen);
 
-/* A model directory's chat template: template_file if given, else DIR/chat_template.jinja, else
+/* Numbers as Python's json.loads reads them, for a request's JSON parsed by cJSON into tree from src[0..len): a
+ * number written as a float ("1.0") stays a float in the template (printed "1.0", as vLLM's template prints it)
+ * and an integer past 2^53 exact, where cJSON's double alone would make them 1 and a rounded value. Call it on
+ * whatever is parsed for xtok_chat_render (the body, a tool call's arguments string). */
+void xtok_json_literals(struct cJSON *tree, const char *src, size_t len);
+
+/* A model directory's chat template: template_file if given, else DIR/chat_template.jinja and
+ * DIR/additional_chat_templates/NAME.jinja (named templates, as transformers saves them), else
  * tokenizer_config.json's chat_template (a string, or named templates: "default", "tool_use" when the request
  * has tools); its special tokens (bos_token, eos_token, ...) from tokenizer_config.json and
  * special_tokens_map.json. NULL with the reason when there is none or it does not compile. */

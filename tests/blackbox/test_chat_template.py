@@ -31,11 +31,12 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                                "city": {"type": "string", "description": "The city, e.g. 東京"},
                                                "unit": {"type": "string", "enum": ["c", "f"]},
                                                "days": {"type": "integer", "default": 1},
-                                               "ratio": {"type": "number", "default": 0.5}},
+                                               "ratio": {"type": "number", "default": 0.5, "maximum": 10.0}},
                                                "required": ["city"]}}}]
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
 CALL_DICT = {"id": "call_2", "type": "function",
-             "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}}
+             "function": {"name": "get_weather", "arguments": {"city": "Oslo", "days": 2, "ratio": 1.0,
+                                                                  "since": 12345678901234567}}}
 
 CONVERSATIONS = [
     {"messages": [{"role": "user", "content": "Hello there"}]},
@@ -444,9 +445,11 @@ class ChatTemplates(t.TestCase):
         qwen = ours(model_dir("qwen3"), [CONVERSATIONS[7], CONVERSATIONS[6]])
         self.assertTrue(qwen[0].endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n"), qwen[0])
         self.assertIn('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-                      '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}\n</tool_call>',
+                      '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2, "ratio": 1.0, '
+                      '"since": 12345678901234567}}\n</tool_call>',
                       qwen[1])
         self.assertIn('"city": {"type": "string", "description": "The city, e.g. 東京"}', qwen[1])
+        self.assertIn('"ratio": {"type": "number", "default": 0.5, "maximum": 10.0}', qwen[1])  # 10.0, not 10
         gemma = ours(model_dir("gemma3"), [CONVERSATIONS[13]])
         self.assertIn("Conversation roles must alternate", gemma[0]["error"])
 

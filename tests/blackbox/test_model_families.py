@@ -102,6 +102,39 @@ class ModelFamilies(t.TestCase):
                 self.assertFalse(bad, "%s: %d of %d differ from jinja2, e.g. %r" % (name, len(bad), len(reqs), bad[:2]))
                 self.assertGreater(sum(isinstance(x, str) for x in mine), len(reqs) // 2)  # most render
 
+    def test_template_files_as_transformers_saves_them(self):
+        # transformers saves named templates as chat_template.jinja ("default") and additional_chat_templates/
+        # NAME.jinja, and reads them back over tokenizer_config.json's: Cohere's three written that way beside a
+        # config whose own template is a decoy, picked as the config's list picks them (tool_use for any tools)
+        with open(os.path.join(model_dir("command_r_plus"), "tokenizer_config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        named = {x["name"]: x["template"] for x in cfg["chat_template"]}
+        tmp = t.tmpdir(prefix="xpyd-tpl-")
+        os.symlink(os.path.join(model_dir("command_r_plus"), "tokenizer.json"), os.path.join(tmp, "tokenizer.json"))
+        with open(os.path.join(tmp, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+            json.dump(dict(cfg, chat_template="DECOY {{ messages | length }}"), f)
+        os.mkdir(os.path.join(tmp, "additional_chat_templates"))
+        for name, src in named.items():
+            where = "chat_template.jinja" if name == "default" else os.path.join("additional_chat_templates",
+                                                                                 name + ".jinja")
+            with open(os.path.join(tmp, where), "w", encoding="utf-8") as f:
+                f.write(src)
+        msgs = [{"role": "user", "content": "Hi"}]
+        tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
+        reqs = [{"messages": msgs}, {"messages": msgs, "tools": []}] + CONVERSATIONS[:8]
+        mine, want = ours(tmp, reqs), oracle_renderings("command_r_plus", reqs)
+        self.assertEqual(mine[:2], want[:2])
+        self.assertTrue(all(a == b or ("error" in a and "error" in b) for a, b in zip(mine, want)), (mine, want))
+        self.assertIn("augmented by a number of tools", mine[1])
+        self.assertNotIn("DECOY", json.dumps(mine))
+        # without chat_template.jinja the saved templates have no default: a request without tools is refused as
+        # transformers refuses it, one with tools gets tool_use's
+        os.remove(os.path.join(tmp, "chat_template.jinja"))
+        plain, with_tools = ours(tmp, [{"messages": msgs}, {"messages": msgs, "tools": tools}])
+        self.assertIn("none is named default", plain["error"])
+        self.assertIn("'name' is undefined", with_tools["error"])  # tool_use's own tool shape (see below)
+        self.assertEqual(ours(tmp, [{"messages": msgs, "tools": []}]), want[1:2])
+
     def test_named_templates_are_picked_as_transformers_picks_them(self):
         # Cohere's tokenizer_config.json names three templates; a request with tools (even none in the list)
         # gets tool_use's preamble, one without gets default's; tool_use reads Cohere's own tool shape (a

@@ -339,7 +339,9 @@ CHATS = [
     {"messages": [{"role": "user", "content": "Weather in Paris?"},
                   {"role": "assistant", "content": None, "tool_calls": [
                       {"id": "c1", "type": "function",
-                       "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+                       "function": {"name": "get_weather",
+                                    # (numbers as json.loads reads them: 1.0 a float, 17 digits exact)
+                                    "arguments": "{\"city\":\"Paris\",\"ratio\":1.0,\"n\":12345678901234567}"}}]},
                   {"role": "tool", "tool_call_id": "c1", "content": "21 C"}], "tools": TOOLS},
     {"messages": [{"role": "user", "content": "think?"}], "chat_template_kwargs": {"enable_thinking": False}},
     {"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": True, "add_generation_prompt": False},

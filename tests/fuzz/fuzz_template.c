@@ -4,8 +4,9 @@
  *   even: the rest is a hostile template: compiled or refused with a reason (and its line), never a crash; one
  *         that compiles renders a fixed conversation within small limits (1 MiB out, 16 MiB memory, 200,000
  *         steps): a text of at most the output limit, or an error with a reason;
- *   odd:  the rest is a hostile request body (messages, tools, kwargs) rendered by a fixed template that uses
- *         most of the language (loops, namespace, macros, filters, string methods, tojson): the same bounds. */
+ *   odd:  the rest is a hostile request body (messages, tools, kwargs), its numbers' literals kept as the
+ *         router keeps them (xtok_json_literals), rendered by a fixed template that uses most of the language
+ *         (loops, namespace, macros, filters, string methods, tojson): the same bounds. */
 #include "xpyd_tokenizer.h"
 
 #include <assert.h>
@@ -79,6 +80,7 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
         return 0;
     }
     cJSON *vars = cJSON_ParseWithLength(rest, len);
+    xtok_json_literals(vars, rest, len); /* its numbers' literals kept beside cJSON's doubles: read by the render */
     if (cJSON_IsObject(vars))
         check_render(fixed, vars);
     cJSON_Delete(vars);

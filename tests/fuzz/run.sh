@@ -33,7 +33,7 @@ sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.
   sim_request) echo "$ROOT/sim/sim_request.c $ROOT/sim/sim_tokens.c $C/xpyd_util.c" ;;
   rewrite) echo "$R/rewrite.c $R/body_src.c $R/prompt.c $R/json_view.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
   json_view) echo "$R/json_view.c $C/xpyd_util.c -lm" ;;
-  chat) echo "$R/chat_prompt.c $R/json_view.c $C/xpyd_util.c -lm" ;;
+  chat) echo "$R/chat_prompt.c $R/json_view.c $C/xpyd_util.c $ROOT/tokenizer/tok_json.c -I$ROOT/tokenizer -lm" ;;
   http_req) echo "$R/http_req.c" ;;
   relay) echo "$R/relay.c $R/rewrite.c $R/json_view.c -lm $C/xpyd_sse.c $C/xpyd_util.c $ROOT/balancer/xb_prefix.c" ;;
   admin) echo "$R/admin_parse.c $R/kv_endpoint.c $R/json_view.c $C/xpyd_util.c -lm" ;;
@@ -45,7 +45,7 @@ sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.
   tokenizer) echo "$ROOT/tokenizer/tok_load.c $ROOT/tokenizer/tok_encode.c $ROOT/tokenizer/tok_map.c" \
     "$ROOT/tokenizer/tok_cache.c $ROOT/tokenizer/tok_mem.c -I$ROOT/tokenizer" \
     "$(pkg-config --cflags --libs libpcre2-8 libutf8proc)" ;;
-  template) echo "$ROOT/tokenizer/tok_chat.c $ROOT/tokenizer/tpl_*.c -I$ROOT/tokenizer -lm" \
+  template) echo "$ROOT/tokenizer/tok_chat.c $ROOT/tokenizer/tok_json.c $ROOT/tokenizer/tpl_*.c -I$ROOT/tokenizer -lm" \
     "$(pkg-config --cflags --libs libutf8proc)" ;;
   kv_events) echo "$R/kv_events.c $R/kv_index.c $ROOT/balancer/xb_prefix.c -I$ROOT/balancer" \
     "$(pkg-config --cflags --libs msgpack libxxhash)" ;;
