@@ -9,7 +9,6 @@
 #include "xpyd_tokenizer.h"
 
 #include <cjson/cJSON.h>
-#include <stdlib.h>
 #include <string.h>
 
 struct walk {
@@ -71,12 +70,12 @@ static int number(struct walk *s, cJSON *node)
     if (!digits)
         return -1;
     if (fl || digits > 15) { /* (15 digits are exact in a double) */
-        char *l = malloc(n + 1);
+        char *l = cJSON_malloc(n + 1); /* (cJSON's allocator: cJSON_Delete frees it) */
         if (!l)
             return -1;
         memcpy(l, b, n);
         l[n] = '\0';
-        free(node->valuestring);
+        cJSON_free(node->valuestring);
         node->valuestring = l;
     }
     return 0;
