@@ -86,6 +86,7 @@ struct request {
     int64_t max_tokens;
     int64_t room_tokens;    /* what max_model_len must hold beyond the prompt (rw_room_tokens: vLLM's check) */
     int64_t prompt_longest; /* exact counts: the longest prompt's tokens (a batch's prompts are checked alone) */
+    int64_t truncate;       /* truncate_prompt_tokens: -2 none, -1 the engine's max_model_len, else k (tokenize.h) */
     uint64_t t_start, t_first, t_last_tok;
     struct leg legs[2];
     char retry_after[64];       /* the failing engine's Retry-After, passed through with its 429/503 */

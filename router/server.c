@@ -205,6 +205,7 @@ static void handle_generate(evhtp_request_t *req, int kind)
     r->prompt_tokens = rw_estimate_prompt(src, kind == RT_EP_CHAT, g_rt->cfg.bytes_per_token);
     r->prompt_src = kind == RT_EP_COMPLETIONS && rw_prompt_is_ids(src, &r->prompt_longest) ? RT_PS_IDS
                                                                                              : RT_PS_ESTIMATE;
+    rt_tok_truncation_in(r); /* truncate_prompt_tokens: the counts are of the prompt the engine keeps */
     if ((g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE]) && !rt_tok_wants(r)) { /* else: its ids' */
         uint64_t ex[2];
         r->nblocks = rw_prefix_blocks(src, kind == RT_EP_CHAT, (size_t)g_rt->cfg.prefix_block_tokens,

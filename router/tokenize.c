@@ -39,6 +39,7 @@ struct rt_tok_job {
     struct rt_chat_src chat_src; /* chat: its members in text (found when the body arrived) */
     rt_tok_go go;        /* how the request goes on (request.c) */
     int add_special;
+    int64_t truncate;    /* prompts cut to their last this many tokens (rt_tok_truncation), -1: not cut */
     size_t block_tokens; /* 0: no prefix blocks wanted */
     uint64_t extra[2];   /* what else names its blocks (rt_kv_extras: the cache salt); has_extra 0: none */
     int has_extra;
@@ -158,6 +159,8 @@ static void encode_chat(struct rt_tok_job *j)
     size_t nids = 0;
     j->rc = xtok_encode_cached(T.tok, T.cache, text, n, j->add_special, &ids, &nids);
     free(text);
+    if (j->rc == 0 && j->truncate >= 0) /* the engine's prompt: its last tokens (vLLM's truncate_prompt_tokens) */
+        nids = xtok_truncate_left(T.tok, ids, nids, (size_t)j->truncate, j->add_special);
     if (j->rc == 0) {
         j->tokens = j->longest = (int64_t)nids;
         if (j->block_tokens)
@@ -182,6 +185,8 @@ static void encode(struct rt_tok_job *j)
         uint32_t *ids = NULL;
         size_t nids = 0;
         j->rc = xtok_encode_cached(T.tok, T.cache, p, j->lens[i], j->add_special, &ids, &nids);
+        if (j->rc == 0 && j->truncate >= 0) /* each prompt its last tokens */
+            nids = xtok_truncate_left(T.tok, ids, nids, (size_t)j->truncate, j->add_special);
         if (j->rc == 0) {
             j->tokens += (int64_t)nids;
             j->longest = (int64_t)nids > j->longest ? (int64_t)nids : j->longest;
@@ -303,11 +308,51 @@ void rt_tok_stop(void)
     T.nth = 0;
 }
 
+int64_t rt_tok_truncation(const struct request *r)
+{
+    if (r->truncate >= 0 || r->truncate < -1)
+        return r->truncate >= 0 ? r->truncate : -1;
+    int64_t k = -1; /* -1: each engine its own max_model_len; counted with the smallest the pools know */
+    for (int role = 0; role < 2; role++) {
+        long mml = xb_max_model_len(g_rt->pools[role]);
+        if (mml > 0 && (k < 0 || mml < k))
+            k = mml;
+    }
+    return k;
+}
+
+void rt_tok_truncation_in(struct request *r)
+{
+    struct jv v = rw_src_get(r->src, "truncate_prompt_tokens");
+    double d;
+    r->truncate = jv_type(v) == JV_NUMBER && jv_double(v, &d) == 0 && d == (double)(int64_t)d && d >= -1 &&
+                          d < 1e15
+                      ? (int64_t)d
+                      : -2;
+    int64_t k = rt_tok_truncation(r);
+    if (k < 0)
+        return;
+    if (r->prompt_longest > k)
+        r->prompt_longest = k;
+    /* one prompt (a chat, a text, a list of ids): its count is cut too; a batch's stays the bound it was */
+    struct jv p = rw_src_get(r->src, "prompt");
+    int one = r->kind == RT_EP_CHAT || jv_type(p) == JV_STRING ||
+              (r->prompt_src == RT_PS_IDS && r->prompt_tokens == r->prompt_longest);
+    if (one && r->prompt_tokens > k)
+        r->prompt_tokens = k;
+}
+
 int rt_tok_too_long(const struct request *r, char *msg, size_t size)
 {
     int64_t prompt = r->prompt_longest, need = prompt + r->room_tokens; /* vLLM checks each prompt of a batch */
     for (int role = 0; role < 2; role++) {
         long mml = xb_max_model_len(g_rt->pools[role]);
+        if (mml > 0 && r->truncate > mml) { /* vLLM's _validate_truncation_size */
+            snprintf(msg, size,
+                     "truncate_prompt_tokens value (%" PRId64 ") is greater than max_model_len (%ld). Please, select "
+                     "a smaller truncation size.", r->truncate, mml);
+            return 1;
+        }
         if (mml <= 0 || need <= mml)
             continue;
         if (prompt >= mml)
@@ -515,6 +560,7 @@ int rt_tok_start(struct request *r, rt_tok_go go)
     j->go = go;
     enum jv_type as = jv_type(rw_src_get(r->src, "add_special_tokens"));
     j->add_special = j->chat ? as == JV_TRUE : as != JV_FALSE; /* vLLM: false for chat, true for completions */
+    j->truncate = rt_tok_truncation(r);
     if (g_rt->prefix_on[RT_PREFILL] || g_rt->prefix_on[RT_DECODE]) {
         j->block_tokens = (size_t)g_rt->cfg.prefix_block_tokens;
         j->has_extra = rt_kv_extras(r->src, j->extra);

@@ -42,6 +42,12 @@ int rt_tok_start(struct request *r, rt_tok_go go);
 /* An exact count (the tokenizer's, or a prompt of token ids) that no rank can hold with the output tokens it
  * must leave room for (rw_room_tokens): 1, with vLLM's words for the client's 400 in msg. */
 int rt_tok_too_long(const struct request *r, char *msg, size_t size);
+/* vLLM's truncate_prompt_tokens (an integer >= -1; anything else: none, the engine judges it) read from the body
+ * into r->truncate, and the counts made so far (the estimate, a token-id prompt's) cut to it: vLLM keeps a
+ * prompt's last k tokens (its special tokens kept around them), -1 meaning max_model_len. */
+void rt_tok_truncation_in(struct request *r);
+/* The length prompts are cut to: k, or for -1 the smallest max_model_len the pools know; -1 when none. */
+int64_t rt_tok_truncation(const struct request *r);
 /* The request ended while its prompt was being tokenized: the ids will be dropped. */
 void rt_tok_detach(struct request *r);
 /* The prefill reported prompt_tokens for r: counted as a mismatch when the router's own count differs. */

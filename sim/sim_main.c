@@ -217,6 +217,11 @@ static int encode(void *arg, const char *text, size_t len, int add_special, uint
     return xtok_encode(arg, text, len, add_special, ids, n);
 }
 
+static size_t truncate_left(void *arg, uint32_t *ids, size_t n, size_t k, int special)
+{
+    return xtok_truncate_left(arg, ids, n, k, special);
+}
+
 static struct xtok *tok;
 static struct xtok_chat *chat;
 static int trust_request_templates;
@@ -256,6 +261,7 @@ int main(int argc, char **argv)
             return 2;
         }
         sim_tokens_set_encoder(encode, tok);
+        sim_tokens_set_truncate(truncate_left, tok);
         trust_request_templates = c.trust_request_chat_template;
         if ((chat = xtok_chat_load(c.tokenizer, NULL, err, sizeof err))) {
             /* trusted request templates kept compiled, as transformers' lru_cache keeps vLLM's */

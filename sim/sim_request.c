@@ -310,6 +310,26 @@ static int parse_fields(const cJSON *root, int chat, const struct sim_limits *li
     }
     if (rc)
         return rc;
+    /* vLLM's truncate_prompt_tokens (_validate_truncation_size): -1 is max_model_len, more than it a 400; the
+     * prompt then keeps its last k tokens (the tokenizer's special tokens around them, where it added some) */
+    long trunc = 0;
+    int has_trunc = 0;
+    if ((rc = check_int(root, "truncate_prompt_tokens", &trunc, &has_trunc, err)))
+        return rc;
+    if (has_trunc) {
+        if (trunc < -1)
+            return fail(err, 400, "truncate_prompt_tokens must be greater than or equal to -1, got %ld.", trunc);
+        if (trunc == -1)
+            trunc = lim->max_model_len;
+        if (trunc > lim->max_model_len)
+            return fail(err, 400,
+                        "truncate_prompt_tokens value (%ld) is greater than max_model_len (%ld). Please, select a "
+                        "smaller truncation size.", trunc, lim->max_model_len);
+        const cJSON *pr = cJSON_GetObjectItemCaseSensitive(root, "prompt"), *as = cJSON_GetObjectItemCaseSensitive(
+                                                                                   root, "add_special_tokens");
+        int text = cJSON_IsString(pr) || (cJSON_GetArraySize(pr) == 1 && cJSON_IsString(cJSON_GetArrayItem(pr, 0)));
+        sim_prompt_truncate(&out->prompt, (size_t)trunc, chat ? cJSON_IsTrue(as) : text && !cJSON_IsFalse(as));
+    }
     if (out->prompt.n == 0)
         return fail(err, 400, "The prompt cannot be empty.");
     sim_prompt_finish(&out->prompt);

@@ -49,6 +49,27 @@ void sim_tokens_set_chat(sim_chat_fn render, void *arg)
     chat_arg = arg;
 }
 
+static sim_truncate_fn truncater;
+static void *truncater_arg;
+
+void sim_tokens_set_truncate(sim_truncate_fn fn, void *arg)
+{
+    truncater = fn;
+    truncater_arg = arg;
+}
+
+void sim_prompt_truncate(struct sim_prompt *p, size_t k, int special)
+{
+    if (p->n <= k)
+        return;
+    if (truncater) {
+        p->n = truncater(truncater_arg, p->ids, p->n, k, special);
+        return;
+    }
+    memmove(p->ids, p->ids + (p->n - k), k * sizeof *p->ids);
+    p->n = k;
+}
+
 static sim_literals_fn literals;
 
 void sim_tokens_set_literals(sim_literals_fn fn)

@@ -46,6 +46,12 @@ void sim_tokens_literals(struct cJSON *root, const char *body, size_t len);
 /* A chat request's prompt through the template: 0, -ENOSYS (none set: the caller models chat itself), -EINVAL
  * with err, -ENOMEM. */
 int sim_prompt_add_chat(struct sim_prompt *p, const struct cJSON *root, char *err, size_t cap);
+/* vLLM's truncate_prompt_tokens: the prompt cut to its last k tokens; special: it was encoded with the
+ * tokenizer's special tokens, which stay around them (the tokenizer's own truncation, set with
+ * sim_tokens_set_truncate; without one the last k ids are kept). */
+typedef size_t (*sim_truncate_fn)(void *arg, uint32_t *ids, size_t n, size_t k, int special);
+void sim_tokens_set_truncate(sim_truncate_fn fn, void *arg);
+void sim_prompt_truncate(struct sim_prompt *p, size_t k, int special);
 /* Appends one token id. 0 or -ENOMEM. */
 int sim_prompt_add_id(struct sim_prompt *p, uint32_t id);
 /* Computes p->hash. */

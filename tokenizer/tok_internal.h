@@ -81,6 +81,20 @@ struct tok_pre_step {
 };
 
 struct xtok;
+/* A normalized piece pre-tokenized (tok_pretok.c): its pieces, spans of text (the piece itself, or own: the text a
+ * step rewrote, Metaspace's or ByteLevel's add_prefix_space). 0 or XTOK_ENOMEM; free with tok_pieces_free. */
+struct tok_span {
+    size_t off, len;
+};
+struct tok_pieces {
+    const char *text;
+    char *own;
+    struct tok_span *v;
+    size_t n;
+};
+int tok_pretokenize(const struct xtok *t, const char *text, size_t len, pcre2_match_data *md, int first,
+                    struct tok_pieces *out);
+void tok_pieces_free(struct tok_pieces *p);
 int tok_normalize(const struct xtok *t, const char *text, size_t len, char **out, size_t *outlen); /* tok_encode.c */
 
 struct tok_added {

@@ -17,13 +17,15 @@
 
 static void usage(FILE *f)
 {
-    fputs("usage: xpyd_tokenize --tokenizer DIR [--add-special-tokens] [--jsonl]\n"
+    fputs("usage: xpyd_tokenize --tokenizer DIR [--add-special-tokens] [--jsonl] [--truncate K]\n"
           "       xpyd_tokenize --tokenizer DIR --bench FILE [--seconds S]\n"
           "       xpyd_tokenize --tokenizer DIR --chat [--ids] [--jsonl] [--chat-template FILE]\n"
           "                     [--trust-request-chat-template]\n"
           "Reads text on stdin and prints its token ids as one JSON array (no special tokens unless\n"
           "--add-special-tokens: those the post-processor adds, as Hugging Face's add_special_tokens).\n"
-          "--jsonl: each input line is a JSON string, each output line its ids. --bench: encodes FILE's lines\n"
+          "--jsonl: each input line is a JSON string, each output line its ids. --truncate K: the ids cut to\n"
+          "their last K, the special tokens kept (Hugging Face's left truncation: vLLM's truncate_prompt_tokens).\n"
+          "--bench: encodes FILE's lines\n"
           "for S seconds (default 3) and prints MB/s and tokens/s.\n"
           "--chat: stdin is an OpenAI chat request body (messages, tools, add_generation_prompt (default true),\n"
           "continue_final_message, chat_template_kwargs); prints the prompt DIR's chat template renders, exactly,\n"
@@ -55,6 +57,8 @@ static char *read_all(FILE *f, size_t *len)
     return b;
 }
 
+static long truncate_to = -1; /* --truncate K: ids cut to their last K (the special tokens kept), -1: not cut */
+
 static int print_ids(const struct xtok *t, const char *text, size_t len, int special)
 {
     uint32_t *ids;
@@ -64,6 +68,8 @@ static int print_ids(const struct xtok *t, const char *text, size_t len, int spe
         fprintf(stderr, "xpyd_tokenize: %s\n", rc == XTOK_EINVAL ? "the input is not valid UTF-8" : "out of memory");
         return 1;
     }
+    if (truncate_to >= 0)
+        n = xtok_truncate_left(t, ids, n, (size_t)truncate_to, special);
     putchar('[');
     for (size_t i = 0; i < n; i++)
         printf(i ? ",%u" : "%u", ids[i]);
@@ -201,6 +207,9 @@ int main(int argc, char **argv)
             dir = argv[++i];
         else if (!strcmp(argv[i], "--add-special-tokens"))
             special = 1;
+        else if (!strcmp(argv[i], "--truncate") && i + 1 < argc && atol(argv[i + 1]) >= 0 &&
+                 strspn(argv[i + 1], "0123456789") == strlen(argv[i + 1]))
+            truncate_to = atol(argv[++i]);
         else if (!strcmp(argv[i], "--jsonl"))
             jsonl = 1;
         else if (!strcmp(argv[i], "--chat"))

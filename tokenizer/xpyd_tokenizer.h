@@ -59,6 +59,10 @@ void xtok_cache_stats(struct xtok_cache *c, struct xtok_cache_stats *st);
 /* xtok_encode through a cache (NULL: none): the same ids. */
 int xtok_encode_cached(const struct xtok *t, struct xtok_cache *c, const char *text, size_t len, int add_special,
                        uint32_t **ids, size_t *n);
+/* Left truncation, as Hugging Face's with truncation_side "left" and max_length (vLLM's truncate_prompt_tokens):
+ * the ids of one encode (add_special as it was encoded) cut to at most max_len, their last tokens kept and the
+ * post-processor's special tokens kept around them. Returns the new count (ids moved in place). */
+size_t xtok_truncate_left(const struct xtok *t, uint32_t *ids, size_t n, size_t max_len, int add_special);
 
 /* The vocabulary's size (the model's tokens and the added ones: the largest id + 1). */
 size_t xtok_vocab_size(const struct xtok *t);

@@ -104,7 +104,7 @@ def node_version():
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def hf_ids(tokenizer_json, texts, special=False, config=None, timeout=600):
+def hf_ids(tokenizer_json, texts, special=False, config=None, timeout=600, truncate=None):
     """Hugging Face's tokenizers' ids (npm `tokenizers` through tok_oracle.js) for each of texts; special: the
     post-processor's special tokens added (config: the tokenizer_config.json whose add_bos/eos_token transformers
     applies)."""
@@ -117,6 +117,8 @@ def hf_ids(tokenizer_json, texts, special=False, config=None, timeout=600):
         cmd.append("--add-special-tokens")
         if config and os.path.exists(config):
             cmd += ["--config", config]
+    if truncate is not None:  # left truncation to that many ids (the special tokens kept)
+        cmd += ["--truncate", str(truncate)]
     out = ask(cmd, [json.dumps(s) for s in texts], deps=[os.path.join(pkg, "package.json"),
                                                         os.path.join(pkg, "tokenizers.linux-x64-gnu.node")],
               version=node_version(), env=dict(os.environ, NODE_PATH=os.path.join(t.NPM_DIR, "node_modules")),

