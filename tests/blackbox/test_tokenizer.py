@@ -199,9 +199,9 @@ class Tokenizer(t.TestCase):
         # the post-processor's special tokens (a template's, or the config's BOS) kept around them; Hugging Face's
         # own setTruncation(k, left) is the oracle, with and without special tokens
         texts = CORPUS[:12] + [" ".join(CORPUS)]
-        cases = [("llama3_1", k, sp) for k in (1, 5, 40) for sp in (False, True)] + \
-            [("llama2", 5, False), ("llama2", 5, True), ("qwen3", 5, False), ("deepseek_v3", 5, True)]
-        for name, k, special in cases[2:4] if os.environ.get("XPYD_SANITIZED") == "ON" else cases:
+        cases = [("llama3_1", 40, True), ("llama3_1", 40, False), ("llama3_1", 1, True), ("llama2", 5, True),
+                 ("qwen3", 5, False), ("deepseek_v3", 5, True)]
+        for name, k, special in cases[:2] if os.environ.get("XPYD_SANITIZED") == "ON" else cases:
             with self.subTest(model=name, k=k, special=special):
                 mine = tokenize(name, texts, special, truncate=k)
                 self.assertEqual(mine, oracle(name, texts, special, truncate=k))
