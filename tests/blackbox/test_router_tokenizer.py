@@ -145,6 +145,22 @@ class RouterTokenizer(t.TestCase):
             self.assertEqual(t.metric(e.port, 'vllm:request_success_total{engine="0",model_name="sim-model"}'), 4)
         self.assertEqual(t.metric(r.port, 'xpyd_request_errors_total{reason="context_too_long"}'), 3)
 
+    def test_truncate_caps_the_estimate_without_a_tokenizer(self):
+        # without --tokenizer a prompt is charged its byte estimate; a truncate_prompt_tokens below it caps the
+        # charge, as the engine keeps no more (the rank's charge while the prefill holds the request)
+        p = self.start(t.sim("--role", "prefill", "--stall-ms", "1500"))
+        d = self.start(t.sim("--role", "decode"))
+        r = self.start(t.router([p], [d]))
+        rank = lambda: t.status(r.port)["pools"]["prefill"]["instances"][0]["outstanding_tokens"]
+        for extra, want in (({}, 4000 // 4 + 1), ({"truncate_prompt_tokens": 10}, 10)):
+            s = t.Stream(r.port, "/v1/completions", dict({"model": "sim-model", "prompt": "a " * 2000,
+                                                          "max_tokens": 2, "stream": True}, **extra),
+                         timeout=30, lazy=True)
+            t.wait_until(lambda: rank() > 0, what="the prefill charged")
+            self.assertEqual(rank(), want)
+            self.assertEqual(s.read_all()[-1], "[DONE]")
+            t.wait_until(lambda: rank() == 0, what="the charge returned")
+
     def test_over_max_model_len_is_400_before_any_engine(self):
         p, d = self.engines("llama3_1")
         r = llama_router_of_60(self, p, d)
