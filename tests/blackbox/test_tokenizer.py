@@ -199,8 +199,9 @@ class Tokenizer(t.TestCase):
         # the post-processor's special tokens (a template's, or the config's BOS) kept around them; Hugging Face's
         # own setTruncation(k, left) is the oracle, with and without special tokens
         texts = CORPUS[:12] + [" ".join(CORPUS)]
-        cases = [("llama2", 40, True), ("llama2", 5, False), ("llama2", 1, True), ("llama3_1", 40, True),
-                 ("qwen3", 5, False), ("deepseek_v3", 5, True)]  # (Llama 2's file is the small one: most cases)
+        # (Llama 2's file is the small one: most cases; its BOS comes from the config, Llama 3.1's from the file's
+        # post-processor)
+        cases = [("llama2", 40, True), ("llama2", 5, False), ("llama2", 1, True), ("llama3_1", 40, True)]
         for name, k, special in cases[:2] if os.environ.get("XPYD_SANITIZED") == "ON" else cases:
             with self.subTest(model=name, k=k, special=special):
                 mine = tokenize(name, texts, special, truncate=k)
