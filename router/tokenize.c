@@ -310,7 +310,7 @@ void rt_tok_stop(void)
 
 int64_t rt_tok_truncation(const struct request *r)
 {
-    if (r->truncate >= 0 || r->truncate < -1)
+    if (r->truncate != -1) /* k, or none (-2) */
         return r->truncate >= 0 ? r->truncate : -1;
     int64_t k = -1; /* -1: each engine its own max_model_len; counted with the smallest the pools know */
     for (int role = 0; role < 2; role++) {
