@@ -10,6 +10,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509v3.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,14 +30,24 @@ struct server_state {
     char cert_path[4096], key_path[4096];
 };
 
-static int state_idx = -1, slot_idx = -1;
+/* A client context verifying against the system store: the store is read at its first connection, not when
+ * the context is made (its ~140 certificates take 56 ms of CPU, at every start of a router that may never meet
+ * an https engine). */
+struct system_store {
+    pthread_mutex_t mu;
+    atomic_int state; /* 0: not read yet, 1: read, -1: reading it failed */
+};
+
+static int state_idx = -1, slot_idx = -1, store_idx = -1;
 static pthread_once_t idx_once = PTHREAD_ONCE_INIT;
 
 static void state_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl, void *argp);
+static void store_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl, void *argp);
 
 static void make_indexes(void)
 {
     state_idx = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, state_free);
+    store_idx = SSL_CTX_get_ex_new_index(0, NULL, NULL, NULL, store_free);
     slot_idx = SSL_get_ex_new_index(0, NULL, NULL, NULL, NULL);
 }
 
@@ -148,6 +159,35 @@ static void state_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, lon
     pair_free(&st->cur);
     pthread_mutex_destroy(&st->mu);
     free(st);
+}
+
+static void store_free(void *parent, void *ptr, CRYPTO_EX_DATA *ad, int idx, long argl, void *argp)
+{
+    struct system_store *st = ptr;
+    if (!st)
+        return;
+    pthread_mutex_destroy(&st->mu);
+    free(st);
+}
+
+/* The system store into ctx, once, before its first connection (every client connection is made by
+ * xpyd_tls_client_ssl, so none verifies against a store half read). 0, or -1 (it cannot be read). */
+static int system_store_read(SSL_CTX *ctx)
+{
+    struct system_store *st = SSL_CTX_get_ex_data(ctx, store_idx);
+    if (!st) /* a CA file of its own: read when the context was made */
+        return 0;
+    int v = atomic_load(&st->state);
+    if (!v) {
+        pthread_mutex_lock(&st->mu);
+        v = atomic_load(&st->state);
+        if (!v) {
+            v = SSL_CTX_set_default_verify_paths(ctx) == 1 ? 1 : -1;
+            atomic_store(&st->state, v);
+        }
+        pthread_mutex_unlock(&st->mu);
+    }
+    return v > 0 ? 0 : -1;
 }
 
 /* Every handshake: the current pair onto the connection (the SSL holds its own references). */
@@ -264,12 +304,21 @@ SSL_CTX *xpyd_tls_client_new(const struct xpyd_tls_client_opts *o, char *err, si
     SSL_CTX_set_options(ctx, SSL_OP_NO_COMPRESSION | SSL_OP_NO_RENEGOTIATION);
     SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
     SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER, NULL);
-    int ok = o->ca && o->ca[0] ? SSL_CTX_load_verify_locations(ctx, o->ca, NULL) : SSL_CTX_set_default_verify_paths(ctx);
-    if (ok != 1) {
-        snprintf(err, errcap, "cannot load the CA %s: %s", o->ca && o->ca[0] ? o->ca : "(system store)",
-                 xpyd_tls_errors(why, sizeof why));
-        SSL_CTX_free(ctx);
-        return NULL;
+    if (o->ca && o->ca[0]) {
+        if (SSL_CTX_load_verify_locations(ctx, o->ca, NULL) != 1) {
+            snprintf(err, errcap, "cannot load the CA %s: %s", o->ca, xpyd_tls_errors(why, sizeof why));
+            SSL_CTX_free(ctx);
+            return NULL;
+        }
+    } else { /* the system store: read at the first connection (system_store_read) */
+        struct system_store *st = calloc(1, sizeof *st);
+        if (!st || SSL_CTX_set_ex_data(ctx, store_idx, st) != 1) {
+            free(st);
+            snprintf(err, errcap, "out of memory");
+            SSL_CTX_free(ctx);
+            return NULL;
+        }
+        pthread_mutex_init(&st->mu, NULL);
     }
     if (o->cert && o->cert[0]) {
         if (SSL_CTX_use_certificate_chain_file(ctx, o->cert) != 1 ||
@@ -290,6 +339,8 @@ SSL_CTX *xpyd_tls_client_new(const struct xpyd_tls_client_opts *o, char *err, si
 SSL *xpyd_tls_client_ssl(SSL_CTX *ctx, const char *host, SSL_SESSION *resume)
 {
     if (!host || !*host) /* an empty name would turn the certificate's name check off */
+        return NULL;
+    if (system_store_read(ctx) != 0)
         return NULL;
     SSL *ssl = SSL_new(ctx);
     if (!ssl)

@@ -31,10 +31,11 @@ struct xpyd_tls_client_opts {
     int min_version;
 };
 
-/* A client context (peer verification on). NULL with err set. */
+/* A client context (peer verification on). NULL with err set. Without a CA of its own, the system store is read
+ * at its first connection (xpyd_tls_client_ssl), not here: a process that never connects over TLS never reads it. */
 SSL_CTX *xpyd_tls_client_new(const struct xpyd_tls_client_opts *o, char *err, size_t errcap);
 /* A connection to host: SNI when host is a name, the certificate verified against host (name or IP), and
- * `resume` (may be NULL) offered for resumption. NULL on OOM. */
+ * `resume` (may be NULL) offered for resumption. NULL on OOM, or when the system store cannot be read. */
 SSL *xpyd_tls_client_ssl(SSL_CTX *ctx, const char *host, SSL_SESSION *resume);
 /* Where a client context stores the sessions it gets: slot (an SSL_SESSION * the caller owns, freed with
  * SSL_SESSION_free) receives each new session of ssl, replacing the previous one. */

@@ -427,8 +427,9 @@ static const struct xpyd_setting settings[] = {
     {"plain-host", XS_STR, OFF(plain_host), 0, 0, "127.0.0.1", NULL, "address of the `--plain-port` listener"},
     {"upstream-ca", XS_STR, OFF(upstream_ca), 0, 0, "", NULL,
      "CA bundle (PEM) that https engines (`https://HOST:PORT`, or `\"tls\": true` per host) are verified against; "
-     "empty: the system store. Certificates are checked against the host as written (name or IP); SNI is "
-     "sent for names; sessions resume on new connections to the same engine"},
+     "empty: the system store (OpenSSL's default file and directory, `SSL_CERT_FILE`/`SSL_CERT_DIR`), read at "
+     "the first TLS connection, not at start. Certificates are checked against the host as written (name or IP); "
+     "SNI is sent for names; sessions resume on new connections to the same engine"},
     {"upstream-cert", XS_STR, OFF(upstream_cert), 0, 0, "", NULL,
      "client certificate (PEM) the router presents to https engines that ask (mutual TLS)"},
     {"upstream-key", XS_STR, OFF(upstream_key), 0, 0, "", NULL, "the private key of `--upstream-cert` (PEM)"},

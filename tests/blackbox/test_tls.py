@@ -398,6 +398,27 @@ class Upstream(TlsCase):
         cert, key = other.issue("stranger")
         self.check_refused(cert, key, "localhost", "certificate verify failed")
 
+    def test_the_system_store_is_read_at_the_first_connection(self):
+        """Without --upstream-ca the engines are verified against the system store, read when the router first
+        connects over TLS (not at start: a router without https engines never reads it). OpenSSL's SSL_CERT_FILE
+        names the store's file: the test CA put there after the router started is trusted; with the machine's
+        store, the engine is refused."""
+        e = self.start(tls_sim("--role", "both", "--tls-cert", self.cert, "--tls-key", self.key))
+        args = (["-d", "https://127.0.0.1:%d" % e.port, "--port", "0", "--log-level", "warn", "--handoff", "none",
+                 "--max-retries", "0", "--health-interval-ms", "0"])
+        store = os.path.join(t.tmpdir(), "store.pem")
+        r = self.start(t.Proc("xpyd_router", args, env={"SSL_CERT_FILE": store}))
+        shutil.copy(self.certs.ca, store)
+        st, _, out = t.post_json(r.port, "/v1/completions", BODY)
+        self.assertEqual(st, 200, out)
+        self.idle(r)
+        stranger = self.start(t.Proc("xpyd_router", args))  # the machine's store: the test CA is not in it
+        st, _, out = t.post_json(stranger.port, "/v1/completions", BODY)
+        self.assertOpenAIError(st, out, 502, "TLS handshake failed")
+        self.idle(stranger)
+        stranger.stop()
+        self.assertIn("certificate verify failed", stranger.output())
+
     def test_mutual_tls_to_engines(self):
         ccert, ckey = self.certs.issue("router-client", sans=None, client=True)
         e = self.start(t.Proc("xpyd_sim", ["--port", "0", "--role", "both", "--tls-cert", self.cert, "--tls-key",
