@@ -246,9 +246,8 @@ class SimBackpressure(t.TestCase):
         # (under ASan a small quarantine: freed memory held back for its checks is not what this measures, and
         # its default 256 MiB made the resident size follow every byte the stream had sent)
         asan = os.environ.get("ASAN_OPTIONS", "")
-        s = self.start(t.Proc("xpyd_sim", ["--port", "0", "--log-level", "warn", "--decode-us-per-token", "0",
-                                           "--max-model-len", str(n + 100)],
-                              env={"ASAN_OPTIONS": asan + ":quarantine_size_mb=1"} if asan else None))
+        s = self.start(t.sim("--decode-us-per-token", "0", "--max-model-len", str(n + 100),
+                             env={"ASAN_OPTIONS": asan + ":quarantine_size_mb=1"} if asan else None))
         rss0 = t.rss_kib(s.p.pid)
         c = socket.socket()
         c.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

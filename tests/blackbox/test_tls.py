@@ -404,15 +404,15 @@ class Upstream(TlsCase):
         names the store's file: the test CA put there after the router started is trusted; with the machine's
         store, the engine is refused."""
         e = self.start(tls_sim("--role", "both", "--tls-cert", self.cert, "--tls-key", self.key))
-        args = (["-d", "https://127.0.0.1:%d" % e.port, "--port", "0", "--log-level", "warn", "--handoff", "none",
-                 "--max-retries", "0", "--health-interval-ms", "0"])
+        engine = ["https://127.0.0.1:%d" % e.port]
+        args = ("--handoff", "none", "--max-retries", "0", "--health-interval-ms", "0")
         store = os.path.join(t.tmpdir(), "store.pem")
-        r = self.start(t.Proc("xpyd_router", args, env={"SSL_CERT_FILE": store}))
+        r = self.start(t.router([], engine, *args, env={"SSL_CERT_FILE": store}))
         shutil.copy(self.certs.ca, store)
         st, _, out = t.post_json(r.port, "/v1/completions", BODY)
         self.assertEqual(st, 200, out)
         self.idle(r)
-        stranger = self.start(t.Proc("xpyd_router", args))  # the machine's store: the test CA is not in it
+        stranger = self.start(t.router([], engine, *args))  # the machine's store: the test CA is not in it
         st, _, out = t.post_json(stranger.port, "/v1/completions", BODY)
         self.assertOpenAIError(st, out, 502, "TLS handshake failed")
         self.idle(stranger)

@@ -231,10 +231,11 @@ class DerivedModels(t.TestCase):
 
 
     def test_every_split_behaviour_on_a_derived_model(self):
-        # a byte-level model (tiny_byte_level) with a Split before ByteLevel: the five behaviours (a match alone, removed, joined to the
-        # stretch before or after it, alike neighbours joined), each inverted or not (the stretches between the
-        # matches are then the matches: GPT-4o's file keeps its regex's matches that way), on patterns that can
-        # match an empty string - Hugging Face's onig cuts the text there too, except where the last match ended
+        # a byte-level model (tiny_byte_level) with a Split before ByteLevel: the five behaviours (a match alone,
+        # removed, joined to the stretch before or after it, alike neighbours joined), each inverted or not (the
+        # stretches between the matches are then the matches: GPT-4o's file keeps its regex's matches that way), on
+        # patterns that can match an empty string - Hugging Face's onig cuts the text there too, except where the
+        # last match ended
         base = tiny_byte_level()
         rnd = random.Random(23)
         pool = list("abx 1\nq.") + ["xx", "  ", "你", "😀", "\u0301", "'s", "<|endoftext|>"]

@@ -220,8 +220,8 @@ def preload_sanitizers(env):
     return env
 
 
-def sim(*args):
-    return Proc("xpyd_sim", ["--port", "0", "--log-level", "warn"] + list(args))
+def sim(*args, env=None):
+    return Proc("xpyd_sim", ["--port", "0", "--log-level", "warn"] + list(args), env=env)
 
 
 def rss_kib(pid):
@@ -517,7 +517,7 @@ def main():
     sys.exit(0)
 
 
-def router(prefills, decodes, *args, ready_path="/health"):
+def router(prefills, decodes, *args, ready_path="/health", env=None):
     """Starts xpyd_router on an ephemeral port in front of the given engines: sim processes (Proc), ports, or
     HOST:PORT strings. A sim prefill with a bootstrap listener gets its bootstrap port through a topology file
     (per host, as a deployment gives it)."""
@@ -533,7 +533,7 @@ def router(prefills, decodes, *args, ready_path="/health"):
         argv += ["--config", path]
     else:
         argv += (["-p"] + [fmt(p) for p in prefills] if prefills else []) + ["-d"] + [fmt(d) for d in decodes]
-    return Proc("xpyd_router", argv + list(args), ready_path=ready_path)
+    return Proc("xpyd_router", argv + list(args), ready_path=ready_path, env=env)
 
 
 def request_json_status(port, headers=None):
