@@ -263,6 +263,13 @@ static const struct xpyd_setting settings[] = {
      "block of 64 tokens is 4 of them; up to 130 bytes each: 1 M pairs measured 134 MB), and engine blocks "
      "smaller than one kept as its pieces (SGLang's pages of one token: 160,000 measured 161 bytes each); "
      "stored blocks beyond it are not kept (`xpyd_kv_events_skipped_total{cause=\"full\"}`)"},
+    {"kv-index-max-adapters", XS_LONG, OFF(kv_index_max_adapters), 1, 1L << 20, "1024", NULL,
+     "LoRA adapter names the KV-event index of a pool remembers (8 bytes each; a name is remembered when a rank "
+     "stores blocks under it, and a request whose `model` names a remembered adapter is matched in that adapter's "
+     "key space, any other as the base model). Blocks under a further adapter are not kept "
+     "(`xpyd_kv_events_skipped_total{cause=\"adapters\"}`), and from then on a request naming a model that is not "
+     "remembered may be such an adapter: it gets no cache credit from the events rather than the base model's, "
+     "whose blocks an adapter's request never hits"},
     {"prefix-block-tokens", XS_LONG, OFF(prefix_block_tokens), 1, 4096, "16", NULL,
      "cache-aware placement: tokens per prefix block (vLLM's default block size); text prompts are cut every "
      "block × `--bytes-per-token` bytes (with `--tokenizer`: every block of token ids), chat requests over a canonical serialization of their messages (role, "

@@ -80,7 +80,7 @@ struct rt_config {
     long kv_events_port[2], kv_events_replay_offset, kv_events_bind_replay_port, kv_events_stale_ms, kv_events_pending_ms, kv_events_max_bytes, kv_events_hwm;
     char kv_events_bind[300];  /* --kv-events-bind tcp://ADDR:PORT: engines connect here (kv_sub.c); "" off */
     long kv_events_bind_ranks; /* bound on PORT .. PORT + N - 1 (an engine's DP rank r connects to PORT + r) */
-    long kv_events_replay_timeout_ms, kv_events_recheck_ms, kv_index_max_blocks;
+    long kv_events_replay_timeout_ms, kv_events_recheck_ms, kv_index_max_blocks, kv_index_max_adapters;
     char chat_template[1024];  /* --chat-template FILE: instead of the model directory's; "" none */
     int trust_request_chat_template; /* a request's own chat_template rendered to count it (vLLM's flag) */
     long request_chat_template_cache_bytes; /* memory of request templates kept compiled */

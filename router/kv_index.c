@@ -14,10 +14,10 @@
 #define NONE UINT32_MAX
 #define MAX_RANKS 4096
 #define MAX_WORDS (MAX_RANKS / 64)
-#define MAX_SPACES 64 /* LoRA names remembered for kvi_space_for */
+#define DEFAULT_MAX_SPACES 1024 /* LoRA adapter names remembered for kvi_space_for (kvi_set_max_adapters) */
 
 const char *const kvi_skip_names[KVI_COUNT] = {"ok", "not_full_attention", "block_size", "shape", "orphan", "full",
-                                                "nomem"};
+                                                "nomem", "adapters"};
 
 struct slot {
     uint64_t key;
@@ -74,8 +74,10 @@ struct kvi {
     struct piece *pieces;
     size_t npieces, pieces_cap, piece_tokens;
     uint32_t piece_free;
-    uint64_t spaces[MAX_SPACES];
-    int nspaces;
+    struct map spaces; /* the key spaces of the LoRA adapters blocks were stored under (idx unused) */
+    size_t max_spaces;
+    int spaces_full; /* an adapter's name came when max_spaces were remembered: a model name not among them may
+                      * be an adapter, so it is not taken for the base model (kvi_space_for) */
 };
 
 /* a key's first slot, seeded (xb_slot_mix): a content key is the router's own hash of a block's tokens, which a
@@ -176,6 +178,8 @@ struct kvi *kvi_new(int nranks, size_t max_blocks)
     x->blk_free = x->pair_free = x->piece_free = NONE;
     x->seed = (uint64_t)arc4random() << 32 | arc4random();
     x->by_key.seed = (uint64_t)arc4random() << 32 | arc4random();
+    x->spaces.seed = (uint64_t)arc4random() << 32 | arc4random(); /* adapter names: an engine's to choose */
+    x->max_spaces = DEFAULT_MAX_SPACES;
     if (!x->rank_pairs || !x->mult || pthread_rwlock_init(&x->mu, NULL)) {
         free(x->mult);
         free(x->rank_pairs);
@@ -185,12 +189,20 @@ struct kvi *kvi_new(int nranks, size_t max_blocks)
     return x;
 }
 
+void kvi_set_max_adapters(struct kvi *x, size_t n)
+{
+    pthread_rwlock_wrlock(&x->mu);
+    x->max_spaces = n;
+    pthread_rwlock_unlock(&x->mu);
+}
+
 void kvi_free(struct kvi *x)
 {
     if (!x)
         return;
     pthread_rwlock_destroy(&x->mu);
     free(x->by_key.s);
+    free(x->spaces.s);
     for (size_t i = 0; i < x->by_piece.cap; i++)
         if (x->by_piece.s[i].idx != NONE && x->pieces[x->by_piece.s[i].idx].b > 2)
             free(x->pieces[x->by_piece.s[i].idx].t.tok);
@@ -502,7 +514,8 @@ static uint8_t media_of(const char *m)
 
 static uint64_t space_of_name(const char *name, size_t len)
 {
-    return XXH3_64bits(name, len) | (1ull << 63); /* never 0, the base model's */
+    uint64_t s = XXH3_64bits(name, len) | (1ull << 63); /* never 0, the base model's */
+    return s == KVI_SPACE_UNKNOWN ? s + 1 : s;           /* nor the one no block is in */
 }
 
 static uint64_t space_of(const struct kv_event *ev)
@@ -510,7 +523,7 @@ static uint64_t space_of(const struct kv_event *ev)
     if (ev->lora_name[0])
         return space_of_name(ev->lora_name, strlen(ev->lora_name));
     if (ev->lora_id >= 0) /* an adapter known only by its id: its blocks match no request, as they should not */
-        return XXH3_64bits_withSeed(&ev->lora_id, sizeof ev->lora_id, 0x6c6f7261u) | (1ull << 63);
+        return XXH3_64bits_withSeed(&ev->lora_id, sizeof ev->lora_id, 0x6c6f7261u) | KVI_SPACE_UNKNOWN | 1; /* odd */
     return 0;
 }
 
@@ -558,6 +571,15 @@ int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tok
     else
         m = small ? 1 : (size_t)(b / block_tokens);
     uint64_t prev = xb_chain_seed(), space = space_of(ev);
+    if (ev->lora_name[0] && map_find(&x->spaces, space) < 0) { /* an adapter not seen before (whatever else the
+                                                                   * event is: its name says the model is one) */
+        if (x->spaces.n >= x->max_spaces) {
+            x->spaces_full = 1;
+            rc = rc ? rc : KVI_ADAPTERS;
+        } else if (map_put(&x->spaces, space, 0) && !rc) {
+            rc = KVI_NOMEM;
+        }
+    }
     if (!rc && ensure_words(x, rank))
         rc = KVI_NOMEM;
     if (!rc && small) {
@@ -584,13 +606,6 @@ int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tok
                           media_of(ev->medium));
             prev = chain;
         }
-    if (ev->lora_name[0] && x->nspaces < MAX_SPACES) {
-        int seen = 0;
-        for (int i = 0; i < x->nspaces; i++)
-            seen |= x->spaces[i] == space;
-        if (!seen)
-            x->spaces[x->nspaces++] = space;
-    }
     pthread_rwlock_unlock(&x->mu);
     return rc;
 }
@@ -622,11 +637,9 @@ uint64_t kvi_space_for(struct kvi *x, const char *model)
 {
     if (!model || !model[0])
         return 0;
-    uint64_t s = space_of_name(model, strlen(model)), found = 0;
+    uint64_t s = space_of_name(model, strlen(model)), found;
     pthread_rwlock_rdlock(&x->mu);
-    for (int i = 0; i < x->nspaces; i++)
-        if (x->spaces[i] == s)
-            found = s;
+    found = map_find(&x->spaces, s) >= 0 ? s : x->spaces_full ? KVI_SPACE_UNKNOWN : 0;
     pthread_rwlock_unlock(&x->mu);
     return found;
 }
@@ -696,7 +709,7 @@ size_t kvi_bytes(struct kvi *x)
                x->blks_cap * (sizeof(struct blk) + (size_t)x->words * sizeof(uint64_t)) +
                x->pairs_cap * sizeof(struct pair) + (size_t)x->nranks * (sizeof(size_t) + sizeof(uint16_t)) +
                x->by_piece.cap * sizeof(struct slot) + x->pieces_cap * sizeof(struct piece) +
-               x->piece_tokens * sizeof(uint32_t);
+               x->piece_tokens * sizeof(uint32_t) + x->spaces.cap * sizeof(struct slot);
     pthread_rwlock_unlock(&x->mu);
     return b;
 }

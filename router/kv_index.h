@@ -36,6 +36,7 @@ enum kvi_skip {
     KVI_ORPHAN,             /* the parent block is unknown (missed, or evicted before): its chain cannot be keyed */
     KVI_FULL,               /* max_blocks reached */
     KVI_NOMEM,
+    KVI_ADAPTERS,           /* a LoRA adapter's name when max adapters were already remembered: not kept */
     KVI_COUNT
 };
 extern const char *const kvi_skip_names[KVI_COUNT];
@@ -43,6 +44,10 @@ extern const char *const kvi_skip_names[KVI_COUNT];
 
 struct kvi *kvi_new(int nranks, size_t max_blocks);
 void kvi_free(struct kvi *x);
+/* At most n LoRA adapter names remembered (1024 unless set; each a key space): the blocks of an adapter beyond
+ * them are not kept (KVI_ADAPTERS), and from then on a model name not remembered is not taken for the base
+ * model (kvi_space_for). */
+void kvi_set_max_adapters(struct kvi *x, size_t n);
 
 /* Applies one event of rank r (block_tokens: the router's block size). KVI_OK or why (not) applied. */
 int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tokens);
@@ -50,7 +55,10 @@ int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tok
 void kvi_drop_rank(struct kvi *x, int rank);
 
 /* The key space of a request for `model` (0: the base model): an adapter's when some rank stored blocks under a
- * LoRA of that name, else the base model's. */
+ * LoRA of that name, else the base model's — unless an adapter's name was refused for want of room (max
+ * adapters): then a model not remembered may be such an adapter and gets KVI_SPACE_UNKNOWN, which holds no block
+ * (no credit rather than the base model's, whose blocks an adapter's request never hits). */
+#define KVI_SPACE_UNKNOWN (1ull << 63)
 uint64_t kvi_space_for(struct kvi *x, const char *model);
 /* out[r] (r < nranks) = how many leading blocks of keys[0..n) rank r holds in key space `space` (a multiple of
  * its engine's blocks, in the router's). */

@@ -737,6 +737,7 @@ int rt_kv_setup(struct router *rt)
             fprintf(stderr, "xpyd_router: out of memory\n");
             return -1;
         }
+        kvi_set_max_adapters(K.idx[role], (size_t)c->kv_index_max_adapters);
     }
     if (!K.on[0] && !K.on[1]) {
         if (c->kv_events_bind[0])

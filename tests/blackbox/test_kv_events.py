@@ -563,6 +563,29 @@ class KvEvents(t.TestCase):
         self.assertEqual(st, 200, out)
         self.assertEqual(selected(r.port, ps[1]), 1)
 
+    def test_adapters_past_their_bound_get_no_credit(self):
+        # one adapter remembered (--kv-index-max-adapters 1): a second one's blocks are not kept, and a request
+        # naming it is not matched as the base model (whose blocks rank 0 holds: an adapter's request never hits
+        # them); the remembered adapter is matched in its own key space as before
+        ps, pubs, (r,) = self.cluster(args=("--kv-index-max-adapters", "1"), sim_args=("--model", "ad2"))
+        p = prompt(21)
+        pubs[0].send(batch_map([stored_map([81, 82], p[:32])]))
+        pubs[1].send(batch_map([stored_map([91, 92, 93], p[:48], lora="ad1")]))
+        self.wait_blocks(r, 5)
+        pubs[1].send(batch_map([stored_map([94, 95], p[:32], lora="ad2")]))
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_events_skipped_total", cause="adapters") == 1,
+                     what="the second adapter refused")
+        self.assertEqual(kv(r.port, "xpyd_kv_index_blocks"), 5)
+
+        def predicted(model):
+            before = kv(r.port, "xpyd_prefix_predicted_tokens_total")
+            st, _, out = t.post_json(r.port, "/v1/completions", {"model": model, "prompt": p, "max_tokens": 1})
+            self.assertIn(st, (200, 404), out)  # (the sims serve ad2 only: what is checked is the placement)
+            return kv(r.port, "xpyd_prefix_predicted_tokens_total") - before
+        self.assertEqual(predicted("ad2"), 0)  # not rank 0's 32 base tokens
+        self.assertEqual(predicted("ad1"), 48)
+        t.router_idle(r.port)
+
     def test_extra_keys_as_vllm_sends_them(self):
         # vLLM's BlockStored carries each block's extra keys: the adapter's name on every block of a LoRA request,
         # the request's cache_salt on its first block (vllm/v1/core/kv_cache_utils.py generate_block_hash_extra_keys)

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* test_kv_index.c - the index of what ranks report caching (router/kv_index.c): blocks keyed by content so a
  * prompt hashed as the router hashes it (xb_hash_tokens over the whole prompt) finds them, chains continued from a
- * parent, removals (a middle block ends the leading run), media, duplicates, LoRA key spaces, refusals by cause,
+ * parent, removals (a middle block ends the leading run), media, duplicates, LoRA key spaces (many adapters, and
+ * past their bound), refusals by cause,
  * the bound, a rank dropped; and seeded random runs of stores and removals against a plain model of it, one small
  * and one where the tables grow, deletions wrap and hashes come to name other content or another LoRA space; and
  * churn at one table size, where deletions inside runs that wrap past the end happen every run. */
@@ -11,6 +12,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -316,6 +318,69 @@ static void media_duplicates_and_lora(void **state)
     assert_int_equal(out[0], 1);
     assert_int_equal(kvi_blocks(x, 0), 1);
     assert_true(kvi_bytes(x) > 0);
+    kvi_free(x);
+}
+
+/* Many adapters: every one a key space of its own, beyond the 64 the index once kept a fixed room for (the 65th's
+ * requests were then taken for the base model's and credited its blocks); and past the bound, no credit for a
+ * model the index cannot tell from an adapter. */
+static void many_adapters(void **state)
+{
+    (void)state;
+    setup_prompt();
+    struct kvi *x = kvi_new(2, 100000);
+    uint64_t h[1] = {5}, k[4];
+    uint32_t out[2];
+    size_t n = keys_of(prompt, 4, k);
+    struct kv_event base = stored(h, 1, prompt, 0, 0); /* rank 0: the base model's block */
+    assert_int_equal(kvi_apply(x, 0, &base, B), KVI_OK);
+    char name[32];
+    for (int a = 0; a < 100; a++) { /* rank 1: the same tokens under 100 adapters */
+        uint64_t ha[1] = {1000 + (uint64_t)a};
+        struct kv_event e = stored(ha, 1, prompt, 0, 0);
+        snprintf(e.lora_name, sizeof e.lora_name, "adapter-%d", a);
+        assert_int_equal(kvi_apply(x, 1, &e, B), KVI_OK);
+    }
+    for (int a = 0; a < 100; a++) {
+        snprintf(name, sizeof name, "adapter-%d", a);
+        uint64_t sp = kvi_space_for(x, name);
+        assert_true(sp != 0 && sp != KVI_SPACE_UNKNOWN);
+        kvi_match(x, k, n, sp, out);
+        assert_int_equal(out[0], 0); /* never the base model's block */
+        assert_int_equal(out[1], 1);
+    }
+    assert_int_equal(kvi_space_for(x, "base-model"), 0);
+    kvi_match(x, k, n, 0, out);
+    assert_int_equal(out[0], 1);
+    assert_int_equal(out[1], 0);
+    kvi_free(x);
+
+    /* at most 2 adapters remembered: the third's blocks are not kept, and a model the index does not know may be
+     * that adapter, so it matches nothing (the base model's blocks included); remembered ones are as before */
+    x = kvi_new(2, 1000);
+    kvi_set_max_adapters(x, 2);
+    assert_int_equal(kvi_apply(x, 0, &base, B), KVI_OK);
+    for (int a = 0; a < 3; a++) {
+        uint64_t ha[1] = {1000 + (uint64_t)a};
+        struct kv_event e = stored(ha, 1, prompt, 0, 0);
+        snprintf(e.lora_name, sizeof e.lora_name, "adapter-%d", a);
+        assert_int_equal(kvi_apply(x, 1, &e, B), a < 2 ? KVI_OK : KVI_ADAPTERS);
+    }
+    assert_int_equal(kvi_blocks(x, 1), 2);
+    assert_int_equal(kvi_space_for(x, "adapter-2"), KVI_SPACE_UNKNOWN);
+    assert_int_equal(kvi_space_for(x, "base-model"), KVI_SPACE_UNKNOWN);
+    kvi_match(x, k, n, KVI_SPACE_UNKNOWN, out);
+    assert_int_equal(out[0], 0);
+    assert_int_equal(out[1], 0);
+    uint64_t sp1 = kvi_space_for(x, "adapter-1");
+    assert_true(sp1 != 0 && sp1 != KVI_SPACE_UNKNOWN);
+    kvi_match(x, k, n, sp1, out);
+    assert_int_equal(out[1], 1);
+    /* an event of a remembered adapter is still taken */
+    uint64_t h9[1] = {9};
+    struct kv_event again = stored(h9, 1, prompt + 4, 1, 1001);
+    strcpy(again.lora_name, "adapter-1");
+    assert_int_equal(kvi_apply(x, 1, &again, B), KVI_OK);
     kvi_free(x);
 }
 
@@ -642,6 +707,7 @@ int main(void)
         cmocka_unit_test(engine_blocks_of_several),
         cmocka_unit_test(engine_blocks_smaller_than_the_routers),
         cmocka_unit_test(media_duplicates_and_lora),
+        cmocka_unit_test(many_adapters),
         cmocka_unit_test(many_ranks),
         cmocka_unit_test(extra_keys_are_not_text),
         cmocka_unit_test(random_against_a_model),
