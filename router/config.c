@@ -203,6 +203,10 @@ static const struct xpyd_setting settings[] = {
      "prompts waiting for or being tokenized at once; a prompt beyond it is not tokenized and keeps the byte "
      "estimate (`xpyd_tokenizer_fallbacks_total{reason=\"busy\"}`), so a burst never waits on the tokenizer "
      "longer than this bound"},
+    {"tokenizer-max-batch-prompts", XS_LONG, OFF(tokenizer_max_batch_prompts), 1, 1048576, "1024", NULL,
+     "texts of one batch prompt (a completion whose `prompt` is a list of strings) the tokenizer counts; a batch of "
+     "more keeps the byte estimate (`xpyd_tokenizer_fallbacks_total{reason=\"shape\"}`). Each text costs the job 8 "
+     "bytes of lengths beyond the text itself, which a body of `--max-body-bytes` bounds anyway"},
     {"tokenizer-wait-ms", XS_LONG, OFF(tokenizer_wait_ms), 1, 3600000, "250", NULL,
      "with `--tokenizer`: a prompt no tokenizer thread has taken within this time (all busy: a burst, or prompts "
      "that take long to encode, such as megabytes without a space) goes on with the byte estimate "

@@ -24,8 +24,6 @@ const char *const rt_prompt_src_names[4] = {"estimate", "ids", "tokenizer", "eng
 
 _Static_assert(RT_TF_COUNT == 8, "RT_STORE_TOKFB (router.h) holds 8 reasons");
 
-#define MAX_PROMPTS 1024 /* texts of one batch prompt tokenized; a longer batch keeps the estimate */
-
 struct rt_tok_job {
     struct rt_tok_job *next, *prev; /* in the FIFO (under T.mu), then in an inbox (next) */
     struct request *r;   /* NULL once the request ended (read and written on r's own thread only) */
@@ -516,7 +514,16 @@ int rt_tok_start(struct request *r, rt_tok_go go)
         atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_TEMPLATE], 1);
     if (!rt_tok_wants(r))
         return 0;
-    size_t *lens = XPYD_XALLOC(malloc(MAX_PROMPTS * sizeof *lens));
+    size_t max = (size_t)g_rt->cfg.tokenizer_max_batch_prompts, cap = 1; /* a longer batch keeps the estimate */
+    struct jv p = rw_src_get(r->src, "prompt"), v;
+    if (r->kind != RT_EP_CHAT && jv_type(p) == JV_ARRAY) { /* room for the batch's texts, not for the bound */
+        struct jv_iter it;
+        jv_iter_init(&it, p);
+        for (cap = 0; cap <= max && jv_next(&it, NULL, &v);)
+            cap++;
+        cap = cap ? cap : 1;
+    }
+    size_t *lens = XPYD_XALLOC(malloc(cap * sizeof *lens));
     char *text;
     size_t n;
     struct rt_chat_src cs = {0};
@@ -529,7 +536,7 @@ int rt_tok_start(struct request *r, rt_tok_go go)
         n = 1;
         chat_src_in(r->src, body, text, &cs);
     } else {
-        n = rw_prompt_texts(r->src, &text, lens, MAX_PROMPTS);
+        n = rw_prompt_texts(r->src, &text, lens, max);
     }
     if (!n) {
         free(lens);

@@ -54,7 +54,8 @@ class RouterTokenizer(t.TestCase):
     def test_exact_charge_access_log_and_usage(self):
         p = self.start(t.sim("--role", "prefill", "--tokenizer", model_dir("llama3_1"), "--stall-ms", "1500"))
         d = self.start(t.sim("--role", "decode", "--tokenizer", model_dir("llama3_1")))
-        r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--access-log", "json"))
+        r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--access-log", "json",
+                                "--tokenizer-max-batch-prompts", "2"))
         want = oracle("llama3_1", [MIXED, "second prompt", "a" * 3000], special=True)
         self.assertNotEqual(len(want[0]), len(MIXED.encode()) // 4 + 1)  # the byte estimate would be wrong
         # while the prefill holds the request, its rank is charged the exact prompt (lot: nothing cached)
@@ -91,6 +92,12 @@ class RouterTokenizer(t.TestCase):
         self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="template"}'), 0)
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 4)
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_mismatch_total"), 0)  # the sim honours it too
+        # a batch of more texts than --tokenizer-max-batch-prompts (2) keeps the byte estimate
+        self.assertEqual(completion(r.port, {"prompt": ["one", "two", "three"]})[0], 400)  # (the sim: no batches)
+        t.wait_until(lambda: len(access_lines(r)) == 6, what="six access lines")
+        self.assertEqual(access_lines(r)[5]["prompt_src"], "estimate")
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="shape"}'), 1)
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 4)
         t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_queue_depth"), 0)
         self.assertEqual(t.metric(r.port, "xpyd_request_body_bytes"), 0)
