@@ -207,6 +207,11 @@ static const struct xpyd_setting settings[] = {
      "texts of one batch prompt (a completion whose `prompt` is a list of strings) the tokenizer counts; a batch of "
      "more keeps the byte estimate (`xpyd_tokenizer_fallbacks_total{reason=\"shape\"}`). Each text costs the job 8 "
      "bytes of lengths beyond the text itself, which a body of `--max-body-bytes` bounds anyway"},
+    {"tokenizer-render-max-steps", XS_LONG, OFF(tokenizer_render_max_steps), 1000, 1000000000, "10000000", NULL,
+     "template nodes one chat render may evaluate (its output is bounded by 4 × `--max-body-bytes` + 1 MiB and its "
+     "memory by 8 × + 64 MiB); a render that needs more fails and the request keeps the byte estimate "
+     "(`xpyd_tokenizer_fallbacks_total{reason=\"render\"}`). A chat of 40 messages takes 1,000–2,000 steps with "
+     "Llama 3.1's template and 2,000–5,000 with Qwen 3's (measured)"},
     {"tokenizer-wait-ms", XS_LONG, OFF(tokenizer_wait_ms), 1, 3600000, "250", NULL,
      "with `--tokenizer`: a prompt no tokenizer thread has taken within this time (all busy: a burst, or prompts "
      "that take long to encode, such as megabytes without a space) goes on with the byte estimate "

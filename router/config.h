@@ -77,7 +77,7 @@ struct rt_config {
     double bytes_per_token;
     char tokenizer[1024];      /* --tokenizer DIR: prompts counted exactly (tokenize.c); "" off */
     long tokenizer_threads, tokenizer_queue, tokenizer_wait_ms, tokenizer_cache_bytes, tokenizer_cache_alike_max,
-        tokenizer_max_batch_prompts;
+        tokenizer_max_batch_prompts, tokenizer_render_max_steps;
     long kv_events_port[2], kv_events_replay_offset, kv_events_bind_replay_port, kv_events_stale_ms, kv_events_pending_ms, kv_events_max_bytes, kv_events_hwm;
     char kv_events_bind[300];  /* --kv-events-bind tcp://ADDR:PORT: engines connect here (kv_sub.c); "" off */
     long kv_events_bind_ranks; /* bound on PORT .. PORT + N - 1 (an engine's DP rank r connects to PORT + r) */

@@ -140,7 +140,8 @@ static void encode_chat(struct rt_tok_job *j)
         return;
     }
     size_t bytes = (size_t)g_rt->cfg.max_body_bytes;
-    struct xtpl_limits lim = {4 * bytes + (1u << 20), 8 * bytes + (64u << 20), 10000000};
+    struct xtpl_limits lim = {4 * bytes + (1u << 20), 8 * bytes + (64u << 20),
+                              (uint64_t)g_rt->cfg.tokenizer_render_max_steps};
     char *text, err[400];
     size_t n;
     int rc = xtok_chat_render(chat, req, &lim, &text, &n, err, sizeof err);

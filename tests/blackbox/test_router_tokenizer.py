@@ -637,6 +637,21 @@ class RouterChat(t.TestCase):
                 for proc in (r, p, d):
                     proc.stop()
 
+    def test_a_render_over_its_step_bound_keeps_the_estimate(self):
+        p, d = (self.start(t.sim("--role", role)) for role in ("prefill", "decode"))
+        r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama3_1"), "--access-log", "json",
+                                "--tokenizer-render-max-steps", "1000"))
+        short = [{"role": "user", "content": "hi"}]
+        long = [{"role": ("user", "assistant")[i % 2], "content": "turn %d" % i} for i in range(101)]
+        for msgs in (short, long, short):
+            st, out = self.chat(r.port, {"messages": msgs})
+            self.assertEqual(st, 200, out)  # (the engine answers what the router could only estimate)
+        t.wait_until(lambda: len(access_lines(r)) == 3, what="three access lines")
+        # the long one estimated, then corrected by the engine's usage
+        self.assertEqual([l["prompt_src"] for l in access_lines(r)], ["tokenizer", "engine", "tokenizer"])
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="render"}'), 1)
+        t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
+
     def test_a_model_without_a_template_keeps_the_estimate_for_chat(self):
         p, d = (self.start(t.sim("--role", role, "--tokenizer", model_dir("llama2"))) for role in ("prefill", "decode"))
         r = self.start(t.router([p], [d], "--tokenizer", model_dir("llama2")))
