@@ -96,8 +96,18 @@ class RouterTokenizer(t.TestCase):
         self.assertEqual(completion(r.port, {"prompt": ["one", "two", "three"]})[0], 400)  # (the sim: no batches)
         t.wait_until(lambda: len(access_lines(r)) == 6, what="six access lines")
         self.assertEqual(access_lines(r)[5]["prompt_src"], "estimate")
-        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="shape"}'), 1)
-        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 4)
+        # and on one keep-alive connection: over it, then a prompt counted
+        c = t.RawConn(r.port)
+        for prompt, want in ((["one", "two", "three"], 400), ("four", 200)):
+            body = json.dumps({"model": "sim-model", "prompt": prompt, "max_tokens": 2}).encode()
+            c.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            self.assertEqual(c.response()[0], want)
+        c.close()
+        t.wait_until(lambda: len(access_lines(r)) == 8, what="eight access lines")
+        self.assertEqual([l["prompt_src"] for l in access_lines(r)[6:]], ["estimate", "tokenizer"])
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="shape"}'), 2)
+        self.assertEqual(t.metric(r.port, "xpyd_tokenizer_prompts_total"), 5)
         t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
         self.assertEqual(t.metric(r.port, "xpyd_tokenizer_queue_depth"), 0)
         self.assertEqual(t.metric(r.port, "xpyd_request_body_bytes"), 0)
@@ -646,10 +656,18 @@ class RouterChat(t.TestCase):
         for msgs in (short, long, short):
             st, out = self.chat(r.port, {"messages": msgs})
             self.assertEqual(st, 200, out)  # (the engine answers what the router could only estimate)
-        t.wait_until(lambda: len(access_lines(r)) == 3, what="three access lines")
-        # the long one estimated, then corrected by the engine's usage
-        self.assertEqual([l["prompt_src"] for l in access_lines(r)], ["tokenizer", "engine", "tokenizer"])
-        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="render"}'), 1)
+        # the long one estimated, then corrected by the engine's usage; the same on one keep-alive connection
+        c = t.RawConn(r.port)
+        for msgs in (long, short):
+            body = json.dumps({"model": "sim-model", "max_tokens": 2, "messages": msgs}).encode()
+            c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            self.assertEqual(c.response()[0], 200)
+        c.close()
+        t.wait_until(lambda: len(access_lines(r)) == 5, what="five access lines")
+        self.assertEqual([l["prompt_src"] for l in access_lines(r)],
+                         ["tokenizer", "engine", "tokenizer", "engine", "tokenizer"])
+        self.assertEqual(t.metric(r.port, 'xpyd_tokenizer_fallbacks_total{reason="render"}'), 2)
         t.wait_until(lambda: t.router_idle(r.port), what="the router idle")
 
     def test_a_model_without_a_template_keeps_the_estimate_for_chat(self):
