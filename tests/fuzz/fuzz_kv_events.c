@@ -4,7 +4,8 @@
  * or a refusal with a cause and a message; a decoded batch is applied to one index that lives across inputs (the
  * first byte picks the rank, 8 ranks, blocks of 4 tokens: the events' own block sizes, 1, 2 or multiples of 4,
  * reach the pieces and the parts), which stays within its bound (pairs and pieces) and answers lookups of the
- * batch's own blocks; never a crash, a leak or a read outside the input. */
+ * batch's own blocks; an adapter an event names is never taken for the base model (16 adapter names remembered,
+ * so the bound is reached); never a crash, a leak or a read outside the input. */
 #include "kv_events.h"
 #include "kv_index.h"
 #include "xb_prefix.h"
@@ -33,12 +34,16 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     }
     static struct kvi *x;
     enum { RANKS = 8, MAX = 4096 };
-    if (!x)
+    if (!x) {
         x = kvi_new(RANKS, MAX);
+        kvi_set_max_adapters(x, 16);
+    }
     int rank = size ? data[0] % RANKS : 0;
     for (size_t i = 0; i < b.n; i++) {
         int rc = kvi_apply(x, rank, &b.ev[i], 4);
         assert(rc >= KVI_OK && rc < KVI_COUNT);
+        if (b.ev[i].type == KVE_STORED && b.ev[i].lora_name[0]) /* its key space, or past the bound none */
+            assert(kvi_space_for(x, b.ev[i].lora_name) != 0);
         if (b.ev[i].type == KVE_STORED && b.ev[i].ntokens >= 4) { /* its first block, looked up as a prompt */
             uint64_t key = xb_hash_block_ids(xb_chain_seed(), b.ev[i].tokens, 4);
             uint32_t out[RANKS];
