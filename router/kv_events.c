@@ -75,6 +75,15 @@ static int int_of(const msgpack_object *o, int64_t *v)
     return 0;
 }
 
+void kve_set_lora(struct kv_event *e, const char *name, size_t len)
+{
+    size_t n = len < sizeof e->lora_name - 1 ? len : sizeof e->lora_name - 1;
+    memcpy(e->lora_name, name, n);
+    e->lora_name[n] = '\0';
+    e->lora_len = len;
+    e->lora_hash = len ? XXH3_64bits(name, len) : 0;
+}
+
 static void copy_str(const msgpack_object *o, char *out, size_t cap)
 {
     out[0] = '\0';
@@ -239,7 +248,8 @@ static int fill(struct dec *d, struct kv_event *e, const msgpack_object **f)
         e->block_size = (long)v;
     if (f[F_LORA_ID] && int_of(f[F_LORA_ID], &v))
         e->lora_id = v;
-    copy_str(f[F_LORA_NAME], e->lora_name, sizeof e->lora_name);
+    if (f[F_LORA_NAME] && f[F_LORA_NAME]->type == MSGPACK_OBJECT_STR)
+        kve_set_lora(e, f[F_LORA_NAME]->via.str.ptr, f[F_LORA_NAME]->via.str.size);
     if (!is_nil(f[F_KIND]) && !str_is(f[F_KIND], "full_attention"))
         e->full_attention = 0;
     /* SGLang's BlockStoredWithMetadata: {"cache_salt": S} as "metadata" (maps), or after medium (arrays, where vLLM

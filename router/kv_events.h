@@ -27,7 +27,9 @@ struct kv_event {
     uint64_t *extra;      /* BlockStored: per block, a hash of its extra_keys entry (0: none); NULL: none at all */
     long block_size;      /* 0: not given */
     int64_t lora_id;      /* -1: none */
-    char lora_name[64];   /* "": none */
+    char lora_name[64];   /* "": none; its first 63 bytes, for messages (the adapter is lora_hash: kve_set_lora) */
+    size_t lora_len;      /* the whole name's length (0: none) */
+    uint64_t lora_hash;   /* XXH3-64 of the whole name: names alike in their first 63 bytes are different adapters */
     char medium[16];      /* "": not given (vLLM's GPU) */
     long group_idx;       /* -1: not given */
     int full_attention;   /* kv_cache_spec_kind absent or "full_attention": the groups that drive routing */
@@ -54,6 +56,8 @@ extern const char *const kve_error_names[KVE_ECOUNT];
 int kve_decode(const void *buf, size_t len, const struct kve_limits *lim, struct kv_batch *out, char *err,
                size_t errlen);
 void kve_batch_free(struct kv_batch *b);
+/* An event's LoRA adapter: the whole name hashed (lora_hash, what keys its blocks), its start kept to print. */
+void kve_set_lora(struct kv_event *e, const char *name, size_t len);
 /* The hash a block's extra_keys entry of n strings is kept by (what a request adds to its blocks: vLLM's
  * cache_salt on the first block is the entry [salt]); 0 when n is 0. */
 uint64_t kve_extra_hash(const char *const *strs, const size_t *lens, int n);

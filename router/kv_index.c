@@ -512,16 +512,17 @@ static uint8_t media_of(const char *m)
     return !strcmp(m, "CPU") ? 2 : 4;
 }
 
-static uint64_t space_of_name(const char *name, size_t len)
+/* an adapter's key space from its whole name's XXH3 (kve_set_lora: the events'; kvi_space_for: a request's) */
+static uint64_t space_of_hash(uint64_t h)
 {
-    uint64_t s = XXH3_64bits(name, len) | (1ull << 63); /* never 0, the base model's */
-    return s == KVI_SPACE_UNKNOWN ? s + 1 : s;           /* nor the one no block is in */
+    uint64_t s = h | (1ull << 63);             /* never 0, the base model's */
+    return s == KVI_SPACE_UNKNOWN ? s + 1 : s; /* nor the one no block is in */
 }
 
 static uint64_t space_of(const struct kv_event *ev)
 {
-    if (ev->lora_name[0])
-        return space_of_name(ev->lora_name, strlen(ev->lora_name));
+    if (ev->lora_len)
+        return space_of_hash(ev->lora_hash);
     if (ev->lora_id >= 0) /* an adapter known only by its id: its blocks match no request, as they should not */
         return XXH3_64bits_withSeed(&ev->lora_id, sizeof ev->lora_id, 0x6c6f7261u) | KVI_SPACE_UNKNOWN | 1; /* odd */
     return 0;
@@ -571,7 +572,7 @@ int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tok
     else
         m = small ? 1 : (size_t)(b / block_tokens);
     uint64_t prev = xb_chain_seed(), space = space_of(ev);
-    if (ev->lora_name[0] && map_find(&x->spaces, space) < 0) { /* an adapter not seen before (whatever else the
+    if (ev->lora_len && map_find(&x->spaces, space) < 0) { /* an adapter not seen before (whatever else the
                                                                    * event is: its name says the model is one) */
         if (x->spaces.n >= x->max_spaces) {
             x->spaces_full = 1;
@@ -637,7 +638,7 @@ uint64_t kvi_space_for(struct kvi *x, const char *model)
 {
     if (!model || !model[0])
         return 0;
-    uint64_t s = space_of_name(model, strlen(model)), found;
+    uint64_t s = space_of_hash(XXH3_64bits(model, strlen(model))), found;
     pthread_rwlock_rdlock(&x->mu);
     found = map_find(&x->spaces, s) >= 0 ? s : x->spaces_full ? KVI_SPACE_UNKNOWN : 0;
     pthread_rwlock_unlock(&x->mu);

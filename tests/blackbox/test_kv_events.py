@@ -144,6 +144,14 @@ def completion(port, ids, headers=None):
     return out
 
 
+def predicted(port, model, ids):
+    """The tokens the router predicts cached for a completion naming model: what its placement credited."""
+    before = kv(port, "xpyd_prefix_predicted_tokens_total")
+    st, _, out = t.post_json(port, "/v1/completions", {"model": model, "prompt": ids, "max_tokens": 1})
+    assert st in (200, 404), out  # (a sim serves one model name: what is checked is the placement)
+    return kv(port, "xpyd_prefix_predicted_tokens_total") - before
+
+
 def selected(port, sim):
     return t.metric(port, 'xpyd_instance_selected_total{role="prefill",engine="127.0.0.1:%d",dp_rank="0"}'
                     % sim.port, default=0)
@@ -576,14 +584,21 @@ class KvEvents(t.TestCase):
         t.wait_until(lambda: kv(r.port, "xpyd_kv_events_skipped_total", cause="adapters") == 1,
                      what="the second adapter refused")
         self.assertEqual(kv(r.port, "xpyd_kv_index_blocks"), 5)
+        self.assertEqual(predicted(r.port, "ad2", p), 0)  # not rank 0's 32 base tokens
+        self.assertEqual(predicted(r.port, "ad1", p), 48)
+        t.router_idle(r.port)
 
-        def predicted(model):
-            before = kv(r.port, "xpyd_prefix_predicted_tokens_total")
-            st, _, out = t.post_json(r.port, "/v1/completions", {"model": model, "prompt": p, "max_tokens": 1})
-            self.assertIn(st, (200, 404), out)  # (the sims serve ad2 only: what is checked is the placement)
-            return kv(r.port, "xpyd_prefix_predicted_tokens_total") - before
-        self.assertEqual(predicted("ad2"), 0)  # not rank 0's 32 base tokens
-        self.assertEqual(predicted("ad1"), 48)
+    def test_long_adapter_names_are_told_apart(self):
+        # two adapters whose names are alike in their first 63 bytes: each its own key space (the whole name is)
+        a, b = ("org/support-adapter-" + "x" * 60 + "-v%d" % v for v in (1, 2))
+        ps, pubs, (r,) = self.cluster(sim_args=("--model", a))
+        p = prompt(22)
+        pubs[1].send(batch_map([stored_map([91, 92, 93], p[:48], lora=a)]))
+        pubs[0].send(batch_map([stored_map([81, 82], p[:32], lora=b)]))
+        self.wait_blocks(r, 5)
+        self.assertEqual(predicted(r.port, a, p), 48)
+        self.assertEqual(predicted(r.port, b, p), 32)
+        self.assertEqual(predicted(r.port, "the-base-model", p), 0)
         t.router_idle(r.port)
 
     def test_extra_keys_as_vllm_sends_them(self):

@@ -13,6 +13,7 @@
 #include <assert.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
 {
@@ -42,7 +43,9 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
     for (size_t i = 0; i < b.n; i++) {
         int rc = kvi_apply(x, rank, &b.ev[i], 4);
         assert(rc >= KVI_OK && rc < KVI_COUNT);
-        if (b.ev[i].type == KVE_STORED && b.ev[i].lora_name[0]) /* its key space, or past the bound none */
+        if (b.ev[i].type == KVE_STORED && b.ev[i].lora_len && b.ev[i].lora_len < sizeof b.ev[i].lora_name &&
+            !memchr(b.ev[i].lora_name, 0, b.ev[i].lora_len)) /* (a name as a request gives it) its key space, or past
+                                                               * the bound none: never the base model's */
             assert(kvi_space_for(x, b.ev[i].lora_name) != 0);
         if (b.ev[i].type == KVE_STORED && b.ev[i].ntokens >= 4) { /* its first block, looked up as a prompt */
             uint64_t key = xb_hash_block_ids(xb_chain_seed(), b.ev[i].tokens, 4);

@@ -10,10 +10,13 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include <cmocka.h>
 
 static const struct kve_limits LIM = {1000, 1000, 100000};
+/* a LoRA adapter's name of 93 bytes (a repository path and a version, as names can be) */
+#define LONG_ADAPTER "adapter-a/customer-support-finetune-llama-3.1-8b-instruct-2026-12-07-checkpoint-0000012000-v2"
 
 static void str(msgpack_packer *pk, const char *s)
 {
@@ -60,7 +63,7 @@ static void map_encoding(void **state)
     str(&pk, "medium");
     str(&pk, "GPU");
     str(&pk, "lora_name");
-    str(&pk, "adapter-a");
+    str(&pk, LONG_ADAPTER);
     str(&pk, "kv_cache_spec_kind");
     str(&pk, "full_attention");
     str(&pk, "something_new");
@@ -98,7 +101,11 @@ static void map_encoding(void **state)
     assert_int_equal(b.ev[0].tokens[3], 100003);
     assert_int_equal(b.ev[0].block_size, 2);
     assert_int_equal(b.ev[0].lora_id, -1);
-    assert_string_equal(b.ev[0].lora_name, "adapter-a");
+    /* a name longer than what is kept to print: hashed whole (names alike in their first 63 bytes differ) */
+    assert_int_equal(b.ev[0].lora_len, strlen(LONG_ADAPTER));
+    assert_int_equal(strlen(b.ev[0].lora_name), 63);
+    assert_memory_equal(b.ev[0].lora_name, LONG_ADAPTER, 63);
+    assert_true(b.ev[0].lora_hash == XXH3_64bits(LONG_ADAPTER, strlen(LONG_ADAPTER)));
     assert_string_equal(b.ev[0].medium, "GPU");
     assert_true(b.ev[0].full_attention);
     assert_non_null(b.ev[0].extra);

@@ -298,7 +298,7 @@ static void media_duplicates_and_lora(void **state)
     assert_int_equal(out[0], 0);
     /* an adapter's block is not the base model's */
     struct kv_event lora = stored(h, 1, prompt, 0, 0);
-    strcpy(lora.lora_name, "sql-adapter");
+    kve_set_lora(&lora, "sql-adapter", 11);
     lora.lora_id = 3;
     kvi_apply(x, 0, &lora, B);
     kvi_match(x, k, n, 0, out);
@@ -338,7 +338,8 @@ static void many_adapters(void **state)
     for (int a = 0; a < 100; a++) { /* rank 1: the same tokens under 100 adapters */
         uint64_t ha[1] = {1000 + (uint64_t)a};
         struct kv_event e = stored(ha, 1, prompt, 0, 0);
-        snprintf(e.lora_name, sizeof e.lora_name, "adapter-%d", a);
+        snprintf(name, sizeof name, "adapter-%d", a);
+        kve_set_lora(&e, name, strlen(name));
         assert_int_equal(kvi_apply(x, 1, &e, B), KVI_OK);
     }
     for (int a = 0; a < 100; a++) {
@@ -363,7 +364,8 @@ static void many_adapters(void **state)
     for (int a = 0; a < 3; a++) {
         uint64_t ha[1] = {1000 + (uint64_t)a};
         struct kv_event e = stored(ha, 1, prompt, 0, 0);
-        snprintf(e.lora_name, sizeof e.lora_name, "adapter-%d", a);
+        snprintf(name, sizeof name, "adapter-%d", a);
+        kve_set_lora(&e, name, strlen(name));
         assert_int_equal(kvi_apply(x, 1, &e, B), a < 2 ? KVI_OK : KVI_ADAPTERS);
     }
     assert_int_equal(kvi_blocks(x, 1), 2);
@@ -379,7 +381,7 @@ static void many_adapters(void **state)
     /* an event of a remembered adapter is still taken */
     uint64_t h9[1] = {9};
     struct kv_event again = stored(h9, 1, prompt + 4, 1, 1001);
-    strcpy(again.lora_name, "adapter-1");
+    kve_set_lora(&again, "adapter-1", 9);
     assert_int_equal(kvi_apply(x, 1, &again, B), KVI_OK);
     kvi_free(x);
 }
@@ -570,7 +572,7 @@ static void growth_and_spaces_against_a_model(void **state)
                 continue; /* the parent's own hash reused for its child in one event: neither */
             struct kv_event e = stored(hashes, (size_t)k, prompts[p] + blk * B, blk > 0, (uint64_t)parent);
             if (adapter)
-                strcpy(e.lora_name, "ad1");
+                kve_set_lora(&e, "ad1", 3);
             assert_int_equal(kvi_apply(x, r, &e, B), KVI_OK);
             if (adapter && !lora)
                 space = lora = kvi_space_for(x, "ad1");
