@@ -274,8 +274,9 @@ static const struct xpyd_setting settings[] = {
      "stored blocks beyond it are not kept (`xpyd_kv_events_skipped_total{cause=\"full\"}`)"},
     {"kv-index-max-adapters", XS_LONG, OFF(kv_index_max_adapters), 1, 1L << 20, "1024", NULL,
      "LoRA adapter names the KV-event index of a pool remembers (8 bytes each; a name is remembered when a rank "
-     "stores blocks under it, and a request whose `model` names a remembered adapter is matched in that adapter's "
-     "key space, any other as the base model). Blocks under a further adapter are not kept "
+     "stores blocks under it or an engine's `GET /v1/models` lists it as an adapter, and a request whose `model` "
+     "names a remembered adapter is matched in that adapter's key space, any other as the base model). Blocks "
+     "under a further adapter are not kept "
      "(`xpyd_kv_events_skipped_total{cause=\"adapters\"}`), and from then on a request naming a model that is not "
      "remembered may be such an adapter: it gets no cache credit from the events rather than the base model's, "
      "whose blocks an adapter's request never hits"},

@@ -89,16 +89,50 @@ int probe_parse_engine_metrics(const char *page, size_t len, int engine, struct 
 }
 
 
-long probe_parse_models_max_len(const char *body, size_t len)
+/* GET /v1/models: its model cards, iterated from it (0), or -1 when the body is not strict JSON with a "data" array */
+static int models_cards(const char *body, size_t len, struct jv_iter *it)
 {
     if (!body || jv_check(body, len, NULL, NULL) != 0)
-        return 0;
-    struct jv data = jv_get(jv_at(body, body + len), "data"), card;
+        return -1;
+    struct jv data = jv_get(jv_at(body, body + len), "data");
     if (jv_type(data) != JV_ARRAY)
-        return 0;
-    long most = 0;
+        return -1;
+    jv_iter_init(it, data);
+    return 0;
+}
+
+size_t probe_parse_models_adapters(const char *body, size_t len, void (*fn)(void *arg, const char *id, size_t n),
+                                   void *arg)
+{
     struct jv_iter it;
-    jv_iter_init(&it, data);
+    struct jv card;
+    size_t found = 0;
+    if (models_cards(body, len, &it))
+        return 0;
+    while (jv_next(&it, NULL, &card)) {
+        struct jv id = jv_get(card, "id");
+        if (jv_type(jv_get(card, "parent")) != JV_STRING || jv_type(id) != JV_STRING)
+            continue;
+        char *name = malloc(jv_str_len(id) + 1);
+        if (!name)
+            return found;
+        size_t n = jv_str_decode(id, name);
+        if (n) {
+            fn(arg, name, n);
+            found++;
+        }
+        free(name);
+    }
+    return found;
+}
+
+long probe_parse_models_max_len(const char *body, size_t len)
+{
+    struct jv_iter it;
+    struct jv card;
+    long most = 0;
+    if (models_cards(body, len, &it))
+        return 0;
     while (jv_next(&it, NULL, &card)) {
         double d;
         if (jv_double(jv_get(card, "max_model_len"), &d) == 0 && d >= 1 && d < (double)(1L << 40) && d == floor(d) &&

@@ -23,5 +23,10 @@ int probe_parse_engine_metrics(const char *page, size_t len, int engine, struct 
  * carry it; an adapter's card repeats its engine's), a positive integer below 2^40; 0 when none is given or the
  * body is not strict JSON of that shape (`{"data": [{..., "max_model_len": N}, ...]}`). */
 long probe_parse_models_max_len(const char *body, size_t len);
+/* The same answer's LoRA adapters: fn(arg, id, its length) for each card whose `parent` is a string (vLLM lists
+ * an adapter with its base model as parent; the base model's parent is null), its id decoded. The number of
+ * adapters, or 0 for a body that is not strict JSON of that shape. */
+size_t probe_parse_models_adapters(const char *body, size_t len, void (*fn)(void *arg, const char *id, size_t n),
+                                   void *arg);
 
 #endif

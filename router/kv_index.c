@@ -528,6 +528,37 @@ static uint64_t space_of(const struct kv_event *ev)
     return 0;
 }
 
+/* An adapter's key space among those remembered: 0, KVI_ADAPTERS (no room: from now on a model not remembered is
+ * not taken for the base model) or KVI_NOMEM. Under the write lock. */
+static int remember_space(struct kvi *x, uint64_t space)
+{
+    if (map_find(&x->spaces, space) >= 0)
+        return 0;
+    if (x->spaces.n >= x->max_spaces) {
+        x->spaces_full = 1;
+        return KVI_ADAPTERS;
+    }
+    return map_put(&x->spaces, space, 0) ? KVI_NOMEM : 0;
+}
+
+int kvi_add_adapter(struct kvi *x, const char *name, size_t len)
+{
+    if (!len)
+        return 0;
+    pthread_rwlock_wrlock(&x->mu);
+    int rc = remember_space(x, space_of_hash(XXH3_64bits(name, len)));
+    pthread_rwlock_unlock(&x->mu);
+    return rc;
+}
+
+size_t kvi_adapters(struct kvi *x)
+{
+    pthread_rwlock_rdlock(&x->mu);
+    size_t n = x->spaces.n;
+    pthread_rwlock_unlock(&x->mu);
+    return n;
+}
+
 int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tokens)
 {
     if (rank < 0 || rank >= x->nranks)
@@ -572,14 +603,10 @@ int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tok
     else
         m = small ? 1 : (size_t)(b / block_tokens);
     uint64_t prev = xb_chain_seed(), space = space_of(ev);
-    if (ev->lora_len && map_find(&x->spaces, space) < 0) { /* an adapter not seen before (whatever else the
-                                                                   * event is: its name says the model is one) */
-        if (x->spaces.n >= x->max_spaces) {
-            x->spaces_full = 1;
-            rc = rc ? rc : KVI_ADAPTERS;
-        } else if (map_put(&x->spaces, space, 0) && !rc) {
-            rc = KVI_NOMEM;
-        }
+    if (ev->lora_len) { /* an adapter (whatever else the event is: its name says the model is one) */
+        int known = remember_space(x, space);
+        if (!rc && known)
+            rc = known;
     }
     if (!rc && ensure_words(x, rank))
         rc = KVI_NOMEM;

@@ -48,6 +48,10 @@ void kvi_free(struct kvi *x);
  * them are not kept (KVI_ADAPTERS), and from then on a model name not remembered is not taken for the base
  * model (kvi_space_for). */
 void kvi_set_max_adapters(struct kvi *x, size_t n);
+/* A model name known to be a LoRA adapter before any block is stored under it (an engine's GET /v1/models lists
+ * it with a parent): its requests get its key space, not the base model's. 0, KVI_ADAPTERS or KVI_NOMEM. */
+int kvi_add_adapter(struct kvi *x, const char *name, size_t len);
+size_t kvi_adapters(struct kvi *x); /* adapter names remembered */
 
 /* Applies one event of rank r (block_tokens: the router's block size). KVI_OK or why (not) applied. */
 int kvi_apply(struct kvi *x, int rank, const struct kv_event *ev, long block_tokens);

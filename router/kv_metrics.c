@@ -91,7 +91,7 @@ void rt_kv_metrics(struct evbuffer *b)
     header(b, "xpyd_kv_events_skipped_total", "counter",
            "KV events not (wholly) applied to the index, by cause (orphan: parent unknown; block_size: neither "
            "a multiple nor a divisor of --prefix-block-tokens; not_full_attention; shape; full: "
-           "--kv-index-max-blocks).");
+           "--kv-index-max-blocks; adapters: a LoRA adapter's name past --kv-index-max-adapters).");
     EACH_ROLE for (int e = 1; e < KVI_COUNT; e++)
         evbuffer_add_printf(b, "xpyd_kv_events_skipped_total{role=\"%s\",cause=\"%s\"} %" PRIu64 "\n", roles[role],
                             kvi_skip_names[e], U64(K.skipped[role][e]));
@@ -100,6 +100,10 @@ void rt_kv_metrics(struct evbuffer *b)
                                   (double)U64(K.lag_us[role]) / 1e6);
     header(b, "xpyd_kv_index_blocks", "gauge", "(rank, block) pairs the KV-event index holds.");
     EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_index_blocks{role=\"%s\"} %zu\n", roles[role], blocks[role]);
+    header(b, "xpyd_kv_index_adapters", "gauge",
+           "LoRA adapter names the KV-event index knows (from blocks stored under them, or engines' GET /v1/models).");
+    EACH_ROLE evbuffer_add_printf(b, "xpyd_kv_index_adapters{role=\"%s\"} %zu\n", roles[role],
+                                  K.idx[role] ? kvi_adapters(K.idx[role]) : 0);
     header(b, "xpyd_kv_index_pieces", "gauge",
            "Engine blocks smaller than --prefix-block-tokens the KV-event index keeps until the block that ends a "
            "router block comes (SGLang's pages of one token): part of --kv-index-max-blocks.");

@@ -102,6 +102,15 @@ int rt_kv_source_trusted(const struct kv_src *s, uint64_t now)
     return atomic_load(&s->up) && !(sent && now - sent > stale) && !atomic_load(&s->unlike_bs);
 }
 
+void rt_kv_adapter_listed(void *unused, const char *name, size_t n)
+{
+    for (int role = 0; role < 2; role++) {
+        int rc = K.idx[role] ? kvi_add_adapter(K.idx[role], name, n) : KVI_OK;
+        if (rc != KVI_OK)
+            atomic_fetch_add(&K.skipped[role][rc], 1);
+    }
+}
+
 void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n, const char *model)
 {
     q->blocks = blocks;

@@ -45,6 +45,9 @@ int rt_kv_take_hint(int role, int idx);
 /* wake(arg) is called, from the consumer's thread, after a hint is left (NULL: none). Returns once no call of the
  * previous one is under way. */
 void rt_kv_on_hint(void (*wake)(void *), void *arg);
+/* A model name an engine's GET /v1/models lists as a LoRA adapter (probe.c): its requests are matched in its own
+ * key space from now on, before any rank reports blocks under it (callback of probe_parse_models_adapters). */
+void rt_kv_adapter_listed(void *unused, const char *name, size_t n);
 /* The xpyd_kv_* series of /metrics. */
 void rt_kv_metrics(struct evbuffer *b);
 

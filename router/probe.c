@@ -207,8 +207,11 @@ static void m_done(struct up_leg *leg, int err, void *arg)
     s->mleg = NULL;
     size_t len = evbuffer_get_length(s->mbody);
     long mml = 0;
-    if (!err && s->mstatus == 200 && len < (1u << 20))
-        mml = probe_parse_models_max_len((const char *)evbuffer_pullup(s->mbody, -1), len);
+    if (!err && s->mstatus == 200 && len < (1u << 20)) {
+        const char *body = (const char *)evbuffer_pullup(s->mbody, -1);
+        mml = probe_parse_models_max_len(body, len);
+        probe_parse_models_adapters(body, len, rt_kv_adapter_listed, NULL); /* LoRA adapters known before use */
+    }
     evbuffer_drain(s->mbody, len);
     if (err)
         return;

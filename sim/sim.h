@@ -23,6 +23,7 @@ struct sim_config {
     char host[256];
     int port;
     char model[256];
+    char lora_modules[1024];  /* --lora-modules: LoRA adapters served too, NAME[=PATH] separated by commas */
     long max_model_len;
     uint64_t seed;
     int dp_size;

@@ -35,6 +35,9 @@ static const struct xpyd_setting settings[] = {
      "write the bound port here once listening (readiness for scripts); a bootstrap listener's port follows on a "
      "second line"},
     {"model", XS_STR, F(model), 0, 0, "sim-model", NULL, "served model name"},
+    {"lora-modules", XS_STR, F(lora_modules), 0, 0, "", NULL,
+     "LoRA adapters served besides the model, `NAME[=PATH]` separated by commas (vLLM's flag, simplified): "
+     "requests may name them and `GET /v1/models` lists them with the model as their parent, as vLLM does"},
     {"max-model-len", XS_LONG, F(max_model_len), 1, 1L << 30, "8192", NULL, "context length: prompt + max_tokens limit"},
     {"seed", XS_LONG, F(seed), 0, 9.2e18, "0", NULL, "seed of the generated tokens; prefill and decode must share it"},
     {"dp-size", XS_LONG, F(dp_size), 1, 1024, "1", NULL, "data-parallel ranks"},

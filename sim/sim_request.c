@@ -283,6 +283,19 @@ static int check_int(const cJSON *root, const char *name, long *out, int *presen
     return 0;
 }
 
+int sim_lora_served(const char *loras, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = loras ? loras : ""; *p;) {
+        size_t k = strcspn(p, ",="); /* NAME, then =PATH up to the next comma */
+        if (k == n && n && !memcmp(p, name, n))
+            return 1;
+        p += strcspn(p, ",");
+        p += *p == ',';
+    }
+    return 0;
+}
+
 static int parse_fields(const cJSON *root, int chat, const struct sim_limits *lim, struct sim_params *out,
                         char **err)
 {
@@ -291,7 +304,7 @@ static int parse_fields(const cJSON *root, int chat, const struct sim_limits *li
     if (model && !cJSON_IsNull(model)) {
         if (!cJSON_IsString(model))
             return fail(err, 400, "'model' must be a string");
-        if (strcmp(model->valuestring, lim->model) != 0)
+        if (strcmp(model->valuestring, lim->model) != 0 && !sim_lora_served(lim->loras, model->valuestring))
             return fail(err, 404, "The model `%.200s` does not exist.", model->valuestring);
     }
     char terr[400];

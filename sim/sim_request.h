@@ -9,6 +9,7 @@
 
 struct sim_limits {
     const char *model;   /* served model name */
+    const char *loras;   /* --lora-modules: adapters served too, NAME[=PATH],... ("" none) */
     long max_model_len;
 };
 
@@ -54,6 +55,8 @@ struct sim_params {
 /* Parses body (len bytes) as a completions (chat=0) or chat completions (chat=1) request.
  * Returns 0 and fills out, or the HTTP status of the error (400 or 404) with *err set to a malloc'ed
  * message; out is then already released. */
+/* 1 when name is one of the adapters of an --lora-modules list (NAME[=PATH],...). */
+int sim_lora_served(const char *loras, const char *name);
 int sim_params_parse(const char *body, size_t len, int chat, const struct sim_limits *lim,
                      struct sim_params *out, char **err);
 /* Builds the prompt of a /tokenize body ({"prompt":...} or {"messages":[...]}). Same return contract. */

@@ -80,7 +80,7 @@ static void handle_generate(evhtp_request_t *req, struct sim_rank *own, int chat
     }
     size_t len;
     const char *body = sim_body_of(req, &len);
-    struct sim_limits lim = {s->cfg.model, s->cfg.max_model_len};
+    struct sim_limits lim = {s->cfg.model, s->cfg.lora_modules, s->cfg.max_model_len};
     struct sim_params p;
     char *err = NULL;
     int status = sim_params_parse(body, len, chat, &lim, &p, &err);
@@ -159,13 +159,32 @@ static void on_health(evhtp_request_t *req, void *arg)
 static void on_models(evhtp_request_t *req, void *arg)
 {
     struct sim *s = sim_rank_of(arg)->sim;
-    char buf[1024];
-    int n = snprintf(buf, sizeof buf,
-                     "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,"
-                     "\"owned_by\":\"vllm\",\"root\":\"%s\",\"parent\":null,\"max_model_len\":%ld,"
-                     "\"permission\":[]}]}",
-                     s->model_json, (long long)xpyd_wall_s(), s->model_json, s->cfg.max_model_len);
-    xpyd_reply(req, 200, "application/json", buf, (size_t)n);
+    long long now = (long long)xpyd_wall_s();
+    struct evbuffer *b = XPYD_XALLOC(evbuffer_new());
+    evbuffer_add_printf(b,
+                        "{\"object\":\"list\",\"data\":[{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,"
+                        "\"owned_by\":\"vllm\",\"root\":\"%s\",\"parent\":null,\"max_model_len\":%ld,"
+                        "\"permission\":[]}",
+                        s->model_json, now, s->model_json, s->cfg.max_model_len);
+    /* --lora-modules: as vLLM lists an adapter (its path as root, the base model as parent) */
+    for (const char *p = s->cfg.lora_modules; *p;) {
+        size_t k = strcspn(p, ","), nk = strcspn(p, ",=");
+        char name[256], path[256], ename[520], epath[520];
+        snprintf(name, sizeof name, "%.*s", (int)(nk < 255 ? nk : 255), p);
+        snprintf(path, sizeof path, "%.*s", (int)(k > nk ? (k - nk - 1 < 255 ? k - nk - 1 : 255) : 0), p + nk + 1);
+        sim_json_escape_into(name, ename, sizeof ename);
+        sim_json_escape_into(path[0] ? path : name, epath, sizeof epath);
+        if (name[0])
+            evbuffer_add_printf(b,
+                                ",{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"vllm\","
+                                "\"root\":\"%s\",\"parent\":\"%s\",\"max_model_len\":null,\"permission\":[]}",
+                                ename, now, epath, s->model_json);
+        p += k;
+        p += *p == ',';
+    }
+    evbuffer_add(b, "]}", 2);
+    xpyd_reply_buffer(req, 200, "application/json", b);
+    evbuffer_free(b);
 }
 
 static void on_tokenize(evhtp_request_t *req, void *arg)

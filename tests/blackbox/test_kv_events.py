@@ -588,6 +588,23 @@ class KvEvents(t.TestCase):
         self.assertEqual(predicted(r.port, "ad1", p), 48)
         t.router_idle(r.port)
 
+    def test_adapters_the_engines_list_are_known_before_their_blocks(self):
+        # vLLM's GET /v1/models lists each LoRA adapter with the base model as its parent: read (with
+        # --learn-max-model-len), a request naming one is matched in its own key space before any rank stored a
+        # block under it, never credited the base model's blocks (which it does not hit)
+        ps, pubs, (r,) = self.cluster(args=("--learn-max-model-len", "on"),
+                                      sim_args=("--lora-modules", "sql-lora=/loras/sql,chat-lora"))
+        st, _, out = t.request(ps[0].port, "GET", "/v1/models")
+        self.assertEqual([(c["id"], c["parent"]) for c in json.loads(out)["data"]],
+                         [("sim-model", None), ("sql-lora", "sim-model"), ("chat-lora", "sim-model")])
+        p = prompt(23)
+        pubs[0].send(batch_map([stored_map([81, 82], p[:32])]))
+        self.wait_blocks(r, 2)
+        t.wait_until(lambda: kv(r.port, "xpyd_kv_index_adapters") == 2, what="the listed adapters known")
+        self.assertEqual(predicted(r.port, "sql-lora", p), 0)
+        self.assertEqual(predicted(r.port, "sim-model", p), 32)
+        t.router_idle(r.port)
+
     def test_long_adapter_names_are_told_apart(self):
         # two adapters whose names are alike in their first 63 bytes: each its own key space (the whole name is)
         a, b = ("org/support-adapter-" + "x" * 60 + "-v%d" % v for v in (1, 2))

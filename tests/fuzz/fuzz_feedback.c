@@ -1,15 +1,25 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* fuzz_feedback.c - libFuzzer harness: an engine's /metrics page as the router's probe reads it for load
  * feedback (probe_parse_engine_metrics in router/feedback_parse.c), and the same bytes as its GET /v1/models
- * answer (probe_parse_models_max_len). The first byte picks the engine label (or all engines). Checks: the
- * counts read are finite and never negative, KV usage within [0, 1] when a series matched, a length 0 or
- * within [1, 2^40), and no byte outside the page is read (ASan). */
+ * answer (probe_parse_models_max_len, probe_parse_models_adapters). The first byte picks the engine label (or all
+ * engines). Checks: the counts read are finite and never negative, KV usage within [0, 1] when a series matched,
+ * a length 0 or within [1, 2^40), each adapter's id non-empty and no longer than the page, as many calls as
+ * adapters counted, and no byte outside the page is read (ASan). */
 #include "feedback_parse.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+static size_t calls, page_len;
+
+static void adapter(void *arg, const char *id, size_t n)
+{
+    if (!n || n > page_len || !id)
+        abort();
+    calls++;
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -27,6 +37,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     long mml = probe_parse_models_max_len(page, size - 1);
     if (mml < 0 || mml >= (1L << 40))
+        abort();
+    calls = 0;
+    page_len = size - 1;
+    if (probe_parse_models_adapters(page, size - 1, adapter, NULL) != calls)
         abort();
     free(page);
     return 0;

@@ -7,7 +7,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static const struct sim_limits lim = {"sim-model", 4096};
+    static const struct sim_limits lim = {.model = "sim-model", .loras = "ad1,ad2=/loras/ad2", .max_model_len = 4096};
     for (int chat = 0; chat < 2; chat++) {
         struct sim_params p;
         char *err = NULL;

@@ -8,6 +8,7 @@
 
 #include "feedback_parse.h"
 
+#include <stdio.h>
 #include <string.h>
 
 static const char *PAGE =
@@ -82,10 +83,36 @@ static void test_models_max_len(void **st)
     assert_int_equal(probe_parse_models_max_len(NULL, 0), 0);
 }
 
+static void collect(void *arg, const char *id, size_t n)
+{
+    char *out = arg;
+    size_t k = strlen(out);
+    snprintf(out + k, 200 - k, "%.*s;", (int)n, id);
+}
+
+/* the adapters of GET /v1/models: vLLM's cards with a parent (the base model's parent is null) */
+static void test_models_adapters(void **st)
+{
+    char got[200] = "";
+    const char *vllm = "{\"object\":\"list\",\"data\":[{\"id\":\"Qwen/Qwen3-8B\",\"root\":\"Qwen/Qwen3-8B\","
+                       "\"parent\":null,\"max_model_len\":40960},{\"id\":\"sql-lora\",\"root\":\"/loras/sql\","
+                       "\"parent\":\"Qwen/Qwen3-8B\"},{\"id\":\"caf\\u00e9\",\"parent\":\"Qwen/Qwen3-8B\"},"
+                       "{\"id\":5,\"parent\":\"x\"},{\"id\":\"\",\"parent\":\"x\"},{\"id\":\"p\",\"parent\":7},7]}";
+    assert_int_equal(probe_parse_models_adapters(vllm, strlen(vllm), collect, got), 2);
+    assert_string_equal(got, "sql-lora;caf\xc3\xa9;"); /* the id decoded; no id, an empty one, a number: none */
+    const char *none[] = {"", "[]", "{\"data\":{}}", "{\"data\":[{\"id\":\"m\",\"parent\":\"b\"}]", "{}"};
+    for (size_t i = 0; i < sizeof none / sizeof *none; i++) {
+        got[0] = '\0';
+        assert_int_equal(probe_parse_models_adapters(none[i], strlen(none[i]), collect, got), 0);
+        assert_string_equal(got, "");
+    }
+    assert_int_equal(probe_parse_models_adapters(NULL, 0, collect, got), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_per_engine), cmocka_unit_test(test_all_engines_sum_and_max),
                                        cmocka_unit_test(test_old_name_fallback_and_nothing),
-                                       cmocka_unit_test(test_models_max_len)};
+                                       cmocka_unit_test(test_models_max_len), cmocka_unit_test(test_models_adapters)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

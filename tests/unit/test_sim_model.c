@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const struct sim_limits LIM = {"sim-model", 100};
+static const struct sim_limits LIM = {.model = "sim-model", .loras = "", .max_model_len = 100};
 
 static int parse(const char *body, int chat, struct sim_params *p, char **err)
 {
