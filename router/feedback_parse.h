@@ -20,7 +20,7 @@ struct engine_load {
 int probe_parse_engine_metrics(const char *page, size_t len, int engine, struct engine_load *out);
 
 /* An engine's GET /v1/models answer: the largest `max_model_len` of its models (vLLM's and SGLang's model cards
- * carry it; an adapter's card repeats its engine's), a positive integer below 2^40; 0 when none is given or the
+ * carry it; vLLM's adapter cards leave it null), a positive integer below 2^40; 0 when none is given or the
  * body is not strict JSON of that shape (`{"data": [{..., "max_model_len": N}, ...]}`). */
 long probe_parse_models_max_len(const char *body, size_t len);
 /* The same answer's LoRA adapters: fn(arg, id, its length) for each card whose `parent` is a string (vLLM lists

@@ -57,7 +57,7 @@ static long models(const char *body)
     return probe_parse_models_max_len(body, strlen(body));
 }
 
-/* GET /v1/models as vLLM (ModelCard: a LoRA adapter's card repeats the engine's length) and SGLang answer it */
+/* GET /v1/models as vLLM (ModelCard; an adapter's card may carry a length too) and SGLang answer it */
 static void test_models_max_len(void **st)
 {
     assert_int_equal(models("{\"object\":\"list\",\"data\":[{\"id\":\"Qwen/Qwen3-8B\",\"object\":\"model\","
