@@ -524,7 +524,8 @@ static uint64_t space_of(const struct kv_event *ev)
     if (ev->lora_len)
         return space_of_hash(ev->lora_hash);
     if (ev->lora_id >= 0) /* an adapter known only by its id: its blocks match no request, as they should not */
-        return XXH3_64bits_withSeed(&ev->lora_id, sizeof ev->lora_id, 0x6c6f7261u) | KVI_SPACE_UNKNOWN | 1; /* odd */
+        return XXH3_64bits_withSeed(&ev->lora_id, sizeof ev->lora_id, 0x6c6f7261u) | (1ull << 63) | 1; /* odd: never
+                                                                                                  * the unknown one */
     return 0;
 }
 

@@ -104,11 +104,9 @@ int rt_kv_source_trusted(const struct kv_src *s, uint64_t now)
 
 void rt_kv_adapter_listed(void *unused, const char *name, size_t n)
 {
-    for (int role = 0; role < 2; role++) {
-        int rc = K.idx[role] ? kvi_add_adapter(K.idx[role], name, n) : KVI_OK;
-        if (rc != KVI_OK)
-            atomic_fetch_add(&K.skipped[role][rc], 1);
-    }
+    for (int role = 0; role < 2; role++) /* (past --kv-index-max-adapters: not remembered, as for an event) */
+        if (K.idx[role])
+            kvi_add_adapter(K.idx[role], name, n);
 }
 
 void rt_kv_query(struct xb_query *q, int role, const uint64_t *blocks, size_t n, const char *model)

@@ -353,12 +353,13 @@ int rw_prompt_is_ids(const struct rw_src *body, int64_t *longest)
     return n > 0;
 }
 
-size_t rw_prompt_texts(const struct rw_src *body, char **text, size_t *lens, size_t max)
+size_t rw_prompt_texts(const struct rw_src *body, char **text, size_t **lens, size_t max)
 {
     struct jv p = rw_src_get(body, "prompt"), v;
     struct jv_iter it;
     size_t n = 0, total = 0;
     *text = NULL;
+    *lens = NULL;
     if (jv_type(p) == JV_STRING) {
         total = jv_str_len(p);
         n = 1;
@@ -374,15 +375,16 @@ size_t rw_prompt_texts(const struct rw_src *body, char **text, size_t *lens, siz
     if (!n)
         return 0;
     char *w = *text = XPYD_XALLOC(malloc(total + 1));
+    size_t *l = *lens = XPYD_XALLOC(malloc(n * sizeof *l));
     if (jv_type(p) == JV_STRING) {
-        lens[0] = jv_str_decode(p, w);
+        l[0] = jv_str_decode(p, w);
         return 1;
     }
     size_t i = 0;
     jv_iter_init(&it, p);
     while (jv_next(&it, NULL, &v)) {
-        lens[i] = jv_str_decode(v, w);
-        w += lens[i++];
+        l[i] = jv_str_decode(v, w);
+        w += l[i++];
     }
     return n;
 }

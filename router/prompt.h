@@ -39,9 +39,9 @@ size_t rw_id_blocks(const uint32_t *ids, size_t n, size_t block_tokens, const ui
  * *longest is its longest prompt (its ids, or a batch's longest array of them), else 0. */
 int rw_prompt_is_ids(const struct rw_src *body, int64_t *longest);
 /* A completion prompt that is text (a string, or an array of up to max strings): its decoded bytes, one after
- * another, in *text (malloc'd), each one's length in lens[]; returns how many. 0 (nothing allocated) for any
- * other shape (token ids, mixed arrays, more than max strings). */
-size_t rw_prompt_texts(const struct rw_src *body, char **text, size_t *lens, size_t max);
+ * another, in *text (malloc'd), each one's length in (*lens)[] (malloc'd, one per text); returns how many. 0
+ * (nothing allocated) for any other shape (token ids, mixed arrays, more than max strings). */
+size_t rw_prompt_texts(const struct rw_src *body, char **text, size_t **lens, size_t max);
 /* A top-level string member's decoded text (malloc'd), or NULL when absent or not a string. */
 char *rw_string_member(const struct rw_src *body, const char *key);
 

@@ -515,29 +515,20 @@ int rt_tok_start(struct request *r, rt_tok_go go)
         atomic_fetch_add(&g_rt->ctr.tokenizer_fallbacks[RT_TF_TEMPLATE], 1);
     if (!rt_tok_wants(r))
         return 0;
-    size_t max = (size_t)g_rt->cfg.tokenizer_max_batch_prompts, cap = 1; /* a longer batch keeps the estimate */
-    struct jv p = rw_src_get(r->src, "prompt"), v;
-    if (r->kind != RT_EP_CHAT && jv_type(p) == JV_ARRAY) { /* room for the batch's texts, not for the bound */
-        struct jv_iter it;
-        jv_iter_init(&it, p);
-        for (cap = 0; cap <= max && jv_next(&it, NULL, &v);)
-            cap++;
-        cap = cap ? cap : 1;
-    }
-    size_t *lens = XPYD_XALLOC(malloc(cap * sizeof *lens));
+    size_t *lens, n;
     char *text;
-    size_t n;
     struct rt_chat_src cs = {0};
     if (r->kind == RT_EP_CHAT) { /* the body, shaped and rendered on the tokenizer thread */
         struct jv body = rw_src_view(r->src);
         text = XPYD_XALLOC(malloc(body.n + 1));
         memcpy(text, body.p, body.n);
         text[body.n] = '\0';
+        lens = XPYD_XALLOC(malloc(sizeof *lens));
         lens[0] = body.n;
         n = 1;
         chat_src_in(r->src, body, text, &cs);
     } else {
-        n = rw_prompt_texts(r->src, &text, lens, max);
+        n = rw_prompt_texts(r->src, &text, &lens, (size_t)g_rt->cfg.tokenizer_max_batch_prompts);
     }
     if (!n) {
         free(lens);

@@ -283,16 +283,27 @@ static int check_int(const cJSON *root, const char *name, long *out, int *presen
     return 0;
 }
 
+int sim_lora_next(const char **list, struct sim_lora *out)
+{
+    for (const char *p = *list ? *list : ""; *p;) {
+        size_t k = strcspn(p, ","), nk = strcspn(p, ",="); /* NAME, then =PATH up to the next comma */
+        *out = (struct sim_lora){p, nk, nk < k ? p + nk + 1 : p, nk < k ? k - nk - 1 : nk};
+        p += k;
+        p += *p == ',';
+        *list = p;
+        if (nk)
+            return 1;
+    }
+    return 0;
+}
+
 int sim_lora_served(const char *loras, const char *name)
 {
+    struct sim_lora a;
     size_t n = strlen(name);
-    for (const char *p = loras ? loras : ""; *p;) {
-        size_t k = strcspn(p, ",="); /* NAME, then =PATH up to the next comma */
-        if (k == n && n && !memcmp(p, name, n))
+    while (sim_lora_next(&loras, &a))
+        if (a.nname == n && !memcmp(a.name, name, n))
             return 1;
-        p += strcspn(p, ",");
-        p += *p == ',';
-    }
     return 0;
 }
 

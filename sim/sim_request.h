@@ -52,11 +52,19 @@ struct sim_params {
     char *cache_salt; /* vLLM's cache_salt: in the first block's hash (and its KV event's extra_keys); NULL none */
 };
 
+/* An --lora-modules list (NAME[=PATH],...), one adapter at a time: 1 with *out (its name, and its path: the name
+ * when none is given) and *list moved past it, 0 at the end. sim_lora_served: 1 when name is one of them. */
+struct sim_lora {
+    const char *name;
+    size_t nname;
+    const char *path;
+    size_t npath;
+};
+int sim_lora_next(const char **list, struct sim_lora *out);
+int sim_lora_served(const char *loras, const char *name);
 /* Parses body (len bytes) as a completions (chat=0) or chat completions (chat=1) request.
  * Returns 0 and fills out, or the HTTP status of the error (400 or 404) with *err set to a malloc'ed
  * message; out is then already released. */
-/* 1 when name is one of the adapters of an --lora-modules list (NAME[=PATH],...). */
-int sim_lora_served(const char *loras, const char *name);
 int sim_params_parse(const char *body, size_t len, int chat, const struct sim_limits *lim,
                      struct sim_params *out, char **err);
 /* Builds the prompt of a /tokenize body ({"prompt":...} or {"messages":[...]}). Same return contract. */

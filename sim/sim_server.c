@@ -167,20 +167,19 @@ static void on_models(evhtp_request_t *req, void *arg)
                         "\"permission\":[]}",
                         s->model_json, now, s->model_json, s->cfg.max_model_len);
     /* --lora-modules: as vLLM lists an adapter (its path as root, the base model as parent) */
-    for (const char *p = s->cfg.lora_modules; *p;) {
-        size_t k = strcspn(p, ","), nk = strcspn(p, ",=");
-        char name[256], path[256], ename[520], epath[520];
-        snprintf(name, sizeof name, "%.*s", (int)(nk < 255 ? nk : 255), p);
-        snprintf(path, sizeof path, "%.*s", (int)(k > nk ? (k - nk - 1 < 255 ? k - nk - 1 : 255) : 0), p + nk + 1);
+    const char *list = s->cfg.lora_modules;
+    struct sim_lora a;
+    while (sim_lora_next(&list, &a)) {
+        char name[1024], path[1024], ename[6 * 1024], epath[6 * 1024]; /* (the list: 1023 bytes at most; an
+                                                                         * escape: 6 bytes at most) */
+        snprintf(name, sizeof name, "%.*s", (int)a.nname, a.name);
+        snprintf(path, sizeof path, "%.*s", (int)a.npath, a.path);
         sim_json_escape_into(name, ename, sizeof ename);
-        sim_json_escape_into(path[0] ? path : name, epath, sizeof epath);
-        if (name[0])
-            evbuffer_add_printf(b,
-                                ",{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"vllm\","
-                                "\"root\":\"%s\",\"parent\":\"%s\",\"max_model_len\":null,\"permission\":[]}",
-                                ename, now, epath, s->model_json);
-        p += k;
-        p += *p == ',';
+        sim_json_escape_into(path, epath, sizeof epath);
+        evbuffer_add_printf(b,
+                            ",{\"id\":\"%s\",\"object\":\"model\",\"created\":%lld,\"owned_by\":\"vllm\","
+                            "\"root\":\"%s\",\"parent\":\"%s\",\"max_model_len\":null,\"permission\":[]}",
+                            ename, now, epath, s->model_json);
     }
     evbuffer_add(b, "]}", 2);
     xpyd_reply_buffer(req, 200, "application/json", b);
