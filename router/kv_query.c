@@ -170,18 +170,21 @@ uint64_t rt_kv_picked(int role, int idx, const struct xb_query *q)
 {
     if (!K.on[role] || !q->nblocks || idx < 0 || (size_t)idx >= K.cap)
         return 0;
+    uint64_t e = 0;
+    if (!q->peek) {
+        struct kv_src *s = &K.src[role][idx];
+        uint64_t now = xpyd_now_us(), none = 0, v;
+        atomic_compare_exchange_strong(&s->first_sent, &none, now);
+        if (g_rt->cfg.kv_events_pending_ms) {
+            e = period(now);
+            _Atomic uint_fast64_t *slot = &s->pend[e % PEND_SLOTS];
+            do
+                v = atomic_load(slot);
+            while (!atomic_compare_exchange_weak(slot, &v, v >> 24 == e ? v + 1 : e << 24 | 1));
+        }
+    }
+    /* counted last: a placement xpyd_kv_placements_total shows is pending on its rank already */
     atomic_fetch_add(&K.picks[role][q->precise && q->precise[idx] >= 0], 1);
-    if (q->peek)
-        return 0;
-    struct kv_src *s = &K.src[role][idx];
-    uint64_t now = xpyd_now_us(), none = 0, e = period(now), v;
-    atomic_compare_exchange_strong(&s->first_sent, &none, now);
-    if (!g_rt->cfg.kv_events_pending_ms)
-        return 0;
-    _Atomic uint_fast64_t *slot = &s->pend[e % PEND_SLOTS];
-    do
-        v = atomic_load(slot);
-    while (!atomic_compare_exchange_weak(slot, &v, v >> 24 == e ? v + 1 : e << 24 | 1));
     return e;
 }
 

@@ -152,6 +152,12 @@ def predicted(port, model, ids):
     return kv(port, "xpyd_prefix_predicted_tokens_total") - before
 
 
+def placed(r):
+    """Placements the router made by the events or its guess: counted once the request is pending on its rank
+    (xpyd_instance_selected_total is counted a moment before that)."""
+    return sum(kv(r.port, "xpyd_kv_placements_total", mode=m) for m in ("precise", "approximate"))
+
+
 def selected(port, sim):
     return t.metric(port, 'xpyd_instance_selected_total{role="prefill",engine="127.0.0.1:%d",dp_rank="0"}'
                     % sim.port, default=0)
@@ -258,15 +264,15 @@ class KvEvents(t.TestCase):
         # as held (--kv-events-pending-ms), so a second request for a context still computing follows the first
         # instead of computing it again on the idle rank (where least outstanding tokens alone would send it)
         ps, pubs, (r,) = self.cluster(sim_args=("--prefill-us-per-token", "4000", "--model", "ad1"))  # 0.64 s
-        p, picks = prompt(17), lambda: selected(r.port, ps[0]) + selected(r.port, ps[1])
+        p = prompt(17)
 
         def in_flight(ids, body=None):  # a request being computed: placed, not answered
-            before = selected(r.port, ps[0]), picks()
+            before = selected(r.port, ps[0]), placed(r)
             th = threading.Thread(target=t.post_json, args=(r.port, "/v1/completions",
                                                             dict(body or {}, prompt=ids, max_tokens=1)))
             th.start()
             self.addCleanup(th.join)
-            t.wait_until(lambda: picks() > before[1], what="the request placed")
+            t.wait_until(lambda: placed(r) > before[1], what="the request placed (and pending on its rank)")
             return th, 0 if selected(r.port, ps[0]) > before[0] else 1
 
         def second(ids, predicted_tokens):
@@ -315,7 +321,6 @@ class KvEvents(t.TestCase):
         for k, pub in enumerate(pubs):  # each rank's engine says its block size
             pub.send(batch_map([dict(stored_map([300 + k], prompt(30 + k)[:4 * B]), block_size=4 * B)]))
         self.wait_blocks(r, 8)
-        picks = lambda: selected(r.port, ps[0]) + selected(r.port, ps[1])
         ths = []
         for k, ids in enumerate((prompt(22), prompt(24))):  # one computing on each rank
             th = threading.Thread(target=t.post_json,
@@ -323,7 +328,7 @@ class KvEvents(t.TestCase):
             th.start()
             self.addCleanup(th.join)
             ths.append(th)
-            t.wait_until(lambda: picks() == k + 1, what="request %d placed" % k)
+            t.wait_until(lambda: placed(r) == k + 1, what="request %d placed (and pending on its rank)" % k)
             if not k:
                 on = 0 if selected(r.port, ps[0]) else 1
         self.assertEqual((selected(r.port, ps[0]), selected(r.port, ps[1])), (1, 1))
