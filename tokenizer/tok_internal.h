@@ -26,6 +26,14 @@ struct tok_map {
 int tok_map_init(struct tok_map *m, size_t expect);
 int tok_map_put(struct tok_map *m, const void *key, size_t len, int32_t id); /* 0, 1 if present (kept), -1 */
 int32_t tok_map_get(const struct tok_map *m, const void *key, size_t len);   /* -1 if absent */
+/* The same with the key's hash given (tok_map_hash), and prefetches: a table of a vocabulary's size is out of the
+ * core's caches, so the loader asks for a batch of slots, then their keys' text, before it reads any (its lookups'
+ * cache misses overlap instead of following one another) */
+uint64_t tok_map_hash(const void *key, size_t len);
+int tok_map_put_h(struct tok_map *m, const void *key, size_t len, uint64_t h, int32_t id);
+int32_t tok_map_get_h(const struct tok_map *m, const void *key, size_t len, uint64_t h);
+void tok_map_prefetch(const struct tok_map *m, uint64_t h);
+void tok_map_prefetch_key(const struct tok_map *m, uint64_t h);
 void tok_map_free(struct tok_map *m);
 
 /* (left id, right id) -> (rank, merged id) */
@@ -39,6 +47,7 @@ struct tok_merges {
 };
 int tok_merges_init(struct tok_merges *m, size_t expect);
 int tok_merges_put(struct tok_merges *m, uint32_t a, uint32_t b, uint32_t rank, uint32_t id);
+void tok_merges_prefetch(const struct tok_merges *m, uint32_t a, uint32_t b);
 /* The slot a pair's key starts at: Fibonacci hashing, the product's high bits (both ids mix into them; the table
  * is the model's, not the input's, so no input can crowd one run); inline, as the merge loop is BPE's hot path */
 static inline size_t tok_merge_slot(uint64_t key, size_t cap)
@@ -160,5 +169,16 @@ void tok_cache_put(struct xtok_cache *c, uint64_t key, const char *text, size_t 
 void tok_bytes_to_unicode(uint32_t cp_of[256]);
 /* A byte-level token's text back into raw bytes; -1 when a code point is not of the alphabet. */
 long tok_bytelevel_decode(const char *s, size_t len, char *out);
+
+/* tok_load.c's helpers for reading tokenizer.json, shared with tok_model.c */
+struct cJSON;
+int tok_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4))); /* -1, err set */
+int tok_clip(const char *s, size_t len); /* how much of a file's string an error quotes (60 bytes, whole characters) */
+const char *tok_str_of(const struct cJSON *o, const char *key);
+int tok_bool_of(const struct cJSON *o, const char *key);
+int tok_is_set(const struct cJSON *o, const char *key); /* present and neither null nor empty */
+/* tok_model.c: the "model" (BPE: vocab and merges); t->bytelevel set before */
+int tok_load_model(struct xtok *t, const struct cJSON *m, char *err, size_t errlen);
+void tok_note_id(struct xtok *t, long id); /* the vocabulary's size grows to hold id */
 
 #endif

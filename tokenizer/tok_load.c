@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int fail(char *err, size_t errlen, const char *fmt, ...)
+int tok_fail(char *err, size_t errlen, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -21,7 +21,7 @@ static int fail(char *err, size_t errlen, const char *fmt, ...)
 }
 
 /* how much of a file's string an error quotes: at most 60 bytes, cut where a character starts */
-static int clip(const char *s, size_t len)
+int tok_clip(const char *s, size_t len)
 {
     size_t n = len;
     if (n > 60)
@@ -30,18 +30,18 @@ static int clip(const char *s, size_t len)
     return (int)n;
 }
 
-static const char *str_of(const cJSON *o, const char *key)
+const char *tok_str_of(const cJSON *o, const char *key)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-static int bool_of(const cJSON *o, const char *key)
+int tok_bool_of(const cJSON *o, const char *key)
 {
     return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, key));
 }
 
-static int is_set(const cJSON *o, const char *key) /* present and neither null nor empty */
+int tok_is_set(const cJSON *o, const char *key) /* present and neither null nor empty */
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return v && !cJSON_IsNull(v) && !(cJSON_IsString(v) && !v->valuestring[0]);
@@ -51,7 +51,7 @@ static int load_normalizer(struct xtok *t, const cJSON *n, char *err, size_t err
 {
     if (!n || cJSON_IsNull(n))
         return 0;
-    const char *type = str_of(n, "type");
+    const char *type = tok_str_of(n, "type");
     if (type && !strcmp(type, "Sequence")) {
         const cJSON *it;
         cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(n, "normalizers"))
@@ -60,7 +60,7 @@ static int load_normalizer(struct xtok *t, const cJSON *n, char *err, size_t err
         return 0;
     }
     if (t->nnorm == (int)(sizeof t->norm / sizeof t->norm[0]))
-        return fail(err, errlen, "normalizer: more than %zu steps", sizeof t->norm / sizeof t->norm[0]);
+        return tok_fail(err, errlen, "normalizer: more than %zu steps", sizeof t->norm / sizeof t->norm[0]);
     struct tok_norm_step *st = &t->norm[t->nnorm];
     static const char *const names[] = {NULL, "NFC", "NFKC", "NFD", "NFKD"};
     for (int k = 1; k <= 4; k++)
@@ -69,27 +69,27 @@ static int load_normalizer(struct xtok *t, const cJSON *n, char *err, size_t err
             t->nnorm++;
             return 0;
         }
-    if (type && !strcmp(type, "Prepend") && str_of(n, "prepend")) {
+    if (type && !strcmp(type, "Prepend") && tok_str_of(n, "prepend")) {
         st->type = TOK_PREPEND;
-        st->a = strdup(str_of(n, "prepend"));
+        st->a = strdup(tok_str_of(n, "prepend"));
         st->alen = st->a ? strlen(st->a) : 0;
         t->nnorm++;
-        return st->a ? 0 : fail(err, errlen, "out of memory");
+        return st->a ? 0 : tok_fail(err, errlen, "out of memory");
     }
     if (type && !strcmp(type, "Replace")) {
-        const char *pat = str_of(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "String");
-        const char *content = str_of(n, "content");
+        const char *pat = tok_str_of(cJSON_GetObjectItemCaseSensitive(n, "pattern"), "String");
+        const char *content = tok_str_of(n, "content");
         if (!pat || !pat[0] || !content)
-            return fail(err, errlen, "normalizer Replace is supported with a non-empty String pattern only");
+            return tok_fail(err, errlen, "normalizer Replace is supported with a non-empty String pattern only");
         st->type = TOK_REPLACE;
         st->a = strdup(pat);
         st->b = strdup(content);
         st->alen = st->a ? strlen(st->a) : 0;
         st->blen = st->b ? strlen(st->b) : 0;
         t->nnorm++;
-        return st->a && st->b ? 0 : fail(err, errlen, "out of memory");
+        return st->a && st->b ? 0 : tok_fail(err, errlen, "out of memory");
     }
-    return fail(err, errlen, "normalizer %s is not supported", type ? type : "(without a type)");
+    return tok_fail(err, errlen, "normalizer %s is not supported", type ? type : "(without a type)");
 }
 
 static pcre2_code *compile(const char *pattern, size_t len, int literal, char *err, size_t errlen)
@@ -101,7 +101,7 @@ static pcre2_code *compile(const char *pattern, size_t len, int literal, char *e
     if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(code, msg, sizeof msg);
-        fail(err, errlen, "pre_tokenizer Split: pattern %s at offset %zu: %s", pattern, (size_t)at, (char *)msg);
+        tok_fail(err, errlen, "pre_tokenizer Split: pattern %s at offset %zu: %s", pattern, (size_t)at, (char *)msg);
         return NULL;
     }
     pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* without JIT (an error here) it is interpreted */
@@ -115,7 +115,7 @@ static int load_pre(struct xtok *t, const cJSON *p, char *err, size_t errlen)
 {
     if (!p || cJSON_IsNull(p))
         return 0;
-    const char *type = str_of(p, "type");
+    const char *type = tok_str_of(p, "type");
     if (type && !strcmp(type, "Sequence")) {
         const cJSON *it;
         cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(p, "pretokenizers"))
@@ -124,30 +124,30 @@ static int load_pre(struct xtok *t, const cJSON *p, char *err, size_t errlen)
         return 0;
     }
     if (t->npre == (int)(sizeof t->pre / sizeof t->pre[0]))
-        return fail(err, errlen, "pre_tokenizer: more than %zu steps", sizeof t->pre / sizeof t->pre[0]);
+        return tok_fail(err, errlen, "pre_tokenizer: more than %zu steps", sizeof t->pre / sizeof t->pre[0]);
     /* Hugging Face's ByteLevel rewrites each piece into its byte alphabet (a space is then "Ġ"), which a step
      * after it would see; here the bytes are mapped by the model, so ByteLevel must come last */
     if (t->npre && t->pre[t->npre - 1].type == TOK_PRE_BYTELEVEL)
-        return fail(err, errlen, "pre_tokenizer %.*s after ByteLevel is not supported", type ? clip(type, strlen(type)) : 15,
+        return tok_fail(err, errlen, "pre_tokenizer %.*s after ByteLevel is not supported", type ? tok_clip(type, strlen(type)) : 15,
                     type ? type : "(without a type)");
     struct tok_pre_step *s = &t->pre[t->npre];
     if (type && !strcmp(type, "Split")) {
         /* Hugging Face's SplitDelimiterBehavior, each of its five (a file without one is refused there too) */
         static const char *const behaviors[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext",
                                                 "Contiguous"};
-        const char *beh = str_of(p, "behavior");
+        const char *beh = tok_str_of(p, "behavior");
         int k = 0;
         while (beh && k < 5 && strcmp(beh, behaviors[k]))
             k++;
         if (!beh || k == 5)
-            return fail(err, errlen, "pre_tokenizer Split: behavior %.*s is not one of Isolated, Removed, "
-                        "MergedWithPrevious, MergedWithNext, Contiguous", beh ? clip(beh, strlen(beh)) : 6, beh ? beh : "(none)");
+            return tok_fail(err, errlen, "pre_tokenizer Split: behavior %.*s is not one of Isolated, Removed, "
+                        "MergedWithPrevious, MergedWithNext, Contiguous", beh ? tok_clip(beh, strlen(beh)) : 6, beh ? beh : "(none)");
         s->behavior = (enum tok_split)k;
-        s->invert = bool_of(p, "invert");
+        s->invert = tok_bool_of(p, "invert");
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
-        const char *rx = str_of(pat, "Regex"), *lit = str_of(pat, "String");
+        const char *rx = tok_str_of(pat, "Regex"), *lit = tok_str_of(pat, "String");
         if (!rx && !lit)
-            return fail(err, errlen, "pre_tokenizer Split without a Regex or String pattern");
+            return tok_fail(err, errlen, "pre_tokenizer Split without a Regex or String pattern");
         s->type = TOK_PRE_SPLIT;
         s->re = compile(rx ? rx : lit, strlen(rx ? rx : lit), !rx, err, errlen);
         if (!s->re)
@@ -161,7 +161,7 @@ static int load_pre(struct xtok *t, const cJSON *p, char *err, size_t errlen)
          * which is a Split, Isolated, on \p{N} or \p{N}+ (Command R, Aya) */
         const cJSON *ind = cJSON_GetObjectItemCaseSensitive(p, "individual_digits");
         if (!cJSON_IsBool(ind)) /* a required field: Hugging Face refuses the file without it */
-            return fail(err, errlen, "pre_tokenizer Digits without individual_digits (true or false)");
+            return tok_fail(err, errlen, "pre_tokenizer Digits without individual_digits (true or false)");
         const char *rx = cJSON_IsTrue(ind) ? "\\p{N}" : "\\p{N}+";
         s->type = TOK_PRE_SPLIT;
         s->re = compile(rx, strlen(rx), 0, err, errlen);
@@ -171,15 +171,15 @@ static int load_pre(struct xtok *t, const cJSON *p, char *err, size_t errlen)
         return 0;
     }
     if (type && !strcmp(type, "Metaspace")) { /* Hugging Face's pre_tokenizers/metaspace.rs */
-        const char *r = str_of(p, "replacement"), *scheme = str_of(p, "prepend_scheme");
+        const char *r = tok_str_of(p, "replacement"), *scheme = tok_str_of(p, "prepend_scheme");
         const cJSON *aps = cJSON_GetObjectItemCaseSensitive(p, "add_prefix_space"), *split;
         size_t rl = r ? strlen(r) : 0;
         unsigned char b0 = rl ? (unsigned char)r[0] : 0;
         size_t cl = b0 < 0x80 ? 1 : (b0 & 0xE0) == 0xC0 ? 2 : (b0 & 0xF0) == 0xE0 ? 3 : (b0 & 0xF8) == 0xF0 ? 4 : 0;
         if (!rl || cl != rl)
-            return fail(err, errlen, "pre_tokenizer Metaspace: replacement must be one character");
+            return tok_fail(err, errlen, "pre_tokenizer Metaspace: replacement must be one character");
         if (t->npre)
-            return fail(err, errlen, "pre_tokenizer Metaspace after another pre_tokenizer is not supported");
+            return tok_fail(err, errlen, "pre_tokenizer Metaspace after another pre_tokenizer is not supported");
         s->type = TOK_PRE_METASPACE;
         memcpy(s->rep, r, rl);
         s->replen = rl;
@@ -188,11 +188,11 @@ static int load_pre(struct xtok *t, const cJSON *p, char *err, size_t errlen)
                      : !strcmp(scheme, "never")            ? TOK_PREPEND_NEVER
                                                            : (enum tok_prepend)-1;
         if ((int)s->prepend < 0)
-            return fail(err, errlen, "pre_tokenizer Metaspace: prepend_scheme %s is not one of first, never, always",
+            return tok_fail(err, errlen, "pre_tokenizer Metaspace: prepend_scheme %s is not one of first, never, always",
                         scheme);
         if (cJSON_IsFalse(aps)) { /* the old form: false must say never (Hugging Face refuses the file otherwise) */
             if (s->prepend != TOK_PREPEND_NEVER)
-                return fail(err, errlen, "pre_tokenizer Metaspace: add_prefix_space does not match prepend_scheme");
+                return tok_fail(err, errlen, "pre_tokenizer Metaspace: add_prefix_space does not match prepend_scheme");
         }
         split = cJSON_GetObjectItemCaseSensitive(p, "split");
         s->split = !split || cJSON_IsNull(split) || cJSON_IsTrue(split);
@@ -201,7 +201,7 @@ static int load_pre(struct xtok *t, const cJSON *p, char *err, size_t errlen)
     }
     if (type && !strcmp(type, "ByteLevel")) {
         s->type = TOK_PRE_BYTELEVEL;
-        s->add_prefix_space = bool_of(p, "add_prefix_space");
+        s->add_prefix_space = tok_bool_of(p, "add_prefix_space");
         const cJSON *ur = cJSON_GetObjectItemCaseSensitive(p, "use_regex");
         if (!ur || cJSON_IsTrue(ur)) { /* Hugging Face's default is true */
             s->re = compile(GPT2_RE, sizeof GPT2_RE - 1, 0, err, errlen);
@@ -211,7 +211,7 @@ static int load_pre(struct xtok *t, const cJSON *p, char *err, size_t errlen)
         t->npre++;
         return 0;
     }
-    return fail(err, errlen, "pre_tokenizer %s is not supported", type ? type : "(without a type)");
+    return tok_fail(err, errlen, "pre_tokenizer %s is not supported", type ? type : "(without a type)");
 }
 
 static int has_bytelevel(const struct xtok *t)
@@ -226,7 +226,7 @@ static int load_post(struct xtok *t, const cJSON *p, char *err, size_t errlen)
 {
     if (!p || cJSON_IsNull(p))
         return 0;
-    const char *type = str_of(p, "type");
+    const char *type = tok_str_of(p, "type");
     if (type && !strcmp(type, "Sequence")) {
         const cJSON *it;
         cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(p, "processors"))
@@ -237,9 +237,9 @@ static int load_post(struct xtok *t, const cJSON *p, char *err, size_t errlen)
     if (type && !strcmp(type, "ByteLevel"))
         return 0; /* offsets only: the ids are unchanged */
     if (!type || strcmp(type, "TemplateProcessing"))
-        return fail(err, errlen, "post_processor %s is not supported", type ? type : "(without a type)");
+        return tok_fail(err, errlen, "post_processor %s is not supported", type ? type : "(without a type)");
     if (t->prefix || t->suffix)
-        return fail(err, errlen, "post_processor: two TemplateProcessing steps");
+        return tok_fail(err, errlen, "post_processor: two TemplateProcessing steps");
     const cJSON *single = cJSON_GetObjectItemCaseSensitive(p, "single");
     const cJSON *specials = cJSON_GetObjectItemCaseSensitive(p, "special_tokens");
     size_t cap = 0;
@@ -248,190 +248,43 @@ static int load_post(struct xtok *t, const cJSON *p, char *err, size_t errlen)
         const cJSON *sp = cJSON_GetObjectItemCaseSensitive(it, "SpecialToken");
         if (sp)
             cap += (size_t)cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(
-                cJSON_GetObjectItemCaseSensitive(specials, str_of(sp, "id") ? str_of(sp, "id") : ""), "ids"));
+                cJSON_GetObjectItemCaseSensitive(specials, tok_str_of(sp, "id") ? tok_str_of(sp, "id") : ""), "ids"));
     }
     t->prefix = calloc(cap + 1, sizeof *t->prefix);
     t->suffix = calloc(cap + 1, sizeof *t->suffix);
     if (!t->prefix || !t->suffix)
-        return fail(err, errlen, "out of memory");
+        return tok_fail(err, errlen, "out of memory");
     int seen_a = 0;
     cJSON_ArrayForEach(it, single) {
         const cJSON *sp = cJSON_GetObjectItemCaseSensitive(it, "SpecialToken");
         const cJSON *sq = cJSON_GetObjectItemCaseSensitive(it, "Sequence");
         if (sq) {
-            if (seen_a || !str_of(sq, "id") || strcmp(str_of(sq, "id"), "A"))
-                return fail(err, errlen, "post_processor TemplateProcessing: single must hold sequence A once");
+            if (seen_a || !tok_str_of(sq, "id") || strcmp(tok_str_of(sq, "id"), "A"))
+                return tok_fail(err, errlen, "post_processor TemplateProcessing: single must hold sequence A once");
             seen_a = 1;
-        } else if (sp && str_of(sp, "id")) {
+        } else if (sp && tok_str_of(sp, "id")) {
             const cJSON *ids = cJSON_GetObjectItemCaseSensitive(
-                cJSON_GetObjectItemCaseSensitive(specials, str_of(sp, "id")), "ids");
+                cJSON_GetObjectItemCaseSensitive(specials, tok_str_of(sp, "id")), "ids");
             if (!cJSON_IsArray(ids))
-                return fail(err, errlen, "post_processor TemplateProcessing: special token %s has no ids",
-                            str_of(sp, "id"));
+                return tok_fail(err, errlen, "post_processor TemplateProcessing: special token %s has no ids",
+                            tok_str_of(sp, "id"));
             const cJSON *id;
             cJSON_ArrayForEach(id, ids) {
                 if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > 4e9)
-                    return fail(err, errlen, "post_processor TemplateProcessing: bad id");
+                    return tok_fail(err, errlen, "post_processor TemplateProcessing: bad id");
                 if (seen_a)
                     t->suffix[t->nsuffix++] = (uint32_t)id->valuedouble;
                 else
                     t->prefix[t->nprefix++] = (uint32_t)id->valuedouble;
             }
         } else {
-            return fail(err, errlen, "post_processor TemplateProcessing: an item of single is neither a "
+            return tok_fail(err, errlen, "post_processor TemplateProcessing: an item of single is neither a "
                                      "SpecialToken nor a Sequence");
         }
     }
     if (!seen_a)
-        return fail(err, errlen, "post_processor TemplateProcessing: single without sequence A");
+        return tok_fail(err, errlen, "post_processor TemplateProcessing: single without sequence A");
     return 0;
-}
-
-static void note_id(struct xtok *t, long id)
-{
-    if ((size_t)id + 1 > t->vocab_size)
-        t->vocab_size = (size_t)id + 1;
-}
-
-static int load_model(struct xtok *t, const cJSON *m, char *err, size_t errlen)
-{
-    const char *type = str_of(m, "type");
-    if (!type || strcmp(type, "BPE"))
-        return fail(err, errlen, "model %s is not supported", type ? type : "(without a type)");
-    t->bytelevel = has_bytelevel(t);
-    if (is_set(m, "dropout"))
-        return fail(err, errlen, "model BPE with dropout is not supported");
-    if (is_set(m, "continuing_subword_prefix") || is_set(m, "end_of_word_suffix"))
-        return fail(err, errlen, "model BPE with continuing_subword_prefix or end_of_word_suffix is not supported");
-    t->byte_fallback = bool_of(m, "byte_fallback");
-    t->fuse_unk = bool_of(m, "fuse_unk");
-    if (t->bytelevel && t->byte_fallback)
-        return fail(err, errlen, "model BPE with byte_fallback and a ByteLevel pre_tokenizer is not supported");
-    t->ignore_merges = bool_of(m, "ignore_merges");
-    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(m, "vocab");
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(m, "merges");
-    if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges))
-        return fail(err, errlen, "model BPE without a vocab object and a merges array");
-    size_t nv = (size_t)cJSON_GetArraySize(vocab), nm = (size_t)cJSON_GetArraySize(merges);
-    t->model_entries = nv;
-    if (tok_map_init(&t->vocab, nv) || tok_map_init(&t->vocab_str, nv) || tok_merges_init(&t->merges, nm))
-        return fail(err, errlen, "out of memory");
-    for (int b = 0; b < 256; b++)
-        t->byte_id[b] = -1;
-    char sbuf[1024], *buf = sbuf; /* a token's bytes (byte-level): on the heap for the rare longer token */
-    size_t bcap = sizeof sbuf;
-    const cJSON *it;
-    int rc = 0;
-    cJSON_ArrayForEach(it, vocab) {
-        if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > 2147483647.0) {
-            rc = fail(err, errlen, "model vocab: %.*s has no valid id", clip(it->string, strlen(it->string)),
-                      it->string);
-            break;
-        }
-        int32_t id = (int32_t)it->valuedouble;
-        size_t len = strlen(it->string);
-        note_id(t, id);
-        if (tok_map_put(&t->vocab_str, it->string, len, id) < 0) {
-            rc = fail(err, errlen, "out of memory");
-            break;
-        }
-        if (!t->bytelevel)
-            continue;
-        if (len > bcap) {
-            char *nb = realloc(buf == sbuf ? NULL : buf, len);
-            if (!nb) {
-                rc = fail(err, errlen, "out of memory");
-                break;
-            }
-            buf = nb;
-            bcap = len;
-        }
-        long n = tok_bytelevel_decode(it->string, len, buf);
-        if (n <= 0)
-            continue; /* not of the byte-level alphabet: reachable as an added token only */
-        if (tok_map_put(&t->vocab, buf, (size_t)n, id) < 0) {
-            rc = fail(err, errlen, "out of memory");
-            break;
-        }
-        if (n == 1)
-            t->byte_id[(unsigned char)buf[0]] = id;
-    }
-    if (buf != sbuf)
-        free(buf);
-    if (rc)
-        return rc;
-    for (int b = 0; b < 256 && t->bytelevel; b++)
-        if (t->byte_id[b] < 0)
-            return fail(err, errlen, "model BPE: byte 0x%02x has no token (not a byte-level vocabulary)", b);
-    for (int b = 0; b < 256 && !t->bytelevel && t->byte_fallback; b++) {
-        char name[8];
-        snprintf(name, sizeof name, "<0x%02X>", b);
-        t->byte_id[b] = tok_map_get(&t->vocab_str, name, strlen(name));
-    }
-    const char *unk = str_of(m, "unk_token");
-    t->unk_id = unk ? tok_map_get(&t->vocab_str, unk, strlen(unk)) : -1;
-    if (unk && t->unk_id < 0)
-        return fail(err, errlen, "model BPE: unk_token %s is not in the vocab", unk);
-    /* Hugging Face's model/bpe: merges as "left right" (exactly one space; lines starting "#version", from an
-     * old merges.txt, skipped and not ranked) or [left, right]; both parts and what they join into in the vocab.
-     * No length limit: a part may be as long as a token (Claude's file joins 1,024 spaces with 1,024). */
-    uint32_t rank = 0;
-    char *joined = NULL;
-    size_t jcap = 0;
-    cJSON_ArrayForEach(it, merges) {
-        const char *a, *b;
-        size_t la, lb;
-        if (cJSON_IsString(it)) { /* "a b" */
-            if (!strncmp(it->valuestring, "#version", 8))
-                continue;
-            const char *sp = strchr(it->valuestring, ' ');
-            if (!sp || strchr(sp + 1, ' ')) {
-                rc = fail(err, errlen, "model merges: item %u is not \"left right\" (one space): %.*s", rank,
-                          clip(it->valuestring, strlen(it->valuestring)), it->valuestring);
-                break;
-            }
-            la = (size_t)(sp - it->valuestring);
-            lb = strlen(sp + 1);
-            a = it->valuestring;
-            b = sp + 1;
-        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(cJSON_GetArrayItem(it, 0)) &&
-                   cJSON_IsString(cJSON_GetArrayItem(it, 1))) {
-            a = cJSON_GetArrayItem(it, 0)->valuestring;
-            b = cJSON_GetArrayItem(it, 1)->valuestring;
-            la = strlen(a);
-            lb = strlen(b);
-        } else {
-            rc = fail(err, errlen, "model merges: item %u is neither \"left right\" nor [left, right]", rank);
-            break;
-        }
-        if (la + lb > jcap) {
-            char *nj = realloc(joined, la + lb);
-            if (!nj) {
-                rc = fail(err, errlen, "out of memory");
-                break;
-            }
-            joined = nj;
-            jcap = la + lb;
-        }
-        memcpy(joined, a, la);
-        memcpy(joined + la, b, lb);
-        int32_t ia = tok_map_get(&t->vocab_str, a, la), ib = tok_map_get(&t->vocab_str, b, lb);
-        int32_t ij = tok_map_get(&t->vocab_str, joined, la + lb);
-        if (ia < 0 || ib < 0 || ij < 0) {
-            const char *which = ia < 0 ? "its left part" : ib < 0 ? "its right part" : "what it joins into";
-            rc = fail(err, errlen, "model merges: item %u: %s is not in the vocab (%.*s%s + %.*s%s)", rank, which,
-                      clip(a, la), a, (size_t)clip(a, la) < la ? "..." : "", clip(b, lb), b,
-                      (size_t)clip(b, lb) < lb ? "..." : "");
-            break;
-        }
-        if (tok_merges_put(&t->merges, (uint32_t)ia, (uint32_t)ib, rank, (uint32_t)ij) < 0) {
-            rc = fail(err, errlen, "out of memory");
-            break;
-        }
-        rank++;
-    }
-    free(joined);
-    return rc;
 }
 
 static int load_added(struct xtok *t, const cJSON *added, char *err, size_t errlen)
@@ -439,7 +292,7 @@ static int load_added(struct xtok *t, const cJSON *added, char *err, size_t errl
     size_t n = (size_t)cJSON_GetArraySize(added);
     t->added = calloc(n + 1, sizeof *t->added);
     if (!t->added)
-        return fail(err, errlen, "out of memory");
+        return tok_fail(err, errlen, "out of memory");
     const cJSON *it;
     /* ids as Hugging Face gives them at load (AddedVocabulary::add_tokens; the file's own only draw a warning there):
      * the id of the same content added before, else its id in the model's vocabulary, else the next one after the
@@ -447,23 +300,23 @@ static int load_added(struct xtok *t, const cJSON *added, char *err, size_t errl
     uint32_t next = (uint32_t)t->model_entries;
     struct tok_map seen; /* content -> id of the added tokens so far */
     if (tok_map_init(&seen, n))
-        return fail(err, errlen, "out of memory");
+        return tok_fail(err, errlen, "out of memory");
     int rc = 0;
     cJSON_ArrayForEach(it, added) {
-        const char *content = str_of(it, "content");
+        const char *content = tok_str_of(it, "content");
         const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
         if (!content || !content[0] || !cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > 2147483647.0) {
-            rc = fail(err, errlen, "added_tokens: an entry without content or id");
+            rc = tok_fail(err, errlen, "added_tokens: an entry without content or id");
             break;
         }
-        if (bool_of(it, "single_word")) {
-            rc = fail(err, errlen, "added_tokens: %s is single_word, which is not supported yet", content);
+        if (tok_bool_of(it, "single_word")) {
+            rc = tok_fail(err, errlen, "added_tokens: %s is single_word, which is not supported yet", content);
             break;
         }
         struct tok_added *a = &t->added[t->nadded++];
         a->content = strdup(content);
         if (!a->content) {
-            rc = fail(err, errlen, "out of memory");
+            rc = tok_fail(err, errlen, "out of memory");
             break;
         }
         a->len = strlen(content);
@@ -472,25 +325,25 @@ static int load_added(struct xtok *t, const cJSON *added, char *err, size_t errl
             id_of = tok_map_get(&t->vocab_str, content, a->len);
         a->id = id_of >= 0 ? (uint32_t)id_of : next++;
         if (tok_map_put(&seen, content, a->len, (int32_t)a->id) < 0) {
-            rc = fail(err, errlen, "out of memory");
+            rc = tok_fail(err, errlen, "out of memory");
             break;
         }
-        a->special = bool_of(it, "special");
-        a->normalized = bool_of(it, "normalized");
-        a->lstrip = bool_of(it, "lstrip");
-        a->rstrip = bool_of(it, "rstrip");
+        a->special = tok_bool_of(it, "special");
+        a->normalized = tok_bool_of(it, "normalized");
+        a->lstrip = tok_bool_of(it, "lstrip");
+        a->rstrip = tok_bool_of(it, "rstrip");
         a->pattern = a->content;
         a->plen = a->len;
         char *normed = NULL;
         if (a->normalized && tok_normalize(t, a->content, a->len, &normed, &a->plen)) {
-            rc = fail(err, errlen, "added_tokens: %s cannot be normalized", content);
+            rc = tok_fail(err, errlen, "added_tokens: %s cannot be normalized", content);
             break;
         }
         if (normed)
             a->pattern = normed;
         if (a->plen)
             t->added_first[a->normalized][(unsigned char)a->pattern[0]] = 1;
-        note_id(t, (long)a->id);
+        tok_note_id(t, (long)a->id);
     }
     tok_map_free(&seen);
     if (rc)
@@ -501,7 +354,7 @@ static int load_added(struct xtok *t, const cJSON *added, char *err, size_t errl
     for (int k = 0; k < 2; k++) {
         t->trie[k] = calloc(bytes, sizeof *t->trie[k]);
         if (!t->trie[k])
-            return fail(err, errlen, "out of memory");
+            return tok_fail(err, errlen, "out of memory");
         t->trie[k][0].added = -1;
         t->ntrie[k] = 1;
     }
@@ -554,7 +407,7 @@ struct xtok *xtok_load_json(const char *json, size_t len, char *err, size_t errl
 {
     cJSON *root = cJSON_ParseWithLength(json, len);
     if (!root) {
-        fail(err, errlen, "tokenizer.json is not JSON");
+        tok_fail(err, errlen, "tokenizer.json is not JSON");
         return NULL;
     }
     struct xtok *t = calloc(1, sizeof *t);
@@ -562,12 +415,13 @@ struct xtok *xtok_load_json(const char *json, size_t len, char *err, size_t errl
         t->added_only[0] = t->added_only[1] = -2; /* no added tokens until load_added finds some */
     if (!t) {
         cJSON_Delete(root);
-        fail(err, errlen, "out of memory");
+        tok_fail(err, errlen, "out of memory");
         return NULL;
     }
     int rc = load_normalizer(t, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), err, errlen);
     rc = rc ? rc : load_pre(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), err, errlen);
-    rc = rc ? rc : load_model(t, cJSON_GetObjectItemCaseSensitive(root, "model"), err, errlen);
+    t->bytelevel = has_bytelevel(t);
+    rc = rc ? rc : tok_load_model(t, cJSON_GetObjectItemCaseSensitive(root, "model"), err, errlen);
     rc = rc ? rc : load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), err, errlen);
     rc = rc ? rc : load_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), err, errlen);
     cJSON_Delete(root);
@@ -645,7 +499,7 @@ static int apply_transformers_class(struct xtok *t, const cJSON *cfg, char *err,
     long ids[2] = {-1, -1};
     for (int i = 0; i < 2; i++)
         if (want[i] && (!names[i] || (ids[i] = xtok_token_id(t, names[i])) < 0))
-            return fail(err, errlen, "tokenizer_config.json: %s with %s but its %s (%s) is not a token",
+            return tok_fail(err, errlen, "tokenizer_config.json: %s with %s but its %s (%s) is not a token",
                         cls->valuestring, i ? "add_eos_token" : "add_bos_token", i ? "eos_token" : "bos_token",
                         names[i] ? names[i] : "none");
     free(t->prefix);
@@ -653,7 +507,7 @@ static int apply_transformers_class(struct xtok *t, const cJSON *cfg, char *err,
     t->prefix = malloc(sizeof *t->prefix);
     t->suffix = malloc(sizeof *t->suffix);
     if (!t->prefix || !t->suffix)
-        return fail(err, errlen, "out of memory");
+        return tok_fail(err, errlen, "out of memory");
     t->nprefix = t->nsuffix = 0;
     if (add_bos)
         t->prefix[t->nprefix++] = (uint32_t)ids[0];
@@ -669,14 +523,14 @@ struct xtok *xtok_load(const char *dir, char *err, size_t errlen)
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
     char *buf = read_all(path, &len);
     if (!buf) {
-        fail(err, errlen, "%s: %s", path, strerror(errno));
+        tok_fail(err, errlen, "%s: %s", path, strerror(errno));
         return NULL;
     }
     char why[512] = "";
     struct xtok *t = xtok_load_json(buf, len, why, sizeof why);
     free(buf);
     if (!t) {
-        fail(err, errlen, "%s: %s", path, why);
+        tok_fail(err, errlen, "%s: %s", path, why);
         return NULL;
     }
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
@@ -685,14 +539,14 @@ struct xtok *xtok_load(const char *dir, char *err, size_t errlen)
     int unparsed = buf && !cfg;
     free(buf);
     if (unparsed) {
-        fail(err, errlen, "%s: not valid JSON", path);
+        tok_fail(err, errlen, "%s: not valid JSON", path);
         xtok_free(t);
         return NULL;
     }
     int rc = cfg ? apply_transformers_class(t, cfg, why, sizeof why) : 0;
     cJSON_Delete(cfg);
     if (rc) {
-        fail(err, errlen, "%s/%s", dir, why);
+        tok_fail(err, errlen, "%s/%s", dir, why);
         xtok_free(t);
         return NULL;
     }

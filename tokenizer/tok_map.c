@@ -51,11 +51,33 @@ static int grow(struct tok_map *m)
     return 0;
 }
 
+uint64_t tok_map_hash(const void *key, size_t len)
+{
+    return XXH3_64bits(key, len);
+}
+
+void tok_map_prefetch(const struct tok_map *m, uint64_t h)
+{
+    __builtin_prefetch(&m->slots[h & (m->cap - 1)]);
+}
+
+/* the key's text where the slot its hash leads to points (a get's compare reads it next) */
+void tok_map_prefetch_key(const struct tok_map *m, uint64_t h)
+{
+    const struct tok_slot *s = &m->slots[h & (m->cap - 1)];
+    if (s->id >= 0)
+        __builtin_prefetch(m->arena + s->off);
+}
+
 int tok_map_put(struct tok_map *m, const void *key, size_t len, int32_t id)
+{
+    return tok_map_put_h(m, key, len, XXH3_64bits(key, len), id);
+}
+
+int tok_map_put_h(struct tok_map *m, const void *key, size_t len, uint64_t h, int32_t id)
 {
     if ((m->n + 1) * 2 > m->cap && grow(m))
         return -1;
-    uint64_t h = XXH3_64bits(key, len);
     size_t j = h & (m->cap - 1);
     for (; m->slots[j].id >= 0; j = (j + 1) & (m->cap - 1))
         if (m->slots[j].h == h && m->slots[j].len == len && !memcmp(m->arena + m->slots[j].off, key, len))
@@ -79,7 +101,11 @@ int tok_map_put(struct tok_map *m, const void *key, size_t len, int32_t id)
 
 int32_t tok_map_get(const struct tok_map *m, const void *key, size_t len)
 {
-    uint64_t h = XXH3_64bits(key, len);
+    return tok_map_get_h(m, key, len, XXH3_64bits(key, len));
+}
+
+int32_t tok_map_get_h(const struct tok_map *m, const void *key, size_t len, uint64_t h)
+{
     for (size_t j = h & (m->cap - 1); m->slots[j].id >= 0; j = (j + 1) & (m->cap - 1))
         if (m->slots[j].h == h && m->slots[j].len == len && !memcmp(m->arena + m->slots[j].off, key, len))
             return m->slots[j].id;
@@ -113,6 +139,11 @@ int tok_merges_put(struct tok_merges *m, uint32_t a, uint32_t b, uint32_t rank, 
     m->slots[j] = (struct tok_merge){.key = key, .rank = rank, .id = id};
     m->n++;
     return 0;
+}
+
+void tok_merges_prefetch(const struct tok_merges *m, uint32_t a, uint32_t b)
+{
+    __builtin_prefetch(&m->slots[tok_merge_slot(((uint64_t)a << 32 | b) + 1, m->cap)]);
 }
 
 void tok_merges_free(struct tok_merges *m)

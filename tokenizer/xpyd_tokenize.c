@@ -2,7 +2,8 @@
 /* xpyd_tokenize - a model directory's tokenizer, checked before it is deployed, and for scripts.
  *   xpyd_tokenize --tokenizer DIR [--add-special-tokens]      text on stdin -> its ids as one JSON array
  *   xpyd_tokenize --tokenizer DIR --jsonl [--add-special-tokens]  one JSON string per line -> one array per line
- *   xpyd_tokenize --tokenizer DIR --bench FILE [--seconds S]  MB/s and tokens/s encoding FILE line by line
+ *   xpyd_tokenize --tokenizer DIR --bench FILE [--seconds S]  MB/s and tokens/s encoding FILE line by line (and the
+ *       milliseconds the model took to load)
  *   xpyd_tokenize --tokenizer DIR --chat [--ids] [--jsonl] [--chat-template FILE] [--trust-request-chat-template]
  *       an OpenAI chat request body on stdin -> the prompt its chat template renders, byte for byte (--ids: its
  *       token ids) */
@@ -26,7 +27,7 @@ static void usage(FILE *f)
           "--jsonl: each input line is a JSON string, each output line its ids. --truncate K: the ids cut to\n"
           "their last K, the special tokens kept (Hugging Face's left truncation: vLLM's truncate_prompt_tokens).\n"
           "--bench: encodes FILE's lines\n"
-          "for S seconds (default 3) and prints MB/s and tokens/s.\n"
+          "for S seconds (default 3) and prints MB/s and tokens/s (and load_ms: the model's load).\n"
           "--chat: stdin is an OpenAI chat request body (messages, tools, add_generation_prompt (default true),\n"
           "continue_final_message, chat_template_kwargs); prints the prompt DIR's chat template renders, exactly,\n"
           "with no newline added (--chat-template FILE: that template instead). --ids: its token ids (special\n"
@@ -100,7 +101,7 @@ static double now(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static int bench(const struct xtok *t, const char *path, double seconds)
+static int bench(const struct xtok *t, const char *path, double seconds, double load_s)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -138,8 +139,9 @@ static int bench(const struct xtok *t, const char *path, double seconds)
         rounds++;
         t1 = now();
     } while (t1 - t0 < seconds);
-    printf("{\"bytes\":%zu,\"tokens\":%zu,\"rounds\":%zu,\"seconds\":%.3f,\"mb_per_s\":%.2f,\"tokens_per_s\":%.0f}\n",
-           bytes, tokens, rounds, t1 - t0, bytes / (t1 - t0) / 1e6, tokens / (t1 - t0));
+    printf("{\"bytes\":%zu,\"tokens\":%zu,\"rounds\":%zu,\"seconds\":%.3f,\"mb_per_s\":%.2f,\"tokens_per_s\":%.0f,"
+           "\"load_ms\":%.1f}\n",
+           bytes, tokens, rounds, t1 - t0, bytes / (t1 - t0) / 1e6, tokens / (t1 - t0), load_s * 1e3);
     free(text);
     return 0;
 }
@@ -242,10 +244,12 @@ int main(int argc, char **argv)
     }
     char err[1024];
     struct xtok *t = NULL;
+    double load_s = now(); /* (--bench reports it) */
     if ((!chat || ids) && !(t = xtok_load(dir, err, sizeof err))) {
         fprintf(stderr, "xpyd_tokenize: %s\n", err);
         return 1;
     }
+    load_s = now() - load_s;
     int rc = 0;
     if (chat) {
         struct xtok_chat *c = xtok_chat_load(dir, chat_template, err, sizeof err);
@@ -271,7 +275,7 @@ int main(int argc, char **argv)
         }
         xtok_chat_free(c);
     } else if (bench_file) {
-        rc = bench(t, bench_file, seconds);
+        rc = bench(t, bench_file, seconds, load_s);
     } else if (jsonl) {
         char *line = NULL;
         size_t cap = 0;

@@ -250,6 +250,8 @@ class Tokenizer(t.TestCase):
         self.assertEqual(r["tokens"], r["rounds"] * sum(map(len, oracle("llama3_1", lines))))
         self.assertGreater(r["mb_per_s"], 0)
         self.assertGreater(r["tokens_per_s"], 0)
+        self.assertGreater(r["load_ms"], 0)  # (the model's load, timed apart from the encoding)
+        self.assertLess(r["load_ms"], r["seconds"] * 1e3 + 60e3)
         open(os.path.join(tmp, "empty"), "w").close()
         p = subprocess.run([tool, "--tokenizer", model_dir("llama3_1"), "--bench", os.path.join(tmp, "empty")],
                            capture_output=True, text=True, timeout=60)
