@@ -170,7 +170,7 @@ void tok_bytes_to_unicode(uint32_t cp_of[256]);
 /* A byte-level token's text back into raw bytes; -1 when a code point is not of the alphabet. */
 long tok_bytelevel_decode(const char *s, size_t len, char *out);
 
-/* tok_load.c's helpers for reading tokenizer.json, shared with tok_model.c */
+/* tok_cfg.c: reading tokenizer.json (tok_load.c, tok_model.c) */
 struct cJSON;
 int tok_fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4))); /* -1, err set */
 int tok_clip(const char *s, size_t len); /* how much of a file's string an error quotes (60 bytes, whole characters) */

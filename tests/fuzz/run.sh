@@ -42,8 +42,8 @@ sources() { # harness -> the code under test (besides tests/fuzz/fuzz_<harness>.
   desc) echo "$ROOT/transfer/xt_desc.c -I$ROOT/transfer" ;;
   upstream) echo "$C/xpyd_sse.c $R/rewrite.c $R/json_view.c -lm $C/xpyd_util.c $ROOT/balancer/xb_prefix.c ${HTTP[*]}" ;;
   tls) echo "$C/xpyd_tls.c" ;;
-  tokenizer) echo "$ROOT/tokenizer/tok_load.c $ROOT/tokenizer/tok_model.c $ROOT/tokenizer/tok_encode.c" \
-    "$ROOT/tokenizer/tok_pretok.c $ROOT/tokenizer/tok_map.c" \
+  tokenizer) echo "$ROOT/tokenizer/tok_load.c $ROOT/tokenizer/tok_cfg.c $ROOT/tokenizer/tok_model.c" \
+    "$ROOT/tokenizer/tok_encode.c $ROOT/tokenizer/tok_pretok.c $ROOT/tokenizer/tok_map.c" \
     "$ROOT/tokenizer/tok_cache.c $ROOT/tokenizer/tok_mem.c -I$ROOT/tokenizer" \
     "$(pkg-config --cflags --libs libpcre2-8 libutf8proc)" ;;
   template) echo "$ROOT/tokenizer/tok_chat.c $ROOT/tokenizer/tok_json.c $ROOT/tokenizer/tpl_*.c -I$ROOT/tokenizer -lm" \
