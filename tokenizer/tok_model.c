@@ -15,6 +15,22 @@ void tok_note_id(struct xtok *t, long id)
         t->vocab_size = (size_t)id + 1;
 }
 
+/* *buf (of *cap bytes) made room for need bytes, doubling; -1 out of memory */
+static int room(char **buf, size_t *cap, size_t need)
+{
+    if (need <= *cap && *buf)
+        return 0;
+    size_t c = *cap ? *cap : 4096;
+    while (c < need)
+        c *= 2;
+    char *nb = realloc(*buf, c);
+    if (!nb)
+        return -1;
+    *buf = nb;
+    *cap = c;
+    return 0;
+}
+
 /* The vocabulary, a batch at a time, as the merges below: its tokens' slots asked for before any is written. */
 #define VOCAB_BATCH 32
 struct vocab_batch {
@@ -64,16 +80,8 @@ static int vocab_add(struct vocab_batch *vb, const char *s, int32_t id)
     struct xtok *t = vb->t;
     size_t len = strlen(s);
     tok_note_id(t, id);
-    if (t->bytelevel && (vb->bn + len > vb->bcap || !vb->bytes)) {
-        size_t c = vb->bcap ? vb->bcap : 4096;
-        while (c < vb->bn + len)
-            c *= 2;
-        char *nb = realloc(vb->bytes, c);
-        if (!nb)
-            return -1;
-        vb->bytes = nb;
-        vb->bcap = c;
-    }
+    if (t->bytelevel && room(&vb->bytes, &vb->bcap, vb->bn + len))
+        return -1;
     long n = t->bytelevel ? tok_bytelevel_decode(s, len, vb->bytes + vb->bn) : 0;
     vb->v[vb->k].s = s;
     vb->v[vb->k].len = len;
@@ -148,16 +156,8 @@ static int merges_flush(struct merge_batch *mb)
 
 static int merges_add(struct merge_batch *mb, const char *a, size_t la, const char *b, size_t lb)
 {
-    if (mb->jn + la + lb > mb->jcap) {
-        size_t c = mb->jcap ? mb->jcap : 4096;
-        while (c < mb->jn + la + lb)
-            c *= 2;
-        char *nj = realloc(mb->joined, c);
-        if (!nj)
-            return tok_fail(mb->err, mb->errlen, "out of memory");
-        mb->joined = nj;
-        mb->jcap = c;
-    }
+    if (room(&mb->joined, &mb->jcap, mb->jn + la + lb)) /* (no length limit: see tok_load_model) */
+        return tok_fail(mb->err, mb->errlen, "out of memory");
     memcpy(mb->joined + mb->jn, a, la);
     memcpy(mb->joined + mb->jn + la, b, lb);
     mb->m[mb->k].a = a;
